@@ -1,0 +1,26 @@
+// Model: a Hugging Face checkpoint folder on disk: config.json, the safetensors weights and,
+// when present, tokenizer.json. Loading validates everything before any compute.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/model/config.h"
+#include "engine/model/tokenizer.h"
+#include "engine/model/weights.h"
+
+namespace kvlens {
+
+struct Model {
+  std::string dir;
+  ModelConfig config;
+  ModelWeights weights;
+  std::shared_ptr<const Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
+
+  static std::shared_ptr<const Model> load(const std::string& model_dir);
+  // The tokenizer, or an Error naming the folder when there is none.
+  const Tokenizer& require_tokenizer() const;
+};
+
+}  // namespace kvlens

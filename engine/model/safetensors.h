@@ -1,0 +1,76 @@
+// Safetensors reading: header parsing (bounds-checked, fuzzed) and a memory-mapped file set
+// that resolves tensor names across shards (model.safetensors.index.json).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/common/dtype.h"
+#include "engine/common/mapped_file.h"
+
+namespace kvlens {
+
+// A tensor inside a mapped file; data points into the map (valid while the file lives).
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;
+  size_t bytes = 0;
+  std::string file;  // the .safetensors file it lives in, for messages
+
+  int64_t numel() const;
+};
+
+struct TensorEntry {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // offsets relative to the start of the data section
+  uint64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  uint64_t header_size = 0;  // the JSON length from the 8-byte prefix
+  std::map<std::string, TensorEntry> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses the 8-byte length prefix and the JSON header of a whole file's bytes and checks every
+// entry: known dtype, shape * dtype size == end - begin, offsets inside the data section,
+// no two tensors overlapping. `source` names the file in errors. Never reads out of bounds.
+SafetensorsHeader parse_safetensors_header(std::string_view file_bytes, const std::string& source);
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const SafetensorsHeader& header() const { return header_; }
+  const std::string& path() const { return file_.path(); }
+  bool contains(const std::string& name) const { return header_.tensors.count(name) != 0; }
+  TensorView tensor(const std::string& name) const;  // throws Error when missing
+
+ private:
+  MappedFile file_;
+  SafetensorsHeader header_;
+};
+
+// All weights of a checkpoint folder: model.safetensors, or the shards listed by
+// model.safetensors.index.json ("weight_map": name -> file).
+class SafetensorsSet {
+ public:
+  static SafetensorsSet open_folder(const std::string& model_dir);
+  bool contains(const std::string& name) const;
+  TensorView tensor(const std::string& name) const;  // throws Error naming folder and tensor
+  std::vector<std::string> names() const;
+  const std::string& folder() const { return folder_; }
+
+ private:
+  std::string folder_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> file_of_tensor_;
+};
+
+}  // namespace kvlens

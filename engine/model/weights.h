@@ -1,0 +1,31 @@
+// ModelWeights: the Llama tensors of a checkpoint, each checked against the config for dtype
+// and shape before use. Views point into the memory-mapped safetensors files.
+// Shapes (Hugging Face layout, row-major): embed [vocab, E]; wq [H*D, E]; wk, wv [G*D, E];
+// wo [E, H*D]; w_gate, w_up [F, E]; w_down [E, F]; norms [E]; lm_head [vocab, E].
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/model/config.h"
+#include "engine/model/safetensors.h"
+
+namespace kvlens {
+
+struct LayerWeights {
+  TensorView attn_norm, wq, wk, wv, wo;
+  TensorView mlp_norm, w_gate, w_up, w_down;
+};
+
+struct ModelWeights {
+  std::shared_ptr<SafetensorsSet> files;  // keeps the maps alive
+  TensorView embed;
+  TensorView final_norm;
+  TensorView lm_head;  // == embed when tie_word_embeddings (or when lm_head.weight is absent)
+  std::vector<LayerWeights> layers;
+
+  // Errors name the folder, the tensor and the expected dtype/shape.
+  static ModelWeights load(const std::string& model_dir, const ModelConfig& config);
+};
+
+}  // namespace kvlens

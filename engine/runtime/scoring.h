@@ -1,0 +1,46 @@
+// Teacher-forced scoring (per-position NLL, argmax, perplexity) and greedy generation on top of
+// DecoderSession. Both advance one token per step by default: the decode simulation every
+// policy issue builds on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/runtime/decoder_session.h"
+
+namespace kvlens {
+
+// Called after each processed token with (done, total); may be empty.
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+struct ScoreResult {
+  std::vector<int32_t> tokens;
+  std::vector<double> nll;      // nll[i] = -log p(tokens[i+1] | tokens[..i]), size n-1
+  std::vector<int32_t> argmax;  // argmax of the distribution after tokens[..i], size n
+  double ppl = 0.0;             // exp(mean nll); 0 tokens scored -> NaN
+};
+
+struct ScoreOptions {
+  int64_t chunk = 1;  // tokens per forward: 1 = step by step; larger = chunked prefill
+  ProgressFn progress;
+};
+
+ScoreResult score_tokens(std::shared_ptr<const BackendModel> model,
+                         std::span<const int32_t> tokens, const ScoreOptions& options = {});
+
+struct GenerateOptions {
+  int64_t max_new = 16;
+  bool stop_at_eos = true;
+  ProgressFn progress;
+  std::function<void(int32_t token)> on_token;  // streaming callback
+};
+
+// Greedy: feeds the prompt (step by step), then appends argmax tokens. Returns new tokens only.
+std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,
+                                     std::span<const int32_t> prompt,
+                                     const GenerateOptions& options);
+
+}  // namespace kvlens
