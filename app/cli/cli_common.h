@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/runtime/backend.h"
 
@@ -37,6 +38,13 @@ class ProgressBar {
   double last_draw_seconds_ = -1.0;
   bool drawn_ = false;
 };
+
+// Adds --backend, --threads and --progress to a subcommand.
+void add_common_options(CLI::App& command, CommonOptions& common);
+
+// "1,2,3" -> ids; throws kvlens::Error naming `flag` for anything that is not a comma-separated
+// list of non-negative integers.
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag);
 
 // Registration of subcommands (one per cmd_*.cpp). Each returns the function main() runs when
 // that subcommand was chosen.

@@ -1,3 +1,40 @@
-// kvlens-cli entry point (placeholder until the commands land).
+// kvlens-cli: the headless front end over the same engine as the app (see DESIGN.md for the
+// stable interface). Every error is reported on stderr as one line with a non-zero exit code.
+#include <CLI/CLI.hpp>
 #include <cstdio>
-int main() { std::puts("kvlens-cli"); return 0; }
+#include <exception>
+#include <new>
+
+#include "app/cli/cli_common.h"
+#include "engine/common/error.h"
+
+int main(int argc, char** argv) {
+  using namespace kvlens::cli;
+  CLI::App app{"kvlens-cli: run Llama-family checkpoints and KV-cache policies headless"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvlens-cli 0.1.0");
+  CommonOptions common;
+  CommandFn run;
+  add_info_command(app, common, run);
+  add_tokenize_command(app, common, run);
+  add_generate_command(app, common, run);
+  add_score_command(app, common, run);
+  add_bench_command(app, common, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  try {
+    return run ? run() : 2;
+  } catch (const kvlens::Error& error) {
+    std::fprintf(stderr, "kvlens-cli: error: %s\n", error.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kvlens-cli: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "kvlens-cli: error: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,91 @@
+// Shared kvlens-cli helpers: backend selection, common flags, token lists, the progress bar.
+#include "app/cli/cli_common.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "engine/common/error.h"
+#if KVLENS_HAVE_CUDA
+#include "kernels/cuda_backend.h"
+#endif
+
+namespace kvlens::cli {
+namespace {
+double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
+  if (common.backend == "cpu") return make_cpu_backend(common.threads);
+  if (common.backend == "cuda") {
+#if KVLENS_HAVE_CUDA
+    if (!cuda_device_available()) {
+      throw Error("--backend", "cuda", "a CUDA device (none was found; use --backend cpu)");
+    }
+    return make_cuda_backend(0);
+#else
+    throw Error("--backend", "cuda", "a build with the CUDA backend (this one has cpu only)");
+#endif
+  }
+  throw Error("--backend", "backend", "cpu or cuda", common.backend);
+}
+
+void add_common_options(CLI::App& command, CommonOptions& common) {
+  command.add_option("--backend", common.backend, "Compute backend: cpu or cuda")
+      ->capture_default_str();
+  command.add_option("--threads", common.threads, "CPU threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
+}
+
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag) {
+  std::vector<int32_t> ids;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(begin, end - begin);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
+        item.size() > 10 || std::stoll(item) > INT32_MAX) {
+      throw Error(flag, "token list", "comma-separated non-negative token ids like 1,2,3",
+                  "'" + item + "'");
+    }
+    ids.push_back(int32_t(std::stoll(item)));
+    begin = end + 1;
+  }
+  return ids;
+}
+
+ProgressBar::ProgressBar(bool enabled, std::string label)
+    : enabled_(enabled), label_(std::move(label)), start_seconds_(now_seconds()) {}
+
+ProgressBar::~ProgressBar() {
+  if (enabled_ && drawn_) std::fputc('\n', stderr);
+}
+
+void ProgressBar::update(int64_t done, int64_t total) {
+  if (!enabled_ || total <= 0) return;
+  const double now = now_seconds();
+  // Redraw at most ten times a second, and always at the end.
+  if (done < total && last_draw_seconds_ >= 0 && now - last_draw_seconds_ < 0.1) return;
+  last_draw_seconds_ = now;
+  constexpr int kWidth = 30;
+  const double fraction = double(done) / double(total);
+  const int filled = int(fraction * kWidth);
+  char bar[kWidth + 1];
+  for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
+  bar[kWidth] = '\0';
+  const double elapsed = now - start_seconds_;
+  const double rate = elapsed > 0 ? double(done) / elapsed : 0.0;
+  std::fprintf(stderr, "\r%s [%s] %lld/%lld  %.1f tok/s", label_.c_str(), bar, (long long)done,
+               (long long)total, rate);
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+}  // namespace kvlens::cli

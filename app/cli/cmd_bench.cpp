@@ -1,0 +1,196 @@
+// kvlens-cli bench: decode speed of a checkpoint against memcpy bandwidth measured in the same
+// process. Decode (one token per step) reads every weight once per step, so weight bytes per
+// step / step time is an effective read bandwidth; its ratio to memcpy says how close the
+// backend gets to what the memory system delivers. The step time is the median of --steps.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "app/cli/cli_common.h"
+#include "engine/common/error.h"
+#include "engine/model/model.h"
+#include "engine/runtime/bandwidth.h"
+#include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/decoder_session.h"
+
+namespace kvlens::cli {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// Bytes one decode step reads from the weights: every matrix and norm once, one embedding row.
+int64_t weight_bytes_per_step(const BackendModel& model) {
+  int64_t bytes = 0;
+  for (const BackendModel::Layer& layer : model.layers) {
+    for (const DeviceTensor* t : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo,
+                                  &layer.mlp_norm, &layer.w_gate, &layer.w_up, &layer.w_down}) {
+      bytes += int64_t(t->bytes());
+    }
+  }
+  bytes += int64_t(model.final_norm.bytes()) + int64_t(model.lm_head.bytes());
+  if (model.embed.dim(0) > 0) bytes += int64_t(model.embed.bytes()) / model.embed.dim(0);
+  return bytes;
+}
+
+int64_t parameter_count(const Model& model) {
+  const ModelWeights& w = model.weights;
+  int64_t count = w.embed.numel() + w.final_norm.numel();
+  if (w.lm_head.data != w.embed.data) count += w.lm_head.numel();
+  for (const LayerWeights& layer : w.layers) {
+    for (const TensorView* t : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo,
+                                &layer.mlp_norm, &layer.w_gate, &layer.w_up, &layer.w_down}) {
+      count += t->numel();
+    }
+  }
+  return count;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
+  auto* command =
+      app.add_subcommand("bench", "Decode speed and weight-read bandwidth vs. memcpy bandwidth");
+  static std::string model_dir;
+  static int64_t steps = 32, context = 128, warmup = 2, copy_mb = 0;
+  static int copy_repeats = 5;
+  static bool json = false;
+  command->add_option("--model", model_dir, "Hugging Face checkpoint folder")->required();
+  command->add_option("--steps", steps, "Timed decode steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command->add_option("--context", context, "Tokens in the cache before the timed steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--warmup", warmup, "Untimed decode steps before the timed ones")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command
+      ->add_option("--copy-mb", copy_mb,
+                   "memcpy buffer size in MiB (0 = 4x the last-level cache, 256-1024 MiB)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--copy-repeats", copy_repeats, "Timed memcpy repeats (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command->add_flag("--json", json, "Print the results as one JSON object");
+  add_common_options(*command, common);
+  command->callback([&run, &common] {
+    run = [&common] {
+      const auto model = Model::load(model_dir);
+      const ModelConfig& config = model->config;
+      const int64_t positions = context + warmup + steps;
+      if (positions > config.max_position_embeddings) {
+        throw Error(
+            "bench", "--context + --warmup + --steps",
+            "at most max_position_embeddings = " + std::to_string(config.max_position_embeddings),
+            std::to_string(positions));
+      }
+      const auto backend = make_backend(common);
+      const auto resident = BackendModel::upload(model, *backend);
+      const int64_t step_bytes = weight_bytes_per_step(*resident);
+
+      // Measured after the upload, before decoding, in this process: same memory, same load.
+      const size_t copy_bytes = copy_mb > 0 ? size_t(copy_mb) << 20 : default_copy_bytes();
+      const double copy_gbps = measure_copy_bandwidth_gbps(copy_bytes, copy_repeats);
+
+      // The context is a fixed pseudo-random token sequence; decode then follows the model's
+      // own greedy choices, as generation would.
+      DecoderSession session(resident);
+      std::vector<int32_t> prompt(size_t(std::max<int64_t>(context, 1)));
+      uint64_t state = 0x9e3779b97f4a7c15ull;
+      for (int32_t& id : prompt) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        id = int32_t((state >> 33) % uint64_t(config.vocab_size));
+      }
+      int32_t token = prompt.back();
+      double prefill_seconds = 0.0;
+      if (context > 0) {
+        const auto start = std::chrono::steady_clock::now();
+        session.forward(std::span<const int32_t>(prompt.data(), size_t(context)));
+        backend->synchronize();
+        prefill_seconds = seconds_since(start);
+      }
+      auto greedy = [](const std::vector<float>& logits) {
+        return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      };
+      for (int64_t i = 0; i < warmup; ++i) token = greedy(session.step(token));
+      std::vector<double> step_seconds;
+      step_seconds.reserve(size_t(steps));
+      for (int64_t i = 0; i < steps; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        const std::vector<float> logits = session.step(token);  // includes the copy to the host
+        step_seconds.push_back(seconds_since(start));
+        token = greedy(logits);
+      }
+
+      const double step_median = median(step_seconds);
+      const double step_min = *std::min_element(step_seconds.begin(), step_seconds.end());
+      const double step_max = *std::max_element(step_seconds.begin(), step_seconds.end());
+      const double read_gbps = double(step_bytes) / step_median / 1e9;
+      const double ratio = read_gbps / copy_gbps;
+      const int threads = cpu_backend_threads(*backend);
+      const std::string isa(cpu_backend_isa(*backend));
+      const std::string dtype(dtype_name(model->weights.lm_head.dtype));
+      const int64_t params = parameter_count(*model);
+
+      if (json) {
+        nlohmann::json out = {
+            {"model", model_dir},
+            {"backend", backend->name()},
+            {"threads", threads > 0 ? nlohmann::json(threads) : nlohmann::json()},
+            {"kernels", isa.empty() ? nlohmann::json() : nlohmann::json(isa)},
+            {"weight_dtype", dtype},
+            {"parameters", params},
+            {"context", context},
+            {"steps", steps},
+            {"prefill_seconds", prefill_seconds},
+            {"step_seconds_median", step_median},
+            {"step_seconds_min", step_min},
+            {"step_seconds_max", step_max},
+            {"steps_per_second", 1.0 / step_median},
+            {"weight_bytes_per_step", step_bytes},
+            {"weight_read_gbps", read_gbps},
+            {"memcpy_gbps", copy_gbps},
+            {"memcpy_bytes", copy_bytes},
+            {"ratio", ratio},
+        };
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+      }
+      std::string backend_text = backend->name();
+      if (threads > 0) backend_text += " (" + std::to_string(threads) + " threads, " + isa + ")";
+      std::printf("model           %s\n", model_dir.c_str());
+      std::printf("                %.1fM parameters, %s, %lld layers, hidden %lld, vocab %lld\n",
+                  double(params) / 1e6, dtype.c_str(), (long long)config.num_layers,
+                  (long long)config.hidden_size, (long long)config.vocab_size);
+      std::printf("backend         %s\n", backend_text.c_str());
+      if (context > 0) {
+        std::printf("context         %lld tokens, prefill %.3f s (%.1f tokens/s)\n",
+                    (long long)context, prefill_seconds, double(context) / prefill_seconds);
+      }
+      std::printf("decode steps    %lld timed after %lld warm-up\n", (long long)steps,
+                  (long long)warmup);
+      std::printf("step time       %.2f ms median (min %.2f, max %.2f)\n", step_median * 1e3,
+                  step_min * 1e3, step_max * 1e3);
+      std::printf("steps/s         %.2f\n", 1.0 / step_median);
+      std::printf("weight bytes    %.1f MB per step\n", double(step_bytes) / 1e6);
+      std::printf("weight read     %.2f GB/s\n", read_gbps);
+      std::printf("memcpy          %.2f GB/s (%zu MiB buffer, median of %d, bytes copied / s)\n",
+                  copy_gbps, copy_bytes >> 20, copy_repeats);
+      std::printf("ratio           %.2f (weight read / memcpy)\n", ratio);
+      return 0;
+    };
+  });
+}
+
+}  // namespace kvlens::cli

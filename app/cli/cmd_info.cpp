@@ -1,0 +1,86 @@
+// kvlens-cli info: the validated config of a checkpoint folder, its weights and tokenizer, as JSON.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "app/cli/cli_common.h"
+#include "engine/model/model.h"
+
+namespace kvlens::cli {
+namespace {
+
+std::string rope_type_name(RopeScaling::Type type) {
+  switch (type) {
+    case RopeScaling::Type::kNone: return "default";
+    case RopeScaling::Type::kLinear: return "linear";
+    case RopeScaling::Type::kLlama3: return "llama3";
+  }
+  return "?";
+}
+
+nlohmann::json model_info(const Model& model) {
+  const ModelConfig& c = model.config;
+  nlohmann::json rope = {{"type", rope_type_name(c.rope_scaling.type)}, {"theta", c.rope_theta}};
+  if (c.rope_scaling.type != RopeScaling::Type::kNone) rope["factor"] = c.rope_scaling.factor;
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    rope["low_freq_factor"] = c.rope_scaling.low_freq_factor;
+    rope["high_freq_factor"] = c.rope_scaling.high_freq_factor;
+    rope["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
+  }
+  int64_t parameters = 0, weight_bytes = 0;
+  nlohmann::json dtype_counts = nlohmann::json::object();
+  for (const std::string& name : model.weights.files->names()) {
+    const TensorView tensor = model.weights.files->tensor(name);
+    parameters += tensor.numel();
+    weight_bytes += int64_t(tensor.bytes);
+    const std::string dtype(dtype_name(tensor.dtype));
+    dtype_counts[dtype] = dtype_counts.value(dtype, 0) + 1;
+  }
+  nlohmann::json info = {
+      {"model", model.dir},
+      {"model_type", c.model_type},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope", rope},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"sliding_window", c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json()},
+      {"bos_token_id", c.bos_token_id ? nlohmann::json(*c.bos_token_id) : nlohmann::json()},
+      {"eos_token_ids", c.eos_token_ids},
+      {"torch_dtype", std::string(dtype_name(c.torch_dtype))},
+      {"parameters", parameters},
+      {"weight_bytes", weight_bytes},
+      {"tensor_dtypes", dtype_counts},
+  };
+  if (model.tokenizer) {
+    info["tokenizer"] = {{"vocab_size", model.tokenizer->vocab_size()},
+                         {"bos_id", model.tokenizer->bos_id() ? nlohmann::json(*model.tokenizer->bos_id())
+                                                              : nlohmann::json()}};
+  } else {
+    info["tokenizer"] = nullptr;
+  }
+  return info;
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
+  auto* command = app.add_subcommand("info", "Print a checkpoint's validated configuration as JSON");
+  static std::string model_dir;
+  command->add_option("--model", model_dir, "Hugging Face checkpoint folder")->required();
+  add_common_options(*command, common);
+  command->callback([&run] {
+    run = [] {
+      const auto model = Model::load(model_dir);
+      std::printf("%s\n", model_info(*model).dump(2).c_str());
+      return 0;
+    };
+  });
+}
+
+}  // namespace kvlens::cli

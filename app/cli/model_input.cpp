@@ -1,0 +1,54 @@
+// Policy flags and input-token resolution shared by kvlens-cli generate and score.
+#include "app/cli/model_input.h"
+
+#include "app/cli/cli_common.h"
+#include "engine/common/error.h"
+
+namespace kvlens::cli {
+
+void add_policy_options(CLI::App& command, PolicyOptions& options) {
+  command.add_option("--policy", options.policy, "Token-selection policy id")
+      ->capture_default_str();
+  command.add_option("--sparsity", options.sparsity, "Fraction of cached tokens hidden, in [0,1)")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  command.add_option("--policy-arg", options.policy_args, "Policy parameter key=value (repeatable)");
+}
+
+void check_policy_supported(const PolicyOptions& options) {
+  if (options.policy != "dense") {
+    throw Error("--policy", "policy", "dense (the other policies arrive with the policy engine)",
+                options.policy);
+  }
+  if (!options.policy_args.empty()) {
+    throw Error("--policy-arg", options.policy_args.front(), "no parameters for policy dense");
+  }
+}
+
+std::vector<int32_t> resolve_input_tokens(const Model& model, const std::optional<std::string>& text,
+                                          const std::string& tokens_flag_value,
+                                          const std::string& tokens_flag_name) {
+  std::vector<int32_t> ids;
+  if (text) {
+    ids = model.require_tokenizer().encode(*text, true);
+  } else {
+    ids = parse_token_list(tokens_flag_value, tokens_flag_name);
+  }
+  if (ids.empty()) throw Error("input", "tokens", "at least one token");
+  for (const int32_t id : ids) {
+    if (id >= model.config.vocab_size) {
+      throw Error(tokens_flag_name, "token id",
+                  "an id below the vocabulary size " + std::to_string(model.config.vocab_size),
+                  std::to_string(id));
+    }
+  }
+  if (int64_t(ids.size()) > model.config.max_position_embeddings) {
+    throw Error(model.config.source, "max_position_embeddings",
+                "an input of at most " + std::to_string(model.config.max_position_embeddings) +
+                    " tokens",
+                std::to_string(ids.size()) + " tokens");
+  }
+  return ids;
+}
+
+}  // namespace kvlens::cli

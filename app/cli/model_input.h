@@ -1,0 +1,30 @@
+// Input handling shared by generate and score: the policy flags (only `dense` until the policy
+// engine lands) and turning --prompt/--text-file/--tokens into token ids.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/model/model.h"
+
+namespace kvlens::cli {
+
+struct PolicyOptions {
+  std::string policy = "dense";
+  double sparsity = 0.0;
+  std::vector<std::string> policy_args;
+};
+
+void add_policy_options(CLI::App& command, PolicyOptions& options);
+// Throws kvlens::Error for a policy this build cannot run yet.
+void check_policy_supported(const PolicyOptions& options);
+
+// Ids from --tokens when given, else the text encoded with the model's tokenizer (special tokens
+// added, e.g. BOS). Every id is checked against the model's vocabulary.
+std::vector<int32_t> resolve_input_tokens(const Model& model, const std::optional<std::string>& text,
+                                          const std::string& tokens_flag_value,
+                                          const std::string& tokens_flag_name);
+
+}  // namespace kvlens::cli

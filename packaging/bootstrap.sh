@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# kvlens set-up in one command, for a fresh Debian 12 / Ubuntu machine: installs the Debian
+# packages kvlens builds with (apt; idempotent; as root or through sudo), configures and builds,
+# then runs the demo (default) or the whole test suite (--test).
+#   packaging/bootstrap.sh          install, build, run the demo on the bundled model
+#   packaging/bootstrap.sh --test   install, build, run every test (ctest; sanitizer build; fuzzers)
+set -euo pipefail
+
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+mode=demo
+case "${1:-}" in
+  "" | --demo) mode=demo ;;
+  --test) mode=test ;;
+  -h | --help) usage ;;
+  *) echo "bootstrap.sh: unknown argument '$1'" >&2; usage ;;
+esac
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${KVLENS_BUILD_DIR:-$root/build}
+jobs=$(nproc 2>/dev/null || echo 2)
+log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+# --- dependencies -----------------------------------------------------------------------------
+packages=(build-essential cmake pkg-config python3 zlib1g-dev libicu-dev nlohmann-json3-dev
+  libcli11-dev catch2)
+if [ "$mode" = test ]; then packages+=(clang libclang-rt-dev); fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "Installing Debian packages: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "bootstrap.sh: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  log "Debian packages already installed"
+fi
+
+# --- build ------------------------------------------------------------------------------------
+log "Configuring and building kvlens in $build"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"$jobs"
+cli="$build/app/kvlens-cli"
+
+if [ "$mode" = demo ]; then
+  model="$root/assets/models/demo"
+  log "kvlens-cli info --model assets/models/demo"
+  "$cli" info --model "$model"
+  log "kvlens-cli generate --model assets/models/demo --prompt 'Once upon a time' --max-new 200"
+  "$cli" generate --model "$model" --prompt "Once upon a time" --max-new 200
+  log "kvlens-cli score --model assets/models/demo --text-file assets/models/demo/sample.txt"
+  "$cli" score --model "$model" --text-file "$model/sample.txt" --progress
+  log "Done. kvlens-cli is at $cli (try: $cli --help)"
+  exit 0
+fi
+
+# --- tests ------------------------------------------------------------------------------------
+log "Running the test suite (ctest: unit, parity, cuda)"
+ctest --test-dir "$build" --output-on-failure -j"$jobs"
+
+log "Sanitizer build (ASan + UBSan) and its unit tests"
+san="$build-sanitize"
+cmake -S "$root" -B "$san" -DCMAKE_BUILD_TYPE=Debug -DKVLENS_SANITIZE=ON -DKVLENS_CUDA=OFF >/dev/null
+cmake --build "$san" -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir "$san" --output-on-failure -j"$jobs" -L unit
+
+if command -v clang++ >/dev/null; then
+  log "Fuzzing the parsers (libFuzzer, bounded time)"
+  fuzz="$build-fuzz"
+  cmake -S "$root" -B "$fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLENS_FUZZ=ON -DKVLENS_CUDA=OFF >/dev/null
+  cmake --build "$fuzz" -j"$jobs" --target kvlens_fuzzers
+  "$root/tests/fuzz/run_fuzzers.sh" "$fuzz/tests/fuzz" "${KVLENS_FUZZ_SECONDS:-60}"
+else
+  log "clang++ not found: fuzzers skipped"
+fi
+log "All tests passed"

@@ -1,0 +1,146 @@
+// kvlens-cli as scripts use it: JSON shapes of info/score, generate's ids, and one clear
+// stderr message with a non-zero exit for each kind of bad input.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/test_paths.h"
+#include "tests/support/tiny_checkpoint.h"
+
+using namespace kvlens;
+using test::run_command;
+
+namespace {
+
+std::string cli() { return test::cli_path(); }
+
+std::string tiny_model(test::TinyLlamaSpec spec = {}) {
+  return test::write_tiny_llama(test::make_temp_dir("cli"), spec);
+}
+
+// Runs the CLI and checks it failed with one message naming each of `parts`.
+void require_failure(const std::string& args, const std::vector<std::string>& parts) {
+  const test::CommandResult result = run_command(cli() + " " + args);
+  INFO("args: " << args << "\nstderr: " << result.err);
+  REQUIRE(result.exit_code != 0);
+  REQUIRE(result.exit_code < 128);  // an error exit, not a signal
+  REQUIRE(result.err.find("kvlens-cli: error:") != std::string::npos);
+  for (const std::string& part : parts) CHECK(result.err.find(part) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("info prints the validated config as JSON", "[cli]") {
+  test::TinyLlamaSpec spec;
+  spec.head_dim = 12;
+  const std::string dir = tiny_model(spec);
+  const auto result = run_command(cli() + " info --model " + dir);
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  const auto info = nlohmann::json::parse(result.out);
+  CHECK(info["model_type"] == "llama");
+  CHECK(info["num_hidden_layers"] == spec.layers);
+  CHECK(info["num_key_value_heads"] == spec.kv_heads);
+  CHECK(info["head_dim"] == 12);
+  CHECK(info["tokenizer"].is_null());
+  CHECK(info["parameters"].get<int64_t>() > 0);
+}
+
+TEST_CASE("score --json has the documented shape", "[cli]") {
+  const std::string dir = tiny_model();
+  const auto result = run_command(cli() + " score --model " + dir + " --tokens 1,5,9,3,3,7 --json");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  const auto out = nlohmann::json::parse(result.out);
+  REQUIRE(out["tokens"] == nlohmann::json({1, 5, 9, 3, 3, 7}));
+  REQUIRE(out["nll"].size() == 5);
+  REQUIRE(out["argmax"].size() == 6);
+  double total = 0;
+  for (const auto& v : out["nll"]) total += v.get<double>();
+  CHECK(out["ppl"].get<double>() == Approx(std::exp(total / 5)).epsilon(1e-9));
+
+  // Prefill in chunks reports the same numbers within float noise.
+  const auto chunked = run_command(cli() + " score --model " + dir + " --tokens 1,5,9,3,3,7 --json --chunk 4");
+  REQUIRE(chunked.exit_code == 0);
+  const auto out2 = nlohmann::json::parse(chunked.out);
+  CHECK(out2["argmax"] == out["argmax"]);
+  CHECK(out2["ppl"].get<double>() == Approx(out["ppl"].get<double>()).epsilon(1e-5));
+}
+
+TEST_CASE("generate --ids prints max-new ids", "[cli]") {
+  const std::string dir = tiny_model();
+  const auto result = run_command(cli() + " generate --model " + dir + " --tokens 1,2,3 --max-new 7 --ids");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  std::istringstream in(result.out);
+  int count = 0;
+  for (int id; in >> id;) ++count;
+  // eos (id 2) may stop generation early; otherwise exactly 7.
+  CHECK(count >= 1);
+  CHECK(count <= 7);
+}
+
+TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
+  SECTION("missing folder") {
+    require_failure("info --model /nonexistent/model", {"/nonexistent/model", "config.json"});
+  }
+  SECTION("truncated safetensors") {
+    const std::string dir = tiny_model();
+    const std::string file = dir + "/model.safetensors";
+    std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+    require_failure("info --model " + dir, {"model.safetensors", "expected"});
+  }
+  SECTION("header length past the end") {
+    const std::string dir = tiny_model();
+    test::write_file(dir + "/model.safetensors", std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10));
+    require_failure("info --model " + dir, {"model.safetensors", "header"});
+  }
+  SECTION("unsupported model_type") {
+    test::TinyLlamaSpec spec;
+    spec.extra_config = R"({"model_type": "gpt2"})";
+    require_failure("info --model " + tiny_model(spec), {"config.json", "model_type", "llama"});
+  }
+  SECTION("wrong tensor shape") {
+    test::TinyLlamaSpec spec;
+    const std::string dir = test::make_temp_dir("cli");
+    auto tensors = test::tiny_llama_tensors(spec);
+    for (auto& t : tensors) {
+      if (t.name == "model.layers.1.self_attn.k_proj.weight") {
+        t = test::make_tensor(t.name, "F32", {spec.hidden, spec.hidden},
+                              std::vector<float>(size_t(spec.hidden * spec.hidden), 0.f));
+      }
+    }
+    test::write_checkpoint(dir, test::tiny_llama_config(spec), tensors, false);
+    require_failure("info --model " + dir, {"model.layers.1.self_attn.k_proj.weight", "shape"});
+  }
+  SECTION("token id out of range") {
+    require_failure("score --model " + tiny_model() + " --tokens 1,2,64", {"token id", "64"});
+  }
+  SECTION("malformed token list") {
+    require_failure("score --model " + tiny_model() + " --tokens 1,x,3", {"--tokens", "'x'"});
+  }
+  SECTION("input longer than max_position_embeddings") {
+    test::TinyLlamaSpec spec;
+    spec.max_positions = 4;
+    require_failure("score --model " + tiny_model(spec) + " --tokens 1,2,3,4,5",
+                    {"config.json", "max_position_embeddings", "at most 4"});
+  }
+  SECTION("text input without a tokenizer") {
+    require_failure("generate --model " + tiny_model() + " --prompt hello --max-new 2",
+                    {"tokenizer.json"});
+  }
+  SECTION("malformed tokenizer.json") {
+    const std::string dir = tiny_model();
+    test::write_file(dir + "/tokenizer.json", "{\"model\": [1, 2");
+    require_failure("info --model " + dir, {"tokenizer.json"});
+  }
+  SECTION("policy not available yet") {
+    require_failure("score --model " + tiny_model() + " --tokens 1,2 --policy h2o", {"--policy", "h2o"});
+  }
+  SECTION("unknown backend") {
+    require_failure("score --model " + tiny_model() + " --tokens 1,2 --backend tpu", {"--backend", "tpu"});
+  }
+}
