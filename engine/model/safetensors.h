@@ -27,6 +27,10 @@ struct TensorView {
 };
 
 struct TensorEntry {
+  // Every safetensors dtype is accepted here (its size is known, so offsets can be checked);
+  // `dtype` is meaningful only when stored_dtype is F32, F16 or BF16. SafetensorsFile::tensor()
+  // refuses the others, so a file holding an extra I64 buffer still opens.
+  std::string stored_dtype;  // safetensors spelling, e.g. "BF16", "I64"
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   uint64_t begin = 0;  // offsets relative to the start of the data section
@@ -42,6 +46,7 @@ struct SafetensorsHeader {
 // Parses the 8-byte length prefix and the JSON header of a whole file's bytes and checks every
 // entry: known dtype, shape * dtype size == end - begin, offsets inside the data section,
 // no two tensors overlapping. `source` names the file in errors. Never reads out of bounds.
+// Tensor data is not guaranteed to be aligned for its dtype (the format does not require it).
 SafetensorsHeader parse_safetensors_header(std::string_view file_bytes, const std::string& source);
 
 class SafetensorsFile {
@@ -50,7 +55,8 @@ class SafetensorsFile {
   const SafetensorsHeader& header() const { return header_; }
   const std::string& path() const { return file_.path(); }
   bool contains(const std::string& name) const { return header_.tensors.count(name) != 0; }
-  TensorView tensor(const std::string& name) const;  // throws Error when missing
+  // Throws Error when missing or when its dtype is not F32, F16 or BF16.
+  TensorView tensor(const std::string& name) const;
 
  private:
   MappedFile file_;

@@ -21,7 +21,7 @@ struct ModelWeights {
   std::shared_ptr<SafetensorsSet> files;  // keeps the maps alive
   TensorView embed;
   TensorView final_norm;
-  TensorView lm_head;  // == embed when tie_word_embeddings (or when lm_head.weight is absent)
+  TensorView lm_head;  // == embed when tie_word_embeddings; untied needs lm_head.weight
   std::vector<LayerWeights> layers;
 
   // Errors name the folder, the tensor and the expected dtype/shape.

@@ -2,6 +2,7 @@
 #include "tests/support/test_paths.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
 
 namespace kvlens::test {
 
@@ -20,12 +22,23 @@ std::string shared_path(const std::string& relative) {
 }
 std::string cli_path() { return KVLENS_CLI_PATH; }
 
+namespace {
+// One root per test process, removed when the process exits so /tmp does not fill up.
+struct TempRoot {
+  std::filesystem::path path = std::filesystem::temp_directory_path() /
+                               ("kvlens-test-" + std::to_string(::getpid()));
+  ~TempRoot() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+}  // namespace
+
 std::string make_temp_dir(const std::string& tag) {
   static std::atomic<int> counter{0};
+  static TempRoot root;
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("kvlens-test-" + std::to_string(::getpid()) + "-" + tag + "-" +
-                        std::to_string(counter++));
+  const fs::path dir = root.path / (tag + "-" + std::to_string(counter++));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

@@ -1,0 +1,352 @@
+// Parsing and validation of a Llama-family config.json into ModelConfig, and the rotary inverse
+// frequencies [head_dim / 2] with transformers' `linear` and `llama3` rope scaling applied.
+#include "engine/model/config.h"
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/common/error.h"
+#include "engine/common/mapped_file.h"
+
+namespace kvlens {
+namespace {
+
+using Json = nlohmann::json;
+
+// Integer fields are bounded so that later products (vocab * hidden, heads * head_dim, ...) can
+// never overflow int64 and token ids fit int32.
+constexpr int64_t kMaxDimension = std::numeric_limits<int32_t>::max();
+
+std::string describe(const Json& value) {
+  switch (value.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "a boolean (" + value.dump() + ")";
+    case Json::value_t::string: {
+      std::string text = value.get<std::string>();
+      if (text.size() > 60) {
+        size_t cut = 60;  // never split a UTF-8 sequence
+        while (cut > 0 && (uint8_t(text[cut]) & 0xc0u) == 0x80u) --cut;
+        text = text.substr(0, cut) + "...";
+      }
+      return "a string (\"" + text + "\")";
+    }
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
+      return "the integer " + value.dump();
+    case Json::value_t::number_float:
+      return "the number " + value.dump();
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::object:
+      return "an object";
+    default:
+      return "an unsupported JSON value";
+  }
+}
+
+// Reads typed fields of one JSON object; `prefix` names the enclosing object in messages
+// (e.g. "rope_scaling.").
+class FieldReader {
+ public:
+  FieldReader(const Json& object, std::string source, std::string prefix = {})
+      : object_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  // The value of `key`, or nullptr when the key is absent or null (transformers treats an
+  // explicit null like "not given" for every optional field read here).
+  const Json* find(const std::string& key) const {
+    const auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  int64_t integer(const std::string& key, int64_t min_value, int64_t max_value) const {
+    const Json* value = find(key);
+    if (value == nullptr) {
+      throw Error(source_, prefix_ + key, "an integer field", "missing or null");
+    }
+    return integer_value(key, *value, min_value, max_value);
+  }
+  int64_t integer_or(const std::string& key, int64_t fallback, int64_t min_value,
+                     int64_t max_value) const {
+    const Json* value = find(key);
+    return value == nullptr ? fallback : integer_value(key, *value, min_value, max_value);
+  }
+  std::optional<int64_t> optional_integer(const std::string& key, int64_t min_value,
+                                          int64_t max_value) const {
+    const Json* value = find(key);
+    if (value == nullptr) return std::nullopt;
+    return integer_value(key, *value, min_value, max_value);
+  }
+
+  // A finite number strictly above `exclusive_min` (integers are accepted: rope_theta is often
+  // written as 10000).
+  double number_or(const std::string& key, double fallback, double exclusive_min) const {
+    const Json* value = find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_number()) throw Error(source_, prefix_ + key, "a number", describe(*value));
+    const double number = value->get<double>();
+    if (!std::isfinite(number) || !(number > exclusive_min)) {
+      throw Error(source_, prefix_ + key,
+                  "a finite number greater than " + Json(exclusive_min).dump(), value->dump());
+    }
+    return number;
+  }
+
+  bool boolean_or(const std::string& key, bool fallback) const {
+    const Json* value = find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_boolean())
+      throw Error(source_, prefix_ + key, "true or false", describe(*value));
+    return value->get<bool>();
+  }
+
+  std::optional<std::string> optional_string(const std::string& key) const {
+    const Json* value = find(key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_string()) throw Error(source_, prefix_ + key, "a string", describe(*value));
+    return value->get<std::string>();
+  }
+
+  int64_t integer_value(const std::string& key, const Json& value, int64_t min_value,
+                        int64_t max_value) const {
+    const std::string range =
+        "an integer in [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
+    if (value.is_number_unsigned()) {
+      const uint64_t number = value.get<uint64_t>();
+      // nlohmann stores every non-negative literal as unsigned, so the lower bound applies too.
+      if (number > uint64_t(max_value) || (min_value > 0 && number < uint64_t(min_value))) {
+        throw Error(source_, prefix_ + key, range, value.dump());
+      }
+      return int64_t(number);
+    }
+    if (value.is_number_integer()) {
+      const int64_t number = value.get<int64_t>();
+      if (number < min_value || number > max_value) {
+        throw Error(source_, prefix_ + key, range, value.dump());
+      }
+      return number;
+    }
+    throw Error(source_, prefix_ + key, range, describe(value));
+  }
+
+  const std::string& source() const { return source_; }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  const Json& object_;
+  std::string source_;
+  std::string prefix_;
+};
+
+// rope_scaling (transformers 4) or rope_parameters (transformers 5). Both spell the kind as
+// "rope_type"; older configs use "type", which transformers copies over "rope_type".
+RopeScaling parse_rope_scaling(const FieldReader& rope) {
+  RopeScaling scaling;
+  std::optional<std::string> kind = rope.optional_string("type");
+  if (!kind) kind = rope.optional_string("rope_type");
+  if (!kind || *kind == "default") return scaling;
+  if (*kind == "linear") {
+    scaling.type = RopeScaling::Type::kLinear;
+    scaling.factor = rope.number_or("factor", 1.0, 0.0);
+    return scaling;
+  }
+  if (*kind == "llama3") {
+    scaling.type = RopeScaling::Type::kLlama3;
+    if (rope.find("factor") == nullptr) {
+      throw Error(rope.source(), rope.prefix() + "factor", "a number for llama3 rope scaling",
+                  "missing");
+    }
+    scaling.factor = rope.number_or("factor", 1.0, 0.0);
+    scaling.low_freq_factor = rope.number_or("low_freq_factor", 1.0, 0.0);
+    scaling.high_freq_factor = rope.number_or("high_freq_factor", 4.0, 0.0);
+    scaling.original_max_position_embeddings =
+        rope.integer_or("original_max_position_embeddings", 8192, 1, kMaxDimension);
+    // The smoothing step divides by (high - low); equal factors would make it 0/0.
+    if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+      throw Error(
+          rope.source(), rope.prefix() + "high_freq_factor",
+          "a value greater than low_freq_factor (" + Json(scaling.low_freq_factor).dump() + ")",
+          Json(scaling.high_freq_factor).dump());
+    }
+    return scaling;
+  }
+  const std::string field = rope.prefix() + (rope.find("type") ? "type" : "rope_type");
+  throw Error(rope.source(), field, "\"default\", \"linear\" or \"llama3\"", "\"" + *kind + "\"");
+}
+
+DType parse_torch_dtype(const FieldReader& reader) {
+  // transformers 5 writes "dtype"; 4.x writes "torch_dtype".
+  const std::string key = reader.find("dtype") != nullptr ? "dtype" : "torch_dtype";
+  const std::optional<std::string> name = reader.optional_string(key);
+  if (!name) return DType::F32;
+  if (*name == "float32") return DType::F32;
+  if (*name == "bfloat16") return DType::BF16;
+  if (*name == "float16") return DType::F16;
+  throw Error(reader.source(), key, "\"float32\", \"bfloat16\" or \"float16\"",
+              "\"" + *name + "\"");
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& source) {
+  Json root;
+  try {
+    root = Json::parse(json_text);
+  } catch (const Json::exception& error) {
+    throw Error(source, "JSON", "a valid JSON document", error.what());
+  }
+  if (!root.is_object()) throw Error(source, "JSON", "an object at the top level", describe(root));
+  const FieldReader reader(root, source);
+
+  ModelConfig config;
+  config.source = source;
+
+  const std::optional<std::string> model_type = reader.optional_string("model_type");
+  if (!model_type) throw Error(source, "model_type", "\"llama\" or \"mistral\"", "missing");
+  if (*model_type != "llama" && *model_type != "mistral") {
+    throw Error(source, "model_type", "\"llama\" or \"mistral\"", "\"" + *model_type + "\"");
+  }
+  config.model_type = *model_type;
+  const bool mistral = config.model_type == "mistral";
+
+  // Structural sizes are required: transformers' class defaults (a 7B shape) would only turn a
+  // broken config into a confusing weight-shape error later.
+  config.vocab_size = reader.integer("vocab_size", 1, kMaxDimension);
+  config.hidden_size = reader.integer("hidden_size", 1, kMaxDimension);
+  config.intermediate_size = reader.integer("intermediate_size", 1, kMaxDimension);
+  config.num_layers = reader.integer("num_hidden_layers", 1, kMaxDimension);
+  config.num_heads = reader.integer("num_attention_heads", 1, kMaxDimension);
+  config.num_kv_heads =
+      reader.integer_or("num_key_value_heads", config.num_heads, 1, config.num_heads);
+  if (config.num_heads % config.num_kv_heads != 0) {
+    throw Error(source, "num_key_value_heads",
+                "a divisor of num_attention_heads (" + std::to_string(config.num_heads) + ")",
+                std::to_string(config.num_kv_heads));
+  }
+  if (const auto head_dim = reader.optional_integer("head_dim", 1, kMaxDimension)) {
+    config.head_dim = *head_dim;
+  } else {
+    if (config.hidden_size % config.num_heads != 0) {
+      throw Error(source, "hidden_size",
+                  "a multiple of num_attention_heads (" + std::to_string(config.num_heads) +
+                      ") when head_dim is not given",
+                  std::to_string(config.hidden_size));
+    }
+    config.head_dim = config.hidden_size / config.num_heads;
+  }
+  // Rotary embeddings rotate pairs of channels.
+  if (config.head_dim % 2 != 0) {
+    throw Error(source, "head_dim", "an even number", std::to_string(config.head_dim));
+  }
+  if (config.num_heads * config.head_dim > kMaxDimension) {
+    throw Error(source, "num_attention_heads * head_dim",
+                "at most " + std::to_string(kMaxDimension),
+                std::to_string(config.num_heads * config.head_dim));
+  }
+
+  config.rms_norm_eps = reader.number_or("rms_norm_eps", 1e-6, 0.0);
+
+  // Rope: transformers 5 nests rope_theta inside rope_parameters; 4.x has it at the top level
+  // and the scaling in rope_scaling. rope_parameters wins when both are present.
+  config.rope_theta = reader.number_or("rope_theta", 10000.0, 0.0);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const Json* rope = reader.find(key);
+    if (rope == nullptr) continue;
+    if (!rope->is_object()) throw Error(source, key, "an object or null", describe(*rope));
+    const FieldReader rope_reader(*rope, source, std::string(key) + ".");
+    config.rope_theta = rope_reader.number_or("rope_theta", config.rope_theta, 0.0);
+    config.rope_scaling = parse_rope_scaling(rope_reader);
+    break;
+  }
+  // Llama-family models rotate every channel of a head; a partial rotation is another model.
+  if (reader.number_or("partial_rotary_factor", 1.0, 0.0) != 1.0) {
+    throw Error(source, "partial_rotary_factor", "1.0 (full rotary embedding)",
+                reader.find("partial_rotary_factor")->dump());
+  }
+
+  config.tie_word_embeddings = reader.boolean_or("tie_word_embeddings", false);
+  config.max_position_embeddings =
+      reader.integer_or("max_position_embeddings", mistral ? 4096 * 32 : 2048, 1, kMaxDimension);
+
+  // Mistral only: an absent key means MistralConfig's default window of 4096 (what
+  // transformers' masks then apply); an explicit null means no window. LlamaConfig has no
+  // sliding window, so Llama attention ignores the key.
+  if (mistral) {
+    if (root.contains("sliding_window")) {
+      config.sliding_window = reader.optional_integer("sliding_window", 1, kMaxDimension);
+    } else {
+      config.sliding_window = 4096;
+    }
+  }
+
+  config.bos_token_id = reader.optional_integer("bos_token_id", 0, kMaxDimension);
+  if (const Json* eos = reader.find("eos_token_id")) {
+    if (eos->is_array()) {
+      for (size_t i = 0; i < eos->size(); ++i) {
+        config.eos_token_ids.push_back(reader.integer_value(
+            "eos_token_id[" + std::to_string(i) + "]", (*eos)[i], 0, kMaxDimension));
+      }
+    } else {
+      config.eos_token_ids.push_back(reader.integer_value("eos_token_id", *eos, 0, kMaxDimension));
+    }
+  }
+
+  config.torch_dtype = parse_torch_dtype(reader);
+
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (reader.boolean_or(key, false)) {
+      throw Error(source, key, "false (bias terms are not supported)", "true");
+    }
+  }
+  // The MLP is SwiGLU; another activation would silently compute a different model.
+  if (const auto act = reader.optional_string("hidden_act"); act && *act != "silu") {
+    throw Error(source, "hidden_act", "\"silu\"", "\"" + *act + "\"");
+  }
+  return config;
+}
+
+ModelConfig ModelConfig::load(const std::string& config_json_path) {
+  return parse(read_text_file(config_json_path), config_json_path);
+}
+
+std::vector<float> ModelConfig::rope_inv_freq() const {
+  const int64_t half = head_dim / 2;
+  std::vector<float> result(size_t(half > 0 ? half : 0));
+  const double dim = double(head_dim);
+  const RopeScaling& s = rope_scaling;
+  const double old_context = double(s.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / s.low_freq_factor;
+  const double high_freq_wavelen = old_context / s.high_freq_factor;
+  for (int64_t i = 0; i < half; ++i) {
+    double inv_freq = 1.0 / std::pow(rope_theta, double(2 * i) / dim);
+    switch (s.type) {
+      case RopeScaling::Type::kNone:
+        break;
+      case RopeScaling::Type::kLinear:
+        inv_freq /= s.factor;
+        break;
+      case RopeScaling::Type::kLlama3: {
+        // Same three bands as transformers' _compute_llama3_parameters: long wavelengths are
+        // slowed by `factor`, short ones kept, the band in between interpolated.
+        const double wavelen = 2.0 * std::numbers::pi / inv_freq;
+        if (wavelen > low_freq_wavelen) {
+          inv_freq /= s.factor;
+        } else if (!(wavelen < high_freq_wavelen)) {
+          const double smooth = (old_context / wavelen - s.low_freq_factor) /
+                                (s.high_freq_factor - s.low_freq_factor);
+          inv_freq = (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
+        }
+        break;
+      }
+    }
+    result[size_t(i)] = float(inv_freq);
+  }
+  return result;
+}
+
+}  // namespace kvlens

@@ -1,0 +1,80 @@
+// Resolves the Llama tensor names of a checkpoint folder into views and checks each one's shape
+// (Hugging Face [out, in] layout, derived from the config) and dtype before any compute.
+#include "engine/model/weights.h"
+
+#include "engine/common/error.h"
+
+namespace kvlens {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+class TensorChecker {
+ public:
+  explicit TensorChecker(const SafetensorsSet& files) : files_(files) {}
+
+  TensorView get(const std::string& name, const std::vector<int64_t>& expected_shape) const {
+    const std::string expectation = "a tensor of shape " + shape_text(expected_shape);
+    if (!files_.contains(name)) {
+      throw Error(files_.folder(), name, expectation + " (F32, F16 or BF16)",
+                  "no such tensor in the checkpoint");
+    }
+    TensorView view = files_.tensor(name);  // throws for dtypes other than F32/F16/BF16
+    if (view.dtype != DType::F32 && view.dtype != DType::F16 && view.dtype != DType::BF16) {
+      throw Error(view.file, name, "dtype F32, F16 or BF16",
+                  "dtype " + std::string(dtype_name(view.dtype)));
+    }
+    if (view.shape != expected_shape) {
+      throw Error(view.file, name, expectation, shape_text(view.shape));
+    }
+    return view;
+  }
+
+ private:
+  const SafetensorsSet& files_;
+};
+
+}  // namespace
+
+ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig& config) {
+  ModelWeights weights;
+  weights.files = std::make_shared<SafetensorsSet>(SafetensorsSet::open_folder(model_dir));
+  const TensorChecker checker(*weights.files);
+
+  // ModelConfig::parse bounds every size by INT32_MAX, so these products cannot overflow.
+  const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
+  const int64_t q_width = config.num_heads * config.head_dim;
+  const int64_t kv_width = config.num_kv_heads * config.head_dim;
+  const int64_t ffn = config.intermediate_size;
+
+  weights.embed = checker.get("model.embed_tokens.weight", {vocab, hidden});
+  weights.final_norm = checker.get("model.norm.weight", {hidden});
+  // Tied checkpoints may still carry a copy of lm_head.weight; like transformers we use the
+  // embedding then. Untied without lm_head.weight is an error: transformers would initialise
+  // the head randomly, which no analysis should silently run on.
+  weights.lm_head =
+      config.tie_word_embeddings ? weights.embed : checker.get("lm_head.weight", {vocab, hidden});
+
+  weights.layers.reserve(size_t(config.num_layers));
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    LayerWeights layer;
+    layer.attn_norm = checker.get(prefix + "input_layernorm.weight", {hidden});
+    layer.wq = checker.get(prefix + "self_attn.q_proj.weight", {q_width, hidden});
+    layer.wk = checker.get(prefix + "self_attn.k_proj.weight", {kv_width, hidden});
+    layer.wv = checker.get(prefix + "self_attn.v_proj.weight", {kv_width, hidden});
+    layer.wo = checker.get(prefix + "self_attn.o_proj.weight", {hidden, q_width});
+    layer.mlp_norm = checker.get(prefix + "post_attention_layernorm.weight", {hidden});
+    layer.w_gate = checker.get(prefix + "mlp.gate_proj.weight", {ffn, hidden});
+    layer.w_up = checker.get(prefix + "mlp.up_proj.weight", {ffn, hidden});
+    layer.w_down = checker.get(prefix + "mlp.down_proj.weight", {hidden, ffn});
+    weights.layers.push_back(std::move(layer));
+  }
+  return weights;
+}
+
+}  // namespace kvlens

@@ -1,0 +1,72 @@
+// Test checkpoints: a safetensors writer (well-formed or hand-built corrupt files) and a random,
+// seeded tiny Llama/Mistral folder (config.json + model.safetensors, or 2 shards + index json).
+// Weight shapes follow engine/model/weights.h: q [H*D, E], k/v [G*D, E], o [E, H*D], ...
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvlens::test {
+
+struct TestTensor {
+  std::string name;
+  std::string dtype;  // safetensors spelling: "F32", "BF16", "F16", "I32", ... (any string)
+  std::vector<int64_t> shape;
+  std::string bytes;  // raw little-endian data, written as given (not checked against shape)
+};
+
+// F32 values stored as `dtype` ("F32", "BF16" or "F16"; round-to-nearest-even).
+TestTensor make_tensor(const std::string& name, const std::string& dtype,
+                       const std::vector<int64_t>& shape, const std::vector<float>& values);
+// The values of a tensor written by make_tensor, widened back to F32 (F32/BF16/F16 only).
+std::vector<float> tensor_values(const TestTensor& tensor);
+uint16_t f32_to_f16_bits(float value);  // round-to-nearest-even, subnormals and inf kept
+
+// Whole-file bytes of a valid safetensors file: header padded with spaces to a multiple of 8
+// (as the reference writer does), tensors laid out back to back in the given order.
+std::string safetensors_bytes(const std::vector<TestTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+void write_safetensors(const std::string& path, const std::vector<TestTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// For corrupt-file tests: the 8-byte little-endian length of `header_json`, the header, `data`.
+std::string safetensors_raw(const std::string& header_json, const std::string& data);
+void write_file(const std::string& path, const std::string& bytes);
+
+struct TinyLlamaSpec {
+  int64_t vocab = 64;
+  int64_t hidden = 32;
+  int64_t intermediate = 48;
+  int64_t layers = 2;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;
+  int64_t head_dim = 0;  // 0: hidden / heads (and head_dim is left out of config.json)
+  bool tied = false;
+  std::string dtype = "F32";  // "F32", "BF16" or "F16", for every tensor
+  int64_t max_positions = 256;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  uint64_t seed = 1;
+  std::string model_type = "llama";  // "llama" or "mistral"
+  bool sharded = false;  // two shards + model.safetensors.index.json instead of one file
+  // Extra top-level config.json entries as a JSON object text (e.g. "{\"rope_scaling\": ...}");
+  // they override the generated ones.
+  std::string extra_config = "{}";
+};
+
+// config.json text for `spec` (bos 1, eos 2, torch_dtype from spec.dtype).
+std::string tiny_llama_config(const TinyLlamaSpec& spec);
+// The tensors of a random tiny model: weights ~ N(0, 0.05), norm weights ~ 1 + N(0, 0.05),
+// from a portable generator (same values for a given seed on every platform).
+std::vector<TestTensor> tiny_llama_tensors(const TinyLlamaSpec& spec);
+// Writes config.json and the tensors into `dir` (created when missing): model.safetensors, or
+// with `sharded` model-0000{1,2}-of-00002.safetensors (first half / second half of the tensors)
+// plus model.safetensors.index.json.
+void write_checkpoint(const std::string& dir, const std::string& config_json,
+                      const std::vector<TestTensor>& tensors, bool sharded);
+// write_checkpoint(dir, tiny_llama_config(spec), tiny_llama_tensors(spec), spec.sharded);
+// returns dir.
+std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec);
+
+}  // namespace kvlens::test
