@@ -1,0 +1,34 @@
+// Attention of the CUDA backend: appending k/v rows to the per-layer cache [G, capacity, D] and
+// causal (optionally windowed and masked) attention of q[rows, H, D] over it, with GQA (query
+// head h reads KV head h / (H / G)). One thread block per (query row, head).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kvlens::cuda {
+
+// k, v [rows, G, D] -> caches [G, capacity, D] at positions first_position + r.
+void launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache, int64_t rows,
+                      int64_t kv_heads, int64_t head_dim, int64_t capacity, int64_t first_position,
+                      cudaStream_t stream);
+
+struct AttentionArgs {
+  const float* q = nullptr;        // [rows, heads, head_dim]
+  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  const float* v_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  float* out = nullptr;            // [rows, heads, head_dim]
+  float* logits = nullptr;         // optional [rows, heads, context]
+  const uint8_t* mask = nullptr;   // optional [heads, mask_stride] (rows == 1): key j visible to
+  int64_t mask_stride = 0;         // head h when mask[h * mask_stride + j] != 0
+  int64_t rows = 0, heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
+  int64_t first_position = 0;
+  int64_t window = 0;   // > 0: query at p sees keys [p - window + 1, p]
+  int64_t context = 0;  // first_position + rows
+  float scale = 1.0f;   // applied to q.k before the softmax
+};
+
+void launch_attention(const AttentionArgs& args, cudaStream_t stream);
+
+}  // namespace kvlens::cuda

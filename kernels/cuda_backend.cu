@@ -1,0 +1,598 @@
+// The CUDA Backend (shapes as in engine/runtime/backend.h): device memory freed by shared_ptr
+// deleters, copies, argument checks, and dispatch to the per-op kernel launchers, all on one
+// stream per backend. CUDA/cuBLAS failures become kvlens::Error("cuda", call, ...).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "engine/common/error.h"
+#include "kernels/attention.cuh"
+#include "kernels/cuda_backend.h"
+#include "kernels/matmul.cuh"
+#include "kernels/norm_ops.cuh"
+#include "kernels/reductions.cuh"
+#include "kernels/rope.cuh"
+
+namespace kvlens {
+namespace {
+
+void check_cuda(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  // Clear the runtime's last-error slot: a caught, recoverable failure (cudaMalloc out of
+  // memory) would otherwise be reported again by the next launch check.
+  cudaGetLastError();
+  throw Error("cuda", call, "cudaSuccess", cudaGetErrorString(status));
+}
+
+// Launch errors (bad configuration) show up at once; faults inside a kernel surface at the next
+// synchronizing call, which then reports them.
+void check_launch(const char* kernel) {
+  check_cuda(cudaGetLastError(), kernel);
+}
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error("cuda", call, "CUBLAS_STATUS_SUCCESS", cublasGetStatusString(status));
+}
+
+// Concatenates message pieces. (Chains of `"literal" + std::to_string(...)` trip a GCC 12
+// -Wrestrict false positive at -O3.)
+std::string cat(std::initializer_list<std::string_view> parts) {
+  std::string s;
+  for (std::string_view part : parts) s += part;
+  return s;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string describe(const DeviceTensor& t) {
+  return std::string(dtype_name(t.dtype)) + " " + shape_string(t.shape);
+}
+
+[[noreturn]] void bad_argument(const std::string& op, const std::string& expected,
+                               const std::string& found) {
+  throw Error("cuda backend", op, expected, found);
+}
+
+// Element counts computed here (not DeviceTensor::numel) so that negative dimensions are
+// reported instead of wrapping.
+int64_t element_count(const std::vector<int64_t>& shape, const std::string& op) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) bad_argument(op, "non-negative dimensions", shape_string(shape));
+    n *= d;
+  }
+  return n;
+}
+int64_t elements(const DeviceTensor& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  return n;
+}
+size_t byte_size(const DeviceTensor& t) {
+  return size_t(elements(t)) * dtype_size(t.dtype);
+}
+
+bool is_weight_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
+// Checks the dtype of an operand and that it has storage when it has elements.
+void require(const DeviceTensor& t, DType dtype, const std::string& op, const char* what) {
+  if (t.dtype != dtype)
+    bad_argument(op + ": " + what, std::string(dtype_name(dtype)) + " tensor", describe(t));
+  if (t.data == nullptr && elements(t) > 0)
+    bad_argument(op + ": " + what, "an allocated tensor", "no storage");
+}
+void require_weight(const DeviceTensor& t, const std::string& op, const char* what) {
+  if (!is_weight_dtype(t.dtype))
+    bad_argument(op + ": " + what, "an F32, BF16 or F16 tensor", describe(t));
+  if (t.data == nullptr && elements(t) > 0)
+    bad_argument(op + ": " + what, "an allocated tensor", "no storage");
+}
+void require_elements(const DeviceTensor& t, int64_t count, const std::string& op,
+                      const char* what) {
+  if (elements(t) != count)
+    bad_argument(op + ": " + what, std::to_string(count) + " elements", describe(t));
+}
+
+// Device memory owned by a shared_ptr; the deleter frees it on the device it came from. It
+// ignores errors: deleters must not throw, and at process exit the runtime may already be gone.
+// cudaFree synchronizes the device, so memory still read by queued kernels is not reused early.
+std::shared_ptr<void> device_alloc(int device, size_t bytes) {
+  void* pointer = nullptr;
+  check_cuda(cudaMalloc(&pointer, bytes), "cudaMalloc");
+  return std::shared_ptr<void>(pointer, [device](void* p) {
+    int current = -1;
+    const bool other = cudaGetDevice(&current) == cudaSuccess && current != device;
+    if (other) cudaSetDevice(device);
+    cudaFree(p);
+    if (other) cudaSetDevice(current);
+  });
+}
+
+// A device buffer reused across calls (staged host spans, results, widened weights). Reuse is
+// safe because every use is ordered on the backend's one stream.
+class Scratch {
+ public:
+  void* get(int device, size_t bytes) {
+    if (bytes > bytes_) {
+      memory_.reset();  // free first: the old buffer is never needed again
+      bytes_ = 0;
+      const size_t grown = bytes + bytes / 2;  // amortize growth across calls
+      memory_ = device_alloc(device, grown);
+      bytes_ = grown;
+    }
+    return memory_.get();
+  }
+
+ private:
+  std::shared_ptr<void> memory_;
+  size_t bytes_ = 0;
+};
+
+struct StreamDeleter {
+  void operator()(cudaStream_t stream) const { cudaStreamDestroy(stream); }
+};
+struct CublasDeleter {
+  void operator()(cublasHandle_t handle) const { cublasDestroy(handle); }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    activate();
+    cudaStream_t stream = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+    stream_.reset(stream);
+    cublasHandle_t handle = nullptr;
+    check_cublas(cublasCreate(&handle), "cublasCreate");
+    blas_.reset(handle);
+    check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+    // Plain F32 math, no TF32 tensor cores: TF32 rounds the inputs to 10 mantissa bits, far
+    // outside the F32 tolerance that parity with the CPU reference needs.
+    check_cublas(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  }
+
+  ~CudaBackend() override {
+    // The handle, stream and scratch buffers belong to this device; make it current for their
+    // release. Errors are ignored (a destructor must not throw).
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamSynchronize(stream_.get());
+  }
+
+  std::string name() const override { return "cuda"; }
+
+  // --- memory ---
+
+  // F16 and BF16 weights are widened to F32 at upload for now (exact, but twice the memory of
+  // BF16): the ops then run on F32 through cuBLAS SGEMM. Kernels reading BF16 directly come with
+  // the fast-kernel work. Other dtypes are copied as they are.
+  DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) override {
+    const std::string op = "upload_weight " + view.name;
+    const int64_t count = element_count(view.shape, op);
+    if (size_t(count) * dtype_size(view.dtype) != view.bytes || (count > 0 && !view.data))
+      bad_argument(op,
+                   cat({std::to_string(size_t(count) * dtype_size(view.dtype)), " bytes of ",
+                        dtype_name(view.dtype), " ", shape_string(view.shape)}),
+                   cat({std::to_string(view.bytes), " bytes"}));
+    activate();
+    const bool widen = view.dtype == DType::BF16 || view.dtype == DType::F16;
+    DeviceTensor t;
+    t.dtype = widen ? DType::F32 : view.dtype;
+    t.shape = view.shape;
+    if (count == 0) return t;
+    t.storage = device_alloc(device_, byte_size(t));
+    t.data = t.storage.get();
+    if (!widen) {
+      check_cuda(cudaMemcpyAsync(t.data, view.data, view.bytes, cudaMemcpyHostToDevice, stream()),
+                 "cudaMemcpyAsync");
+    } else {
+      const std::shared_ptr<void> raw = device_alloc(device_, view.bytes);
+      check_cuda(
+          cudaMemcpyAsync(raw.get(), view.data, view.bytes, cudaMemcpyHostToDevice, stream()),
+          "cudaMemcpyAsync");
+      cuda::launch_widen_to_f32(raw.get(), view.dtype, count, t.as<float>(), stream());
+      check_launch("widen_to_f32");
+    }
+    // The host bytes (kept alive by `keep_alive` until now) must have been read before we let
+    // go of them; weights upload once, so a synchronization here costs nothing that matters.
+    check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    keep_alive.reset();
+    return t;
+  }
+
+  DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) override {
+    const int64_t count = element_count(shape, "alloc");
+    activate();
+    DeviceTensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    if (count == 0) return t;
+    t.storage = device_alloc(device_, byte_size(t));
+    t.data = t.storage.get();
+    check_cuda(cudaMemsetAsync(t.data, 0, byte_size(t), stream()), "cudaMemsetAsync");
+    return t;
+  }
+
+  void to_host(const DeviceTensor& src, void* host, size_t bytes) override {
+    if (bytes > byte_size(src))
+      bad_argument("to_host", cat({"at most ", std::to_string(byte_size(src)), " bytes"}),
+                   std::to_string(bytes) + " bytes");
+    if (bytes == 0) return;
+    activate();
+    check_cuda(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream()),
+               "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  }
+
+  void from_host(DeviceTensor& dst, const void* host, size_t bytes) override {
+    if (bytes > byte_size(dst))
+      bad_argument("from_host", cat({"at most ", std::to_string(byte_size(dst)), " bytes"}),
+                   std::to_string(bytes) + " bytes");
+    if (bytes == 0) return;
+    activate();
+    // From pageable host memory (all the engine uses) cudaMemcpyAsync has consumed the source
+    // when it returns, so the caller may reuse `host` at once.
+    check_cuda(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, stream()),
+               "cudaMemcpyAsync");
+  }
+
+  void copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTensor& dst, int64_t dst_row,
+                 int64_t rows, int64_t row_elems) override {
+    const std::string op = "copy_rows";
+    require(src, DType::F32, op, "src");
+    require(dst, DType::F32, op, "dst");
+    if (src_row < 0 || dst_row < 0 || rows < 0 || row_elems < 0 ||
+        (src_row + rows) * row_elems > elements(src) ||
+        (dst_row + rows) * row_elems > elements(dst))
+      bad_argument(op,
+                   cat({"rows inside both tensors (", describe(src), " -> ", describe(dst), ")"}),
+                   cat({"rows ", std::to_string(src_row), ".. -> ", std::to_string(dst_row), ".., ",
+                        std::to_string(rows), " x ", std::to_string(row_elems)}));
+    if (rows == 0 || row_elems == 0) return;
+    activate();
+    const size_t bytes = size_t(rows * row_elems) * sizeof(float);
+    const float* from = src.as<float>() + src_row * row_elems;
+    float* to = dst.as<float>() + dst_row * row_elems;
+    // cudaMemcpy leaves overlapping ranges undefined; the CPU backend's memmove allows them, so
+    // an overlapping copy goes through a scratch buffer.
+    if (from < to + rows * row_elems && to < from + rows * row_elems) {
+      void* bounce = bounce_.get(device_, bytes);
+      check_cuda(cudaMemcpyAsync(bounce, from, bytes, cudaMemcpyDeviceToDevice, stream()),
+                 "cudaMemcpyAsync");
+      from = static_cast<const float*>(bounce);
+    }
+    check_cuda(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream()),
+               "cudaMemcpyAsync");
+  }
+
+  // --- ops ---
+
+  void embed(const DeviceTensor& table, std::span<const int32_t> ids, DeviceTensor& out) override {
+    const std::string op = "embed";
+    require_weight(table, op, "table");
+    if (table.shape.size() != 2) bad_argument(op + ": table", "[vocab, E]", describe(table));
+    require(out, DType::F32, op, "out");
+    const int64_t vocab = table.dim(0);
+    const int64_t width = table.dim(1);
+    const int64_t rows = int64_t(ids.size());
+    require_elements(out, rows * width, op, "out");
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= vocab)
+        bad_argument(cat({op, ": ids[", std::to_string(i), "]"}),
+                     cat({"a token id in [0, ", std::to_string(vocab), ")"}),
+                     std::to_string(ids[i]));
+    if (rows == 0) return;
+    activate();
+    const int32_t* device_ids = stage(ids);
+    cuda::launch_embed(table.data, table.dtype, width, device_ids, rows, out.as<float>(), stream());
+    check_launch("embed");
+  }
+
+  void matmul(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y) override {
+    const std::string op = "matmul";
+    require(x, DType::F32, op, "x");
+    require_weight(w, op, "w");
+    require(y, DType::F32, op, "y");
+    if (w.shape.size() != 2) bad_argument(op + ": w", "[out, in]", describe(w));
+    const int64_t out_features = w.dim(0);
+    const int64_t in_features = w.dim(1);
+    if (in_features == 0 || elements(x) % in_features != 0)
+      bad_argument(op + ": x", cat({"rows of ", std::to_string(in_features)}), describe(x));
+    const int64_t rows = elements(x) / in_features;
+    require_elements(y, rows * out_features, op, "y");
+    if (rows > INT_MAX || in_features > INT_MAX || out_features > INT_MAX)
+      bad_argument(op, "dimensions below 2^31 (cuBLAS int API)", describe(x) + " x " + describe(w));
+    if (rows == 0 || out_features == 0) return;
+    activate();
+    const float* weights = static_cast<const float*>(w.data);
+    if (w.dtype != DType::F32) {
+      // Only tensors made by alloc() can be BF16/F16 here (uploads are widened already).
+      float* widened =
+          static_cast<float*>(widen_.get(device_, size_t(elements(w)) * sizeof(float)));
+      cuda::launch_widen_to_f32(w.data, w.dtype, elements(w), widened, stream());
+      check_launch("widen_to_f32");
+      weights = widened;
+    }
+    check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), weights, y.as<float>(), rows,
+                                  in_features, out_features),
+                 "cublasSgemm");
+  }
+
+  void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
+               DeviceTensor& y) override {
+    const std::string op = "rmsnorm";
+    require(x, DType::F32, op, "x");
+    require_weight(weight, op, "weight");
+    require(y, DType::F32, op, "y");
+    const int64_t width = elements(weight);
+    if (width == 0 || elements(x) % width != 0)
+      bad_argument(op + ": x", cat({"rows of ", std::to_string(width)}), describe(x));
+    require_elements(y, elements(x), op, "y");
+    activate();
+    cuda::launch_rmsnorm(x.as<float>(), weight.data, weight.dtype, elements(x) / width, width, eps,
+                         y.as<float>(), stream());
+    check_launch("rmsnorm");
+  }
+
+  void rope(DeviceTensor& x, std::span<const int64_t> positions,
+            const DeviceTensor& inv_freq) override {
+    const std::string op = "rope";
+    require(x, DType::F32, op, "x");
+    require(inv_freq, DType::F32, op, "inv_freq");
+    // The head dimension comes from inv_freq [D/2], the heads from x [n, heads, D].
+    const int64_t head_dim = 2 * elements(inv_freq);
+    const int64_t rows = int64_t(positions.size());
+    if (head_dim == 0 || (rows == 0 && elements(x) != 0) ||
+        (rows > 0 && elements(x) % (rows * head_dim) != 0))
+      bad_argument(op + ": x",
+                   cat({"[", std::to_string(rows), ", heads, ", std::to_string(head_dim), "]"}),
+                   describe(x));
+    if (rows == 0 || elements(x) == 0) return;
+    activate();
+    const int64_t* device_positions = stage(positions);
+    cuda::launch_rope(x.as<float>(), rows, elements(x) / (rows * head_dim), head_dim,
+                      device_positions, inv_freq.as<float>(), stream());
+    check_launch("rope");
+  }
+
+  void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) override {
+    const std::string op = "silu_mul";
+    require(gate, DType::F32, op, "gate");
+    require(up, DType::F32, op, "up");
+    require(out, DType::F32, op, "out");
+    require_elements(up, elements(gate), op, "up");
+    require_elements(out, elements(gate), op, "out");
+    activate();
+    cuda::launch_silu_mul(gate.as<float>(), up.as<float>(), elements(gate), out.as<float>(),
+                          stream());
+    check_launch("silu_mul");
+  }
+
+  void add_inplace(DeviceTensor& x, const DeviceTensor& y) override {
+    const std::string op = "add_inplace";
+    require(x, DType::F32, op, "x");
+    require(y, DType::F32, op, "y");
+    require_elements(y, elements(x), op, "y");
+    activate();
+    cuda::launch_add_inplace(x.as<float>(), y.as<float>(), elements(x), stream());
+    check_launch("add_inplace");
+  }
+
+  void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
+                 DeviceTensor& v_cache, int64_t first_position) override {
+    const std::string op = "kv_append";
+    const CacheShape cache = cache_shape(k_cache, v_cache, op);
+    require(k, DType::F32, op, "k");
+    require(v, DType::F32, op, "v");
+    const int64_t row_elements = cache.kv_heads * cache.head_dim;
+    if (row_elements == 0 || elements(k) % row_elements != 0)
+      bad_argument(
+          op + ": k",
+          cat({"[n, ", std::to_string(cache.kv_heads), ", ", std::to_string(cache.head_dim), "]"}),
+          describe(k));
+    require_elements(v, elements(k), op, "v");
+    const int64_t rows = elements(k) / row_elements;
+    if (first_position < 0 || first_position + rows > cache.capacity)
+      bad_argument(op,
+                   cat({"positions inside the cache capacity ", std::to_string(cache.capacity)}),
+                   cat({std::to_string(first_position), " + ", std::to_string(rows), " rows"}));
+    activate();
+    cuda::launch_kv_append(k.as<float>(), v.as<float>(), k_cache.as<float>(), v_cache.as<float>(),
+                           rows, cache.kv_heads, cache.head_dim, cache.capacity, first_position,
+                           stream());
+    check_launch("kv_append");
+  }
+
+  void attention(const DeviceTensor& q, const DeviceTensor& k_cache, const DeviceTensor& v_cache,
+                 int64_t first_position, int64_t window, Visibility visible, DeviceTensor& out,
+                 DeviceTensor* logits_out) override {
+    const std::string op = "attention";
+    const CacheShape cache = cache_shape(k_cache, v_cache, op);
+    require(q, DType::F32, op, "q");
+    require(out, DType::F32, op, "out");
+    if (q.shape.size() != 3 || q.dim(2) != cache.head_dim || cache.kv_heads == 0 ||
+        q.dim(1) % cache.kv_heads != 0)
+      bad_argument(op + ": q",
+                   cat({"[n, H, ", std::to_string(cache.head_dim), "] with H a multiple of ",
+                        std::to_string(cache.kv_heads), " KV heads"}),
+                   describe(q));
+    const int64_t rows = q.dim(0);
+    const int64_t heads = q.dim(1);
+    require_elements(out, elements(q), op, "out");
+    const int64_t context = first_position + rows;
+    if (first_position < 0 || context > cache.capacity)
+      bad_argument(op,
+                   cat({"positions inside the cache capacity ", std::to_string(cache.capacity)}),
+                   cat({std::to_string(first_position), " + ", std::to_string(rows), " rows"}));
+    const bool want_logits = logits_out != nullptr && !logits_out->empty();
+    if (want_logits) {
+      require(*logits_out, DType::F32, op, "logits_out");
+      require_elements(*logits_out, rows * heads * context, op, "logits_out");
+    }
+    if (visible.mask != nullptr) {
+      const DeviceTensor& mask = *visible.mask;
+      require(mask, DType::U8, op, "visibility mask");
+      if (rows != 1) bad_argument(op + ": visibility mask", "n == 1", std::to_string(rows));
+      if (mask.shape.size() != 2 || mask.dim(0) != heads || mask.dim(1) != context)
+        bad_argument(op + ": visibility mask",
+                     cat({"U8 [", std::to_string(heads), ", ", std::to_string(context), "]"}),
+                     describe(mask));
+    }
+    if (rows == 0) return;
+    activate();
+    cuda::AttentionArgs args;
+    args.q = q.as<float>();
+    args.k_cache = k_cache.as<float>();
+    args.v_cache = v_cache.as<float>();
+    args.out = out.as<float>();
+    args.logits = want_logits ? logits_out->as<float>() : nullptr;
+    args.mask = visible.mask ? visible.mask->as<uint8_t>() : nullptr;
+    args.mask_stride = context;
+    args.rows = rows;
+    args.heads = heads;
+    args.kv_heads = cache.kv_heads;
+    args.head_dim = cache.head_dim;
+    args.capacity = cache.capacity;
+    args.first_position = first_position;
+    args.window = window;
+    args.context = context;
+    // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
+    // float `scaling`.
+    args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
+    cuda::launch_attention(args, stream());
+    check_launch("attention");
+  }
+
+  void argmax_rows(const DeviceTensor& x, std::span<int32_t> out) override {
+    const std::string op = "argmax_rows";
+    const int64_t rows = int64_t(out.size());
+    const int64_t cols = logit_columns(x, rows, op);
+    if (rows == 0) return;
+    activate();
+    auto* device_out = static_cast<int32_t*>(results_.get(device_, out.size_bytes()));
+    cuda::launch_argmax_rows(x.as<float>(), rows, cols, device_out, stream());
+    check_launch("argmax_rows");
+    copy_results(device_out, out.data(), out.size_bytes());
+  }
+
+  void log_prob_rows(const DeviceTensor& x, std::span<const int32_t> targets,
+                     std::span<double> out) override {
+    const std::string op = "log_prob_rows";
+    if (targets.size() != out.size())
+      bad_argument(op + ": out", std::to_string(targets.size()) + " values (one per target)",
+                   std::to_string(out.size()));
+    const int64_t rows = int64_t(out.size());
+    const int64_t cols = logit_columns(x, rows, op);
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (targets[i] < 0 || targets[i] >= cols)
+        bad_argument(cat({op, ": targets[", std::to_string(i), "]"}),
+                     cat({"a token id in [0, ", std::to_string(cols), ")"}),
+                     std::to_string(targets[i]));
+    if (rows == 0) return;
+    activate();
+    const int32_t* device_targets = stage(targets);
+    auto* device_out = static_cast<double*>(results_.get(device_, out.size_bytes()));
+    cuda::launch_log_prob_rows(x.as<float>(), rows, cols, device_targets, device_out, stream());
+    check_launch("log_prob_rows");
+    copy_results(device_out, out.data(), out.size_bytes());
+  }
+
+  void synchronize() override {
+    activate();
+    check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  }
+
+ private:
+  struct CacheShape {
+    int64_t kv_heads = 0, capacity = 0, head_dim = 0;
+  };
+
+  static CacheShape cache_shape(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
+                                const std::string& op) {
+    require(k_cache, DType::F32, op, "k_cache");
+    require(v_cache, DType::F32, op, "v_cache");
+    if (k_cache.shape.size() != 3)
+      bad_argument(op + ": k_cache", "[G, capacity, D]", describe(k_cache));
+    if (v_cache.shape != k_cache.shape)
+      bad_argument(op + ": v_cache", "the shape of k_cache " + shape_string(k_cache.shape),
+                   describe(v_cache));
+    return {k_cache.dim(0), k_cache.dim(1), k_cache.dim(2)};
+  }
+
+  // Logit rows for argmax / log_prob: x [rows, V] F32; returns V.
+  static int64_t logit_columns(const DeviceTensor& x, int64_t rows, const std::string& op) {
+    require(x, DType::F32, op, "x");
+    const int64_t cols = x.shape.empty() ? 0 : x.shape.back();
+    if (cols <= 0 || cols > INT32_MAX || rows * cols != elements(x))
+      bad_argument(op + ": x", std::to_string(rows) + " rows of logits", describe(x));
+    return cols;
+  }
+
+  void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+  cudaStream_t stream() const { return stream_.get(); }
+
+  // Copies host values (ids, positions, targets) to device memory for the next kernel.
+  template <typename T>
+  const T* stage(std::span<const T> host) {
+    void* device = staging_.get(device_, host.size_bytes());
+    check_cuda(
+        cudaMemcpyAsync(device, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
+        "cudaMemcpyAsync");
+    return static_cast<const T*>(device);
+  }
+
+  void copy_results(const void* device, void* host, size_t bytes) {
+    check_cuda(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream()),
+               "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  }
+
+  int device_;
+  // Declaration order = reverse release order: buffers, then the cuBLAS handle, then its stream.
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> stream_;
+  std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter> blas_;
+  Scratch staging_;  // host spans copied in
+  Scratch results_;  // argmax / log-prob values copied out
+  Scratch widen_;    // F32 copy of a BF16/F16 matmul weight made by alloc()
+  Scratch bounce_;   // overlapping copy_rows
+};
+
+}  // namespace
+
+bool cuda_device_available() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the error so later CUDA calls do not report it
+    return false;
+  }
+  return count > 0;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    check_cuda(status, "cudaGetDeviceCount");
+  }
+  if (device < 0 || device >= count)
+    throw Error("cuda", "device", cat({"a device index in [0, ", std::to_string(count), ")"}),
+                std::to_string(device));
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace kvlens

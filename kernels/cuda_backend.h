@@ -1,0 +1,17 @@
+// The CUDA backend: kvlens::Backend on one GPU (cuBLAS GEMMs, plain kernels for the other ops).
+// Plain C++ header (no CUDA includes), so the app, the CLI and the tests can include it.
+#pragma once
+
+#include <memory>
+
+#include "engine/runtime/backend.h"
+
+namespace kvlens {
+
+// True when the CUDA runtime finds a driver and at least one GPU. Never throws, never aborts.
+bool cuda_device_available();
+
+// A backend on GPU `device`. Throws kvlens::Error when there is no such device or CUDA fails.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+
+}  // namespace kvlens

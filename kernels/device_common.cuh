@@ -1,0 +1,89 @@
+// Device-side helpers shared by the kernel files of the CUDA backend: reading weights stored as
+// F32 / BF16 / F16, warp and block reductions, and the grid size for grid-stride loops.
+// Included by .cu files only (it needs nvcc).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/common/dtype.h"
+
+namespace kvlens::cuda {
+
+// Widening to F32 is exact for all three weight types, so kernels templated on the stored type
+// give the same values as a kernel reading pre-widened F32 weights.
+__device__ __forceinline__ float to_f32(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_f32(__half v) {
+  return __half2float(v);
+}
+
+// Calls f(T{}) with T the device element type of a weight dtype. Returns false for non-weight
+// dtypes (the backend validates dtypes before calling a launcher, so that never happens there).
+template <typename F>
+bool dispatch_weight(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32:
+      f(float{});
+      return true;
+    case DType::BF16:
+      f(__nv_bfloat16{});
+      return true;
+    case DType::F16:
+      f(__half{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Reduction over the whole block; every thread gets the result. blockDim.x must be a multiple
+// of 32 and at most 1024; `scratch` is shared memory for 32 values. The trailing barrier lets
+// callers run several reductions back to back with the same scratch.
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op, T identity, T* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = warp_reduce(v, op);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T r = lane < warps ? scratch[lane] : identity;
+  r = warp_reduce(r, op);
+  __syncthreads();
+  return r;
+}
+
+// Blocks for a grid-stride loop over `count` elements: enough to fill the GPU, capped so the
+// grid size stays in range for any count.
+inline unsigned grid_for(int64_t count, int threads) {
+  const int64_t blocks = (count + threads - 1) / threads;
+  constexpr int64_t kMaxBlocks = 65536;
+  return unsigned(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+}  // namespace kvlens::cuda

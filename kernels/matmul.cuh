@@ -1,0 +1,15 @@
+// The projection GEMM of the CUDA backend: y[n, out] = x[n, in] * w[out, in]^T, all F32
+// row-major, through cuBLAS SGEMM (column-major) without any transposition copies.
+#pragma once
+
+#include <cublas_v2.h>
+
+#include <cstdint>
+
+namespace kvlens::cuda {
+
+// Dimensions must fit in int (the backend checks). Enqueued on the handle's stream.
+cublasStatus_t sgemm_x_wt(cublasHandle_t handle, const float* x, const float* w, float* y,
+                          int64_t n, int64_t in, int64_t out);
+
+}  // namespace kvlens::cuda

@@ -1,0 +1,104 @@
+// Elementwise and per-row activation kernels (embed gather, RMSNorm, SiLU * up, add, weight
+// widening). Plain grid-stride or block-per-row kernels; F32 activations [rows, width].
+#include "kernels/device_common.cuh"
+#include "kernels/norm_ops.cuh"
+
+namespace kvlens::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void widen_kernel(const T* src, int64_t count, float* dst) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = to_f32(src[i]);
+}
+
+// One block per output row.
+template <typename T>
+__global__ void embed_kernel(const T* table, int64_t width, const int32_t* ids, float* out) {
+  const int64_t row = blockIdx.x;
+  const T* src = table + int64_t(ids[row]) * width;
+  float* dst = out + row * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = to_f32(src[i]);
+}
+
+// One block per row: block-wide sum of squares, then scale. Each thread reads and writes the
+// same elements after the reduction barrier, so y may alias x. The sum of squares is kept in
+// double and the inverse RMS rounded to F32 once, like the CPU reference (which then applies
+// (x * inv) * weight in F32, as transformers does), so both agree to an ulp or two.
+template <typename T>
+__global__ void rmsnorm_kernel(const float* x, const T* weight, int64_t width, float eps,
+                               float* y) {
+  __shared__ double scratch[32];
+  const float* xr = x + int64_t(blockIdx.x) * width;
+  float* yr = y + int64_t(blockIdx.x) * width;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += double(xr[i]) * double(xr[i]);
+  sum = block_reduce(sum, SumOp{}, 0.0, scratch);
+  const float inv = float(1.0 / sqrt(sum / double(width) + double(eps)));
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+    yr[i] = (xr[i] * inv) * to_f32(weight[i]);
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    // expf (not __expf): full precision, and expf(large) = inf gives g / inf = -0 for very
+    // negative g, the limit of silu.
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+}  // namespace
+
+void launch_widen_to_f32(const void* src, DType dtype, int64_t count, float* dst,
+                         cudaStream_t stream) {
+  if (count <= 0) return;
+  dispatch_weight(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    widen_kernel<T><<<grid_for(count, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(src),
+                                                                        count, dst);
+  });
+}
+
+void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* ids, int64_t rows,
+                  float* out, cudaStream_t stream) {
+  if (rows <= 0 || width <= 0) return;
+  dispatch_weight(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    embed_kernel<T>
+        <<<unsigned(rows), kThreads, 0, stream>>>(static_cast<const T*>(table), width, ids, out);
+  });
+}
+
+void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t rows,
+                    int64_t width, float eps, float* y, cudaStream_t stream) {
+  if (rows <= 0 || width <= 0) return;
+  dispatch_weight(weight_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rmsnorm_kernel<T>
+        <<<unsigned(rows), kThreads, 0, stream>>>(x, static_cast<const T*>(weight), width, eps, y);
+  });
+}
+
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out,
+                     cudaStream_t stream) {
+  if (count <= 0) return;
+  silu_mul_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(gate, up, count, out);
+}
+
+void launch_add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  add_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(x, y, count);
+}
+
+}  // namespace kvlens::cuda

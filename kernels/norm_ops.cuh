@@ -1,0 +1,31 @@
+// Elementwise and per-row activation kernels of the CUDA backend: embedding gather, RMSNorm,
+// silu(gate) * up, in-place add, and widening of BF16/F16 weights to F32. Activations are F32,
+// row-major: [rows, width]. Launchers only enqueue on `stream`; the caller checks for errors.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/common/dtype.h"
+
+namespace kvlens::cuda {
+
+// dst[i] = float(src[i]) for i < count (src F32/BF16/F16).
+void launch_widen_to_f32(const void* src, DType dtype, int64_t count, float* dst,
+                         cudaStream_t stream);
+// out[r, :] = table[ids[r], :] for r < rows; table [vocab, width] F32/BF16/F16; ids in device
+// memory, already checked against vocab.
+void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* ids, int64_t rows,
+                  float* out, cudaStream_t stream);
+// y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight (weight [width] F32/BF16/F16).
+// y may alias x.
+void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t rows,
+                    int64_t width, float eps, float* y, cudaStream_t stream);
+// out[i] = silu(gate[i]) * up[i]
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out,
+                     cudaStream_t stream);
+// x[i] += y[i]
+void launch_add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream);
+
+}  // namespace kvlens::cuda

@@ -1,0 +1,45 @@
+// Rotate-half RoPE, in place on x[rows, heads, head_dim]: for i < D/2 the pair
+// (x[i], x[i + D/2]) is rotated by angle positions[row] * inv_freq[i].
+#include "kernels/device_common.cuh"
+#include "kernels/rope.cuh"
+
+namespace kvlens::cuda {
+namespace {
+
+constexpr int kThreads = 64;
+
+// One block per (row, head); threads over the D/2 rotation pairs.
+__global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, const int64_t* positions,
+                            const float* inv_freq) {
+  const int64_t row = blockIdx.x / heads;
+  float* v = x + int64_t(blockIdx.x) * head_dim;
+  const int64_t half = head_dim / 2;
+  // The angle is the F32 product of F32 position and inverse frequency, as Hugging Face computes
+  // it (inv_freq.float() @ position_ids.float()); at large positions the F32 rounding of the
+  // angle is visible in the output, so matching it matters more than a more exact angle.
+  const float position = float(positions[row]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = position * inv_freq[i];
+    // cos/sin of that F32 angle in double, rounded once to F32 (as the CPU reference does):
+    // a few double ops per pair cost nothing next to the memory traffic.
+    double sd, cd;
+    sincos(double(angle), &sd, &cd);
+    const float s = float(sd);
+    const float c = float(cd);
+    const float a = v[i];
+    const float b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+}  // namespace
+
+void launch_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, const int64_t* positions,
+                 const float* inv_freq, cudaStream_t stream) {
+  if (rows <= 0 || heads <= 0 || head_dim < 2) return;
+  rope_kernel<<<unsigned(rows * heads), kThreads, 0, stream>>>(x, heads, head_dim, positions,
+                                                               inv_freq);
+}
+
+}  // namespace kvlens::cuda

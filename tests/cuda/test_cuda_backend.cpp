@@ -1,0 +1,606 @@
+// CUDA backend parity: every Backend op on seeded random inputs, run on the CPU reference backend
+// and on the CUDA backend, compared with a tolerance argued per op. Shapes as in backend.h:
+// x [n, in], w [out, in], q/out [n, H, D], caches [G, capacity, D], logits [n, H, context].
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/runtime/backend.h"
+#include "kernels/cuda_backend.h"
+
+using namespace kvlens;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr double kEps32 = 1.0 / (1 << 24);  // unit roundoff of F32
+
+struct Backends {
+  std::unique_ptr<Backend> cpu = make_cpu_backend(2);
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+};
+
+// One logical tensor on both backends.
+struct Pair {
+  DeviceTensor cpu, gpu;
+};
+
+std::vector<float> random_values(size_t count, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(count);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+int64_t count_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Pair make_f32(Backends& b, const std::vector<float>& values, const std::vector<int64_t>& shape) {
+  Pair p{b.cpu->alloc(DType::F32, shape), b.gpu->alloc(DType::F32, shape)};
+  REQUIRE(size_t(count_of(shape)) == values.size());
+  b.cpu->from_host(p.cpu, values.data(), values.size() * sizeof(float));
+  b.gpu->from_host(p.gpu, values.data(), values.size() * sizeof(float));
+  return p;
+}
+
+Pair zeros_f32(Backends& b, const std::vector<int64_t>& shape) {
+  return {b.cpu->alloc(DType::F32, shape), b.gpu->alloc(DType::F32, shape)};
+}
+
+std::vector<float> read(Backend& backend, const DeviceTensor& t) {
+  std::vector<float> values(size_t(count_of(t.shape)));
+  backend.to_host(t, values.data(), values.size() * sizeof(float));
+  return values;
+}
+
+// A weight as a checkpoint stores it: raw bits of `dtype`, plus the exact F32 values they encode.
+struct HostWeight {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::shared_ptr<std::vector<std::byte>> bytes;
+  std::vector<float> values;
+};
+
+HostWeight random_weight(DType dtype, std::vector<int64_t> shape, uint32_t seed) {
+  HostWeight w;
+  w.dtype = dtype;
+  w.shape = std::move(shape);
+  const size_t count = size_t(count_of(w.shape));
+  w.bytes = std::make_shared<std::vector<std::byte>>(count * dtype_size(dtype));
+  w.values.resize(count);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (size_t i = 0; i < count; ++i) {
+    if (dtype == DType::F32) {
+      w.values[i] = normal(rng);
+      std::memcpy(w.bytes->data() + 4 * i, &w.values[i], 4);
+    } else {
+      uint16_t bits = 0;
+      if (dtype == DType::BF16) {
+        bits = f32_to_bf16(normal(rng));
+        w.values[i] = bf16_to_f32(bits);
+      } else {
+        // Random F16 patterns: sign, exponent 11..16 (|v| in [2^-4, 4)), any mantissa.
+        bits = uint16_t(((rng() & 1u) << 15) | ((11u + rng() % 6u) << 10) | (rng() & 0x3ffu));
+        w.values[i] = f16_to_f32(bits);
+      }
+      std::memcpy(w.bytes->data() + 2 * i, &bits, 2);
+    }
+  }
+  return w;
+}
+
+TensorView view_of(const HostWeight& w) {
+  TensorView view;
+  view.name = "test.weight";
+  view.dtype = w.dtype;
+  view.shape = w.shape;
+  view.data = w.bytes->data();
+  view.bytes = w.bytes->size();
+  view.file = "memory";
+  return view;
+}
+
+// Uploaded the way checkpoints are (the CUDA backend widens BF16/F16 to F32 here).
+Pair upload(Backends& b, const HostWeight& w) {
+  return {b.cpu->upload_weight(view_of(w), w.bytes), b.gpu->upload_weight(view_of(w), w.bytes)};
+}
+
+// The weight kept in its stored dtype in GPU memory (alloc + from_host): the path where the
+// kernels themselves read BF16/F16.
+DeviceTensor raw_on_gpu(Backends& b, const HostWeight& w) {
+  DeviceTensor t = b.gpu->alloc(w.dtype, w.shape);
+  b.gpu->from_host(t, w.bytes->data(), w.bytes->size());
+  return t;
+}
+
+// Checks |got[i] - want[i]| <= tolerance[i] (equal infinities pass, NaN fails). Reports the count
+// and the worst element rather than one line per element.
+void check_within(const std::vector<float>& want, const std::vector<float>& got,
+                  const std::vector<double>& tolerance, const std::string& what) {
+  REQUIRE(want.size() == got.size());
+  REQUIRE(tolerance.size() == want.size());
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i], g = got[i];
+    double ratio = 0.0;
+    if (std::isinf(w) || std::isinf(g)) {
+      ratio = w == g ? 0.0 : std::numeric_limits<double>::infinity();
+    } else if (std::isnan(w) || std::isnan(g)) {
+      ratio = std::numeric_limits<double>::infinity();
+    } else {
+      const double error = std::fabs(g - w);
+      ratio = error == 0.0 ? 0.0 : error / tolerance[i];
+    }
+    if (ratio > 1.0) {
+      ++bad;
+      if (ratio > worst_ratio || bad == 1) worst = i, worst_ratio = ratio;
+    }
+  }
+  std::ostringstream message;
+  message.precision(9);
+  message << what << ": " << bad << " of " << want.size() << " outside tolerance";
+  if (bad)
+    message << "; worst [" << worst << "] want " << want[worst] << " got " << got[worst]
+            << " tolerance " << tolerance[worst];
+  INFO(message.str());
+  CHECK(bad == 0);
+}
+
+void check_close(const std::vector<float>& want, const std::vector<float>& got, double rtol,
+                 double atol, const std::string& what) {
+  std::vector<double> tolerance(want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    tolerance[i] = atol + rtol * (std::isfinite(want[i]) ? std::fabs(want[i]) : 0.0);
+  check_within(want, got, tolerance, what);
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: memory, copies, uploads and errors", "[cuda]") {
+  Backends b;
+  CHECK(b.gpu->name() == "cuda");
+
+  // alloc is zero-filled, for every dtype.
+  DeviceTensor z = b.gpu->alloc(DType::F32, {3, 5});
+  CHECK(read(*b.gpu, z) == std::vector<float>(15, 0.0f));
+  DeviceTensor bytes = b.gpu->alloc(DType::U8, {2, 7});
+  std::vector<uint8_t> host_bytes(14, 0xff);
+  b.gpu->to_host(bytes, host_bytes.data(), host_bytes.size());
+  CHECK(host_bytes == std::vector<uint8_t>(14, 0));
+
+  const std::vector<float> values = random_values(15, 1);
+  b.gpu->from_host(z, values.data(), values.size() * sizeof(float));
+  CHECK(read(*b.gpu, z) == values);
+  // More bytes than the tensor holds: a kvlens::Error, never an out-of-bounds copy.
+  std::vector<float> too_big(16);
+  CHECK_THROWS_AS(b.gpu->to_host(z, too_big.data(), too_big.size() * sizeof(float)), Error);
+  CHECK_THROWS_AS(b.gpu->from_host(z, too_big.data(), too_big.size() * sizeof(float)), Error);
+
+  // copy_rows, including overlapping ranges inside one tensor (memmove semantics on the CPU).
+  // Copies are exact, so the two backends must agree bit for bit.
+  Pair src = make_f32(b, random_values(6 * 8, 2), {6, 8});
+  Pair dst = make_f32(b, random_values(5 * 8, 3), {5, 8});
+  for (auto [backend, s, d] :
+       {std::tuple{b.cpu.get(), &src.cpu, &dst.cpu}, std::tuple{b.gpu.get(), &src.gpu, &dst.gpu}}) {
+    backend->copy_rows(*s, 1, *d, 2, 3, 8);
+    backend->copy_rows(*d, 0, *d, 1, 3, 8);  // overlap, copying forward
+    backend->copy_rows(*d, 2, *d, 0, 3, 8);  // overlap, copying backward
+  }
+  CHECK(read(*b.gpu, dst.gpu) == read(*b.cpu, dst.cpu));
+  CHECK_THROWS_AS(b.gpu->copy_rows(src.gpu, 4, dst.gpu, 0, 3, 8), Error);
+
+  // Uploads widen BF16 and F16 to F32 (exactly); F32 is copied.
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    INFO("dtype " << dtype_name(dtype));
+    const HostWeight w = random_weight(dtype, {4, 9}, 4);
+    const DeviceTensor up = b.gpu->upload_weight(view_of(w), w.bytes);
+    CHECK(up.dtype == DType::F32);
+    CHECK(up.shape == w.shape);
+    CHECK(read(*b.gpu, up) == w.values);
+  }
+
+  CHECK_THROWS_AS(make_cuda_backend(-1), Error);
+  CHECK_THROWS_AS(make_cuda_backend(1 << 20), Error);
+}
+
+TEST_CASE("cuda backend: embed", "[cuda]") {
+  Backends b;
+  const std::vector<int32_t> ids = {0, 999, 5, 5, 123, 998, 1};
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    INFO("table dtype " << dtype_name(dtype));
+    const HostWeight table = random_weight(dtype, {1000, 96}, 10);
+    const Pair t = upload(b, table);
+    Pair out = zeros_f32(b, {7, 96});
+    b.cpu->embed(t.cpu, ids, out.cpu);
+    b.gpu->embed(t.gpu, ids, out.gpu);
+    // A gather of exactly widened values: bit-identical, and equal to the host table.
+    const std::vector<float> want = read(*b.cpu, out.cpu);
+    CHECK(read(*b.gpu, out.gpu) == want);
+    CHECK(want[96 + 3] == table.values[999 * 96 + 3]);
+    // The same from the table kept in its stored dtype.
+    DeviceTensor raw_out = b.gpu->alloc(DType::F32, {7, 96});
+    b.gpu->embed(raw_on_gpu(b, table), ids, raw_out);
+    CHECK(read(*b.gpu, raw_out) == want);
+
+    const std::vector<int32_t> past_end = {3, 1000};
+    const std::vector<int32_t> negative = {-1, 3};
+    CHECK_THROWS_AS(b.gpu->embed(t.gpu, past_end, out.gpu), Error);
+    CHECK_THROWS_AS(b.gpu->embed(t.gpu, negative, out.gpu), Error);
+  }
+}
+
+TEST_CASE("cuda backend: matmul", "[cuda]") {
+  Backends b;
+  struct Shape {
+    int64_t n, in, out;
+  };
+  uint32_t seed = 20;
+  for (const Shape& s : {Shape{1, 257, 131}, Shape{7, 96, 300}, Shape{3, 64, 1}}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      INFO("n " << s.n << " in " << s.in << " out " << s.out << " w " << dtype_name(dtype));
+      const HostWeight w = random_weight(dtype, {s.out, s.in}, ++seed);
+      const std::vector<float> xs = random_values(size_t(s.n * s.in), ++seed);
+      const Pair wt = upload(b, w);
+      const Pair x = make_f32(b, xs, {s.n, s.in});
+      Pair y = zeros_f32(b, {s.n, s.out});
+      b.cpu->matmul(x.cpu, wt.cpu, y.cpu);
+      b.gpu->matmul(x.gpu, wt.gpu, y.gpu);
+      // Both sides sum the same `in` exact products in F32, in different orders (CPU: 16 lanes
+      // and a pairwise tree; cuBLAS: its own blocking). Any F32 dot product of `in` terms, FMA or
+      // not, is within about in * 2^-24 * sum_k |x_k w_k| of the exact value (the classic
+      // gamma_in bound; +2 terms of slack for its higher-order part), so the two differ by at most
+      // twice that. Uploaded BF16/F16 weights are widened exactly, so the bound holds for them.
+      std::vector<double> tolerance(size_t(s.n * s.out));
+      for (int64_t i = 0; i < s.n; ++i)
+        for (int64_t o = 0; o < s.out; ++o) {
+          double magnitude = 0.0;
+          for (int64_t k = 0; k < s.in; ++k)
+            magnitude += std::fabs(double(xs[size_t(i * s.in + k)]) *
+                                   double(w.values[size_t(o * s.in + k)]));
+          tolerance[size_t(i * s.out + o)] = 2.0 * double(s.in + 2) * kEps32 * magnitude + 1e-30;
+        }
+      const std::vector<float> want = read(*b.cpu, y.cpu);
+      check_within(want, read(*b.gpu, y.gpu), tolerance, "matmul (uploaded weight)");
+      // A weight left in its stored dtype is widened per call: same values, same bound.
+      DeviceTensor raw_y = b.gpu->alloc(DType::F32, {s.n, s.out});
+      b.gpu->matmul(x.gpu, raw_on_gpu(b, w), raw_y);
+      check_within(want, read(*b.gpu, raw_y), tolerance, "matmul (stored-dtype weight)");
+    }
+  }
+  const Pair w = make_f32(b, random_values(12, 1), {3, 4});
+  const Pair x = make_f32(b, random_values(10, 2), {2, 5});
+  Pair y = zeros_f32(b, {2, 3});
+  CHECK_THROWS_AS(b.gpu->matmul(x.gpu, w.gpu, y.gpu), Error);  // in 5 vs 4
+}
+
+TEST_CASE("cuda backend: rmsnorm", "[cuda]") {
+  Backends b;
+  uint32_t seed = 40;
+  for (int64_t width : {96, 4099}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      for (float eps : {1e-5f, 1e-6f}) {
+        INFO("width " << width << " weight " << dtype_name(dtype) << " eps " << eps);
+        const int64_t n = 5;
+        const std::vector<float> xs = random_values(size_t(n * width), ++seed, 3.0f);
+        const HostWeight w = random_weight(dtype, {width}, ++seed);
+        const Pair weight = upload(b, w);
+        const Pair x = make_f32(b, xs, {n, width});
+        Pair y = zeros_f32(b, {n, width});
+        b.cpu->rmsnorm(x.cpu, weight.cpu, eps, y.cpu);
+        b.gpu->rmsnorm(x.gpu, weight.gpu, eps, y.gpu);
+        // Same formula and rounding points on both sides (sum of squares in double, inverse RMS
+        // rounded to F32 once, then (x * inv) * w in F32); only the order of the double sum
+        // differs, which can move the F32 inverse by an ulp. 1e-5 relative is ~80 ulp.
+        const std::vector<float> want = read(*b.cpu, y.cpu);
+        check_close(want, read(*b.gpu, y.gpu), 1e-5, 1e-30, "rmsnorm");
+        // In place (y aliases x) and with the weight in its stored dtype.
+        Pair inplace = make_f32(b, xs, {n, width});
+        b.gpu->rmsnorm(inplace.gpu, raw_on_gpu(b, w), eps, inplace.gpu);
+        check_close(want, read(*b.gpu, inplace.gpu), 1e-5, 1e-30, "rmsnorm in place, raw weight");
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda backend: rope", "[cuda]") {
+  Backends b;
+  uint32_t seed = 60;
+  for (int64_t head_dim : {64, 128}) {
+    std::vector<float> inv_freq(size_t(head_dim / 2));
+    for (int64_t i = 0; i < head_dim / 2; ++i)
+      inv_freq[size_t(i)] = float(1.0 / std::pow(500000.0, double(2 * i) / double(head_dim)));
+    const Pair freq = make_f32(b, inv_freq, {head_dim / 2});
+    for (const std::vector<int64_t>& positions :
+         {std::vector<int64_t>{0, 1, 517, 4095}, std::vector<int64_t>{10, 11, 12, 13, 14},
+          std::vector<int64_t>{131071}}) {
+      INFO("head_dim " << head_dim << " first position " << positions[0]);
+      const int64_t n = int64_t(positions.size()), heads = 6;
+      const std::vector<float> xs = random_values(size_t(n * heads * head_dim), ++seed);
+      Pair x = make_f32(b, xs, {n, heads, head_dim});
+      b.cpu->rope(x.cpu, positions, freq.cpu);
+      b.gpu->rope(x.gpu, positions, freq.gpu);
+      // Both compute the same F32 angle (one IEEE multiply) and round cos/sin from double to F32,
+      // so the factors agree; what is left is a*c - b*s in F32, which nvcc may fuse into an FMA
+      // (one rounding less): about an ulp of max(|a|, |b|) (inputs are N(0, 1), |a|, |b| < 6).
+      check_close(read(*b.cpu, x.cpu), read(*b.gpu, x.gpu), 1e-5, 1e-6, "rope");
+    }
+  }
+}
+
+TEST_CASE("cuda backend: silu_mul and add_inplace", "[cuda]") {
+  Backends b;
+  const int64_t count = 5 * 1001;
+  std::vector<float> gate = random_values(size_t(count), 80, 6.0f);
+  gate[0] = -100.0f;  // exp(100) overflows to inf: silu -> -0 on both sides
+  gate[1] = 90.0f;
+  gate[2] = 0.0f;
+  const std::vector<float> up = random_values(size_t(count), 81);
+  const Pair g = make_f32(b, gate, {5, 1001});
+  const Pair u = make_f32(b, up, {5, 1001});
+  Pair out = zeros_f32(b, {5, 1001});
+  b.cpu->silu_mul(g.cpu, u.cpu, out.cpu);
+  b.gpu->silu_mul(g.gpu, u.gpu, out.gpu);
+  // g / (1 + exp(-g)) * up in F32 on both; CUDA's expf is within 2 ulp and glibc's within 1, and
+  // the division and product add an ulp each: 1e-5 relative is far above that.
+  check_close(read(*b.cpu, out.cpu), read(*b.gpu, out.gpu), 1e-5, 1e-30, "silu_mul");
+
+  Pair x = make_f32(b, random_values(size_t(count), 82), {5, 1001});
+  b.cpu->add_inplace(x.cpu, u.cpu);
+  b.gpu->add_inplace(x.gpu, u.gpu);
+  CHECK(read(*b.gpu, x.gpu) == read(*b.cpu, x.cpu));  // one IEEE add: exact agreement
+  const Pair shorter = make_f32(b, random_values(10, 83), {10});
+  CHECK_THROWS_AS(b.gpu->add_inplace(x.gpu, shorter.gpu), Error);
+}
+
+namespace {
+
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim, capacity, filled;
+};
+
+struct Caches {
+  Pair k, v;
+  std::vector<float> k_host;  // [G, capacity, D], as filled
+};
+
+// Fills `filled` positions of both backends' caches in two kv_append chunks (the second at a
+// non-zero first position). kv_append is a copy, so the caches must come out bit-identical.
+Caches make_caches(Backends& b, const AttentionShape& s, uint32_t seed) {
+  Caches c{zeros_f32(b, {s.kv_heads, s.capacity, s.head_dim}),
+           zeros_f32(b, {s.kv_heads, s.capacity, s.head_dim}),
+           {}};
+  const int64_t split = s.filled * 2 / 3;
+  for (auto [first, rows] : {std::pair{int64_t(0), split}, std::pair{split, s.filled - split}}) {
+    const std::vector<int64_t> shape = {rows, s.kv_heads, s.head_dim};
+    const size_t count = size_t(count_of(shape));
+    const Pair k = make_f32(b, random_values(count, ++seed), shape);
+    const Pair v = make_f32(b, random_values(count, ++seed), shape);
+    b.cpu->kv_append(k.cpu, v.cpu, c.k.cpu, c.v.cpu, first);
+    b.gpu->kv_append(k.gpu, v.gpu, c.k.gpu, c.v.gpu, first);
+  }
+  c.k_host = read(*b.cpu, c.k.cpu);
+  CHECK(read(*b.gpu, c.k.gpu) == c.k_host);
+  CHECK(read(*b.gpu, c.v.gpu) == read(*b.cpu, c.v.cpu));
+  return c;
+}
+
+struct AttentionCase {
+  int64_t first, rows, window;
+  bool use_mask, with_logits;
+  float q_scale;
+};
+
+// A random visibility mask [H, context]: about half the keys, the current token always visible,
+// except head 1 which sees nothing (its output is all zeros on both backends).
+std::vector<uint8_t> random_mask(int64_t heads, int64_t context, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> mask(size_t(heads * context));
+  for (auto& m : mask) m = uint8_t(rng() & 1u);
+  for (int64_t h = 0; h < heads; ++h) mask[size_t(h * context + context - 1)] = 1;
+  if (heads > 1) std::fill(mask.begin() + context, mask.begin() + 2 * context, uint8_t(0));
+  return mask;
+}
+
+void compare_attention(Backends& b, const Caches& c, const AttentionShape& s,
+                       const AttentionCase& a, uint32_t seed) {
+  INFO("H " << s.heads << " G " << s.kv_heads << " D " << s.head_dim << " first " << a.first
+            << " rows " << a.rows << " window " << a.window << " mask " << a.use_mask << " logits "
+            << a.with_logits);
+  const int64_t H = s.heads, D = s.head_dim, context = a.first + a.rows;
+  const std::vector<float> qs = random_values(size_t(a.rows * H * D), seed, a.q_scale);
+  const Pair q = make_f32(b, qs, {a.rows, H, D});
+  Pair out = zeros_f32(b, {a.rows, H, D});
+  Pair logits;
+  if (a.with_logits) logits = zeros_f32(b, {a.rows, H, context});
+  std::vector<uint8_t> mask;
+  Pair mask_t;
+  Visibility visible_cpu, visible_gpu;
+  if (a.use_mask) {
+    mask = random_mask(H, context, seed + 1);
+    mask_t = {b.cpu->alloc(DType::U8, {H, context}), b.gpu->alloc(DType::U8, {H, context})};
+    b.cpu->from_host(mask_t.cpu, mask.data(), mask.size());
+    b.gpu->from_host(mask_t.gpu, mask.data(), mask.size());
+    visible_cpu.mask = &mask_t.cpu;
+    visible_gpu.mask = &mask_t.gpu;
+  }
+  b.cpu->attention(q.cpu, c.k.cpu, c.v.cpu, a.first, a.window, visible_cpu, out.cpu,
+                   a.with_logits ? &logits.cpu : nullptr);
+  b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, a.first, a.window, visible_gpu, out.gpu,
+                   a.with_logits ? &logits.gpu : nullptr);
+
+  // The output is a convex combination of value rows (|v| < ~5). A logit error d changes the
+  // softmax weights by a relative ~d, and the F32 sums over <= 600 keys add ~600 * 2^-24; the
+  // GPU also rescales partial sums per 256-key tile (online softmax). 1e-4 covers all of it.
+  check_close(read(*b.cpu, out.cpu), read(*b.gpu, out.gpu), 1e-4, 1e-4, "attention out");
+  if (!a.with_logits) return;
+
+  const std::vector<float> want = read(*b.cpu, logits.cpu);
+  const std::vector<float> got = read(*b.gpu, logits.gpu);
+  // Logits are scale * q.k: a D-term F32 dot product in different orders on each side, within
+  // 2 * D * 2^-24 * scale * sum_d |q_d k_d| of each other, plus an ulp for the scaling.
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::vector<double> tolerance(want.size());
+  for (int64_t i = 0; i < a.rows; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / s.kv_heads);
+      const int64_t position = a.first + i;
+      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, position - a.window + 1) : 0;
+      for (int64_t j = 0; j < context; ++j) {
+        const size_t at = size_t((i * H + h) * context + j);
+        double magnitude = 0.0;
+        for (int64_t d = 0; d < D; ++d)
+          magnitude += std::fabs(double(qs[size_t((i * H + h) * D + d)]) *
+                                 double(c.k_host[size_t((g * s.capacity + j) * D + d)]));
+        tolerance[at] = 2.0 * double(D + 2) * kEps32 * scale * magnitude +
+                        4.0 * kEps32 * std::fabs(double(want[at])) + 1e-30;
+        // Independently of the CPU: -inf exactly where the key is not visible.
+        const bool visible =
+            j >= lo && j <= position && (mask.empty() || mask[size_t(h * context + j)] != 0);
+        if (std::isinf(got[at]) != !visible || (!visible && got[at] != kNegInf)) {
+          FAIL_CHECK("logit visibility wrong at row " << i << " head " << h << " key " << j << ": "
+                                                      << got[at]);
+          return;
+        }
+      }
+    }
+  check_within(want, got, tolerance, "attention logits");
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: kv_append and attention", "[cuda]") {
+  Backends b;
+  uint32_t seed = 100;
+
+  SECTION("GQA (8 query heads on 2 KV heads), windows, visibility masks") {
+    const AttentionShape s{8, 2, 64, 96, 41};
+    const Caches c = make_caches(b, s, seed);
+    for (const AttentionCase& a : {
+             AttentionCase{0, 41, 0, false, true, 1.0f},   // whole prefill
+             AttentionCase{36, 5, 8, false, true, 1.0f},   // chunk, window inside the chunk
+             AttentionCase{40, 1, 0, false, true, 1.0f},   // decode
+             AttentionCase{40, 1, 0, false, false, 1.0f},  // decode without logits_out
+             AttentionCase{40, 1, 16, false, true, 1.0f},  // windowed decode
+             AttentionCase{40, 1, 0, true, true, 1.0f},    // masked decode
+             AttentionCase{40, 1, 20, true, true, 2.0f},   // mask intersected with a window
+             AttentionCase{40, 1, 0, true, false, 1.0f},
+         })
+      compare_attention(b, c, s, a, ++seed);
+  }
+
+  SECTION("long context across several 256-key tiles, peaky softmax") {
+    const AttentionShape s{4, 4, 128, 700, 600};
+    const Caches c = make_caches(b, s, seed);
+    for (const AttentionCase& a : {
+             AttentionCase{599, 1, 0, false, true, 4.0f},
+             AttentionCase{597, 3, 300, false, true, 4.0f},
+             AttentionCase{0, 600, 0, false, false, 1.0f},
+             AttentionCase{599, 1, 0, true, true, 4.0f},
+             AttentionCase{599, 1, 513, true, true, 1.0f},
+         })
+      compare_attention(b, c, s, a, ++seed);
+  }
+
+  SECTION("one KV head (MQA), head_dim 80") {
+    const AttentionShape s{6, 1, 80, 40, 33};
+    const Caches c = make_caches(b, s, seed);
+    for (const AttentionCase& a : {
+             AttentionCase{32, 1, 0, false, true, 1.0f},
+             AttentionCase{0, 33, 5, false, true, 1.0f},
+             AttentionCase{32, 1, 0, true, true, 1.0f},
+         })
+      compare_attention(b, c, s, a, ++seed);
+  }
+
+  SECTION("bad arguments are errors") {
+    const AttentionShape s{4, 2, 16, 8, 6};
+    Caches c = make_caches(b, s, seed);
+    const Pair q = make_f32(b, random_values(2 * 4 * 16, 7), {2, 4, 16});
+    Pair out = zeros_f32(b, {2, 4, 16});
+    DeviceTensor mask = b.gpu->alloc(DType::U8, {4, 6});
+    // A mask is only for one query row.
+    CHECK_THROWS_AS(
+        b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, 4, 0, Visibility{&mask}, out.gpu, nullptr),
+        Error);
+    DeviceTensor wrong_logits = b.gpu->alloc(DType::F32, {2, 4, 5});
+    CHECK_THROWS_AS(b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, 4, 0, {}, out.gpu, &wrong_logits),
+                    Error);
+    // Past the capacity.
+    CHECK_THROWS_AS(b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, 7, 0, {}, out.gpu, nullptr), Error);
+    const Pair k = make_f32(b, random_values(2 * 2 * 16, 8), {2, 2, 16});
+    CHECK_THROWS_AS(b.gpu->kv_append(k.gpu, k.gpu, c.k.gpu, c.v.gpu, 7), Error);
+  }
+}
+
+TEST_CASE("cuda backend: argmax_rows", "[cuda]") {
+  Backends b;
+  const int64_t rows = 7, V = 50257;  // odd, many times the 256 threads of a block
+  std::vector<float> x = random_values(size_t(rows * V), 120);
+  auto at = [&](int64_t r, int64_t j) -> float& { return x[size_t(r * V + j)]; };
+  std::vector<int32_t> expected(static_cast<size_t>(rows));
+  expected[0] = int32_t(std::max_element(x.begin(), x.begin() + V) - x.begin());
+  at(1, 30000) = at(1, 7) = 100.0f;  // tie: the lower index wins
+  expected[1] = 7;
+  std::fill(x.begin() + 2 * V, x.begin() + 3 * V, 0.5f);  // all equal
+  expected[2] = 0;
+  at(3, V - 1) = 100.0f;  // the last column
+  expected[3] = int32_t(V - 1);
+  at(4, 256) = at(4, 255) = at(4, 33) = 100.0f;  // ties across threads and warps
+  expected[4] = 33;
+  std::fill(x.begin() + 5 * V, x.begin() + 6 * V, kNegInf);  // nothing but -inf
+  expected[5] = 0;
+  at(6, V - 2) = at(6, 1) = 50.0f;
+  at(6, 0) = 49.999f;
+  expected[6] = 1;
+  const Pair t = make_f32(b, x, {rows, V});
+  std::vector<int32_t> cpu(size_t(rows), -1), gpu(size_t(rows), -1);
+  b.cpu->argmax_rows(t.cpu, cpu);
+  b.gpu->argmax_rows(t.gpu, gpu);
+  CHECK(cpu == expected);
+  CHECK(gpu == expected);
+  std::vector<int32_t> wrong_rows(3);
+  CHECK_THROWS_AS(b.gpu->argmax_rows(t.gpu, wrong_rows), Error);
+}
+
+TEST_CASE("cuda backend: log_prob_rows", "[cuda]") {
+  Backends b;
+  const int64_t rows = 5, V = 32003;
+  std::vector<float> x = random_values(size_t(rows * V), 140, 5.0f);
+  // One row with a huge dynamic range, where an unshifted exponential sum would overflow.
+  for (int64_t j = 0; j < V; ++j) x[size_t(4 * V + j)] *= 30.0f;
+  const std::vector<int32_t> targets = {0, 32002, 17, 12345, 999};
+  const Pair t = make_f32(b, x, {rows, V});
+  std::vector<double> cpu(static_cast<size_t>(rows)), gpu(static_cast<size_t>(rows));
+  b.cpu->log_prob_rows(t.cpu, targets, cpu);
+  b.gpu->log_prob_rows(t.gpu, targets, gpu);
+  for (int64_t r = 0; r < rows; ++r) {
+    // Host reference in double, the same way (max-shifted sum of exponentials).
+    const float* row = x.data() + r * V;
+    const double m = *std::max_element(row, row + V);
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(double(row[j]) - m);
+    const double want = double(row[targets[size_t(r)]]) - m - std::log(sum);
+    INFO("row " << r << " want " << want << " cpu " << cpu[size_t(r)] << " gpu " << gpu[size_t(r)]);
+    // Both backends accumulate in double: they differ only by the order of a double sum of
+    // 32003 terms in (0, 1], ~1e-12 relative; 1e-9 absolute is still far below F32 resolution.
+    CHECK(std::fabs(gpu[size_t(r)] - want) <= 1e-9 * (1.0 + std::fabs(want)));
+    CHECK(std::fabs(cpu[size_t(r)] - want) <= 1e-9 * (1.0 + std::fabs(want)));
+  }
+  const std::vector<int32_t> bad = {0, 1, 2, 3, int32_t(V)};
+  CHECK_THROWS_AS(b.gpu->log_prob_rows(t.gpu, bad, gpu), Error);
+}
