@@ -1,0 +1,156 @@
+// Hand-written matchers for the GPT-2 and Llama-3 split regexes. Each alternative of the regex is
+// tried in order at the current position, reproducing the choices a backtracking engine makes
+// (including the (?!\S) lookahead, which gives trailing whitespace back to the next word).
+#include "engine/model/tokenizer_split.h"
+
+#include "engine/model/tokenizer_unicode.h"
+
+#include <cstdint>
+
+namespace kvlens::tok {
+
+const std::string_view kGpt2PatternText =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+namespace {
+
+constexpr std::string_view kLlama3PatternText =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kQwen2PatternText =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// The text decoded once: code point, class and byte offset per character (offsets has n + 1
+// entries so offsets[n] is the end of the text).
+struct Chars {
+  std::vector<char32_t> cp;
+  std::vector<CharClass> cls;
+  std::vector<size_t> offsets;
+
+  explicit Chars(std::string_view text) {
+    cp.reserve(text.size());
+    cls.reserve(text.size());
+    offsets.reserve(text.size() + 1);
+    for (size_t i = 0; i < text.size();) {
+      const Utf8Step step = utf8_step(text, i);
+      cp.push_back(step.cp);
+      cls.push_back(char_class(step.cp));
+      offsets.push_back(i);
+      i += step.len;
+    }
+    offsets.push_back(text.size());
+  }
+  size_t size() const { return cp.size(); }
+  size_t run_end(size_t i, CharClass c) const {
+    while (i < size() && cls[i] == c) ++i;
+    return i;
+  }
+  bool is(size_t i, CharClass c) const { return i < size() && cls[i] == c; }
+};
+
+bool is_newline(char32_t c) {
+  return c == '\r' || c == '\n';
+}
+
+// 's 't 're 've 'm 'll 'd; returns the match length in chars or 0.
+size_t contraction(const Chars& t, size_t i, bool ignore_case) {
+  if (t.cp[i] != '\'' || i + 1 >= t.size()) return 0;
+  auto fold = [&](char32_t c) -> char32_t {
+    if (!ignore_case) return c;
+    if (c >= 'A' && c <= 'Z') return c - 'A' + 'a';
+    if (c == 0x17F) return 's';  // LATIN SMALL LETTER LONG S case-folds to 's'
+    return c;
+  };
+  const char32_t a = fold(t.cp[i + 1]);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if (i + 2 >= t.size()) return 0;
+  const char32_t b = fold(t.cp[i + 2]);
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
+// \s+(?!\S) then \s+, at a whitespace character i.
+size_t whitespace_tail(const Chars& t, size_t i) {
+  const size_t end = t.run_end(i, CharClass::kSpace);
+  // With text after the run, the lookahead fails at `end`; backtracking one char leaves the last
+  // space for the next match (" word"). A single space cannot give one back, so \s+ takes it.
+  if (end < t.size() && end - i >= 2) return end - 1;
+  return end;
+}
+
+size_t gpt2_match(const Chars& t, size_t i) {
+  if (const size_t len = contraction(t, i, false)) return i + len;
+  const bool space = t.cp[i] == ' ';
+  for (const CharClass c : {CharClass::kLetter, CharClass::kNumber, CharClass::kOther}) {
+    if (space && t.is(i + 1, c)) return t.run_end(i + 1, c);
+    if (t.cls[i] == c) return t.run_end(i, c);
+  }
+  return whitespace_tail(t, i);  // only whitespace is left
+}
+
+size_t llama3_match(const Chars& t, size_t i, size_t max_digits) {
+  if (const size_t len = contraction(t, i, true)) return i + len;
+  const CharClass c = t.cls[i];
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  if (c == CharClass::kLetter) return t.run_end(i, CharClass::kLetter);
+  if (c != CharClass::kNumber && !is_newline(t.cp[i]) && t.is(i + 1, CharClass::kLetter)) {
+    return t.run_end(i + 1, CharClass::kLetter);
+  }
+  // \p{N}{1,max}
+  if (c == CharClass::kNumber) {
+    size_t j = i;
+    while (j < t.size() && j - i < max_digits && t.cls[j] == CharClass::kNumber) ++j;
+    return j;
+  }
+  // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+  size_t other = t.size();
+  if (t.cp[i] == ' ' && t.is(i + 1, CharClass::kOther)) {
+    other = i + 1;
+  } else if (c == CharClass::kOther) {
+    other = i;
+  }
+  if (other < t.size()) {
+    size_t j = t.run_end(other, CharClass::kOther);
+    while (j < t.size() && is_newline(t.cp[j])) ++j;
+    return j;
+  }
+  // \s*[\r\n]+ : the whitespace run up to and including its last newline.
+  const size_t end = t.run_end(i, CharClass::kSpace);
+  for (size_t k = end; k > i; --k) {
+    if (is_newline(t.cp[k - 1])) return k;
+  }
+  return whitespace_tail(t, i);
+}
+
+}  // namespace
+
+std::optional<SplitPattern> recognize_split_pattern(std::string_view regex) {
+  if (regex == kGpt2PatternText) return SplitPattern::kGpt2;
+  if (regex == kLlama3PatternText) return SplitPattern::kLlama3;
+  if (regex == kQwen2PatternText) return SplitPattern::kQwen2;
+  return std::nullopt;
+}
+
+void split_matches(SplitPattern pattern, std::string_view text,
+                   std::vector<std::pair<size_t, size_t>>* out) {
+  const Chars t(text);
+  size_t i = 0;
+  while (i < t.size()) {
+    size_t end = 0;
+    switch (pattern) {
+      case SplitPattern::kGpt2:
+        end = gpt2_match(t, i);
+        break;
+      case SplitPattern::kLlama3:
+        end = llama3_match(t, i, 3);
+        break;
+      case SplitPattern::kQwen2:
+        end = llama3_match(t, i, 1);
+        break;
+    }
+    if (end <= i) end = i + 1;  // defensive: always make progress
+    out->emplace_back(t.offsets[i], t.offsets[end]);
+    i = end;
+  }
+}
+
+}  // namespace kvlens::tok
