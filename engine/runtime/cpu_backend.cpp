@@ -1,0 +1,706 @@
+// CPU reference backend: plain loops, a persistent thread pool for matmul (over output rows) and
+// attention (over query rows x heads), and AVX2/FMA dot kernels chosen at run time.
+// Shapes follow backend.h: x [n, in] * w[out, in]^T; caches [G, capacity, D]; q/out [n, H, D].
+#include "engine/runtime/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/runtime/thread_pool.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVLENS_HAVE_X86_KERNELS 1
+#define KVLENS_AVX2 __attribute__((target("avx2,fma,f16c")))
+#else
+#define KVLENS_HAVE_X86_KERNELS 0
+#endif
+
+namespace kvlens {
+
+int64_t DeviceTensor::numel() const {
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;
+  return count;
+}
+
+namespace {
+
+constexpr const char* kWhere = "cpu backend";
+constexpr size_t kAlignment = 64;  // a cache line; also enough for any vector load
+
+// Concatenates strings and integers for messages (one buffer, no temporaries chained by +).
+inline void append_part(std::string& text, std::string_view part) {
+  text += part;
+}
+inline void append_part(std::string& text, int64_t number) {
+  text += std::to_string(number);
+}
+template <typename... Parts>
+std::string cat(const Parts&... parts) {
+  std::string text;
+  (append_part(text, parts), ...);
+  return text;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+std::string describe(const DeviceTensor& t) {
+  return std::string(dtype_name(t.dtype)) + " " + shape_string(t.shape);
+}
+
+// Shape/dtype mistakes are programming errors in the caller, but they still surface as a
+// kvlens::Error naming the op and argument rather than as memory corruption.
+void require(bool ok, const std::string& field, const std::string& expected,
+             const std::string& found = {}) {
+  if (!ok) throw Error(kWhere, field, expected, found);
+}
+
+void require_data(const DeviceTensor& t, const std::string& field) {
+  require(!t.empty() || t.numel() == 0, field, "a tensor with storage", "an empty tensor");
+}
+
+void require_f32(const DeviceTensor& t, const std::string& field) {
+  require(t.dtype == DType::F32, field, "an F32 tensor", describe(t));
+  require_data(t, field);
+}
+
+bool is_weight_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
+std::shared_ptr<void> allocate_aligned(size_t bytes) {
+  const size_t rounded = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* memory = std::aligned_alloc(kAlignment, rounded);
+  if (!memory) throw std::bad_alloc();
+  std::memset(memory, 0, rounded);
+  return std::shared_ptr<void>(memory, std::free);
+}
+
+// Widens `count` weight elements starting at element `first` into dst.
+void widen(const DeviceTensor& t, int64_t first, int64_t count, float* dst) {
+  switch (t.dtype) {
+    case DType::F32:
+      std::memcpy(dst, t.as<const float>() + first, size_t(count) * sizeof(float));
+      return;
+    case DType::BF16: {
+      const uint16_t* src = t.as<const uint16_t>() + first;
+      for (int64_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(src[i]);
+      return;
+    }
+    case DType::F16: {
+      const uint16_t* src = t.as<const uint16_t>() + first;
+      for (int64_t i = 0; i < count; ++i) dst[i] = f16_to_f32(src[i]);
+      return;
+    }
+    default:
+      throw Error(kWhere, "weight", "an F32, BF16 or F16 tensor", describe(t));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot kernels. dot_rows(x, w, in, rows, y) sets y[r] = sum_k x[k] * w[r * in + k] for r < rows
+// (rows <= 4 consecutive weight rows). Each row is summed in one fixed order: lanes k mod 16
+// accumulate separately, the 16 partial sums are folded pairwise (16 -> 8 -> 4 -> 2 -> 1), then
+// the last in % 8 products are added in order. That order depends neither on `rows` nor on which
+// thread runs the row, so results are bit-identical for any thread count and between decode
+// (n = 1) and prefill (n > 1). The AVX2 kernels use fused multiply-adds, the portable ones do
+// not, so the two kernel sets differ in the last bits (both are far inside test tolerances).
+// ---------------------------------------------------------------------------------------------
+
+using DotRowsFn = void (*)(const float* x, const void* w, int64_t in, int rows, float* y);
+constexpr int kMaxRows = 4;
+
+template <DType W>
+inline float load_weight(const void* w, int64_t i) {
+  if constexpr (W == DType::F32) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (W == DType::BF16) {
+    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  }
+}
+
+template <DType W, int R>
+void dot_rows_generic_fixed(const float* x, const void* w, int64_t in, float* y) {
+  float acc[R][16] = {};
+  int64_t k = 0;
+  for (; k + 16 <= in; k += 16) {
+    for (int r = 0; r < R; ++r) {
+      for (int l = 0; l < 16; ++l) acc[r][l] += load_weight<W>(w, r * in + k + l) * x[k + l];
+    }
+  }
+  if (k + 8 <= in) {
+    for (int r = 0; r < R; ++r) {
+      for (int l = 0; l < 8; ++l) acc[r][l] += load_weight<W>(w, r * in + k + l) * x[k + l];
+    }
+    k += 8;
+  }
+  for (int r = 0; r < R; ++r) {
+    float s8[8], s4[4], s2[2];
+    for (int l = 0; l < 8; ++l) s8[l] = acc[r][l] + acc[r][l + 8];
+    for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
+    for (int l = 0; l < 2; ++l) s2[l] = s4[l] + s4[l + 2];
+    float sum = s2[0] + s2[1];
+    for (int64_t t = k; t < in; ++t) sum += load_weight<W>(w, r * in + t) * x[t];
+    y[r] = sum;
+  }
+}
+
+template <DType W>
+void dot_rows_generic(const float* x, const void* w, int64_t in, int rows, float* y) {
+  switch (rows) {
+    case 1:
+      return dot_rows_generic_fixed<W, 1>(x, w, in, y);
+    case 2:
+      return dot_rows_generic_fixed<W, 2>(x, w, in, y);
+    case 3:
+      return dot_rows_generic_fixed<W, 3>(x, w, in, y);
+    default:
+      return dot_rows_generic_fixed<W, 4>(x, w, in, y);
+  }
+}
+
+#if KVLENS_HAVE_X86_KERNELS
+
+// Eight weights widened to F32 (exact for all three dtypes).
+template <DType W>
+KVLENS_AVX2 inline __m256 load8(const void* w, int64_t i) {
+  if constexpr (W == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+  } else {
+    const __m128i half =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+    if constexpr (W == DType::BF16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    } else {
+      return _mm256_cvtph_ps(half);
+    }
+  }
+}
+
+template <DType W, int R>
+KVLENS_AVX2 void dot_rows_avx2_fixed(const float* x, const void* w, int64_t in, float* y) {
+  __m256 acc0[R], acc1[R];  // lanes k mod 16 in 0..7 and 8..15
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= in; k += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + k);
+    const __m256 x1 = _mm256_loadu_ps(x + k + 8);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm256_fmadd_ps(load8<W>(w, r * in + k), x0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(load8<W>(w, r * in + k + 8), x1, acc1[r]);
+    }
+  }
+  if (k + 8 <= in) {
+    const __m256 x0 = _mm256_loadu_ps(x + k);
+    for (int r = 0; r < R; ++r) acc0[r] = _mm256_fmadd_ps(load8<W>(w, r * in + k), x0, acc0[r]);
+    k += 8;
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256 s8 = _mm256_add_ps(acc0[r], acc1[r]);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    float sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+    for (int64_t t = k; t < in; ++t) sum = std::fma(load_weight<W>(w, r * in + t), x[t], sum);
+    y[r] = sum;
+  }
+}
+
+template <DType W>
+KVLENS_AVX2 void dot_rows_avx2(const float* x, const void* w, int64_t in, int rows, float* y) {
+  switch (rows) {
+    case 1:
+      return dot_rows_avx2_fixed<W, 1>(x, w, in, y);
+    case 2:
+      return dot_rows_avx2_fixed<W, 2>(x, w, in, y);
+    case 3:
+      return dot_rows_avx2_fixed<W, 3>(x, w, in, y);
+    default:
+      return dot_rows_avx2_fixed<W, 4>(x, w, in, y);
+  }
+}
+
+bool cpu_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+#endif  // KVLENS_HAVE_X86_KERNELS
+
+struct Kernels {
+  const char* isa = "generic";
+  DotRowsFn f32 = dot_rows_generic<DType::F32>;
+  DotRowsFn bf16 = dot_rows_generic<DType::BF16>;
+  DotRowsFn f16 = dot_rows_generic<DType::F16>;
+
+  DotRowsFn for_dtype(DType dtype) const {
+    return dtype == DType::F32 ? f32 : dtype == DType::BF16 ? bf16 : f16;
+  }
+};
+
+Kernels pick_kernels(bool allow_simd) {
+  Kernels kernels;
+#if KVLENS_HAVE_X86_KERNELS
+  if (allow_simd && cpu_has_avx2_fma()) {
+    kernels.isa = "avx2+fma";
+    kernels.f32 = dot_rows_avx2<DType::F32>;
+    kernels.bf16 = dot_rows_avx2<DType::BF16>;
+    kernels.f16 = dot_rows_avx2<DType::F16>;
+  }
+#else
+  (void)allow_simd;
+#endif
+  return kernels;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& options)
+      : pool_(options.threads), kernels_(pick_kernels(options.allow_simd)) {}
+
+  std::string name() const override { return "cpu"; }
+  const char* isa() const { return kernels_.isa; }
+  int threads() const { return pool_.size(); }
+
+  DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) override {
+    require(view.data != nullptr || view.bytes == 0, "upload_weight: " + view.name, "tensor data",
+            "a null pointer");
+    const int64_t count = view.numel();
+    require(size_t(count) * dtype_size(view.dtype) == view.bytes, "upload_weight: " + view.name,
+            "bytes == numel * dtype size", cat(int64_t(view.bytes), " bytes"));
+    DeviceTensor t;
+    t.shape = view.shape;
+    if (view.dtype == DType::F16) {
+      // Widened once here so the hot paths never see F16 (and results equal an F32 checkpoint).
+      t.dtype = DType::F32;
+      t.storage = allocate_aligned(size_t(count) * sizeof(float));
+      t.data = t.storage.get();
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(view.data);
+      float* dst = t.as<float>();
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, src + i, sizeof bits);  // the mapped data may be unaligned
+        dst[i] = f16_to_f32(bits);
+      }
+      return t;
+    }
+    t.dtype = view.dtype;
+    if (reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype) != 0) {
+      // Safetensors does not promise element alignment, and the loops below may be vectorised
+      // with alignment assumptions, so a misaligned tensor gets an aligned private copy.
+      t.storage = allocate_aligned(view.bytes);
+      t.data = t.storage.get();
+      std::memcpy(t.data, view.data, view.bytes);
+      return t;
+    }
+    t.storage = std::move(keep_alive);
+    t.data = const_cast<std::byte*>(view.data);  // read-only by contract: weights are never written
+    return t;
+  }
+
+  DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) override {
+    DeviceTensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    for (int64_t extent : t.shape) {
+      require(extent >= 0, "alloc", "non-negative extents", shape_string(t.shape));
+    }
+    t.storage = allocate_aligned(t.bytes());
+    t.data = t.storage.get();
+    return t;
+  }
+
+  void to_host(const DeviceTensor& src, void* host, size_t bytes) override {
+    require(bytes <= src.bytes(), "to_host: bytes", cat("at most ", int64_t(src.bytes())),
+            std::to_string(bytes));
+    if (bytes) std::memcpy(host, src.data, bytes);
+  }
+
+  void from_host(DeviceTensor& dst, const void* host, size_t bytes) override {
+    require(bytes <= dst.bytes(), "from_host: bytes", cat("at most ", int64_t(dst.bytes())),
+            std::to_string(bytes));
+    if (bytes) std::memcpy(dst.data, host, bytes);
+  }
+
+  void copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTensor& dst, int64_t dst_row,
+                 int64_t rows, int64_t row_elems) override {
+    require_f32(src, "copy_rows: src");
+    require_f32(dst, "copy_rows: dst");
+    require(src_row >= 0 && dst_row >= 0 && rows >= 0 && row_elems >= 0, "copy_rows: rows",
+            "non-negative row indices and counts");
+    require((src_row + rows) * row_elems <= src.numel(), "copy_rows: src",
+            cat("at least ", (src_row + rows) * row_elems, " elements"), describe(src));
+    require((dst_row + rows) * row_elems <= dst.numel(), "copy_rows: dst",
+            cat("at least ", (dst_row + rows) * row_elems, " elements"), describe(dst));
+    if (rows * row_elems == 0) return;
+    std::memmove(dst.as<float>() + dst_row * row_elems, src.as<const float>() + src_row * row_elems,
+                 size_t(rows * row_elems) * sizeof(float));
+  }
+
+  void embed(const DeviceTensor& table, std::span<const int32_t> ids, DeviceTensor& out) override {
+    require(table.shape.size() == 2 && is_weight_dtype(table.dtype), "embed: table",
+            "an F32/BF16/F16 [vocab, E] tensor", describe(table));
+    require_data(table, "embed: table");
+    const int64_t vocab = table.dim(0), width = table.dim(1);
+    const int64_t n = int64_t(ids.size());
+    require_f32(out, "embed: out");
+    require(out.numel() == n * width, "embed: out", cat(n * width, " elements"), describe(out));
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab) {
+        throw Error(kWhere, "embed: token id", cat("an id in [0, ", vocab, ")"),
+                    std::to_string(ids[i]));
+      }
+    }
+    for (int64_t i = 0; i < n; ++i)
+      widen(table, ids[i] * width, width, out.as<float>() + i * width);
+  }
+
+  void matmul(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y) override {
+    require(w.shape.size() == 2 && is_weight_dtype(w.dtype), "matmul: w",
+            "an F32/BF16/F16 [out, in] tensor", describe(w));
+    require_data(w, "matmul: w");
+    require_f32(x, "matmul: x");
+    require_f32(y, "matmul: y");
+    const int64_t out = w.dim(0), in = w.dim(1);
+    require(in > 0 && x.numel() % in == 0, "matmul: x",
+            cat("[n, ", in, "] to match w ", describe(w)), describe(x));
+    const int64_t n = x.numel() / in;
+    require(y.numel() == n * out, "matmul: y", shape_string({n, out}), describe(y));
+    if (n == 0 || out == 0) return;
+
+    const DotRowsFn dot = kernels_.for_dtype(w.dtype);
+    const size_t w_row_bytes = size_t(in) * dtype_size(w.dtype);
+    const float* xs = x.as<const float>();
+    const auto* ws = static_cast<const std::byte*>(w.data);
+    float* ys = y.as<float>();
+    // For n > 1 each task walks its output rows in blocks that stay in L2 while every row of x
+    // passes over them, so the weights come from memory once per call rather than once per row.
+    constexpr size_t kBlockBytes = 256 * 1024;
+    const int64_t block =
+        std::max<int64_t>(kMaxRows, int64_t(kBlockBytes / w_row_bytes) / kMaxRows * kMaxRows);
+    const int64_t grain = n == 1 ? 64 : block;
+    pool_.parallel_for(
+        0, out,
+        [&](int64_t row_begin, int64_t row_end) {
+          for (int64_t o0 = row_begin; o0 < row_end; o0 += block) {
+            const int64_t o1 = std::min(row_end, o0 + block);
+            for (int64_t i = 0; i < n; ++i) {
+              for (int64_t o = o0; o < o1; o += kMaxRows) {
+                const int rows = int(std::min<int64_t>(kMaxRows, o1 - o));
+                dot(xs + i * in, ws + size_t(o) * w_row_bytes, in, rows, ys + i * out + o);
+              }
+            }
+          }
+        },
+        grain);
+  }
+
+  void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
+               DeviceTensor& y) override {
+    require_f32(x, "rmsnorm: x");
+    require_f32(y, "rmsnorm: y");
+    require(is_weight_dtype(weight.dtype), "rmsnorm: weight", "an F32/BF16/F16 [E] tensor",
+            describe(weight));
+    require_data(weight, "rmsnorm: weight");
+    const int64_t width = weight.numel();
+    require(width > 0 && x.numel() % width == 0, "rmsnorm: x", cat("[n, ", width, "]"),
+            describe(x));
+    require(y.numel() == x.numel(), "rmsnorm: y", describe(x), describe(y));
+    std::vector<float> gain(static_cast<size_t>(width));
+    widen(weight, 0, width, gain.data());
+    const int64_t n = x.numel() / width;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x.as<const float>() + i * width;
+      float* dst = y.as<float>() + i * width;
+      double sum_squares = 0.0;
+      for (int64_t e = 0; e < width; ++e) sum_squares += double(row[e]) * double(row[e]);
+      // Same rounding points as transformers: float inverse rms, (x * inv) * weight.
+      const float inv = float(1.0 / std::sqrt(sum_squares / double(width) + double(eps)));
+      for (int64_t e = 0; e < width; ++e) dst[e] = (row[e] * inv) * gain[size_t(e)];
+    }
+  }
+
+  void rope(DeviceTensor& x, std::span<const int64_t> positions,
+            const DeviceTensor& inv_freq) override {
+    require_f32(x, "rope: x");
+    require_f32(inv_freq, "rope: inv_freq");
+    const int64_t half = inv_freq.numel(), head_dim = 2 * half;
+    const int64_t n = int64_t(positions.size());
+    require(half > 0 && n > 0 && x.numel() % (n * head_dim) == 0, "rope: x",
+            cat("[", n, ", heads, ", head_dim, "]"), describe(x));
+    const int64_t heads = x.numel() / (n * head_dim);
+    const float* freq = inv_freq.as<const float>();
+    std::vector<float> cos_table(static_cast<size_t>(half));
+    std::vector<float> sin_table(static_cast<size_t>(half));
+    for (int64_t i = 0; i < n; ++i) {
+      // The angle is rounded to float first, as transformers computes it (inv_freq @ position in
+      // F32); cos/sin of that float are then rounded once.
+      for (int64_t f = 0; f < half; ++f) {
+        const float angle = float(positions[i]) * freq[f];
+        cos_table[size_t(f)] = float(std::cos(double(angle)));
+        sin_table[size_t(f)] = float(std::sin(double(angle)));
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x.as<float>() + (i * heads + h) * head_dim;
+        for (int64_t f = 0; f < half; ++f) {
+          const float a = v[f], b = v[f + half];
+          const float c = cos_table[size_t(f)], s = sin_table[size_t(f)];
+          v[f] = a * c - b * s;
+          v[f + half] = b * c + a * s;
+        }
+      }
+    }
+  }
+
+  void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) override {
+    require_f32(gate, "silu_mul: gate");
+    require_f32(up, "silu_mul: up");
+    require_f32(out, "silu_mul: out");
+    require(up.numel() == gate.numel() && out.numel() == gate.numel(), "silu_mul: shapes",
+            "gate, up and out of equal size",
+            describe(gate) + ", " + describe(up) + ", " + describe(out));
+    const float* g = gate.as<const float>();
+    const float* u = up.as<const float>();
+    float* o = out.as<float>();
+    for (int64_t i = 0, count = gate.numel(); i < count; ++i) {
+      o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+
+  void add_inplace(DeviceTensor& x, const DeviceTensor& y) override {
+    require_f32(x, "add_inplace: x");
+    require_f32(y, "add_inplace: y");
+    require(x.numel() == y.numel(), "add_inplace: y", describe(x), describe(y));
+    float* a = x.as<float>();
+    const float* b = y.as<const float>();
+    for (int64_t i = 0, count = x.numel(); i < count; ++i) a[i] += b[i];
+  }
+
+  void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
+                 DeviceTensor& v_cache, int64_t first_position) override {
+    require_f32(k, "kv_append: k");
+    require_f32(v, "kv_append: v");
+    require_f32(k_cache, "kv_append: k_cache");
+    require_f32(v_cache, "kv_append: v_cache");
+    require(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, "kv_append: caches",
+            "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
+    const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
+    const int64_t row = groups * head_dim;
+    require(row > 0 && k.numel() % row == 0 && v.numel() == k.numel(), "kv_append: k, v",
+            cat("[n, ", groups, ", ", head_dim, "] each"), describe(k) + ", " + describe(v));
+    const int64_t n = k.numel() / row;
+    require(first_position >= 0 && first_position + n <= capacity, "kv_append: positions",
+            cat("positions below the capacity ", capacity),
+            cat(first_position, "..", first_position + n - 1));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const size_t src = size_t((i * groups + g) * head_dim);
+        const size_t dst = size_t((g * capacity + first_position + i) * head_dim);
+        std::memcpy(k_cache.as<float>() + dst, k.as<const float>() + src,
+                    size_t(head_dim) * sizeof(float));
+        std::memcpy(v_cache.as<float>() + dst, v.as<const float>() + src,
+                    size_t(head_dim) * sizeof(float));
+      }
+    }
+  }
+
+  void attention(const DeviceTensor& q, const DeviceTensor& k_cache, const DeviceTensor& v_cache,
+                 int64_t first_position, int64_t window, Visibility visible, DeviceTensor& out,
+                 DeviceTensor* logits_out) override {
+    require_f32(q, "attention: q");
+    require_f32(k_cache, "attention: k_cache");
+    require_f32(v_cache, "attention: v_cache");
+    require_f32(out, "attention: out");
+    require(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, "attention: caches",
+            "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
+    const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
+    require(q.shape.size() == 3 && q.dim(2) == head_dim, "attention: q",
+            cat("[n, H, ", head_dim, "]"), describe(q));
+    const int64_t n = q.dim(0), heads = q.dim(1);
+    require(groups > 0 && heads % groups == 0, "attention: q",
+            cat("a head count divisible by the ", groups, " KV heads"), describe(q));
+    require(out.numel() == q.numel(), "attention: out", describe(q), describe(out));
+    const int64_t context = first_position + n;
+    require(first_position >= 0 && context <= capacity, "attention: positions",
+            cat("positions below the capacity ", capacity), cat(first_position, "..", context - 1));
+    const uint8_t* mask = nullptr;
+    if (visible.mask) {
+      const DeviceTensor& m = *visible.mask;
+      require(n == 1, "attention: visible", "a mask only when decoding one token",
+              cat(n, " query rows"));
+      require(m.dtype == DType::U8 && m.shape.size() == 2 && m.dim(0) == heads &&
+                  m.dim(1) == context && !m.empty(),
+              "attention: visible", cat("a U8 [", heads, ", ", context, "] mask"), describe(m));
+      mask = m.as<const uint8_t>();
+    }
+    float* logits = nullptr;
+    if (logits_out && !logits_out->empty()) {
+      require_f32(*logits_out, "attention: logits_out");
+      require(logits_out->numel() == n * heads * context, "attention: logits_out",
+              shape_string({n, heads, context}), describe(*logits_out));
+      logits = logits_out->as<float>();
+    }
+    if (n == 0) return;
+
+    const int64_t heads_per_group = heads / groups;
+    const float scale = float(1.0 / std::sqrt(double(head_dim)));
+    const float* qs = q.as<const float>();
+    const float* ks = k_cache.as<const float>();
+    const float* vs = v_cache.as<const float>();
+    float* os = out.as<float>();
+    const DotRowsFn dot = kernels_.f32;
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+    // One unit = one (query row, head); a chunk of units shares one scratch row.
+    auto run_units = [&](int64_t unit_begin, int64_t unit_end) {
+      std::vector<float> scratch(logits ? 0 : size_t(context));
+      std::vector<float> acc(static_cast<size_t>(head_dim));
+      for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
+        const int64_t i = unit / heads, h = unit % heads;
+        const int64_t position = first_position + i;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+        const int64_t kv = h / heads_per_group;
+        const float* qv = qs + unit * head_dim;
+        const float* k_rows = ks + kv * capacity * head_dim;
+        const float* v_rows = vs + kv * capacity * head_dim;
+        const uint8_t* head_mask = mask ? mask + h * context : nullptr;
+        float* row = logits ? logits + unit * context : scratch.data();
+        auto is_visible = [&](int64_t j) {
+          return j >= lo && j <= position && (!head_mask || head_mask[j] != 0);
+        };
+
+        std::fill(row, row + context, kNegInf);
+        // Dots of the whole causal window (cache rows are contiguous, so 4 at a time), then the
+        // mask; a hidden key costs one wasted dot, which keeps this loop simple.
+        for (int64_t j = lo; j <= position; j += kMaxRows) {
+          const int rows = int(std::min<int64_t>(kMaxRows, position + 1 - j));
+          dot(qv, k_rows + j * head_dim, head_dim, rows, row + j);
+        }
+        float max_logit = kNegInf;
+        for (int64_t j = lo; j <= position; ++j) {
+          if (is_visible(j)) {
+            row[j] *= scale;
+            max_logit = std::max(max_logit, row[j]);
+          } else {
+            row[j] = kNegInf;
+          }
+        }
+        float* o = os + unit * head_dim;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        if (max_logit == kNegInf) {  // nothing visible (or every logit is -inf): output zeros
+          std::fill(o, o + head_dim, 0.0f);
+          continue;
+        }
+        float total = 0.0f;
+        for (int64_t j = lo; j <= position; ++j) {
+          if (!is_visible(j)) continue;
+          const float weight = std::exp(row[j] - max_logit);
+          total += weight;
+          const float* vv = v_rows + j * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) acc[size_t(d)] += weight * vv[d];
+        }
+        const float inv_total = 1.0f / total;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv_total;
+      }
+    };
+    // Roughly 64K multiply-adds per chunk so short contexts do not drown in scheduling.
+    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, context * head_dim));
+    pool_.parallel_for(0, n * heads, run_units, grain);
+  }
+
+  void argmax_rows(const DeviceTensor& x, std::span<int32_t> out) override {
+    const int64_t rows = int64_t(out.size());
+    const int64_t width = check_rows(x, rows, "argmax_rows");
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = x.as<const float>() + i * width;
+      // torch.argmax semantics: NaN counts as the maximum, the first maximum wins.
+      int64_t best = 0;
+      for (int64_t j = 0; j < width; ++j) {
+        if (std::isnan(row[j])) {
+          best = j;
+          break;
+        }
+        if (row[j] > row[best]) best = j;
+      }
+      out[size_t(i)] = int32_t(best);
+    }
+  }
+
+  void log_prob_rows(const DeviceTensor& x, std::span<const int32_t> targets,
+                     std::span<double> out) override {
+    require(targets.size() == out.size(), "log_prob_rows: targets",
+            cat(int64_t(out.size()), " targets"), std::to_string(targets.size()));
+    const int64_t rows = int64_t(out.size());
+    const int64_t width = check_rows(x, rows, "log_prob_rows");
+    for (int64_t i = 0; i < rows; ++i) {
+      const int32_t target = targets[size_t(i)];
+      if (target < 0 || target >= width) {
+        throw Error(kWhere, "log_prob_rows: target", cat("an id in [0, ", width, ")"),
+                    std::to_string(target));
+      }
+      const float* row = x.as<const float>() + i * width;
+      double max_value = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < width; ++j) max_value = std::max(max_value, double(row[j]));
+      double sum = 0.0;
+      for (int64_t j = 0; j < width; ++j) sum += std::exp(double(row[j]) - max_value);
+      out[size_t(i)] = double(row[target]) - max_value - std::log(sum);
+    }
+  }
+
+ private:
+  // x seen as [rows, width]; returns width.
+  int64_t check_rows(const DeviceTensor& x, int64_t rows, const std::string& op) {
+    require_f32(x, op + ": x");
+    require(!x.shape.empty() && x.shape.back() > 0, op + ": x", "an [n, V] tensor", describe(x));
+    const int64_t width = x.shape.back();
+    require(x.numel() == rows * width, op + ": x", cat("[", rows, ", V] to match the output span"),
+            describe(x));
+    return width;
+  }
+
+  ThreadPool pool_;
+  Kernels kernels_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  CpuBackendOptions options;
+  options.threads = threads;
+  return make_cpu_backend(options);
+}
+
+std::string_view cpu_backend_isa(const Backend& backend) {
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
+  return cpu ? cpu->isa() : std::string_view();
+}
+
+int cpu_backend_threads(const Backend& backend) {
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
+  return cpu ? cpu->threads() : 0;
+}
+
+}  // namespace kvlens
