@@ -15,7 +15,9 @@ size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);  // safetensors spelling: "F32", "F16", "BF16", ...
 
 // BF16 is the top half of an F32, so widening is exact.
-inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
+inline float bf16_to_f32(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t(bits) << 16);
+}
 
 // Round-to-nearest-even, NaN kept quiet; matches torch's float -> bfloat16 conversion.
 inline uint16_t f32_to_bf16(float value) {

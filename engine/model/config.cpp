@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/error.h"
+#include "engine/common/json_describe.h"
 #include "engine/common/mapped_file.h"
 
 namespace kvlens {
@@ -19,35 +20,6 @@ using Json = nlohmann::json;
 // Integer fields are bounded so that later products (vocab * hidden, heads * head_dim, ...) can
 // never overflow int64 and token ids fit int32.
 constexpr int64_t kMaxDimension = std::numeric_limits<int32_t>::max();
-
-std::string describe(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "a boolean (" + value.dump() + ")";
-    case Json::value_t::string: {
-      std::string text = value.get<std::string>();
-      if (text.size() > 60) {
-        size_t cut = 60;  // never split a UTF-8 sequence
-        while (cut > 0 && (uint8_t(text[cut]) & 0xc0u) == 0x80u) --cut;
-        text = text.substr(0, cut) + "...";
-      }
-      return "a string (\"" + text + "\")";
-    }
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-      return "the integer " + value.dump();
-    case Json::value_t::number_float:
-      return "the number " + value.dump();
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::object:
-      return "an object";
-    default:
-      return "an unsupported JSON value";
-  }
-}
 
 // Reads typed fields of one JSON object; `prefix` names the enclosing object in messages
 // (e.g. "rope_scaling.").
@@ -88,7 +60,7 @@ class FieldReader {
   double number_or(const std::string& key, double fallback, double exclusive_min) const {
     const Json* value = find(key);
     if (value == nullptr) return fallback;
-    if (!value->is_number()) throw Error(source_, prefix_ + key, "a number", describe(*value));
+    if (!value->is_number()) throw Error(source_, prefix_ + key, "a number", describe_json(*value));
     const double number = value->get<double>();
     if (!std::isfinite(number) || !(number > exclusive_min)) {
       throw Error(source_, prefix_ + key,
@@ -101,14 +73,14 @@ class FieldReader {
     const Json* value = find(key);
     if (value == nullptr) return fallback;
     if (!value->is_boolean())
-      throw Error(source_, prefix_ + key, "true or false", describe(*value));
+      throw Error(source_, prefix_ + key, "true or false", describe_json(*value));
     return value->get<bool>();
   }
 
   std::optional<std::string> optional_string(const std::string& key) const {
     const Json* value = find(key);
     if (value == nullptr) return std::nullopt;
-    if (!value->is_string()) throw Error(source_, prefix_ + key, "a string", describe(*value));
+    if (!value->is_string()) throw Error(source_, prefix_ + key, "a string", describe_json(*value));
     return value->get<std::string>();
   }
 
@@ -131,7 +103,7 @@ class FieldReader {
       }
       return number;
     }
-    throw Error(source_, prefix_ + key, range, describe(value));
+    throw Error(source_, prefix_ + key, range, describe_json(value));
   }
 
   const std::string& source() const { return source_; }
@@ -200,7 +172,8 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   } catch (const Json::exception& error) {
     throw Error(source, "JSON", "a valid JSON document", error.what());
   }
-  if (!root.is_object()) throw Error(source, "JSON", "an object at the top level", describe(root));
+  if (!root.is_object())
+    throw Error(source, "JSON", "an object at the top level", describe_json(root));
   const FieldReader reader(root, source);
 
   ModelConfig config;
@@ -257,7 +230,7 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     const Json* rope = reader.find(key);
     if (rope == nullptr) continue;
-    if (!rope->is_object()) throw Error(source, key, "an object or null", describe(*rope));
+    if (!rope->is_object()) throw Error(source, key, "an object or null", describe_json(*rope));
     const FieldReader rope_reader(*rope, source, std::string(key) + ".");
     config.rope_theta = rope_reader.number_or("rope_theta", config.rope_theta, 0.0);
     config.rope_scaling = parse_rope_scaling(rope_reader);

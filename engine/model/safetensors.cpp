@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/error.h"
+#include "engine/common/json_describe.h"
 
 namespace kvlens {
 namespace {
@@ -43,27 +44,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
-}
-
-std::string json_kind(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "a boolean";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-    case Json::value_t::number_float:
-      return "a number";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::object:
-      return "an object";
-    default:
-      return "an unsupported JSON value";
-  }
 }
 
 // Short rendering of a tensor name or dtype taken from untrusted bytes; the cut never splits a
@@ -101,14 +81,15 @@ TensorEntry parse_entry(const std::string& name, const Json& value, uint64_t dat
                         const std::string& source) {
   const std::string field = "tensor " + display_name(name);
   if (!value.is_object()) {
-    throw Error(source, field, "an object with dtype, shape and data_offsets", json_kind(value));
+    throw Error(source, field, "an object with dtype, shape and data_offsets",
+                describe_json(value));
   }
   TensorEntry entry;
 
   const auto dtype_it = value.find("dtype");
   if (dtype_it == value.end() || !dtype_it->is_string()) {
     throw Error(source, field + " dtype", "a dtype string such as \"BF16\"",
-                dtype_it == value.end() ? "missing" : json_kind(*dtype_it));
+                dtype_it == value.end() ? "missing" : describe_json(*dtype_it));
   }
   entry.stored_dtype = dtype_it->get<std::string>();
   size_t element_size = 0;
@@ -124,7 +105,7 @@ TensorEntry parse_entry(const std::string& name, const Json& value, uint64_t dat
   const auto shape_it = value.find("shape");
   if (shape_it == value.end() || !shape_it->is_array()) {
     throw Error(source, field + " shape", "an array of non-negative integers",
-                shape_it == value.end() ? "missing" : json_kind(*shape_it));
+                shape_it == value.end() ? "missing" : describe_json(*shape_it));
   }
   uint64_t numel = 1;
   bool numel_overflow = false;
@@ -207,17 +188,17 @@ SafetensorsHeader parse_safetensors_header(std::string_view file_bytes, const st
   } catch (const Json::exception& error) {
     throw Error(source, "header", "a JSON object", std::string("invalid JSON: ") + error.what());
   }
-  if (!root.is_object()) throw Error(source, "header", "a JSON object", json_kind(root));
+  if (!root.is_object()) throw Error(source, "header", "a JSON object", describe_json(root));
 
   for (const auto& [name, value] : root.items()) {
     if (name == "__metadata__") {
       if (value.is_null()) continue;
       if (!value.is_object()) {
-        throw Error(source, "__metadata__", "an object of strings", json_kind(value));
+        throw Error(source, "__metadata__", "an object of strings", describe_json(value));
       }
       for (const auto& [key, item] : value.items()) {
         if (!item.is_string()) {
-          throw Error(source, "__metadata__." + key, "a string", json_kind(item));
+          throw Error(source, "__metadata__." + key, "a string", describe_json(item));
         }
         header.metadata[key] = item.get<std::string>();
       }
@@ -308,16 +289,17 @@ SafetensorsSet SafetensorsSet::open_folder(const std::string& model_dir) {
     } catch (const Json::exception& error) {
       throw Error(index_file, "JSON", "a valid JSON document", error.what());
     }
-    if (!index.is_object()) throw Error(index_file, "JSON", "an object", json_kind(index));
+    if (!index.is_object()) throw Error(index_file, "JSON", "an object", describe_json(index));
     const auto map_it = index.find("weight_map");
     if (map_it == index.end() || !map_it->is_object() || map_it->empty()) {
       throw Error(index_file, "weight_map", "a non-empty object of tensor name -> shard file",
-                  map_it == index.end() ? "missing" : json_kind(*map_it));
+                  map_it == index.end() ? "missing" : describe_json(*map_it));
     }
     std::map<std::string, size_t> file_of_shard;
     for (const auto& [name, shard] : map_it->items()) {
       const std::string field = "weight_map[" + display_name(name) + "]";
-      if (!shard.is_string()) throw Error(index_file, field, "a shard file name", json_kind(shard));
+      if (!shard.is_string())
+        throw Error(index_file, field, "a shard file name", describe_json(shard));
       const std::string shard_name = shard.get<std::string>();
       if (!is_safe_relative(shard_name)) {
         throw Error(index_file, field, "a file name inside the model folder",

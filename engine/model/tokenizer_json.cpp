@@ -23,33 +23,6 @@ void JsonPath::fail(const std::string& expected, const Json* found) const {
               found ? describe_json(*found) : std::string());
 }
 
-std::string describe_json(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::boolean:
-      return value.get<bool>() ? "true" : "false";
-    case Json::value_t::discarded:
-      return "nothing";
-    default:
-      break;
-  }
-  // Strings and numbers: their JSON text, shortened so a huge value cannot flood a dialog.
-  // error_handler::replace keeps dump() from throwing on strings holding bytes nlohmann rejects.
-  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  constexpr size_t kMax = 60;
-  if (text.size() > kMax) {
-    size_t cut = kMax;
-    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    text = text.substr(0, cut) + "...";
-  }
-  return text;
-}
-
 const Json& expect_object(const Json& value, const JsonPath& path) {
   if (!value.is_object()) path.fail("an object", &value);
   return value;

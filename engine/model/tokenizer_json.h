@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "engine/common/json_describe.h"
+
 namespace kvlens::tok {
 
 using Json = nlohmann::json;
@@ -26,8 +28,7 @@ struct JsonPath {
   [[noreturn]] void fail(const std::string& expected, const Json* found = nullptr) const;
 };
 
-// A short, single-line description of a JSON value for error messages.
-std::string describe_json(const Json& value);
+using kvlens::describe_json;
 
 // The member `key` of `object`, or nullptr when it is absent or null. `object` must be an object.
 const Json* optional_member(const Json& object, std::string_view key, const JsonPath& path);

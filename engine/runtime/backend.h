@@ -30,7 +30,9 @@ struct DeviceTensor {
   int64_t dim(size_t i) const { return shape.at(i); }
   bool empty() const { return data == nullptr; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 // Which cached positions each head may attend to at one decode step. Empty = all of
@@ -57,7 +59,8 @@ class Backend {
 
   // --- ops (F32 activations) ---
   // out[n, E] = table[ids[n], :] (table F32/BF16/F16 [vocab, E]). ids are host values, checked.
-  virtual void embed(const DeviceTensor& table, std::span<const int32_t> ids, DeviceTensor& out) = 0;
+  virtual void embed(const DeviceTensor& table, std::span<const int32_t> ids,
+                     DeviceTensor& out) = 0;
   // y[n, out] = x[n, in] * w[out, in]^T  (w in any weight dtype).
   virtual void matmul(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y) = 0;
   // y[n, E] = x * rsqrt(mean(x^2) + eps) * weight, per row (weight [E] any weight dtype).

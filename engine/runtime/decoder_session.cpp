@@ -23,7 +23,7 @@ constexpr int64_t kInitialCacheCapacity = 256;
 }  // namespace
 
 std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const Model> model,
-                                                          Backend& backend) {
+                                                         Backend& backend) {
   auto result = std::make_shared<BackendModel>();
   result->model = model;
   result->backend = &backend;
@@ -33,8 +33,8 @@ std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const M
   const ModelWeights& weights = model->weights;
   result->embed = up(weights.embed);
   result->final_norm = up(weights.final_norm);
-  result->lm_head = (weights.lm_head.data == weights.embed.data) ? result->embed
-                                                                 : up(weights.lm_head);
+  result->lm_head =
+      (weights.lm_head.data == weights.embed.data) ? result->embed : up(weights.lm_head);
   for (const LayerWeights& layer : weights.layers) {
     result->layers.push_back({up(layer.attn_norm), up(layer.wq), up(layer.wk), up(layer.wv),
                               up(layer.wo), up(layer.mlp_norm), up(layer.w_gate), up(layer.w_up),

@@ -30,7 +30,7 @@ struct BackendModel {
 };
 
 struct SessionOptions {
-  int64_t capacity = 0;                  // hard cap on cached positions; 0 = max_position_embeddings
+  int64_t capacity = 0;  // hard cap on cached positions; 0 = max_position_embeddings
   bool record_attention_logits = false;  // keep [n, H, context] per layer of the last forward
 };
 
@@ -57,7 +57,7 @@ class DecoderSession {
   std::shared_ptr<const BackendModel> model_;
   Backend& backend_;
   SessionOptions options_;
-  int64_t position_ = 0;  // tokens in the cache
+  int64_t position_ = 0;                         // tokens in the cache
   std::vector<DeviceTensor> k_cache_, v_cache_;  // per layer [G, capacity, D]
   std::vector<DeviceTensor> attention_logits_;
   // Scratch activations sized for the largest chunk seen so far.

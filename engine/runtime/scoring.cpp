@@ -9,8 +9,8 @@
 
 namespace kvlens {
 
-ScoreResult score_tokens(std::shared_ptr<const BackendModel> model,
-                         std::span<const int32_t> tokens, const ScoreOptions& options) {
+ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens,
+                         const ScoreOptions& options) {
   ScoreResult result;
   result.tokens.assign(tokens.begin(), tokens.end());
   const int64_t n = int64_t(tokens.size());
@@ -24,7 +24,8 @@ ScoreResult score_tokens(std::shared_ptr<const BackendModel> model,
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t rows = std::min(chunk, n - begin);
     const DeviceTensor& logits = session.forward(tokens.subspan(size_t(begin), size_t(rows)));
-    backend.argmax_rows(logits, std::span<int32_t>(result.argmax).subspan(size_t(begin), size_t(rows)));
+    backend.argmax_rows(logits,
+                        std::span<int32_t>(result.argmax).subspan(size_t(begin), size_t(rows)));
     // Row i predicts tokens[begin + i + 1]; the very last row has no target.
     const int64_t scored = std::min(rows, n - 1 - begin);
     if (scored > 0) {

@@ -28,8 +28,8 @@ struct ScoreOptions {
   ProgressFn progress;
 };
 
-ScoreResult score_tokens(std::shared_ptr<const BackendModel> model,
-                         std::span<const int32_t> tokens, const ScoreOptions& options = {});
+ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens,
+                         const ScoreOptions& options = {});
 
 struct GenerateOptions {
   int64_t max_new = 16;

@@ -20,13 +20,15 @@ std::string source_path(const std::string& relative) {
 std::string shared_path(const std::string& relative) {
   return std::string(KVLENS_SHARED_DIR) + "/" + relative;
 }
-std::string cli_path() { return KVLENS_CLI_PATH; }
+std::string cli_path() {
+  return KVLENS_CLI_PATH;
+}
 
 namespace {
 // One root per test process, removed when the process exits so /tmp does not fill up.
 struct TempRoot {
-  std::filesystem::path path = std::filesystem::temp_directory_path() /
-                               ("kvlens-test-" + std::to_string(::getpid()));
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("kvlens-test-" + std::to_string(::getpid()));
   ~TempRoot() {
     std::error_code ignored;
     std::filesystem::remove_all(path, ignored);

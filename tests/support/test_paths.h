@@ -7,7 +7,7 @@ namespace kvlens::test {
 
 std::string source_path(const std::string& relative);  // <repo>/relative
 std::string shared_path(const std::string& relative);  // <repo>/../shared/relative
-std::string cli_path();                                  // built kvlens-cli
+std::string cli_path();                                // built kvlens-cli
 // A fresh empty directory under the build's temp area, unique per call.
 std::string make_temp_dir(const std::string& tag);
 

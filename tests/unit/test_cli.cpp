@@ -4,8 +4,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -15,7 +15,9 @@ using test::run_command;
 
 namespace {
 
-std::string cli() { return test::cli_path(); }
+std::string cli() {
+  return test::cli_path();
+}
 
 std::string tiny_model(test::TinyLlamaSpec spec = {}) {
   return test::write_tiny_llama(test::make_temp_dir("cli"), spec);
@@ -63,7 +65,8 @@ TEST_CASE("score --json has the documented shape", "[cli]") {
   CHECK(out["ppl"].get<double>() == Approx(std::exp(total / 5)).epsilon(1e-9));
 
   // Prefill in chunks reports the same numbers within float noise.
-  const auto chunked = run_command(cli() + " score --model " + dir + " --tokens 1,5,9,3,3,7 --json --chunk 4");
+  const auto chunked =
+      run_command(cli() + " score --model " + dir + " --tokens 1,5,9,3,3,7 --json --chunk 4");
   REQUIRE(chunked.exit_code == 0);
   const auto out2 = nlohmann::json::parse(chunked.out);
   CHECK(out2["argmax"] == out["argmax"]);
@@ -72,7 +75,8 @@ TEST_CASE("score --json has the documented shape", "[cli]") {
 
 TEST_CASE("generate --ids prints max-new ids", "[cli]") {
   const std::string dir = tiny_model();
-  const auto result = run_command(cli() + " generate --model " + dir + " --tokens 1,2,3 --max-new 7 --ids");
+  const auto result =
+      run_command(cli() + " generate --model " + dir + " --tokens 1,2,3 --max-new 7 --ids");
   INFO(result.err);
   REQUIRE(result.exit_code == 0);
   std::istringstream in(result.out);
@@ -95,7 +99,8 @@ TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
   }
   SECTION("header length past the end") {
     const std::string dir = tiny_model();
-    test::write_file(dir + "/model.safetensors", std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10));
+    test::write_file(dir + "/model.safetensors",
+                     std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10));
     require_failure("info --model " + dir, {"model.safetensors", "header"});
   }
   SECTION("unsupported model_type") {
@@ -138,9 +143,11 @@ TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
     require_failure("info --model " + dir, {"tokenizer.json"});
   }
   SECTION("policy not available yet") {
-    require_failure("score --model " + tiny_model() + " --tokens 1,2 --policy h2o", {"--policy", "h2o"});
+    require_failure("score --model " + tiny_model() + " --tokens 1,2 --policy h2o",
+                    {"--policy", "h2o"});
   }
   SECTION("unknown backend") {
-    require_failure("score --model " + tiny_model() + " --tokens 1,2 --backend tpu", {"--backend", "tpu"});
+    require_failure("score --model " + tiny_model() + " --tokens 1,2 --backend tpu",
+                    {"--backend", "tpu"});
   }
 }

@@ -7,6 +7,7 @@
 
 #include "engine/common/error.h"
 #include "engine/model/config.h"
+#include "tests/support/error_message.h"
 
 using Catch::Matchers::Contains;
 using kvlens::ModelConfig;
@@ -62,16 +63,7 @@ std::string small_config(const std::string& extra_fields) {
          (extra_fields.empty() ? std::string() : ", " + extra_fields) + "}";
 }
 
-template <class F>
-std::string error_message(F&& action) {
-  try {
-    action();
-  } catch (const kvlens::Error& error) {
-    return error.what();
-  }
-  FAIL("expected a kvlens::Error");
-  return {};
-}
+using kvlens::test::error_message;
 
 std::string parse_error(const std::string& text) {
   return error_message([&] { ModelConfig::parse(text, "cfg/config.json"); });

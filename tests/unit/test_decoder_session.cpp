@@ -132,7 +132,8 @@ TEST_CASE("score_tokens matches the log-softmax of the step logits", "[session]"
   prefill.chunk = 10;
   const ScoreResult chunked = score_tokens(loaded.model, tokens, prefill);
   CHECK(chunked.argmax == result.argmax);
-  for (size_t i = 0; i < result.nll.size(); ++i) CHECK(chunked.nll[i] == Approx(result.nll[i]).margin(1e-5));
+  for (size_t i = 0; i < result.nll.size(); ++i)
+    CHECK(chunked.nll[i] == Approx(result.nll[i]).margin(1e-5));
 }
 
 TEST_CASE("greedy generation follows the argmax chain", "[session]") {
@@ -167,9 +168,9 @@ TEST_CASE("sessions reject bad input with clear errors", "[session][errors]") {
   Loaded loaded = load_tiny(spec);
   DecoderSession session(loaded.model);
   const int32_t too_big = int32_t(spec.vocab);
-  REQUIRE_THROWS_WITH(session.step(too_big),
-                      Catch::Contains("token id") && Catch::Contains("[0, 64)") &&
-                          Catch::Contains("64"));
+  REQUIRE_THROWS_WITH(session.step(too_big), Catch::Contains("token id") &&
+                                                 Catch::Contains("[0, 64)") &&
+                                                 Catch::Contains("64"));
   REQUIRE_THROWS_WITH(session.step(-1), Catch::Contains("token id"));
   REQUIRE(session.position() == 0);  // a rejected step changes nothing
 
@@ -180,5 +181,6 @@ TEST_CASE("sessions reject bad input with clear errors", "[session][errors]") {
   REQUIRE(session.position() == 0);
   REQUIRE_NOTHROW(session.forward(std::span<const int32_t>(tokens).subspan(0, 16)));
   REQUIRE_THROWS_AS(session.step(0), Error);
-  REQUIRE_THROWS_WITH(score_tokens(loaded.model, std::vector<int32_t>{}), Catch::Contains("at least one"));
+  REQUIRE_THROWS_WITH(score_tokens(loaded.model, std::vector<int32_t>{}),
+                      Catch::Contains("at least one"));
 }

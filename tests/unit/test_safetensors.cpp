@@ -8,6 +8,7 @@
 
 #include "engine/common/error.h"
 #include "engine/model/safetensors.h"
+#include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -20,16 +21,7 @@ using kvlens::test::safetensors_raw;
 
 namespace {
 
-template <class F>
-std::string error_message(F&& action) {
-  try {
-    action();
-  } catch (const kvlens::Error& error) {
-    return error.what();
-  }
-  FAIL("expected a kvlens::Error");
-  return {};
-}
+using kvlens::test::error_message;
 
 std::string header_error(const std::string& header_json, const std::string& data) {
   return error_message(
@@ -188,7 +180,7 @@ TEST_CASE("safetensors: corrupt headers are refused with a clear message", "[mod
                             Contains("Q4_K"));
     CHECK_THAT(
         header_error(R"({"w": {"dtype": 5, "shape": [2], "data_offsets": [0, 2]}})", eight_floats),
-        Contains("\"w\" dtype") && Contains("a number"));
+        Contains("\"w\" dtype") && Contains("the number 5"));
   }
   SECTION("bad shapes") {
     CHECK_THAT(header_error(R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})",

@@ -9,6 +9,7 @@
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/model/weights.h"
+#include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -20,16 +21,7 @@ using kvlens::test::TinyLlamaSpec;
 
 namespace {
 
-template <class F>
-std::string error_message(F&& action) {
-  try {
-    action();
-  } catch (const kvlens::Error& error) {
-    return error.what();
-  }
-  FAIL("expected a kvlens::Error");
-  return {};
-}
+using kvlens::test::error_message;
 
 ModelWeights load_dir(const std::string& dir) {
   return ModelWeights::load(dir, ModelConfig::load(dir + "/config.json"));
