@@ -35,11 +35,13 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       const auto model = Model::load(model_dir);
       const std::optional<std::string> text =
           *prompt_option ? std::optional<std::string>(prompt) : std::nullopt;
-      const std::vector<int32_t> prompt_ids = resolve_input_tokens(*model, text, tokens, "--tokens");
+      const std::vector<int32_t> prompt_ids =
+          resolve_input_tokens(*model, text, tokens, "--tokens");
       const auto backend = make_backend(common);
       const auto resident = BackendModel::upload(model, *backend);
 
-      const Tokenizer* tokenizer = (!print_ids && model->tokenizer) ? model->tokenizer.get() : nullptr;
+      const Tokenizer* tokenizer =
+          (!print_ids && model->tokenizer) ? model->tokenizer.get() : nullptr;
       if (!print_ids && !tokenizer) {
         throw Error(model_dir, "tokenizer.json", "a tokenizer to print text (or pass --ids)");
       }
@@ -76,7 +78,8 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
         std::printf("%s\n", line.c_str());
       } else {
         const std::string final_text = tokenizer->decode(all_ids, true);
-        if (final_text.size() > printed.size()) std::fputs(final_text.c_str() + printed.size(), stdout);
+        if (final_text.size() > printed.size())
+          std::fputs(final_text.c_str() + printed.size(), stdout);
         std::fputc('\n', stdout);
       }
       return 0;

@@ -10,9 +10,12 @@ namespace {
 
 std::string rope_type_name(RopeScaling::Type type) {
   switch (type) {
-    case RopeScaling::Type::kNone: return "default";
-    case RopeScaling::Type::kLinear: return "linear";
-    case RopeScaling::Type::kLlama3: return "llama3";
+    case RopeScaling::Type::kNone:
+      return "default";
+    case RopeScaling::Type::kLinear:
+      return "linear";
+    case RopeScaling::Type::kLlama3:
+      return "llama3";
   }
   return "?";
 }
@@ -58,9 +61,10 @@ nlohmann::json model_info(const Model& model) {
       {"tensor_dtypes", dtype_counts},
   };
   if (model.tokenizer) {
-    info["tokenizer"] = {{"vocab_size", model.tokenizer->vocab_size()},
-                         {"bos_id", model.tokenizer->bos_id() ? nlohmann::json(*model.tokenizer->bos_id())
-                                                              : nlohmann::json()}};
+    info["tokenizer"] = {
+        {"vocab_size", model.tokenizer->vocab_size()},
+        {"bos_id", model.tokenizer->bos_id() ? nlohmann::json(*model.tokenizer->bos_id())
+                                             : nlohmann::json()}};
   } else {
     info["tokenizer"] = nullptr;
   }
@@ -70,7 +74,8 @@ nlohmann::json model_info(const Model& model) {
 }  // namespace
 
 void add_info_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
-  auto* command = app.add_subcommand("info", "Print a checkpoint's validated configuration as JSON");
+  auto* command =
+      app.add_subcommand("info", "Print a checkpoint's validated configuration as JSON");
   static std::string model_dir;
   command->add_option("--model", model_dir, "Hugging Face checkpoint folder")->required();
   add_common_options(*command, common);

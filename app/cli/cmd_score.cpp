@@ -24,13 +24,15 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   auto* tokens_option = command->add_option("--tokens", tokens, "Token ids, e.g. 1,2,3");
   file_option->excludes(tokens_option);
   command->add_flag("--json", json, "Print {tokens, nll, argmax, ppl} as JSON");
-  command->add_option("--chunk", chunk,
-                      "Tokens per forward pass (1 = decode step by step; larger = prefill chunks)")
+  command
+      ->add_option("--chunk", chunk,
+                   "Tokens per forward pass (1 = decode step by step; larger = prefill chunks)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  command->add_option("--max-tokens", max_tokens,
-                      "Score only the first N tokens (0 = all; longer than the model's positions "
-                      "is an error)")
+  command
+      ->add_option("--max-tokens", max_tokens,
+                   "Score only the first N tokens (0 = all; longer than the model's positions "
+                   "is an error)")
       ->check(CLI::NonNegativeNumber);
   add_policy_options(*command, policy);
   add_common_options(*command, common);
@@ -66,11 +68,11 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (json) {
-        nlohmann::json out = {{"tokens", result.tokens},
-                              {"nll", result.nll},
-                              {"argmax", result.argmax},
-                              {"ppl", std::isfinite(result.ppl) ? nlohmann::json(result.ppl)
-                                                                : nlohmann::json()}};
+        nlohmann::json out = {
+            {"tokens", result.tokens},
+            {"nll", result.nll},
+            {"argmax", result.argmax},
+            {"ppl", std::isfinite(result.ppl) ? nlohmann::json(result.ppl) : nlohmann::json()}};
         std::printf("%s\n", out.dump().c_str());
         return 0;
       }

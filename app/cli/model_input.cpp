@@ -12,7 +12,8 @@ void add_policy_options(CLI::App& command, PolicyOptions& options) {
   command.add_option("--sparsity", options.sparsity, "Fraction of cached tokens hidden, in [0,1)")
       ->check(CLI::Range(0.0, 0.999999))
       ->capture_default_str();
-  command.add_option("--policy-arg", options.policy_args, "Policy parameter key=value (repeatable)");
+  command.add_option("--policy-arg", options.policy_args,
+                     "Policy parameter key=value (repeatable)");
 }
 
 void check_policy_supported(const PolicyOptions& options) {
@@ -25,7 +26,8 @@ void check_policy_supported(const PolicyOptions& options) {
   }
 }
 
-std::vector<int32_t> resolve_input_tokens(const Model& model, const std::optional<std::string>& text,
+std::vector<int32_t> resolve_input_tokens(const Model& model,
+                                          const std::optional<std::string>& text,
                                           const std::string& tokens_flag_value,
                                           const std::string& tokens_flag_name) {
   std::vector<int32_t> ids;
@@ -43,10 +45,10 @@ std::vector<int32_t> resolve_input_tokens(const Model& model, const std::optiona
     }
   }
   if (int64_t(ids.size()) > model.config.max_position_embeddings) {
-    throw Error(model.config.source, "max_position_embeddings",
-                "an input of at most " + std::to_string(model.config.max_position_embeddings) +
-                    " tokens",
-                std::to_string(ids.size()) + " tokens");
+    throw Error(
+        model.config.source, "max_position_embeddings",
+        "an input of at most " + std::to_string(model.config.max_position_embeddings) + " tokens",
+        std::to_string(ids.size()) + " tokens");
   }
   return ids;
 }

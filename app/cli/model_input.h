@@ -23,7 +23,8 @@ void check_policy_supported(const PolicyOptions& options);
 
 // Ids from --tokens when given, else the text encoded with the model's tokenizer (special tokens
 // added, e.g. BOS). Every id is checked against the model's vocabulary.
-std::vector<int32_t> resolve_input_tokens(const Model& model, const std::optional<std::string>& text,
+std::vector<int32_t> resolve_input_tokens(const Model& model,
+                                          const std::optional<std::string>& text,
                                           const std::string& tokens_flag_value,
                                           const std::string& tokens_flag_name);
 
