@@ -87,6 +87,28 @@ TEST_CASE("generate --ids prints max-new ids", "[cli]") {
   CHECK(count <= 7);
 }
 
+TEST_CASE("tokenize matches Hugging Face ids for the real vocabularies", "[cli][tokenizer]") {
+  for (const char* name : {"llama2", "gpt2"}) {
+    INFO("vocabulary " << name);
+    const std::string tokenizer =
+        test::shared_path(std::string("data/tokenizers/") + name + "-tokenizer.json");
+    const auto cases = nlohmann::json::parse(std::ifstream(
+        test::shared_path(std::string("data/tokenizers/cases-") + name + ".json")))["cases"];
+    const auto& sample = cases.at(3);  // "  leading spaces": whitespace handling differs by kind
+    const std::string text = sample["text"].get<std::string>();
+    const std::string file = test::make_temp_dir("tok") + "/text.txt";
+    test::write_file(file, text);
+    const auto result = run_command(cli() + " tokenize --tokenizer " + tokenizer + " --file " +
+                                    file + " --special");
+    INFO(result.err);
+    REQUIRE(result.exit_code == 0);
+    std::istringstream in(result.out);
+    std::vector<int> ids;
+    for (int id; in >> id;) ids.push_back(id);
+    CHECK(ids == sample["ids_with_special"].get<std::vector<int>>());
+  }
+}
+
 TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
   SECTION("missing folder") {
     require_failure("info --model /nonexistent/model", {"/nonexistent/model", "config.json"});
