@@ -13,15 +13,8 @@
 #include <vector>
 
 #include "engine/common/error.h"
+#include "engine/runtime/cpu_dot_kernels.h"
 #include "engine/runtime/thread_pool.h"
-
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#include <immintrin.h>
-#define KVLENS_HAVE_X86_KERNELS 1
-#define KVLENS_AVX2 __attribute__((target("avx2,fma,f16c")))
-#else
-#define KVLENS_HAVE_X86_KERNELS 0
-#endif
 
 namespace kvlens {
 
@@ -33,6 +26,7 @@ int64_t DeviceTensor::numel() const {
 
 namespace {
 
+constexpr int kMaxRows = kMaxDotRows;
 constexpr const char* kWhere = "cpu backend";
 constexpr size_t kAlignment = 64;  // a cache line; also enough for any vector load
 
@@ -113,169 +107,11 @@ void widen(const DeviceTensor& t, int64_t first, int64_t count, float* dst) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dot kernels. dot_rows(x, w, in, rows, y) sets y[r] = sum_k x[k] * w[r * in + k] for r < rows
-// (rows <= 4 consecutive weight rows). Each row is summed in one fixed order: lanes k mod 16
-// accumulate separately, the 16 partial sums are folded pairwise (16 -> 8 -> 4 -> 2 -> 1), then
-// the last in % 8 products are added in order. That order depends neither on `rows` nor on which
-// thread runs the row, so results are bit-identical for any thread count and between decode
-// (n = 1) and prefill (n > 1). The AVX2 kernels use fused multiply-adds, the portable ones do
-// not, so the two kernel sets differ in the last bits (both are far inside test tolerances).
-// ---------------------------------------------------------------------------------------------
-
-using DotRowsFn = void (*)(const float* x, const void* w, int64_t in, int rows, float* y);
-constexpr int kMaxRows = 4;
-
-template <DType W>
-inline float load_weight(const void* w, int64_t i) {
-  if constexpr (W == DType::F32) {
-    return static_cast<const float*>(w)[i];
-  } else if constexpr (W == DType::BF16) {
-    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  } else {
-    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  }
-}
-
-template <DType W, int R>
-void dot_rows_generic_fixed(const float* x, const void* w, int64_t in, float* y) {
-  float acc[R][16] = {};
-  int64_t k = 0;
-  for (; k + 16 <= in; k += 16) {
-    for (int r = 0; r < R; ++r) {
-      for (int l = 0; l < 16; ++l) acc[r][l] += load_weight<W>(w, r * in + k + l) * x[k + l];
-    }
-  }
-  if (k + 8 <= in) {
-    for (int r = 0; r < R; ++r) {
-      for (int l = 0; l < 8; ++l) acc[r][l] += load_weight<W>(w, r * in + k + l) * x[k + l];
-    }
-    k += 8;
-  }
-  for (int r = 0; r < R; ++r) {
-    float s8[8], s4[4], s2[2];
-    for (int l = 0; l < 8; ++l) s8[l] = acc[r][l] + acc[r][l + 8];
-    for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
-    for (int l = 0; l < 2; ++l) s2[l] = s4[l] + s4[l + 2];
-    float sum = s2[0] + s2[1];
-    for (int64_t t = k; t < in; ++t) sum += load_weight<W>(w, r * in + t) * x[t];
-    y[r] = sum;
-  }
-}
-
-template <DType W>
-void dot_rows_generic(const float* x, const void* w, int64_t in, int rows, float* y) {
-  switch (rows) {
-    case 1:
-      return dot_rows_generic_fixed<W, 1>(x, w, in, y);
-    case 2:
-      return dot_rows_generic_fixed<W, 2>(x, w, in, y);
-    case 3:
-      return dot_rows_generic_fixed<W, 3>(x, w, in, y);
-    default:
-      return dot_rows_generic_fixed<W, 4>(x, w, in, y);
-  }
-}
-
-#if KVLENS_HAVE_X86_KERNELS
-
-// Eight weights widened to F32 (exact for all three dtypes).
-template <DType W>
-KVLENS_AVX2 inline __m256 load8(const void* w, int64_t i) {
-  if constexpr (W == DType::F32) {
-    return _mm256_loadu_ps(static_cast<const float*>(w) + i);
-  } else {
-    const __m128i half =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
-    if constexpr (W == DType::BF16) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-    } else {
-      return _mm256_cvtph_ps(half);
-    }
-  }
-}
-
-template <DType W, int R>
-KVLENS_AVX2 void dot_rows_avx2_fixed(const float* x, const void* w, int64_t in, float* y) {
-  __m256 acc0[R], acc1[R];  // lanes k mod 16 in 0..7 and 8..15
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= in; k += 16) {
-    const __m256 x0 = _mm256_loadu_ps(x + k);
-    const __m256 x1 = _mm256_loadu_ps(x + k + 8);
-    for (int r = 0; r < R; ++r) {
-      acc0[r] = _mm256_fmadd_ps(load8<W>(w, r * in + k), x0, acc0[r]);
-      acc1[r] = _mm256_fmadd_ps(load8<W>(w, r * in + k + 8), x1, acc1[r]);
-    }
-  }
-  if (k + 8 <= in) {
-    const __m256 x0 = _mm256_loadu_ps(x + k);
-    for (int r = 0; r < R; ++r) acc0[r] = _mm256_fmadd_ps(load8<W>(w, r * in + k), x0, acc0[r]);
-    k += 8;
-  }
-  for (int r = 0; r < R; ++r) {
-    const __m256 s8 = _mm256_add_ps(acc0[r], acc1[r]);
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    float sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-    for (int64_t t = k; t < in; ++t) sum = std::fma(load_weight<W>(w, r * in + t), x[t], sum);
-    y[r] = sum;
-  }
-}
-
-template <DType W>
-KVLENS_AVX2 void dot_rows_avx2(const float* x, const void* w, int64_t in, int rows, float* y) {
-  switch (rows) {
-    case 1:
-      return dot_rows_avx2_fixed<W, 1>(x, w, in, y);
-    case 2:
-      return dot_rows_avx2_fixed<W, 2>(x, w, in, y);
-    case 3:
-      return dot_rows_avx2_fixed<W, 3>(x, w, in, y);
-    default:
-      return dot_rows_avx2_fixed<W, 4>(x, w, in, y);
-  }
-}
-
-bool cpu_has_avx2_fma() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
-
-#endif  // KVLENS_HAVE_X86_KERNELS
-
-struct Kernels {
-  const char* isa = "generic";
-  DotRowsFn f32 = dot_rows_generic<DType::F32>;
-  DotRowsFn bf16 = dot_rows_generic<DType::BF16>;
-  DotRowsFn f16 = dot_rows_generic<DType::F16>;
-
-  DotRowsFn for_dtype(DType dtype) const {
-    return dtype == DType::F32 ? f32 : dtype == DType::BF16 ? bf16 : f16;
-  }
-};
-
-Kernels pick_kernels(bool allow_simd) {
-  Kernels kernels;
-#if KVLENS_HAVE_X86_KERNELS
-  if (allow_simd && cpu_has_avx2_fma()) {
-    kernels.isa = "avx2+fma";
-    kernels.f32 = dot_rows_avx2<DType::F32>;
-    kernels.bf16 = dot_rows_avx2<DType::BF16>;
-    kernels.f16 = dot_rows_avx2<DType::F16>;
-  }
-#else
-  (void)allow_simd;
-#endif
-  return kernels;
-}
-
-// ---------------------------------------------------------------------------------------------
 
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
-      : pool_(options.threads), kernels_(pick_kernels(options.allow_simd)) {}
+      : pool_(options.threads), kernels_(pick_dot_kernels(options.allow_simd)) {}
 
   std::string name() const override { return "cpu"; }
   const char* isa() const { return kernels_.isa; }
@@ -678,7 +514,7 @@ class CpuBackend final : public Backend {
   }
 
   ThreadPool pool_;
-  Kernels kernels_;
+  DotKernels kernels_;
 };
 
 }  // namespace
