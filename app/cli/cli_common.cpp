@@ -1,6 +1,8 @@
 // Shared kvlens-cli helpers: backend selection, common flags, token lists, the progress bar.
 #include "app/cli/cli_common.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 
@@ -65,14 +67,17 @@ ProgressBar::ProgressBar(bool enabled, std::string label)
     : enabled_(enabled), label_(std::move(label)), start_seconds_(now_seconds()) {}
 
 ProgressBar::~ProgressBar() {
-  if (enabled_ && drawn_) std::fputc('\n', stderr);
+  if (enabled_ && drawn_ && ::isatty(STDERR_FILENO)) std::fputc('\n', stderr);
 }
 
 void ProgressBar::update(int64_t done, int64_t total) {
   if (!enabled_ || total <= 0) return;
   const double now = now_seconds();
-  // Redraw at most ten times a second, and always at the end.
-  if (done < total && last_draw_seconds_ >= 0 && now - last_draw_seconds_ < 0.1) return;
+  // Redraw at most ten times a second on a terminal; into a log file (no carriage returns
+  // there) one line every two seconds. Always draw the end.
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  const double interval = terminal ? 0.1 : 2.0;
+  if (done < total && last_draw_seconds_ >= 0 && now - last_draw_seconds_ < interval) return;
   last_draw_seconds_ = now;
   constexpr int kWidth = 30;
   const double fraction = double(done) / double(total);
@@ -82,8 +87,8 @@ void ProgressBar::update(int64_t done, int64_t total) {
   bar[kWidth] = '\0';
   const double elapsed = now - start_seconds_;
   const double rate = elapsed > 0 ? double(done) / elapsed : 0.0;
-  std::fprintf(stderr, "\r%s [%s] %lld/%lld  %.1f tok/s", label_.c_str(), bar, (long long)done,
-               (long long)total, rate);
+  std::fprintf(stderr, "%s%s [%s] %lld/%lld  %.1f tok/s%s", terminal ? "\r" : "", label_.c_str(),
+               bar, (long long)done, (long long)total, rate, terminal ? "" : "\n");
   std::fflush(stderr);
   drawn_ = true;
 }
