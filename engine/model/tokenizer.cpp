@@ -4,6 +4,7 @@
 #include "engine/model/tokenizer.h"
 
 #include "engine/common/error.h"
+#include "engine/common/mapped_file.h"
 #include "engine/model/tokenizer_added.h"
 #include "engine/model/tokenizer_bpe.h"
 #include "engine/model/tokenizer_pipeline.h"
@@ -276,12 +277,7 @@ std::string gunzip(const std::string& data, const std::string& path) {
 }  // namespace
 
 std::string read_maybe_gzipped(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "file", "a readable file", std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw Error(path, "file", "a readable file", "read error");
-  std::string data = std::move(buffer).str();
+  std::string data = read_text_file(path);
   const bool gz = path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
   return gz ? gunzip(data, path) : data;
 }

@@ -16,6 +16,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/backend.h"
 #include "kernels/cuda_backend.h"
+#include "tests/support/random_values.h"
 
 using namespace kvlens;
 
@@ -34,13 +35,7 @@ struct Pair {
   DeviceTensor cpu, gpu;
 };
 
-std::vector<float> random_values(size_t count, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(count);
-  for (float& v : values) v = normal(rng);
-  return values;
-}
+using kvlens::test::random_values;
 
 int64_t count_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;

@@ -14,6 +14,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/cpu_backend.h"
 #include "engine/runtime/thread_pool.h"
+#include "tests/support/random_values.h"
 
 using namespace kvlens;
 
@@ -21,13 +22,7 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-std::vector<float> random_values(size_t count, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(count);
-  for (auto& v : values) v = normal(rng);
-  return values;
-}
+using kvlens::test::random_values;
 
 DeviceTensor make_f32(Backend& backend, const std::vector<float>& values,
                       std::vector<int64_t> shape) {
