@@ -53,5 +53,6 @@ void add_tokenize_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run);
+void add_coref_samples_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 
 }  // namespace kvlens::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   add_generate_command(app, common, run);
   add_score_command(app, common, run);
   add_bench_command(app, common, run);
+  add_coref_samples_command(app, common, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
