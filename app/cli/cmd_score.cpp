@@ -45,18 +45,8 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       const auto model = Model::load(model_dir);
       std::optional<std::string> text;
       if (*file_option) text = read_text_file(text_file);
-      std::vector<int32_t> ids;
-      if (max_tokens > 0 && text) {
-        // Truncate before the length check so long files can be scored in part.
-        ids = model->require_tokenizer().encode(*text, true);
-        if (int64_t(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
-        std::string joined;
-        for (size_t i = 0; i < ids.size(); ++i) joined += (i ? "," : "") + std::to_string(ids[i]);
-        ids = resolve_input_tokens(*model, std::nullopt, joined, "--text-file");
-      } else {
-        ids = resolve_input_tokens(*model, text, tokens, *file_option ? "--text-file" : "--tokens");
-        if (max_tokens > 0 && int64_t(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
-      }
+      const std::vector<int32_t> ids = resolve_input_tokens(
+          *model, text, tokens, *file_option ? "--text-file" : "--tokens", max_tokens);
       const auto backend = make_backend(common);
       const auto resident = BackendModel::upload(model, *backend);
       ProgressBar bar(common.progress, "score");

@@ -29,17 +29,21 @@ void check_policy_supported(const PolicyOptions& options) {
 std::vector<int32_t> resolve_input_tokens(const Model& model,
                                           const std::optional<std::string>& text,
                                           const std::string& tokens_flag_value,
-                                          const std::string& tokens_flag_name) {
-  std::vector<int32_t> ids;
-  if (text) {
-    ids = model.require_tokenizer().encode(*text, true);
-  } else {
-    ids = parse_token_list(tokens_flag_value, tokens_flag_name);
-  }
+                                          const std::string& tokens_flag_name, int64_t max_tokens) {
+  std::vector<int32_t> ids = text ? model.require_tokenizer().encode(*text, true)
+                                  : parse_token_list(tokens_flag_value, tokens_flag_name);
+  // Cut before the length check, so a long file can be scored in part.
+  if (max_tokens > 0 && int64_t(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
+  check_input_tokens(model, ids, tokens_flag_name);
+  return ids;
+}
+
+void check_input_tokens(const Model& model, const std::vector<int32_t>& ids,
+                        const std::string& flag_name) {
   if (ids.empty()) throw Error("input", "tokens", "at least one token");
   for (const int32_t id : ids) {
     if (id >= model.config.vocab_size) {
-      throw Error(tokens_flag_name, "token id",
+      throw Error(flag_name, "token id",
                   "an id below the vocabulary size " + std::to_string(model.config.vocab_size),
                   std::to_string(id));
     }
@@ -50,7 +54,6 @@ std::vector<int32_t> resolve_input_tokens(const Model& model,
         "an input of at most " + std::to_string(model.config.max_position_embeddings) + " tokens",
         std::to_string(ids.size()) + " tokens");
   }
-  return ids;
 }
 
 }  // namespace kvlens::cli

@@ -22,10 +22,15 @@ void add_policy_options(CLI::App& command, PolicyOptions& options);
 void check_policy_supported(const PolicyOptions& options);
 
 // Ids from --tokens when given, else the text encoded with the model's tokenizer (special tokens
-// added, e.g. BOS). Every id is checked against the model's vocabulary.
+// added, e.g. BOS), cut to max_tokens when that is > 0, then checked by check_input_tokens.
 std::vector<int32_t> resolve_input_tokens(const Model& model,
                                           const std::optional<std::string>& text,
                                           const std::string& tokens_flag_value,
-                                          const std::string& tokens_flag_name);
+                                          const std::string& tokens_flag_name,
+                                          int64_t max_tokens = 0);
+
+// Every id inside the vocabulary, at least one, at most max_position_embeddings of them.
+void check_input_tokens(const Model& model, const std::vector<int32_t>& ids,
+                        const std::string& flag_name);
 
 }  // namespace kvlens::cli

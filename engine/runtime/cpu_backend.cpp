@@ -73,6 +73,15 @@ void require_f32(const DeviceTensor& t, const std::string& field) {
   require_data(t, field);
 }
 
+// Both caches F32 and of one [G, capacity, D] shape.
+void require_kv_caches(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
+                       const std::string& op) {
+  require_f32(k_cache, op + ": k_cache");
+  require_f32(v_cache, op + ": v_cache");
+  require(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, op + ": caches",
+          "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
+}
+
 bool is_weight_dtype(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
 }
@@ -335,10 +344,7 @@ class CpuBackend final : public Backend {
                  DeviceTensor& v_cache, int64_t first_position) override {
     require_f32(k, "kv_append: k");
     require_f32(v, "kv_append: v");
-    require_f32(k_cache, "kv_append: k_cache");
-    require_f32(v_cache, "kv_append: v_cache");
-    require(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, "kv_append: caches",
-            "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
+    require_kv_caches(k_cache, v_cache, "kv_append");
     const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
     const int64_t row = groups * head_dim;
     require(row > 0 && k.numel() % row == 0 && v.numel() == k.numel(), "kv_append: k, v",
@@ -363,11 +369,8 @@ class CpuBackend final : public Backend {
                  int64_t first_position, int64_t window, Visibility visible, DeviceTensor& out,
                  DeviceTensor* logits_out) override {
     require_f32(q, "attention: q");
-    require_f32(k_cache, "attention: k_cache");
-    require_f32(v_cache, "attention: v_cache");
+    require_kv_caches(k_cache, v_cache, "attention");
     require_f32(out, "attention: out");
-    require(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, "attention: caches",
-            "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
     const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
     require(q.shape.size() == 3 && q.dim(2) == head_dim, "attention: q",
             cat("[n, H, ", head_dim, "]"), describe(q));
