@@ -52,8 +52,11 @@ if [ "$mode" = demo ]; then
   model="$root/assets/models/demo"
   log "kvlens-cli info --model assets/models/demo"
   "$cli" info --model "$model"
-  log "kvlens-cli generate --model assets/models/demo --prompt 'Once upon a time' --max-new 200"
-  "$cli" generate --model "$model" --prompt "Once upon a time" --max-new 200
+  prompt="It was a dark and stormy night, and"
+  log "kvlens-cli generate --model assets/models/demo --prompt '$prompt' --max-new 60"
+  "$cli" generate --model "$model" --prompt "$prompt" --max-new 60
+  log "kvlens-cli eval --model assets/models/demo --task coref --policies dense --sparsity 0 --samples 50"
+  "$cli" eval --model "$model" --task coref --policies dense --sparsity 0 --samples 50 --progress
   log "kvlens-cli score --model assets/models/demo --text-file assets/models/demo/sample.txt"
   "$cli" score --model "$model" --text-file "$model/sample.txt" --progress
   log "Done. kvlens-cli is at $cli (try: $cli --help)"

@@ -3,8 +3,8 @@
 learned the co-reference (retrieval) task used by kvlens' co-reference benchmark.
 
 What it does
-  1. Reads the corpus (Gutenberg books, C4 realnewslike sample, TinyStories) and the co-reference
-     samples exported by the C++ generator (JSON lines, field "text").
+  1. Reads the corpus (Gutenberg books, C4 realnewslike sample, TinyStories, tinyshakespeare) and
+     the co-reference samples exported by the C++ generator (JSON lines, field "text").
   2. Holds back the last 1% (by characters, at a document boundary) of every corpus file and the
      last --coref-val (500) samples of each co-reference file (normal and hard) for validation.
   3. Trains a byte-level BPE tokenizer (HF `tokenizers`: ByteLevel pre-tokenizer with the GPT-2
@@ -12,22 +12,24 @@ What it does
      post-processor that prepends <s>) on the training part of the corpus text.
   4. Trains a LlamaForCausalLM (8 layers, hidden 256, 8 query / 4 KV heads, intermediate 688,
      tied embeddings, rope_theta 10000, max_position_embeddings 1024).
-     Batches: each step holds --batch sequences; about --coref-frac (30%) of them are
+     Batches: each step holds --batch sequences; --coref-frac (a third) of them are
      co-reference samples, the rest corpus sequences.
        * Corpus: documents, each as <s> text </s>, shuffled (seeded) and concatenated into one
-         stream that is cut into consecutive 512-token sequences (documents are packed; attention
-         is plain causal across document boundaries inside a sequence).
+         stream that is cut into consecutive 1024-token sequences, the model's whole context
+         (documents are packed; attention is plain causal across document boundaries).
        * Co-reference: each sample is its own sequence <s> text </s>, right-padded with </s> to the
          longest sample; padding positions carry no loss (labels masked), and since attention is
          causal the padding after a sample never influences it, so no attention mask is needed.
          Answer tokens (the final mention) may get extra loss weight (--answer-weight).
      Loss: token-weighted mean cross entropy over both parts. AdamW (weight decay on matrices
      only), linear warmup + cosine decay to --min-lr-ratio, bf16 autocast, grad clip 1.0.
-  5. Evaluates: validation loss on held-out corpus text, and teacher-forced co-reference accuracy
-     on the held-out samples, separately for normal and hard samples. The answer is the text after
-     the last ": "; at every position that predicts one of its tokens the argmax must equal the
-     true token. accuracy = fraction of samples with all answer tokens right; coverage = fraction
+  5. Evaluates every --eval-every steps: validation loss on held-out corpus text and
+     teacher-forced co-reference accuracy on the held-out samples, separately for normal and hard
+     samples. The answer is the text after the last ": "; at every position that predicts one of
+     its tokens the argmax must equal the true token. accuracy = fraction of samples with all answer tokens right; coverage = fraction
      of answer tokens right.
+     The model saved is the evaluated checkpoint with the lowest held-out corpus loss among those
+     with normal co-reference accuracy >= --select-min-coref-acc (the corpus is small and overfits).
   6. Writes into --out (flat): config.json, model.safetensors (BF16), generation_config.json,
      tokenizer.json, train_log.json (args, per-eval losses/accuracies, timing, versions).
 
@@ -37,7 +39,7 @@ Resumable: every --ckpt-every steps the model, optimizer, step and logs go to
 
 How to run (on the GPU machine, with the git-ignored .carry folder carried along):
     python3 tools/train_demo_model.py --data-dir .carry --out $OUT/model \\
-        --work-dir /tmp/kvlens-demo-work --steps 8000
+        --work-dir /tmp/kvlens-demo-work --heldback-out $OUT/heldback.txt
 Smoke test:
     python3 tools/train_demo_model.py --data-dir .carry --out /tmp/smoke --steps 50 \\
         --eval-every 25
@@ -117,6 +119,12 @@ def load_corpus(data_dir, args):
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             sources[os.path.basename(path)] = split_blocks(f.read())
+    path = os.path.join(data_dir, "tinyshakespeare.txt")
+    if os.path.exists(path):
+        # Speeches are short blocks; group them into scenes-sized documents like the books.
+        with open(path, encoding="utf-8") as f:
+            sources[os.path.basename(path)] = group_blocks(split_blocks(f.read()),
+                                                           args.gutenberg_doc_chars)
     if not sources:
         sys.exit(f"no corpus files found in {data_dir}")
     train, val, stats = [], [], {}
@@ -274,12 +282,12 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=688)
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=64, help="sequences per step (corpus + coref)")
-    ap.add_argument("--coref-frac", type=float, default=0.3)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=48, help="sequences per step (corpus + coref)")
+    ap.add_argument("--coref-frac", type=float, default=1 / 3)
     ap.add_argument("--answer-weight", type=float, default=2.0,
                     help="loss weight of answer tokens in co-reference samples")
-    ap.add_argument("--steps", type=int, default=8000)
+    ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=300)
@@ -289,8 +297,13 @@ def main():
     ap.add_argument("--coref-val", type=int, default=500, help="held-out samples per coref file")
     ap.add_argument("--gutenberg-doc-chars", type=int, default=6000)
     ap.add_argument("--log-every", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=1000)
-    ap.add_argument("--ckpt-every", type=int, default=1000)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--ckpt-every", type=int, default=800)
+    ap.add_argument("--select-min-coref-acc", type=float, default=0.95,
+                    help="the model saved is the evaluated checkpoint with the lowest held-out "
+                         "corpus loss among those with at least this normal co-reference accuracy")
+    ap.add_argument("--heldback-out", default="",
+                    help="also write the held-back corpus documents (joined by blank lines) here")
     ap.add_argument("--max-train-seconds", type=float, default=0,
                     help="stop training early (then evaluate and save) after this many seconds")
     args = ap.parse_args()
@@ -386,6 +399,8 @@ def main():
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
 
     history = {"train": [], "evals": []}
+    # The checkpoint kept for saving: small corpora overfit, so the last step is not the best one.
+    best = {"step": -1, "corpus_val_loss": float("inf"), "state": None}
     step0, train_seconds = 0, 0.0
     ckpt_path = os.path.join(args.work_dir, "ckpt.pt")
     if os.path.exists(ckpt_path):
@@ -393,6 +408,7 @@ def main():
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step0, history, train_seconds = ck["step"], ck["history"], ck["train_seconds"]
+        best = ck.get("best", best)
         torch.set_rng_state(ck["rng_cpu"].cpu())
         torch.cuda.set_rng_state(ck["rng_cuda"].cpu())
         log(f"resumed from {ckpt_path} at step {step0}")
@@ -401,6 +417,7 @@ def main():
         tmp = ckpt_path + ".tmp"
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                     "history": history, "train_seconds": train_seconds, "args": vars(args),
+                    "best": best,
                     "rng_cpu": torch.get_rng_state(), "rng_cuda": torch.cuda.get_rng_state()}, tmp)
         os.replace(tmp, ckpt_path)
 
@@ -412,6 +429,12 @@ def main():
             r["coref_" + kind] = eval_coref(model, samples, eos, device)
         r["eval_seconds"] = round(time.time() - t, 2)
         history["evals"].append(r)
+        if (r["coref_normal"]["accuracy"] >= args.select_min_coref_acc
+                and r["corpus_val_loss"] < best["corpus_val_loss"]):
+            best.update(step=step, corpus_val_loss=r["corpus_val_loss"],
+                        state={k: v.detach().to("cpu", copy=True)
+                               for k, v in model.state_dict().items()})
+            log(f"best checkpoint so far: step {step}")
         log(f"EVAL step {step}: corpus val loss {r['corpus_val_loss']:.4f}; coref normal acc "
             f"{r['coref_normal']['accuracy']:.3f} cov {r['coref_normal']['coverage']:.3f}; hard acc "
             f"{r['coref_hard']['accuracy']:.3f} cov {r['coref_hard']['coverage']:.3f}")
@@ -462,7 +485,7 @@ def main():
             log(f"step {step}/{args.steps} lr {lr:.2e} corpus loss {cval:.4f} coref loss {qval:.4f} "
                 f"({rate:.1f} steps/s)")
         if step % args.eval_every == 0 and step < args.steps:
-            evaluate(step, full=False)
+            evaluate(step, full=True)
             t_log = time.time()
         if step % args.ckpt_every == 0 and step < args.steps:
             train_seconds += time.time() - t_run
@@ -474,7 +497,17 @@ def main():
     save_ckpt(step)
     log(f"training done at step {step}; train seconds {train_seconds:.1f}")
 
-    final = evaluate(step, full=True)
+    last = evaluate(step, full=True)
+    final = last
+    if best["state"] is not None and best["step"] != step:
+        model.load_state_dict(best["state"])
+        final = evaluate(best["step"], full=True)
+        history["evals"].pop()  # the re-evaluation duplicates the entry made at that step
+    log(f"selected checkpoint: step {final['step']} (last step {step})")
+    if args.heldback_out:
+        with open(args.heldback_out, "w", encoding="utf-8") as f:
+            f.write("\n\n".join(val_docs) + "\n")
+        log(f"held-back corpus text written to {args.heldback_out}")
 
     # ---- save
     model = model.to(torch.bfloat16)
@@ -491,7 +524,7 @@ def main():
                    "coref_answer_decode_mismatches": bad_total},
         "batch": {"corpus": b_corpus, "coref": b_coref},
         "params": n_params, "vocab_size": vocab,
-        "final": final, "history": history,
+        "selected_step": final["step"], "final": final, "last": last, "history": history,
         "timing": {"train_seconds": round(train_seconds, 1),
                    "total_seconds": round(time.time() - T0, 1)},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,

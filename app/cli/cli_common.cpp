@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <utility>
 
 #include "engine/common/error.h"
 #if KVLENS_HAVE_CUDA
@@ -43,8 +44,8 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
 }
 
-std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag) {
-  std::vector<int32_t> ids;
+std::vector<std::string> split_comma_list(const std::string& text) {
+  std::vector<std::string> items;
   size_t begin = 0;
   while (begin <= text.size()) {
     size_t end = text.find(',', begin);
@@ -52,19 +53,30 @@ std::vector<int32_t> parse_token_list(const std::string& text, const std::string
     std::string item = text.substr(begin, end - begin);
     while (!item.empty() && item.front() == ' ') item.erase(item.begin());
     while (!item.empty() && item.back() == ' ') item.pop_back();
+    items.push_back(std::move(item));
+    begin = end + 1;
+  }
+  return items;
+}
+
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag) {
+  std::vector<int32_t> ids;
+  for (const std::string& item : split_comma_list(text)) {
     if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
         item.size() > 10 || std::stoll(item) > INT32_MAX) {
       throw Error(flag, "token list", "comma-separated non-negative token ids like 1,2,3",
                   "'" + item + "'");
     }
     ids.push_back(int32_t(std::stoll(item)));
-    begin = end + 1;
   }
   return ids;
 }
 
-ProgressBar::ProgressBar(bool enabled, std::string label)
-    : enabled_(enabled), label_(std::move(label)), start_seconds_(now_seconds()) {}
+ProgressBar::ProgressBar(bool enabled, std::string label, std::string unit)
+    : enabled_(enabled),
+      label_(std::move(label)),
+      unit_(std::move(unit)),
+      start_seconds_(now_seconds()) {}
 
 ProgressBar::~ProgressBar() {
   if (enabled_ && drawn_ && ::isatty(STDERR_FILENO)) std::fputc('\n', stderr);
@@ -87,10 +99,31 @@ void ProgressBar::update(int64_t done, int64_t total) {
   bar[kWidth] = '\0';
   const double elapsed = now - start_seconds_;
   const double rate = elapsed > 0 ? double(done) / elapsed : 0.0;
-  std::fprintf(stderr, "%s%s [%s] %lld/%lld  %.1f tok/s%s", terminal ? "\r" : "", label_.c_str(),
-               bar, (long long)done, (long long)total, rate, terminal ? "" : "\n");
+  std::fprintf(stderr, "%s%s [%s] %lld/%lld  %.1f %s/s%s", terminal ? "\r" : "", label_.c_str(),
+               bar, (long long)done, (long long)total, rate, unit_.c_str(), terminal ? "" : "\n");
   std::fflush(stderr);
   drawn_ = true;
+}
+
+AtomicOutputFile::AtomicOutputFile(std::string path, std::string flag)
+    : path_(std::move(path)), flag_(std::move(flag)), partial_(path_ + ".partial") {
+  out_.open(partial_, std::ios::binary | std::ios::trunc);
+  if (!out_) throw Error(path_, flag_, "a writable file");
+}
+
+AtomicOutputFile::~AtomicOutputFile() {
+  if (committed_) return;
+  out_.close();
+  std::remove(partial_.c_str());
+}
+
+void AtomicOutputFile::commit() {
+  out_.close();
+  if (!out_) throw Error(path_, flag_, "a file the output could be written to");
+  if (std::rename(partial_.c_str(), path_.c_str()) != 0) {
+    throw Error(path_, flag_, "a path the output could be moved to");
+  }
+  committed_ = true;
 }
 
 }  // namespace kvlens::cli

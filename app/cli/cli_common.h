@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,23 +25,51 @@ using CommandFn = std::function<int()>;
 // Backend by name; throws kvlens::Error when it is not available in this build or machine.
 std::unique_ptr<Backend> make_backend(const CommonOptions& common);
 
-// A progress bar on stderr: "label [=====>    ] done/total  rate/s"; no-op when disabled.
+// A progress bar on stderr: "label [=====>    ] done/total  rate unit/s"; no-op when disabled.
 class ProgressBar {
  public:
-  ProgressBar(bool enabled, std::string label);
+  ProgressBar(bool enabled, std::string label, std::string unit = "tok");
   ~ProgressBar();
   void update(int64_t done, int64_t total);
 
  private:
   bool enabled_;
   std::string label_;
+  std::string unit_;
   double start_seconds_;
   double last_draw_seconds_ = -1.0;
   bool drawn_ = false;
 };
 
+// An output file written under a temporary name ("<path>.partial") and renamed into place by
+// commit(), so a failed run never leaves half a file behind. Created by the constructor: an
+// unwritable path fails before a long run rather than after it.
+class AtomicOutputFile {
+ public:
+  // Throws kvlens::Error naming `path` and `flag` (the option that gave it) when it cannot be
+  // created.
+  AtomicOutputFile(std::string path, std::string flag);
+  ~AtomicOutputFile();  // removes the temporary file unless commit() succeeded
+  AtomicOutputFile(const AtomicOutputFile&) = delete;
+  AtomicOutputFile& operator=(const AtomicOutputFile&) = delete;
+
+  std::ostream& stream() { return out_; }
+  // Flushes, closes and renames; throws kvlens::Error when the data could not be written or
+  // moved (the destructor then removes the temporary file).
+  void commit();
+
+ private:
+  std::string path_, flag_, partial_;
+  std::ofstream out_;
+  bool committed_ = false;
+};
+
 // Adds --backend, --threads and --progress to a subcommand.
 void add_common_options(CLI::App& command, CommonOptions& common);
+
+// "a, b,c" -> {"a", "b", "c"}: split at commas, spaces around items trimmed, empty items kept
+// (callers reject them with their own flag's message).
+std::vector<std::string> split_comma_list(const std::string& text);
 
 // "1,2,3" -> ids; throws kvlens::Error naming `flag` for anything that is not a comma-separated
 // list of non-negative integers.
@@ -54,5 +83,6 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_coref_samples_command(CLI::App& app, CommonOptions& common, CommandFn& run);
+void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 
 }  // namespace kvlens::cli

@@ -2,9 +2,9 @@
 // ({"index","seed","hard","text","answer","answer_char_begin","answer_char_end"} plus tokens and
 // the answer's token span with --tokenizer), the one format training and evaluation share.
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <ostream>
 
 #include "app/cli/cli_common.h"
 #include "engine/common/error.h"
@@ -22,7 +22,7 @@ uint64_t seed = 0;
 bool hard = false;
 std::string pools_path, tokenizer_path, out_path;
 
-void write_samples(std::ofstream& out, const CorefPools& pools, const Tokenizer* tokenizer) {
+void write_samples(std::ostream& out, const CorefPools& pools, const Tokenizer* tokenizer) {
   for (int64_t i = 0; i < count; ++i) {
     const CorefSample sample = generate_coref_sample(pools, seed, first_index + i, hard);
     nlohmann::json line = {{"index", sample.index},
@@ -70,22 +70,9 @@ void add_coref_samples_command(CLI::App& app, CommonOptions& common, CommandFn& 
       std::optional<Tokenizer> tokenizer;
       if (!tokenizer_path.empty()) tokenizer.emplace(Tokenizer::load(tokenizer_path));
       validate_pool_integrity(pools, tokenizer ? &*tokenizer : nullptr);
-      // Written to a temporary name and renamed, so a failure never leaves half a file behind.
-      const std::string partial = out_path + ".partial";
-      std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-      if (!out) throw Error(out_path, "--out", "a writable file");
-      try {
-        write_samples(out, pools, tokenizer ? &*tokenizer : nullptr);
-      } catch (...) {
-        out.close();
-        std::remove(partial.c_str());
-        throw;
-      }
-      out.close();
-      if (!out) throw Error(out_path, "--out", "a file the samples could be written to");
-      if (std::rename(partial.c_str(), out_path.c_str()) != 0) {
-        throw Error(out_path, "--out", "a path the output could be moved to");
-      }
+      AtomicOutputFile out(out_path, "--out");
+      write_samples(out.stream(), pools, tokenizer ? &*tokenizer : nullptr);
+      out.commit();
       std::fprintf(stderr, "coref-samples: wrote %lld samples to %s\n",
                    static_cast<long long>(count), out_path.c_str());
       return 0;

@@ -24,6 +24,11 @@ void check_policy_supported(const PolicyOptions& options) {
   if (!options.policy_args.empty()) {
     throw Error("--policy-arg", options.policy_args.front(), "no parameters for policy dense");
   }
+  // Dense hides nothing, so any other value would label a result with a sparsity it does not have.
+  if (options.sparsity != 0.0) {
+    throw Error("--sparsity", "sparsity", "0 for policy dense (it hides no tokens)",
+                std::to_string(options.sparsity));
+  }
 }
 
 std::vector<int32_t> resolve_input_tokens(const Model& model,

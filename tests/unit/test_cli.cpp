@@ -168,6 +168,10 @@ TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
     test::write_file(dir + "/tokenizer.json", "{\"model\": [1, 2");
     require_failure("info --model " + dir, {"tokenizer.json"});
   }
+  SECTION("dense with a non-zero sparsity (was accepted and reported as dense)") {
+    require_failure("score --model " + tiny_model() + " --tokens 1,2 --sparsity 0.5",
+                    {"--sparsity", "dense"});
+  }
   SECTION("policy not available yet") {
     require_failure("score --model " + tiny_model() + " --tokens 1,2 --policy h2o",
                     {"--policy", "h2o"});

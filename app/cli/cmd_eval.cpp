@@ -1,0 +1,269 @@
+// kvlens-cli eval: co-reference accuracy/coverage or windowed perplexity, one result per
+// (policy, sparsity) pair, as a table on stdout and, with --json, the DESIGN.md result file.
+// Only policy dense at sparsity 0 runs until the policy engine lands.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "app/cli/cli_common.h"
+#include "app/cli/model_input.h"
+#include "engine/common/error.h"
+#include "engine/common/mapped_file.h"
+#include "engine/eval/coref_eval.h"
+#include "engine/eval/coref_pools.h"
+#include "engine/eval/perplexity.h"
+
+namespace kvlens::cli {
+namespace {
+
+// Keys stay in the documented order, for people reading the file.
+using Json = nlohmann::ordered_json;
+
+// Tokens per forward pass inside a perplexity window. Bounded rather than a whole window: the
+// logits scratch is [chunk, vocab] F32, which for a 128k vocabulary and a long context would not
+// fit; on the CPU backend the chunk size does not change the numbers.
+constexpr int64_t kPerplexityChunk = 512;
+
+// CLI11 binds options to storage that must outlive the parse.
+struct EvalFlags {
+  std::string model_dir, task, policies = "dense", sparsities = "0";
+  int64_t samples = 200, first_index = 0, window = 0, max_tokens = 0;
+  uint64_t seed = 0;
+  bool hard = false;
+  std::string pools_path, text_file, json_path, per_sample_path;
+};
+EvalFlags flags;
+
+struct FlagOptions {
+  CLI::Option *samples, *seed, *first_index, *hard, *pools, *per_sample;  // coref only
+  CLI::Option *text_file, *window, *max_tokens;                           // ppl only
+};
+FlagOptions options;
+
+// Non-empty items of a comma-separated flag value.
+std::vector<std::string> split_list(const std::string& text, const std::string& flag,
+                                    const std::string& what) {
+  std::vector<std::string> items = split_comma_list(text);
+  for (const std::string& item : items) {
+    if (item.empty()) {
+      throw Error(flag, "list", "a comma-separated list of " + what, "'" + text + "'");
+    }
+  }
+  return items;
+}
+
+double parse_sparsity(const std::string& item) {
+  char* end = nullptr;
+  const double value = std::strtod(item.c_str(), &end);
+  if (end != item.c_str() + item.size() || !(value >= 0.0 && value < 1.0)) {
+    throw Error("--sparsity", "sparsity", "a number in [0, 1)", "'" + item + "'");
+  }
+  return value;
+}
+
+// Every (policy, sparsity) pair, each checked before anything is loaded or run.
+std::vector<PolicyOptions> resolve_runs() {
+  std::vector<double> sparsities;
+  for (const std::string& item : split_list(flags.sparsities, "--sparsity", "numbers in [0, 1)")) {
+    sparsities.push_back(parse_sparsity(item));
+  }
+  std::vector<PolicyOptions> runs;
+  for (const std::string& policy : split_list(flags.policies, "--policies", "policy ids")) {
+    for (const double sparsity : sparsities) {
+      PolicyOptions run{policy, sparsity, {}};
+      try {
+        check_policy_supported(run);
+      } catch (const Error& error) {
+        // The single-policy commands name --policy; here the list is --policies.
+        if (error.file() != "--policy") throw;
+        throw Error("--policies", error.field(), error.expected(), error.found());
+      }
+      runs.push_back(run);
+    }
+  }
+  return runs;
+}
+
+// Flags of the other task are refused rather than silently ignored.
+void check_task_flags() {
+  const bool coref = flags.task == "coref";
+  const std::vector<CLI::Option*> other =
+      coref ? std::vector<CLI::Option*>{options.text_file, options.window, options.max_tokens}
+            : std::vector<CLI::Option*>{options.samples, options.seed,  options.first_index,
+                                        options.hard,    options.pools, options.per_sample};
+  for (const CLI::Option* option : other) {
+    if (*option) {
+      throw Error("eval", option->get_name(),
+                  coref ? "only with --task ppl" : "only with --task coref",
+                  "--task " + flags.task);
+    }
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Json null_if_not_finite(double value) {
+  return std::isfinite(value) ? Json(value) : Json();
+}
+
+Json result_row(const PolicyOptions& run) {
+  return {{"policy", run.policy}, {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
+          {"accuracy", nullptr},  {"coverage", nullptr},      {"ppl", nullptr},
+          {"samples", nullptr}};
+}
+
+int run_eval(const CommonOptions& common) {
+  if (flags.task != "coref" && flags.task != "ppl") {
+    throw Error("--task", "task", "coref or ppl", "'" + flags.task + "'");
+  }
+  check_task_flags();
+  if (flags.task == "ppl" && !*options.text_file) {
+    throw Error("eval", "--text-file", "a text file to compute the perplexity of with --task ppl");
+  }
+  const std::vector<PolicyOptions> runs = resolve_runs();
+
+  // Opened before any compute, so a bad output path fails at once.
+  std::optional<AtomicOutputFile> json_out, per_sample_out;
+  if (!flags.json_path.empty()) json_out.emplace(flags.json_path, "--json");
+  if (!flags.per_sample_path.empty()) per_sample_out.emplace(flags.per_sample_path, "--per-sample");
+
+  const auto model = Model::load(flags.model_dir);
+  const Tokenizer& tokenizer = model->require_tokenizer();
+  std::optional<CorefPools> pools;
+  std::vector<int32_t> text_tokens;
+  int64_t window = 0;
+  if (flags.task == "coref") {
+    pools =
+        flags.pools_path.empty() ? load_bundled_coref_pools() : load_coref_pools(flags.pools_path);
+    validate_pool_integrity(*pools, nullptr);
+  } else {
+    text_tokens = tokenizer.encode(read_text_file(flags.text_file), true);
+    if (flags.max_tokens > 0 && int64_t(text_tokens.size()) > flags.max_tokens) {
+      text_tokens.resize(size_t(flags.max_tokens));
+    }
+    window = *options.window ? flags.window : model->config.max_position_embeddings;
+  }
+  const auto backend = make_backend(common);
+  const auto resident = BackendModel::upload(model, *backend);
+
+  Json results = Json::array();
+  std::printf("eval %s  model %s  backend %s\n", flags.task.c_str(), flags.model_dir.c_str(),
+              backend->name().c_str());
+  if (flags.task == "coref") {
+    std::printf("%-12s %8s %9s %9s %8s %9s\n", "policy", "sparsity", "accuracy", "coverage",
+                "samples", "seconds");
+  } else {
+    std::printf("%-12s %8s %10s %8s %9s %9s\n", "policy", "sparsity", "ppl", "windows", "tokens",
+                "seconds");
+  }
+  for (const PolicyOptions& run : runs) {
+    char label[128];
+    std::snprintf(label, sizeof label, "eval %s %g", run.policy.c_str(), run.sparsity);
+    Json row = result_row(run);
+    const auto start = std::chrono::steady_clock::now();
+    if (flags.task == "coref") {
+      ProgressBar bar(common.progress, label, "samples");
+      const CorefEvalResult result = evaluate_coref(
+          resident, *pools, tokenizer, flags.seed, flags.first_index, flags.samples, flags.hard,
+          [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+      const double seconds = seconds_since(start);
+      row["accuracy"] = result.accuracy;
+      row["coverage"] = result.coverage;
+      row["samples"] = result.samples;
+      row["answer_tokens"] = result.answer_tokens;
+      std::printf("%-12s %8.3f %9.4f %9.4f %8lld %9.1f\n", run.policy.c_str(), run.sparsity,
+                  result.accuracy, result.coverage, (long long)result.samples, seconds);
+      if (per_sample_out) {
+        for (const CorefSampleResult& s : result.per_sample) {
+          const Json line = {{"policy", run.policy},
+                             {"sparsity", run.sparsity},
+                             {"index", s.index},
+                             {"answer", s.answer},
+                             {"tokens", s.tokens},
+                             {"answer_token_begin", s.answer_token_begin},
+                             {"answer_token_end", s.answer_token_end},
+                             {"correct_tokens", s.correct_tokens},
+                             {"all_correct", s.all_correct},
+                             {"canonical", s.canonical},
+                             {"answer_nll", s.answer_nll}};
+          per_sample_out->stream() << line.dump() << '\n';
+        }
+      }
+    } else {
+      ProgressBar bar(common.progress, label);
+      const PerplexityResult result =
+          evaluate_perplexity(resident, text_tokens, window, kPerplexityChunk,
+                              [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+      const double seconds = seconds_since(start);
+      row["ppl"] = null_if_not_finite(result.ppl);
+      row["samples"] = result.windows;
+      row["tokens_scored"] = result.tokens_scored;
+      row["window"] = result.window;
+      std::printf("%-12s %8.3f %10.3f %8lld %9lld %9.1f\n", run.policy.c_str(), run.sparsity,
+                  result.ppl, (long long)result.windows, (long long)result.tokens_scored, seconds);
+    }
+    std::fflush(stdout);
+    results.push_back(row);
+  }
+
+  if (json_out) {
+    const Json out = {{"task", flags.task}, {"model", flags.model_dir}, {"results", results}};
+    json_out->stream() << out.dump(2) << '\n';
+    json_out->commit();
+  }
+  if (per_sample_out) per_sample_out->commit();
+  return 0;
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
+  auto* command = app.add_subcommand(
+      "eval", "Co-reference accuracy/coverage or perplexity per (policy, sparsity) pair");
+  command->add_option("--model", flags.model_dir, "Hugging Face checkpoint folder")->required();
+  command->add_option("--task", flags.task, "coref or ppl")->required();
+  command
+      ->add_option("--policies", flags.policies,
+                   "Comma-separated policy ids (only dense until the policy engine lands)")
+      ->capture_default_str();
+  command
+      ->add_option("--sparsity", flags.sparsities,
+                   "Comma-separated sparsities in [0,1); one result per (policy, sparsity)")
+      ->capture_default_str();
+  command->add_option("--json", flags.json_path, "Write the results as JSON to this file");
+  options.samples =
+      command->add_option("--samples", flags.samples, "coref: number of samples (default 200)")
+          ->check(CLI::PositiveNumber);
+  options.seed = command->add_option("--seed", flags.seed, "coref: generator seed (default 0)");
+  options.first_index = command
+                            ->add_option("--first-index", flags.first_index,
+                                         "coref: index of the first sample (default 0)")
+                            ->check(CLI::NonNegativeNumber);
+  options.hard = command->add_flag("--hard", flags.hard,
+                                   "coref: 2-3 locations per sample, asking about one of them");
+  options.pools =
+      command->add_option("--coref-pools", flags.pools_path,
+                          "coref: pools JSON (default: assets/benchmarks/coref/pools.json)");
+  options.per_sample = command->add_option("--per-sample", flags.per_sample_path,
+                                           "coref: write one JSON line per sample to this file");
+  options.text_file = command->add_option("--text-file", flags.text_file,
+                                          "ppl: text file (encoded with BOS); required for ppl");
+  options.window = command->add_option(
+      "--window", flags.window,
+      "ppl: tokens per window, each scored from an empty cache (default: the model's positions)");
+  options.max_tokens = command
+                           ->add_option("--max-tokens", flags.max_tokens,
+                                        "ppl: use only the first N tokens of the file (0 = all)")
+                           ->check(CLI::NonNegativeNumber);
+  add_common_options(*command, common);
+  command->callback([&run, &common] { run = [&common] { return run_eval(common); }; });
+}
+
+}  // namespace kvlens::cli

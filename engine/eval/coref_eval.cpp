@@ -1,0 +1,84 @@
+// Co-reference accuracy / coverage over generated samples, on top of score_tokens.
+// A sample is scored in one chunk: on the CPU backend that is bit-identical to step-by-step.
+#include "engine/eval/coref_eval.h"
+
+#include "engine/common/error.h"
+
+namespace kvlens {
+namespace {
+
+std::string sample_name(const CorefSample& sample) {
+  return "coref sample " + std::to_string(sample.index) + " (seed " + std::to_string(sample.seed) +
+         (sample.hard ? ", hard)" : ")");
+}
+
+void check_fits(const ModelConfig& config, const CorefSample& sample, const CorefTokens& marked) {
+  const auto n = int64_t(marked.tokens.size());
+  if (n > config.max_position_embeddings) {
+    throw Error(sample_name(sample), "tokens",
+                "at most " + std::to_string(config.max_position_embeddings) +
+                    " tokens (max_position_embeddings of " + config.source + ")",
+                std::to_string(n) + " tokens");
+  }
+}
+
+}  // namespace
+
+CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
+                                     const CorefSample& sample, const CorefTokens& marked) {
+  check_fits(model->config(), sample, marked);
+  ScoreOptions options;
+  options.chunk = int64_t(marked.tokens.size());
+  const ScoreResult scored = score_tokens(model, marked.tokens, options);
+
+  CorefSampleResult result;
+  result.index = sample.index;
+  result.answer = sample.answer;
+  result.tokens = int64_t(marked.tokens.size());
+  result.answer_token_begin = marked.answer_token_begin;
+  result.answer_token_end = marked.answer_token_end;
+  result.canonical = marked.canonical;
+  // Position p's distribution predicts tokens[p + 1]; nll[p] is its negative log-probability.
+  for (int64_t p = marked.first_scored_position(); p < marked.scored_position_end(); ++p) {
+    result.correct_tokens += scored.argmax[size_t(p)] == marked.tokens[size_t(p + 1)];
+    result.answer_nll += scored.nll[size_t(p)];
+  }
+  result.all_correct = result.correct_tokens == result.answer_tokens();
+  return result;
+}
+
+CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const CorefPools& pools,
+                               const Tokenizer& tokenizer, uint64_t seed, int64_t first_index,
+                               int64_t count, bool hard, const ProgressFn& progress) {
+  if (count < 1) throw Error("coref eval", "samples", "at least 1", std::to_string(count));
+  if (first_index < 0) {
+    throw Error("coref eval", "first index", "a non-negative index", std::to_string(first_index));
+  }
+  std::vector<CorefSample> samples;
+  std::vector<CorefTokens> marked;
+  samples.reserve(size_t(count));
+  marked.reserve(size_t(count));
+  for (int64_t i = 0; i < count; ++i) {
+    samples.push_back(generate_coref_sample(pools, seed, first_index + i, hard));
+    marked.push_back(mark_answer_tokens(samples.back(), tokenizer));
+    check_fits(model->config(), samples.back(), marked.back());
+  }
+
+  CorefEvalResult result;
+  result.samples = count;
+  int64_t all_correct = 0, correct_tokens = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    result.per_sample.push_back(score_coref_sample(model, samples[size_t(i)], marked[size_t(i)]));
+    const CorefSampleResult& sample = result.per_sample.back();
+    all_correct += sample.all_correct;
+    correct_tokens += sample.correct_tokens;
+    result.answer_tokens += sample.answer_tokens();
+    if (progress) progress(i + 1, count);
+  }
+  result.accuracy = double(all_correct) / double(count);
+  // mark_answer_tokens guarantees at least one answer token per sample, so this is never 0/0.
+  result.coverage = double(correct_tokens) / double(result.answer_tokens);
+  return result;
+}
+
+}  // namespace kvlens

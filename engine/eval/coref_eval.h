@@ -1,0 +1,56 @@
+// Co-reference accuracy / coverage (POLICIES.md, Metrics) of a model on generated benchmark
+// samples: one teacher-forced pass per sample, argmax at each position that predicts a token of
+// the final mention. Per sample: [n] tokens, answer tokens [answer_token_begin, answer_token_end).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/eval/coref_benchmark.h"
+#include "engine/eval/coref_pools.h"
+#include "engine/runtime/scoring.h"
+
+namespace kvlens {
+
+class Tokenizer;
+
+// One sample's outcome. The keys of `kvlens-cli eval --per-sample` and of
+// tools/eval_demo_model.py's per-sample records, so the two can be joined on `index`.
+struct CorefSampleResult {
+  int64_t index = 0;
+  std::string answer;
+  int64_t tokens = 0;  // length of the whole tokenized sample
+  int64_t answer_token_begin = 0;
+  int64_t answer_token_end = 0;
+  int64_t correct_tokens = 0;  // answer tokens whose position's argmax was the true token
+  bool all_correct = false;
+  bool canonical = true;    // CorefTokens::canonical
+  double answer_nll = 0.0;  // sum over the answer tokens of -log p(token | everything before), nats
+
+  int64_t answer_tokens() const { return answer_token_end - answer_token_begin; }
+};
+
+// Scores one marked sample with the dense model. Throws kvlens::Error naming the sample when its
+// tokens do not fit max_position_embeddings.
+CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
+                                     const CorefSample& sample, const CorefTokens& marked);
+
+struct CorefEvalResult {
+  double accuracy = 0.0;  // fraction of samples with every answer token right
+  double coverage = 0.0;  // answer tokens right / answer tokens, over all samples
+  int64_t samples = 0;
+  int64_t answer_tokens = 0;
+  std::vector<CorefSampleResult> per_sample;  // in index order
+};
+
+// Samples first_index .. first_index + count - 1 of generate_coref_sample(pools, seed, i, hard),
+// marked with `tokenizer`. Every sample is generated and its length checked before any compute,
+// so a too-long sample fails the run at once rather than after the others were scored.
+// `progress` gets (samples done, count). Throws kvlens::Error for count < 1 or first_index < 0.
+CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const CorefPools& pools,
+                               const Tokenizer& tokenizer, uint64_t seed, int64_t first_index,
+                               int64_t count, bool hard, const ProgressFn& progress);
+
+}  // namespace kvlens
