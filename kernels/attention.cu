@@ -70,10 +70,7 @@ __global__ void attention_kernel(AttentionArgs a) {
       const int64_t j = start + jj;
       float logit = -INFINITY;
       if (!mask || mask[j]) {  // uniform across the warp, so the shuffles below are safe
-        const float* key = keys + j * D;
-        float dot = 0.0f;
-        for (int64_t d = lane; d < D; d += 32) dot += q[d] * key[d];
-        logit = warp_reduce(dot, SumOp{}) * a.scale;
+        logit = warp_dot(q, keys + j * D, D, lane) * a.scale;
       }
       if (lane == 0) {
         weights[jj] = logit;

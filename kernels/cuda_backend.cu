@@ -16,6 +16,7 @@
 #include "kernels/cuda_backend.h"
 #include "kernels/matmul.cuh"
 #include "kernels/norm_ops.cuh"
+#include "kernels/policy_ops.cuh"
 #include "kernels/reductions.cuh"
 #include "kernels/rope.cuh"
 
@@ -104,6 +105,30 @@ void require_elements(const DeviceTensor& t, int64_t count, const std::string& o
                       const char* what) {
   if (elements(t) != count)
     bad_argument(op + ": " + what, std::to_string(count) + " elements", describe(t));
+}
+
+// A [rows, stride] row tensor of the policy ops (rows < 0: any row count) with stride >= cols.
+struct RowShape {
+  int64_t rows = 0, stride = 0;
+};
+RowShape row_shape(const DeviceTensor& t, DType dtype, int64_t rows, int64_t cols,
+                   const std::string& op, const char* what) {
+  require(t, dtype, op, what);
+  if (t.shape.size() != 2 || t.dim(0) < 0 || (rows >= 0 && t.dim(0) != rows) || t.dim(1) < cols)
+    bad_argument(op + ": " + what,
+                 cat({dtype_name(dtype), " [", rows < 0 ? "rows" : std::to_string(rows),
+                      ", >= ", std::to_string(cols), "]"}),
+                 describe(t));
+  return {t.dim(0), t.dim(1)};
+}
+template <typename T>
+cuda::RowsRef<T> rows_ref(const DeviceTensor& t, const RowShape& shape) {
+  return {static_cast<T*>(t.data), shape.stride};
+}
+// Columns are packed into 32 bits by top_k_key; every policy op keeps to the same range.
+void require_cols(int64_t cols, const std::string& op) {
+  if (cols < 0 || cols > INT32_MAX)
+    bad_argument(op + ": cols", "a column count in [0, 2^31)", std::to_string(cols));
 }
 
 // Device memory owned by a shared_ptr; the deleter frees it on the device it came from. It
@@ -508,6 +533,191 @@ class CudaBackend final : public Backend {
     cuda::launch_log_prob_rows(x.as<float>(), rows, cols, device_targets, device_out, stream());
     check_launch("log_prob_rows");
     copy_results(device_out, out.data(), out.size_bytes());
+  }
+
+  // --- token-selection (policy) ops (kernels/policy_ops.cu) ---
+
+  void attention_logits(const DeviceTensor& q, const DeviceTensor& k_cache, int64_t position,
+                        int64_t window, DeviceTensor& logits) override {
+    const std::string op = "attention_logits";
+    require(q, DType::F32, op, "q");
+    require(k_cache, DType::F32, op, "k_cache");
+    if (k_cache.shape.size() != 3)
+      bad_argument(op + ": k_cache", "[G, capacity, D]", describe(k_cache));
+    const CacheShape cache{k_cache.dim(0), k_cache.dim(1), k_cache.dim(2)};
+    if (q.shape.size() != 3 || q.dim(0) != 1 || q.dim(2) != cache.head_dim || cache.kv_heads == 0 ||
+        q.dim(1) % cache.kv_heads != 0)
+      bad_argument(op + ": q",
+                   cat({"[1, H, ", std::to_string(cache.head_dim), "] with H a multiple of ",
+                        std::to_string(cache.kv_heads), " KV heads"}),
+                   describe(q));
+    if (position < 0 || position >= cache.capacity)
+      bad_argument(op + ": position",
+                   cat({"a position below the capacity ", std::to_string(cache.capacity)}),
+                   std::to_string(position));
+    const int64_t cols = position + 1;
+    require_cols(cols, op);
+    const int64_t heads = q.dim(1);
+    const RowShape shape = row_shape(logits, DType::F32, heads, cols, op, "logits");
+    if (heads == 0) return;
+    activate();
+    cuda::LogitArgs args;
+    args.q = q.as<float>();
+    args.k_cache = k_cache.as<float>();
+    args.logits = rows_ref<float>(logits, shape);
+    args.heads = heads;
+    args.kv_heads = cache.kv_heads;
+    args.head_dim = cache.head_dim;
+    args.capacity = cache.capacity;
+    args.cols = cols;
+    args.lo = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+    args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));  // as in attention()
+    cuda::launch_attention_logits(args, stream());
+    check_launch("attention_logits");
+  }
+
+  void attention_visible(const DeviceTensor& logits, int64_t cols, const DeviceTensor* visible,
+                         const DeviceTensor& v_cache, DeviceTensor& out,
+                         DeviceTensor* probs) override {
+    const std::string op = "attention_visible";
+    require_cols(cols, op);
+    require(v_cache, DType::F32, op, "v_cache");
+    if (v_cache.shape.size() != 3)
+      bad_argument(op + ": v_cache", "[G, capacity, D]", describe(v_cache));
+    const CacheShape cache{v_cache.dim(0), v_cache.dim(1), v_cache.dim(2)};
+    if (cols > cache.capacity)
+      bad_argument(op + ": cols", cat({"at most the capacity ", std::to_string(cache.capacity)}),
+                   std::to_string(cols));
+    const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op, "logits");
+    const int64_t heads = logit_shape.rows;
+    if (cache.kv_heads == 0 || heads % cache.kv_heads != 0)
+      bad_argument(
+          op + ": logits",
+          cat({"a row count divisible by the ", std::to_string(cache.kv_heads), " KV heads"}),
+          describe(logits));
+    cuda::VisibleAttentionArgs args;
+    args.logits = rows_ref<const float>(logits, logit_shape);
+    if (visible)
+      args.visible = rows_ref<const uint8_t>(
+          *visible, row_shape(*visible, DType::U8, heads, cols, op, "visible"));
+    if (probs)
+      args.probs = rows_ref<float>(*probs, row_shape(*probs, DType::F32, heads, cols, op, "probs"));
+    require(out, DType::F32, op, "out");
+    require_elements(out, heads * cache.head_dim, op, "out");
+    if (heads == 0) return;
+    activate();
+    args.v_cache = v_cache.as<float>();
+    args.out = out.as<float>();
+    args.heads = heads;
+    args.kv_heads = cache.kv_heads;
+    args.head_dim = cache.head_dim;
+    args.capacity = cache.capacity;
+    args.cols = cols;
+    cuda::launch_attention_visible(args, stream());
+    check_launch("attention_visible");
+  }
+
+  void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
+                    int64_t k, DeviceTensor& selected) override {
+    const std::string op = "select_top_k";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(selected, DType::U8, -1, cols, op, "selected");
+    const RowShape score_shape = row_shape(scores, DType::F32, shape.rows, cols, op, "scores");
+    cuda::RowsRef<const uint8_t> allowed;
+    if (eligible)
+      allowed = rows_ref<const uint8_t>(
+          *eligible, row_shape(*eligible, DType::U8, shape.rows, cols, op, "eligible"));
+    if (k <= 0 || cols == 0 || shape.rows == 0) return;
+    activate();
+    cuda::launch_select_top_k(rows_ref<const float>(scores, score_shape), allowed,
+                              rows_ref<uint8_t>(selected, shape), shape.rows, cols, k, stream());
+    check_launch("select_top_k");
+  }
+
+  void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) override {
+    const std::string op = "fill_columns";
+    const RowShape shape = row_shape(mask, DType::U8, -1, 0, op, "mask");
+    if (begin < 0 || end > shape.stride)
+      bad_argument(op + ": columns",
+                   cat({"a range inside [0, ", std::to_string(shape.stride), ")"}),
+                   cat({std::to_string(begin), ":", std::to_string(end)}));
+    if (end <= begin || shape.rows == 0) return;
+    activate();
+    cuda::launch_fill_columns(rows_ref<uint8_t>(mask, shape), shape.rows, begin, end, value,
+                              stream());
+    check_launch("fill_columns");
+  }
+
+  void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) override {
+    const std::string op = "mask_and";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(mask, DType::U8, -1, cols, op, "mask");
+    const RowShape other_shape = row_shape(other, DType::U8, shape.rows, cols, op, "other");
+    if (shape.rows * cols == 0) return;
+    activate();
+    cuda::launch_mask_and(rows_ref<uint8_t>(mask, shape),
+                          rows_ref<const uint8_t>(other, other_shape), shape.rows, cols, stream());
+    check_launch("mask_and");
+  }
+
+  void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
+                       int64_t cols) override {
+    const std::string op = "accumulate_rows";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(acc, DType::F32, -1, cols, op, "acc");
+    const RowShape x_shape = row_shape(x, DType::F32, shape.rows, cols, op, "x");
+    cuda::RowsRef<const uint8_t> kept;
+    if (keep)
+      kept =
+          rows_ref<const uint8_t>(*keep, row_shape(*keep, DType::U8, shape.rows, cols, op, "keep"));
+    if (shape.rows * cols == 0) return;
+    activate();
+    cuda::launch_accumulate_rows(rows_ref<float>(acc, shape), rows_ref<const float>(x, x_shape),
+                                 kept, shape.rows, cols, stream());
+    check_launch("accumulate_rows");
+  }
+
+  void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group,
+                      DeviceTensor& out) override {
+    const std::string op = "sum_row_groups";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(x, DType::F32, -1, cols, op, "x");
+    if (group <= 0 || shape.rows % group != 0)
+      bad_argument(op + ": group",
+                   cat({"a positive divisor of the ", std::to_string(shape.rows), " rows"}),
+                   std::to_string(group));
+    const int64_t groups = shape.rows / group;
+    const RowShape out_shape = row_shape(out, DType::F32, groups, cols, op, "out");
+    if (groups * cols == 0) return;
+    activate();
+    cuda::launch_sum_row_groups(rows_ref<const float>(x, shape), groups, group, cols,
+                                rows_ref<float>(out, out_shape), stream());
+    check_launch("sum_row_groups");
+  }
+
+  void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group,
+                         DeviceTensor& out) override {
+    const std::string op = "expand_row_groups";
+    require_cols(cols, op);
+    if (group <= 0) bad_argument(op + ": group", "a positive group size", std::to_string(group));
+    const RowShape shape = row_shape(mask, DType::U8, -1, cols, op, "mask");
+    const RowShape out_shape = row_shape(out, DType::U8, shape.rows * group, cols, op, "out");
+    if (out_shape.rows * cols == 0) return;
+    activate();
+    cuda::launch_expand_row_groups(rows_ref<const uint8_t>(mask, shape), out_shape.rows, group,
+                                   cols, rows_ref<uint8_t>(out, out_shape), stream());
+    check_launch("expand_row_groups");
+  }
+
+  void random_rows(uint64_t seed, uint64_t stream_id, int64_t cols, DeviceTensor& out) override {
+    const std::string op = "random_rows";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(out, DType::F32, -1, cols, op, "out");
+    if (shape.rows * cols == 0) return;
+    activate();
+    cuda::launch_random_rows(seed, stream_id, shape.rows, cols, rows_ref<float>(out, shape),
+                             stream());
+    check_launch("random_rows");
   }
 
   void synchronize() override {

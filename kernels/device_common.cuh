@@ -61,6 +61,15 @@ __device__ __forceinline__ T warp_reduce(T v, Op op) {
   return v;
 }
 
+// q . key over D elements by one warp (every lane gets the result): lane l sums d = l, l + 32, ...
+// in order, then the butterfly reduction. The attention and attention_logits kernels both use it,
+// so their logits agree bit for bit.
+__device__ __forceinline__ float warp_dot(const float* q, const float* key, int64_t D, int lane) {
+  float dot = 0.0f;
+  for (int64_t d = lane; d < D; d += 32) dot += q[d] * key[d];
+  return warp_reduce(dot, SumOp{});
+}
+
 // Reduction over the whole block; every thread gets the result. blockDim.x must be a multiple
 // of 32 and at most 1024; `scratch` is shared memory for 32 values. The trailing barrier lets
 // callers run several reductions back to back with the same scratch.

@@ -83,6 +83,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_coref_samples_command(CLI::App& app, CommonOptions& common, CommandFn& run);
+void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 
 }  // namespace kvlens::cli

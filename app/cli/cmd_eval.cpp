@@ -1,6 +1,6 @@
 // kvlens-cli eval: co-reference accuracy/coverage or windowed perplexity, one result per
 // (policy, sparsity) pair, as a table on stdout and, with --json, the DESIGN.md result file.
-// Only policy dense at sparsity 0 runs until the policy engine lands.
+// Every policy runs in the decode simulation (POLICIES.md); dense is the reference row.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +17,7 @@
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/coref_pools.h"
 #include "engine/eval/perplexity.h"
+#include "engine/policy/registry.h"
 
 namespace kvlens::cli {
 namespace {
@@ -36,6 +37,7 @@ struct EvalFlags {
   uint64_t seed = 0;
   bool hard = false;
   std::string pools_path, text_file, json_path, per_sample_path;
+  std::vector<std::string> policy_args;
 };
 EvalFlags flags;
 
@@ -66,24 +68,66 @@ double parse_sparsity(const std::string& item) {
   return value;
 }
 
-// Every (policy, sparsity) pair, each checked before anything is loaded or run.
-std::vector<PolicyOptions> resolve_runs() {
+// --policy-arg items that apply to `id`: "key=value" goes to every policy declaring the key,
+// "id.key=value" to that policy only.
+std::vector<std::string> args_for(const std::string& id) {
+  std::vector<std::string> out;
+  const PolicyInfo& info = policy_info(id);
+  for (const std::string& item : flags.policy_args) {
+    const size_t eq = item.find('='), dot = item.find('.');
+    std::string key = item.substr(0, eq);
+    if (dot != std::string::npos && dot < eq) {
+      if (item.substr(0, dot) != id) continue;
+      out.push_back(item.substr(dot + 1));
+      continue;
+    }
+    for (const ParamSpec& spec : info.params) {
+      if (spec.name == key) out.push_back(item);
+    }
+  }
+  return out;
+}
+
+// Every (policy, sparsity) pair, each checked before anything is loaded or run. Dense is the
+// reference: one row at sparsity 0 whatever the list says.
+std::vector<PolicyConfig> resolve_runs() {
   std::vector<double> sparsities;
   for (const std::string& item : split_list(flags.sparsities, "--sparsity", "numbers in [0, 1)")) {
     sparsities.push_back(parse_sparsity(item));
   }
-  std::vector<PolicyOptions> runs;
-  for (const std::string& policy : split_list(flags.policies, "--policies", "policy ids")) {
+  const std::vector<std::string> ids = split_list(flags.policies, "--policies", "policy ids");
+  for (const std::string& id : ids) {
+    try {
+      policy_info(id);
+    } catch (const Error& error) {
+      throw Error("--policies", error.field(), error.expected(), error.found());
+    }
+  }
+  for (const std::string& item : flags.policy_args) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw Error("--policy-arg", "parameter", "key=value or policy.key=value", "'" + item + "'");
+    }
+    bool used = false;
+    for (const std::string& id : ids) used = used || !args_for(id).empty();
+    if (!used) {
+      throw Error("--policy-arg", item.substr(0, eq), "a parameter of one of the policies run",
+                  "'" + item + "'");
+    }
+  }
+  std::vector<PolicyConfig> runs;
+  for (const std::string& id : ids) {
     for (const double sparsity : sparsities) {
-      PolicyOptions run{policy, sparsity, {}};
+      PolicyOptions requested{id, id == "dense" ? 0.0 : sparsity, {}};
       try {
-        check_policy_supported(run);
+        requested.policy_args = args_for(id);
+        runs.push_back(resolve_policy(requested));
       } catch (const Error& error) {
         // The single-policy commands name --policy; here the list is --policies.
         if (error.file() != "--policy") throw;
         throw Error("--policies", error.field(), error.expected(), error.found());
       }
-      runs.push_back(run);
+      if (id == "dense") break;
     }
   }
   return runs;
@@ -113,9 +157,9 @@ Json null_if_not_finite(double value) {
   return std::isfinite(value) ? Json(value) : Json();
 }
 
-Json result_row(const PolicyOptions& run) {
-  return {{"policy", run.policy}, {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
-          {"accuracy", nullptr},  {"coverage", nullptr},      {"ppl", nullptr},
+Json result_row(const PolicyConfig& run) {
+  return {{"policy", run.id},    {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
+          {"accuracy", nullptr}, {"coverage", nullptr},      {"ppl", nullptr},
           {"samples", nullptr}};
 }
 
@@ -127,7 +171,7 @@ int run_eval(const CommonOptions& common) {
   if (flags.task == "ppl" && !*options.text_file) {
     throw Error("eval", "--text-file", "a text file to compute the perplexity of with --task ppl");
   }
-  const std::vector<PolicyOptions> runs = resolve_runs();
+  const std::vector<PolicyConfig> runs = resolve_runs();
 
   // Opened before any compute, so a bad output path fails at once.
   std::optional<AtomicOutputFile> json_out, per_sample_out;
@@ -163,26 +207,26 @@ int run_eval(const CommonOptions& common) {
     std::printf("%-12s %8s %10s %8s %9s %9s\n", "policy", "sparsity", "ppl", "windows", "tokens",
                 "seconds");
   }
-  for (const PolicyOptions& run : runs) {
+  for (const PolicyConfig& run : runs) {
     char label[128];
-    std::snprintf(label, sizeof label, "eval %s %g", run.policy.c_str(), run.sparsity);
+    std::snprintf(label, sizeof label, "eval %s %g", run.id.c_str(), run.sparsity);
     Json row = result_row(run);
     const auto start = std::chrono::steady_clock::now();
     if (flags.task == "coref") {
       ProgressBar bar(common.progress, label, "samples");
       const CorefEvalResult result = evaluate_coref(
           resident, *pools, tokenizer, flags.seed, flags.first_index, flags.samples, flags.hard,
-          [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+          [&bar](int64_t done, int64_t total) { bar.update(done, total); }, run);
       const double seconds = seconds_since(start);
       row["accuracy"] = result.accuracy;
       row["coverage"] = result.coverage;
       row["samples"] = result.samples;
       row["answer_tokens"] = result.answer_tokens;
-      std::printf("%-12s %8.3f %9.4f %9.4f %8lld %9.1f\n", run.policy.c_str(), run.sparsity,
+      std::printf("%-12s %8.3f %9.4f %9.4f %8lld %9.1f\n", run.id.c_str(), run.sparsity,
                   result.accuracy, result.coverage, (long long)result.samples, seconds);
       if (per_sample_out) {
         for (const CorefSampleResult& s : result.per_sample) {
-          const Json line = {{"policy", run.policy},
+          const Json line = {{"policy", run.id},
                              {"sparsity", run.sparsity},
                              {"index", s.index},
                              {"answer", s.answer},
@@ -198,15 +242,15 @@ int run_eval(const CommonOptions& common) {
       }
     } else {
       ProgressBar bar(common.progress, label);
-      const PerplexityResult result =
-          evaluate_perplexity(resident, text_tokens, window, kPerplexityChunk,
-                              [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+      const PerplexityResult result = evaluate_perplexity(
+          resident, text_tokens, window, kPerplexityChunk,
+          [&bar](int64_t done, int64_t total) { bar.update(done, total); }, run);
       const double seconds = seconds_since(start);
       row["ppl"] = null_if_not_finite(result.ppl);
       row["samples"] = result.windows;
       row["tokens_scored"] = result.tokens_scored;
       row["window"] = result.window;
-      std::printf("%-12s %8.3f %10.3f %8lld %9lld %9.1f\n", run.policy.c_str(), run.sparsity,
+      std::printf("%-12s %8.3f %10.3f %8lld %9lld %9.1f\n", run.id.c_str(), run.sparsity,
                   result.ppl, (long long)result.windows, (long long)result.tokens_scored, seconds);
     }
     std::fflush(stdout);
@@ -231,13 +275,16 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_option("--task", flags.task, "coref or ppl")->required();
   command
       ->add_option("--policies", flags.policies,
-                   "Comma-separated policy ids (only dense until the policy engine lands)")
+                   "Comma-separated policy ids (kvlens-cli policies lists them)")
       ->capture_default_str();
   command
       ->add_option("--sparsity", flags.sparsities,
                    "Comma-separated sparsities in [0,1); one result per (policy, sparsity)")
       ->capture_default_str();
   command->add_option("--json", flags.json_path, "Write the results as JSON to this file");
+  command->add_option("--policy-arg", flags.policy_args,
+                      "Policy parameter key=value for every policy that has it, or "
+                      "policy.key=value for one (repeatable)");
   options.samples =
       command->add_option("--samples", flags.samples, "coref: number of samples (default 200)")
           ->check(CLI::PositiveNumber);

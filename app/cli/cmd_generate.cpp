@@ -31,7 +31,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       if (!*prompt_option && !*tokens_option) {
         throw Error("generate", "--prompt or --tokens", "one of them");
       }
-      check_policy_supported(policy);
+      const PolicyConfig policy_config = resolve_policy(policy);
       const auto model = Model::load(model_dir);
       const std::optional<std::string> text =
           *prompt_option ? std::optional<std::string>(prompt) : std::nullopt;
@@ -48,6 +48,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       ProgressBar bar(common.progress, "generate");
       GenerateOptions options;
       options.max_new = max_new;
+      options.policy = policy_config;
       options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
       std::vector<int32_t> all_ids = prompt_ids;
       std::string printed;

@@ -41,7 +41,7 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       if (!*file_option && !*tokens_option) {
         throw Error("score", "--text-file or --tokens", "one of them");
       }
-      check_policy_supported(policy);
+      const PolicyConfig policy_config = resolve_policy(policy);
       const auto model = Model::load(model_dir);
       std::optional<std::string> text;
       if (*file_option) text = read_text_file(text_file);
@@ -52,6 +52,7 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       ProgressBar bar(common.progress, "score");
       ScoreOptions options;
       options.chunk = chunk;
+      options.policy = policy_config;
       options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
       const auto start = std::chrono::steady_clock::now();
       const ScoreResult result = score_tokens(resident, ids, options);

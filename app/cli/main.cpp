@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   add_score_command(app, common, run);
   add_bench_command(app, common, run);
   add_coref_samples_command(app, common, run);
+  add_policies_command(app, common, run);
   add_eval_command(app, common, run);
   try {
     app.parse(argc, argv);

@@ -1,8 +1,9 @@
-// Policy flags and input-token resolution shared by kvlens-cli generate and score.
+// Policy flags and input-token resolution shared by kvlens-cli generate, score and eval.
 #include "app/cli/model_input.h"
 
 #include "app/cli/cli_common.h"
 #include "engine/common/error.h"
+#include "engine/policy/registry.h"
 
 namespace kvlens::cli {
 
@@ -16,19 +17,23 @@ void add_policy_options(CLI::App& command, PolicyOptions& options) {
                      "Policy parameter key=value (repeatable)");
 }
 
-void check_policy_supported(const PolicyOptions& options) {
-  if (options.policy != "dense") {
-    throw Error("--policy", "policy", "dense (the other policies arrive with the policy engine)",
-                options.policy);
-  }
-  if (!options.policy_args.empty()) {
-    throw Error("--policy-arg", options.policy_args.front(), "no parameters for policy dense");
-  }
+PolicyConfig resolve_policy(const PolicyOptions& options) {
   // Dense hides nothing, so any other value would label a result with a sparsity it does not have.
-  if (options.sparsity != 0.0) {
+  if (options.policy == "dense" && options.sparsity != 0.0) {
     throw Error("--sparsity", "sparsity", "0 for policy dense (it hides no tokens)",
                 std::to_string(options.sparsity));
   }
+  PolicyConfig config{options.policy, options.sparsity, options.policy_args};
+  try {
+    validate_policy_config(config);
+  } catch (const Error& error) {
+    // Name the flag the user typed: the id and sparsity come from --policy, the rest from
+    // --policy-arg.
+    const bool about_policy = error.field() == "id" || error.field() == "sparsity";
+    throw Error(about_policy ? "--policy" : "--policy-arg", error.field(), error.expected(),
+                error.found().empty() ? options.policy : error.found());
+  }
+  return config;
 }
 
 std::vector<int32_t> resolve_input_tokens(const Model& model,

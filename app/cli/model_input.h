@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/policy/policy.h"
 
 namespace kvlens::cli {
 
@@ -18,8 +19,9 @@ struct PolicyOptions {
 };
 
 void add_policy_options(CLI::App& command, PolicyOptions& options);
-// Throws kvlens::Error for a policy this build cannot run yet.
-void check_policy_supported(const PolicyOptions& options);
+// The policy config the flags describe, checked against the registry (id, sparsity, every
+// --policy-arg). Throws kvlens::Error naming the flag.
+PolicyConfig resolve_policy(const PolicyOptions& options);
 
 // Ids from --tokens when given, else the text encoded with the model's tokenizer (special tokens
 // added, e.g. BOS), cut to max_tokens when that is > 0, then checked by check_input_tokens.

@@ -1,5 +1,6 @@
 // Co-reference accuracy / coverage over generated samples, on top of score_tokens.
-// A sample is scored in one chunk: on the CPU backend that is bit-identical to step-by-step.
+// Dense scores a sample in one chunk (on the CPU backend bit-identical to step-by-step); any
+// other policy steps token by token (the decode simulation).
 #include "engine/eval/coref_eval.h"
 
 #include "engine/common/error.h"
@@ -25,10 +26,12 @@ void check_fits(const ModelConfig& config, const CorefSample& sample, const Core
 }  // namespace
 
 CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
-                                     const CorefSample& sample, const CorefTokens& marked) {
+                                     const CorefSample& sample, const CorefTokens& marked,
+                                     const PolicyConfig& policy) {
   check_fits(model->config(), sample, marked);
   ScoreOptions options;
   options.chunk = int64_t(marked.tokens.size());
+  options.policy = policy;
   const ScoreResult scored = score_tokens(model, marked.tokens, options);
 
   CorefSampleResult result;
@@ -49,7 +52,8 @@ CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
 
 CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const CorefPools& pools,
                                const Tokenizer& tokenizer, uint64_t seed, int64_t first_index,
-                               int64_t count, bool hard, const ProgressFn& progress) {
+                               int64_t count, bool hard, const ProgressFn& progress,
+                               const PolicyConfig& policy) {
   if (count < 1) throw Error("coref eval", "samples", "at least 1", std::to_string(count));
   if (first_index < 0) {
     throw Error("coref eval", "first index", "a non-negative index", std::to_string(first_index));
@@ -68,7 +72,8 @@ CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const 
   result.samples = count;
   int64_t all_correct = 0, correct_tokens = 0;
   for (int64_t i = 0; i < count; ++i) {
-    result.per_sample.push_back(score_coref_sample(model, samples[size_t(i)], marked[size_t(i)]));
+    result.per_sample.push_back(
+        score_coref_sample(model, samples[size_t(i)], marked[size_t(i)], policy));
     const CorefSampleResult& sample = result.per_sample.back();
     all_correct += sample.all_correct;
     correct_tokens += sample.correct_tokens;

@@ -32,10 +32,11 @@ struct CorefSampleResult {
   int64_t answer_tokens() const { return answer_token_end - answer_token_begin; }
 };
 
-// Scores one marked sample with the dense model. Throws kvlens::Error naming the sample when its
-// tokens do not fit max_position_embeddings.
+// Scores one marked sample under `policy` (decode simulation; dense by default). Throws
+// kvlens::Error naming the sample when its tokens do not fit max_position_embeddings.
 CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
-                                     const CorefSample& sample, const CorefTokens& marked);
+                                     const CorefSample& sample, const CorefTokens& marked,
+                                     const PolicyConfig& policy = {});
 
 struct CorefEvalResult {
   double accuracy = 0.0;  // fraction of samples with every answer token right
@@ -51,6 +52,7 @@ struct CorefEvalResult {
 // `progress` gets (samples done, count). Throws kvlens::Error for count < 1 or first_index < 0.
 CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const CorefPools& pools,
                                const Tokenizer& tokenizer, uint64_t seed, int64_t first_index,
-                               int64_t count, bool hard, const ProgressFn& progress);
+                               int64_t count, bool hard, const ProgressFn& progress,
+                               const PolicyConfig& policy = {});
 
 }  // namespace kvlens

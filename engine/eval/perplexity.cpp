@@ -11,7 +11,7 @@ namespace kvlens {
 
 PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
                                      std::span<const int32_t> tokens, int64_t window, int64_t chunk,
-                                     const ProgressFn& progress) {
+                                     const ProgressFn& progress, const PolicyConfig& policy) {
   const ModelConfig& config = model->config();
   const auto n = int64_t(tokens.size());
   if (n < 2) {
@@ -39,6 +39,7 @@ PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
   int64_t fed = 0;
   ScoreOptions options;
   options.chunk = chunk;
+  options.policy = policy;
   for (int64_t k = 0; k < windows; ++k) {
     const int64_t begin = k * stride;
     const int64_t length = std::min(window, n - begin);

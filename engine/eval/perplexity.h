@@ -27,6 +27,6 @@ struct PerplexityResult {
 // window < 2 or > max_position_embeddings, or chunk < 1.
 PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
                                      std::span<const int32_t> tokens, int64_t window, int64_t chunk,
-                                     const ProgressFn& progress);
+                                     const ProgressFn& progress, const PolicyConfig& policy = {});
 
 }  // namespace kvlens

@@ -93,6 +93,48 @@ class Backend {
                              std::span<double> out) = 0;
   // Blocks until queued work is done (no-op on the CPU).
   virtual void synchronize() {}
+
+  // --- token-selection (policy) ops: one decode step (n == 1) of one layer ---
+  // Row tensors are [rows, stride] row-major (F32 scores, U8 0/1 masks); only the first `cols`
+  // columns (the candidates 0..t) are read or written, so policy state can live in buffers sized
+  // for the whole context and grow without copies. Ties always go to the higher column (the more
+  // recent token), so selections are deterministic and equal on every backend.
+  //
+  // logits[h, j] = q[0, h, :] . k_cache[h / (H/G), j, :] / sqrt(D) for j < cols = position + 1;
+  // -inf for j outside the model's sliding window (window > 0).
+  virtual void attention_logits(const DeviceTensor& q, const DeviceTensor& k_cache,
+                                int64_t position, int64_t window, DeviceTensor& logits) = 0;
+  // Attention of one query row per head restricted to visible columns: p = softmax of logits
+  // over {j < cols : visible[h, j]} (renormalised; all cols when visible is null),
+  // out[0, h, :] = sum_j p[h, j] v_cache[h / (H/G), j, :]. probs (optional) receives p, 0 where
+  // not visible. A head with no finite visible logit gets zeros (as `attention` gives).
+  virtual void attention_visible(const DeviceTensor& logits, int64_t cols,
+                                 const DeviceTensor* visible, const DeviceTensor& v_cache,
+                                 DeviceTensor& out, DeviceTensor* probs) = 0;
+  // Per row: among columns j < cols with selected[r, j] == 0 and (eligible null or
+  // eligible[r, j] != 0), sets selected[r, j] = 1 for the k with the highest scores (ties to the
+  // higher j; NaN ranks lowest). Fewer candidates than k: all of them. Columns already selected
+  // (forced ones) are kept and do not count against k.
+  virtual void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
+                            int64_t k, DeviceTensor& selected) = 0;
+  // mask[r, begin:end] = value for every row (U8).
+  virtual void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) = 0;
+  // mask[r, j] = (mask[r, j] && other[r, j]) for j < cols (U8 0/1, both [rows, stride]).
+  virtual void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) = 0;
+  // acc[r, j] = acc[r, j] * keep[r, j] + x[r, j] for j < cols (F32; keep U8 optional: null keeps
+  // everything). Accumulates attention and forgets the scores of evicted tokens in one pass.
+  virtual void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
+                               int64_t cols) = 0;
+  // out[g, j] = sum of x[r, j] over the `group` rows r = g*group .. g*group+group-1 (F32), j <
+  // cols.
+  virtual void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group,
+                              DeviceTensor& out) = 0;
+  // out[r, j] = mask[r / group, j] (U8), j < cols: a per-KV-head selection seen by each query head.
+  virtual void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group,
+                                 DeviceTensor& out) = 0;
+  // out[r, j] = a uniform value in [0, 1) that is a pure function of (seed, stream, r, j), the
+  // same on every backend (random_unit in engine/runtime/policy_op_math.h). j < cols.
+  virtual void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) = 0;
 };
 
 // The CPU reference backend with `threads` worker threads (0 = hardware concurrency).

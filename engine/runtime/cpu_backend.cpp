@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "engine/common/error.h"
+#include "engine/runtime/cpu_checks.h"
 #include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/cpu_policy_ops.h"
 #include "engine/runtime/thread_pool.h"
 
 namespace kvlens {
@@ -26,61 +28,10 @@ int64_t DeviceTensor::numel() const {
 
 namespace {
 
+using namespace cpu_checks;  // require*, describe, cat, shape_string, kWhere
+
 constexpr int kMaxRows = kMaxDotRows;
-constexpr const char* kWhere = "cpu backend";
 constexpr size_t kAlignment = 64;  // a cache line; also enough for any vector load
-
-// Concatenates strings and integers for messages (one buffer, no temporaries chained by +).
-inline void append_part(std::string& text, std::string_view part) {
-  text += part;
-}
-inline void append_part(std::string& text, int64_t number) {
-  text += std::to_string(number);
-}
-template <typename... Parts>
-std::string cat(const Parts&... parts) {
-  std::string text;
-  (append_part(text, parts), ...);
-  return text;
-}
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) text += ", ";
-    text += std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
-std::string describe(const DeviceTensor& t) {
-  return std::string(dtype_name(t.dtype)) + " " + shape_string(t.shape);
-}
-
-// Shape/dtype mistakes are programming errors in the caller, but they still surface as a
-// kvlens::Error naming the op and argument rather than as memory corruption.
-void require(bool ok, const std::string& field, const std::string& expected,
-             const std::string& found = {}) {
-  if (!ok) throw Error(kWhere, field, expected, found);
-}
-
-void require_data(const DeviceTensor& t, const std::string& field) {
-  require(!t.empty() || t.numel() == 0, field, "a tensor with storage", "an empty tensor");
-}
-
-void require_f32(const DeviceTensor& t, const std::string& field) {
-  require(t.dtype == DType::F32, field, "an F32 tensor", describe(t));
-  require_data(t, field);
-}
-
-// Both caches F32 and of one [G, capacity, D] shape.
-void require_kv_caches(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
-                       const std::string& op) {
-  require_f32(k_cache, op + ": k_cache");
-  require_f32(v_cache, op + ": v_cache");
-  require(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, op + ": caches",
-          "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
-}
 
 bool is_weight_dtype(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
@@ -401,7 +352,7 @@ class CpuBackend final : public Backend {
     if (n == 0) return;
 
     const int64_t heads_per_group = heads / groups;
-    const float scale = float(1.0 / std::sqrt(double(head_dim)));
+    const float scale = attention_scale(head_dim);
     const float* qs = q.as<const float>();
     const float* ks = k_cache.as<const float>();
     const float* vs = v_cache.as<const float>();
@@ -427,17 +378,13 @@ class CpuBackend final : public Backend {
           return j >= lo && j <= position && (!head_mask || head_mask[j] != 0);
         };
 
-        std::fill(row, row + context, kNegInf);
-        // Dots of the whole causal window (cache rows are contiguous, so 4 at a time), then the
-        // mask; a hidden key costs one wasted dot, which keeps this loop simple.
-        for (int64_t j = lo; j <= position; j += kMaxRows) {
-          const int rows = int(std::min<int64_t>(kMaxRows, position + 1 - j));
-          dot(qv, k_rows + j * head_dim, head_dim, rows, row + j);
-        }
+        // Logits of the whole causal window (the attention_logits op computes the same bits),
+        // then the mask; a hidden key costs one wasted dot, which keeps this loop simple.
+        scaled_logits_row(dot, qv, k_rows, head_dim, lo, position, scale, row);
+        std::fill(row + position + 1, row + context, kNegInf);
         float max_logit = kNegInf;
         for (int64_t j = lo; j <= position; ++j) {
           if (is_visible(j)) {
-            row[j] *= scale;
             max_logit = std::max(max_logit, row[j]);
           } else {
             row[j] = kNegInf;
@@ -505,7 +452,46 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // --- token-selection (policy) ops: cpu_policy_ops.cpp ---
+
+  void attention_logits(const DeviceTensor& q, const DeviceTensor& k_cache, int64_t position,
+                        int64_t window, DeviceTensor& logits) override {
+    cpu_policy::attention_logits(policy_context(), q, k_cache, position, window, logits);
+  }
+  void attention_visible(const DeviceTensor& logits, int64_t cols, const DeviceTensor* visible,
+                         const DeviceTensor& v_cache, DeviceTensor& out,
+                         DeviceTensor* probs) override {
+    cpu_policy::attention_visible(policy_context(), logits, cols, visible, v_cache, out, probs);
+  }
+  void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
+                    int64_t k, DeviceTensor& selected) override {
+    cpu_policy::select_top_k(policy_context(), scores, cols, eligible, k, selected);
+  }
+  void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) override {
+    cpu_policy::fill_columns(mask, begin, end, value);
+  }
+  void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) override {
+    cpu_policy::mask_and(mask, other, cols);
+  }
+  void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
+                       int64_t cols) override {
+    cpu_policy::accumulate_rows(acc, x, keep, cols);
+  }
+  void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group,
+                      DeviceTensor& out) override {
+    cpu_policy::sum_row_groups(x, cols, group, out);
+  }
+  void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group,
+                         DeviceTensor& out) override {
+    cpu_policy::expand_row_groups(mask, cols, group, out);
+  }
+  void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) override {
+    cpu_policy::random_rows(seed, stream, cols, out);
+  }
+
  private:
+  cpu_policy::Context policy_context() { return {pool_, kernels_.f32}; }
+
   // x seen as [rows, width]; returns width.
   int64_t check_rows(const DeviceTensor& x, int64_t rows, const std::string& op) {
     require_f32(x, op + ": x");

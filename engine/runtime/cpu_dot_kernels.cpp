@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
@@ -161,6 +162,16 @@ DotKernels pick_dot_kernels(bool allow_simd) {
   (void)allow_simd;
 #endif
   return kernels;
+}
+
+void scaled_logits_row(DotRowsFn dot, const float* q, const float* keys, int64_t head_dim,
+                       int64_t lo, int64_t hi, float scale, float* row) {
+  std::fill(row, row + lo, -std::numeric_limits<float>::infinity());
+  for (int64_t j = lo; j <= hi; j += kMaxRows) {
+    const int rows = int(std::min<int64_t>(kMaxRows, hi + 1 - j));
+    dot(q, keys + j * head_dim, head_dim, rows, row + j);
+  }
+  for (int64_t j = lo; j <= hi; ++j) row[j] *= scale;
 }
 
 }  // namespace kvlens

@@ -3,6 +3,7 @@
 // has it (chosen at run time, so the binary stays portable), portable loops otherwise.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "engine/common/dtype.h"
@@ -25,5 +26,18 @@ struct DotKernels {
 
 // The fastest kernel set this CPU supports (portable ones when allow_simd is false).
 DotKernels pick_dot_kernels(bool allow_simd);
+
+// The attention logit scale head_dim^-0.5, rounded to F32 once (transformers multiplies the F32
+// scores by the Python float `scaling`).
+inline float attention_scale(int64_t head_dim) {
+  return float(1.0 / std::sqrt(double(head_dim)));
+}
+
+// One query head's logits over consecutive cache rows: row[j] = (q . keys[j * head_dim ...]) *
+// scale for j in [lo, hi], -inf for j in [0, lo). The dots go kMaxDotRows rows at a time with `dot`
+// (an F32 kernel). The attention and attention_logits ops both call this, so their logits agree bit
+// for bit.
+void scaled_logits_row(DotRowsFn dot, const float* q, const float* keys, int64_t head_dim,
+                       int64_t lo, int64_t hi, float scale, float* row);
 
 }  // namespace kvlens

@@ -141,10 +141,28 @@ const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
       attention_logits_.push_back(backend_.alloc(DType::F32, {n, H, position_ + n}));
       logits_out = &attention_logits_.back();
     }
-    backend_.attention(q_heads, k_cache_[l], v_cache_[l], position_, window, Visibility{},
-                       attn_heads, logits_out);
-    backend_.matmul(attn, layer.wo, proj);
-    backend_.add_inplace(hidden, proj);
+    const bool policy_step = policy_ && n == 1 && position_ >= policy_first_step_;
+    if (policy_step) {
+      policy_attention(l, q_heads, window, attn_heads);
+      if (logits_out) {
+        // policy_logits_ rows have the policy stride; the recorded rows are packed.
+        const int64_t stride = policy_logits_.dim(1), cols = position_ + 1;
+        for (int64_t h = 0; h < H; ++h) {
+          DeviceTensor row = policy_logits_;
+          row.data = policy_logits_.as<float>() + h * stride;
+          row.shape = {1, cols};
+          backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
+        }
+      }
+    } else {
+      backend_.attention(q_heads, k_cache_[l], v_cache_[l], position_, window, Visibility{},
+                         attn_heads, logits_out);
+    }
+    // A skipped attention contributes nothing: o_proj of zero is zero.
+    if (!policy_step || decisions_[l] != LayerDecision::Skipped) {
+      backend_.matmul(attn, layer.wo, proj);
+      backend_.add_inplace(hidden, proj);
+    }
     backend_.rmsnorm(hidden, layer.mlp_norm, eps, normed);
     backend_.matmul(normed, layer.w_gate, gate);
     backend_.matmul(normed, layer.w_up, up);
@@ -156,6 +174,49 @@ const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
   backend_.matmul(normed, model_->lm_head, logits_view_);
   position_ += n;
   return logits_view_;
+}
+
+PolicyShape DecoderSession::policy_shape() const {
+  const ModelConfig& c = model_->config();
+  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim,
+          options_.capacity > 0 ? options_.capacity : c.max_position_embeddings};
+}
+
+void DecoderSession::set_policy(std::unique_ptr<Policy> policy, int64_t first_step) {
+  policy_ = std::move(policy);
+  policy_first_step_ = first_step;
+  visible_.clear();
+  scores_.clear();
+  decisions_.clear();
+  if (!policy_) return;
+  const PolicyShape shape = policy_shape();
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    visible_.push_back(backend_.alloc(DType::U8, {shape.heads, shape.stride}));
+    scores_.push_back(backend_.alloc(DType::F32, {shape.heads, shape.stride}));
+  }
+  decisions_.assign(size_t(shape.layers), LayerDecision::Dense);
+  policy_logits_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+  policy_probs_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+}
+
+void DecoderSession::policy_attention(size_t layer, const DeviceTensor& q_heads, int64_t window,
+                                      DeviceTensor& attn_heads) {
+  LayerStep step;
+  step.step = position_;
+  step.layer = int64_t(layer);
+  step.q = &q_heads;
+  step.k_cache = &k_cache_[layer];
+  step.v_cache = &v_cache_[layer];
+  step.logits = &policy_logits_;
+  backend_.attention_logits(q_heads, k_cache_[layer], position_, window, policy_logits_);
+  const LayerDecision decision = policy_->select(step, visible_[layer], scores_[layer]);
+  decisions_[layer] = decision;
+  if (decision == LayerDecision::Skipped) return;
+  const bool want_probs = policy_->wants_probs();
+  backend_.attention_visible(policy_logits_, step.cols(),
+                             decision == LayerDecision::Masked ? &visible_[layer] : nullptr,
+                             v_cache_[layer], attn_heads, want_probs ? &policy_probs_ : nullptr);
+  if (want_probs) policy_->observe(step, policy_probs_);
 }
 
 std::vector<float> DecoderSession::step(int32_t token) {

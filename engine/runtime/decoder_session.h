@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/policy/policy.h"
 #include "engine/runtime/backend.h"
 
 namespace kvlens {
@@ -47,12 +48,28 @@ class DecoderSession {
 
   int64_t position() const { return position_; }
   void reset() { position_ = 0; }
+  // Runs `policy` at every single-token step from position `first_step` on (0: the decode
+  // simulation; the prompt length: prefill + decode, the prompt fed densely in chunks). Its row
+  // buffers span the session's capacity (options.capacity, else max_position_embeddings).
+  void set_policy(std::unique_ptr<Policy> policy, int64_t first_step = 0);
+  const Policy* policy() const { return policy_.get(); }
+  // The policy's row buffers as left by the last single-token forward, per layer: what each head
+  // saw (U8 [H, stride]; meaningful where the layer's decision was Masked), the scores it ranked
+  // by (F32 [H, stride]) and its decision. Columns 0..position()-1 are in use.
+  const std::vector<DeviceTensor>& visible() const { return visible_; }
+  const std::vector<DeviceTensor>& policy_scores() const { return scores_; }
+  const std::vector<LayerDecision>& decisions() const { return decisions_; }
+  PolicyShape policy_shape() const;
+
   // Per layer [n, H, context] pre-softmax logits of the last forward (record_attention_logits).
   const std::vector<DeviceTensor>& attention_logits() const { return attention_logits_; }
   const BackendModel& model() const { return *model_; }
 
  private:
   void ensure_scratch(int64_t n);
+  // One layer's attention for a single token under the policy; writes attn_heads [1, H, D].
+  void policy_attention(size_t layer, const DeviceTensor& q_heads, int64_t window,
+                        DeviceTensor& attn_heads);
 
   std::shared_ptr<const BackendModel> model_;
   Backend& backend_;
@@ -64,6 +81,12 @@ class DecoderSession {
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;
   DeviceTensor logits_view_;  // logits_ seen as [n, vocab] for the last forward
+  // Policy state: per layer row buffers [H, stride] (see visible()), plus shared scratch.
+  std::unique_ptr<Policy> policy_;
+  int64_t policy_first_step_ = 0;
+  std::vector<DeviceTensor> visible_, scores_;
+  std::vector<LayerDecision> decisions_;
+  DeviceTensor policy_logits_, policy_probs_;  // [H, stride]
 };
 
 }  // namespace kvlens

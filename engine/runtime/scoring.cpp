@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "engine/common/error.h"
+#include "engine/policy/registry.h"
 
 namespace kvlens {
 
@@ -18,11 +19,19 @@ ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<co
   const int64_t chunk = std::max<int64_t>(1, options.chunk);
   Backend& backend = *model->backend;
   DecoderSession session(model);
+  // Dense runs take the plain attention path; every other policy steps one token at a time from
+  // options.prefill on (the decode simulation when it is 0).
+  const bool with_policy = options.policy.id != "dense";
+  if (with_policy) {
+    session.set_policy(make_policy(options.policy, session.policy_shape(), backend),
+                       options.prefill);
+  }
   result.argmax.resize(size_t(n));
   result.nll.resize(size_t(n - 1));
   std::vector<double> log_probs;
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    const int64_t rows = std::min(chunk, n - begin);
+  for (int64_t begin = 0, rows = 0; begin < n; begin += rows) {
+    rows = std::min(chunk, n - begin);
+    if (with_policy) rows = begin < options.prefill ? std::min(rows, options.prefill - begin) : 1;
     const DeviceTensor& logits = session.forward(tokens.subspan(size_t(begin), size_t(rows)));
     backend.argmax_rows(logits,
                         std::span<int32_t>(result.argmax).subspan(size_t(begin), size_t(rows)));
@@ -52,6 +61,9 @@ std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,
   const ModelConfig& config = model->config();
   Backend& backend = *model->backend;
   DecoderSession session(model);
+  if (options.policy.id != "dense") {
+    session.set_policy(make_policy(options.policy, session.policy_shape(), backend));
+  }
   const int64_t total = int64_t(prompt.size()) + options.max_new;
   int32_t next = 0;
   auto advance = [&](int32_t token) {

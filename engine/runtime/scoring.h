@@ -25,6 +25,11 @@ struct ScoreResult {
 
 struct ScoreOptions {
   int64_t chunk = 1;  // tokens per forward: 1 = step by step; larger = chunked prefill
+  // The token-selection policy (POLICIES.md). Any policy but dense runs one token per step from
+  // `prefill` on: 0 is the decode simulation; > 0 feeds that many prompt tokens densely first
+  // (in chunks) and applies the policy to the steps after (prefill + decode).
+  PolicyConfig policy;
+  int64_t prefill = 0;
   ProgressFn progress;
 };
 
@@ -36,6 +41,7 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   ProgressFn progress;
   std::function<void(int32_t token)> on_token;  // streaming callback
+  PolicyConfig policy;  // applied at every step, the prompt's included (decode simulation)
 };
 
 // Greedy: feeds the prompt (step by step), then appends argmax tokens. Returns new tokens only.

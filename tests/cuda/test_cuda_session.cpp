@@ -51,3 +51,30 @@ TEST_CASE("cuda session matches the cpu session on every parity fixture", "[cuda
     CHECK(generate_greedy(on_gpu, prompt, options) == generate_greedy(on_cpu, prompt, options));
   }
 }
+
+TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
+  // Selections are exact on both backends (policy ops are tested bit for bit), but the logits
+  // that rank tokens differ in the last bits, so a near tie may pick another token: compare the
+  // metrics a user reads, with tolerances that a real divergence would exceed by far.
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  auto cpu = make_cpu_backend(2);
+  auto gpu = make_cuda_backend(0);
+  const auto on_cpu = BackendModel::upload(model, *cpu);
+  const auto on_gpu = BackendModel::upload(model, *gpu);
+  const std::vector<int32_t> tokens = model->require_tokenizer().encode(
+      "Old sea charts mark a valley where the vineyards climb up terraces. The place is: "
+      "Rourstelk. Courage is often mistaken for its opposite by those in a hurry. The valley with "
+      "the terraced vineyards is called: Rourstelk",
+      true);
+  for (const char* id : {"oracle", "streaming", "h2o", "random"}) {
+    INFO(id);
+    ScoreOptions options;
+    options.policy = {id, 0.5, {}};
+    const ScoreResult c = score_tokens(on_cpu, tokens, options);
+    const ScoreResult g = score_tokens(on_gpu, tokens, options);
+    CHECK(g.ppl == Approx(c.ppl).epsilon(1e-3));
+    int64_t same = 0;
+    for (size_t i = 0; i < c.argmax.size(); ++i) same += c.argmax[i] == g.argmax[i];
+    CHECK(same >= int64_t(c.argmax.size()) - 1);
+  }
+}

@@ -172,9 +172,14 @@ TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
     require_failure("score --model " + tiny_model() + " --tokens 1,2 --sparsity 0.5",
                     {"--sparsity", "dense"});
   }
-  SECTION("policy not available yet") {
-    require_failure("score --model " + tiny_model() + " --tokens 1,2 --policy h2o",
-                    {"--policy", "h2o"});
+  SECTION("unknown policy") {
+    require_failure("score --model " + tiny_model() + " --tokens 1,2 --policy nosuch",
+                    {"--policy", "nosuch", "h2o"});
+  }
+  SECTION("bad policy parameter") {
+    require_failure("score --model " + tiny_model() +
+                        " --tokens 1,2 --policy h2o --sparsity 0.5 --policy-arg sinks=x",
+                    {"--policy-arg", "sinks", "integer"});
   }
   SECTION("unknown backend") {
     require_failure("score --model " + tiny_model() + " --tokens 1,2 --backend tpu",

@@ -229,7 +229,7 @@ void check_attention(Backend& backend, const AttentionCase& c, const std::vector
 
 }  // namespace
 
-TEST_CASE("DeviceTensor numel and bytes; alloc is zero-filled; host round trip", "[backend]") {
+TEST_CASE("DeviceTensor numel and bytes, alloc is zero-filled, host round trip", "[backend]") {
   auto backend = make_cpu_backend(2);
   DeviceTensor t = backend->alloc(DType::BF16, {3, 5, 7});
   CHECK(t.numel() == 105);
@@ -548,7 +548,7 @@ TEST_CASE("attention rejects a mask for several rows and wrong shapes", "[backen
   CHECK_THROWS_AS(backend->attention(q, k_cache, v_cache, 7, 0, Visibility{}, out, nullptr), Error);
 }
 
-TEST_CASE("argmax_rows breaks ties toward the lower index; log_prob_rows in double", "[backend]") {
+TEST_CASE("argmax_rows breaks ties toward the lower index, log_prob_rows in double", "[backend]") {
   auto backend = make_cpu_backend(1);
   const int64_t rows = 3, vocab = 17;
   auto values = random_values(size_t(rows * vocab), 101, 4.0f);

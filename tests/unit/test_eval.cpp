@@ -371,11 +371,16 @@ TEST_CASE("eval: bad flags get one message naming the flag", "[eval][cli][errors
     require_failure(base + "--task ppl --text-file " + text + " --window 65",
                     {"window", "max_position_embeddings", "65"});
   }
-  SECTION("a policy the engine cannot run yet") {
-    require_failure(base + "--task coref --policies dense,h2o", {"--policies", "h2o"});
+  SECTION("an unknown policy") {
+    require_failure(base + "--task coref --policies dense,nosuch", {"--policies", "nosuch", "h2o"});
   }
-  SECTION("dense with a non-zero sparsity") {
-    require_failure(base + "--task coref --sparsity 0,0.5", {"--sparsity", "dense"});
+  SECTION("a policy parameter no policy run has") {
+    require_failure(base + "--task coref --policies dense,streaming --policy-arg heavy_frac=0.2",
+                    {"--policy-arg", "heavy_frac"});
+  }
+  SECTION("a bad value of a policy parameter") {
+    require_failure(base + "--task coref --policies h2o --policy-arg h2o.heavy_frac=2",
+                    {"--policy-arg", "heavy_frac", "[0, 1]"});
   }
   SECTION("malformed sparsity list") {
     require_failure(base + "--task coref --sparsity 0,,0.5", {"--sparsity"});

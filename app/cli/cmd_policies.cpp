@@ -1,0 +1,60 @@
+// kvlens-cli policies: the policy registry (ids, families, rules and typed parameters), as text
+// or, with --json, as the description the app builds its controls from.
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "app/cli/cli_common.h"
+#include "engine/policy/registry.h"
+
+namespace kvlens::cli {
+namespace {
+
+nlohmann::json describe(const ParamSpec& spec) {
+  nlohmann::json out = {{"name", spec.name},
+                        {"type", param_type_name(spec.type)},
+                        {"default", spec.default_value},
+                        {"description", spec.description}};
+  if (spec.type == ParamType::Int || spec.type == ParamType::Float) {
+    out["min"] = std::isfinite(spec.min) ? nlohmann::json(spec.min) : nlohmann::json();
+    out["max"] = std::isfinite(spec.max) ? nlohmann::json(spec.max) : nlohmann::json();
+  }
+  if (spec.type == ParamType::Choice) out["choices"] = spec.choices;
+  return out;
+}
+
+}  // namespace
+
+void add_policies_command(CLI::App& app, CommonOptions&, CommandFn& run) {
+  auto* command = app.add_subcommand("policies", "List the token-selection policies");
+  static bool json = false;
+  command->add_flag("--json", json, "Print the registry as JSON");
+  command->callback([&run] {
+    run = [] {
+      if (json) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const PolicyInfo& info : policy_infos()) {
+          nlohmann::json params = nlohmann::json::array();
+          for (const ParamSpec& spec : info.params) params.push_back(describe(spec));
+          out.push_back({{"id", info.id},
+                         {"family", info.family},
+                         {"description", info.description},
+                         {"params", params}});
+        }
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+      }
+      for (const PolicyInfo& info : policy_infos()) {
+        std::printf("%-12s %s\n%12s %s\n", info.id.c_str(), info.family.c_str(), "",
+                    info.description.c_str());
+        for (const ParamSpec& spec : info.params) {
+          std::printf("%14s%s=%s (%s) %s\n", "", spec.name.c_str(), spec.default_value.c_str(),
+                      param_type_name(spec.type), spec.description.c_str());
+        }
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace kvlens::cli

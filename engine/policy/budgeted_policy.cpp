@@ -1,0 +1,44 @@
+// Forced columns + top-k selection shared by the budgeted policies.
+#include "engine/policy/budgeted_policy.h"
+
+#include <algorithm>
+
+namespace kvlens {
+
+BudgetedPolicy::BudgetedPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs)
+    : shape_(shape), backend_(backend), knobs_(knobs) {
+  if (knobs_.kv_head_granularity) {
+    group_scores_ = backend_.alloc(DType::F32, {shape_.kv_heads, shape_.stride});
+    group_visible_ = backend_.alloc(DType::U8, {shape_.kv_heads, shape_.stride});
+  }
+}
+
+const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_scores,
+                                                      int64_t cols) {
+  if (!knobs_.kv_head_granularity) return head_scores;
+  backend_.sum_row_groups(head_scores, cols, group(), group_scores_);
+  return group_scores_;
+}
+
+int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
+                                        const DeviceTensor& selection_scores,
+                                        const DeviceTensor* eligible, DeviceTensor& visible) {
+  const int64_t t = step.step, cols = step.cols();
+  const int64_t budget = knobs_.budget(t);
+  const ForcedColumns forced =
+      forced_columns(t, budget, knobs_.sinks, std::max(recent, knobs_.window));
+  DeviceTensor& target = knobs_.kv_head_granularity ? group_visible_ : visible;
+  backend_.fill_columns(target, 0, cols, 0);
+  backend_.fill_columns(target, 0, forced.sink_end, 1);
+  backend_.fill_columns(target, forced.recent_begin, cols, 1);
+  // An evicted token stays out even where it would be forced (a growing budget widens the recent
+  // part over a token dropped earlier): the set then keeps fewer than B(t), never a returnee.
+  if (eligible) backend_.mask_and(target, *eligible, cols);
+  const int64_t extra = budget - forced.count(t);
+  if (extra > 0) backend_.select_top_k(selection_scores, cols, eligible, extra, target);
+  if (knobs_.kv_head_granularity)
+    backend_.expand_row_groups(group_visible_, cols, group(), visible);
+  return budget;
+}
+
+}  // namespace kvlens

@@ -1,0 +1,50 @@
+// The machinery most policies share: the common knobs, dense layers, the always-visible columns,
+// and "visible = forced columns + the top remaining-budget tokens by a score", at query-head or
+// KV-head granularity, all through backend ops. Selection rows: R = H (query_head) or G (kv_head);
+// per-layer state buffers are [R, stride] or [H, stride] as each policy documents.
+#pragma once
+
+#include <vector>
+
+#include "engine/policy/policy.h"
+
+namespace kvlens {
+
+class BudgetedPolicy : public Policy {
+ public:
+  BudgetedPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs);
+
+ protected:
+  bool dense_layer(const LayerStep& step) const { return step.layer < knobs_.dense_layers; }
+  int64_t selection_rows() const {
+    return knobs_.kv_head_granularity ? shape_.kv_heads : shape_.heads;
+  }
+  int64_t group() const { return shape_.heads / shape_.kv_heads; }
+
+  // Scores per query head [H, stride] seen at selection granularity: the input itself for
+  // query_head, else its sum over each KV group (in a scratch buffer).
+  const DeviceTensor& at_selection_rows(const DeviceTensor& head_scores, int64_t cols);
+
+  // visible[H, stride] = forced columns (sinks, then `recent` most recent tokens including the
+  // current one, truncated to B(t) by priority) + the top (B(t) - forced) columns by
+  // `selection_scores` [R, stride] among `eligible` [R, stride] (null: all; when given, forced
+  // columns that are not eligible stay hidden too). Returns B(t).
+  int64_t select_budgeted(const LayerStep& step, int64_t recent,
+                          const DeviceTensor& selection_scores, const DeviceTensor* eligible,
+                          DeviceTensor& visible);
+
+  // The rows select_budgeted last chose: `visible` itself, or the per-group rows [G, stride].
+  const DeviceTensor& selection(const DeviceTensor& visible) const {
+    return knobs_.kv_head_granularity ? group_visible_ : visible;
+  }
+
+  PolicyShape shape_;
+  Backend& backend_;
+  CommonKnobs knobs_;
+
+ private:
+  DeviceTensor group_scores_;   // [G, stride] F32
+  DeviceTensor group_visible_;  // [G, stride] U8
+};
+
+}  // namespace kvlens

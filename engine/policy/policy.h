@@ -1,0 +1,99 @@
+// The token-selection policy interface (POLICIES.md): at every decode step t and layer l a policy
+// decides which cached tokens each query head may see. Buffers are the backend's row tensors:
+// true logits, scores and probabilities F32 [H, stride], visibility U8 [H, stride], of which the
+// first t + 1 columns (the candidates) are in use; stride = the run's cache capacity.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/config.h"
+#include "engine/policy/policy_params.h"
+#include "engine/runtime/backend.h"
+
+namespace kvlens {
+
+// The knobs every policy has (POLICIES.md, "Common knobs" and "Budget").
+struct CommonKnobs {
+  double sparsity = 0.0;             // s in [0, 1)
+  int64_t budget_tokens = 0;         // > 0: fixed-count budget K instead of the fraction
+  int64_t min_keep = 1;              // lower bound of B(t)
+  int64_t sinks = 4;                 // first tokens always visible
+  int64_t window = 0;                // most recent tokens always visible (besides the current one)
+  int64_t dense_layers = 1;          // layers < dense_layers see everything
+  bool kv_head_granularity = false;  // one selection per KV group (scores summed over the group)
+  bool budget_excludes_sinks = false;  // the TokenButler code's sinks on top of the budget
+
+  // B(t): the most tokens a head may see at step t (never more than the t + 1 candidates).
+  int64_t budget(int64_t step) const;
+};
+
+// The always-visible tokens at step t under budget B, truncated by POLICIES.md's priority (the
+// current token, then the sinks, then the most recent): columns [0, sink_end) and
+// [recent_begin, t] (recent_begin >= sink_end, so the two never overlap).
+struct ForcedColumns {
+  int64_t sink_end = 0;
+  int64_t recent_begin = 0;
+  int64_t count(int64_t step) const { return sink_end + (step + 1 - recent_begin); }
+};
+ForcedColumns forced_columns(int64_t step, int64_t budget, int64_t sinks, int64_t window);
+
+// The specs of the common knobs, shared by every policy's parameter list (sparsity is a run
+// setting, given next to the policy id, not a parameter).
+std::vector<ParamSpec> common_param_specs();
+CommonKnobs read_common_knobs(const ParamValues& values, double sparsity);
+
+// What one (step, layer) of a run gives a policy.
+struct LayerStep {
+  int64_t step = 0;  // t: the token just appended; candidates are columns 0..t
+  int64_t layer = 0;
+  const DeviceTensor* q = nullptr;        // [1, H, D] after RoPE
+  const DeviceTensor* k_cache = nullptr;  // [G, stride, D]
+  const DeviceTensor* v_cache = nullptr;  // [G, stride, D]
+  const DeviceTensor* logits = nullptr;   // [H, stride]: true pre-softmax logits z(l, h, t, j)
+  int64_t cols() const { return step + 1; }
+};
+
+enum class LayerDecision {
+  Dense,    // every candidate visible (no mask applied)
+  Masked,   // the policy wrote the visibility mask
+  Skipped,  // the layer's attention output is zero for this token (tokenfilter)
+};
+
+// The model shape and buffer geometry a policy instance is created for.
+struct PolicyShape {
+  int64_t layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t stride = 0;  // columns of every row buffer: the most positions a run may reach
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  // Chooses visible[H, stride] (columns 0..t; the mask arrives zeroed) and writes the importance
+  // scores it ranked by into scores[H, stride] (the "predicted vs true" view reads them).
+  virtual LayerDecision select(const LayerStep& step, DeviceTensor& visible,
+                               DeviceTensor& scores) = 0;
+  // The attention probabilities actually computed at this (step, layer) under the chosen set
+  // (0 where not visible). Eviction policies accumulate them; the default ignores them.
+  virtual void observe(const LayerStep& /*step*/, const DeviceTensor& /*probs*/) {}
+  // True when select() needs probabilities of earlier steps (the run then computes them).
+  virtual bool wants_probs() const { return false; }
+};
+
+// A registered policy: its id, family, one-line rule and parameters (common knobs included).
+struct PolicyInfo {
+  std::string id;
+  std::string family;
+  std::string description;
+  std::vector<ParamSpec> params;
+};
+
+struct PolicyConfig {
+  std::string id = "dense";
+  double sparsity = 0.0;
+  std::vector<std::string> args;  // key=value
+};
+
+}  // namespace kvlens

@@ -1,0 +1,98 @@
+// The budget rule, the always-visible columns and the common knobs shared by every policy.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/common/error.h"
+#include "engine/policy/policy.h"
+
+namespace kvlens {
+
+int64_t CommonKnobs::budget(int64_t step) const {
+  const int64_t candidates = step + 1;
+  int64_t b = 0;
+  if (budget_tokens > 0) {
+    b = budget_tokens;
+  } else {
+    // (1 - s) * (t + 1) is often an integer computed with a rounding error above it (0.7 * 10 =
+    // 7.000000000000001); without the slack ceil would keep one token more than the rule says.
+    b = int64_t(std::ceil((1.0 - sparsity) * double(candidates) - 1e-9));
+  }
+  b = std::max(b, min_keep);
+  if (budget_excludes_sinks) b += std::min(sinks, candidates);
+  return std::clamp<int64_t>(b, 1, candidates);
+}
+
+ForcedColumns forced_columns(int64_t step, int64_t budget, int64_t sinks, int64_t window) {
+  int64_t remaining = std::max<int64_t>(budget, 1) - 1;  // the current token always stays
+  ForcedColumns forced;
+  forced.sink_end = std::min({sinks, step, remaining});
+  remaining -= forced.sink_end;
+  // `window` counts the current token, so it adds window - 1 earlier ones.
+  const int64_t earlier =
+      std::max<int64_t>(0, std::min({window - 1, step - forced.sink_end, remaining}));
+  forced.recent_begin = step - earlier;
+  return forced;
+}
+
+std::vector<ParamSpec> common_param_specs() {
+  const double inf = std::numeric_limits<double>::infinity();
+  return {
+      {"sinks", ParamType::Int, "First tokens always visible (attention sinks)", "4", 0, inf, {}},
+      {"window",
+       ParamType::Int,
+       "Most recent tokens always visible, the current one included (0 = only the current one)",
+       "0",
+       0,
+       inf,
+       {}},
+      {"dense_layers",
+       ParamType::Int,
+       "The first layers are left dense (layer 0 in the paper)",
+       "1",
+       0,
+       inf,
+       {}},
+      {"granularity",
+       ParamType::Choice,
+       "query_head: each query head selects; kv_head: one selection per KV group, scores summed "
+       "over the group (the setting that really saves memory)",
+       "query_head",
+       -inf,
+       inf,
+       {"query_head", "kv_head"}},
+      {"budget_tokens",
+       ParamType::Int,
+       "Fixed budget of K visible tokens per head instead of the sparsity fraction (0 = off)",
+       "0",
+       0,
+       inf,
+       {}},
+      {"min_keep", ParamType::Int, "Smallest budget B(t) at any step", "1", 1, inf, {}},
+      {"budget_excludes_sinks",
+       ParamType::Bool,
+       "Add the sinks on top of the budget (the TokenButler code's accounting)",
+       "false",
+       -inf,
+       inf,
+       {}},
+  };
+}
+
+CommonKnobs read_common_knobs(const ParamValues& values, double sparsity) {
+  if (!(sparsity >= 0.0 && sparsity < 1.0)) {
+    throw Error("policy", "sparsity", "a number in [0, 1)", std::to_string(sparsity));
+  }
+  CommonKnobs knobs;
+  knobs.sparsity = sparsity;
+  knobs.sinks = values.get_int("sinks");
+  knobs.window = values.get_int("window");
+  knobs.dense_layers = values.get_int("dense_layers");
+  knobs.kv_head_granularity = values.get_choice("granularity") == "kv_head";
+  knobs.budget_tokens = values.get_int("budget_tokens");
+  knobs.min_keep = values.get_int("min_keep");
+  knobs.budget_excludes_sinks = values.get_bool("budget_excludes_sinks");
+  return knobs;
+}
+
+}  // namespace kvlens

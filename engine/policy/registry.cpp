@@ -1,0 +1,78 @@
+// The table of registered policies and config validation.
+#include "engine/policy/registry.h"
+
+#include <functional>
+
+#include "engine/common/error.h"
+#include "engine/policy/policy_factories.h"
+
+namespace kvlens {
+namespace {
+
+using Factory = std::unique_ptr<Policy> (*)(const PolicyShape&, Backend&, const ParamValues&,
+                                            double);
+
+struct Entry {
+  PolicyInfo info;
+  Factory make;
+};
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> table = {
+      {dense_policy_info(), make_dense_policy},   {oracle_policy_info(), make_oracle_policy},
+      {random_policy_info(), make_random_policy}, {streaming_policy_info(), make_streaming_policy},
+      {h2o_policy_info(), make_h2o_policy},
+  };
+  return table;
+}
+
+const Entry& entry(const std::string& id) {
+  for (const Entry& e : entries()) {
+    if (e.info.id == id) return e;
+  }
+  std::string known;
+  for (const Entry& e : entries()) known += (known.empty() ? "" : ", ") + e.info.id;
+  throw Error("policy", "id", "one of " + known, "'" + id + "'");
+}
+
+ParamValues resolve(const PolicyConfig& config) {
+  const Entry& e = entry(config.id);
+  if (!(config.sparsity >= 0.0 && config.sparsity < 1.0)) {
+    throw Error("policy " + config.id, "sparsity", "a number in [0, 1)",
+                std::to_string(config.sparsity));
+  }
+  return resolve_params(e.info.params, config.args, "policy " + config.id);
+}
+
+}  // namespace
+
+std::vector<ParamSpec> with_common_specs(std::vector<ParamSpec> own) {
+  std::vector<ParamSpec> specs = common_param_specs();
+  specs.insert(specs.end(), own.begin(), own.end());
+  return specs;
+}
+
+const std::vector<PolicyInfo>& policy_infos() {
+  static const std::vector<PolicyInfo> infos = [] {
+    std::vector<PolicyInfo> out;
+    for (const Entry& e : entries()) out.push_back(e.info);
+    return out;
+  }();
+  return infos;
+}
+
+const PolicyInfo& policy_info(const std::string& id) {
+  return entry(id).info;
+}
+
+void validate_policy_config(const PolicyConfig& config) {
+  resolve(config);
+}
+
+std::unique_ptr<Policy> make_policy(const PolicyConfig& config, const PolicyShape& shape,
+                                    Backend& backend) {
+  const ParamValues values = resolve(config);
+  return entry(config.id).make(shape, backend, values, config.sparsity);
+}
+
+}  // namespace kvlens

@@ -1,0 +1,280 @@
+// The CPU backend's token-selection (policy) ops (contracts in backend.h). Row tensors are
+// [rows, stride] with stride >= cols; each operand may have its own stride. Logits come from the
+// attention op's own code (scaled_logits_row) and the restricted softmax repeats the attention
+// op's arithmetic step for step, so with nothing masked both give the same bits. The per-head
+// ops run on the thread pool; the element-wise ones are single loops (a few KB per call).
+#include "engine/runtime/cpu_policy_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/cpu_checks.h"
+#include "engine/runtime/policy_op_math.h"
+
+namespace kvlens::cpu_policy {
+namespace {
+
+using namespace cpu_checks;  // require*, describe, cat, shape_string
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct RowShape {
+  int64_t rows = 0, stride = 0;
+};
+
+// `t` as a [rows, stride] tensor of `dtype` with stride >= cols (rows < 0: any row count).
+RowShape row_shape(const DeviceTensor& t, DType dtype, int64_t rows, int64_t cols,
+                   const std::string& field) {
+  const std::string expected =
+      cat("a ", dtype_name(dtype), " [", rows < 0 ? std::string("rows") : std::to_string(rows),
+          ", >= ", cols, "] tensor");
+  require(t.dtype == dtype && t.shape.size() == 2 && (rows < 0 || t.dim(0) == rows) &&
+              t.dim(0) >= 0 && t.dim(1) >= cols,
+          field, expected, describe(t));
+  require_data(t, field);
+  return {t.dim(0), t.dim(1)};
+}
+
+// Candidate columns are packed into 32 bits by top_k_key; every op keeps to the same range.
+void require_cols(int64_t cols, const std::string& op) {
+  require(cols >= 0 && cols <= std::numeric_limits<int32_t>::max(), op + ": cols",
+          "a column count in [0, 2^31)", std::to_string(cols));
+}
+
+// Per-head work of about `work` multiply-adds: ~64K per chunk, as the attention op schedules.
+int64_t grain_for(int64_t work) {
+  return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work));
+}
+
+}  // namespace
+
+void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
+                      int64_t position, int64_t window, DeviceTensor& logits) {
+  const std::string op = "attention_logits";
+  require_f32(q, op + ": q");
+  require_f32(k_cache, op + ": k_cache");
+  require(k_cache.shape.size() == 3, op + ": k_cache", "a [G, capacity, D] tensor",
+          describe(k_cache));
+  const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
+  require(q.shape.size() == 3 && q.dim(0) == 1 && q.dim(2) == head_dim, op + ": q",
+          cat("[1, H, ", head_dim, "]"), describe(q));
+  const int64_t heads = q.dim(1);
+  require(groups > 0 && heads % groups == 0, op + ": q",
+          cat("a head count divisible by the ", groups, " KV heads"), describe(q));
+  require(position >= 0 && position < capacity, op + ": position",
+          cat("a position below the capacity ", capacity), std::to_string(position));
+  const int64_t cols = position + 1;
+  require_cols(cols, op);
+  const RowShape shape = row_shape(logits, DType::F32, heads, cols, op + ": logits");
+  if (heads == 0) return;
+
+  const int64_t heads_per_group = heads / groups;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+  const float scale = attention_scale(head_dim);
+  const float* qs = q.as<const float>();
+  const float* ks = k_cache.as<const float>();
+  float* out = logits.as<float>();
+  context.pool.parallel_for(
+      0, heads,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t h = begin; h < end; ++h) {
+          const float* keys = ks + (h / heads_per_group) * capacity * head_dim;
+          scaled_logits_row(context.dot_f32, qs + h * head_dim, keys, head_dim, lo, position, scale,
+                            out + h * shape.stride);
+        }
+      },
+      grain_for(cols * head_dim));
+}
+
+void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
+                       const DeviceTensor* visible, const DeviceTensor& v_cache, DeviceTensor& out,
+                       DeviceTensor* probs) {
+  const std::string op = "attention_visible";
+  require_cols(cols, op);
+  require_f32(v_cache, op + ": v_cache");
+  require(v_cache.shape.size() == 3, op + ": v_cache", "a [G, capacity, D] tensor",
+          describe(v_cache));
+  const int64_t groups = v_cache.dim(0), capacity = v_cache.dim(1), head_dim = v_cache.dim(2);
+  require(cols <= capacity, op + ": cols", cat("at most the capacity ", capacity),
+          std::to_string(cols));
+  const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op + ": logits");
+  const int64_t heads = logit_shape.rows;
+  require(groups > 0 && heads % groups == 0, op + ": logits",
+          cat("a row count divisible by the ", groups, " KV heads"), describe(logits));
+  RowShape visible_shape, probs_shape;
+  if (visible) visible_shape = row_shape(*visible, DType::U8, heads, cols, op + ": visible");
+  if (probs) probs_shape = row_shape(*probs, DType::F32, heads, cols, op + ": probs");
+  require_f32(out, op + ": out");
+  require(out.numel() == heads * head_dim, op + ": out", shape_string({1, heads, head_dim}),
+          describe(out));
+  if (heads == 0) return;
+
+  const int64_t heads_per_group = heads / groups;
+  const float* vs = v_cache.as<const float>();
+  context.pool.parallel_for(
+      0, heads,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> acc(static_cast<size_t>(head_dim));
+        for (int64_t h = begin; h < end; ++h) {
+          const float* row = logits.as<const float>() + h * logit_shape.stride;
+          const uint8_t* seen =
+              visible ? visible->as<const uint8_t>() + h * visible_shape.stride : nullptr;
+          float* p = probs ? probs->as<float>() + h * probs_shape.stride : nullptr;
+          float* o = out.as<float>() + h * head_dim;
+          const float* v_rows = vs + (h / heads_per_group) * capacity * head_dim;
+          auto is_visible = [&](int64_t j) { return !seen || seen[j] != 0; };
+          // The attention op's softmax: max, exp(logit - max) summed in order, one division.
+          float max_logit = kNegInf;
+          for (int64_t j = 0; j < cols; ++j)
+            if (is_visible(j)) max_logit = std::max(max_logit, row[j]);
+          if (max_logit == kNegInf) {  // nothing finite visible: zeros, as attention gives
+            std::fill(o, o + head_dim, 0.0f);
+            if (p) std::fill(p, p + cols, 0.0f);
+            continue;
+          }
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          float total = 0.0f;
+          for (int64_t j = 0; j < cols; ++j) {
+            float weight = 0.0f;
+            // A -inf logit (outside the model's window) has weight exactly 0: skipping it
+            // changes no bit of the sums.
+            if (is_visible(j) && row[j] != kNegInf) {
+              weight = std::exp(row[j] - max_logit);
+              total += weight;
+              const float* vv = v_rows + j * head_dim;
+              for (int64_t d = 0; d < head_dim; ++d) acc[size_t(d)] += weight * vv[d];
+            }
+            if (p) p[j] = weight;
+          }
+          const float inv_total = 1.0f / total;
+          for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv_total;
+          if (p)
+            for (int64_t j = 0; j < cols; ++j) p[j] *= inv_total;
+        }
+      },
+      grain_for(cols * head_dim));
+}
+
+void select_top_k(const Context& context, const DeviceTensor& scores, int64_t cols,
+                  const DeviceTensor* eligible, int64_t k, DeviceTensor& selected) {
+  const std::string op = "select_top_k";
+  require_cols(cols, op);
+  const RowShape selected_shape = row_shape(selected, DType::U8, -1, cols, op + ": selected");
+  const int64_t rows = selected_shape.rows;
+  const RowShape score_shape = row_shape(scores, DType::F32, rows, cols, op + ": scores");
+  RowShape eligible_shape;
+  if (eligible) eligible_shape = row_shape(*eligible, DType::U8, rows, cols, op + ": eligible");
+  if (k <= 0 || cols == 0 || rows == 0) return;
+
+  context.pool.parallel_for(
+      0, rows,
+      [&](int64_t begin, int64_t end) {
+        std::vector<uint64_t> keys;
+        keys.reserve(size_t(cols));
+        for (int64_t r = begin; r < end; ++r) {
+          const float* score = scores.as<const float>() + r * score_shape.stride;
+          const uint8_t* allowed =
+              eligible ? eligible->as<const uint8_t>() + r * eligible_shape.stride : nullptr;
+          uint8_t* chosen = selected.as<uint8_t>() + r * selected_shape.stride;
+          keys.clear();
+          for (int64_t j = 0; j < cols; ++j)
+            if (chosen[j] == 0 && (!allowed || allowed[j] != 0))
+              keys.push_back(top_k_key(score[j], uint32_t(j)));
+          if (int64_t(keys.size()) > k) {
+            // Keys are distinct, so the k largest are one well-defined set.
+            std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(),
+                             std::greater<uint64_t>());
+            keys.resize(size_t(k));
+          }
+          for (uint64_t key : keys) chosen[uint32_t(key)] = 1;
+        }
+      },
+      grain_for(cols * 8));
+}
+
+void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) {
+  const std::string op = "fill_columns";
+  const RowShape shape = row_shape(mask, DType::U8, -1, 0, op + ": mask");
+  require(begin >= 0 && end <= shape.stride, op + ": columns",
+          cat("a range inside [0, ", shape.stride, ")"), cat(begin, ":", end));
+  if (end <= begin) return;
+  for (int64_t r = 0; r < shape.rows; ++r)
+    std::memset(mask.as<uint8_t>() + r * shape.stride + begin, value, size_t(end - begin));
+}
+
+void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {
+  const std::string op = "mask_and";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(mask, DType::U8, -1, cols, op + ": mask");
+  const RowShape other_shape = row_shape(other, DType::U8, shape.rows, cols, op + ": other");
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    uint8_t* m = mask.as<uint8_t>() + r * shape.stride;
+    const uint8_t* o = other.as<const uint8_t>() + r * other_shape.stride;
+    for (int64_t j = 0; j < cols; ++j) m[j] = uint8_t(m[j] != 0 && o[j] != 0);
+  }
+}
+
+void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
+                     int64_t cols) {
+  const std::string op = "accumulate_rows";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(acc, DType::F32, -1, cols, op + ": acc");
+  const RowShape x_shape = row_shape(x, DType::F32, shape.rows, cols, op + ": x");
+  RowShape keep_shape;
+  if (keep) keep_shape = row_shape(*keep, DType::U8, shape.rows, cols, op + ": keep");
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    float* a = acc.as<float>() + r * shape.stride;
+    const float* add = x.as<const float>() + r * x_shape.stride;
+    const uint8_t* kept = keep ? keep->as<const uint8_t>() + r * keep_shape.stride : nullptr;
+    // acc * keep + x without the multiply: a dropped score is replaced even when it is inf/NaN.
+    for (int64_t j = 0; j < cols; ++j) a[j] = (kept && kept[j] == 0) ? add[j] : a[j] + add[j];
+  }
+}
+
+void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out) {
+  const std::string op = "sum_row_groups";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(x, DType::F32, -1, cols, op + ": x");
+  require(group > 0 && shape.rows % group == 0, op + ": group",
+          cat("a positive divisor of the ", shape.rows, " rows"), std::to_string(group));
+  const int64_t groups = shape.rows / group;
+  const RowShape out_shape = row_shape(out, DType::F32, groups, cols, op + ": out");
+  for (int64_t g = 0; g < groups; ++g) {
+    float* sum = out.as<float>() + g * out_shape.stride;
+    const float* first = x.as<const float>() + g * group * shape.stride;
+    // Rows added in order to the first one (the CUDA kernel sums in the same order).
+    std::memmove(sum, first, size_t(cols) * sizeof(float));
+    for (int64_t i = 1; i < group; ++i) {
+      const float* row = first + i * shape.stride;
+      for (int64_t j = 0; j < cols; ++j) sum[j] += row[j];
+    }
+  }
+}
+
+void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, DeviceTensor& out) {
+  const std::string op = "expand_row_groups";
+  require_cols(cols, op);
+  require(group > 0, op + ": group", "a positive group size", std::to_string(group));
+  const RowShape shape = row_shape(mask, DType::U8, -1, cols, op + ": mask");
+  const RowShape out_shape = row_shape(out, DType::U8, shape.rows * group, cols, op + ": out");
+  for (int64_t r = 0; r < out_shape.rows; ++r)
+    std::memmove(out.as<uint8_t>() + r * out_shape.stride,
+                 mask.as<const uint8_t>() + (r / group) * shape.stride, size_t(cols));
+}
+
+void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) {
+  const std::string op = "random_rows";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    float* row = out.as<float>() + r * shape.stride;
+    for (int64_t j = 0; j < cols; ++j) row[j] = random_unit(seed, stream, uint64_t(r), uint64_t(j));
+  }
+}
+
+}  // namespace kvlens::cpu_policy

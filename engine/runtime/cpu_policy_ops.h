@@ -1,0 +1,34 @@
+// The CPU backend's token-selection (policy) ops, the contracts of which are in backend.h. The
+// CpuBackend overrides (cpu_backend.cpp) forward here with its thread pool and dot kernel.
+// Internal header of the CPU backend.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/runtime/backend.h"
+#include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/thread_pool.h"
+
+namespace kvlens::cpu_policy {
+
+struct Context {
+  ThreadPool& pool;
+  DotRowsFn dot_f32;  // the same kernel the attention op uses, so logits agree bit for bit
+};
+
+void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
+                      int64_t position, int64_t window, DeviceTensor& logits);
+void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
+                       const DeviceTensor* visible, const DeviceTensor& v_cache, DeviceTensor& out,
+                       DeviceTensor* probs);
+void select_top_k(const Context& context, const DeviceTensor& scores, int64_t cols,
+                  const DeviceTensor* eligible, int64_t k, DeviceTensor& selected);
+void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value);
+void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols);
+void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
+                     int64_t cols);
+void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out);
+void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, DeviceTensor& out);
+void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out);
+
+}  // namespace kvlens::cpu_policy

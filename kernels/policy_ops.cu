@@ -1,0 +1,268 @@
+// Token-selection (policy) kernels (see policy_ops.cuh). The ranking key and the random values
+// come from engine/runtime/policy_op_math.h, the same code the CPU backend runs, so selections and
+// random rows are bit-identical across backends; the float ops differ only by rounding order.
+#include "engine/runtime/policy_op_math.h"
+#include "kernels/device_common.cuh"
+#include "kernels/policy_ops.cuh"
+
+namespace kvlens::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // element-wise kernels, attention_visible and select_top_k
+constexpr int kLogitThreads = 128;
+constexpr int kLogitWarps = kLogitThreads / 32;
+constexpr int kLogitKeys = 64;  // keys per attention_logits block
+constexpr int kTile = 256;      // keys per pass of attention_visible (weights in shared memory)
+
+// Grid-stride loop over the cells of a rows x cols region: f(r, j) for each.
+template <typename F>
+__device__ __forceinline__ void for_each_cell(int64_t rows, int64_t cols, F f) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += int64_t(gridDim.x) * blockDim.x)
+    f(i / cols, i % cols);
+}
+
+// Grid: (key chunks, heads). q row in shared memory; one warp per key.
+__global__ void attention_logits_kernel(LogitArgs a) {
+  extern __shared__ float q[];
+  const int64_t D = a.head_dim;
+  const int64_t h = blockIdx.y;
+  const int64_t g = h / (a.heads / a.kv_heads);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) q[d] = a.q[h * D + d];
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t begin = int64_t(blockIdx.x) * kLogitKeys;
+  const int64_t end = begin + kLogitKeys < a.cols ? begin + kLogitKeys : a.cols;
+  const float* keys = a.k_cache + g * a.capacity * D;
+  float* row = a.logits.data + h * a.logits.stride;
+  for (int64_t j = begin + warp; j < end; j += kLogitWarps) {
+    float logit = -INFINITY;
+    if (j >= a.lo) logit = warp_dot(q, keys + j * D, D, lane) * a.scale;  // warp-uniform
+    if (lane == 0) row[j] = logit;
+  }
+}
+
+// One block per head. Shared memory (dynamic): acc[D] | weights[kTile]. The max and the sum are
+// block reductions, so the branches on them are block-uniform.
+__global__ void attention_visible_kernel(VisibleAttentionArgs a) {
+  extern __shared__ float shared[];
+  __shared__ float scratch[32];
+  const int64_t D = a.head_dim;
+  float* acc = shared;
+  float* weights = shared + D;
+  const int64_t h = blockIdx.x;
+  const int64_t g = h / (a.heads / a.kv_heads);
+  const float* row = a.logits.data + h * a.logits.stride;
+  const uint8_t* seen = a.visible.data ? a.visible.data + h * a.visible.stride : nullptr;
+  float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
+  float* out = a.out + h * D;
+  const float* values = a.v_cache + g * a.capacity * D;
+
+  float m = -INFINITY;  // fmaxf skips NaN, as std::max(max, NaN) does on the CPU
+  for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x)
+    if (!seen || seen[j]) m = fmaxf(m, row[j]);
+  m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
+  if (m == -INFINITY) {  // nothing finite visible: zeros, as the attention op gives
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = 0.0f;
+    if (probs)
+      for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] = 0.0f;
+    return;
+  }
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) acc[d] = 0.0f;
+  float partial = 0.0f;
+  for (int64_t start = 0; start < a.cols; start += kTile) {
+    const int count = int(a.cols - start < kTile ? a.cols - start : kTile);
+    __syncthreads();  // the previous tile's weights are used up (and acc is initialised)
+    for (int jj = threadIdx.x; jj < count; jj += blockDim.x) {
+      const int64_t j = start + jj;
+      const float logit = row[j];
+      const float e = ((!seen || seen[j]) && logit != -INFINITY) ? expf(logit - m) : 0.0f;
+      weights[jj] = e;
+      partial += e;
+      if (probs) probs[j] = e;  // scaled by 1 / sum below, by this same thread
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      float sum = acc[d];
+      for (int jj = 0; jj < count; ++jj) {
+        const float w = weights[jj];
+        if (w != 0.0f) sum += w * values[(start + jj) * D + d];  // hidden keys are not read
+      }
+      acc[d] = sum;
+    }
+  }
+  const float total = block_reduce(partial, SumOp{}, 0.0f, scratch);
+  const float inv = 1.0f / total;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = acc[d] * inv;
+  if (probs)
+    for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] *= inv;
+}
+
+// One block per row. The candidates' keys (top_k_key) are distinct, so the k best are exactly
+// those with key >= the k-th largest key, which a radix select finds 8 bits at a time from the
+// top: a histogram of the next digit over the candidates that match the digits fixed so far, then
+// the digit where the count from the top reaches the number still wanted. O(8 * cols / threads).
+__global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
+                                    RowsRef<uint8_t> selected, int64_t cols, int64_t k) {
+  __shared__ unsigned histogram[256];
+  __shared__ unsigned scratch[32];
+  __shared__ uint64_t shared_prefix;
+  __shared__ unsigned shared_remaining;
+  const int64_t r = blockIdx.x;
+  const float* score = scores.data + r * scores.stride;
+  const uint8_t* allowed = eligible.data ? eligible.data + r * eligible.stride : nullptr;
+  uint8_t* chosen = selected.data + r * selected.stride;
+  // Each column is read and written by one thread only, so marking never races with the checks.
+  auto candidate = [&](int64_t j) { return chosen[j] == 0 && (!allowed || allowed[j] != 0); };
+
+  unsigned count = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) count += candidate(j) ? 1u : 0u;
+  count = block_reduce(count, SumOp{}, 0u, scratch);
+  if (int64_t(count) <= k) {  // all of them
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      if (candidate(j)) chosen[j] = 1;
+    return;
+  }
+
+  uint64_t prefix = 0;
+  unsigned remaining = unsigned(k);  // 0 < k < count <= 2^31
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
+    __syncthreads();
+    const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      if (!candidate(j)) continue;
+      const uint64_t key = top_k_key(score[j], uint32_t(j));
+      if ((key & fixed) == prefix) atomicAdd(&histogram[unsigned(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // The matching candidates number at least `remaining`, so this stops at digit >= 0.
+      int digit = 255;
+      while (digit > 0 && histogram[digit] < remaining) remaining -= histogram[digit--];
+      shared_prefix = prefix | (uint64_t(digit) << shift);
+      shared_remaining = remaining;
+    }
+    __syncthreads();
+    prefix = shared_prefix;
+    remaining = shared_remaining;
+  }
+  // `prefix` is now the k-th largest key itself.
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    if (candidate(j) && top_k_key(score[j], uint32_t(j)) >= prefix) chosen[j] = 1;
+}
+
+__global__ void fill_columns_kernel(RowsRef<uint8_t> mask, int64_t rows, int64_t begin,
+                                    int64_t width, uint8_t value) {
+  for_each_cell(rows, width,
+                [&](int64_t r, int64_t j) { mask.data[r * mask.stride + begin + j] = value; });
+}
+
+__global__ void mask_and_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
+                                int64_t cols) {
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    uint8_t& m = mask.data[r * mask.stride + j];
+    m = uint8_t(m != 0 && other.data[r * other.stride + j] != 0);
+  });
+}
+
+__global__ void accumulate_rows_kernel(RowsRef<float> acc, RowsRef<const float> x,
+                                       RowsRef<const uint8_t> keep, int64_t rows, int64_t cols) {
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    float& a = acc.data[r * acc.stride + j];
+    const float add = x.data[r * x.stride + j];
+    a = (keep.data && keep.data[r * keep.stride + j] == 0) ? add : a + add;
+  });
+}
+
+__global__ void sum_row_groups_kernel(RowsRef<const float> x, int64_t groups, int64_t group,
+                                      int64_t cols, RowsRef<float> out) {
+  for_each_cell(groups, cols, [&](int64_t g, int64_t j) {
+    const float* first = x.data + g * group * x.stride + j;
+    float sum = first[0];
+    for (int64_t i = 1; i < group; ++i) sum += first[i * x.stride];
+    out.data[g * out.stride + j] = sum;
+  });
+}
+
+__global__ void expand_row_groups_kernel(RowsRef<const uint8_t> mask, int64_t rows, int64_t group,
+                                         int64_t cols, RowsRef<uint8_t> out) {
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    out.data[r * out.stride + j] = mask.data[(r / group) * mask.stride + j];
+  });
+}
+
+__global__ void random_rows_kernel(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t cols,
+                                   RowsRef<float> out) {
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    out.data[r * out.stride + j] = random_unit(seed, stream_id, uint64_t(r), uint64_t(j));
+  });
+}
+
+}  // namespace
+
+void launch_attention_logits(const LogitArgs& args, cudaStream_t stream) {
+  if (args.heads <= 0 || args.cols <= 0) return;
+  const dim3 grid(unsigned((args.cols + kLogitKeys - 1) / kLogitKeys), unsigned(args.heads));
+  attention_logits_kernel<<<grid, kLogitThreads, size_t(args.head_dim) * sizeof(float), stream>>>(
+      args);
+}
+
+void launch_attention_visible(const VisibleAttentionArgs& args, cudaStream_t stream) {
+  if (args.heads <= 0) return;
+  const size_t shared_bytes = size_t(args.head_dim + kTile) * sizeof(float);
+  attention_visible_kernel<<<unsigned(args.heads), kThreads, shared_bytes, stream>>>(args);
+}
+
+void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
+                         RowsRef<uint8_t> selected, int64_t rows, int64_t cols, int64_t k,
+                         cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || k <= 0) return;
+  select_top_k_kernel<<<unsigned(rows), kThreads, 0, stream>>>(scores, eligible, selected, cols, k);
+}
+
+void launch_fill_columns(RowsRef<uint8_t> mask, int64_t rows, int64_t begin, int64_t end,
+                         uint8_t value, cudaStream_t stream) {
+  const int64_t count = rows * (end - begin);
+  if (count <= 0) return;
+  fill_columns_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(mask, rows, begin,
+                                                                          end - begin, value);
+}
+
+void launch_mask_and(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
+                     int64_t cols, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  mask_and_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(mask, other, rows,
+                                                                            cols);
+}
+
+void launch_accumulate_rows(RowsRef<float> acc, RowsRef<const float> x, RowsRef<const uint8_t> keep,
+                            int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  accumulate_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(acc, x, keep,
+                                                                                   rows, cols);
+}
+
+void launch_sum_row_groups(RowsRef<const float> x, int64_t groups, int64_t group, int64_t cols,
+                           RowsRef<float> out, cudaStream_t stream) {
+  if (groups * cols <= 0) return;
+  sum_row_groups_kernel<<<grid_for(groups * cols, kThreads), kThreads, 0, stream>>>(
+      x, groups, group, cols, out);
+}
+
+void launch_expand_row_groups(RowsRef<const uint8_t> mask, int64_t rows, int64_t group,
+                              int64_t cols, RowsRef<uint8_t> out, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  expand_row_groups_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(
+      mask, rows, group, cols, out);
+}
+
+void launch_random_rows(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t cols,
+                        RowsRef<float> out, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  random_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(seed, stream_id,
+                                                                               rows, cols, out);
+}
+
+}  // namespace kvlens::cuda

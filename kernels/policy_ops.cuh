@@ -1,0 +1,68 @@
+// Token-selection (policy) kernels of the CUDA backend; the contracts are those of backend.h.
+// Row buffers are [rows, stride] row-major and only columns j < cols are touched; every operand
+// has its own stride. Launchers only enqueue on `stream`; the backend checks the arguments first
+// and the launch afterwards.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kvlens::cuda {
+
+template <typename T>
+struct RowsRef {
+  T* data = nullptr;  // null for an absent optional operand
+  int64_t stride = 0;
+};
+
+// logits[h, j] = q[h, :] . k_cache[h / (H / G), j, :] * scale for lo <= j < cols, -inf for
+// j < lo. One warp per key, with the attention kernel's dot (bit-identical logits).
+struct LogitArgs {
+  const float* q = nullptr;        // [heads, head_dim]
+  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  RowsRef<float> logits;           // [heads, stride]
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
+  int64_t cols = 0, lo = 0;
+  float scale = 1.0f;
+};
+void launch_attention_logits(const LogitArgs& args, cudaStream_t stream);
+
+// Softmax of each logits row over its visible columns, the weighted sum of value rows, and the
+// probabilities (0 where hidden). One block per head.
+struct VisibleAttentionArgs {
+  RowsRef<const float> logits;     // [heads, stride]
+  RowsRef<const uint8_t> visible;  // optional [heads, stride]
+  const float* v_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  float* out = nullptr;            // [heads, head_dim]
+  RowsRef<float> probs;            // optional [heads, stride]
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0, cols = 0;
+};
+void launch_attention_visible(const VisibleAttentionArgs& args, cudaStream_t stream);
+
+// Per row: marks the k best unselected eligible columns under top_k_key's order (a radix select
+// of the k-th key, one block per row).
+void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
+                         RowsRef<uint8_t> selected, int64_t rows, int64_t cols, int64_t k,
+                         cudaStream_t stream);
+
+// mask[r, begin:end] = value (begin < end).
+void launch_fill_columns(RowsRef<uint8_t> mask, int64_t rows, int64_t begin, int64_t end,
+                         uint8_t value, cudaStream_t stream);
+// mask[r, j] = mask[r, j] && other[r, j] (0/1).
+void launch_mask_and(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
+                     int64_t cols, cudaStream_t stream);
+// acc[r, j] = keep[r, j] ? acc[r, j] + x[r, j] : x[r, j] (keep optional).
+void launch_accumulate_rows(RowsRef<float> acc, RowsRef<const float> x, RowsRef<const uint8_t> keep,
+                            int64_t rows, int64_t cols, cudaStream_t stream);
+// out[g, j] = x[g * group, j] + x[g * group + 1, j] + ... in that order.
+void launch_sum_row_groups(RowsRef<const float> x, int64_t groups, int64_t group, int64_t cols,
+                           RowsRef<float> out, cudaStream_t stream);
+// out[r, j] = mask[r / group, j] for r < rows.
+void launch_expand_row_groups(RowsRef<const uint8_t> mask, int64_t rows, int64_t group,
+                              int64_t cols, RowsRef<uint8_t> out, cudaStream_t stream);
+// out[r, j] = random_unit(seed, stream_id, r, j) (engine/runtime/policy_op_math.h).
+void launch_random_rows(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t cols,
+                        RowsRef<float> out, cudaStream_t stream);
+
+}  // namespace kvlens::cuda

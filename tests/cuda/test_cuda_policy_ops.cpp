@@ -1,0 +1,358 @@
+// CUDA vs CPU for the token-selection (policy) ops of backend.h, on seeded random inputs. Masks,
+// selections and random values must agree exactly (integer work, or the one shared definition in
+// policy_op_math.h); F32 results within a tolerance argued per op. Row buffers are [rows, stride]
+// with stride > cols, and the columns past cols hold sentinels that must survive on both sides.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/runtime/backend.h"
+#include "kernels/cuda_backend.h"
+#include "tests/support/random_values.h"
+
+using namespace kvlens;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = 123.0f;
+constexpr uint8_t kMaskSentinel = 9;
+
+using kvlens::test::random_values;
+
+struct Backends {
+  std::unique_ptr<Backend> cpu = make_cpu_backend(2);
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+};
+
+// One logical tensor on both backends, filled with the same host values.
+struct Pair {
+  DeviceTensor cpu, gpu;
+};
+
+template <typename T>
+Pair make_pair(Backends& b, const std::vector<T>& values, const std::vector<int64_t>& shape) {
+  const DType dtype = sizeof(T) == 1 ? DType::U8 : DType::F32;
+  Pair p{b.cpu->alloc(dtype, shape), b.gpu->alloc(dtype, shape)};
+  REQUIRE(size_t(p.cpu.numel()) == values.size());
+  b.cpu->from_host(p.cpu, values.data(), values.size() * sizeof(T));
+  b.gpu->from_host(p.gpu, values.data(), values.size() * sizeof(T));
+  return p;
+}
+
+template <typename T>
+std::vector<T> read(Backend& backend, const DeviceTensor& t) {
+  std::vector<T> values(size_t(t.numel()));
+  backend.to_host(t, values.data(), values.size() * sizeof(T));
+  return values;
+}
+
+// Both backends' copies of a tensor, read back.
+template <typename T>
+std::pair<std::vector<T>, std::vector<T>> read_both(Backends& b, const Pair& p) {
+  return {read<T>(*b.cpu, p.cpu), read<T>(*b.gpu, p.gpu)};
+}
+
+// Identical values: the same bits (so -0 differs from +0), or both NaN (an x86 add keeps the
+// NaN operand's payload, a GPU add returns the canonical NaN).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && !(std::isnan(a[i]) && std::isnan(b[i])))
+      return false;
+  return true;
+}
+
+// |got - want| <= tolerance[i] elementwise (equal infinities pass, NaN fails); reports the count
+// and the worst element.
+void check_within(const std::vector<float>& want, const std::vector<float>& got,
+                  const std::vector<double>& tolerance, const std::string& what) {
+  REQUIRE(want.size() == got.size());
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double ratio = 0.0;
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      ratio = want[i] == got[i] ? 0.0 : INFINITY;
+    } else if (std::isnan(want[i]) || std::isnan(got[i])) {
+      ratio = INFINITY;
+    } else {
+      const double error = std::fabs(double(got[i]) - double(want[i]));
+      ratio = error == 0.0 ? 0.0 : error / tolerance[i];
+    }
+    if (ratio > 1.0 && (bad++ == 0 || ratio > worst_ratio)) worst = i, worst_ratio = ratio;
+  }
+  std::ostringstream message;
+  message.precision(9);
+  message << what << ": " << bad << " of " << want.size() << " outside tolerance";
+  if (bad)
+    message << "; worst [" << worst << "] want " << want[worst] << " got " << got[worst]
+            << " tolerance " << tolerance[worst];
+  INFO(message.str());
+  CHECK(bad == 0);
+}
+
+struct Shape {
+  int64_t heads, kv_heads, head_dim, stride, cols, window;
+};
+
+std::vector<uint8_t> random_mask(size_t count, uint32_t seed, unsigned one_in) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> mask(count);
+  for (auto& m : mask) m = uint8_t(rng() % one_in == 0);
+  return mask;
+}
+
+}  // namespace
+
+TEST_CASE("cuda policy ops: attention_logits and attention_visible", "[cuda]") {
+  Backends b;
+  uint32_t seed = 500;
+  // D <= 80 keeps the logit bound below 1e-5 (see below); 578 columns span three 256-key tiles.
+  for (const Shape& s : {Shape{8, 2, 64, 600, 578, 0}, Shape{8, 2, 64, 600, 578, 100},
+                         Shape{6, 1, 80, 40, 33, 0}, Shape{4, 4, 16, 8, 1, 0}}) {
+    INFO("H " << s.heads << " G " << s.kv_heads << " D " << s.head_dim << " cols " << s.cols
+              << " window " << s.window);
+    const int64_t H = s.heads, D = s.head_dim, position = s.cols - 1;
+    const std::vector<float> qs = random_values(size_t(H * D), ++seed, 2.0f);
+    const std::vector<float> ks = random_values(size_t(s.kv_heads * s.stride * D), ++seed);
+    const std::vector<float> vs = random_values(size_t(s.kv_heads * s.stride * D), ++seed);
+    const Pair q = make_pair(b, qs, {1, H, D});
+    const Pair k = make_pair(b, ks, {s.kv_heads, s.stride, D});
+    const Pair v = make_pair(b, vs, {s.kv_heads, s.stride, D});
+    const std::vector<float> sentinels(size_t(H * s.stride), kSentinel);
+
+    Pair logits = make_pair(b, sentinels, {H, s.stride});
+    b.cpu->attention_logits(q.cpu, k.cpu, position, s.window, logits.cpu);
+    b.gpu->attention_logits(q.gpu, k.gpu, position, s.window, logits.gpu);
+    const auto [want_logits, got_logits] = read_both<float>(b, logits);
+    // Each logit is scale * (a D-term F32 dot product); the two sides sum it in different orders
+    // (CPU: 16 lanes and a pairwise tree, FMA or not; GPU: 32 lanes and a butterfly), so they
+    // differ by at most 2 * (D + 2) * 2^-24 * scale * sum_d |q_d k_d| (the gamma_D bound of each
+    // side, plus the scaling's rounding): for D <= 80 that is below 1e-5 of scale * sum |q k|,
+    // the tolerance used. Relative to the logit itself would fail for cancelling sums near 0.
+    // -inf (outside the window) and the sentinels past cols must match exactly.
+    const double scale = 1.0 / std::sqrt(double(D));
+    std::vector<double> tolerance(want_logits.size(), 0.0);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < s.cols; ++j) {
+        double magnitude = 0.0;
+        const int64_t g = h / (H / s.kv_heads);
+        for (int64_t d = 0; d < D; ++d)
+          magnitude += std::fabs(double(qs[size_t(h * D + d)]) *
+                                 double(ks[size_t((g * s.stride + j) * D + d)]));
+        tolerance[size_t(h * s.stride + j)] = 1e-5 * scale * magnitude + 1e-30;
+      }
+    check_within(want_logits, got_logits, tolerance, "attention_logits");
+
+    // The GPU's attention_logits are the GPU attention op's logits bit for bit (one warp_dot).
+    Pair dense_out = make_pair(b, std::vector<float>(size_t(H * D)), {1, H, D});
+    DeviceTensor dense_logits = b.gpu->alloc(DType::F32, {1, H, s.cols});
+    b.gpu->attention(q.gpu, k.gpu, v.gpu, position, s.window, {}, dense_out.gpu, &dense_logits);
+    const std::vector<float> op_logits = read<float>(*b.gpu, dense_logits);
+    for (int64_t h = 0; h < H; ++h)
+      CHECK(same_bits(
+          std::vector<float>(op_logits.begin() + h * s.cols, op_logits.begin() + (h + 1) * s.cols),
+          std::vector<float>(got_logits.begin() + h * s.stride,
+                             got_logits.begin() + h * s.stride + s.cols)));
+
+    // attention_visible from the same logits on both sides (the CPU's, uploaded).
+    const Pair shared_logits = make_pair(b, want_logits, {H, s.stride});
+    std::vector<uint8_t> mask = random_mask(size_t(H * s.stride), ++seed, 4);  // ~1/4 visible
+    for (int64_t h = 0; h < H; ++h) mask[size_t(h * s.stride + position)] = 1;
+    if (H > 1)  // head 1 sees nothing: zeros on both sides
+      std::fill(mask.begin() + s.stride, mask.begin() + 2 * s.stride, uint8_t(0));
+    const Pair visible = make_pair(b, mask, {H, s.stride});
+    for (bool masked : {false, true}) {
+      INFO("masked " << masked);
+      Pair out = make_pair(b, std::vector<float>(size_t(H * D), kSentinel), {1, H, D});
+      Pair probs = make_pair(b, sentinels, {H, s.stride});
+      b.cpu->attention_visible(shared_logits.cpu, s.cols, masked ? &visible.cpu : nullptr, v.cpu,
+                               out.cpu, &probs.cpu);
+      b.gpu->attention_visible(shared_logits.gpu, s.cols, masked ? &visible.gpu : nullptr, v.gpu,
+                               out.gpu, &probs.gpu);
+      const auto [want_p, got_p] = read_both<float>(b, probs);
+      const auto [want_out, got_out] = read_both<float>(b, out);
+      // Probabilities are exp(z - max) / sum over n <= 578 visible keys: the exponentials differ
+      // by a few ulp (CUDA expf within 2 ulp, glibc within 1) and the sums by their summation
+      // order (CPU sequential, GPU per-thread partials and a tree). The worst case of a
+      // sequential sum is (n - 1) * 2^-24 relative (3.4e-5 for n = 578), but the rounding errors
+      // of a sum of positive terms behave like a random walk, ~sqrt(n) * 2^-24 = 1.4e-6, so
+      // 1e-5 relative (+1e-12 for tiny probabilities) keeps a margin of about 7.
+      std::vector<double> p_tolerance(want_p.size());
+      for (size_t i = 0; i < want_p.size(); ++i)
+        p_tolerance[i] = 1e-5 * std::fabs(double(want_p[i])) + 1e-12;
+      check_within(want_p, got_p, p_tolerance, "attention_visible probs");
+      // The output mixes value rows of both signs, so its error scales with sum_j p_j |v_jd|
+      // (the terms), not with |out_d|: 1e-5 of that, by the same argument.
+      std::vector<double> out_tolerance(want_out.size());
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / (H / s.kv_heads);
+        for (int64_t d = 0; d < D; ++d) {
+          double magnitude = 0.0;
+          for (int64_t j = 0; j < s.cols; ++j)
+            magnitude += double(want_p[size_t(h * s.stride + j)]) *
+                         std::fabs(double(vs[size_t((g * s.stride + j) * D + d)]));
+          out_tolerance[size_t(h * D + d)] = 1e-5 * magnitude + 1e-12;
+        }
+      }
+      check_within(want_out, got_out, out_tolerance, "attention_visible out");
+      if (masked && H > 1)
+        for (int64_t d = 0; d < D; ++d) CHECK(got_out[size_t(D + d)] == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("cuda policy ops: select_top_k gives the CPU's selection exactly", "[cuda]") {
+  Backends b;
+  uint32_t seed = 600;
+  struct Case {
+    int64_t rows, stride, cols;
+  };
+  for (const Case& c : {Case{8, 4200, 4100}, Case{5, 300, 257}, Case{3, 10, 7}, Case{2, 4, 1}}) {
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      INFO("rows " << c.rows << " cols " << c.cols << " pattern " << pattern);
+      std::mt19937 rng(++seed);
+      std::vector<float> scores(size_t(c.rows * c.stride));
+      for (float& v : scores) {
+        const uint32_t u = rng() % 32;
+        switch (pattern) {
+          case 0:  // distinct-ish normal values
+            v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+            break;
+          case 1:  // heavy ties, NaN, +-inf, +-0
+            v = u == 0   ? kNaN
+                : u == 1 ? kNegInf
+                : u == 2 ? INFINITY
+                : u == 3 ? -0.0f
+                         : float(int(rng() % 7) - 3) * 0.25f;
+            break;
+          case 2:  // all equal: the highest columns win
+            v = 0.5f;
+            break;
+          default:  // probabilities, as the oracle ranks (tiny positive values, some exact 0)
+            v = u < 4 ? 0.0f : std::ldexp(float(rng() % 1000), -int(rng() % 40));
+        }
+      }
+      const std::vector<uint8_t> forced = random_mask(scores.size(), ++seed, 9);
+      std::vector<uint8_t> partly = random_mask(scores.size(), ++seed, 3);
+      for (auto& e : partly) e = uint8_t(!e);  // ~2/3 eligible
+      std::vector<uint8_t> with_sentinels = forced;
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t j = c.cols; j < c.stride; ++j)
+          with_sentinels[size_t(r * c.stride + j)] = kMaskSentinel;
+      const Pair s = make_pair(b, scores, {c.rows, c.stride});
+      const Pair e = make_pair(b, partly, {c.rows, c.stride});
+      for (int64_t k : {int64_t(0), int64_t(1), int64_t(2), c.cols / 3, c.cols - 1, c.cols + 5}) {
+        for (bool use_eligible : {false, true}) {
+          INFO("k " << k << " eligible " << use_eligible);
+          Pair selected = make_pair(b, with_sentinels, {c.rows, c.stride});
+          b.cpu->select_top_k(s.cpu, c.cols, use_eligible ? &e.cpu : nullptr, k, selected.cpu);
+          b.gpu->select_top_k(s.gpu, c.cols, use_eligible ? &e.gpu : nullptr, k, selected.gpu);
+          const auto [want, got] = read_both<uint8_t>(b, selected);
+          CHECK(got == want);
+          // The CPU side is checked by hand in tests/unit; here one sanity check: forced columns
+          // stay, and at most k were added per row.
+          for (int64_t r = 0; r < c.rows; ++r) {
+            int64_t added = 0;
+            for (int64_t j = 0; j < c.cols; ++j) {
+              const size_t i = size_t(r * c.stride + j);
+              if (forced[i]) REQUIRE(want[i] == 1);
+              added += !forced[i] && want[i];
+            }
+            CHECK(added <= std::max<int64_t>(k, 0));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
+  Backends b;
+  const int64_t H = 8, G = 2, group = H / G, stride = 1030, cols = 1001;
+  uint32_t seed = 700;
+
+  // fill_columns, then mask_and with a random mask.
+  Pair mask = make_pair(b, random_mask(size_t(H * stride), ++seed, 2), {H, stride});
+  for (auto [begin, end, value] :
+       {std::tuple{int64_t(0), cols, uint8_t(0)}, std::tuple{int64_t(0), int64_t(4), uint8_t(1)},
+        std::tuple{int64_t(990), stride, uint8_t(1)},
+        std::tuple{int64_t(500), int64_t(500), uint8_t(3)},
+        std::tuple{int64_t(17), int64_t(300), uint8_t(5)}}) {
+    b.cpu->fill_columns(mask.cpu, begin, end, value);
+    b.gpu->fill_columns(mask.gpu, begin, end, value);
+  }
+  {
+    const auto [want, got] = read_both<uint8_t>(b, mask);
+    CHECK(got == want);
+  }
+  std::vector<uint8_t> other_values = random_mask(size_t(H * stride), ++seed, 2);
+  const Pair other = make_pair(b, other_values, {H, stride});
+  b.cpu->mask_and(mask.cpu, other.cpu, cols);
+  b.gpu->mask_and(mask.gpu, other.gpu, cols);
+  {
+    const auto [want, got] = read_both<uint8_t>(b, mask);
+    CHECK(got == want);
+  }
+  CHECK_THROWS_AS(b.gpu->fill_columns(mask.gpu, 0, stride + 1, 1), Error);
+
+  // accumulate_rows: one F32 add per element (or a replacement), so bit-identical.
+  std::vector<float> acc_values = random_values(size_t(H * stride), ++seed);
+  acc_values[3] = kNaN;
+  acc_values[4] = INFINITY;
+  Pair acc = make_pair(b, acc_values, {H, stride});
+  const Pair x = make_pair(b, random_values(size_t(H * stride), ++seed), {H, stride});
+  const Pair keep = make_pair(b, random_mask(size_t(H * stride), ++seed, 2), {H, stride});
+  for (const Pair* k : {static_cast<const Pair*>(nullptr), &keep}) {
+    b.cpu->accumulate_rows(acc.cpu, x.cpu, k ? &k->cpu : nullptr, cols);
+    b.gpu->accumulate_rows(acc.gpu, x.gpu, k ? &k->gpu : nullptr, cols);
+    const auto [want, got] = read_both<float>(b, acc);
+    CHECK(same_bits(got, want));
+  }
+
+  // sum_row_groups adds the rows of a group in the same order on both: bit-identical.
+  Pair sums =
+      make_pair(b, std::vector<float>(size_t(G * (stride + 3)), kSentinel), {G, stride + 3});
+  b.cpu->sum_row_groups(x.cpu, cols, group, sums.cpu);
+  b.gpu->sum_row_groups(x.gpu, cols, group, sums.gpu);
+  {
+    const auto [want, got] = read_both<float>(b, sums);
+    CHECK(same_bits(got, want));
+    CHECK(got[size_t(cols)] == kSentinel);
+  }
+
+  // expand_row_groups: a copy.
+  const Pair groups = make_pair(b, random_mask(size_t(G * stride), ++seed, 2), {G, stride});
+  Pair expanded =
+      make_pair(b, std::vector<uint8_t>(size_t(H * stride), kMaskSentinel), {H, stride});
+  b.cpu->expand_row_groups(groups.cpu, cols, group, expanded.cpu);
+  b.gpu->expand_row_groups(groups.gpu, cols, group, expanded.gpu);
+  {
+    const auto [want, got] = read_both<uint8_t>(b, expanded);
+    CHECK(got == want);
+  }
+
+  // random_rows: the shared integer hash, so bit-identical for any seed and stream.
+  for (auto [seed64, stream] :
+       {std::pair{uint64_t(0), uint64_t(0)}, std::pair{uint64_t(42), uint64_t(7)},
+        std::pair{~uint64_t(0), uint64_t(1) << 63}}) {
+    Pair random = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
+    b.cpu->random_rows(seed64, stream, cols, random.cpu);
+    b.gpu->random_rows(seed64, stream, cols, random.gpu);
+    const auto [want, got] = read_both<float>(b, random);
+    CHECK(same_bits(got, want));
+  }
+}

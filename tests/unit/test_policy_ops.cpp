@@ -1,0 +1,513 @@
+// The CPU backend's token-selection (policy) ops against hand-computed expectations and the
+// attention op. Small row buffers: H = 4 query heads on G = 2 KV heads, D = 4, cols = 7 candidates
+// in rows of stride 10 (columns 7..9 hold sentinels that no op may touch).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/policy_op_math.h"
+#include "tests/support/random_values.h"
+
+using namespace kvlens;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = 99.0f;
+constexpr uint8_t kMaskSentinel = 7;
+constexpr int64_t H = 4, G = 2, D = 4, kCols = 7, kStride = 10;
+
+using kvlens::test::random_values;
+
+DeviceTensor make_f32(Backend& backend, const std::vector<float>& values,
+                      std::vector<int64_t> shape) {
+  DeviceTensor t = backend.alloc(DType::F32, std::move(shape));
+  REQUIRE(size_t(t.numel()) == values.size());
+  backend.from_host(t, values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+DeviceTensor make_u8(Backend& backend, const std::vector<uint8_t>& values,
+                     std::vector<int64_t> shape) {
+  DeviceTensor t = backend.alloc(DType::U8, std::move(shape));
+  REQUIRE(size_t(t.numel()) == values.size());
+  backend.from_host(t, values.data(), values.size());
+  return t;
+}
+
+std::vector<float> read_f32(Backend& backend, const DeviceTensor& t) {
+  std::vector<float> values(size_t(t.numel()));
+  backend.to_host(t, values.data(), values.size() * sizeof(float));
+  return values;
+}
+
+std::vector<uint8_t> read_u8(Backend& backend, const DeviceTensor& t) {
+  std::vector<uint8_t> values(size_t(t.numel()));
+  backend.to_host(t, values.data(), values.size());
+  return values;
+}
+
+// Bitwise equality, so -0 vs +0 and NaN payloads count too.
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// Rows of `stride` columns: `rows` given for j < cols, the sentinel after.
+std::vector<float> padded(const std::vector<std::vector<float>>& rows, float sentinel) {
+  std::vector<float> values;
+  for (const auto& row : rows) {
+    values.insert(values.end(), row.begin(), row.end());
+    values.insert(values.end(), size_t(kStride) - row.size(), sentinel);
+  }
+  return values;
+}
+std::vector<uint8_t> padded(const std::vector<std::vector<uint8_t>>& rows, uint8_t sentinel) {
+  std::vector<uint8_t> values;
+  for (const auto& row : rows) {
+    values.insert(values.end(), row.begin(), row.end());
+    values.insert(values.end(), size_t(kStride) - row.size(), sentinel);
+  }
+  return values;
+}
+
+// q [1, H, D] and caches [G, kStride, D] of seeded normal values.
+struct Inputs {
+  std::vector<float> q, k, v;
+  DeviceTensor q_t, k_t, v_t;
+};
+
+Inputs make_inputs(Backend& backend, uint32_t seed) {
+  Inputs in;
+  in.q = random_values(size_t(H * D), seed);
+  in.k = random_values(size_t(G * kStride * D), seed + 1);
+  in.v = random_values(size_t(G * kStride * D), seed + 2);
+  in.q_t = make_f32(backend, in.q, {1, H, D});
+  in.k_t = make_f32(backend, in.k, {G, kStride, D});
+  in.v_t = make_f32(backend, in.v, {G, kStride, D});
+  return in;
+}
+
+// The existing attention op at position kCols - 1: output [H * D] and logits [H * kCols].
+struct Dense {
+  std::vector<float> out, logits;
+};
+
+Dense run_attention(Backend& backend, const Inputs& in, int64_t window,
+                    const std::vector<uint8_t>& mask = {}) {
+  DeviceTensor out = backend.alloc(DType::F32, {1, H, D});
+  DeviceTensor logits = backend.alloc(DType::F32, {1, H, kCols});
+  DeviceTensor mask_t;
+  Visibility visible;
+  if (!mask.empty()) {
+    mask_t = make_u8(backend, mask, {H, kCols});
+    visible.mask = &mask_t;
+  }
+  backend.attention(in.q_t, in.k_t, in.v_t, kCols - 1, window, visible, out, &logits);
+  return {read_f32(backend, out), read_f32(backend, logits)};
+}
+
+DeviceTensor logits_of(Backend& backend, const Inputs& in, int64_t window) {
+  DeviceTensor logits =
+      make_f32(backend, std::vector<float>(size_t(H * kStride), kSentinel), {H, kStride});
+  backend.attention_logits(in.q_t, in.k_t, kCols - 1, window, logits);
+  return logits;
+}
+
+}  // namespace
+
+TEST_CASE("attention_logits: q.k / sqrt(D) per head, the attention op's logits bit for bit",
+          "[policy_ops]") {
+  const bool simd = GENERATE(true, false);
+  CpuBackendOptions options;
+  options.threads = 2;
+  options.allow_simd = simd;
+  auto backend = make_cpu_backend(options);
+  const Inputs in = make_inputs(*backend, 11);
+
+  for (int64_t window : {int64_t(0), int64_t(3)}) {
+    INFO("window " << window << " simd " << simd);
+    const std::vector<float> got = read_f32(*backend, logits_of(*backend, in, window));
+    const Dense dense = run_attention(*backend, in, window);
+    const int64_t lo = window > 0 ? kCols - window : 0;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kv = h / (H / G);  // heads 0, 1 read KV head 0; heads 2, 3 KV head 1
+      for (int64_t j = 0; j < kStride; ++j) {
+        const float value = got[size_t(h * kStride + j)];
+        if (j >= kCols) {
+          CHECK(value == kSentinel);  // past the candidates: untouched
+          continue;
+        }
+        CHECK(same_bits(value, dense.logits[size_t(h * kCols + j)]));
+        if (j < lo) {
+          CHECK(value == kNegInf);
+          continue;
+        }
+        double dot = 0.0;
+        for (int64_t d = 0; d < D; ++d)
+          dot += double(in.q[size_t(h * D + d)]) * double(in.k[size_t((kv * kStride + j) * D + d)]);
+        CHECK(value == Approx(dot / 2.0).epsilon(1e-6).margin(1e-6));  // sqrt(4) = 2
+      }
+    }
+  }
+
+  // Errors: position past the capacity, logits rows too short or the wrong row count.
+  DeviceTensor logits = backend->alloc(DType::F32, {H, kStride});
+  CHECK_THROWS_AS(backend->attention_logits(in.q_t, in.k_t, kStride, 0, logits), Error);
+  DeviceTensor narrow = backend->alloc(DType::F32, {H, 5});
+  CHECK_THROWS_AS(backend->attention_logits(in.q_t, in.k_t, 6, 0, narrow), Error);
+  DeviceTensor wrong_rows = backend->alloc(DType::F32, {G, kStride});
+  CHECK_THROWS_AS(backend->attention_logits(in.q_t, in.k_t, 6, 0, wrong_rows), Error);
+}
+
+TEST_CASE("attention_visible: softmax over the visible columns only", "[policy_ops]") {
+  auto backend = make_cpu_backend(2);
+  const Inputs in = make_inputs(*backend, 21);
+  const DeviceTensor logits = logits_of(*backend, in, 0);
+  const std::vector<float> z = read_f32(*backend, logits);
+  DeviceTensor out = backend->alloc(DType::F32, {1, H, D});
+  DeviceTensor probs =
+      make_f32(*backend, std::vector<float>(size_t(H * kStride), kSentinel), {H, kStride});
+
+  SECTION("no mask: the attention op's output, bit for bit") {
+    backend->attention_visible(logits, kCols, nullptr, in.v_t, out, &probs);
+    const Dense dense = run_attention(*backend, in, 0);
+    const std::vector<float> got = read_f32(*backend, out);
+    for (size_t i = 0; i < got.size(); ++i) CHECK(same_bits(got[i], dense.out[i]));
+    const std::vector<float> p = read_f32(*backend, probs);
+    for (int64_t h = 0; h < H; ++h) {
+      double total = 0.0;
+      for (int64_t j = 0; j < kCols; ++j) total += p[size_t(h * kStride + j)];
+      CHECK(total == Approx(1.0).epsilon(1e-6));
+      for (int64_t j = kCols; j < kStride; ++j) CHECK(p[size_t(h * kStride + j)] == kSentinel);
+    }
+    // Without probs the output is the same.
+    DeviceTensor out2 = backend->alloc(DType::F32, {1, H, D});
+    backend->attention_visible(logits, kCols, nullptr, in.v_t, out2, nullptr);
+    CHECK(read_f32(*backend, out2) == got);
+  }
+
+  SECTION("sliding-window logits (-inf) without a mask: the windowed attention op") {
+    const DeviceTensor windowed = logits_of(*backend, in, 3);
+    backend->attention_visible(windowed, kCols, nullptr, in.v_t, out, &probs);
+    const Dense dense = run_attention(*backend, in, 3);
+    const std::vector<float> got = read_f32(*backend, out);
+    for (size_t i = 0; i < got.size(); ++i) CHECK(same_bits(got[i], dense.out[i]));
+    const std::vector<float> p = read_f32(*backend, probs);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < kCols - 3; ++j) CHECK(p[size_t(h * kStride + j)] == 0.0f);
+  }
+
+  SECTION("mask: a hand softmax over the visible subset, zeros for a head that sees nothing") {
+    const std::vector<std::vector<uint8_t>> rows = {
+        {1, 0, 1, 0, 0, 1, 1}, {0, 0, 0, 0, 0, 0, 1}, {1, 1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0}};
+    // Columns past cols are "visible" but must not be read.
+    const DeviceTensor mask = make_u8(*backend, padded(rows, 1), {H, kStride});
+    backend->attention_visible(logits, kCols, &mask, in.v_t, out, &probs);
+    const std::vector<float> got = read_f32(*backend, out);
+    const std::vector<float> p = read_f32(*backend, probs);
+    for (int64_t h = 0; h < H; ++h) {
+      INFO("head " << h);
+      const int64_t kv = h / (H / G);
+      double max_z = -INFINITY;
+      for (int64_t j = 0; j < kCols; ++j)
+        if (rows[size_t(h)][size_t(j)]) max_z = std::max(max_z, double(z[size_t(h * kStride + j)]));
+      std::vector<double> want_p(size_t(kCols), 0.0);
+      double total = 0.0;
+      for (int64_t j = 0; j < kCols; ++j)
+        if (rows[size_t(h)][size_t(j)])
+          total += want_p[size_t(j)] = std::exp(double(z[size_t(h * kStride + j)]) - max_z);
+      for (double& w : want_p) w = total > 0 ? w / total : 0.0;
+      for (int64_t j = 0; j < kCols; ++j)
+        CHECK(p[size_t(h * kStride + j)] == Approx(want_p[size_t(j)]).epsilon(1e-5).margin(1e-7));
+      for (int64_t j = kCols; j < kStride; ++j) CHECK(p[size_t(h * kStride + j)] == kSentinel);
+      for (int64_t d = 0; d < D; ++d) {
+        double want = 0.0;
+        for (int64_t j = 0; j < kCols; ++j)
+          want += want_p[size_t(j)] * double(in.v[size_t((kv * kStride + j) * D + d)]);
+        CHECK(got[size_t(h * D + d)] == Approx(want).epsilon(1e-5).margin(1e-6));
+      }
+    }
+    // Head 3 sees nothing: zeros, as the attention op gives.
+    for (int64_t d = 0; d < D; ++d) CHECK(got[size_t(3 * D + d)] == 0.0f);
+    // Same bits as the attention op under the same mask (a [H, context] mask for that op).
+    std::vector<uint8_t> dense_mask;
+    for (const auto& row : rows) dense_mask.insert(dense_mask.end(), row.begin(), row.end());
+    const Dense dense = run_attention(*backend, in, 0, dense_mask);
+    for (size_t i = 0; i < got.size(); ++i) CHECK(same_bits(got[i], dense.out[i]));
+  }
+
+  SECTION("bad shapes are errors") {
+    DeviceTensor small_out = backend->alloc(DType::F32, {1, H, D - 1});
+    CHECK_THROWS_AS(backend->attention_visible(logits, kCols, nullptr, in.v_t, small_out, nullptr),
+                    Error);
+    DeviceTensor f32_mask = backend->alloc(DType::F32, {H, kStride});
+    CHECK_THROWS_AS(backend->attention_visible(logits, kCols, &f32_mask, in.v_t, out, nullptr),
+                    Error);
+    CHECK_THROWS_AS(backend->attention_visible(logits, kStride + 1, nullptr, in.v_t, out, nullptr),
+                    Error);
+  }
+}
+
+namespace {
+
+// An independent reference for select_top_k: candidates sorted best first by the contract's
+// order (higher score, NaN lowest, ties to the higher column), first k marked.
+void reference_top_k(const std::vector<float>& scores, const std::vector<uint8_t>* eligible,
+                     int64_t rows, int64_t cols, int64_t stride, int64_t k,
+                     std::vector<uint8_t>& selected) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> candidates;
+    for (int64_t j = 0; j < cols; ++j)
+      if (!selected[size_t(r * stride + j)] && (!eligible || (*eligible)[size_t(r * stride + j)]))
+        candidates.push_back(j);
+    auto better = [&](int64_t a, int64_t b) {
+      const float x = scores[size_t(r * stride + a)], y = scores[size_t(r * stride + b)];
+      if (std::isnan(x) || std::isnan(y))
+        return std::isnan(x) == std::isnan(y) ? a > b : !std::isnan(x);
+      return x > y || (x == y && a > b);
+    };
+    std::sort(candidates.begin(), candidates.end(), better);
+    for (size_t i = 0; i < candidates.size() && int64_t(i) < k; ++i)
+      selected[size_t(r * stride + candidates[i])] = 1;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("select_top_k: ties to the higher column, forced kept, NaN lowest", "[policy_ops]") {
+  auto backend = make_cpu_backend(2);
+  SECTION("hand cases") {
+    const std::vector<std::vector<float>> scores = {
+        {1, 5, 3, 5, 2, 0, 5},       // three-way tie at 5
+        {9, 1, 8, kNaN, 7, 7, 100},  // 0 and 6 forced; NaN never beats 1
+        {1, 2, 3, 4, 5, 6, 7},       // eligible 1, 3, 5 only; k above the candidates
+        {kNaN, kNaN, kNegInf, kNaN, 0.0f, -0.0f, kNaN},  // NaN below -inf; -0 ties with +0
+    };
+    const std::vector<std::vector<uint8_t>> forced = {
+        {0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0}};
+    const std::vector<std::vector<uint8_t>> allowed = {
+        {1, 1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0}, {1, 1, 1, 1, 1, 1, 1}};
+    // Large scores past cols must be ignored; mask sentinels there must survive.
+    const DeviceTensor s = make_f32(*backend, padded(scores, 1000.0f), {4, kStride});
+    const DeviceTensor e = make_u8(*backend, padded(allowed, 1), {4, kStride});
+
+    struct Case {
+      int64_t k;
+      std::vector<std::vector<uint8_t>> want;
+    };
+    for (const Case& c : {
+             Case{2,
+                  {{0, 0, 0, 1, 0, 0, 1},
+                   {1, 0, 1, 0, 0, 1, 1},
+                   {0, 0, 0, 1, 0, 1, 0},
+                   {0, 0, 0, 0, 1, 1, 0}}},
+             Case{3,
+                  {{0, 1, 0, 1, 0, 0, 1},
+                   {1, 0, 1, 0, 1, 1, 1},
+                   {0, 1, 0, 1, 0, 1, 0},
+                   {0, 0, 1, 0, 1, 1, 0}}},
+             Case{4,
+                  {{0, 1, 1, 1, 0, 0, 1},
+                   {1, 1, 1, 0, 1, 1, 1},
+                   {0, 1, 0, 1, 0, 1, 0},
+                   {0, 0, 1, 0, 1, 1, 1}}},  // then the NaN at the highest column
+             Case{6,
+                  {{1, 1, 1, 1, 1, 0, 1},
+                   {1, 1, 1, 1, 1, 1, 1},  // fewer candidates than k: all, the NaN too
+                   {0, 1, 0, 1, 0, 1, 0},
+                   {0, 1, 1, 1, 1, 1, 1}}},
+             Case{0, forced},
+         }) {
+      INFO("k " << c.k);
+      DeviceTensor selected = make_u8(*backend, padded(forced, kMaskSentinel), {4, kStride});
+      backend->select_top_k(s, kCols, &e, c.k, selected);
+      const std::vector<uint8_t> got = read_u8(*backend, selected);
+      // Row 2 is restricted by the eligible mask; the others have every column eligible.
+      CHECK(got == padded(c.want, kMaskSentinel));
+    }
+    // Without an eligible mask row 2 takes its best columns.
+    DeviceTensor selected = backend->alloc(DType::U8, {4, kStride});
+    backend->select_top_k(s, kCols, nullptr, 2, selected);
+    const std::vector<uint8_t> got = read_u8(*backend, selected);
+    CHECK(std::vector<uint8_t>(got.begin() + 2 * kStride, got.begin() + 3 * kStride) ==
+          std::vector<uint8_t>{0, 0, 0, 0, 0, 1, 1, 0, 0, 0});
+  }
+
+  SECTION("random scores with ties, NaN and forced columns match a sorting reference") {
+    const int64_t rows = 6, cols = 211, stride = 230;
+    std::mt19937 rng(31);
+    std::vector<float> scores(size_t(rows * stride));
+    for (float& v : scores) {
+      const uint32_t u = rng() % 20;
+      v = u == 0 ? kNaN : u == 1 ? kNegInf : float(int(rng() % 9) - 4) * 0.5f;  // many ties
+    }
+    std::vector<uint8_t> forced(size_t(rows * stride)), allowed(size_t(rows * stride));
+    for (auto& f : forced) f = uint8_t(rng() % 7 == 0);
+    for (auto& a : allowed) a = uint8_t(rng() % 5 != 0);
+    const DeviceTensor s = make_f32(*backend, scores, {rows, stride});
+    const DeviceTensor e = make_u8(*backend, allowed, {rows, stride});
+    for (int64_t k : {1, 2, 17, 100, 150, 300}) {
+      for (bool use_eligible : {false, true}) {
+        INFO("k " << k << " eligible " << use_eligible);
+        std::vector<uint8_t> want = forced;
+        reference_top_k(scores, use_eligible ? &allowed : nullptr, rows, cols, stride, k, want);
+        DeviceTensor selected = make_u8(*backend, forced, {rows, stride});
+        backend->select_top_k(s, cols, use_eligible ? &e : nullptr, k, selected);
+        CHECK(read_u8(*backend, selected) == want);
+      }
+    }
+  }
+
+  SECTION("bad shapes are errors") {
+    DeviceTensor s = backend->alloc(DType::F32, {4, kStride});
+    DeviceTensor selected = backend->alloc(DType::U8, {3, kStride});
+    CHECK_THROWS_AS(backend->select_top_k(s, kCols, nullptr, 1, selected), Error);
+    DeviceTensor ok = backend->alloc(DType::U8, {4, kStride});
+    CHECK_THROWS_AS(backend->select_top_k(s, kStride + 1, nullptr, 1, ok), Error);
+  }
+}
+
+TEST_CASE("fill_columns and mask_and on U8 rows", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  DeviceTensor mask = backend->alloc(DType::U8, {3, kStride});
+  backend->fill_columns(mask, 2, 5, 1);
+  backend->fill_columns(mask, 8, 10, 3);
+  backend->fill_columns(mask, 6, 6, 9);  // empty range
+  backend->fill_columns(mask, 7, 4, 9);  // empty range
+  std::vector<uint8_t> want = {0, 0, 1, 1, 1, 0, 0, 0, 3, 3};
+  std::vector<uint8_t> rows3;
+  for (int r = 0; r < 3; ++r) rows3.insert(rows3.end(), want.begin(), want.end());
+  CHECK(read_u8(*backend, mask) == rows3);
+  CHECK_THROWS_AS(backend->fill_columns(mask, 0, kStride + 1, 1), Error);
+  CHECK_THROWS_AS(backend->fill_columns(mask, -1, 3, 1), Error);
+
+  const std::vector<std::vector<uint8_t>> a = {{1, 1, 0, 0, 1, 1, 1}, {1, 0, 1, 0, 1, 0, 1}};
+  const std::vector<std::vector<uint8_t>> b = {{1, 0, 1, 0, 1, 1, 0}, {0, 0, 1, 1, 1, 1, 1}};
+  DeviceTensor m = make_u8(*backend, padded(a, 1), {2, kStride});
+  const DeviceTensor other = make_u8(*backend, padded(b, 0), {2, kStride});
+  backend->mask_and(m, other, kCols);
+  CHECK(read_u8(*backend, m) ==
+        padded(std::vector<std::vector<uint8_t>>{{1, 0, 0, 0, 1, 1, 0}, {0, 0, 1, 0, 1, 0, 1}}, 1));
+  DeviceTensor wrong = backend->alloc(DType::U8, {3, kStride});
+  CHECK_THROWS_AS(backend->mask_and(m, wrong, kCols), Error);
+}
+
+TEST_CASE("accumulate_rows adds, and forgets where keep is 0", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  const std::vector<std::vector<float>> acc = {{1, 2, 3, 4, 5, 6, 7},
+                                               {0.5f, kNaN, INFINITY, 0, 0, 0, 0}};
+  const std::vector<std::vector<float>> x = {{0.25f, 0.5f, 1, 1, 1, 1, 1}, {1, 2, 3, 4, 5, 6, 7}};
+  const DeviceTensor x_t = make_f32(*backend, padded(x, 1.0f), {2, kStride});
+
+  DeviceTensor a = make_f32(*backend, padded(acc, kSentinel), {2, kStride});
+  backend->accumulate_rows(a, x_t, nullptr, kCols);
+  std::vector<float> got = read_f32(*backend, a);
+  CHECK(got[0] == 1.25f);
+  CHECK(got[1] == 2.5f);
+  CHECK(got[6] == 8.0f);
+  CHECK(std::isnan(got[size_t(kStride + 1)]));
+  CHECK(got[size_t(kStride + 2)] == INFINITY);
+  CHECK(got[size_t(kStride + 6)] == 7.0f);
+  for (int64_t j = kCols; j < kStride; ++j) CHECK(got[size_t(j)] == kSentinel);
+
+  // keep 0 replaces the score (even NaN or inf) by x; keep 1 adds.
+  a = make_f32(*backend, padded(acc, kSentinel), {2, kStride});
+  const DeviceTensor keep = make_u8(
+      *backend,
+      padded(std::vector<std::vector<uint8_t>>{{1, 0, 1, 0, 1, 0, 1}, {1, 0, 0, 1, 1, 1, 1}}, 0),
+      {2, kStride});
+  backend->accumulate_rows(a, x_t, &keep, kCols);
+  got = read_f32(*backend, a);
+  CHECK(std::vector<float>(got.begin(), got.begin() + kCols) ==
+        std::vector<float>{1.25f, 0.5f, 4, 1, 6, 1, 8});
+  CHECK(std::vector<float>(got.begin() + kStride, got.begin() + kStride + kCols) ==
+        std::vector<float>{1.5f, 2, 3, 4, 5, 6, 7});
+  for (int64_t j = kCols; j < kStride; ++j) CHECK(got[size_t(kStride + j)] == kSentinel);
+}
+
+TEST_CASE("sum_row_groups and expand_row_groups map query heads to KV groups", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  const std::vector<std::vector<float>> x = {{1, 2, 3, 4, 5, 6, 7},
+                                             {10, 20, 30, 40, 50, 60, 70},
+                                             {0.5f, 0, 0, 0, 0, 0, -1},
+                                             {0.25f, 1, 1, 1, 1, 1, 1}};
+  const DeviceTensor x_t = make_f32(*backend, padded(x, 5.0f), {H, kStride});
+  // The output has its own stride (12), and its columns past cols keep their sentinel.
+  DeviceTensor out = make_f32(*backend, std::vector<float>(size_t(G * 12), kSentinel), {G, 12});
+  backend->sum_row_groups(x_t, kCols, 2, out);
+  const std::vector<float> got = read_f32(*backend, out);
+  const std::vector<float> want0 = {11, 22, 33, 44, 55, 66, 77};
+  const std::vector<float> want1 = {0.75f, 1, 1, 1, 1, 1, 0};
+  CHECK(std::vector<float>(got.begin(), got.begin() + kCols) == want0);
+  CHECK(std::vector<float>(got.begin() + 12, got.begin() + 12 + kCols) == want1);
+  for (int64_t j = kCols; j < 12; ++j) CHECK(got[size_t(j)] == kSentinel);
+  // group 4: one row; group 3 does not divide 4 rows.
+  DeviceTensor one = backend->alloc(DType::F32, {1, kStride});
+  backend->sum_row_groups(x_t, kCols, 4, one);
+  CHECK(read_f32(*backend, one)[6] == 77.0f);
+  CHECK_THROWS_AS(backend->sum_row_groups(x_t, kCols, 3, one), Error);
+
+  const std::vector<std::vector<uint8_t>> groups = {{1, 0, 0, 1, 0, 1, 1}, {0, 1, 1, 0, 0, 0, 1}};
+  const DeviceTensor mask = make_u8(*backend, padded(groups, 1), {G, kStride});
+  DeviceTensor heads =
+      make_u8(*backend, std::vector<uint8_t>(size_t(H * kStride), kMaskSentinel), {H, kStride});
+  backend->expand_row_groups(mask, kCols, 2, heads);
+  CHECK(read_u8(*backend, heads) ==
+        padded(std::vector<std::vector<uint8_t>>{groups[0], groups[0], groups[1], groups[1]},
+               kMaskSentinel));
+  DeviceTensor three = backend->alloc(DType::U8, {3, kStride});
+  CHECK_THROWS_AS(backend->expand_row_groups(mask, kCols, 2, three), Error);
+}
+
+TEST_CASE("random_rows: deterministic splitmix64 values, uniform from 0 to 1", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  // splitmix64's published test vector (seed 1234567, successive states).
+  CHECK(splitmix64(1234567) == 6457827717110365317ull);
+  CHECK(splitmix64(1234567 + 0x9e3779b97f4a7c15ull) == 3203168211198807973ull);
+
+  const int64_t rows = 4, cols = 2500, stride = 2503;
+  auto draw = [&](uint64_t seed, uint64_t stream) {
+    DeviceTensor out =
+        make_f32(*backend, std::vector<float>(size_t(rows * stride), kSentinel), {rows, stride});
+    backend->random_rows(seed, stream, cols, out);
+    return read_f32(*backend, out);
+  };
+  const std::vector<float> a = draw(42, 7);
+  CHECK(draw(42, 7) == a);  // a pure function of its arguments
+  double sum = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < stride; ++j) {
+      const float v = a[size_t(r * stride + j)];
+      if (j >= cols) {
+        CHECK(v == kSentinel);
+        continue;
+      }
+      REQUIRE(v >= 0.0f);
+      REQUIRE(v < 1.0f);
+      REQUIRE(v == random_unit(42, 7, uint64_t(r), uint64_t(j)));
+      // On the 2^-24 grid: the top 24 bits of the hash.
+      REQUIRE(std::ldexp(double(v), 24) == std::floor(std::ldexp(double(v), 24)));
+      sum += v;
+    }
+  }
+  CHECK(std::fabs(sum / double(rows * cols) - 0.5) < 0.02);  // 10000 values: sd ~0.003
+  // Another stream or seed gives unrelated values (equal ones only by chance: p = 2^-24 each).
+  for (const std::vector<float>& other : {draw(42, 8), draw(43, 7)}) {
+    int64_t equal = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        equal += a[size_t(r * stride + j)] == other[size_t(r * stride + j)];
+    CHECK(equal < 5);
+  }
+  // Rows differ too.
+  CHECK(!std::equal(a.begin(), a.begin() + cols, a.begin() + stride));
+}
