@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,7 @@ struct EvalFlags {
   bool hard = false;
   std::string pools_path, text_file, json_path, per_sample_path;
   std::vector<std::string> policy_args;
+  std::string csv_path;
 };
 EvalFlags flags;
 
@@ -157,6 +160,42 @@ Json null_if_not_finite(double value) {
   return std::isfinite(value) ? Json(value) : Json();
 }
 
+// Effective sparsity into the row (overall, per layer, per head); dense runs hide nothing.
+double set_sparsity(Json& row, const SparsityStats& stats) {
+  const double overall = stats.steps > 0 ? stats.overall() : 0.0;
+  row["effective_sparsity"] = overall;
+  if (stats.steps > 0) {
+    row["effective_sparsity_per_layer"] = stats.per_layer();
+    row["effective_sparsity_per_head"] = stats.per_head();
+  }
+  return overall;
+}
+
+// One line per (policy, sparsity): the sweep format for plotting tools.
+constexpr const char* kCsvHeader =
+    "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples";
+
+std::string csv_value(const Json& value) {
+  if (value.is_null()) return "";
+  if (value.is_string()) return value.get<std::string>();
+  char text[64];
+  if (value.is_number_integer()) {
+    std::snprintf(text, sizeof text, "%lld", (long long)value.get<int64_t>());
+  } else {
+    std::snprintf(text, sizeof text, "%.6g", value.get<double>());
+  }
+  return text;
+}
+
+void write_csv_row(std::ostream& out, const Json& row) {
+  const char* keys[] = {"policy", "sparsity", "effective_sparsity", "accuracy", "coverage",
+                        "ppl",    "samples"};
+  for (size_t i = 0; i < std::size(keys); ++i) {
+    out << (i ? "," : "") << csv_value(row[keys[i]]);
+  }
+  out << '\n';
+}
+
 Json result_row(const PolicyConfig& run) {
   return {{"policy", run.id},    {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
           {"accuracy", nullptr}, {"coverage", nullptr},      {"ppl", nullptr},
@@ -177,6 +216,11 @@ int run_eval(const CommonOptions& common) {
   std::optional<AtomicOutputFile> json_out, per_sample_out;
   if (!flags.json_path.empty()) json_out.emplace(flags.json_path, "--json");
   if (!flags.per_sample_path.empty()) per_sample_out.emplace(flags.per_sample_path, "--per-sample");
+  std::optional<AtomicOutputFile> csv_out;
+  if (!flags.csv_path.empty()) {
+    csv_out.emplace(flags.csv_path, "--csv");
+    csv_out->stream() << kCsvHeader << '\n';
+  }
 
   const auto model = Model::load(flags.model_dir);
   const Tokenizer& tokenizer = model->require_tokenizer();
@@ -201,11 +245,11 @@ int run_eval(const CommonOptions& common) {
   std::printf("eval %s  model %s  backend %s\n", flags.task.c_str(), flags.model_dir.c_str(),
               backend->name().c_str());
   if (flags.task == "coref") {
-    std::printf("%-12s %8s %9s %9s %8s %9s\n", "policy", "sparsity", "accuracy", "coverage",
-                "samples", "seconds");
+    std::printf("%-12s %8s %9s %9s %9s %8s %9s\n", "policy", "sparsity", "effective", "accuracy",
+                "coverage", "samples", "seconds");
   } else {
-    std::printf("%-12s %8s %10s %8s %9s %9s\n", "policy", "sparsity", "ppl", "windows", "tokens",
-                "seconds");
+    std::printf("%-12s %8s %9s %10s %8s %9s %9s\n", "policy", "sparsity", "effective", "ppl",
+                "windows", "tokens", "seconds");
   }
   for (const PolicyConfig& run : runs) {
     char label[128];
@@ -222,8 +266,9 @@ int run_eval(const CommonOptions& common) {
       row["coverage"] = result.coverage;
       row["samples"] = result.samples;
       row["answer_tokens"] = result.answer_tokens;
-      std::printf("%-12s %8.3f %9.4f %9.4f %8lld %9.1f\n", run.id.c_str(), run.sparsity,
-                  result.accuracy, result.coverage, (long long)result.samples, seconds);
+      const double effective = set_sparsity(row, result.sparsity);
+      std::printf("%-12s %8.3f %9.3f %9.4f %9.4f %8lld %9.1f\n", run.id.c_str(), run.sparsity,
+                  effective, result.accuracy, result.coverage, (long long)result.samples, seconds);
       if (per_sample_out) {
         for (const CorefSampleResult& s : result.per_sample) {
           const Json line = {{"policy", run.id},
@@ -250,10 +295,13 @@ int run_eval(const CommonOptions& common) {
       row["samples"] = result.windows;
       row["tokens_scored"] = result.tokens_scored;
       row["window"] = result.window;
-      std::printf("%-12s %8.3f %10.3f %8lld %9lld %9.1f\n", run.id.c_str(), run.sparsity,
-                  result.ppl, (long long)result.windows, (long long)result.tokens_scored, seconds);
+      const double effective = set_sparsity(row, result.sparsity);
+      std::printf("%-12s %8.3f %9.3f %10.3f %8lld %9lld %9.1f\n", run.id.c_str(), run.sparsity,
+                  effective, result.ppl, (long long)result.windows, (long long)result.tokens_scored,
+                  seconds);
     }
     std::fflush(stdout);
+    if (csv_out) write_csv_row(csv_out->stream(), row);
     results.push_back(row);
   }
 
@@ -263,6 +311,7 @@ int run_eval(const CommonOptions& common) {
     json_out->commit();
   }
   if (per_sample_out) per_sample_out->commit();
+  if (csv_out) csv_out->commit();
   return 0;
 }
 
@@ -282,6 +331,8 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                    "Comma-separated sparsities in [0,1); one result per (policy, sparsity)")
       ->capture_default_str();
   command->add_option("--json", flags.json_path, "Write the results as JSON to this file");
+  command->add_option("--csv", flags.csv_path,
+                      "Also write one CSV line per (policy, sparsity): a sweep for plotting");
   command->add_option("--policy-arg", flags.policy_args,
                       "Policy parameter key=value for every policy that has it, or "
                       "policy.key=value for one (repeatable)");

@@ -47,6 +47,7 @@ CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
     result.answer_nll += scored.nll[size_t(p)];
   }
   result.all_correct = result.correct_tokens == result.answer_tokens();
+  result.sparsity = scored.sparsity;
   return result;
 }
 
@@ -77,6 +78,7 @@ CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const 
     const CorefSampleResult& sample = result.per_sample.back();
     all_correct += sample.all_correct;
     correct_tokens += sample.correct_tokens;
+    result.sparsity.merge(sample.sparsity);
     result.answer_tokens += sample.answer_tokens();
     if (progress) progress(i + 1, count);
   }

@@ -28,6 +28,7 @@ struct CorefSampleResult {
   bool all_correct = false;
   bool canonical = true;    // CorefTokens::canonical
   double answer_nll = 0.0;  // sum over the answer tokens of -log p(token | everything before), nats
+  SparsityStats sparsity;   // this sample's policy steps
 
   int64_t answer_tokens() const { return answer_token_end - answer_token_begin; }
 };
@@ -43,6 +44,7 @@ struct CorefEvalResult {
   double coverage = 0.0;  // answer tokens right / answer tokens, over all samples
   int64_t samples = 0;
   int64_t answer_tokens = 0;
+  SparsityStats sparsity;                     // merged over the samples' policy steps
   std::vector<CorefSampleResult> per_sample;  // in index order
 };
 

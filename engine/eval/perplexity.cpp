@@ -52,6 +52,7 @@ PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
         score_tokens(model, tokens.subspan(size_t(begin), size_t(length)), options);
     for (const double nll : scored.nll) total_nll += nll;
     result.tokens_scored += int64_t(scored.nll.size());
+    result.sparsity.merge(scored.sparsity);
     fed += length;
   }
   result.mean_nll = total_nll / double(result.tokens_scored);

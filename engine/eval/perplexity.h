@@ -16,7 +16,8 @@ struct PerplexityResult {
   double mean_nll = 0.0;
   int64_t tokens_scored = 0;  // n - 1: every token but the first is predicted exactly once
   int64_t windows = 0;
-  int64_t window = 0;  // W
+  int64_t window = 0;      // W
+  SparsityStats sparsity;  // merged over the windows' policy steps
 };
 
 // Window k holds tokens[k*(W-1), k*(W-1) + W) (the last one may be shorter; windows of fewer

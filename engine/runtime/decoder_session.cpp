@@ -170,6 +170,7 @@ const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
     backend_.matmul(act, layer.w_down, proj);
     backend_.add_inplace(hidden, proj);
   }
+  if (policy_ && n == 1 && position_ >= policy_first_step_) sparsity_.end_step();
   backend_.rmsnorm(hidden, model_->final_norm, eps, normed);
   backend_.matmul(normed, model_->lm_head, logits_view_);
   position_ += n;
@@ -195,6 +196,7 @@ void DecoderSession::set_policy(std::unique_ptr<Policy> policy, int64_t first_st
     scores_.push_back(backend_.alloc(DType::F32, {shape.heads, shape.stride}));
   }
   decisions_.assign(size_t(shape.layers), LayerDecision::Dense);
+  sparsity_.reset(shape.layers, shape.heads);
   policy_logits_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
   policy_probs_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
 }
@@ -211,12 +213,29 @@ void DecoderSession::policy_attention(size_t layer, const DeviceTensor& q_heads,
   backend_.attention_logits(q_heads, k_cache_[layer], position_, window, policy_logits_);
   const LayerDecision decision = policy_->select(step, visible_[layer], scores_[layer]);
   decisions_[layer] = decision;
+  record_sparsity(layer, decision, step.cols());
   if (decision == LayerDecision::Skipped) return;
   const bool want_probs = policy_->wants_probs();
   backend_.attention_visible(policy_logits_, step.cols(),
                              decision == LayerDecision::Masked ? &visible_[layer] : nullptr,
                              v_cache_[layer], attn_heads, want_probs ? &policy_probs_ : nullptr);
   if (want_probs) policy_->observe(step, policy_probs_);
+}
+
+void DecoderSession::record_sparsity(size_t layer, LayerDecision decision, int64_t cols) {
+  if (decision == LayerDecision::Dense) return sparsity_.add_dense_layer(int64_t(layer));
+  if (decision == LayerDecision::Skipped) return sparsity_.add_skipped_layer(int64_t(layer));
+  // A metric, not policy work: the mask is read back once per layer to count it (H x stride
+  // bytes), which a device-side count would avoid.
+  const DeviceTensor& mask = visible_[layer];
+  const int64_t heads = mask.dim(0), stride = mask.dim(1);
+  host_visible_.resize(size_t(heads * stride));
+  backend_.to_host(mask, host_visible_.data(), host_visible_.size());
+  std::vector<int64_t> counts(size_t(heads), 0);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < cols; ++j) counts[size_t(h)] += host_visible_[size_t(h * stride + j)];
+  }
+  sparsity_.add_layer(int64_t(layer), counts, cols);
 }
 
 std::vector<float> DecoderSession::step(int32_t token) {

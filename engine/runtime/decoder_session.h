@@ -11,6 +11,7 @@
 
 #include "engine/model/model.h"
 #include "engine/policy/policy.h"
+#include "engine/policy/sparsity_stats.h"
 #include "engine/runtime/backend.h"
 
 namespace kvlens {
@@ -60,6 +61,8 @@ class DecoderSession {
   const std::vector<DeviceTensor>& policy_scores() const { return scores_; }
   const std::vector<LayerDecision>& decisions() const { return decisions_; }
   PolicyShape policy_shape() const;
+  // Effective sparsity over every policy step so far (reset by set_policy).
+  const SparsityStats& sparsity() const { return sparsity_; }
 
   // Per layer [n, H, context] pre-softmax logits of the last forward (record_attention_logits).
   const std::vector<DeviceTensor>& attention_logits() const { return attention_logits_; }
@@ -70,6 +73,7 @@ class DecoderSession {
   // One layer's attention for a single token under the policy; writes attn_heads [1, H, D].
   void policy_attention(size_t layer, const DeviceTensor& q_heads, int64_t window,
                         DeviceTensor& attn_heads);
+  void record_sparsity(size_t layer, LayerDecision decision, int64_t cols);
 
   std::shared_ptr<const BackendModel> model_;
   Backend& backend_;
@@ -87,6 +91,8 @@ class DecoderSession {
   std::vector<DeviceTensor> visible_, scores_;
   std::vector<LayerDecision> decisions_;
   DeviceTensor policy_logits_, policy_probs_;  // [H, stride]
+  SparsityStats sparsity_;
+  std::vector<uint8_t> host_visible_;  // [H, stride]: a mask read back to count it
 };
 
 }  // namespace kvlens

@@ -47,6 +47,7 @@ ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<co
     }
     if (options.progress) options.progress(begin + rows, n);
   }
+  result.sparsity = session.sparsity();
   double total = 0.0;
   for (const double value : result.nll) total += value;
   result.ppl = result.nll.empty() ? std::numeric_limits<double>::quiet_NaN()

@@ -21,6 +21,7 @@ struct ScoreResult {
   std::vector<double> nll;      // nll[i] = -log p(tokens[i+1] | tokens[..i]), size n-1
   std::vector<int32_t> argmax;  // argmax of the distribution after tokens[..i], size n
   double ppl = 0.0;             // exp(mean nll); 0 tokens scored -> NaN
+  SparsityStats sparsity;       // over the policy's steps (no steps for dense)
 };
 
 struct ScoreOptions {

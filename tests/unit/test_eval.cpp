@@ -310,6 +310,41 @@ TEST_CASE("eval --task coref writes the documented JSON and per-sample lines", "
   CHECK_FALSE(std::filesystem::exists(json_path + ".partial"));
 }
 
+TEST_CASE("eval runs several policies and sparsities, with effective sparsity and a CSV sweep",
+          "[eval][cli]") {
+  const std::string model = tiny_model_with_tokenizer();
+  const std::string dir = test::make_temp_dir("eval-sweep");
+  const auto result = test::run_command(
+      test::cli_path() + " eval --model " + model +
+      " --task coref --samples 2 --policies dense,streaming --sparsity 0.25,0.75" +
+      " --policy-arg sinks=2 --json " + dir + "/out.json --csv " + dir + "/sweep.csv");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  const Json out = Json::parse(read_text_file(dir + "/out.json"));
+  REQUIRE(out["results"].size() == 3);  // dense once, streaming at both sparsities
+  CHECK(out["results"][0]["policy"] == "dense");
+  CHECK(out["results"][0]["effective_sparsity"] == 0.0);
+  const double low = out["results"][1]["effective_sparsity"];
+  const double high = out["results"][2]["effective_sparsity"];
+  // Layer 0 stays dense and early steps keep the sinks, so the measured value sits below the
+  // nominal one; more sparsity must hide more.
+  CHECK(low > 0.05);
+  CHECK(low < 0.25);
+  CHECK(high > low);
+  CHECK(high < 0.75);
+  CHECK(out["results"][1]["effective_sparsity_per_layer"].size() == 2);
+  CHECK(out["results"][1]["effective_sparsity_per_layer"][0] == 0.0);
+
+  std::istringstream csv(read_text_file(dir + "/sweep.csv"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0] == "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples");
+  CHECK(lines[1].rfind("dense,0,0,", 0) == 0);
+  CHECK(lines[2].rfind("streaming,0.25,", 0) == 0);
+  CHECK(lines[3].rfind("streaming,0.75,", 0) == 0);
+}
+
 TEST_CASE("eval --task ppl reports windows and tokens scored", "[eval][cli]") {
   const std::string model = tiny_model_with_tokenizer(64);
   const std::string dir = test::make_temp_dir("eval-ppl");

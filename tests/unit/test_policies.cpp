@@ -292,3 +292,37 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   const ScoreResult hidden = score_tokens(resident, tokens, sparse);
   CHECK(hidden.nll != reference.nll);
 }
+
+TEST_CASE("effective sparsity: measured from the visible sets, per layer and head", "[policy]") {
+  test::TinyLlamaSpec spec;  // 2 layers, 4 heads
+  const std::string dir = test::write_tiny_llama(test::make_temp_dir("sparsity-model"), spec);
+  auto backend = make_cpu_backend(1);
+  const auto resident = BackendModel::upload(Model::load(dir), *backend);
+  const std::vector<int32_t> tokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3};
+  ScoreOptions options;
+  options.policy = {"streaming", 0.5, {"sinks=1"}};  // layer 0 dense (dense_layers = 1)
+  const ScoreResult result = score_tokens(resident, tokens, options);
+  // Layer 1 sees B(t) = ceil((t + 1) / 2) of t + 1 candidates at each of the 10 steps.
+  double expected_layer1 = 0.0;
+  for (int64_t t = 0; t < 10; ++t) {
+    const double candidates = double(t + 1);
+    expected_layer1 += 1.0 - std::ceil(0.5 * candidates) / candidates;
+  }
+  expected_layer1 /= 10.0;
+  const SparsityStats& stats = result.sparsity;
+  CHECK(stats.steps == 10);
+  REQUIRE(stats.per_layer().size() == 2);
+  CHECK(stats.per_layer()[0] == 0.0);
+  CHECK(stats.per_layer()[1] == Approx(expected_layer1).epsilon(1e-12));
+  CHECK(stats.overall() == Approx(expected_layer1 / 2.0).epsilon(1e-12));
+  for (const double head : stats.per_head()) CHECK(head == Approx(expected_layer1 / 2.0));
+
+  // Merging two runs weighs them by their steps.
+  SparsityStats merged;
+  merged.merge(stats);
+  merged.merge(stats);
+  CHECK(merged.steps == 20);
+  CHECK(merged.overall() == Approx(stats.overall()));
+  // Dense runs count no steps.
+  CHECK(score_tokens(resident, tokens).sparsity.steps == 0);
+}
