@@ -720,6 +720,70 @@ class CudaBackend final : public Backend {
     check_launch("random_rows");
   }
 
+  void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
+                  int64_t cols) override {
+    const std::string op = "axpby_rows";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(y, DType::F32, -1, cols, op, "y");
+    const RowShape x_shape = row_shape(x, DType::F32, -1, cols, op, "x");
+    if (x_shape.rows != shape.rows && x_shape.rows != 1)
+      bad_argument(op + ": x", cat({"1 or ", std::to_string(shape.rows), " rows"}), describe(x));
+    if (shape.rows * cols == 0) return;
+    activate();
+    cuda::launch_axpby_rows(rows_ref<float>(y, shape), alpha, rows_ref<const float>(x, x_shape),
+                            beta, shape.rows, x_shape.rows != shape.rows, cols, stream());
+    check_launch("axpby_rows");
+  }
+
+  void pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
+                 DeviceTensor& out) override {
+    const std::string op = "pool_rows";
+    require_cols(cols, op);
+    if (kernel < 1 || kernel % 2 == 0 || kernel > INT32_MAX)
+      bad_argument(op + ": kernel", "an odd kernel size >= 1", std::to_string(kernel));
+    const RowShape shape = row_shape(x, DType::F32, -1, cols, op, "x");
+    const RowShape out_shape = row_shape(out, DType::F32, shape.rows, cols, op, "out");
+    if (shape.rows * cols == 0) return;
+    if (x.data == out.data) bad_argument(op + ": out", "a tensor apart from x", "x itself");
+    activate();
+    cuda::launch_pool_rows(rows_ref<const float>(x, shape), shape.rows, cols, pool == Pool::Average,
+                           kernel, rows_ref<float>(out, out_shape), stream());
+    check_launch("pool_rows");
+  }
+
+  void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols, const DeviceTensor& members,
+                         DeviceTensor& out) override {
+    const std::string op = "key_anchor_scores";
+    require_cols(cols, op);
+    require(k_cache, DType::F32, op, "k_cache");
+    if (k_cache.shape.size() != 3)
+      bad_argument(op + ": k_cache", "[G, capacity, D]", describe(k_cache));
+    const CacheShape cache{k_cache.dim(0), k_cache.dim(1), k_cache.dim(2)};
+    if (cols > cache.capacity)
+      bad_argument(op + ": cols", cat({"at most the capacity ", std::to_string(cache.capacity)}),
+                   std::to_string(cols));
+    const RowShape shape = row_shape(out, DType::F32, -1, cols, op, "out");
+    if (cache.kv_heads == 0 || shape.rows % cache.kv_heads != 0)
+      bad_argument(op + ": out",
+                   cat({"a row count that is a multiple of the ", std::to_string(cache.kv_heads),
+                        " KV heads"}),
+                   describe(out));
+    const RowShape member_shape = row_shape(members, DType::U8, shape.rows, cols, op, "members");
+    if (shape.rows == 0 || cols == 0) return;
+    activate();
+    cuda::KeyAnchorArgs args;
+    args.k_cache = k_cache.as<float>();
+    args.members = rows_ref<const uint8_t>(members, member_shape);
+    args.out = rows_ref<float>(out, shape);
+    args.rows = shape.rows;
+    args.rows_per_group = shape.rows / cache.kv_heads;
+    args.head_dim = cache.head_dim;
+    args.capacity = cache.capacity;
+    args.cols = cols;
+    cuda::launch_key_anchor_scores(args, stream());
+    check_launch("key_anchor_scores");
+  }
+
   void synchronize() override {
     activate();
     check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");

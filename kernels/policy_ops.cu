@@ -12,7 +12,9 @@ constexpr int kThreads = 256;  // element-wise kernels, attention_visible and se
 constexpr int kLogitThreads = 128;
 constexpr int kLogitWarps = kLogitThreads / 32;
 constexpr int kLogitKeys = 64;  // keys per attention_logits block
-constexpr int kTile = 256;      // keys per pass of attention_visible (weights in shared memory)
+constexpr int kTile = 256;
+constexpr int kAnchorThreads =
+    256;  // keys per pass of attention_visible (weights in shared memory)
 
 // Grid-stride loop over the cells of a rows x cols region: f(r, j) for each.
 template <typename F>
@@ -200,6 +202,77 @@ __global__ void random_rows_kernel(uint64_t seed, uint64_t stream_id, int64_t ro
   });
 }
 
+__global__ void axpby_rows_kernel(RowsRef<float> y, float alpha, RowsRef<const float> x, float beta,
+                                  int64_t rows, bool broadcast, int64_t cols) {
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    float& out = y.data[r * y.stride + j];
+    const float in = x.data[(broadcast ? 0 : r) * x.stride + j];
+    // Explicit roundings (no contraction by nvcc): the CPU's alpha * x and fma(alpha, x, beta * y).
+    out = beta == 0.0f ? __fmul_rn(alpha, in) : __fmaf_rn(alpha, in, __fmul_rn(beta, out));
+  });
+}
+
+__global__ void pool_rows_kernel(RowsRef<const float> x, int64_t rows, int64_t cols, bool average,
+                                 int64_t kernel, RowsRef<float> out) {
+  const int64_t half = kernel / 2;
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    const float* in = x.data + r * x.stride;
+    const int64_t lo = j - half > 0 ? j - half : 0;
+    const int64_t hi = j + half < cols - 1 ? j + half : cols - 1;
+    float value;
+    if (average) {
+      value = 0.0f;
+      for (int64_t i = lo; i <= hi; ++i) value = __fadd_rn(value, in[i]);
+      value = __fdiv_rn(value, float(kernel));
+    } else {
+      value = in[lo];
+      for (int64_t i = lo + 1; i <= hi; ++i) value = fmaxf(value, in[i]);
+    }
+    out.data[r * out.stride + j] = value;
+  });
+}
+
+// One block per row; warp w handles keys j = w, w + warps, ... Shared memory (dynamic):
+// anchor[D] | per-warp partial sums [warps][D]. Fixed assignment and reduction order: the result
+// does not depend on scheduling.
+__global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
+  extern __shared__ float shared[];
+  __shared__ unsigned scratch[32];
+  const int64_t D = a.head_dim;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  float* anchor = shared;
+  float* partial = shared + D + warp * D;
+  const int64_t r = blockIdx.x;
+  const float* keys = a.k_cache + (r / a.rows_per_group) * a.capacity * D;
+  const uint8_t* member = a.members.data + r * a.members.stride;
+  float* out = a.out.data + r * a.out.stride;
+  constexpr float kTiny = 1e-12f;
+
+  for (int64_t d = lane; d < D; d += 32) partial[d] = 0.0f;
+  unsigned count = 0;
+  for (int64_t j = warp; j < a.cols; j += warps) {
+    if (member[j] == 0) continue;  // warp-uniform
+    const float* k = keys + j * D;
+    const float inv = 1.0f / fmaxf(sqrtf(warp_dot(k, k, D, lane)), kTiny);
+    for (int64_t d = lane; d < D; d += 32) partial[d] += k[d] * inv;
+    if (lane == 0) ++count;
+  }
+  count = block_reduce(count, SumOp{}, 0u, scratch);  // also a barrier: partials are complete
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) sum += shared[D + w * D + d];
+    anchor[d] = count > 0 ? sum / float(count) : 0.0f;
+  }
+  __syncthreads();
+  const float anchor_norm = fmaxf(sqrtf(warp_dot(anchor, anchor, D, lane)), kTiny);
+  for (int64_t j = warp; j < a.cols; j += warps) {
+    const float* k = keys + j * D;
+    const float dot = warp_dot(k, anchor, D, lane);
+    const float norm = fmaxf(sqrtf(warp_dot(k, k, D, lane)), kTiny);
+    if (lane == 0) out[j] = -dot / (norm * anchor_norm);
+  }
+}
+
 }  // namespace
 
 void launch_attention_logits(const LogitArgs& args, cudaStream_t stream) {
@@ -263,6 +336,26 @@ void launch_random_rows(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t
   if (rows * cols <= 0) return;
   random_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(seed, stream_id,
                                                                                rows, cols, out);
+}
+
+void launch_axpby_rows(RowsRef<float> y, float alpha, RowsRef<const float> x, float beta,
+                       int64_t rows, bool broadcast, int64_t cols, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  axpby_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(
+      y, alpha, x, beta, rows, broadcast, cols);
+}
+
+void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool average,
+                      int64_t kernel, RowsRef<float> out, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  pool_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(x, rows, cols, average,
+                                                                             kernel, out);
+}
+
+void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream) {
+  if (args.rows <= 0 || args.cols <= 0) return;
+  const size_t shared_bytes = size_t(args.head_dim) * (1 + kAnchorThreads / 32) * sizeof(float);
+  key_anchor_scores_kernel<<<unsigned(args.rows), kAnchorThreads, shared_bytes, stream>>>(args);
 }
 
 }  // namespace kvlens::cuda

@@ -65,4 +65,22 @@ void launch_expand_row_groups(RowsRef<const uint8_t> mask, int64_t rows, int64_t
 void launch_random_rows(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t cols,
                         RowsRef<float> out, cudaStream_t stream);
 
+// y[r, j] = beta == 0 ? alpha * x[r', j] : fma(alpha, x[r', j], beta * y[r, j]), r' = r or 0
+// (x_rows == 1: broadcast).
+void launch_axpby_rows(RowsRef<float> y, float alpha, RowsRef<const float> x, float beta,
+                       int64_t rows, bool broadcast, int64_t cols, cudaStream_t stream);
+// out[r, j] = max (fmaxf) or sum-then-divide-by-kernel of x[r, j - kernel/2 .. j + kernel/2]
+// clipped to [0, cols), in increasing column order (odd kernel).
+void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool average,
+                      int64_t kernel, RowsRef<float> out, cudaStream_t stream);
+// out[r, j] = -cos(k[g, j], mean of the normalised member keys of row r), g = r / rows_per_group.
+// One block per row.
+struct KeyAnchorArgs {
+  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  RowsRef<const uint8_t> members;  // [rows, stride]
+  RowsRef<float> out;              // [rows, stride]
+  int64_t rows = 0, rows_per_group = 1, head_dim = 0, capacity = 0, cols = 0;
+};
+void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream);
+
 }  // namespace kvlens::cuda

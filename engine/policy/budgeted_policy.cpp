@@ -23,8 +23,16 @@ const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_s
 int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
                                         const DeviceTensor& selection_scores,
                                         const DeviceTensor* eligible, DeviceTensor& visible) {
+  const int64_t budget = knobs_.budget(step.step);
+  select_budgeted(step, recent, selection_scores, eligible, visible, budget);
+  return budget;
+}
+
+void BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
+                                     const DeviceTensor& selection_scores,
+                                     const DeviceTensor* eligible, DeviceTensor& visible,
+                                     int64_t budget) {
   const int64_t t = step.step, cols = step.cols();
-  const int64_t budget = knobs_.budget(t);
   const ForcedColumns forced =
       forced_columns(t, budget, knobs_.sinks, std::max(recent, knobs_.window));
   DeviceTensor& target = knobs_.kv_head_granularity ? group_visible_ : visible;
@@ -38,7 +46,12 @@ int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
   if (extra > 0) backend_.select_top_k(selection_scores, cols, eligible, extra, target);
   if (knobs_.kv_head_granularity)
     backend_.expand_row_groups(group_visible_, cols, group(), visible);
-  return budget;
+}
+
+void BudgetedPolicy::evict_unselected(DeviceTensor& kept, const DeviceTensor& visible,
+                                      int64_t cols) {
+  backend_.mask_and(kept, selection(visible), cols);
+  backend_.fill_columns(kept, 0, std::min(knobs_.sinks, cols), 1);
 }
 
 }  // namespace kvlens

@@ -32,6 +32,14 @@ class BudgetedPolicy : public Policy {
   int64_t select_budgeted(const LayerStep& step, int64_t recent,
                           const DeviceTensor& selection_scores, const DeviceTensor* eligible,
                           DeviceTensor& visible);
+  // The same with a budget other than B(t) (lazyllm's per-layer budgets), in [1, t + 1].
+  void select_budgeted(const LayerStep& step, int64_t recent, const DeviceTensor& selection_scores,
+                       const DeviceTensor* eligible, DeviceTensor& visible, int64_t budget);
+
+  // Eviction: what select_budgeted did not choose leaves `kept` [R, stride] for good, except the
+  // sinks. A budget below the sinks (early steps of a fractional budget) hides some of them for a
+  // step; that is the budget's priority rule, not the policy dropping them.
+  void evict_unselected(DeviceTensor& kept, const DeviceTensor& visible, int64_t cols);
 
   // The rows select_budgeted last chose: `visible` itself, or the per-group rows [G, stride].
   const DeviceTensor& selection(const DeviceTensor& visible) const {

@@ -40,7 +40,7 @@ class H2oPolicy final : public BudgetedPolicy {
     const int64_t heavy = int64_t(std::floor(heavy_frac_ * double(budget)));
     select_budgeted(step, budget - heavy, at_selection_rows(scores, cols), &kept_[l], visible);
     // What is not visible now is evicted for good.
-    backend_.mask_and(kept_[l], selection(visible), cols);
+    evict_unselected(kept_[l], visible, cols);
     return LayerDecision::Masked;
   }
 

@@ -18,10 +18,18 @@ KVLENS_DECLARE_POLICY(oracle)
 KVLENS_DECLARE_POLICY(random)
 KVLENS_DECLARE_POLICY(streaming)
 KVLENS_DECLARE_POLICY(h2o)
+KVLENS_DECLARE_POLICY(snapkv)
+KVLENS_DECLARE_POLICY(keydiff)
+KVLENS_DECLARE_POLICY(lazyllm)
 
 #undef KVLENS_DECLARE_POLICY
 
 // The common knobs followed by a policy's own parameters.
 std::vector<ParamSpec> with_common_specs(std::vector<ParamSpec> own);
+
+// lazyllm's keep(l) per layer for a model of `layers` layers (lazyllm_policy.cpp documents the
+// rule): layers < max(1, dense_layers) keep 1, the mean over all layers is 1 - sparsity where
+// reachable.
+std::vector<double> lazyllm_keep_schedule(int64_t layers, int64_t dense_layers, double sparsity);
 
 }  // namespace kvlens

@@ -19,9 +19,16 @@ struct Entry {
 
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> table = {
-      {dense_policy_info(), make_dense_policy},   {oracle_policy_info(), make_oracle_policy},
-      {random_policy_info(), make_random_policy}, {streaming_policy_info(), make_streaming_policy},
+      {dense_policy_info(), make_dense_policy},
+      {oracle_policy_info(), make_oracle_policy},
+      {random_policy_info(), make_random_policy},
+      {streaming_policy_info(), make_streaming_policy},
       {h2o_policy_info(), make_h2o_policy},
+      {snapkv_policy_info(), make_snapkv_policy},
+      // quest goes here (POLICIES.md's order)
+      {keydiff_policy_info(), make_keydiff_policy},
+      // tokenfilter goes here
+      {lazyllm_policy_info(), make_lazyllm_policy},
   };
   return table;
 }

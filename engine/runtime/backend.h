@@ -135,6 +135,32 @@ class Backend {
   // out[r, j] = a uniform value in [0, 1) that is a pure function of (seed, stream, r, j), the
   // same on every backend (random_unit in engine/runtime/policy_op_math.h). j < cols.
   virtual void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) = 0;
+  // y[r, j] = alpha * x[r', j] + beta * y[r, j] for j < cols (F32), with r' = r when x has
+  // y's row count and r' = 0 when x has one row (a row broadcast to every row of y). Rounding is
+  // fixed so both backends give the same bits: beta == 0 is y = alpha * x (y is not read, so
+  // stale inf/NaN in y vanish, as in BLAS); otherwise y = fma(alpha, x, beta * y) (beta * y
+  // rounded first, exact for beta = +-1). Sliding sums (beta 1, alpha +-1), copies (alpha 1,
+  // beta 0) and scalings are all this one op.
+  virtual void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
+                          int64_t cols) = 0;
+  // out[r, j] = pooled x[r, j - kernel/2 .. j + kernel/2] for j < cols (F32; stride 1, "same"
+  // padding; columns outside [0, cols) are padding). kernel is odd and >= 1. Max: the largest
+  // in-range value (fmax semantics: NaN ignored unless every value is NaN), like max_pool1d with
+  // -inf padding. Average: the in-range values summed left to right starting from +0, divided by
+  // kernel (padding counts as 0, count_include_pad as avg_pool1d's default). out must not
+  // alias x.
+  enum class Pool { Max, Average };
+  virtual void pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
+                         DeviceTensor& out) = 0;
+  // KeyDiff's score against the mean normalised key. Rows r of `members` (U8 [R, stride]) and
+  // `out` (F32 [R, stride]) belong to KV head g = r / (R / G) of k_cache [G, capacity, D] (R a
+  // multiple of G). With k^ = k / max(||k||, 1e-12): anchor_r = the mean of k^_{g, j} over
+  // j < cols with members[r, j] != 0 (zero when there is none), and
+  // out[r, j] = -(k^_{g, j} . anchor_r) / max(||anchor_r||, 1e-12) = -cos(k_j, anchor_r) for
+  // every j < cols, members or not (0 for a zero key or a zero anchor). F32 sums: the backends
+  // agree within rounding (about 1e-6 absolute; cosines lie in [-1, 1]).
+  virtual void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols,
+                                 const DeviceTensor& members, DeviceTensor& out) = 0;
 };
 
 // The CPU reference backend with `threads` worker threads (0 = hardware concurrency).

@@ -488,6 +488,18 @@ class CpuBackend final : public Backend {
   void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) override {
     cpu_policy::random_rows(seed, stream, cols, out);
   }
+  void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
+                  int64_t cols) override {
+    cpu_policy::axpby_rows(y, alpha, x, beta, cols);
+  }
+  void pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
+                 DeviceTensor& out) override {
+    cpu_policy::pool_rows(x, cols, pool, kernel, out);
+  }
+  void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols, const DeviceTensor& members,
+                         DeviceTensor& out) override {
+    cpu_policy::key_anchor_scores(policy_context(), k_cache, cols, members, out);
+  }
 
  private:
   cpu_policy::Context policy_context() { return {pool_, kernels_.f32}; }

@@ -91,17 +91,26 @@ void attention_logits(const Context& context, const DeviceTensor& q, const Devic
       grain_for(cols * head_dim));
 }
 
+// A KV cache [G, capacity, D] F32 holding at least `cols` positions.
+struct CacheShape {
+  int64_t groups, capacity, head_dim;
+};
+CacheShape cache_shape(const DeviceTensor& cache, int64_t cols, const std::string& op,
+                       const std::string& name) {
+  require_f32(cache, op + ": " + name);
+  require(cache.shape.size() == 3, op + ": " + name, "a [G, capacity, D] tensor", describe(cache));
+  const CacheShape shape{cache.dim(0), cache.dim(1), cache.dim(2)};
+  require(cols <= shape.capacity, op + ": cols", cat("at most the capacity ", shape.capacity),
+          std::to_string(cols));
+  return shape;
+}
+
 void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
                        const DeviceTensor* visible, const DeviceTensor& v_cache, DeviceTensor& out,
                        DeviceTensor* probs) {
   const std::string op = "attention_visible";
   require_cols(cols, op);
-  require_f32(v_cache, op + ": v_cache");
-  require(v_cache.shape.size() == 3, op + ": v_cache", "a [G, capacity, D] tensor",
-          describe(v_cache));
-  const int64_t groups = v_cache.dim(0), capacity = v_cache.dim(1), head_dim = v_cache.dim(2);
-  require(cols <= capacity, op + ": cols", cat("at most the capacity ", capacity),
-          std::to_string(cols));
+  const auto [groups, capacity, head_dim] = cache_shape(v_cache, cols, op, "v_cache");
   const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op + ": logits");
   const int64_t heads = logit_shape.rows;
   require(groups > 0 && heads % groups == 0, op + ": logits",
@@ -275,6 +284,107 @@ void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out
     float* row = out.as<float>() + r * shape.stride;
     for (int64_t j = 0; j < cols; ++j) row[j] = random_unit(seed, stream, uint64_t(r), uint64_t(j));
   }
+}
+
+void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta, int64_t cols) {
+  const std::string op = "axpby_rows";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(y, DType::F32, -1, cols, op + ": y");
+  const RowShape x_shape = row_shape(x, DType::F32, -1, cols, op + ": x");
+  require(x_shape.rows == shape.rows || x_shape.rows == 1, op + ": x",
+          cat("1 or ", shape.rows, " rows"), describe(x));
+  const bool broadcast = x_shape.rows != shape.rows;
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    float* out = y.as<float>() + r * shape.stride;
+    const float* in = x.as<const float>() + (broadcast ? 0 : r) * x_shape.stride;
+    if (beta == 0.0f) {
+      for (int64_t j = 0; j < cols; ++j) out[j] = alpha * in[j];
+    } else {
+      // The CUDA kernel computes __fmaf_rn(alpha, x, __fmul_rn(beta, y)): the same two roundings.
+      for (int64_t j = 0; j < cols; ++j) out[j] = std::fma(alpha, in[j], beta * out[j]);
+    }
+  }
+}
+
+void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t kernel,
+               DeviceTensor& out) {
+  const std::string op = "pool_rows";
+  require_cols(cols, op);
+  require(kernel >= 1 && kernel % 2 == 1 && kernel <= std::numeric_limits<int32_t>::max(),
+          op + ": kernel", "an odd kernel size >= 1", std::to_string(kernel));
+  const RowShape shape = row_shape(x, DType::F32, -1, cols, op + ": x");
+  const RowShape out_shape = row_shape(out, DType::F32, shape.rows, cols, op + ": out");
+  require(x.data != out.data || shape.rows * cols == 0, op + ": out", "a tensor apart from x",
+          "x itself");
+  const int64_t half = kernel / 2;
+  const float divisor = float(kernel);
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    const float* in = x.as<const float>() + r * shape.stride;
+    float* o = out.as<float>() + r * out_shape.stride;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t lo = std::max<int64_t>(0, j - half), hi = std::min(cols - 1, j + half);
+      if (pool == Backend::Pool::Max) {
+        float m = in[lo];
+        for (int64_t i = lo + 1; i <= hi; ++i) m = std::fmax(m, in[i]);
+        o[j] = m;
+      } else {
+        float sum = 0.0f;
+        for (int64_t i = lo; i <= hi; ++i) sum += in[i];
+        o[j] = sum / divisor;
+      }
+    }
+  }
+}
+
+void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int64_t cols,
+                       const DeviceTensor& members, DeviceTensor& out) {
+  const std::string op = "key_anchor_scores";
+  require_cols(cols, op);
+  const auto [groups, capacity, head_dim] = cache_shape(k_cache, cols, op, "k_cache");
+  const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
+  const int64_t rows = shape.rows;
+  require(groups > 0 && rows % groups == 0, op + ": out",
+          cat("a row count that is a multiple of the ", groups, " KV heads"), describe(out));
+  const RowShape member_shape = row_shape(members, DType::U8, rows, cols, op + ": members");
+  if (rows == 0 || cols == 0) return;
+
+  const int64_t rows_per_group = rows / groups;
+  constexpr float kTiny = 1e-12f;
+  context.pool.parallel_for(
+      0, rows,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> anchor(static_cast<size_t>(head_dim));
+        for (int64_t r = begin; r < end; ++r) {
+          const float* keys =
+              k_cache.as<const float>() + (r / rows_per_group) * capacity * head_dim;
+          const uint8_t* member = members.as<const uint8_t>() + r * member_shape.stride;
+          float* o = out.as<float>() + r * shape.stride;
+          auto norm = [&](const float* v) {
+            float sq = 0.0f;
+            for (int64_t d = 0; d < head_dim; ++d) sq += v[d] * v[d];
+            return std::max(std::sqrt(sq), kTiny);
+          };
+          std::fill(anchor.begin(), anchor.end(), 0.0f);
+          int64_t count = 0;
+          for (int64_t j = 0; j < cols; ++j) {
+            if (member[j] == 0) continue;
+            const float* k = keys + j * head_dim;
+            const float inv = 1.0f / norm(k);
+            for (int64_t d = 0; d < head_dim; ++d) anchor[size_t(d)] += k[d] * inv;
+            ++count;
+          }
+          if (count > 0)
+            for (float& a : anchor) a /= float(count);
+          const float anchor_norm = norm(anchor.data());
+          for (int64_t j = 0; j < cols; ++j) {
+            const float* k = keys + j * head_dim;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < head_dim; ++d) dot += k[d] * anchor[size_t(d)];
+            o[j] = -dot / (norm(k) * anchor_norm);
+          }
+        }
+      },
+      grain_for(cols * head_dim * 2));
 }
 
 }  // namespace kvlens::cpu_policy

@@ -30,5 +30,10 @@ void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTenso
 void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out);
 void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, DeviceTensor& out);
 void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out);
+void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta, int64_t cols);
+void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t kernel,
+               DeviceTensor& out);
+void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int64_t cols,
+                       const DeviceTensor& members, DeviceTensor& out);
 
 }  // namespace kvlens::cpu_policy

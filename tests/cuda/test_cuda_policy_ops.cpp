@@ -356,3 +356,74 @@ TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
     CHECK(same_bits(got, want));
   }
 }
+
+TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda]") {
+  Backends b;
+  const int64_t H = 8, G = 2, stride = 1030, cols = 1001;
+  uint32_t seed = 800;
+
+  // axpby_rows: the contract fixes the roundings (beta * y, then one fma; or alpha * x alone),
+  // and both sides run exactly those, so bit-identical, broadcast or not.
+  std::vector<float> y_values = random_values(size_t(H * stride), ++seed);
+  y_values[5] = kNaN;
+  y_values[6] = INFINITY;
+  const Pair x = make_pair(b, random_values(size_t(H * stride), ++seed), {H, stride});
+  const Pair x_row = make_pair(b, random_values(size_t(stride), ++seed), {1, stride});
+  for (const Pair* source : {&x, &x_row}) {
+    for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-1.0f, 1.0f},
+                               std::pair{0.125f, 1.0f}, std::pair{1.0f / 3, 0.7f}}) {
+      INFO("alpha " << alpha << " beta " << beta << " broadcast " << (source == &x_row));
+      Pair y = make_pair(b, y_values, {H, stride});
+      b.cpu->axpby_rows(y.cpu, alpha, source->cpu, beta, cols);
+      b.gpu->axpby_rows(y.gpu, alpha, source->gpu, beta, cols);
+      const auto [want, got] = read_both<float>(b, y);
+      CHECK(same_bits(got, want));
+      CHECK(got[size_t(cols)] == y_values[size_t(cols)]);  // past cols: untouched
+    }
+  }
+
+  // pool_rows: max is a selection (fmax on both), average the same left-to-right F32 sum and one
+  // IEEE division on both: bit-identical.
+  const Pair scores = make_pair(b, random_values(size_t(H * stride), ++seed), {H, stride});
+  for (auto pool : {Backend::Pool::Max, Backend::Pool::Average}) {
+    for (int64_t kernel : {int64_t(1), int64_t(5), int64_t(7), int64_t(2049)}) {
+      INFO("kernel " << kernel << " average " << (pool == Backend::Pool::Average));
+      Pair out = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
+      b.cpu->pool_rows(scores.cpu, cols, pool, kernel, out.cpu);
+      b.gpu->pool_rows(scores.gpu, cols, pool, kernel, out.gpu);
+      const auto [want, got] = read_both<float>(b, out);
+      CHECK(same_bits(got, want));
+    }
+  }
+  Pair scratch = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
+  CHECK_THROWS_AS(b.gpu->pool_rows(scores.gpu, cols, Backend::Pool::Max, 4, scratch.gpu), Error);
+
+  // key_anchor_scores: F32 sums in different orders (CPU: one sequential pass per row; GPU: per
+  // warp partial sums reduced in warp order, butterfly dots). The keys share a mean direction,
+  // as real keys do (that is why KeyDiff works), so the anchor's norm is of the order of one
+  // normalised key rather than cancelling towards 0. The anchor sums n <= 1001 unit vectors: a
+  // random-walk rounding error of about sqrt(n) * 2^-24 ~ 2e-6 relative on each side, and the
+  // D-term dot products and norms add sqrt(D) * 2^-24 ~ 5e-7; a cosine is at most 1 in size, so
+  // 1e-5 absolute keeps a margin of about 4. (The CPU against a double reference stays below
+  // 1e-6 on the same kind of input: tests/unit.)
+  for (const auto& [head_dim, rows] :
+       {std::pair{int64_t(64), H}, std::pair{int64_t(128), G}, std::pair{int64_t(16), H}}) {
+    INFO("D " << head_dim << " rows " << rows);
+    std::vector<float> keys = random_values(size_t(G * stride * head_dim), ++seed);
+    const std::vector<float> mean = random_values(size_t(head_dim), ++seed);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] += mean[i % size_t(head_dim)];
+    for (int64_t d = 0; d < head_dim; ++d) keys[size_t(3 * head_dim + d)] = 0.0f;  // a zero key
+    const Pair k = make_pair(b, keys, {G, stride, head_dim});
+    std::vector<uint8_t> members = random_mask(size_t(rows * stride), ++seed, 3);
+    for (auto& m : members) m = uint8_t(!m);                           // ~2/3 members
+    std::fill(members.begin(), members.begin() + stride, uint8_t(0));  // row 0: no member
+    const Pair m = make_pair(b, members, {rows, stride});
+    Pair out = make_pair(b, std::vector<float>(size_t(rows * stride), kSentinel), {rows, stride});
+    b.cpu->key_anchor_scores(k.cpu, cols, m.cpu, out.cpu);
+    b.gpu->key_anchor_scores(k.gpu, cols, m.gpu, out.gpu);
+    const auto [want, got] = read_both<float>(b, out);
+    check_within(want, got, std::vector<double>(want.size(), 1e-5), "key_anchor_scores");
+    for (int64_t j = 0; j < cols; ++j) CHECK(got[size_t(j)] == 0.0f);  // zero anchor
+    CHECK(got[size_t(cols)] == kSentinel);
+  }
+}

@@ -66,7 +66,7 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
       "Rourstelk. Courage is often mistaken for its opposite by those in a hurry. The valley with "
       "the terraced vineyards is called: Rourstelk",
       true);
-  for (const char* id : {"oracle", "streaming", "h2o", "random"}) {
+  for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "keydiff", "lazyllm"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {}};

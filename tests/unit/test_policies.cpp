@@ -9,76 +9,14 @@
 #include "engine/policy/registry.h"
 #include "engine/runtime/scoring.h"
 #include "tests/support/error_message.h"
+#include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
 using namespace kvlens;
+using kvlens::test::Harness;
 
 namespace {
-
-constexpr int64_t kStride = 16;
-
-// One layer's inputs for a policy: true logits [H, kStride] set by hand, empty caches.
-struct Harness {
-  std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  PolicyShape shape{2, 4, 2, 4, kStride};  // 2 layers, 4 query heads over 2 KV heads, D = 4
-  DeviceTensor logits = backend->alloc(DType::F32, {4, kStride});
-  DeviceTensor k_cache = backend->alloc(DType::F32, {2, kStride, 4});
-  DeviceTensor v_cache = backend->alloc(DType::F32, {2, kStride, 4});
-  DeviceTensor q = backend->alloc(DType::F32, {1, 4, 4});
-  DeviceTensor visible = backend->alloc(DType::U8, {4, kStride});
-  DeviceTensor scores = backend->alloc(DType::F32, {4, kStride});
-  DeviceTensor probs = backend->alloc(DType::F32, {4, kStride});
-  DeviceTensor out = backend->alloc(DType::F32, {1, 4, 4});
-
-  std::unique_ptr<Policy> make(const std::string& id, double sparsity,
-                               std::vector<std::string> args = {}) {
-    return make_policy({id, sparsity, std::move(args)}, shape, *backend);
-  }
-
-  // rows[h][j] for j <= t; the rest -inf.
-  void set_logits(const std::vector<std::vector<float>>& rows) {
-    std::vector<float> host(size_t(4 * kStride), -INFINITY);
-    for (size_t h = 0; h < rows.size(); ++h) {
-      for (size_t j = 0; j < rows[h].size(); ++j) host[h * kStride + j] = rows[h][j];
-    }
-    backend->from_host(logits, host.data(), host.size() * sizeof(float));
-  }
-
-  LayerStep step(int64_t t, int64_t layer = 1) {
-    LayerStep s;
-    s.step = t;
-    s.layer = layer;
-    s.q = &q;
-    s.k_cache = &k_cache;
-    s.v_cache = &v_cache;
-    s.logits = &logits;
-    return s;
-  }
-
-  // Runs select (+ the attention and observe the session would do) and returns each head's set.
-  std::vector<std::set<int64_t>> run(Policy& policy, int64_t t, int64_t layer = 1) {
-    const LayerStep s = step(t, layer);
-    std::vector<uint8_t> zero(size_t(4 * kStride), 0);
-    backend->from_host(visible, zero.data(), zero.size());
-    const LayerDecision decision = policy.select(s, visible, scores);
-    std::vector<std::set<int64_t>> sets(4);
-    std::vector<uint8_t> host(size_t(4 * kStride));
-    backend->to_host(visible, host.data(), host.size());
-    for (int64_t h = 0; h < 4; ++h) {
-      for (int64_t j = 0; j <= t; ++j) {
-        if (decision == LayerDecision::Dense || host[size_t(h * kStride + j)]) sets[h].insert(j);
-      }
-    }
-    if (decision != LayerDecision::Skipped) {
-      backend->attention_visible(logits, t + 1,
-                                 decision == LayerDecision::Masked ? &visible : nullptr, v_cache,
-                                 out, &probs);
-      policy.observe(s, probs);
-    }
-    return sets;
-  }
-};
 
 template <class F>
 void require_error_mentions(F&& action, const std::vector<std::string>& parts) {
@@ -273,7 +211,8 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   const std::vector<int32_t> tokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3, 8, 61};
   ScoreOptions dense;
   const ScoreResult reference = score_tokens(resident, tokens, dense);
-  for (const std::string id : {"oracle", "random", "streaming", "h2o"}) {
+  for (const std::string id :
+       {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.0, {}};
@@ -325,4 +264,26 @@ TEST_CASE("effective sparsity: measured from the visible sets, per layer and hea
   CHECK(merged.overall() == Approx(stats.overall()));
   // Dense runs count no steps.
   CHECK(score_tokens(resident, tokens).sparsity.steps == 0);
+}
+
+TEST_CASE("eviction policies keep the sinks that an early small budget hid for a step",
+          "[policy]") {
+  // s = 0.5: B(1) = 1 hides sink 0 at step 1 (the current token comes first). It must not count
+  // as evicted: once the budget grows, the sinks are back. (They were dropped for good before.)
+  for (const std::string id : {"h2o", "snapkv", "keydiff"}) {
+    INFO(id);
+    Harness h;
+    auto policy = h.make(id, 0.5, {"sinks=2", "dense_layers=0"});
+    std::vector<std::set<int64_t>> sets;
+    for (int64_t t = 0; t <= 7; ++t) {
+      h.set_logits(std::vector<std::vector<float>>(4, std::vector<float>(size_t(t + 1), 0.0f)));
+      sets = h.run(*policy, t, 0);
+      if (t == 1) CHECK(sets[0] == std::set<int64_t>{1});
+    }
+    for (const auto& set : sets) {
+      CHECK(set.count(0) == 1);
+      CHECK(set.count(1) == 1);
+      CHECK(set.size() == 4);  // B(7) = 4
+    }
+  }
 }

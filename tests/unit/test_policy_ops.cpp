@@ -511,3 +511,225 @@ TEST_CASE("random_rows: deterministic splitmix64 values, uniform from 0 to 1", "
   // Rows differ too.
   CHECK(!std::equal(a.begin(), a.begin() + cols, a.begin() + stride));
 }
+
+TEST_CASE("axpby_rows: fma rounding, beta 0 overwrites, a one-row x broadcasts", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  const std::vector<std::vector<float>> y = {{1, 2, 3, 4, 5, 6, 7},
+                                             {kNaN, INFINITY, 0, 0, 1, 1, 1}};
+  const std::vector<std::vector<float>> x = {{0.5f, 1, 2, 3, 4, 5, 6}, {1, 1, 1, 1, 1, 1, -1}};
+  const DeviceTensor x_t = make_f32(*backend, padded(x, 1.0f), {2, kStride});
+  auto head = [&](const std::vector<float>& got, int64_t row) {
+    return std::vector<float>(got.begin() + row * kStride, got.begin() + row * kStride + kCols);
+  };
+
+  // y = 2 x + y
+  DeviceTensor y_t = make_f32(*backend, padded(y, kSentinel), {2, kStride});
+  backend->axpby_rows(y_t, 2.0f, x_t, 1.0f, kCols);
+  std::vector<float> got = read_f32(*backend, y_t);
+  CHECK(head(got, 0) == std::vector<float>{2, 4, 7, 10, 13, 16, 19});
+  CHECK(std::isnan(got[size_t(kStride)]));
+  CHECK(got[size_t(kStride + 1)] == INFINITY);
+  CHECK(std::vector<float>(got.begin() + kStride + 2, got.begin() + kStride + kCols) ==
+        std::vector<float>{2, 2, 3, 3, -1});
+  for (int64_t j = kCols; j < kStride; ++j) CHECK(got[size_t(j)] == kSentinel);
+
+  // beta 0: y = alpha x, stale NaN/inf gone; alpha 1 is a copy.
+  y_t = make_f32(*backend, padded(y, kSentinel), {2, kStride});
+  backend->axpby_rows(y_t, 1.0f, x_t, 0.0f, kCols);
+  got = read_f32(*backend, y_t);
+  CHECK(head(got, 0) == x[0]);
+  CHECK(head(got, 1) == x[1]);
+  CHECK(got[size_t(kStride + kCols)] == kSentinel);
+
+  // y = -1 * x + 0.5 y with x broadcast from one row; the two roundings of the contract:
+  // beta * y first, then one fused multiply-add.
+  const std::vector<float> thirds = {1.0f / 3, 2.0f / 3, 0.1f, 0.2f, 0.3f, 1e-8f, 7};
+  const DeviceTensor one_row = make_f32(*backend, padded({thirds}, 0.0f), {1, kStride});
+  y_t = make_f32(*backend, padded(y, kSentinel), {2, kStride});
+  backend->axpby_rows(y_t, -1.0f / 3, one_row, 0.5f, kCols);
+  got = read_f32(*backend, y_t);
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t j = 0; j < kCols; ++j) {
+      const float want = std::fma(-1.0f / 3, thirds[size_t(j)], 0.5f * y[size_t(r)][size_t(j)]);
+      CHECK((same_bits(got[size_t(r * kStride + j)], want) ||
+             (std::isnan(want) && std::isnan(got[size_t(r * kStride + j)]))));
+    }
+  // x with neither 1 nor y's rows, or too few columns, is refused.
+  DeviceTensor three = backend->alloc(DType::F32, {3, kStride});
+  CHECK_THROWS_AS(backend->axpby_rows(three, 1.0f, x_t, 1.0f, kCols), Error);
+  DeviceTensor narrow = backend->alloc(DType::F32, {2, 5});
+  CHECK_THROWS_AS(backend->axpby_rows(y_t, 1.0f, narrow, 1.0f, kCols), Error);
+}
+
+TEST_CASE("pool_rows: max and average over odd kernels with same padding", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  const std::vector<std::vector<float>> x = {{1, 5, 2, 0, 3, 0, 0}, {-1, -2, -3, kNaN, -5, -6, -7}};
+  const DeviceTensor x_t = make_f32(*backend, padded(x, 1000.0f), {2, kStride});
+  auto pooled = [&](Backend::Pool pool, int64_t kernel) {
+    DeviceTensor out =
+        make_f32(*backend, std::vector<float>(size_t(2 * kStride), kSentinel), {2, kStride});
+    backend->pool_rows(x_t, kCols, pool, kernel, out);
+    const std::vector<float> got = read_f32(*backend, out);
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t j = kCols; j < kStride; ++j) CHECK(got[size_t(r * kStride + j)] == kSentinel);
+    return got;
+  };
+  auto row = [](const std::vector<float>& got, int64_t r) {
+    return std::vector<float>(got.begin() + r * kStride, got.begin() + r * kStride + kCols);
+  };
+  // Kernel 1 copies (max and average alike).
+  std::vector<float> got = pooled(Backend::Pool::Max, 1);
+  CHECK(row(got, 0) == x[0]);
+  got = pooled(Backend::Pool::Average, 1);
+  CHECK(row(got, 0) == x[0]);
+  // Max over 3: the sentinel 1000 past cols is padding, never read. NaN is skipped (fmax).
+  got = pooled(Backend::Pool::Max, 3);
+  CHECK(row(got, 0) == std::vector<float>{5, 5, 5, 3, 3, 3, 0});
+  CHECK(row(got, 1) == std::vector<float>{-1, -1, -2, -3, -5, -5, -6});
+  // Average over 3: the in-range values summed left to right, divided by 3 (padding counts 0).
+  got = pooled(Backend::Pool::Average, 3);
+  CHECK(row(got, 0) == std::vector<float>{6.0f / 3, 8.0f / 3, 7.0f / 3, 5.0f / 3, 1, 1, 0});
+  CHECK(std::isnan(got[size_t(kStride + 2)]));  // a NaN in the window of an average stays NaN
+  CHECK(got[size_t(kStride)] == -3.0f / 3);
+  // A kernel wider than the row: max of everything; average of everything / 9.
+  got = pooled(Backend::Pool::Max, 9);
+  CHECK(row(got, 0) == std::vector<float>{5, 5, 5, 5, 5, 5, 3});  // 6 sees columns 2..6
+  got = pooled(Backend::Pool::Average, 15);
+  CHECK(got[3] == 11.0f / 15);
+  // Even or non-positive kernels, and out aliasing x, are refused.
+  DeviceTensor out = backend->alloc(DType::F32, {2, kStride});
+  CHECK_THROWS_AS(backend->pool_rows(x_t, kCols, Backend::Pool::Max, 4, out), Error);
+  CHECK_THROWS_AS(backend->pool_rows(x_t, kCols, Backend::Pool::Max, 0, out), Error);
+  DeviceTensor same = x_t;
+  CHECK_THROWS_AS(backend->pool_rows(x_t, kCols, Backend::Pool::Max, 3, same), Error);
+  DeviceTensor wrong_rows = backend->alloc(DType::F32, {3, kStride});
+  CHECK_THROWS_AS(backend->pool_rows(x_t, kCols, Backend::Pool::Max, 3, wrong_rows), Error);
+}
+
+namespace {
+
+// key_anchor_scores in double: anchor = mean of the member keys normalised, -cos to it.
+std::vector<double> reference_anchor_scores(const std::vector<float>& keys, int64_t capacity,
+                                            int64_t head_dim, int64_t kv, int64_t cols,
+                                            const std::vector<uint8_t>& member_row) {
+  auto key = [&](int64_t j, int64_t d) {
+    return double(keys[size_t((kv * capacity + j) * head_dim + d)]);
+  };
+  auto norm_of = [&](int64_t j) {
+    double sq = 0.0;
+    for (int64_t d = 0; d < head_dim; ++d) sq += key(j, d) * key(j, d);
+    return std::max(std::sqrt(sq), 1e-12);
+  };
+  std::vector<double> anchor(size_t(head_dim), 0.0);
+  int64_t count = 0;
+  for (int64_t j = 0; j < cols; ++j) {
+    if (!member_row[size_t(j)]) continue;
+    for (int64_t d = 0; d < head_dim; ++d) anchor[size_t(d)] += key(j, d) / norm_of(j);
+    ++count;
+  }
+  double anchor_norm = 0.0;
+  for (double& a : anchor) {
+    if (count) a /= double(count);
+    anchor_norm += a * a;
+  }
+  anchor_norm = std::max(std::sqrt(anchor_norm), 1e-12);
+  std::vector<double> scores(static_cast<size_t>(cols));
+  for (int64_t j = 0; j < cols; ++j) {
+    double dot = 0.0;
+    for (int64_t d = 0; d < head_dim; ++d) dot += key(j, d) * anchor[size_t(d)];
+    scores[size_t(j)] = -dot / (norm_of(j) * anchor_norm);
+  }
+  return scores;
+}
+
+}  // namespace
+
+TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV head",
+          "[policy_ops]") {
+  auto backend = make_cpu_backend(2);
+  SECTION("hand cases") {
+    // KV head 0: e1, 2 e1, e2, 3 e3, (1, 1, 0, 0), zero, -e1; KV head 1: e4 everywhere.
+    std::vector<float> keys(size_t(G * kStride * D), 0.0f);
+    auto set = [&](int64_t g, int64_t j, std::vector<float> k) {
+      for (int64_t d = 0; d < D; ++d) keys[size_t((g * kStride + j) * D + d)] = k[size_t(d)];
+    };
+    set(0, 0, {1, 0, 0, 0});
+    set(0, 1, {2, 0, 0, 0});
+    set(0, 2, {0, 1, 0, 0});
+    set(0, 3, {0, 0, 3, 0});
+    set(0, 4, {1, 1, 0, 0});
+    set(0, 6, {-1, 0, 0, 0});
+    for (int64_t j = 0; j < kStride; ++j) set(1, j, {0, 0, 0, 1});
+    const DeviceTensor k = make_f32(*backend, keys, {G, kStride, D});
+    // Rows 0, 1 read KV head 0, rows 2, 3 KV head 1. Row 0: only token 3 is a member -> anchor
+    // e3. Row 1: no member -> zero anchor, scores 0. Rows 2, 3: all members.
+    const std::vector<std::vector<uint8_t>> members = {
+        {0, 0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1}, {1, 0, 1, 0, 1, 0, 1}};
+    const DeviceTensor m = make_u8(*backend, padded(members, 1), {H, kStride});
+    DeviceTensor out =
+        make_f32(*backend, std::vector<float>(size_t(H * kStride), kSentinel), {H, kStride});
+    backend->key_anchor_scores(k, kCols, m, out);
+    const std::vector<float> got = read_f32(*backend, out);
+    CHECK(std::vector<float>(got.begin(), got.begin() + kCols) ==
+          std::vector<float>{0, 0, 0, -1, 0, 0, 0});  // -0 == 0
+    for (int64_t j = 0; j < kCols; ++j) CHECK(got[size_t(kStride + j)] == 0.0f);
+    for (int64_t r = 2; r < H; ++r)
+      for (int64_t j = 0; j < kCols; ++j) CHECK(got[size_t(r * kStride + j)] == -1.0f);
+    for (int64_t r = 0; r < H; ++r)
+      for (int64_t j = kCols; j < kStride; ++j) CHECK(got[size_t(r * kStride + j)] == kSentinel);
+
+    // G rows (one per KV head), every member of KV head 0: anchor (1.707, 1.707, 1, 0) / 7 (the
+    // zero key counts as a zero vector); against the double reference.
+    const std::vector<std::vector<uint8_t>> all = {std::vector<uint8_t>(kCols, 1),
+                                                   std::vector<uint8_t>(kCols, 1)};
+    const DeviceTensor m2 = make_u8(*backend, padded(all, 0), {G, kStride});
+    DeviceTensor out2 = backend->alloc(DType::F32, {G, kStride});
+    backend->key_anchor_scores(k, kCols, m2, out2);
+    const std::vector<float> got2 = read_f32(*backend, out2);
+    const std::vector<double> want =
+        reference_anchor_scores(keys, kStride, D, 0, kCols, std::vector<uint8_t>(kCols, 1));
+    for (int64_t j = 0; j < kCols; ++j)
+      CHECK(got2[size_t(j)] == Approx(want[size_t(j)]).margin(1e-6));
+    CHECK(want[0] ==
+          Approx(-1.7071067811865475 / std::sqrt(2 * 1.7071067811865475 * 1.7071067811865475 + 1)));
+    CHECK(got2[5] == 0.0f);  // the zero key
+  }
+
+  SECTION("random keys sharing a direction match the double reference within 1e-6") {
+    const int64_t groups = 2, rows = 6, capacity = 1100, cols = 1001, head_dim = 64;
+    std::vector<float> keys = random_values(size_t(groups * capacity * head_dim), 91);
+    const std::vector<float> mean = random_values(size_t(head_dim), 92);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] += mean[i % size_t(head_dim)];
+    std::mt19937 rng(93);
+    std::vector<uint8_t> members(size_t(rows * capacity));
+    for (auto& v : members) v = uint8_t(rng() % 3 != 0);
+    const DeviceTensor k = make_f32(*backend, keys, {groups, capacity, head_dim});
+    const DeviceTensor m = make_u8(*backend, members, {rows, capacity});
+    DeviceTensor out = backend->alloc(DType::F32, {rows, capacity});
+    backend->key_anchor_scores(k, cols, m, out);
+    const std::vector<float> got = read_f32(*backend, out);
+    double worst = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<uint8_t> row(members.begin() + r * capacity,
+                                     members.begin() + r * capacity + cols);
+      const std::vector<double> want =
+          reference_anchor_scores(keys, capacity, head_dim, r / (rows / groups), cols, row);
+      for (int64_t j = 0; j < cols; ++j)
+        worst = std::max(worst, std::fabs(double(got[size_t(r * capacity + j)]) - want[size_t(j)]));
+    }
+    INFO("worst error " << worst);
+    CHECK(worst < 1e-6);
+  }
+
+  SECTION("bad shapes are errors") {
+    const DeviceTensor k = backend->alloc(DType::F32, {G, kStride, D});
+    DeviceTensor out = backend->alloc(DType::F32, {3, kStride});  // not a multiple of G
+    const DeviceTensor m3 = backend->alloc(DType::U8, {3, kStride});
+    CHECK_THROWS_AS(backend->key_anchor_scores(k, kCols, m3, out), Error);
+    DeviceTensor ok = backend->alloc(DType::F32, {H, kStride});
+    const DeviceTensor m_wrong = backend->alloc(DType::U8, {G, kStride});
+    CHECK_THROWS_AS(backend->key_anchor_scores(k, kCols, m_wrong, ok), Error);
+    const DeviceTensor m = backend->alloc(DType::U8, {H, kStride});
+    CHECK_THROWS_AS(backend->key_anchor_scores(k, kStride + 1, m, ok), Error);
+  }
+}

@@ -1,0 +1,146 @@
+// snapkv (SnapKV, decode form, POLICIES.md): the score of token j at step t is the attention
+// probability it received over the previous obs_window steps t-w..t-1 (as computed under those
+// steps' visible sets), summed per query head, then pooled along the key axis (pool = max or avg,
+// odd pool_kernel, stride 1, same padding; avg divides by the kernel, padding counting as 0).
+// When the candidates exceed B(t) the lowest scores are dropped among the tokens that are not
+// forced; with protect_window (SnapKV's own rule) the observation window t-w..t-1 is forced
+// (recent part w + 1 with the current token), without it (the TokenButler code) only the current
+// token, the sinks and `window` are. The forced part is truncated to B(t) by POLICIES.md's
+// priority, so a budget smaller than sinks + window keeps the current token, the sinks, then the
+// most recent. Dropped tokens never return (also when a growing budget would force them again).
+//
+// The window sum is re-summed every step rather than kept as a running sum: per layer a ring
+// [H, w, stride] holds the last w steps' probability rows (step s in slot s mod w; observe copies
+// the row in with axpby_rows through a strided view), and select sums each head's w slots in
+// slot order (sum_row_groups). A running sum (add the new row, subtract the leaving one) would
+// carry F32 residues ((a + b) - a != b) that differ between tokens, so two tokens with the same
+// attention over the window would no longer tie and the tie rule (to the recent) would not hold;
+// the re-sum costs w adds per candidate and head, below the attention's own 2D multiply-adds for
+// the usual w <= 2D. Slot columns a step never wrote are 0, so nothing needs clearing.
+// At kv_head granularity the pooled per-head scores are summed over the group (pool, then sum).
+// In the prefill + decode mode the prefill steps are dense and not observed: the window starts
+// empty at the first policy step, so the first w decode steps rank by fewer rows (all scores 0 at
+// the first one: ties to the recent, i.e. the oldest non-forced tokens go first).
+// State per layer: ring [H * w, stride], kept [R, stride] U8; one window-sum scratch [H, stride].
+#include <limits>
+#include <string>
+
+#include "engine/common/error.h"
+#include "engine/policy/budgeted_policy.h"
+#include "engine/policy/policy_factories.h"
+
+namespace kvlens {
+namespace {
+
+// Slot `slot` of a ring [H * w, stride] as H rows of stride w * stride (a strided view: the ops
+// touch only the first cols <= stride columns of each row, all inside the ring).
+DeviceTensor ring_slot(const DeviceTensor& ring, int64_t heads, int64_t window, int64_t slot) {
+  DeviceTensor view = ring;
+  const int64_t stride = ring.dim(1);
+  view.data = ring.as<float>() + slot * stride;
+  view.shape = {heads, window * stride};
+  return view;
+}
+
+class SnapkvPolicy final : public BudgetedPolicy {
+ public:
+  SnapkvPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs, int64_t obs_window,
+               Backend::Pool pool, int64_t kernel, bool protect_window)
+      : BudgetedPolicy(shape, backend, knobs),
+        obs_window_(obs_window),
+        pool_(pool),
+        kernel_(kernel),
+        protect_window_(protect_window),
+        window_sum_(backend.alloc(DType::F32, {shape.heads, shape.stride})) {
+    for (int64_t l = 0; l < shape.layers; ++l) {
+      ring_.push_back(backend.alloc(DType::F32, {shape.heads * obs_window, shape.stride}));
+      kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
+      backend.fill_columns(kept_.back(), 0, shape.stride, 1);
+    }
+  }
+
+  bool wants_probs() const override { return true; }
+
+  LayerDecision select(const LayerStep& step, DeviceTensor& visible,
+                       DeviceTensor& scores) override {
+    if (dense_layer(step)) return LayerDecision::Dense;
+    const size_t l = size_t(step.layer);
+    const int64_t cols = step.cols();
+    backend_.sum_row_groups(ring_[l], cols, obs_window_, window_sum_);
+    backend_.pool_rows(window_sum_, cols, pool_, kernel_, scores);
+    // The observation window t-w..t-1 plus the current token.
+    const int64_t recent = protect_window_ ? obs_window_ + 1 : 1;
+    select_budgeted(step, recent, at_selection_rows(scores, cols), &kept_[l], visible);
+    evict_unselected(kept_[l], visible, cols);
+    return LayerDecision::Masked;
+  }
+
+  void observe(const LayerStep& step, const DeviceTensor& probs) override {
+    if (dense_layer(step)) return;
+    DeviceTensor slot =
+        ring_slot(ring_[size_t(step.layer)], shape_.heads, obs_window_, step.step % obs_window_);
+    backend_.axpby_rows(slot, 1.0f, probs, 0.0f, step.cols());
+  }
+
+ private:
+  int64_t obs_window_;
+  Backend::Pool pool_;
+  int64_t kernel_;
+  bool protect_window_;
+  DeviceTensor window_sum_;  // [H, stride] scratch
+  std::vector<DeviceTensor> ring_, kept_;
+};
+
+}  // namespace
+
+PolicyInfo snapkv_policy_info() {
+  const double inf = std::numeric_limits<double>::infinity();
+  return {"snapkv", "eviction (SnapKV, decode form)",
+          "Drops the tokens with the least attention over the last obs_window steps (pooled "
+          "along the keys); the observation window is protected; evicted tokens never return.",
+          with_common_specs(
+              {{"obs_window",
+                ParamType::Int,
+                "Observation window w: scores sum the attention of the previous w steps (32; 16 "
+                "is the other usual choice)",
+                "32",
+                1,
+                inf,
+                {}},
+               {"pool",
+                ParamType::Choice,
+                "Pooling of the scores along the key axis: max (SnapKV, kernel 7) or avg "
+                "(kernel 5 by convention; divides by the kernel)",
+                "max",
+                0,
+                0,
+                {"max", "avg"}},
+               {"pool_kernel",
+                ParamType::Int,
+                "Pooling kernel size (odd; stride 1, same padding; 1 = no pooling)",
+                "7",
+                1,
+                inf,
+                {}},
+               {"protect_window",
+                ParamType::Bool,
+                "Never drop the observation window's own tokens (SnapKV); off: the TokenButler "
+                "code's variant",
+                "true",
+                -inf,
+                inf,
+                {}}})};
+}
+
+std::unique_ptr<Policy> make_snapkv_policy(const PolicyShape& shape, Backend& backend,
+                                           const ParamValues& params, double sparsity) {
+  const int64_t kernel = params.get_int("pool_kernel");
+  if (kernel % 2 == 0)
+    throw Error("policy snapkv", "pool_kernel", "an odd kernel size", std::to_string(kernel));
+  return std::make_unique<SnapkvPolicy>(
+      shape, backend, read_common_knobs(params, sparsity), params.get_int("obs_window"),
+      params.get_choice("pool") == "avg" ? Backend::Pool::Average : Backend::Pool::Max, kernel,
+      params.get_bool("protect_window"));
+}
+
+}  // namespace kvlens
