@@ -16,6 +16,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/backend.h"
 #include "kernels/cuda_backend.h"
+#include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;
@@ -35,6 +36,7 @@ struct Pair {
   DeviceTensor cpu, gpu;
 };
 
+using kvlens::test::check_within;
 using kvlens::test::random_values;
 
 int64_t count_of(const std::vector<int64_t>& shape) {
@@ -120,40 +122,6 @@ DeviceTensor raw_on_gpu(Backends& b, const HostWeight& w) {
   DeviceTensor t = b.gpu->alloc(w.dtype, w.shape);
   b.gpu->from_host(t, w.bytes->data(), w.bytes->size());
   return t;
-}
-
-// Checks |got[i] - want[i]| <= tolerance[i] (equal infinities pass, NaN fails). Reports the count
-// and the worst element rather than one line per element.
-void check_within(const std::vector<float>& want, const std::vector<float>& got,
-                  const std::vector<double>& tolerance, const std::string& what) {
-  REQUIRE(want.size() == got.size());
-  REQUIRE(tolerance.size() == want.size());
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double w = want[i], g = got[i];
-    double ratio = 0.0;
-    if (std::isinf(w) || std::isinf(g)) {
-      ratio = w == g ? 0.0 : std::numeric_limits<double>::infinity();
-    } else if (std::isnan(w) || std::isnan(g)) {
-      ratio = std::numeric_limits<double>::infinity();
-    } else {
-      const double error = std::fabs(g - w);
-      ratio = error == 0.0 ? 0.0 : error / tolerance[i];
-    }
-    if (ratio > 1.0) {
-      ++bad;
-      if (ratio > worst_ratio || bad == 1) worst = i, worst_ratio = ratio;
-    }
-  }
-  std::ostringstream message;
-  message.precision(9);
-  message << what << ": " << bad << " of " << want.size() << " outside tolerance";
-  if (bad)
-    message << "; worst [" << worst << "] want " << want[worst] << " got " << got[worst]
-            << " tolerance " << tolerance[worst];
-  INFO(message.str());
-  CHECK(bad == 0);
 }
 
 void check_close(const std::vector<float>& want, const std::vector<float>& got, double rtol,

@@ -19,6 +19,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/backend.h"
 #include "kernels/cuda_backend.h"
+#include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;
@@ -30,6 +31,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kSentinel = 123.0f;
 constexpr uint8_t kMaskSentinel = 9;
 
+using kvlens::test::check_within;
 using kvlens::test::random_values;
 
 struct Backends {
@@ -73,35 +75,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
     if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && !(std::isnan(a[i]) && std::isnan(b[i])))
       return false;
   return true;
-}
-
-// |got - want| <= tolerance[i] elementwise (equal infinities pass, NaN fails); reports the count
-// and the worst element.
-void check_within(const std::vector<float>& want, const std::vector<float>& got,
-                  const std::vector<double>& tolerance, const std::string& what) {
-  REQUIRE(want.size() == got.size());
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    double ratio = 0.0;
-    if (std::isinf(want[i]) || std::isinf(got[i])) {
-      ratio = want[i] == got[i] ? 0.0 : INFINITY;
-    } else if (std::isnan(want[i]) || std::isnan(got[i])) {
-      ratio = INFINITY;
-    } else {
-      const double error = std::fabs(double(got[i]) - double(want[i]));
-      ratio = error == 0.0 ? 0.0 : error / tolerance[i];
-    }
-    if (ratio > 1.0 && (bad++ == 0 || ratio > worst_ratio)) worst = i, worst_ratio = ratio;
-  }
-  std::ostringstream message;
-  message.precision(9);
-  message << what << ": " << bad << " of " << want.size() << " outside tolerance";
-  if (bad)
-    message << "; worst [" << worst << "] want " << want[worst] << " got " << got[worst]
-            << " tolerance " << tolerance[worst];
-  INFO(message.str());
-  CHECK(bad == 0);
 }
 
 struct Shape {

@@ -14,6 +14,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/cpu_backend.h"
 #include "engine/runtime/thread_pool.h"
+#include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;
@@ -22,15 +23,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+using kvlens::test::make_f32;
 using kvlens::test::random_values;
-
-DeviceTensor make_f32(Backend& backend, const std::vector<float>& values,
-                      std::vector<int64_t> shape) {
-  DeviceTensor t = backend.alloc(DType::F32, std::move(shape));
-  REQUIRE(size_t(t.numel()) == values.size());
-  backend.from_host(t, values.data(), values.size() * sizeof(float));
-  return t;
-}
 
 std::vector<float> read(Backend& backend, const DeviceTensor& t) {
   std::vector<float> values(size_t(t.numel()));

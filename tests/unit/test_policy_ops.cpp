@@ -14,6 +14,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/cpu_backend.h"
 #include "engine/runtime/policy_op_math.h"
+#include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;
@@ -26,15 +27,8 @@ constexpr float kSentinel = 99.0f;
 constexpr uint8_t kMaskSentinel = 7;
 constexpr int64_t H = 4, G = 2, D = 4, kCols = 7, kStride = 10;
 
+using kvlens::test::make_f32;
 using kvlens::test::random_values;
-
-DeviceTensor make_f32(Backend& backend, const std::vector<float>& values,
-                      std::vector<int64_t> shape) {
-  DeviceTensor t = backend.alloc(DType::F32, std::move(shape));
-  REQUIRE(size_t(t.numel()) == values.size());
-  backend.from_host(t, values.data(), values.size() * sizeof(float));
-  return t;
-}
 
 DeviceTensor make_u8(Backend& backend, const std::vector<uint8_t>& values,
                      std::vector<int64_t> shape) {
