@@ -541,10 +541,7 @@ class CudaBackend final : public Backend {
                         int64_t window, DeviceTensor& logits) override {
     const std::string op = "attention_logits";
     require(q, DType::F32, op, "q");
-    require(k_cache, DType::F32, op, "k_cache");
-    if (k_cache.shape.size() != 3)
-      bad_argument(op + ": k_cache", "[G, capacity, D]", describe(k_cache));
-    const CacheShape cache{k_cache.dim(0), k_cache.dim(1), k_cache.dim(2)};
+    const CacheShape cache = cache_shape(k_cache, op, "k_cache");
     if (q.shape.size() != 3 || q.dim(0) != 1 || q.dim(2) != cache.head_dim || cache.kv_heads == 0 ||
         q.dim(1) % cache.kv_heads != 0)
       bad_argument(op + ": q",
@@ -581,13 +578,7 @@ class CudaBackend final : public Backend {
                          DeviceTensor* probs) override {
     const std::string op = "attention_visible";
     require_cols(cols, op);
-    require(v_cache, DType::F32, op, "v_cache");
-    if (v_cache.shape.size() != 3)
-      bad_argument(op + ": v_cache", "[G, capacity, D]", describe(v_cache));
-    const CacheShape cache{v_cache.dim(0), v_cache.dim(1), v_cache.dim(2)};
-    if (cols > cache.capacity)
-      bad_argument(op + ": cols", cat({"at most the capacity ", std::to_string(cache.capacity)}),
-                   std::to_string(cols));
+    const CacheShape cache = cache_shape(v_cache, op, "v_cache", cols);
     const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op, "logits");
     const int64_t heads = logit_shape.rows;
     if (cache.kv_heads == 0 || heads % cache.kv_heads != 0)
@@ -755,13 +746,7 @@ class CudaBackend final : public Backend {
                          DeviceTensor& out) override {
     const std::string op = "key_anchor_scores";
     require_cols(cols, op);
-    require(k_cache, DType::F32, op, "k_cache");
-    if (k_cache.shape.size() != 3)
-      bad_argument(op + ": k_cache", "[G, capacity, D]", describe(k_cache));
-    const CacheShape cache{k_cache.dim(0), k_cache.dim(1), k_cache.dim(2)};
-    if (cols > cache.capacity)
-      bad_argument(op + ": cols", cat({"at most the capacity ", std::to_string(cache.capacity)}),
-                   std::to_string(cols));
+    const CacheShape cache = cache_shape(k_cache, op, "k_cache", cols);
     const RowShape shape = row_shape(out, DType::F32, -1, cols, op, "out");
     if (cache.kv_heads == 0 || shape.rows % cache.kv_heads != 0)
       bad_argument(op + ": out",
@@ -794,12 +779,23 @@ class CudaBackend final : public Backend {
     int64_t kv_heads = 0, capacity = 0, head_dim = 0;
   };
 
+  // One cache [G, capacity, D] F32; with cols >= 0 it must hold that many positions.
+  static CacheShape cache_shape(const DeviceTensor& cache, const std::string& op,
+                                const char* name, int64_t cols = -1) {
+    require(cache, DType::F32, op, name);
+    if (cache.shape.size() != 3)
+      bad_argument(op + ": " + name, "[G, capacity, D]", describe(cache));
+    const CacheShape shape{cache.dim(0), cache.dim(1), cache.dim(2)};
+    if (cols > shape.capacity)
+      bad_argument(op + ": cols", cat({"at most the capacity ", std::to_string(shape.capacity)}),
+                   std::to_string(cols));
+    return shape;
+  }
+
   static CacheShape cache_shape(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
                                 const std::string& op) {
-    require(k_cache, DType::F32, op, "k_cache");
+    cache_shape(k_cache, op, "k_cache");
     require(v_cache, DType::F32, op, "v_cache");
-    if (k_cache.shape.size() != 3)
-      bad_argument(op + ": k_cache", "[G, capacity, D]", describe(k_cache));
     if (v_cache.shape != k_cache.shape)
       bad_argument(op + ": v_cache", "the shape of k_cache " + shape_string(k_cache.shape),
                    describe(v_cache));
