@@ -1,6 +1,7 @@
 // kvlens-cli eval: co-reference accuracy/coverage or windowed perplexity, one result per
 // (policy, sparsity) pair, as a table on stdout and, with --json, the DESIGN.md result file.
-// Every policy runs in the decode simulation (POLICIES.md); dense is the reference row.
+// Every policy runs in the decode simulation (POLICIES.md), all of them in one lockstep session;
+// dense is the reference row.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "app/cli/cli_common.h"
 #include "app/cli/model_input.h"
+#include "app/cli/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"
@@ -50,90 +52,9 @@ struct FlagOptions {
 };
 FlagOptions options;
 
-// Non-empty items of a comma-separated flag value.
-std::vector<std::string> split_list(const std::string& text, const std::string& flag,
-                                    const std::string& what) {
-  std::vector<std::string> items = split_comma_list(text);
-  for (const std::string& item : items) {
-    if (item.empty()) {
-      throw Error(flag, "list", "a comma-separated list of " + what, "'" + text + "'");
-    }
-  }
-  return items;
-}
-
-double parse_sparsity(const std::string& item) {
-  char* end = nullptr;
-  const double value = std::strtod(item.c_str(), &end);
-  if (end != item.c_str() + item.size() || !(value >= 0.0 && value < 1.0)) {
-    throw Error("--sparsity", "sparsity", "a number in [0, 1)", "'" + item + "'");
-  }
-  return value;
-}
-
-// --policy-arg items that apply to `id`: "key=value" goes to every policy declaring the key,
-// "id.key=value" to that policy only.
-std::vector<std::string> args_for(const std::string& id) {
-  std::vector<std::string> out;
-  const PolicyInfo& info = policy_info(id);
-  for (const std::string& item : flags.policy_args) {
-    const size_t eq = item.find('='), dot = item.find('.');
-    std::string key = item.substr(0, eq);
-    if (dot != std::string::npos && dot < eq) {
-      if (item.substr(0, dot) != id) continue;
-      out.push_back(item.substr(dot + 1));
-      continue;
-    }
-    for (const ParamSpec& spec : info.params) {
-      if (spec.name == key) out.push_back(item);
-    }
-  }
-  return out;
-}
-
-// Every (policy, sparsity) pair, each checked before anything is loaded or run. Dense is the
-// reference: one row at sparsity 0 whatever the list says.
+// Every (policy, sparsity) pair, each checked before anything is loaded or run.
 std::vector<PolicyConfig> resolve_runs() {
-  std::vector<double> sparsities;
-  for (const std::string& item : split_list(flags.sparsities, "--sparsity", "numbers in [0, 1)")) {
-    sparsities.push_back(parse_sparsity(item));
-  }
-  const std::vector<std::string> ids = split_list(flags.policies, "--policies", "policy ids");
-  for (const std::string& id : ids) {
-    try {
-      policy_info(id);
-    } catch (const Error& error) {
-      throw Error("--policies", error.field(), error.expected(), error.found());
-    }
-  }
-  for (const std::string& item : flags.policy_args) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      throw Error("--policy-arg", "parameter", "key=value or policy.key=value", "'" + item + "'");
-    }
-    bool used = false;
-    for (const std::string& id : ids) used = used || !args_for(id).empty();
-    if (!used) {
-      throw Error("--policy-arg", item.substr(0, eq), "a parameter of one of the policies run",
-                  "'" + item + "'");
-    }
-  }
-  std::vector<PolicyConfig> runs;
-  for (const std::string& id : ids) {
-    for (const double sparsity : sparsities) {
-      PolicyOptions requested{id, id == "dense" ? 0.0 : sparsity, {}};
-      try {
-        requested.policy_args = args_for(id);
-        runs.push_back(resolve_policy(requested));
-      } catch (const Error& error) {
-        // The single-policy commands name --policy; here the list is --policies.
-        if (error.file() != "--policy") throw;
-        throw Error("--policies", error.field(), error.expected(), error.found());
-      }
-      if (id == "dense") break;
-    }
-  }
-  return runs;
+  return resolve_policy_runs(flags.policies, flags.sparsities, flags.policy_args);
 }
 
 // Flags of the other task are refused rather than silently ignored.
@@ -196,6 +117,31 @@ void write_csv_row(std::ostream& out, const Json& row) {
   out << '\n';
 }
 
+// The paper's Table 2 shape: one line per (policy, sparsity), the nominal and effective sparsity
+// beside the task's scores.
+void print_table(const std::vector<Json>& rows) {
+  const bool coref = flags.task == "coref";
+  std::printf("%-12s %8s %9s ", "policy", "sparsity", "effective");
+  if (coref) {
+    std::printf("%9s %9s %8s\n", "accuracy", "coverage", "samples");
+  } else {
+    std::printf("%10s %8s %9s\n", "ppl", "windows", "tokens");
+  }
+  for (const Json& row : rows) {
+    std::printf("%-12s %8.3f %9.3f ", row["policy"].get<std::string>().c_str(),
+                row["sparsity"].get<double>(), row["effective_sparsity"].get<double>());
+    if (coref) {
+      std::printf("%9.4f %9.4f %8lld\n", row["accuracy"].get<double>(),
+                  row["coverage"].get<double>(), (long long)row["samples"].get<int64_t>());
+    } else {
+      const double ppl = row["ppl"].is_null() ? NAN : row["ppl"].get<double>();
+      std::printf("%10.3f %8lld %9lld\n", ppl, (long long)row["samples"].get<int64_t>(),
+                  (long long)row["tokens_scored"].get<int64_t>());
+    }
+  }
+  std::fflush(stdout);
+}
+
 Json result_row(const PolicyConfig& run) {
   return {{"policy", run.id},    {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
           {"accuracy", nullptr}, {"coverage", nullptr},      {"ppl", nullptr},
@@ -242,37 +188,32 @@ int run_eval(const CommonOptions& common) {
   const auto resident = BackendModel::upload(model, *backend);
 
   Json results = Json::array();
-  std::printf("eval %s  model %s  backend %s\n", flags.task.c_str(), flags.model_dir.c_str(),
-              backend->name().c_str());
+  std::printf("eval %s  model %s  backend %s  runs %zu in lockstep\n", flags.task.c_str(),
+              flags.model_dir.c_str(), backend->name().c_str(), runs.size());
+  std::fflush(stdout);
+  // Every (policy, sparsity) pair is a run of one lockstep session: the text is read once per
+  // sample or window and each step is one batched pass over the weights.
+  const auto start = std::chrono::steady_clock::now();
+  ProgressBar bar(common.progress, "eval " + flags.task, flags.task == "coref" ? "samples" : "tok");
+  const ProgressFn progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
+  std::vector<Json> rows;
+  for (const PolicyConfig& run : runs) rows.push_back(result_row(run));
   if (flags.task == "coref") {
-    std::printf("%-12s %8s %9s %9s %9s %8s %9s\n", "policy", "sparsity", "effective", "accuracy",
-                "coverage", "samples", "seconds");
-  } else {
-    std::printf("%-12s %8s %9s %10s %8s %9s %9s\n", "policy", "sparsity", "effective", "ppl",
-                "windows", "tokens", "seconds");
-  }
-  for (const PolicyConfig& run : runs) {
-    char label[128];
-    std::snprintf(label, sizeof label, "eval %s %g", run.id.c_str(), run.sparsity);
-    Json row = result_row(run);
-    const auto start = std::chrono::steady_clock::now();
-    if (flags.task == "coref") {
-      ProgressBar bar(common.progress, label, "samples");
-      const CorefEvalResult result = evaluate_coref(
-          resident, *pools, tokenizer, flags.seed, flags.first_index, flags.samples, flags.hard,
-          [&bar](int64_t done, int64_t total) { bar.update(done, total); }, run);
-      const double seconds = seconds_since(start);
+    const std::vector<CorefEvalResult> evaluated =
+        evaluate_coref_lockstep(resident, *pools, tokenizer, flags.seed, flags.first_index,
+                                flags.samples, flags.hard, progress, runs);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const CorefEvalResult& result = evaluated[i];
+      Json& row = rows[i];
       row["accuracy"] = result.accuracy;
       row["coverage"] = result.coverage;
       row["samples"] = result.samples;
       row["answer_tokens"] = result.answer_tokens;
-      const double effective = set_sparsity(row, result.sparsity);
-      std::printf("%-12s %8.3f %9.3f %9.4f %9.4f %8lld %9.1f\n", run.id.c_str(), run.sparsity,
-                  effective, result.accuracy, result.coverage, (long long)result.samples, seconds);
+      set_sparsity(row, result.sparsity);
       if (per_sample_out) {
         for (const CorefSampleResult& s : result.per_sample) {
-          const Json line = {{"policy", run.id},
-                             {"sparsity", run.sparsity},
+          const Json line = {{"policy", runs[i].id},
+                             {"sparsity", runs[i].sparsity},
                              {"index", s.index},
                              {"answer", s.answer},
                              {"tokens", s.tokens},
@@ -285,22 +226,24 @@ int run_eval(const CommonOptions& common) {
           per_sample_out->stream() << line.dump() << '\n';
         }
       }
-    } else {
-      ProgressBar bar(common.progress, label);
-      const PerplexityResult result = evaluate_perplexity(
-          resident, text_tokens, window, kPerplexityChunk,
-          [&bar](int64_t done, int64_t total) { bar.update(done, total); }, run);
-      const double seconds = seconds_since(start);
+    }
+  } else {
+    const std::vector<PerplexityResult> evaluated = evaluate_perplexity_lockstep(
+        resident, text_tokens, window, kPerplexityChunk, progress, runs);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const PerplexityResult& result = evaluated[i];
+      Json& row = rows[i];
       row["ppl"] = null_if_not_finite(result.ppl);
       row["samples"] = result.windows;
       row["tokens_scored"] = result.tokens_scored;
       row["window"] = result.window;
-      const double effective = set_sparsity(row, result.sparsity);
-      std::printf("%-12s %8.3f %9.3f %10.3f %8lld %9lld %9.1f\n", run.id.c_str(), run.sparsity,
-                  effective, result.ppl, (long long)result.windows, (long long)result.tokens_scored,
-                  seconds);
+      set_sparsity(row, result.sparsity);
     }
-    std::fflush(stdout);
+  }
+  const double seconds = seconds_since(start);
+  print_table(rows);
+  std::printf("%.1f s for %zu runs\n", seconds, runs.size());
+  for (const Json& row : rows) {
     if (csv_out) write_csv_row(csv_out->stream(), row);
     results.push_back(row);
   }

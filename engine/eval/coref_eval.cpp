@@ -28,33 +28,57 @@ void check_fits(const ModelConfig& config, const CorefSample& sample, const Core
 CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
                                      const CorefSample& sample, const CorefTokens& marked,
                                      const PolicyConfig& policy) {
+  return std::move(score_coref_sample_lockstep(std::move(model), sample, marked,
+                                               std::span<const PolicyConfig>(&policy, 1))
+                       .front());
+}
+
+std::vector<CorefSampleResult> score_coref_sample_lockstep(
+    std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
+    std::span<const PolicyConfig> policies) {
   check_fits(model->config(), sample, marked);
   ScoreOptions options;
   options.chunk = int64_t(marked.tokens.size());
-  options.policy = policy;
-  const ScoreResult scored = score_tokens(model, marked.tokens, options);
+  const std::vector<ScoreResult> scored_runs =
+      score_tokens_lockstep(model, marked.tokens, policies, options);
 
-  CorefSampleResult result;
-  result.index = sample.index;
-  result.answer = sample.answer;
-  result.tokens = int64_t(marked.tokens.size());
-  result.answer_token_begin = marked.answer_token_begin;
-  result.answer_token_end = marked.answer_token_end;
-  result.canonical = marked.canonical;
-  // Position p's distribution predicts tokens[p + 1]; nll[p] is its negative log-probability.
-  for (int64_t p = marked.first_scored_position(); p < marked.scored_position_end(); ++p) {
-    result.correct_tokens += scored.argmax[size_t(p)] == marked.tokens[size_t(p + 1)];
-    result.answer_nll += scored.nll[size_t(p)];
+  std::vector<CorefSampleResult> results;
+  for (const ScoreResult& scored : scored_runs) {
+    CorefSampleResult result;
+    result.index = sample.index;
+    result.answer = sample.answer;
+    result.tokens = int64_t(marked.tokens.size());
+    result.answer_token_begin = marked.answer_token_begin;
+    result.answer_token_end = marked.answer_token_end;
+    result.canonical = marked.canonical;
+    // Position p's distribution predicts tokens[p + 1]; nll[p] is its negative log-probability.
+    for (int64_t p = marked.first_scored_position(); p < marked.scored_position_end(); ++p) {
+      result.correct_tokens += scored.argmax[size_t(p)] == marked.tokens[size_t(p + 1)];
+      result.answer_nll += scored.nll[size_t(p)];
+    }
+    result.all_correct = result.correct_tokens == result.answer_tokens();
+    result.sparsity = scored.sparsity;
+    results.push_back(std::move(result));
   }
-  result.all_correct = result.correct_tokens == result.answer_tokens();
-  result.sparsity = scored.sparsity;
-  return result;
+  return results;
 }
 
 CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const CorefPools& pools,
                                const Tokenizer& tokenizer, uint64_t seed, int64_t first_index,
                                int64_t count, bool hard, const ProgressFn& progress,
                                const PolicyConfig& policy) {
+  return std::move(evaluate_coref_lockstep(std::move(model), pools, tokenizer, seed, first_index,
+                                           count, hard, progress,
+                                           std::span<const PolicyConfig>(&policy, 1))
+                       .front());
+}
+
+std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const BackendModel> model,
+                                                     const CorefPools& pools,
+                                                     const Tokenizer& tokenizer, uint64_t seed,
+                                                     int64_t first_index, int64_t count, bool hard,
+                                                     const ProgressFn& progress,
+                                                     std::span<const PolicyConfig> policies) {
   if (count < 1) throw Error("coref eval", "samples", "at least 1", std::to_string(count));
   if (first_index < 0) {
     throw Error("coref eval", "first index", "a non-negative index", std::to_string(first_index));
@@ -69,23 +93,30 @@ CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const 
     check_fits(model->config(), samples.back(), marked.back());
   }
 
-  CorefEvalResult result;
-  result.samples = count;
-  int64_t all_correct = 0, correct_tokens = 0;
+  std::vector<CorefEvalResult> results(policies.size());
+  std::vector<int64_t> all_correct(policies.size(), 0), correct_tokens(policies.size(), 0);
   for (int64_t i = 0; i < count; ++i) {
-    result.per_sample.push_back(
-        score_coref_sample(model, samples[size_t(i)], marked[size_t(i)], policy));
-    const CorefSampleResult& sample = result.per_sample.back();
-    all_correct += sample.all_correct;
-    correct_tokens += sample.correct_tokens;
-    result.sparsity.merge(sample.sparsity);
-    result.answer_tokens += sample.answer_tokens();
+    std::vector<CorefSampleResult> per_policy =
+        score_coref_sample_lockstep(model, samples[size_t(i)], marked[size_t(i)], policies);
+    for (size_t p = 0; p < policies.size(); ++p) {
+      CorefEvalResult& result = results[p];
+      CorefSampleResult& sample = per_policy[p];
+      all_correct[p] += sample.all_correct;
+      correct_tokens[p] += sample.correct_tokens;
+      result.sparsity.merge(sample.sparsity);
+      result.answer_tokens += sample.answer_tokens();
+      result.per_sample.push_back(std::move(sample));
+    }
     if (progress) progress(i + 1, count);
   }
-  result.accuracy = double(all_correct) / double(count);
-  // mark_answer_tokens guarantees at least one answer token per sample, so this is never 0/0.
-  result.coverage = double(correct_tokens) / double(result.answer_tokens);
-  return result;
+  for (size_t p = 0; p < policies.size(); ++p) {
+    CorefEvalResult& result = results[p];
+    result.samples = count;
+    result.accuracy = double(all_correct[p]) / double(count);
+    // mark_answer_tokens guarantees at least one answer token per sample, so this is never 0/0.
+    result.coverage = double(correct_tokens[p]) / double(result.answer_tokens);
+  }
+  return results;
 }
 
 }  // namespace kvlens

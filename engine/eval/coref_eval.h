@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct CorefSampleResult {
 CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
                                      const CorefSample& sample, const CorefTokens& marked,
                                      const PolicyConfig& policy = {});
+// One sample under several policies in lockstep, one result per policy.
+std::vector<CorefSampleResult> score_coref_sample_lockstep(
+    std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
+    std::span<const PolicyConfig> policies);
 
 struct CorefEvalResult {
   double accuracy = 0.0;  // fraction of samples with every answer token right
@@ -56,5 +61,13 @@ CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const 
                                const Tokenizer& tokenizer, uint64_t seed, int64_t first_index,
                                int64_t count, bool hard, const ProgressFn& progress,
                                const PolicyConfig& policy = {});
+// The same for several policies in lockstep (each sample is read once, every policy a run of one
+// DecoderSession); result[i] equals evaluate_coref with policies[i] alone.
+std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const BackendModel> model,
+                                                     const CorefPools& pools,
+                                                     const Tokenizer& tokenizer, uint64_t seed,
+                                                     int64_t first_index, int64_t count, bool hard,
+                                                     const ProgressFn& progress,
+                                                     std::span<const PolicyConfig> policies);
 
 }  // namespace kvlens

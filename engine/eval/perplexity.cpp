@@ -12,6 +12,14 @@ namespace kvlens {
 PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
                                      std::span<const int32_t> tokens, int64_t window, int64_t chunk,
                                      const ProgressFn& progress, const PolicyConfig& policy) {
+  return std::move(evaluate_perplexity_lockstep(std::move(model), tokens, window, chunk, progress,
+                                                std::span<const PolicyConfig>(&policy, 1))
+                       .front());
+}
+
+std::vector<PerplexityResult> evaluate_perplexity_lockstep(
+    std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens, int64_t window,
+    int64_t chunk, const ProgressFn& progress, std::span<const PolicyConfig> policies) {
   const ModelConfig& config = model->config();
   const auto n = int64_t(tokens.size());
   if (n < 2) {
@@ -32,14 +40,11 @@ PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
   int64_t total_fed = 0;
   for (int64_t k = 0; k < windows; ++k) total_fed += std::min(window, n - k * stride);
 
-  PerplexityResult result;
-  result.window = window;
-  result.windows = windows;
-  double total_nll = 0.0;
+  std::vector<PerplexityResult> results(policies.size());
+  std::vector<double> total_nll(policies.size(), 0.0);
   int64_t fed = 0;
   ScoreOptions options;
   options.chunk = chunk;
-  options.policy = policy;
   for (int64_t k = 0; k < windows; ++k) {
     const int64_t begin = k * stride;
     const int64_t length = std::min(window, n - begin);
@@ -48,16 +53,23 @@ PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
         progress(fed + done, total_fed);
       };
     }
-    const ScoreResult scored =
-        score_tokens(model, tokens.subspan(size_t(begin), size_t(length)), options);
-    for (const double nll : scored.nll) total_nll += nll;
-    result.tokens_scored += int64_t(scored.nll.size());
-    result.sparsity.merge(scored.sparsity);
+    const std::vector<ScoreResult> scored = score_tokens_lockstep(
+        model, tokens.subspan(size_t(begin), size_t(length)), policies, options);
+    for (size_t p = 0; p < policies.size(); ++p) {
+      for (const double nll : scored[p].nll) total_nll[p] += nll;
+      results[p].tokens_scored += int64_t(scored[p].nll.size());
+      results[p].sparsity.merge(scored[p].sparsity);
+    }
     fed += length;
   }
-  result.mean_nll = total_nll / double(result.tokens_scored);
-  result.ppl = std::exp(result.mean_nll);
-  return result;
+  for (size_t p = 0; p < policies.size(); ++p) {
+    PerplexityResult& result = results[p];
+    result.window = window;
+    result.windows = windows;
+    result.mean_nll = total_nll[p] / double(result.tokens_scored);
+    result.ppl = std::exp(result.mean_nll);
+  }
+  return results;
 }
 
 }  // namespace kvlens

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "engine/runtime/scoring.h"
 
@@ -29,5 +30,10 @@ struct PerplexityResult {
 PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
                                      std::span<const int32_t> tokens, int64_t window, int64_t chunk,
                                      const ProgressFn& progress, const PolicyConfig& policy = {});
+// The same for several policies in lockstep over each window; result[i] equals
+// evaluate_perplexity with policies[i] alone.
+std::vector<PerplexityResult> evaluate_perplexity_lockstep(
+    std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens, int64_t window,
+    int64_t chunk, const ProgressFn& progress, std::span<const PolicyConfig> policies);
 
 }  // namespace kvlens

@@ -1,9 +1,12 @@
 // The Llama forward pass over the Backend interface: embeddings, per layer RMSNorm -> q/k/v ->
 // RoPE -> KV append -> causal attention -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual,
-// then final norm and lm_head. The KV cache grows by doubling up to max_position_embeddings.
+// then final norm and lm_head. The projections see every run's row at once (one read of the
+// weights); KV append and attention go run by run. Caches grow by doubling up to
+// max_position_embeddings.
 #include "engine/runtime/decoder_session.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 
 #include "engine/common/error.h"
@@ -15,6 +18,16 @@ namespace {
 DeviceTensor view(const DeviceTensor& tensor, std::vector<int64_t> shape) {
   DeviceTensor result = tensor;
   result.shape = std::move(shape);
+  return result;
+}
+
+// Row `row` of a [n, ...] tensor as a [1, ...] tensor over the same storage.
+DeviceTensor row_view(const DeviceTensor& tensor, int64_t row) {
+  DeviceTensor result = tensor;
+  const int64_t row_elems = tensor.numel() / tensor.dim(0);
+  result.data =
+      static_cast<std::byte*>(tensor.data) + size_t(row * row_elems) * dtype_size(tensor.dtype);
+  result.shape[0] = 1;
   return result;
 }
 
@@ -46,8 +59,12 @@ std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const M
   return result;
 }
 
-DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options)
-    : model_(std::move(model)), backend_(*model_->backend), options_(options) {}
+DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options,
+                               int64_t runs)
+    : model_(std::move(model)), backend_(*model_->backend), options_(options) {
+  if (runs < 1) throw Error("session", "runs", "at least one run", std::to_string(runs));
+  runs_.resize(size_t(runs));
+}
 
 void DecoderSession::ensure_scratch(int64_t n) {
   if (n <= scratch_rows_) return;
@@ -67,37 +84,39 @@ void DecoderSession::ensure_scratch(int64_t n) {
   scratch_rows_ = n;
 }
 
-const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
+void DecoderSession::check_tokens(std::span<const int32_t> tokens, int64_t positions) const {
   const ModelConfig& c = model_->config();
-  const int64_t n = int64_t(tokens.size());
-  if (n == 0) throw Error("input", "tokens", "at least one token");
+  if (tokens.empty()) throw Error("input", "tokens", "at least one token");
   for (const int32_t id : tokens) {
     if (id < 0 || id >= c.vocab_size) {
       throw Error("input", "token id", "an id in [0, " + std::to_string(c.vocab_size) + ")",
                   std::to_string(id));
     }
   }
-  if (position_ + n > c.max_position_embeddings) {
+  if (position_ + positions > c.max_position_embeddings) {
     throw Error(c.source, "max_position_embeddings",
                 "at most " + std::to_string(c.max_position_embeddings) + " positions",
-                "input reaching position " + std::to_string(position_ + n));
+                "input reaching position " + std::to_string(position_ + positions));
   }
-  if (options_.capacity > 0 && position_ + n > options_.capacity) {
+  if (options_.capacity > 0 && position_ + positions > options_.capacity) {
     throw Error("session", "capacity",
                 "at most " + std::to_string(options_.capacity) + " cached positions",
-                std::to_string(position_ + n));
+                std::to_string(position_ + positions));
   }
+}
 
-  // Grow every layer's cache (by doubling) so that positions [0, position_ + n) fit.
-  const int64_t needed = position_ + n;
-  const int64_t current = k_cache_.empty() ? 0 : k_cache_.front().dim(1);
-  if (needed > current) {
-    int64_t capacity = std::max<int64_t>(current, kInitialCacheCapacity);
-    while (capacity < needed) capacity *= 2;
-    capacity = std::min(capacity, c.max_position_embeddings);
-    k_cache_.resize(size_t(c.num_layers));
-    v_cache_.resize(size_t(c.num_layers));
-    for (auto* caches : {&k_cache_, &v_cache_}) {
+// Every run's cache grows (by doubling) so that positions [0, needed) fit.
+void DecoderSession::grow_caches(int64_t needed) {
+  const ModelConfig& c = model_->config();
+  const int64_t current = runs_[0].k_cache.empty() ? 0 : runs_[0].k_cache.front().dim(1);
+  if (needed <= current) return;
+  int64_t capacity = std::max<int64_t>(current, kInitialCacheCapacity);
+  while (capacity < needed) capacity *= 2;
+  capacity = std::min(capacity, c.max_position_embeddings);
+  for (SessionRun& run : runs_) {
+    run.k_cache.resize(size_t(c.num_layers));
+    run.v_cache.resize(size_t(c.num_layers));
+    for (auto* caches : {&run.k_cache, &run.v_cache}) {
       for (DeviceTensor& cache : *caches) {
         DeviceTensor grown = backend_.alloc(DType::F32, {c.num_kv_heads, capacity, c.head_dim});
         for (int64_t g = 0; g < c.num_kv_heads && position_ > 0; ++g) {
@@ -107,7 +126,30 @@ const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
       }
     }
   }
+}
 
+const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
+  check_tokens(tokens, int64_t(tokens.size()));
+  if (tokens.size() == 1 && runs() > 1) {
+    const std::vector<int32_t> repeated(runs_.size(), tokens[0]);
+    return forward_rows(repeated, true);
+  }
+  return forward_rows(tokens, tokens.size() == 1);
+}
+
+const DeviceTensor& DecoderSession::forward_runs(std::span<const int32_t> tokens) {
+  if (int64_t(tokens.size()) != runs()) {
+    throw Error("session", "tokens", "one token per run (" + std::to_string(runs()) + ")",
+                std::to_string(tokens.size()));
+  }
+  check_tokens(tokens, 1);
+  return forward_rows(tokens, true);
+}
+
+const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens, bool per_run) {
+  const ModelConfig& c = model_->config();
+  const int64_t n = int64_t(tokens.size());
+  grow_caches(position_ + (per_run ? 1 : n));
   ensure_scratch(n);
   const int64_t H = c.num_heads, G = c.num_kv_heads, D = c.head_dim, E = c.hidden_size;
   const int64_t F = c.intermediate_size;
@@ -120,12 +162,16 @@ const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
   DeviceTensor act = view(act_, {n, F});
   logits_view_ = view(logits_, {n, c.vocab_size});
 
-  std::vector<int64_t> positions(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = position_ + i;
+  // Row i sits at position position_ + i in a chunk, at position_ in every run's row.
+  std::vector<int64_t> positions(static_cast<size_t>(n), position_);
+  if (!per_run) {
+    for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = position_ + i;
+  }
   const int64_t window = c.sliding_window.value_or(0);
   const float eps = float(c.rms_norm_eps);
+  const int64_t context = position_ + (per_run ? 1 : n);
 
-  attention_logits_.clear();
+  for (SessionRun& run : runs_) run.attention_logits.clear();
   backend_.embed(model_->embed, tokens, hidden);
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
@@ -135,34 +181,38 @@ const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
     backend_.matmul(normed, layer.wv, v);
     backend_.rope(q_heads, positions, model_->inv_freq);
     backend_.rope(k_heads, positions, model_->inv_freq);
-    backend_.kv_append(k_heads, v_heads, k_cache_[l], v_cache_[l], position_);
-    DeviceTensor* logits_out = nullptr;
-    if (options_.record_attention_logits) {
-      attention_logits_.push_back(backend_.alloc(DType::F32, {n, H, position_ + n}));
-      logits_out = &attention_logits_.back();
-    }
-    const bool policy_step = policy_ && n == 1 && position_ >= policy_first_step_;
-    if (policy_step) {
-      policy_attention(l, q_heads, window, attn_heads);
-      if (logits_out) {
-        // policy_logits_ rows have the policy stride; the recorded rows are packed.
-        const int64_t stride = policy_logits_.dim(1), cols = position_ + 1;
-        for (int64_t h = 0; h < H; ++h) {
-          DeviceTensor row = policy_logits_;
-          row.data = policy_logits_.as<float>() + h * stride;
-          row.shape = {1, cols};
-          backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
-        }
+    if (per_run) {
+      for (int64_t r = 0; r < n; ++r) {
+        SessionRun& run = runs_[size_t(r)];
+        backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[l],
+                           run.v_cache[l], position_);
+        DeviceTensor run_attn = row_view(attn_heads, r);
+        run_attention(run, l, row_view(q_heads, r), run_attn);
       }
     } else {
-      backend_.attention(q_heads, k_cache_[l], v_cache_[l], position_, window, Visibility{},
-                         attn_heads, logits_out);
+      SessionRun& first = runs_[0];
+      backend_.kv_append(k_heads, v_heads, first.k_cache[l], first.v_cache[l], position_);
+      DeviceTensor* logits_out = nullptr;
+      if (options_.record_attention_logits) {
+        first.attention_logits.push_back(backend_.alloc(DType::F32, {n, H, context}));
+        logits_out = &first.attention_logits.back();
+      }
+      backend_.attention(q_heads, first.k_cache[l], first.v_cache[l], position_, window,
+                         Visibility{}, attn_heads, logits_out);
+      // A chunk is dense in every run: the other caches receive the same keys and values.
+      for (size_t r = 1; r < runs_.size(); ++r) {
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t capacity = first.k_cache[l].dim(1);
+          backend_.copy_rows(first.k_cache[l], g * capacity + position_, runs_[r].k_cache[l],
+                             g * capacity + position_, n, D);
+          backend_.copy_rows(first.v_cache[l], g * capacity + position_, runs_[r].v_cache[l],
+                             g * capacity + position_, n, D);
+        }
+        if (logits_out) runs_[r].attention_logits.push_back(*logits_out);
+      }
     }
-    // A skipped attention contributes nothing: o_proj of zero is zero.
-    if (!policy_step || decisions_[l] != LayerDecision::Skipped) {
-      backend_.matmul(attn, layer.wo, proj);
-      backend_.add_inplace(hidden, proj);
-    }
+    backend_.matmul(attn, layer.wo, proj);
+    backend_.add_inplace(hidden, proj);
     backend_.rmsnorm(hidden, layer.mlp_norm, eps, normed);
     backend_.matmul(normed, layer.w_gate, gate);
     backend_.matmul(normed, layer.w_up, up);
@@ -170,10 +220,14 @@ const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
     backend_.matmul(act, layer.w_down, proj);
     backend_.add_inplace(hidden, proj);
   }
-  if (policy_ && n == 1 && position_ >= policy_first_step_) sparsity_.end_step();
+  if (per_run) {
+    for (SessionRun& run : runs_) {
+      if (policy_step(run)) run.sparsity.end_step();
+    }
+  }
   backend_.rmsnorm(hidden, model_->final_norm, eps, normed);
   backend_.matmul(normed, model_->lm_head, logits_view_);
-  position_ += n;
+  position_ += per_run ? 1 : n;
   return logits_view_;
 }
 
@@ -183,51 +237,94 @@ PolicyShape DecoderSession::policy_shape() const {
           options_.capacity > 0 ? options_.capacity : c.max_position_embeddings};
 }
 
-void DecoderSession::set_policy(std::unique_ptr<Policy> policy, int64_t first_step) {
-  policy_ = std::move(policy);
-  policy_first_step_ = first_step;
-  visible_.clear();
-  scores_.clear();
-  decisions_.clear();
-  if (!policy_) return;
+void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, int64_t first_step) {
+  if (index < 0 || index >= runs()) {
+    throw Error("session", "run", "a run index in [0, " + std::to_string(runs()) + ")",
+                std::to_string(index));
+  }
+  SessionRun& run = runs_[size_t(index)];
+  run.policy = std::move(policy);
+  run.first_step = first_step;
+  run.visible.clear();
+  run.scores.clear();
+  run.decisions.clear();
+  if (!run.policy) return;
   const PolicyShape shape = policy_shape();
   for (int64_t l = 0; l < shape.layers; ++l) {
-    visible_.push_back(backend_.alloc(DType::U8, {shape.heads, shape.stride}));
-    scores_.push_back(backend_.alloc(DType::F32, {shape.heads, shape.stride}));
+    run.visible.push_back(backend_.alloc(DType::U8, {shape.heads, shape.stride}));
+    run.scores.push_back(backend_.alloc(DType::F32, {shape.heads, shape.stride}));
   }
-  decisions_.assign(size_t(shape.layers), LayerDecision::Dense);
-  sparsity_.reset(shape.layers, shape.heads);
-  policy_logits_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
-  policy_probs_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+  run.decisions.assign(size_t(shape.layers), LayerDecision::Dense);
+  run.sparsity.reset(shape.layers, shape.heads);
+  if (policy_logits_.empty()) {
+    policy_logits_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+    policy_probs_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+  }
 }
 
-void DecoderSession::policy_attention(size_t layer, const DeviceTensor& q_heads, int64_t window,
+void DecoderSession::run_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
+                                   DeviceTensor& attn_heads) {
+  const int64_t H = model_->config().num_heads, cols = position_ + 1;
+  DeviceTensor* logits_out = nullptr;
+  if (options_.record_attention_logits) {
+    run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
+    logits_out = &run.attention_logits.back();
+  }
+  if (!policy_step(run)) {
+    backend_.attention(q_heads, run.k_cache[layer], run.v_cache[layer], position_,
+                       model_->config().sliding_window.value_or(0), Visibility{}, attn_heads,
+                       logits_out);
+    return;
+  }
+  policy_attention(run, layer, q_heads, attn_heads);
+  if (logits_out) {
+    // policy_logits_ rows have the policy stride; the recorded rows are packed.
+    const int64_t stride = policy_logits_.dim(1);
+    for (int64_t h = 0; h < H; ++h) {
+      DeviceTensor row = policy_logits_;
+      row.data = policy_logits_.as<float>() + h * stride;
+      row.shape = {1, cols};
+      backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
+    }
+  }
+}
+
+void DecoderSession::policy_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
                                       DeviceTensor& attn_heads) {
   LayerStep step;
   step.step = position_;
   step.layer = int64_t(layer);
   step.q = &q_heads;
-  step.k_cache = &k_cache_[layer];
-  step.v_cache = &v_cache_[layer];
+  step.k_cache = &run.k_cache[layer];
+  step.v_cache = &run.v_cache[layer];
   step.logits = &policy_logits_;
-  backend_.attention_logits(q_heads, k_cache_[layer], position_, window, policy_logits_);
-  const LayerDecision decision = policy_->select(step, visible_[layer], scores_[layer]);
-  decisions_[layer] = decision;
-  record_sparsity(layer, decision, step.cols());
-  if (decision == LayerDecision::Skipped) return;
-  const bool want_probs = policy_->wants_probs();
+  backend_.attention_logits(q_heads, run.k_cache[layer], position_,
+                            model_->config().sliding_window.value_or(0), policy_logits_);
+  const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
+  run.decisions[layer] = decision;
+  record_sparsity(run, layer, decision, step.cols());
+  if (decision == LayerDecision::Skipped) {
+    // A skipped attention contributes nothing: its row becomes zeros, so the batched o_proj
+    // gives exactly 0 for it and the residual is unchanged.
+    const int64_t width = q_heads.numel();
+    if (zero_attention_.empty()) zero_attention_ = backend_.alloc(DType::F32, {1, width});
+    backend_.copy_rows(zero_attention_, 0, attn_heads, 0, 1, width);
+    return;
+  }
+  const bool want_probs = run.policy->wants_probs();
   backend_.attention_visible(policy_logits_, step.cols(),
-                             decision == LayerDecision::Masked ? &visible_[layer] : nullptr,
-                             v_cache_[layer], attn_heads, want_probs ? &policy_probs_ : nullptr);
-  if (want_probs) policy_->observe(step, policy_probs_);
+                             decision == LayerDecision::Masked ? &run.visible[layer] : nullptr,
+                             run.v_cache[layer], attn_heads, want_probs ? &policy_probs_ : nullptr);
+  if (want_probs) run.policy->observe(step, policy_probs_);
 }
 
-void DecoderSession::record_sparsity(size_t layer, LayerDecision decision, int64_t cols) {
-  if (decision == LayerDecision::Dense) return sparsity_.add_dense_layer(int64_t(layer));
-  if (decision == LayerDecision::Skipped) return sparsity_.add_skipped_layer(int64_t(layer));
+void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecision decision,
+                                     int64_t cols) {
+  if (decision == LayerDecision::Dense) return run.sparsity.add_dense_layer(int64_t(layer));
+  if (decision == LayerDecision::Skipped) return run.sparsity.add_skipped_layer(int64_t(layer));
   // A metric, not policy work: the mask is read back once per layer to count it (H x stride
   // bytes), which a device-side count would avoid.
-  const DeviceTensor& mask = visible_[layer];
+  const DeviceTensor& mask = run.visible[layer];
   const int64_t heads = mask.dim(0), stride = mask.dim(1);
   host_visible_.resize(size_t(heads * stride));
   backend_.to_host(mask, host_visible_.data(), host_visible_.size());
@@ -235,10 +332,11 @@ void DecoderSession::record_sparsity(size_t layer, LayerDecision decision, int64
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < cols; ++j) counts[size_t(h)] += host_visible_[size_t(h * stride + j)];
   }
-  sparsity_.add_layer(int64_t(layer), counts, cols);
+  run.sparsity.add_layer(int64_t(layer), counts, cols);
 }
 
 std::vector<float> DecoderSession::step(int32_t token) {
+  if (runs() != 1) throw Error("session", "step", "a single-run session (use forward)");
   const DeviceTensor& logits = forward(std::span<const int32_t>(&token, 1));
   std::vector<float> host(size_t(logits.numel()));
   backend_.to_host(logits, host.data(), host.size() * sizeof(float));

@@ -1,7 +1,8 @@
-// DecoderSession: a Llama forward pass over a backend with a KV cache that advances as tokens
-// are fed (one token per step in decode, or a chunk in prefill). Per-layer pre-softmax
-// attention logits of the last forward can be recorded for inspection and tests.
-// KV cache per layer: [G, capacity, D] F32. Logits: [n, vocab] F32.
+// DecoderSession: a Llama forward pass over a backend with one KV cache per run. A run is one
+// policy over the same text; several runs advance in lockstep as one batch (hidden [runs, E]), so
+// one pass over the weights serves every run, while attention and the policy work per run.
+// A chunk of several tokens (prefill) is always dense: it is computed once and its keys/values
+// are copied into every run's cache. KV cache per run and layer: [G, capacity, D] F32.
 #pragma once
 
 #include <cstdint>
@@ -33,65 +34,95 @@ struct BackendModel {
 
 struct SessionOptions {
   int64_t capacity = 0;  // hard cap on cached positions; 0 = max_position_embeddings
-  bool record_attention_logits = false;  // keep [n, H, context] per layer of the last forward
+  // Keep the pre-softmax attention logits of the last forward per run and layer: [n, H, context]
+  // (-inf where a head did not see a token only on the plain dense path with a sliding window).
+  bool record_attention_logits = false;
+};
+
+// One run's state: its cache, its policy and the policy's row buffers of the last step.
+struct SessionRun {
+  std::vector<DeviceTensor> k_cache, v_cache;  // per layer [G, capacity, D]
+  std::unique_ptr<Policy> policy;              // null: the plain dense path
+  int64_t first_step = 0;                      // the policy applies from this position on
+  // Per layer, as left by the last single-token step: what each head saw (U8 [H, stride];
+  // meaningful where the decision was Masked), the scores the policy ranked by (F32 [H, stride])
+  // and the decision. Columns 0..position()-1 are in use.
+  std::vector<DeviceTensor> visible, scores;
+  std::vector<LayerDecision> decisions;
+  SparsityStats sparsity;  // effective sparsity over the policy's steps (reset by set_policy)
+  std::vector<DeviceTensor> attention_logits;  // per layer (record_attention_logits)
 };
 
 class DecoderSession {
  public:
-  DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options = {});
+  explicit DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options = {},
+                          int64_t runs = 1);
 
-  // Feeds tokens at positions position() .. position() + n - 1 and returns logits [n, vocab]
-  // (backend memory, valid until the next forward). Throws kvlens::Error for an id outside the
-  // vocabulary or when the positions would pass max_position_embeddings or the capacity.
+  int64_t runs() const { return int64_t(runs_.size()); }
+
+  // Feeds tokens at positions position() .. position() + n - 1 to every run. One token: every
+  // run steps (under its policy) and the logits are [runs, vocab]; several: a dense chunk whose
+  // logits are [n, vocab] (the same for every run). Backend memory, valid until the next forward.
+  // Throws kvlens::Error for an id outside the vocabulary or when the positions would pass
+  // max_position_embeddings or the capacity.
   const DeviceTensor& forward(std::span<const int32_t> tokens);
-  // forward() of one token, logits copied to the host.
+  // One step with its own token per run (tokens.size() == runs(); lockstep generation, where the
+  // runs' greedy choices differ). Logits [runs, vocab].
+  const DeviceTensor& forward_runs(std::span<const int32_t> tokens);
+  // forward() of one token with a single run, logits copied to the host.
   std::vector<float> step(int32_t token);
 
   int64_t position() const { return position_; }
   void reset() { position_ = 0; }
-  // Runs `policy` at every single-token step from position `first_step` on (0: the decode
-  // simulation; the prompt length: prefill + decode, the prompt fed densely in chunks). Its row
-  // buffers span the session's capacity (options.capacity, else max_position_embeddings).
-  void set_policy(std::unique_ptr<Policy> policy, int64_t first_step = 0);
-  const Policy* policy() const { return policy_.get(); }
-  // The policy's row buffers as left by the last single-token forward, per layer: what each head
-  // saw (U8 [H, stride]; meaningful where the layer's decision was Masked), the scores it ranked
-  // by (F32 [H, stride]) and its decision. Columns 0..position()-1 are in use.
-  const std::vector<DeviceTensor>& visible() const { return visible_; }
-  const std::vector<DeviceTensor>& policy_scores() const { return scores_; }
-  const std::vector<LayerDecision>& decisions() const { return decisions_; }
+  // Runs `policy` in `run` at every single-token step from position `first_step` on (0: the
+  // decode simulation; the prompt length: prefill + decode). Its row buffers span the session's
+  // capacity (options.capacity, else max_position_embeddings).
+  void set_policy(int64_t run, std::unique_ptr<Policy> policy, int64_t first_step = 0);
+  void set_policy(std::unique_ptr<Policy> policy, int64_t first_step = 0) {
+    set_policy(0, std::move(policy), first_step);
+  }
+  const SessionRun& run(int64_t index) const { return runs_.at(size_t(index)); }
   PolicyShape policy_shape() const;
-  // Effective sparsity over every policy step so far (reset by set_policy).
-  const SparsityStats& sparsity() const { return sparsity_; }
 
-  // Per layer [n, H, context] pre-softmax logits of the last forward (record_attention_logits).
-  const std::vector<DeviceTensor>& attention_logits() const { return attention_logits_; }
+  // Run 0's state (the single-run API).
+  const Policy* policy() const { return runs_[0].policy.get(); }
+  const std::vector<DeviceTensor>& visible() const { return runs_[0].visible; }
+  const std::vector<DeviceTensor>& policy_scores() const { return runs_[0].scores; }
+  const std::vector<LayerDecision>& decisions() const { return runs_[0].decisions; }
+  const SparsityStats& sparsity() const { return runs_[0].sparsity; }
+  const std::vector<DeviceTensor>& attention_logits() const { return runs_[0].attention_logits; }
   const BackendModel& model() const { return *model_; }
 
  private:
+  void check_tokens(std::span<const int32_t> tokens, int64_t positions) const;
+  void grow_caches(int64_t needed);
   void ensure_scratch(int64_t n);
-  // One layer's attention for a single token under the policy; writes attn_heads [1, H, D].
-  void policy_attention(size_t layer, const DeviceTensor& q_heads, int64_t window,
+  // The decoder over `rows` hidden rows: a chunk of one run (per_run false: rows are positions
+  // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run.
+  const DeviceTensor& forward_rows(std::span<const int32_t> tokens, bool per_run);
+  // One run's attention for its single token at one layer, under its policy when the policy
+  // applies at this position; q/out are that run's [1, H, D] rows.
+  void run_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
+                     DeviceTensor& attn_heads);
+  void policy_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
                         DeviceTensor& attn_heads);
-  void record_sparsity(size_t layer, LayerDecision decision, int64_t cols);
+  void record_sparsity(SessionRun& run, size_t layer, LayerDecision decision, int64_t cols);
+  bool policy_step(const SessionRun& run) const {
+    return run.policy && position_ >= run.first_step;
+  }
 
   std::shared_ptr<const BackendModel> model_;
   Backend& backend_;
   SessionOptions options_;
-  int64_t position_ = 0;                         // tokens in the cache
-  std::vector<DeviceTensor> k_cache_, v_cache_;  // per layer [G, capacity, D]
-  std::vector<DeviceTensor> attention_logits_;
-  // Scratch activations sized for the largest chunk seen so far.
+  int64_t position_ = 0;  // tokens in every run's cache
+  std::vector<SessionRun> runs_;
+  // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;
-  DeviceTensor logits_view_;  // logits_ seen as [n, vocab] for the last forward
-  // Policy state: per layer row buffers [H, stride] (see visible()), plus shared scratch.
-  std::unique_ptr<Policy> policy_;
-  int64_t policy_first_step_ = 0;
-  std::vector<DeviceTensor> visible_, scores_;
-  std::vector<LayerDecision> decisions_;
-  DeviceTensor policy_logits_, policy_probs_;  // [H, stride]
-  SparsityStats sparsity_;
+  DeviceTensor logits_view_;  // logits_ seen as [rows, vocab] for the last forward
+  // Policy scratch shared by the runs (used one run at a time): [H, stride].
+  DeviceTensor policy_logits_, policy_probs_;
+  DeviceTensor zero_attention_;        // [1, H * D] zeros: a skipped layer's attention output
   std::vector<uint8_t> host_visible_;  // [H, stride]: a mask read back to count it
 };
 

@@ -12,47 +12,81 @@ namespace kvlens {
 
 ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens,
                          const ScoreOptions& options) {
-  ScoreResult result;
-  result.tokens.assign(tokens.begin(), tokens.end());
+  return std::move(score_tokens_lockstep(std::move(model), tokens,
+                                         std::span<const PolicyConfig>(&options.policy, 1), options)
+                       .front());
+}
+
+std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendModel> model,
+                                               std::span<const int32_t> tokens,
+                                               std::span<const PolicyConfig> policies,
+                                               const ScoreOptions& options) {
   const int64_t n = int64_t(tokens.size());
   if (n == 0) throw Error("input", "tokens", "at least one token to score");
+  if (policies.empty()) throw Error("input", "policies", "at least one policy to score under");
   const int64_t chunk = std::max<int64_t>(1, options.chunk);
+  const auto runs = int64_t(policies.size());
   Backend& backend = *model->backend;
-  DecoderSession session(model);
+  DecoderSession session(model, {}, runs);
   // Dense runs take the plain attention path; every other policy steps one token at a time from
   // options.prefill on (the decode simulation when it is 0).
-  const bool with_policy = options.policy.id != "dense";
-  if (with_policy) {
-    session.set_policy(make_policy(options.policy, session.policy_shape(), backend),
+  bool any_policy = false;
+  for (int64_t r = 0; r < runs; ++r) {
+    if (policies[size_t(r)].id == "dense") continue;
+    session.set_policy(r, make_policy(policies[size_t(r)], session.policy_shape(), backend),
                        options.prefill);
+    any_policy = true;
   }
-  result.argmax.resize(size_t(n));
-  result.nll.resize(size_t(n - 1));
+  std::vector<ScoreResult> results(static_cast<size_t>(runs));
+  for (ScoreResult& result : results) {
+    result.tokens.assign(tokens.begin(), tokens.end());
+    result.argmax.resize(size_t(n));
+    result.nll.resize(size_t(n - 1));
+  }
   std::vector<double> log_probs;
+  std::vector<int32_t> argmax;
   for (int64_t begin = 0, rows = 0; begin < n; begin += rows) {
     rows = std::min(chunk, n - begin);
-    if (with_policy) rows = begin < options.prefill ? std::min(rows, options.prefill - begin) : 1;
+    if (any_policy) rows = begin < options.prefill ? std::min(rows, options.prefill - begin) : 1;
     const DeviceTensor& logits = session.forward(tokens.subspan(size_t(begin), size_t(rows)));
-    backend.argmax_rows(logits,
-                        std::span<int32_t>(result.argmax).subspan(size_t(begin), size_t(rows)));
-    // Row i predicts tokens[begin + i + 1]; the very last row has no target.
-    const int64_t scored = std::min(rows, n - 1 - begin);
+    // A chunk's logits are shared by every run; a step has one row per run.
+    const bool per_run = rows == 1;
+    argmax.resize(size_t(logits.dim(0)));
+    backend.argmax_rows(logits, argmax);
+    const int64_t scored = std::min(rows, n - 1 - begin);  // the very last row has no target
     if (scored > 0) {
+      // Row i of a chunk predicts tokens[begin + i + 1]; every run's row predicts tokens[begin +
+      // 1].
+      std::vector<int32_t> targets;
+      if (per_run) {
+        targets.assign(size_t(logits.dim(0)), tokens[size_t(begin + 1)]);
+      } else {
+        targets.assign(tokens.begin() + begin + 1, tokens.begin() + begin + 1 + scored);
+      }
       DeviceTensor scored_logits = logits;
-      scored_logits.shape[0] = scored;
-      log_probs.resize(size_t(scored));
-      backend.log_prob_rows(scored_logits, tokens.subspan(size_t(begin + 1), size_t(scored)),
-                            log_probs);
-      for (int64_t i = 0; i < scored; ++i) result.nll[size_t(begin + i)] = -log_probs[size_t(i)];
+      scored_logits.shape[0] = int64_t(targets.size());
+      log_probs.resize(targets.size());
+      backend.log_prob_rows(scored_logits, targets, log_probs);
+    }
+    for (int64_t r = 0; r < runs; ++r) {
+      ScoreResult& result = results[size_t(r)];
+      for (int64_t i = 0; i < rows; ++i) {
+        const size_t row = size_t(per_run ? r : i);
+        result.argmax[size_t(begin + i)] = argmax[row];
+        if (i < scored) result.nll[size_t(begin + i)] = -log_probs[row];
+      }
     }
     if (options.progress) options.progress(begin + rows, n);
   }
-  result.sparsity = session.sparsity();
-  double total = 0.0;
-  for (const double value : result.nll) total += value;
-  result.ppl = result.nll.empty() ? std::numeric_limits<double>::quiet_NaN()
-                                  : std::exp(total / double(result.nll.size()));
-  return result;
+  for (int64_t r = 0; r < runs; ++r) {
+    ScoreResult& result = results[size_t(r)];
+    result.sparsity = session.run(r).sparsity;
+    double total = 0.0;
+    for (const double value : result.nll) total += value;
+    result.ppl = result.nll.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                    : std::exp(total / double(result.nll.size()));
+  }
+  return results;
 }
 
 std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,

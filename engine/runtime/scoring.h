@@ -36,6 +36,13 @@ struct ScoreOptions {
 
 ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens,
                          const ScoreOptions& options = {});
+// The same text under several policies in lockstep (one run each, one pass over the weights per
+// step); options.policy is ignored. result[i] equals score_tokens with policies[i] alone. Chunks
+// (options.chunk) apply only while every run is still dense (all-dense, or before the prefill).
+std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendModel> model,
+                                               std::span<const int32_t> tokens,
+                                               std::span<const PolicyConfig> policies,
+                                               const ScoreOptions& options = {});
 
 struct GenerateOptions {
   int64_t max_new = 16;

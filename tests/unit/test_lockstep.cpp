@@ -1,0 +1,144 @@
+// Lockstep: several policy runs in one DecoderSession advance together (one batched pass over the
+// weights per step) and each run's logits equal those of the same policy run alone, in the decode
+// simulation, in prefill + decode, and when every run follows its own tokens.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/model/model.h"
+#include "engine/policy/registry.h"
+#include "engine/runtime/scoring.h"
+#include "tests/support/error_message.h"
+#include "tests/support/test_paths.h"
+#include "tests/support/tiny_checkpoint.h"
+
+using namespace kvlens;
+
+namespace {
+
+struct Loaded {
+  std::unique_ptr<Backend> backend;
+  std::shared_ptr<const BackendModel> model;
+};
+
+Loaded load_tiny(const std::string& tag, const test::TinyLlamaSpec& spec = {}) {
+  const std::string dir = test::write_tiny_llama(test::make_temp_dir(tag), spec);
+  Loaded loaded;
+  loaded.backend = make_cpu_backend(2);
+  loaded.model = BackendModel::upload(Model::load(dir), *loaded.backend);
+  return loaded;
+}
+
+std::vector<float> to_host(Backend& backend, const DeviceTensor& tensor) {
+  std::vector<float> host(size_t(tensor.numel()));
+  backend.to_host(tensor, host.data(), host.size() * sizeof(float));
+  return host;
+}
+
+const std::vector<int32_t> kTokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3, 8, 61, 17, 4, 22, 9, 50};
+
+// Every registered policy at a real sparsity, with settings that make them act on a short text.
+std::vector<PolicyConfig> mixed_policies() {
+  std::vector<PolicyConfig> policies;
+  for (const PolicyInfo& info : policy_infos()) {
+    PolicyConfig config{info.id, info.id == "dense" ? 0.0 : 0.5, {}};
+    for (const ParamSpec& spec : info.params) {
+      if (spec.name == "sinks") config.args.push_back("sinks=1");
+      if (spec.name == "obs_window") config.args.push_back("obs_window=4");
+      if (spec.name == "page_size") config.args.push_back("page_size=4");
+    }
+    policies.push_back(config);
+  }
+  return policies;
+}
+
+}  // namespace
+
+TEST_CASE("lockstep runs give each policy's logits of a run alone", "[lockstep]") {
+  Loaded loaded = load_tiny("lockstep");
+  const std::vector<PolicyConfig> policies = mixed_policies();
+  REQUIRE(policies.size() >= 8);
+
+  const std::vector<ScoreResult> together =
+      score_tokens_lockstep(loaded.model, kTokens, policies, {});
+  REQUIRE(together.size() == policies.size());
+  for (size_t p = 0; p < policies.size(); ++p) {
+    INFO(policies[p].id);
+    ScoreOptions alone_options;
+    alone_options.policy = policies[p];
+    const ScoreResult alone = score_tokens(loaded.model, kTokens, alone_options);
+    // The CPU matmul computes each output row with the same kernel and summation order whatever
+    // the number of rows, and attention and the policy work run per run: equal to the last bit.
+    CHECK(together[p].nll == alone.nll);
+    CHECK(together[p].argmax == alone.argmax);
+    CHECK(together[p].sparsity.hidden_sum == alone.sparsity.hidden_sum);
+    CHECK(together[p].sparsity.steps == alone.sparsity.steps);
+  }
+  // The policies really differ from each other (the lockstep does not hand one run's state to
+  // another): at s = 0.5 the streaming run's predictions are not the dense ones.
+  CHECK(together[0].nll != together[3].nll);
+}
+
+TEST_CASE("lockstep in prefill + decode copies the dense prompt into every run", "[lockstep]") {
+  Loaded loaded = load_tiny("lockstep-prefill");
+  const std::vector<PolicyConfig> policies = {
+      {"dense", 0.0, {}}, {"h2o", 0.5, {"sinks=1"}}, {"streaming", 0.6, {"sinks=2"}}};
+  ScoreOptions options;
+  options.prefill = 6;
+  options.chunk = 4;  // the prompt in chunks of 4 and 2, then one token per step
+  const std::vector<ScoreResult> together =
+      score_tokens_lockstep(loaded.model, kTokens, policies, options);
+  for (size_t p = 0; p < policies.size(); ++p) {
+    INFO(policies[p].id);
+    ScoreOptions alone_options = options;
+    alone_options.policy = policies[p];
+    const ScoreResult alone = score_tokens(loaded.model, kTokens, alone_options);
+    CHECK(together[p].nll == alone.nll);
+    CHECK(together[p].argmax == alone.argmax);
+    // Dense runs count no policy steps; the others count the steps after the prefill.
+    CHECK(together[p].sparsity.steps == (p == 0 ? 0 : int64_t(kTokens.size()) - 6));
+  }
+}
+
+TEST_CASE("lockstep runs may each follow their own tokens", "[lockstep]") {
+  Loaded loaded = load_tiny("lockstep-own");
+  Backend& backend = *loaded.backend;
+  const std::vector<std::vector<int32_t>> texts = {{1, 5, 9, 2, 33, 7}, {4, 4, 8, 1, 60, 2}};
+  DecoderSession together(loaded.model, {}, 2);
+  together.set_policy(1,
+                      make_policy({"keydiff", 0.5, {"sinks=1"}}, together.policy_shape(), backend));
+  DecoderSession first(loaded.model), second(loaded.model);
+  second.set_policy(make_policy({"keydiff", 0.5, {"sinks=1"}}, second.policy_shape(), backend));
+  for (size_t i = 0; i < texts[0].size(); ++i) {
+    const std::vector<int32_t> step_tokens = {texts[0][i], texts[1][i]};
+    const std::vector<float> both = to_host(backend, together.forward_runs(step_tokens));
+    const std::vector<float> a = first.step(texts[0][i]), b = second.step(texts[1][i]);
+    REQUIRE(both.size() == a.size() + b.size());
+    CHECK(std::vector<float>(both.begin(), both.begin() + long(a.size())) == a);
+    CHECK(std::vector<float>(both.begin() + long(a.size()), both.end()) == b);
+  }
+  CHECK(together.position() == 6);
+  CHECK(together.run(1).sparsity.hidden_sum == second.sparsity().hidden_sum);
+}
+
+TEST_CASE("lockstep session: bad run counts and indices are clear errors", "[lockstep]") {
+  Loaded loaded = load_tiny("lockstep-errors");
+  CHECK_THAT(test::error_message([&] { DecoderSession session(loaded.model, {}, 0); }),
+             Catch::Contains("runs") && Catch::Contains("at least one"));
+  DecoderSession session(loaded.model, {}, 3);
+  CHECK_THAT(test::error_message([&] {
+               session.forward_runs(std::vector<int32_t>{1, 2});
+             }),
+             Catch::Contains("one token per run (3)") && Catch::Contains("found 2"));
+  CHECK_THAT(test::error_message([&] {
+               session.set_policy(
+                   3, make_policy({"h2o", 0.5, {}}, session.policy_shape(), *loaded.backend));
+             }),
+             Catch::Contains("run index in [0, 3)"));
+  CHECK_THAT(test::error_message([&] { session.step(1); }), Catch::Contains("single-run"));
+  CHECK_THAT(test::error_message([&] {
+               session.forward_runs(std::vector<int32_t>{1, 2, 999});
+             }),
+             Catch::Contains("token id"));
+  CHECK(session.position() == 0);  // nothing was fed by the failed calls
+}
