@@ -769,6 +769,124 @@ class CudaBackend final : public Backend {
     check_launch("key_anchor_scores");
   }
 
+  void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
+                          int64_t page_size, DeviceTensor& page_min,
+                          DeviceTensor& page_max) override {
+    const std::string op = "page_minmax_update";
+    require_page_size(page_size, op);
+    const CacheShape cache = cache_shape(k_cache, op, "k_cache");
+    if (begin < 0 || begin > end || end > cache.capacity)
+      bad_argument(op + ": columns",
+                   cat({"a range inside [0, ", std::to_string(cache.capacity), "]"}),
+                   cat({std::to_string(begin), ":", std::to_string(end)}));
+    const int64_t pages = page_summary_pages(page_min, page_max, cache, op);
+    if (pages * page_size < end)
+      bad_argument(op + ": page_min",
+                   cat({"at least ", std::to_string((end + page_size - 1) / page_size), " pages"}),
+                   describe(page_min));
+    if (begin == end || cache.kv_heads == 0 || cache.head_dim == 0) return;
+    activate();
+    cuda::PageMinMaxArgs args;
+    args.k_cache = k_cache.as<float>();
+    args.page_min = page_min.as<float>();
+    args.page_max = page_max.as<float>();
+    args.kv_heads = cache.kv_heads;
+    args.capacity = cache.capacity;
+    args.head_dim = cache.head_dim;
+    args.pages = pages;
+    args.page_size = page_size;
+    args.first = begin / page_size;
+    args.last = (end - 1) / page_size;
+    args.end = end;
+    cuda::launch_page_minmax_update(args, stream());
+    check_launch("page_minmax_update");
+  }
+
+  void page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
+                   const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
+                   DeviceTensor& out) override {
+    const std::string op = "page_bounds";
+    require_cols(cols, op);
+    require_page_size(page_size, op);
+    require(q, DType::F32, op, "q");
+    if (q.shape.size() != 3 || q.dim(0) != 1 || q.dim(1) < 0 || q.dim(2) < 0)
+      bad_argument(op + ": q", "[1, H, D]", describe(q));
+    const int64_t heads = q.dim(1), head_dim = q.dim(2);
+    if (page_min.shape.size() != 3 || page_min.dim(0) <= 0 || heads % page_min.dim(0) != 0)
+      bad_argument(op + ": page_min",
+                   cat({"[G, pages, ", std::to_string(head_dim), "] with G dividing the ",
+                        std::to_string(heads), " heads"}),
+                   describe(page_min));
+    const CacheShape groups{page_min.dim(0), 0, head_dim};
+    const int64_t pages = page_summary_pages(page_min, page_max, groups, op);
+    if (pages * page_size < cols)
+      bad_argument(op + ": page_min",
+                   cat({"at least ", std::to_string((cols + page_size - 1) / page_size), " pages"}),
+                   describe(page_min));
+    const RowShape shape = row_shape(out, DType::F32, heads, cols, op, "out");
+    if (heads == 0 || cols == 0) return;
+    activate();
+    cuda::PageBoundArgs args;
+    args.q = q.as<float>();
+    args.page_min = page_min.as<float>();
+    args.page_max = page_max.as<float>();
+    args.out = rows_ref<float>(out, shape);
+    args.heads = heads;
+    args.kv_heads = groups.kv_heads;
+    args.head_dim = head_dim;
+    args.pages = pages;
+    args.page_size = page_size;
+    args.cols = cols;
+    args.max_only = max_only;
+    args.scale = float(1.0 / std::sqrt(double(head_dim)));  // as in attention()
+    cuda::launch_page_bounds(args, stream());
+    check_launch("page_bounds");
+  }
+
+  void select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size, int64_t k,
+                    DeviceTensor& selected) override {
+    const std::string op = "select_pages";
+    require_cols(cols, op);
+    require_page_size(page_size, op);
+    const RowShape shape = row_shape(selected, DType::U8, -1, cols, op, "selected");
+    const RowShape score_shape = row_shape(scores, DType::F32, shape.rows, cols, op, "scores");
+    if (k <= 0 || cols == 0 || shape.rows == 0) return;
+    activate();
+    cuda::launch_select_pages(rows_ref<const float>(scores, score_shape),
+                              rows_ref<uint8_t>(selected, shape), shape.rows, cols, page_size, k,
+                              stream());
+    check_launch("select_pages");
+  }
+
+  void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
+                            DeviceTensor& anchor, DeviceTensor& similarity) override {
+    const std::string op = "anchor_cosine_update";
+    const CacheShape shape = cache_shape(cache, op, "cache");
+    if (column < 0 || column >= shape.capacity)
+      bad_argument(op + ": column",
+                   cat({"a column below the capacity ", std::to_string(shape.capacity)}),
+                   std::to_string(column));
+    require(anchor, DType::F32, op, "anchor");
+    if (anchor.shape != std::vector<int64_t>{shape.kv_heads, shape.head_dim})
+      bad_argument(op + ": anchor", shape_string({shape.kv_heads, shape.head_dim}),
+                   describe(anchor));
+    require(similarity, DType::F32, op, "similarity");
+    require_elements(similarity, shape.kv_heads, op, "similarity");
+    if (shape.kv_heads == 0) return;
+    activate();
+    cuda::AnchorCosineArgs args;
+    args.cache = cache.as<float>();
+    args.anchor = anchor.as<float>();
+    args.similarity = similarity.as<float>();
+    args.kv_heads = shape.kv_heads;
+    args.capacity = shape.capacity;
+    args.head_dim = shape.head_dim;
+    args.column = column;
+    args.decay = decay;
+    cuda::launch_anchor_cosine_update(args, stream());
+    check_launch("anchor_cosine_update");
+  }
+
   void synchronize() override {
     activate();
     check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
@@ -780,8 +898,8 @@ class CudaBackend final : public Backend {
   };
 
   // One cache [G, capacity, D] F32; with cols >= 0 it must hold that many positions.
-  static CacheShape cache_shape(const DeviceTensor& cache, const std::string& op,
-                                const char* name, int64_t cols = -1) {
+  static CacheShape cache_shape(const DeviceTensor& cache, const std::string& op, const char* name,
+                                int64_t cols = -1) {
     require(cache, DType::F32, op, name);
     if (cache.shape.size() != 3)
       bad_argument(op + ": " + name, "[G, capacity, D]", describe(cache));
@@ -790,6 +908,26 @@ class CudaBackend final : public Backend {
       bad_argument(op + ": cols", cat({"at most the capacity ", std::to_string(shape.capacity)}),
                    std::to_string(cols));
     return shape;
+  }
+
+  // Quest's page summaries: two F32 [G, pages, D] tensors of one shape, G and D those of
+  // `expected` (a cache's or q's); returns the page count.
+  static int64_t page_summary_pages(const DeviceTensor& page_min, const DeviceTensor& page_max,
+                                    const CacheShape& expected, const std::string& op) {
+    require(page_min, DType::F32, op, "page_min");
+    require(page_max, DType::F32, op, "page_max");
+    if (page_min.shape.size() != 3 || page_min.dim(0) != expected.kv_heads || page_min.dim(1) < 0 ||
+        page_min.dim(2) != expected.head_dim || page_max.shape != page_min.shape)
+      bad_argument(op + ": page_min, page_max",
+                   cat({"two F32 [", std::to_string(expected.kv_heads), ", pages, ",
+                        std::to_string(expected.head_dim), "] tensors"}),
+                   describe(page_min) + ", " + describe(page_max));
+    return page_min.dim(1);
+  }
+
+  static void require_page_size(int64_t page_size, const std::string& op) {
+    if (page_size < 1)
+      bad_argument(op + ": page_size", "a page size >= 1", std::to_string(page_size));
   }
 
   static CacheShape cache_shape(const DeviceTensor& k_cache, const DeviceTensor& v_cache,

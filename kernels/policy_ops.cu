@@ -1,6 +1,7 @@
-// Token-selection (policy) kernels (see policy_ops.cuh). The ranking key and the random values
-// come from engine/runtime/policy_op_math.h, the same code the CPU backend runs, so selections and
-// random rows are bit-identical across backends; the float ops differ only by rounding order.
+// Token-selection (policy) kernels (see policy_ops.cuh). The ranking key, the random values and
+// the page bound / cosine arithmetic come from engine/runtime/policy_op_math.h, the same code the
+// CPU backend runs, so selections, random rows, page bounds and anchor similarities are
+// bit-identical across backends; the other float ops differ only by rounding order.
 #include "engine/runtime/policy_op_math.h"
 #include "kernels/device_common.cuh"
 #include "kernels/policy_ops.cuh"
@@ -273,6 +274,138 @@ __global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
   }
 }
 
+// Quest's page summaries: one thread per (KV head, page, channel), columns in order with the
+// CPU's comparisons (exact, so the same bits).
+__global__ void page_minmax_kernel(PageMinMaxArgs a) {
+  const int64_t count = a.last - a.first + 1, D = a.head_dim;
+  for_each_cell(a.kv_heads * count, D, [&](int64_t row, int64_t d) {
+    const int64_t g = row / count, p = a.first + row % count;
+    const float* keys = a.k_cache + g * a.capacity * D;
+    const int64_t j0 = p * a.page_size;
+    const int64_t j1 = j0 + a.page_size < a.end ? j0 + a.page_size : a.end;
+    float lo = keys[j0 * D + d], hi = lo;
+    for (int64_t j = j0 + 1; j < j1; ++j) {
+      const float x = keys[j * D + d];
+      lo = x < lo ? x : lo;
+      hi = hi < x ? x : hi;
+    }
+    a.page_min[(g * a.pages + p) * D + d] = lo;
+    a.page_max[(g * a.pages + p) * D + d] = hi;
+  });
+}
+
+// One thread per (head, page): the shared page_bound arithmetic, written to the page's columns.
+__global__ void page_bounds_kernel(PageBoundArgs a) {
+  const int64_t used = (a.cols + a.page_size - 1) / a.page_size, D = a.head_dim;
+  const int64_t heads_per_group = a.heads / a.kv_heads;
+  for_each_cell(a.heads, used, [&](int64_t h, int64_t p) {
+    const int64_t base = ((h / heads_per_group) * a.pages + p) * D;
+    const float bound =
+        page_bound(a.q + h * D, a.page_min + base, a.page_max + base, D, a.max_only, a.scale);
+    float* row = a.out.data + h * a.out.stride;
+    const int64_t j0 = p * a.page_size;
+    const int64_t j1 = j0 + a.page_size < a.cols ? j0 + a.page_size : a.cols;
+    for (int64_t j = j0; j < j1; ++j) row[j] = bound;
+  });
+}
+
+// Page p's ranking key (top_k_key of its fmax score, the page index as tie-break) and cost (its
+// unselected columns), as the CPU computes them.
+__device__ __forceinline__ void page_key_cost(const float* score, const uint8_t* chosen, int64_t p,
+                                              int64_t page_size, int64_t cols, uint64_t& key,
+                                              unsigned& cost) {
+  const int64_t j0 = p * page_size;
+  const int64_t j1 = j0 + page_size < cols ? j0 + page_size : cols;
+  float best = score[j0];
+  unsigned c = chosen[j0] == 0 ? 1u : 0u;
+  for (int64_t j = j0 + 1; j < j1; ++j) {
+    best = fmaxf(best, score[j]);
+    c += chosen[j] == 0 ? 1u : 0u;
+  }
+  key = top_k_key(best, uint32_t(p));
+  cost = c;
+}
+
+// One block per row. The pages taken are those before the first page whose running cost (pages
+// in descending key order) exceeds k: the "boundary" page. A radix select finds its key 8 bits
+// at a time from the top, as select_top_k_kernel does, but the histogram counts each page's cost
+// instead of 1: walking the digits from 255 down, whole buckets that still fit are taken and the
+// boundary lies in the first bucket that does not. Pages with a key above it are then marked.
+__global__ void select_pages_kernel(RowsRef<const float> scores, RowsRef<uint8_t> selected,
+                                    int64_t cols, int64_t page_size, int64_t k) {
+  __shared__ unsigned histogram[256];
+  __shared__ unsigned scratch[32];
+  __shared__ uint64_t shared_prefix;
+  __shared__ unsigned shared_remaining;
+  const int64_t r = blockIdx.x;
+  const float* score = scores.data + r * scores.stride;
+  uint8_t* chosen = selected.data + r * selected.stride;
+  const int64_t pages = (cols + page_size - 1) / page_size;
+
+  unsigned total = 0;
+  for (int64_t p = threadIdx.x; p < pages; p += blockDim.x) {
+    uint64_t key;
+    unsigned cost;
+    page_key_cost(score, chosen, p, page_size, cols, key, cost);
+    total += cost;
+  }
+  total = block_reduce(total, SumOp{}, 0u, scratch);  // ends with a barrier: reads are done
+  if (int64_t(total) <= k) {  // every page fits (pages costing 0 are fully selected already)
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) chosen[j] = 1;
+    return;
+  }
+
+  uint64_t prefix = 0;
+  unsigned remaining = unsigned(k);  // 0 < k < total <= 2^31
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
+    __syncthreads();
+    const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
+    for (int64_t p = threadIdx.x; p < pages; p += blockDim.x) {
+      uint64_t key;
+      unsigned cost;
+      page_key_cost(score, chosen, p, page_size, cols, key, cost);
+      if (cost > 0 && (key & fixed) == prefix)
+        atomicAdd(&histogram[unsigned(key >> shift) & 255u], cost);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // The matching pages cost more than `remaining` in total, so this stops at a digit >= 0.
+      int digit = 255;
+      while (digit > 0 && histogram[digit] <= remaining) remaining -= histogram[digit--];
+      shared_prefix = prefix | (uint64_t(digit) << shift);
+      shared_remaining = remaining;
+    }
+    __syncthreads();
+    prefix = shared_prefix;
+    remaining = shared_remaining;
+  }
+  // `prefix` is the boundary page's key. A page's columns are read and written by its one thread.
+  for (int64_t p = threadIdx.x; p < pages; p += blockDim.x) {
+    uint64_t key;
+    unsigned cost;
+    page_key_cost(score, chosen, p, page_size, cols, key, cost);
+    if (cost == 0 || key <= prefix) continue;
+    const int64_t j0 = p * page_size;
+    const int64_t j1 = j0 + page_size < cols ? j0 + page_size : cols;
+    for (int64_t j = j0; j < j1; ++j) chosen[j] = 1;
+  }
+}
+
+// One thread per KV head: the shared cosine_similarity, then the EMA step with the CPU's
+// roundings (both products, then the sum).
+__global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
+  const int64_t D = a.head_dim;
+  const float keep = a.decay, take = 1.0f - a.decay;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < a.kv_heads;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    const float* x = a.cache + (g * a.capacity + a.column) * D;
+    float* anchor = a.anchor + g * D;
+    a.similarity[g] = cosine_similarity(x, anchor, D);
+    for (int64_t d = 0; d < D; ++d) anchor[d] = add_rn(mul_rn(keep, anchor[d]), mul_rn(take, x[d]));
+  }
+}
+
 }  // namespace
 
 void launch_attention_logits(const LogitArgs& args, cudaStream_t stream) {
@@ -356,6 +489,32 @@ void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.cols <= 0) return;
   const size_t shared_bytes = size_t(args.head_dim) * (1 + kAnchorThreads / 32) * sizeof(float);
   key_anchor_scores_kernel<<<unsigned(args.rows), kAnchorThreads, shared_bytes, stream>>>(args);
+}
+
+void launch_page_minmax_update(const PageMinMaxArgs& args, cudaStream_t stream) {
+  const int64_t count = args.kv_heads * (args.last - args.first + 1) * args.head_dim;
+  if (count <= 0) return;
+  page_minmax_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(args);
+}
+
+void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream) {
+  const int64_t count = args.heads * ((args.cols + args.page_size - 1) / args.page_size);
+  if (count <= 0) return;
+  page_bounds_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(args);
+}
+
+void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected, int64_t rows,
+                         int64_t cols, int64_t page_size, int64_t k, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || k <= 0) return;
+  select_pages_kernel<<<unsigned(rows), kThreads, 0, stream>>>(scores, selected, cols, page_size,
+                                                               k);
+}
+
+void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream) {
+  if (args.kv_heads <= 0) return;
+  constexpr int kAnchorHeadThreads = 64;
+  anchor_cosine_kernel<<<grid_for(args.kv_heads, kAnchorHeadThreads), kAnchorHeadThreads, 0,
+                         stream>>>(args);
 }
 
 }  // namespace kvlens::cuda

@@ -83,4 +83,46 @@ struct KeyAnchorArgs {
 };
 void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream);
 
+// Quest's page summaries: for pages first..last, page_min / page_max [kv_heads, pages, D] =
+// channel-wise min / max of the keys in [p * page_size, min((p + 1) * page_size, end)). One
+// thread per (KV head, page, channel), columns in order.
+struct PageMinMaxArgs {
+  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  float* page_min = nullptr;       // [kv_heads, pages, head_dim]
+  float* page_max = nullptr;
+  int64_t kv_heads = 0, capacity = 0, head_dim = 0, pages = 0;
+  int64_t page_size = 1, first = 0, last = -1, end = 0;
+};
+void launch_page_minmax_update(const PageMinMaxArgs& args, cudaStream_t stream);
+
+// out[h, j] = page_bound(q[h], page summaries of KV head h / (H/G), page j / page_size) for
+// j < cols. One thread per (head, page), channels in order.
+struct PageBoundArgs {
+  const float* q = nullptr;  // [heads, head_dim]
+  const float* page_min = nullptr;
+  const float* page_max = nullptr;  // [kv_heads, pages, head_dim]
+  RowsRef<float> out;               // [heads, stride]
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, pages = 0, page_size = 1, cols = 0;
+  bool max_only = false;
+  float scale = 1.0f;
+};
+void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream);
+
+// Per row: whole pages best first (top_k_key of the page's fmax score, page index) while their
+// unselected columns fit in k; a cost-weighted radix select of the first page that does not
+// fit, one block per row.
+void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected, int64_t rows,
+                         int64_t cols, int64_t page_size, int64_t k, cudaStream_t stream);
+
+// similarity[g] = cosine_similarity(cache[g, column], anchor[g]); then anchor[g] = decay *
+// anchor[g] + (1 - decay) * cache[g, column]. One thread per KV head.
+struct AnchorCosineArgs {
+  const float* cache = nullptr;  // [kv_heads, capacity, head_dim]
+  float* anchor = nullptr;       // [kv_heads, head_dim]
+  float* similarity = nullptr;   // [kv_heads]
+  int64_t kv_heads = 0, capacity = 0, head_dim = 0, column = 0;
+  float decay = 0.0f;
+};
+void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream);
+
 }  // namespace kvlens::cuda

@@ -5,13 +5,17 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "app/cli/cli_common.h"
+#include "app/cli/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/runtime/cpu_backend.h"
+#include "engine/policy/registry.h"
 #include "engine/runtime/decoder_session.h"
 
 namespace kvlens::cli {
@@ -63,6 +67,8 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   static int64_t steps = 32, context = 128, warmup = 2, copy_mb = 0;
   static int copy_repeats = 5;
   static bool json = false;
+  static std::string policies, sparsity = "0.5";
+  static std::vector<std::string> policy_args;
   command->add_option("--model", model_dir, "Hugging Face checkpoint folder")->required();
   command->add_option("--steps", steps, "Timed decode steps")
       ->check(CLI::PositiveNumber)
@@ -82,6 +88,13 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command->add_flag("--json", json, "Print the results as one JSON object");
+  command->add_option("--policies", policies,
+                      "Also step these policies in lockstep at the same context and report the "
+                      "time ratio to the dense run alone (comma-separated ids)");
+  command->add_option("--sparsity", sparsity, "Sparsities of the --policies runs")
+      ->capture_default_str();
+  command->add_option("--policy-arg", policy_args,
+                      "Policy parameter key=value or policy.key=value (repeatable)");
   add_common_options(*command, common);
   command->callback([&run, &common] {
     run = [&common] {
@@ -119,17 +132,47 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         backend->synchronize();
         prefill_seconds = seconds_since(start);
       }
-      auto greedy = [](const std::vector<float>& logits) {
-        return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      // --policies: the same context in a lockstep session of every listed policy, stepped
+      // alternately with the dense session so both see the same machine load.
+      std::optional<DecoderSession> lockstep;
+      if (!policies.empty()) {
+        const std::vector<PolicyConfig> runs =
+            resolve_policy_runs(policies, sparsity, policy_args);
+        lockstep.emplace(resident, SessionOptions{}, int64_t(runs.size()));
+        for (size_t r = 0; r < runs.size(); ++r) {
+          if (runs[r].id == "dense") continue;
+          lockstep->set_policy(int64_t(r),
+                               make_policy(runs[r], lockstep->policy_shape(), *backend));
+        }
+        if (context > 0) {
+          lockstep->forward(std::span<const int32_t>(prompt.data(), size_t(context)));
+        }
+      }
+      std::vector<float> host_logits;
+      // One step: the logits come back to the host (as a viewer would read them) and the first
+      // run's greedy choice is the next token of every run.
+      auto timed_step = [&](DecoderSession& stepped, int32_t input) {
+        const auto start = std::chrono::steady_clock::now();
+        const DeviceTensor& logits = stepped.forward(std::span<const int32_t>(&input, 1));
+        host_logits.resize(size_t(logits.numel()));
+        backend->to_host(logits, host_logits.data(), host_logits.size() * sizeof(float));
+        const double seconds = seconds_since(start);
+        const auto first_row_end = host_logits.begin() + config.vocab_size;
+        const auto next = int32_t(std::max_element(host_logits.begin(), first_row_end) -
+                                  host_logits.begin());
+        return std::pair{seconds, next};
       };
-      for (int64_t i = 0; i < warmup; ++i) token = greedy(session.step(token));
-      std::vector<double> step_seconds;
+      for (int64_t i = 0; i < warmup; ++i) {
+        if (lockstep) timed_step(*lockstep, token);
+        token = timed_step(session, token).second;
+      }
+      std::vector<double> step_seconds, lockstep_seconds;
       step_seconds.reserve(size_t(steps));
       for (int64_t i = 0; i < steps; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        const std::vector<float> logits = session.step(token);  // includes the copy to the host
-        step_seconds.push_back(seconds_since(start));
-        token = greedy(logits);
+        if (lockstep) lockstep_seconds.push_back(timed_step(*lockstep, token).first);
+        const auto [seconds, next] = timed_step(session, token);
+        step_seconds.push_back(seconds);
+        token = next;
       }
 
       const double step_median = median(step_seconds);
@@ -170,6 +213,15 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
             {"last_level_cache_bytes", cache_bytes},
             {"weights_may_fit_in_cache", cache_resident},
         };
+        if (lockstep) {
+          const double lockstep_median = median(lockstep_seconds);
+          out["lockstep"] = {{"policies", policies},
+                             {"sparsity", sparsity},
+                             {"runs", lockstep->runs()},
+                             {"step_seconds_median", lockstep_median},
+                             {"steps_per_second", 1.0 / lockstep_median},
+                             {"ratio_to_dense", lockstep_median / step_median}};
+        }
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
       }
@@ -194,6 +246,14 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       std::printf("memcpy          %.2f GB/s (%zu MiB buffer, median of %d, bytes copied / s)\n",
                   copy_gbps, copy_bytes >> 20, copy_repeats);
       std::printf("ratio           %.2f (weight read / memcpy)\n", ratio);
+      if (lockstep) {
+        const double lockstep_median = median(lockstep_seconds);
+        std::printf("lockstep        %lld runs (%s at %s), %.2f ms median per step, %.2f steps/s\n",
+                    (long long)lockstep->runs(), policies.c_str(), sparsity.c_str(),
+                    lockstep_median * 1e3, 1.0 / lockstep_median);
+        std::printf("lockstep ratio  %.2f (lockstep step / dense step, same context)\n",
+                    lockstep_median / step_median);
+      }
       if (cache_resident) {
         std::printf(
             "note            the weights fit in the %.0f MiB last-level cache, so the read\n"

@@ -25,9 +25,9 @@ const std::vector<Entry>& entries() {
       {streaming_policy_info(), make_streaming_policy},
       {h2o_policy_info(), make_h2o_policy},
       {snapkv_policy_info(), make_snapkv_policy},
-      // quest goes here (POLICIES.md's order)
+      {quest_policy_info(), make_quest_policy},
       {keydiff_policy_info(), make_keydiff_policy},
-      // tokenfilter goes here
+      {tokenfilter_policy_info(), make_tokenfilter_policy},
       {lazyllm_policy_info(), make_lazyllm_policy},
   };
   return table;

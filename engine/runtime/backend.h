@@ -161,6 +161,44 @@ class Backend {
   // agree within rounding (about 1e-6 absolute; cosines lie in [-1, 1]).
   virtual void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols,
                                  const DeviceTensor& members, DeviceTensor& out) = 0;
+  // Quest's page summaries. Page p holds columns [p * page_size, (p + 1) * page_size). For every
+  // page p that intersects [begin, end): page_min[g, p, :] and page_max[g, p, :] = the
+  // channel-wise min and max of k_cache[g, j, :] over j in [p * page_size, min((p + 1) *
+  // page_size, end)), recomputed from the page's first column, so calling with begin = the
+  // previous end keeps a growing last page (and a prefill written meanwhile) up to date. Other
+  // pages are untouched. page_min, page_max F32 [G, P, D] with P >= ceil(end / page_size). Plain
+  // comparisons in column order (x < m, m < x): exact, the same bits on every backend.
+  virtual void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
+                                  int64_t page_size, DeviceTensor& page_min,
+                                  DeviceTensor& page_max) = 0;
+  // Quest's page upper bound of each query head, on the logit scale, written to every column of
+  // the page: out[h, j] = U(h, j / page_size) for j < cols, where with q = q[0, h, :] and the page
+  // summaries of KV head g = h / (H/G): U = (sum_c max(q_c * min_c, q_c * max_c)) * s, or with
+  // max_only U = (sum_c |q_c| * max_c) * s (the TokenButler code's bound), s = the attention
+  // op's F32 scale 1/sqrt(D). Every product rounded, the max taken, then added in channel order
+  // (page_bound in policy_op_math.h): the same bits on every backend. q [1, H, D]; page_min and
+  // page_max [G, P, D] with P * page_size >= cols; out F32 [H, stride].
+  virtual void page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
+                           const DeviceTensor& page_max, int64_t cols, int64_t page_size,
+                           bool max_only, DeviceTensor& out) = 0;
+  // Whole-page selection under a token budget, per row r. Page p (columns [p * page_size,
+  // (p + 1) * page_size) clipped to cols) ranks by its best score (fmax over its columns: NaN
+  // ignored unless all are NaN) under top_k_key's order with the page index as the tie-break
+  // (ties to the more recent page). Its cost is the number of its columns not yet selected;
+  // pages costing 0 take no part. Pages are taken best first while the running cost stays <= k;
+  // the first page that does not fit ends the choice (the top pages, as Quest takes them; the
+  // budget it leaves is not spent on part of a page). A taken page gets every column selected;
+  // columns already selected (forced ones) are kept. scores F32, selected U8, both [R, stride].
+  virtual void select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size, int64_t k,
+                            DeviceTensor& selected) = 0;
+  // Token filtering's similarity to an EMA anchor, per KV head g of cache [G, capacity, D]:
+  // with x = cache[g, column, :] and a = anchor[g, :] (F32 [G, D]), similarity[g] = x . a /
+  // (max(||x||, 1e-12) * max(||a||, 1e-12)) (0 for a zero vector), then a <- decay * a +
+  // (1 - decay) * x (each product rounded, then added; decay = 0 sets a = x, the first token).
+  // similarity F32 with G elements. Sequential F32 sums per head (cosine_similarity in
+  // policy_op_math.h): the same bits on every backend.
+  virtual void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
+                                    DeviceTensor& anchor, DeviceTensor& similarity) = 0;
 };
 
 // The CPU reference backend with `threads` worker threads (0 = hardware concurrency).

@@ -190,19 +190,34 @@ class CpuBackend final : public Backend {
     float* ys = y.as<float>();
     // For n > 1 each task walks its output rows in blocks that stay in L2 while every row of x
     // passes over them, so the weights come from memory once per call rather than once per row.
+    // BF16/F16 blocks are widened to F32 once and then read by the F32 kernel for every row of x
+    // (lockstep runs, prefill): the widening is exact and the F32 kernel sums in the same order
+    // as the narrow one, so the result is bit-identical to n = 1, at 1/n of the conversions.
+    const bool widen_block = n > 1 && w.dtype != DType::F32;
     constexpr size_t kBlockBytes = 256 * 1024;
+    const size_t block_row_bytes = widen_block ? size_t(in) * sizeof(float) : w_row_bytes;
     const int64_t block =
-        std::max<int64_t>(kMaxRows, int64_t(kBlockBytes / w_row_bytes) / kMaxRows * kMaxRows);
+        std::max<int64_t>(kMaxRows, int64_t(kBlockBytes / block_row_bytes) / kMaxRows * kMaxRows);
     const int64_t grain = n == 1 ? 64 : block;
     pool_.parallel_for(
         0, out,
         [&](int64_t row_begin, int64_t row_end) {
+          thread_local std::vector<float> widened;
           for (int64_t o0 = row_begin; o0 < row_end; o0 += block) {
             const int64_t o1 = std::min(row_end, o0 + block);
+            if (widen_block) {
+              widened.resize(size_t((o1 - o0) * in));
+              widen(w, o0 * in, (o1 - o0) * in, widened.data());
+            }
             for (int64_t i = 0; i < n; ++i) {
               for (int64_t o = o0; o < o1; o += kMaxRows) {
                 const int rows = int(std::min<int64_t>(kMaxRows, o1 - o));
-                dot(xs + i * in, ws + size_t(o) * w_row_bytes, in, rows, ys + i * out + o);
+                if (widen_block) {
+                  kernels_.f32(xs + i * in, widened.data() + (o - o0) * in, in, rows,
+                               ys + i * out + o);
+                } else {
+                  dot(xs + i * in, ws + size_t(o) * w_row_bytes, in, rows, ys + i * out + o);
+                }
               }
             }
           }
@@ -499,6 +514,25 @@ class CpuBackend final : public Backend {
   void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols, const DeviceTensor& members,
                          DeviceTensor& out) override {
     cpu_policy::key_anchor_scores(policy_context(), k_cache, cols, members, out);
+  }
+  void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
+                          int64_t page_size, DeviceTensor& page_min,
+                          DeviceTensor& page_max) override {
+    cpu_policy::page_minmax_update(k_cache, begin, end, page_size, page_min, page_max);
+  }
+  void page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
+                   const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
+                   DeviceTensor& out) override {
+    cpu_policy::page_bounds(policy_context(), q, page_min, page_max, cols, page_size, max_only,
+                            out);
+  }
+  void select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size, int64_t k,
+                    DeviceTensor& selected) override {
+    cpu_policy::select_pages(policy_context(), scores, cols, page_size, k, selected);
+  }
+  void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
+                            DeviceTensor& anchor, DeviceTensor& similarity) override {
+    cpu_policy::anchor_cosine_update(cache, column, decay, anchor, similarity);
   }
 
  private:

@@ -387,4 +387,171 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
       grain_for(cols * head_dim * 2));
 }
 
+namespace {
+
+// Quest's page summaries page_min / page_max: two F32 [G, P, D] tensors of one shape matching
+// the cache's G and D.
+int64_t page_summary_pages(const DeviceTensor& page_min, const DeviceTensor& page_max,
+                           int64_t groups, int64_t head_dim, const std::string& op) {
+  require_f32(page_min, op + ": page_min");
+  require_f32(page_max, op + ": page_max");
+  require(page_min.shape.size() == 3 && page_min.dim(0) == groups && page_min.dim(2) == head_dim &&
+              page_min.dim(1) >= 0 && page_max.shape == page_min.shape,
+          op + ": page_min, page_max", cat("two F32 [", groups, ", pages, ", head_dim, "] tensors"),
+          describe(page_min) + ", " + describe(page_max));
+  return page_min.dim(1);
+}
+
+void require_page_size(int64_t page_size, const std::string& op) {
+  require(page_size >= 1, op + ": page_size", "a page size >= 1", std::to_string(page_size));
+}
+
+}  // namespace
+
+void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end, int64_t page_size,
+                        DeviceTensor& page_min, DeviceTensor& page_max) {
+  const std::string op = "page_minmax_update";
+  require_page_size(page_size, op);
+  const auto [groups, capacity, head_dim] = cache_shape(k_cache, 0, op, "k_cache");
+  require(begin >= 0 && begin <= end && end <= capacity, op + ": columns",
+          cat("a range inside [0, ", capacity, "]"), cat(begin, ":", end));
+  const int64_t pages = page_summary_pages(page_min, page_max, groups, head_dim, op);
+  require(pages * page_size >= end, op + ": page_min",
+          cat("at least ", (end + page_size - 1) / page_size, " pages"), describe(page_min));
+  if (begin == end) return;
+  const int64_t first = begin / page_size, last = (end - 1) / page_size;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* keys = k_cache.as<const float>() + g * capacity * head_dim;
+    for (int64_t p = first; p <= last; ++p) {
+      float* lo = page_min.as<float>() + (g * pages + p) * head_dim;
+      float* hi = page_max.as<float>() + (g * pages + p) * head_dim;
+      const int64_t j0 = p * page_size, j1 = std::min(j0 + page_size, end);
+      std::memcpy(lo, keys + j0 * head_dim, size_t(head_dim) * sizeof(float));
+      std::memcpy(hi, keys + j0 * head_dim, size_t(head_dim) * sizeof(float));
+      // The CUDA kernel runs the same comparisons in the same column order.
+      for (int64_t j = j0 + 1; j < j1; ++j) {
+        const float* k = keys + j * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          lo[d] = k[d] < lo[d] ? k[d] : lo[d];
+          hi[d] = hi[d] < k[d] ? k[d] : hi[d];
+        }
+      }
+    }
+  }
+}
+
+void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTensor& page_min,
+                 const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
+                 DeviceTensor& out) {
+  const std::string op = "page_bounds";
+  require_cols(cols, op);
+  require_page_size(page_size, op);
+  require_f32(q, op + ": q");
+  require(q.shape.size() == 3 && q.dim(0) == 1 && q.dim(1) >= 0 && q.dim(2) >= 0, op + ": q",
+          "a [1, H, D] tensor", describe(q));
+  const int64_t heads = q.dim(1), head_dim = q.dim(2);
+  require(page_min.shape.size() == 3 && page_min.dim(0) > 0 && heads % page_min.dim(0) == 0,
+          op + ": page_min",
+          cat("[G, pages, ", head_dim, "] with G dividing the ", heads, " heads"),
+          describe(page_min));
+  const int64_t groups = page_min.dim(0);
+  const int64_t pages = page_summary_pages(page_min, page_max, groups, head_dim, op);
+  require(pages * page_size >= cols, op + ": page_min",
+          cat("at least ", (cols + page_size - 1) / page_size, " pages"), describe(page_min));
+  const RowShape shape = row_shape(out, DType::F32, heads, cols, op + ": out");
+  if (heads == 0 || cols == 0) return;
+
+  const int64_t heads_per_group = heads / groups;
+  const int64_t used = (cols + page_size - 1) / page_size;
+  const float scale = attention_scale(head_dim);
+  context.pool.parallel_for(
+      0, heads,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t h = begin; h < end; ++h) {
+          const float* qh = q.as<const float>() + h * head_dim;
+          const int64_t base = (h / heads_per_group) * pages * head_dim;
+          float* row = out.as<float>() + h * shape.stride;
+          for (int64_t p = 0; p < used; ++p) {
+            const float bound = page_bound(qh, page_min.as<const float>() + base + p * head_dim,
+                                           page_max.as<const float>() + base + p * head_dim,
+                                           head_dim, max_only, scale);
+            const int64_t j1 = std::min((p + 1) * page_size, cols);
+            std::fill(row + p * page_size, row + j1, bound);
+          }
+        }
+      },
+      grain_for(used * head_dim));
+}
+
+void select_pages(const Context& context, const DeviceTensor& scores, int64_t cols,
+                  int64_t page_size, int64_t k, DeviceTensor& selected) {
+  const std::string op = "select_pages";
+  require_cols(cols, op);
+  require_page_size(page_size, op);
+  const RowShape selected_shape = row_shape(selected, DType::U8, -1, cols, op + ": selected");
+  const int64_t rows = selected_shape.rows;
+  const RowShape score_shape = row_shape(scores, DType::F32, rows, cols, op + ": scores");
+  if (k <= 0 || cols == 0 || rows == 0) return;
+
+  const int64_t pages = (cols + page_size - 1) / page_size;
+  context.pool.parallel_for(
+      0, rows,
+      [&](int64_t begin, int64_t end) {
+        struct Page {
+          uint64_t key;
+          int64_t cost;
+        };
+        std::vector<Page> candidates;
+        candidates.reserve(size_t(pages));
+        for (int64_t r = begin; r < end; ++r) {
+          const float* score = scores.as<const float>() + r * score_shape.stride;
+          uint8_t* chosen = selected.as<uint8_t>() + r * selected_shape.stride;
+          candidates.clear();
+          for (int64_t p = 0; p < pages; ++p) {
+            const int64_t j0 = p * page_size, j1 = std::min(j0 + page_size, cols);
+            float best = score[j0];
+            int64_t cost = chosen[j0] == 0;
+            for (int64_t j = j0 + 1; j < j1; ++j) {
+              best = std::fmax(best, score[j]);
+              cost += chosen[j] == 0;
+            }
+            if (cost > 0) candidates.push_back({top_k_key(best, uint32_t(p)), cost});
+          }
+          // Keys are distinct (the page index is in the low bits): one well-defined order.
+          std::sort(candidates.begin(), candidates.end(),
+                    [](const Page& a, const Page& b) { return a.key > b.key; });
+          int64_t remaining = k;
+          for (const Page& page : candidates) {
+            if (page.cost > remaining) break;  // the first page that does not fit ends the choice
+            remaining -= page.cost;
+            const int64_t j0 = int64_t(uint32_t(page.key)) * page_size;
+            std::fill(chosen + j0, chosen + std::min(j0 + page_size, cols), uint8_t(1));
+          }
+        }
+      },
+      grain_for(cols * 4));
+}
+
+void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
+                          DeviceTensor& anchor, DeviceTensor& similarity) {
+  const std::string op = "anchor_cosine_update";
+  const auto [groups, capacity, head_dim] = cache_shape(cache, 0, op, "cache");
+  require(column >= 0 && column < capacity, op + ": column",
+          cat("a column below the capacity ", capacity), std::to_string(column));
+  require_f32(anchor, op + ": anchor");
+  require(anchor.shape == std::vector<int64_t>{groups, head_dim}, op + ": anchor",
+          shape_string({groups, head_dim}), describe(anchor));
+  require_f32(similarity, op + ": similarity");
+  require(similarity.numel() == groups, op + ": similarity", cat(groups, " elements"),
+          describe(similarity));
+  const float keep = decay, take = 1.0f - decay;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* x = cache.as<const float>() + (g * capacity + column) * head_dim;
+    float* a = anchor.as<float>() + g * head_dim;
+    similarity.as<float>()[g] = cosine_similarity(x, a, head_dim);
+    // The CUDA kernel rounds the same way: both products, then the sum.
+    for (int64_t d = 0; d < head_dim; ++d) a[d] = add_rn(mul_rn(keep, a[d]), mul_rn(take, x[d]));
+  }
+}
+
 }  // namespace kvlens::cpu_policy

@@ -35,5 +35,14 @@ void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t 
                DeviceTensor& out);
 void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int64_t cols,
                        const DeviceTensor& members, DeviceTensor& out);
+void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end, int64_t page_size,
+                        DeviceTensor& page_min, DeviceTensor& page_max);
+void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTensor& page_min,
+                 const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
+                 DeviceTensor& out);
+void select_pages(const Context& context, const DeviceTensor& scores, int64_t cols,
+                  int64_t page_size, int64_t k, DeviceTensor& selected);
+void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
+                          DeviceTensor& anchor, DeviceTensor& similarity);
 
 }  // namespace kvlens::cpu_policy

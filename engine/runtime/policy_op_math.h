@@ -1,9 +1,11 @@
 // Bit-exact helpers shared by the CPU and CUDA token-selection ops of backend.h: the counter-based
-// random values of random_rows and the total order select_top_k ranks by. Plain C++ that nvcc also
-// compiles for the device (KVLENS_HOST_DEVICE), so both backends run literally the same integer
-// arithmetic and agree bit for bit.
+// random values of random_rows, the total order select_top_k and select_pages rank by, and the
+// float arithmetic of page_bounds and anchor_cosine_update with every rounding spelled out. Plain
+// C++ that nvcc also compiles for the device (KVLENS_HOST_DEVICE), so both backends run literally
+// the same arithmetic and agree bit for bit.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -53,6 +55,85 @@ KVLENS_HOST_DEVICE inline uint64_t top_k_key(float score, uint32_t col) {
     ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
   }
   return (uint64_t(ordered) << 32) | col;
+}
+
+}  // namespace kvlens
+
+namespace kvlens {
+
+// Single IEEE operations rounded once each. nvcc contracts a * b + c into an fma by default and
+// GCC does not in ISO C++ mode (-ffp-contract=off), so the device side spells the rounding out
+// with intrinsics and both backends run literally the same sequence of roundings.
+KVLENS_HOST_DEVICE inline float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+KVLENS_HOST_DEVICE inline float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+KVLENS_HOST_DEVICE inline float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+KVLENS_HOST_DEVICE inline float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+KVLENS_HOST_DEVICE inline float abs_f32(float a) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(a);
+#else
+  return std::fabs(a);
+#endif
+}
+
+// Quest's page upper bound for one query row q[n] against a page's channel-wise key minimum
+// lo[n] and maximum hi[n] (page_bounds in backend.h): the largest q . k any key inside the box
+// can reach, sum_c max(q_c lo_c, q_c hi_c), or the TokenButler code's sum_c |q_c| hi_c when
+// max_only; summed in channel order, then scaled to the logit scale.
+KVLENS_HOST_DEVICE inline float page_bound(const float* q, const float* lo, const float* hi,
+                                           int64_t n, bool max_only, float scale) {
+  float sum = 0.0f;
+  for (int64_t c = 0; c < n; ++c) {
+    float term;
+    if (max_only) {
+      term = mul_rn(abs_f32(q[c]), hi[c]);
+    } else {
+      const float low = mul_rn(q[c], lo[c]), high = mul_rn(q[c], hi[c]);
+      term = low < high ? high : low;
+    }
+    sum = add_rn(sum, term);
+  }
+  return mul_rn(sum, scale);
+}
+
+// cos(x, y) over n values with the conventions of key_anchor_scores: norms clamped to 1e-12, so
+// a zero vector gives 0. Three sequential F32 sums (anchor_cosine_update in backend.h).
+KVLENS_HOST_DEVICE inline float cosine_similarity(const float* x, const float* y, int64_t n) {
+  float dot = 0.0f, xx = 0.0f, yy = 0.0f;
+  for (int64_t c = 0; c < n; ++c) {
+    dot = add_rn(dot, mul_rn(x[c], y[c]));
+    xx = add_rn(xx, mul_rn(x[c], x[c]));
+    yy = add_rn(yy, mul_rn(y[c], y[c]));
+  }
+  constexpr float kTiny = 1e-12f;
+  float nx = sqrt_rn(xx), ny = sqrt_rn(yy);
+  nx = nx < kTiny ? kTiny : nx;
+  ny = ny < kTiny ? kTiny : ny;
+  return div_rn(dot, mul_rn(nx, ny));
 }
 
 }  // namespace kvlens

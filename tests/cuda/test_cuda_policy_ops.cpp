@@ -400,3 +400,105 @@ TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda
     CHECK(got[size_t(cols)] == kSentinel);
   }
 }
+
+TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agree bit for bit",
+          "[cuda]") {
+  Backends b;
+  const int64_t H = 8, G = 2, stride = 1030, cols = 1001;
+  uint32_t seed = 900;
+
+  for (const int64_t head_dim : {int64_t(64), int64_t(16)}) {
+    const Pair k =
+        make_pair(b, random_values(size_t(G * stride * head_dim), ++seed), {G, stride, head_dim});
+    const Pair q = make_pair(b, random_values(size_t(H * head_dim), ++seed), {1, H, head_dim});
+    for (const int64_t page_size : {int64_t(16), int64_t(1), int64_t(7)}) {
+      INFO("D " << head_dim << " page_size " << page_size);
+      const int64_t pages = (stride + page_size - 1) / page_size;
+      const std::vector<float> sentinels(size_t(G * pages * head_dim), kSentinel);
+      Pair lo = make_pair(b, sentinels, {G, pages, head_dim});
+      Pair hi = make_pair(b, sentinels, {G, pages, head_dim});
+      // page_minmax_update: comparisons only, so identical; grown as a run grows it (a prompt
+      // at once, then one column at a time), and pages past cols stay untouched.
+      for (const auto& [begin, end] :
+           {std::pair{int64_t(0), int64_t(900)}, std::pair{int64_t(900), int64_t(901)},
+            std::pair{int64_t(901), cols}}) {
+        b.cpu->page_minmax_update(k.cpu, begin, end, page_size, lo.cpu, hi.cpu);
+        b.gpu->page_minmax_update(k.gpu, begin, end, page_size, lo.gpu, hi.gpu);
+      }
+      {
+        const auto [want_lo, got_lo] = read_both<float>(b, lo);
+        const auto [want_hi, got_hi] = read_both<float>(b, hi);
+        CHECK(same_bits(got_lo, want_lo));
+        CHECK(same_bits(got_hi, want_hi));
+        CHECK(got_lo.back() == kSentinel);
+      }
+      // page_bounds: the shared page_bound arithmetic (explicit roundings) on both.
+      for (const bool max_only : {false, true}) {
+        INFO("max_only " << max_only);
+        Pair out = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
+        b.cpu->page_bounds(q.cpu, lo.cpu, hi.cpu, cols, page_size, max_only, out.cpu);
+        b.gpu->page_bounds(q.gpu, lo.gpu, hi.gpu, cols, page_size, max_only, out.gpu);
+        const auto [want, got] = read_both<float>(b, out);
+        CHECK(same_bits(got, want));
+        CHECK(got[size_t(cols)] == kSentinel);
+      }
+    }
+  }
+  {
+    const Pair q = make_pair(b, random_values(size_t(H * 16), ++seed), {1, H, 16});
+    const Pair lo = make_pair(b, std::vector<float>(size_t(G * 10 * 16)), {G, 10, 16});
+    Pair out = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
+    CHECK_THROWS_AS(b.gpu->page_bounds(q.gpu, lo.gpu, lo.gpu, cols, 16, false, out.gpu), Error);
+  }
+
+  // select_pages: integer work on the same scores, so the same selection. Scores constant per
+  // page (as quest writes them) with ties across pages, and per-column noise; forced columns.
+  for (const int64_t page_size : {int64_t(16), int64_t(1), int64_t(7), int64_t(2000)}) {
+    std::vector<float> per_page = random_values(size_t(H * stride), ++seed);
+    for (int64_t r = 0; r < H; ++r)
+      for (int64_t j = 0; j < stride; ++j) {
+        float& v = per_page[size_t(r * stride + j)];
+        v = per_page[size_t(r * stride + (j / page_size) * page_size)];
+        if (r == 1) v = std::round(v);  // many equal pages: ties to the recent one
+        if (r == 2 && j % 5 == 0) v = kNaN;
+      }
+    const std::vector<float> noisy = random_values(size_t(H * stride), ++seed);
+    for (const std::vector<float>* scores_values : {&std::as_const(per_page), &noisy}) {
+      const Pair scores = make_pair(b, *scores_values, {H, stride});
+      const std::vector<uint8_t> forced = random_mask(size_t(H * stride), ++seed, 9);
+      for (const int64_t k : {int64_t(1), int64_t(16), int64_t(333), int64_t(999), int64_t(5000)}) {
+        INFO("page_size " << page_size << " k " << k);
+        Pair selected = make_pair(b, forced, {H, stride});
+        b.cpu->select_pages(scores.cpu, cols, page_size, k, selected.cpu);
+        b.gpu->select_pages(scores.gpu, cols, page_size, k, selected.gpu);
+        const auto [want, got] = read_both<uint8_t>(b, selected);
+        CHECK(got == want);
+      }
+    }
+  }
+
+  // anchor_cosine_update: the shared cosine_similarity and EMA roundings, identical; a few
+  // steps in a row, one KV head with a zero vector.
+  for (const int64_t head_dim : {int64_t(128), int64_t(4)}) {
+    const int64_t kv_heads = 8;
+    std::vector<float> cache = random_values(size_t(kv_heads * stride * head_dim), ++seed);
+    for (int64_t d = 0; d < head_dim; ++d) cache[size_t((3 * stride + 5) * head_dim + d)] = 0.0f;
+    const Pair c = make_pair(b, cache, {kv_heads, stride, head_dim});
+    Pair anchor =
+        make_pair(b, std::vector<float>(size_t(kv_heads * head_dim)), {kv_heads, head_dim});
+    Pair similarity = make_pair(b, std::vector<float>(size_t(kv_heads), kSentinel), {kv_heads});
+    for (const auto& [column, decay] :
+         {std::pair{int64_t(0), 0.0f}, std::pair{int64_t(5), 0.9f}, std::pair{int64_t(6), 0.9f},
+          std::pair{int64_t(1000), 0.3f}}) {
+      INFO("D " << head_dim << " column " << column);
+      b.cpu->anchor_cosine_update(c.cpu, column, decay, anchor.cpu, similarity.cpu);
+      b.gpu->anchor_cosine_update(c.gpu, column, decay, anchor.gpu, similarity.gpu);
+      const auto [want_sim, got_sim] = read_both<float>(b, similarity);
+      const auto [want_anchor, got_anchor] = read_both<float>(b, anchor);
+      CHECK(same_bits(got_sim, want_sim));
+      CHECK(same_bits(got_anchor, want_anchor));
+    }
+    CHECK_THROWS_AS(b.gpu->anchor_cosine_update(c.gpu, stride, 0.5f, anchor.gpu, similarity.gpu),
+                    Error);
+  }
+}

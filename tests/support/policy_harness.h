@@ -1,6 +1,6 @@
 // A policy test bench: one layer of a small model (4 query heads over 2 KV heads, D = 4, rows of
-// kStride columns) whose logits and keys tests set by hand, then select + attention + observe as
-// DecoderSession runs them, returning each head's visible set.
+// kStride columns) whose logits, query, keys and values tests set by hand, then select +
+// attention + observe as DecoderSession runs them, returning each head's visible set.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -29,6 +29,7 @@ struct Harness {
   DeviceTensor scores = backend->alloc(DType::F32, {4, kStride});
   DeviceTensor probs = backend->alloc(DType::F32, {4, kStride});
   DeviceTensor out = backend->alloc(DType::F32, {1, 4, 4});
+  LayerDecision last_decision = LayerDecision::Dense;  // of the last run()
 
   std::unique_ptr<Policy> make(const std::string& id, double sparsity,
                                std::vector<std::string> args = {}) {
@@ -55,6 +56,30 @@ struct Harness {
     backend->from_host(k_cache, host.data(), host.size() * sizeof(float));
   }
 
+  // values[g][j] (D = 4) for the first values[g].size() positions of KV head g.
+  void set_values(const std::vector<std::vector<std::vector<float>>>& values) {
+    std::vector<float> host(size_t(2 * kStride * 4), 0.0f);
+    for (size_t g = 0; g < values.size(); ++g)
+      for (size_t j = 0; j < values[g].size(); ++j)
+        for (size_t d = 0; d < 4; ++d) host[(g * kStride + j) * 4 + d] = values[g][j][d];
+    backend->from_host(v_cache, host.data(), host.size() * sizeof(float));
+  }
+
+  // The current query: rows[h] (D = 4) for query head h.
+  void set_q(const std::vector<std::vector<float>>& rows) {
+    std::vector<float> host(size_t(4 * 4), 0.0f);
+    for (size_t h = 0; h < rows.size(); ++h)
+      for (size_t d = 0; d < 4; ++d) host[h * 4 + d] = rows[h][d];
+    backend->from_host(q, host.data(), host.size() * sizeof(float));
+  }
+
+  // The policy's scores row of head h, columns 0..t.
+  std::vector<float> score_row(int64_t h, int64_t t) {
+    std::vector<float> host(size_t(4 * kStride));
+    backend->to_host(scores, host.data(), host.size() * sizeof(float));
+    return std::vector<float>(host.begin() + h * kStride, host.begin() + h * kStride + t + 1);
+  }
+
   LayerStep step(int64_t t, int64_t layer) {
     LayerStep s;
     s.step = t;
@@ -72,6 +97,7 @@ struct Harness {
     std::vector<uint8_t> zero(size_t(4 * kStride), 0);
     backend->from_host(visible, zero.data(), zero.size());
     const LayerDecision decision = policy.select(s, visible, scores);
+    last_decision = decision;
     std::vector<std::set<int64_t>> sets(4);
     std::vector<uint8_t> host(size_t(4 * kStride));
     backend->to_host(visible, host.data(), host.size());

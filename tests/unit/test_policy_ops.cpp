@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/common/error.h"
@@ -726,4 +727,238 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
     const DeviceTensor m = backend->alloc(DType::U8, {H, kStride});
     CHECK_THROWS_AS(backend->key_anchor_scores(k, kStride + 1, m, ok), Error);
   }
+}
+
+namespace {
+
+// Page summaries [G, pages, D] filled with the sentinel.
+DeviceTensor sentinel_pages(Backend& backend, int64_t pages) {
+  return make_f32(backend, std::vector<float>(size_t(G * pages * D), kSentinel), {G, pages, D});
+}
+
+// Channel-wise min and max of keys[g][j0..j1) (a [G, kStride, D] host cache), for reference.
+std::pair<std::vector<float>, std::vector<float>> reference_page(const std::vector<float>& keys,
+                                                                 int64_t g, int64_t j0,
+                                                                 int64_t j1) {
+  std::vector<float> lo(size_t(D), INFINITY), hi(size_t(D), -INFINITY);
+  for (int64_t j = j0; j < j1; ++j)
+    for (int64_t d = 0; d < D; ++d) {
+      const float k = keys[size_t((g * kStride + j) * D + d)];
+      lo[size_t(d)] = std::min(lo[size_t(d)], k);
+      hi[size_t(d)] = std::max(hi[size_t(d)], k);
+    }
+  return {lo, hi};
+}
+
+}  // namespace
+
+TEST_CASE("page_minmax_update: channel-wise key min and max per page, grown step by step",
+          "[policy_ops]") {
+  auto backend = make_cpu_backend(2);
+  // KV head 0 by hand; KV head 1 seeded random values. Pages of 3: {0, 1, 2}, {3, 4, 5}, {6}.
+  std::vector<float> keys = random_values(size_t(G * kStride * D), 41);
+  const std::vector<std::vector<float>> head0 = {{1, -2, 0, 5}, {3, -1, 0, 4}, {2, -3, 1, 6},
+                                                 {-1, 0, 2, 0}, {0, 0, -2, 1}, {4, 1, 0, 2},
+                                                 {5, 5, 5, 5}};
+  for (size_t j = 0; j < head0.size(); ++j)
+    for (size_t d = 0; d < size_t(D); ++d) keys[j * size_t(D) + d] = head0[j][d];
+  const DeviceTensor k = make_f32(*backend, keys, {G, kStride, D});
+  constexpr int64_t kPages = 4, kPageSize = 3;
+
+  DeviceTensor lo = sentinel_pages(*backend, kPages), hi = sentinel_pages(*backend, kPages);
+  backend->page_minmax_update(k, 0, kCols, kPageSize, lo, hi);
+  const std::vector<float> got_lo = read_f32(*backend, lo), got_hi = read_f32(*backend, hi);
+  auto page = [&](const std::vector<float>& values, int64_t g, int64_t p) {
+    return std::vector<float>(values.begin() + (g * kPages + p) * D,
+                              values.begin() + (g * kPages + p + 1) * D);
+  };
+  CHECK(page(got_lo, 0, 0) == std::vector<float>{1, -3, 0, 4});
+  CHECK(page(got_hi, 0, 0) == std::vector<float>{3, -1, 1, 6});
+  CHECK(page(got_lo, 0, 1) == std::vector<float>{-1, 0, -2, 0});
+  CHECK(page(got_hi, 0, 1) == std::vector<float>{4, 1, 2, 2});
+  CHECK(page(got_lo, 0, 2) == std::vector<float>{5, 5, 5, 5});
+  CHECK(page(got_hi, 0, 2) == std::vector<float>{5, 5, 5, 5});
+  for (int64_t p = 0; p < 3; ++p) {
+    const auto [want_lo, want_hi] = reference_page(keys, 1, p * 3, std::min<int64_t>(p * 3 + 3, 7));
+    CHECK(page(got_lo, 1, p) == want_lo);
+    CHECK(page(got_hi, 1, p) == want_hi);
+  }
+  for (int64_t g = 0; g < G; ++g) {  // page 3 holds no candidate: untouched
+    CHECK(page(got_lo, g, 3) == std::vector<float>(size_t(D), kSentinel));
+    CHECK(page(got_hi, g, 3) == std::vector<float>(size_t(D), kSentinel));
+  }
+
+  // Step by step: [0, 4) then [4, 7). The second call recomputes page 1 from its first column,
+  // so the result equals one call over [0, 7); a call touches only the pages it intersects.
+  DeviceTensor lo2 = sentinel_pages(*backend, kPages), hi2 = sentinel_pages(*backend, kPages);
+  backend->page_minmax_update(k, 0, 4, kPageSize, lo2, hi2);
+  CHECK(page(read_f32(*backend, lo2), 0, 1) == std::vector<float>{-1, 0, 2, 0});  // column 3 only
+  CHECK(page(read_f32(*backend, lo2), 0, 2) == std::vector<float>(size_t(D), kSentinel));
+  backend->page_minmax_update(k, 4, kCols, kPageSize, lo2, hi2);
+  CHECK(read_f32(*backend, lo2) == got_lo);
+  CHECK(read_f32(*backend, hi2) == got_hi);
+  DeviceTensor lo3 = sentinel_pages(*backend, kPages), hi3 = sentinel_pages(*backend, kPages);
+  backend->page_minmax_update(k, 6, kCols, kPageSize, lo3, hi3);
+  CHECK(page(read_f32(*backend, lo3), 0, 1) == std::vector<float>(size_t(D), kSentinel));
+  CHECK(page(read_f32(*backend, lo3), 0, 2) == std::vector<float>{5, 5, 5, 5});
+  backend->page_minmax_update(k, 3, 3, kPageSize, lo3, hi3);  // an empty range: nothing
+  CHECK(page(read_f32(*backend, lo3), 0, 1) == std::vector<float>(size_t(D), kSentinel));
+
+  // Errors: a range past the capacity, too few pages, page size 0, another G or D.
+  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kStride + 1, 4, lo, hi), Error);
+  DeviceTensor few = sentinel_pages(*backend, 2);
+  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, few, few), Error);
+  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, 0, lo, hi), Error);
+  DeviceTensor wrong = backend->alloc(DType::F32, {1, kPages, D});
+  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, wrong, wrong), Error);
+  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, lo, few), Error);
+}
+
+TEST_CASE("page_bounds: Quest's bound and the max_only bound on the logit scale", "[policy_ops]") {
+  auto backend = make_cpu_backend(2);
+  constexpr int64_t kPages = 3, kPageSize = 3;  // columns {0, 1, 2}, {3, 4, 5}, {6}
+  // Head 0 and KV head 0's page 0 by hand: q = (1, -1, 0.5, 0), min (-1, -2, 0, 1),
+  // max (2, 1, 4, 3). Quest: max(-1, 2) + max(2, -1) + max(0, 2) + max(0, 0) = 6; max_only:
+  // 2 + 1 + 2 + 0 = 5; both times 1/sqrt(4).
+  std::vector<float> q = random_values(size_t(H * D), 51);
+  std::vector<float> lo = random_values(size_t(G * kPages * D), 52);
+  std::vector<float> hi = lo;
+  const std::vector<float> spread = random_values(size_t(G * kPages * D), 53);
+  for (size_t i = 0; i < hi.size(); ++i) hi[i] += std::fabs(spread[i]);
+  const std::vector<float> q0 = {1, -1, 0.5f, 0}, lo0 = {-1, -2, 0, 1}, hi0 = {2, 1, 4, 3};
+  std::copy(q0.begin(), q0.end(), q.begin());
+  std::copy(lo0.begin(), lo0.end(), lo.begin());
+  std::copy(hi0.begin(), hi0.end(), hi.begin());
+  const DeviceTensor q_t = make_f32(*backend, q, {1, H, D});
+  const DeviceTensor lo_t = make_f32(*backend, lo, {G, kPages, D});
+  const DeviceTensor hi_t = make_f32(*backend, hi, {G, kPages, D});
+
+  for (const bool max_only : {false, true}) {
+    INFO("max_only " << max_only);
+    DeviceTensor out =
+        make_f32(*backend, std::vector<float>(size_t(H * kStride), kSentinel), {H, kStride});
+    backend->page_bounds(q_t, lo_t, hi_t, kCols, kPageSize, max_only, out);
+    const std::vector<float> got = read_f32(*backend, out);
+    for (int64_t j = 0; j < 3; ++j) CHECK(got[size_t(j)] == (max_only ? 2.5f : 3.0f));
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      for (int64_t j = 0; j < kStride; ++j) {
+        const float value = got[size_t(h * kStride + j)];
+        if (j >= kCols) {
+          CHECK(value == kSentinel);
+          continue;
+        }
+        const int64_t p = j / kPageSize;
+        double bound = 0.0;
+        for (int64_t d = 0; d < D; ++d) {
+          const double qd = q[size_t(h * D + d)], mn = lo[size_t((g * kPages + p) * D + d)],
+                       mx = hi[size_t((g * kPages + p) * D + d)];
+          bound += max_only ? std::fabs(qd) * mx : std::max(qd * mn, qd * mx);
+        }
+        CHECK(value == Approx(bound / 2.0).margin(1e-6));
+      }
+    }
+  }
+
+  // Errors: pages that do not cover the columns, G not dividing H, another D.
+  DeviceTensor out = backend->alloc(DType::F32, {H, kStride});
+  CHECK_THROWS_AS(backend->page_bounds(q_t, lo_t, hi_t, kCols, 2, false, out), Error);
+  const DeviceTensor three = backend->alloc(DType::F32, {3, kPages, D});
+  CHECK_THROWS_AS(backend->page_bounds(q_t, three, three, kCols, kPageSize, false, out), Error);
+  const DeviceTensor wide = backend->alloc(DType::F32, {G, kPages, D + 1});
+  CHECK_THROWS_AS(backend->page_bounds(q_t, wide, wide, kCols, kPageSize, false, out), Error);
+  DeviceTensor short_rows = backend->alloc(DType::F32, {H, 5});
+  CHECK_THROWS_AS(backend->page_bounds(q_t, lo_t, hi_t, kCols, kPageSize, false, short_rows),
+                  Error);
+}
+
+TEST_CASE("select_pages: whole pages best first while they fit, forced columns kept",
+          "[policy_ops]") {
+  auto backend = make_cpu_backend(2);
+  // Pages of 3: {0, 1, 2}, {3, 4, 5}, {6}.
+  const std::vector<float> ranked = {1, 5, 2, 3, 3, 3, 4};  // page bests 5, 3, 4
+  const std::vector<std::vector<float>> scores = {
+      ranked, ranked, std::vector<float>(size_t(kCols), 0.0f), {kNaN, kNaN, kNaN, 1, 1, 1, 0}};
+  const DeviceTensor s = make_f32(*backend, padded(scores, kSentinel), {H, kStride});
+  auto run = [&](const std::vector<std::vector<uint8_t>>& forced, int64_t k) {
+    DeviceTensor selected = make_u8(*backend, padded(forced, kMaskSentinel), {H, kStride});
+    backend->select_pages(s, kCols, 3, k, selected);
+    const std::vector<uint8_t> got = read_u8(*backend, selected);
+    std::vector<std::vector<uint8_t>> rows;
+    for (int64_t r = 0; r < H; ++r) {
+      rows.emplace_back(got.begin() + r * kStride, got.begin() + r * kStride + kCols);
+      for (int64_t j = kCols; j < kStride; ++j)
+        CHECK(got[size_t(r * kStride + j)] == kMaskSentinel);
+    }
+    return rows;
+  };
+  const std::vector<uint8_t> none(size_t(kCols), 0);
+  const std::vector<std::vector<uint8_t>> forced = {
+      none, {0, 0, 0, 0, 1, 0, 0}, none, {1, 0, 0, 0, 0, 0, 0}};
+  const auto got = run(forced, 4);
+  // Row 0: page 0 (best 5, cost 3), then page 2 (4, cost 1); page 1 no longer fits.
+  CHECK(got[0] == std::vector<uint8_t>{1, 1, 1, 0, 0, 0, 1});
+  // Row 1, k = 4 with column 4 forced: the same pages (costs 3 and 1), column 4 kept.
+  CHECK(got[1] == std::vector<uint8_t>{1, 1, 1, 0, 1, 0, 1});
+  // Row 2, all equal: the most recent page first (cost 1), then page 1 (3), 0 left.
+  CHECK(got[2] == std::vector<uint8_t>{0, 0, 0, 1, 1, 1, 1});
+  // Row 3: NaN ranks lowest: page 1 (3), page 2 (1), then page 0 (cost 2 with 0 forced) misfits.
+  CHECK(got[3] == std::vector<uint8_t>{1, 0, 0, 1, 1, 1, 1});
+
+  // k = 2: row 0's best page costs 3 and ends the choice at once, though page 2 (cost 1) would
+  // fit; row 2 takes page 2 only.
+  const auto tight = run(forced, 2);
+  CHECK(tight[0] == none);
+  CHECK(tight[1] == std::vector<uint8_t>{0, 0, 0, 0, 1, 0, 0});
+  CHECK(tight[2] == std::vector<uint8_t>{0, 0, 0, 0, 0, 0, 1});
+  // Enough for everything: every column; k = 0: nothing added.
+  for (const auto& row : run(forced, 100)) CHECK(row == std::vector<uint8_t>(size_t(kCols), 1));
+  CHECK(run(forced, 0) == forced);
+  // A page fully forced costs nothing and takes no part: row 3 with page 1 forced, k = 1.
+  const auto partial = run({none, none, none, {0, 0, 0, 1, 1, 1, 0}}, 1);
+  CHECK(partial[3] == std::vector<uint8_t>{0, 0, 0, 1, 1, 1, 1});
+
+  // Errors: page size 0, row counts that differ.
+  DeviceTensor selected = backend->alloc(DType::U8, {H, kStride});
+  CHECK_THROWS_AS(backend->select_pages(s, kCols, 0, 2, selected), Error);
+  DeviceTensor two_rows = backend->alloc(DType::U8, {2, kStride});
+  CHECK_THROWS_AS(backend->select_pages(s, kCols, 3, 2, two_rows), Error);
+}
+
+TEST_CASE("anchor_cosine_update: cosine to the anchor, then the EMA step", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  std::vector<float> cache(size_t(G * kStride * D), 0.0f);
+  auto set = [&](int64_t g, int64_t j, std::vector<float> x) {
+    for (int64_t d = 0; d < D; ++d) cache[size_t((g * kStride + j) * D + d)] = x[size_t(d)];
+  };
+  set(0, 2, {3, 4, 0, 0});  // KV head 1 keeps a zero vector at column 2
+  set(0, 3, {0, 0, 0, 2});
+  set(1, 3, {1, 1, 0, 0});
+  const DeviceTensor c = make_f32(*backend, cache, {G, kStride, D});
+  DeviceTensor anchor = make_f32(*backend, {1, 0, 0, 0, 0, 1, 0, 0}, {G, D});
+  DeviceTensor similarity = make_f32(*backend, {kSentinel, kSentinel}, {G});
+
+  // Column 2, decay 0.5: cos((3, 4, 0, 0), e1) = 3/5; the zero vector gives 0. Anchors:
+  // 0.5 e1 + 0.5 (3, 4, 0, 0) = (2, 2, 0, 0) and 0.5 e2 + 0 = (0, 0.5, 0, 0).
+  backend->anchor_cosine_update(c, 2, 0.5f, anchor, similarity);
+  CHECK(read_f32(*backend, similarity) == std::vector<float>{0.6f, 0.0f});
+  CHECK(read_f32(*backend, anchor) == std::vector<float>{2, 2, 0, 0, 0, 0.5f, 0, 0});
+  // Column 3, decay 0: cos((0, 0, 0, 2), (2, 2, 0, 0)) = 0, cos((1, 1, 0, 0), (0, 0.5, 0, 0)) =
+  // 1/sqrt(2); the anchors become the column's vectors exactly.
+  backend->anchor_cosine_update(c, 3, 0.0f, anchor, similarity);
+  const std::vector<float> sim = read_f32(*backend, similarity);
+  CHECK(sim[0] == 0.0f);
+  CHECK(sim[1] == Approx(1.0 / std::sqrt(2.0)).margin(1e-7));
+  CHECK(read_f32(*backend, anchor) == std::vector<float>{0, 0, 0, 2, 1, 1, 0, 0});
+  // Decay 1 keeps the anchor; the similarity is still computed.
+  backend->anchor_cosine_update(c, 2, 1.0f, anchor, similarity);
+  CHECK(read_f32(*backend, anchor) == std::vector<float>{0, 0, 0, 2, 1, 1, 0, 0});
+  CHECK(read_f32(*backend, similarity) == std::vector<float>{0.0f, 0.0f});
+
+  // Errors: a column past the capacity, another anchor shape, a similarity of another size.
+  CHECK_THROWS_AS(backend->anchor_cosine_update(c, kStride, 0.5f, anchor, similarity), Error);
+  DeviceTensor wide = backend->alloc(DType::F32, {G, D + 1});
+  CHECK_THROWS_AS(backend->anchor_cosine_update(c, 2, 0.5f, wide, similarity), Error);
+  DeviceTensor three = backend->alloc(DType::F32, {3});
+  CHECK_THROWS_AS(backend->anchor_cosine_update(c, 2, 0.5f, anchor, three), Error);
 }

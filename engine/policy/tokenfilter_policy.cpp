@@ -1,0 +1,234 @@
+// tokenfilter (KV-similarity token filtering, POLICIES.md): an attention-skip policy. In the tail
+// layers, a token whose key and value look like the recent ones (cosine to an EMA anchor) skips
+// the layer's attention (its attention output is zero; the MLP still runs). It selects no tokens:
+// each (step, layer) is Dense or Skipped. Per tail layer: anchors [G, D] F32 for keys and values
+// on the backend, and a few host numbers (variances, threshold, counts).
+//
+// The rule, with every reading this file makes:
+// - Tail. The last n_tail = round(tail_frac * N) layers (llround, half away from zero), minus any
+//   below dense_layers; the other layers are dense. target = global_ratio * N / n_tail' with
+//   n_tail' the tail layers that remain: POLICIES.md's global_ratio / tail_frac when
+//   tail_frac * N is a whole number (the realised tail fraction otherwise, so that the overall
+//   skip ratio is global_ratio); at most 1. global_ratio is the run's sparsity unless given.
+// - Similarities. At step t, per KV head g: s_k[g] = cos(k_t, anchor_k), s_v[g] = cos(v_t,
+//   anchor_v) against the anchors as left by the steps before, then anchor <- a * anchor +
+//   (1 - a) * x (a = ema). Every token updates the anchors, skipped or not (its k/v are cached
+//   either way). The first step a layer sees sets the anchors to k_t and v_t and does not skip
+//   (in prefill + decode that is the first decoded token: the anchors start there).
+//   s_k, s_v = the means over the KV heads.
+// - Variances: Welford's running mean and M2 over every per-head similarity the layer has
+//   produced (G values per step, the current step's included), keys and values apart; the
+//   population variance M2 / n (n - 1 would scale both alike and cancel in alpha).
+//   alpha = (1/var_v) / (1/var_k + 1/var_v) as POLICIES.md writes it, i.e. var_k / (var_k +
+//   var_v): the similarity that varies more across tokens, the one that tells tokens apart,
+//   weighs more. Until both variances are positive (the first steps; G = 1) alpha = 0.5.
+//   S_kv = alpha * s_k + (1 - alpha) * s_v.
+// - Decision: skip when S_kv > tau_l, never when the target is 0 (sparsity 0 with global_ratio
+//   not given gives the dense logits bit for bit, whatever tau_l is).
+// - Threshold: after each step of the layer (the first included), with skip_ratio_l = skips /
+//   steps of the layer so far (this step counted), tau_l <- tau_l + eta * (skip_ratio_l -
+//   target). The literal sign is the right one: a layer that skips more than its target raises
+//   its threshold (fewer similarities exceed it), one that skips less lowers it. tau_l starts at
+//   `tau`.
+// - Scores: the layer's scores row gets S_kv at the current column for every head and 0 in the
+//   other candidate columns (0 at a layer's first step, where there is no S_kv).
+// - Backend work: anchor_cosine_update (cosines and the EMA step, on the device) for k and v,
+//   then 2G floats are read back to the host per tail layer and step for the decision, which the
+//   session needs on the host anyway. The budget knobs (sinks, window, budget_tokens,
+//   granularity, ...) have no effect: nothing is selected.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/policy/policy_factories.h"
+
+namespace kvlens {
+namespace {
+
+// Welford's running mean and sum of squared deviations.
+struct RunningVariance {
+  int64_t count = 0;
+  double mean = 0.0, m2 = 0.0;
+  void add(double x) {
+    ++count;
+    const double delta = x - mean;
+    mean += delta / double(count);
+    m2 += delta * (x - mean);
+  }
+  double variance() const { return count > 0 ? m2 / double(count) : 0.0; }
+};
+
+struct TokenfilterSettings {
+  int64_t dense_layers = 1;
+  double tail_frac = 0.5, ema = 0.9, tau = 0.5, eta = 0.01, global_ratio = 0.0;
+};
+
+class TokenfilterPolicy final : public Policy {
+ public:
+  TokenfilterPolicy(const PolicyShape& shape, Backend& backend, const TokenfilterSettings& settings)
+      : shape_(shape),
+        backend_(backend),
+        settings_(settings),
+        similarities_(backend.alloc(DType::F32, {2, shape.kv_heads})),
+        zeros_(backend.alloc(DType::F32, {1, shape.stride})),
+        value_(backend.alloc(DType::F32, {1, 1})),
+        host_(size_t(2 * shape.kv_heads)) {
+    const int64_t n = shape.layers;
+    const int64_t tail = std::llround(settings.tail_frac * double(n));
+    first_tail_ = std::max(n - tail, settings.dense_layers);
+    const int64_t kept = std::max<int64_t>(0, n - first_tail_);
+    target_ = kept > 0 ? std::min(1.0, settings.global_ratio * double(n) / double(kept)) : 0.0;
+    layers_.resize(size_t(n));
+    for (int64_t l = first_tail_; l < n; ++l) {
+      Layer& layer = layers_[size_t(l)];
+      layer.anchor_k = backend.alloc(DType::F32, {shape.kv_heads, shape.head_dim});
+      layer.anchor_v = backend.alloc(DType::F32, {shape.kv_heads, shape.head_dim});
+      layer.tau = settings.tau;
+    }
+  }
+
+  LayerDecision select(const LayerStep& step, DeviceTensor&, DeviceTensor& scores) override {
+    if (step.layer < first_tail_) return LayerDecision::Dense;
+    Layer& layer = layers_[size_t(step.layer)];
+    const int64_t t = step.step, cols = step.cols();
+    DeviceTensor sim_k = similarity_row(0), sim_v = similarity_row(1);
+    backend_.axpby_rows(scores, 1.0f, zeros_, 0.0f, cols);  // 0 but the current column
+    if (!layer.started) {
+      // decay 0: the anchors become this token's k and v.
+      backend_.anchor_cosine_update(*step.k_cache, t, 0.0f, layer.anchor_k, sim_k);
+      backend_.anchor_cosine_update(*step.v_cache, t, 0.0f, layer.anchor_v, sim_v);
+      layer.started = true;
+      finish_step(layer, false);
+      return LayerDecision::Dense;
+    }
+    const float decay = float(settings_.ema);
+    backend_.anchor_cosine_update(*step.k_cache, t, decay, layer.anchor_k, sim_k);
+    backend_.anchor_cosine_update(*step.v_cache, t, decay, layer.anchor_v, sim_v);
+    backend_.to_host(similarities_, host_.data(), host_.size() * sizeof(float));
+    const int64_t G = shape_.kv_heads;
+    double s_k = 0.0, s_v = 0.0;
+    for (int64_t g = 0; g < G; ++g) {
+      s_k += host_[size_t(g)];
+      s_v += host_[size_t(G + g)];
+      layer.var_k.add(host_[size_t(g)]);
+      layer.var_v.add(host_[size_t(G + g)]);
+    }
+    s_k /= double(G);
+    s_v /= double(G);
+    const double var_k = layer.var_k.variance(), var_v = layer.var_v.variance();
+    const double alpha =
+        var_k > 0.0 && var_v > 0.0 ? (1.0 / var_v) / (1.0 / var_k + 1.0 / var_v) : 0.5;
+    const double s_kv = alpha * s_k + (1.0 - alpha) * s_v;
+    write_current_column(scores, t, float(s_kv));
+    const bool skip = target_ > 0.0 && s_kv > layer.tau;
+    finish_step(layer, skip);
+    return skip ? LayerDecision::Skipped : LayerDecision::Dense;
+  }
+
+ private:
+  struct Layer {
+    DeviceTensor anchor_k, anchor_v;  // [G, D]
+    bool started = false;
+    int64_t steps = 0, skips = 0;
+    double tau = 0.0;
+    RunningVariance var_k, var_v;
+  };
+
+  void finish_step(Layer& layer, bool skipped) {
+    ++layer.steps;
+    if (skipped) ++layer.skips;
+    const double ratio = double(layer.skips) / double(layer.steps);
+    layer.tau += settings_.eta * (ratio - target_);
+  }
+
+  // Row r of similarities_ ([2, G]) as a G-element tensor of its own.
+  DeviceTensor similarity_row(int64_t r) const {
+    DeviceTensor row = similarities_;
+    row.data = similarities_.as<float>() + r * shape_.kv_heads;
+    row.shape = {shape_.kv_heads};
+    return row;
+  }
+
+  // scores[h, t] = value for every head: a one-column view starting at column t (rows keep the
+  // buffer's stride, and only column 0 of the view is written), filled from a one-value row.
+  void write_current_column(DeviceTensor& scores, int64_t t, float value) {
+    backend_.from_host(value_, &value, sizeof value);
+    DeviceTensor column = scores;
+    column.data = scores.as<float>() + t;
+    backend_.axpby_rows(column, 1.0f, value_, 0.0f, 1);
+  }
+
+  PolicyShape shape_;
+  Backend& backend_;
+  TokenfilterSettings settings_;
+  int64_t first_tail_ = 0;
+  double target_ = 0.0;
+  std::vector<Layer> layers_;
+  DeviceTensor similarities_;  // [2, G]: key then value similarities of the current layer
+  DeviceTensor zeros_;         // [1, stride]
+  DeviceTensor value_;         // [1, 1]
+  std::vector<float> host_;    // similarities_ read back
+};
+
+}  // namespace
+
+PolicyInfo tokenfilter_policy_info() {
+  const double inf = std::numeric_limits<double>::infinity();
+  return {"tokenfilter", "attention skip (KV-similarity Token Filtering)",
+          "In the tail layers, skips a token's attention when its key/value similarity to EMA "
+          "anchors exceeds an adaptive per-layer threshold; skips whole attention computations, "
+          "not tokens.",
+          with_common_specs(
+              {{"tail_frac",
+                ParamType::Float,
+                "Fraction of the layers, the last ones, where attention may be skipped",
+                "0.5",
+                0.0,
+                1.0,
+                {}},
+               {"ema",
+                ParamType::Float,
+                "Anchor decay a: anchor <- a*anchor + (1-a)*x",
+                "0.9",
+                0.0,
+                1.0,
+                {}},
+               {"tau",
+                ParamType::Float,
+                "Initial skip threshold of each tail layer",
+                "0.5",
+                -inf,
+                inf,
+                {}},
+               {"eta",
+                ParamType::Float,
+                "Threshold step: tau += eta * (skip ratio - target)",
+                "0.01",
+                0.0,
+                inf,
+                {}},
+               {"global_ratio",
+                ParamType::Float,
+                "Fraction of all attention computations to skip (negative: the run's sparsity)",
+                "-1",
+                -1.0,
+                1.0,
+                {}}})};
+}
+
+std::unique_ptr<Policy> make_tokenfilter_policy(const PolicyShape& shape, Backend& backend,
+                                                const ParamValues& params, double sparsity) {
+  const CommonKnobs knobs = read_common_knobs(params, sparsity);  // validates the sparsity
+  TokenfilterSettings settings;
+  settings.dense_layers = knobs.dense_layers;
+  settings.tail_frac = params.get_float("tail_frac");
+  settings.ema = params.get_float("ema");
+  settings.tau = params.get_float("tau");
+  settings.eta = params.get_float("eta");
+  const double given = params.get_float("global_ratio");
+  settings.global_ratio = given < 0.0 ? sparsity : given;
+  return std::make_unique<TokenfilterPolicy>(shape, backend, settings);
+}
+
+}  // namespace kvlens
