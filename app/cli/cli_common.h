@@ -85,5 +85,6 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_coref_samples_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run);
+void add_trace_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 
 }  // namespace kvlens::cli

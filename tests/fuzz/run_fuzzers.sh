@@ -7,7 +7,8 @@ seconds=${2:-60}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for pair in fuzz_safetensors_header:corpus_safetensors fuzz_tokenizer_json:corpus_tokenizer; do
+for pair in fuzz_safetensors_header:corpus_safetensors fuzz_tokenizer_json:corpus_tokenizer \
+  fuzz_kvtrace:corpus_kvtrace; do
   target=${pair%%:*}
   corpus=${pair##*:}
   mkdir -p "$work/$corpus"

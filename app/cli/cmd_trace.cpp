@@ -1,0 +1,187 @@
+// kvlens-cli trace: records a lockstep run of several policies over a prompt or a co-reference
+// sample into a .kvtrace file (engine/trace) and prints each run's step-metric means.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "app/cli/cli_common.h"
+#include "app/cli/model_input.h"
+#include "app/cli/policy_runs.h"
+#include "engine/common/error.h"
+#include "engine/eval/coref_benchmark.h"
+#include "engine/eval/coref_pools.h"
+#include "engine/trace/trace_recorder.h"
+
+namespace kvlens::cli {
+namespace {
+
+struct TraceFlags {
+  std::string model_dir, prompt, policies = "dense", sparsities = "0.5", out_path, pools_path;
+  std::string selected_heads;
+  std::vector<std::string> policy_args;
+  int64_t coref_index = -1, max_tokens = 0, prefill = 0, top_k = 10, memory_mb = 2048;
+  uint64_t seed = 0;
+  bool hard = false;
+};
+TraceFlags flags;
+
+// "l:h,l:h" -> layer * heads + head, each checked against the model.
+std::vector<int32_t> parse_heads(const std::string& text, const ModelConfig& config) {
+  std::vector<int32_t> heads;
+  if (text.empty()) return heads;
+  for (const std::string& item : split_comma_list(text)) {
+    int layer = -1, head = -1;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%d:%d%c", &layer, &head, &tail) != 2 || layer < 0 ||
+        layer >= config.num_layers || head < 0 || head >= config.num_heads) {
+      throw Error("--select-heads", "head",
+                  "layer:head with layer < " + std::to_string(config.num_layers) + " and head < " +
+                      std::to_string(config.num_heads),
+                  "'" + item + "'");
+    }
+    heads.push_back(int32_t(layer * config.num_heads + head));
+  }
+  std::sort(heads.begin(), heads.end());
+  heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+  return heads;
+}
+
+// Mean of a metric over the steps where it is defined.
+template <class Get>
+double mean_over_steps(const Trace& trace, size_t run, Get get) {
+  double sum = 0.0;
+  int64_t count = 0;
+  for (const auto& step : trace.steps()) {
+    const double value = double(get(step[run]));
+    if (std::isfinite(value)) sum += value, ++count;
+  }
+  return count ? sum / double(count) : NAN;
+}
+
+int run_trace(const CommonOptions& common, bool from_prompt) {
+  if (from_prompt == (flags.coref_index >= 0)) {
+    throw Error("trace", "--prompt or --coref-sample", "exactly one of them");
+  }
+  const std::vector<PolicyConfig> runs =
+      resolve_policy_runs(flags.policies, flags.sparsities, flags.policy_args);
+  if (flags.top_k < 1) throw Error("--top-k", "top_k", "at least 1", std::to_string(flags.top_k));
+  if (flags.memory_mb < 0) {
+    throw Error("--memory-budget-mb", "budget", "a non-negative size in MiB",
+                std::to_string(flags.memory_mb));
+  }
+  { AtomicOutputFile probe(flags.out_path, "--out"); }  // an unwritable path fails before the run
+
+  const auto model = Model::load(flags.model_dir);
+  const Tokenizer& tokenizer = model->require_tokenizer();
+  TraceOptions options;
+  options.top_k = flags.top_k;
+  options.memory_budget = uint64_t(flags.memory_mb) << 20;
+  options.selected_heads = parse_heads(flags.selected_heads, model->config);
+  options.prefill = flags.prefill;
+  std::vector<int32_t> tokens;
+  std::optional<CorefSample> sample;
+  std::optional<CorefTokens> marked;
+  if (from_prompt) {
+    tokens = resolve_input_tokens(*model, flags.prompt, "", "--prompt", flags.max_tokens);
+  } else {
+    const CorefPools pools =
+        flags.pools_path.empty() ? load_bundled_coref_pools() : load_coref_pools(flags.pools_path);
+    sample = generate_coref_sample(pools, flags.seed, flags.coref_index, flags.hard);
+    marked = mark_answer_tokens(*sample, tokenizer);
+    tokens = marked->tokens;
+    check_input_tokens(*model, tokens, "--coref-sample");
+  }
+  const auto backend = make_backend(common);
+  const auto resident = BackendModel::upload(model, *backend);
+  TraceRecorder recorder(resident, &tokenizer, tokens, runs, options);
+  if (sample) {
+    TraceCorefInfo& coref = recorder.trace().coref;
+    coref = {true,
+             sample->index,
+             sample->seed,
+             sample->answer,
+             marked->answer_token_begin,
+             marked->answer_token_end};
+  }
+  const auto start = std::chrono::steady_clock::now();
+  {
+    ProgressBar bar(common.progress, "trace");
+    while (recorder.step()) bar.update(recorder.trace().step_count(), recorder.steps_total());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Trace& trace = recorder.trace();
+  save_trace(trace, flags.out_path);
+
+  std::printf("trace %s: %lld steps x %zu runs in %.1f s, rows %.1f MiB", flags.out_path.c_str(),
+              (long long)trace.step_count(), trace.runs.size(), seconds,
+              double(trace.row_bytes()) / double(1 << 20));
+  if (trace.degraded_from_step() >= 0) {
+    std::printf(" (memory budget reached at step %lld: later steps keep %zu selected heads)",
+                (long long)trace.degraded_from_step(), trace.selected_heads.size());
+  }
+  std::printf("\n%-12s %8s %9s %8s %8s %9s %9s %9s\n", "policy", "sparsity", "effective", "ppl",
+              "kl", "recall", "classify", "consensus");
+  for (size_t r = 0; r < trace.runs.size(); ++r) {
+    const double nll = mean_over_steps(trace, r, [](const StepRecord& s) { return s.metrics.nll; });
+    std::printf(
+        "%-12s %8.3f %9.3f %8.3f %8.4f %9.3f %9.3f %9.3f\n", trace.runs[r].policy.c_str(),
+        trace.runs[r].sparsity,
+        mean_over_steps(trace, r, [](const StepRecord& s) { return s.metrics.effective_sparsity; }),
+        std::exp(nll),
+        mean_over_steps(trace, r, [](const StepRecord& s) { return s.metrics.kl_vs_dense; }),
+        mean_over_steps(trace, r, [](const StepRecord& s) { return s.metrics.recall_vs_oracle; }),
+        mean_over_steps(trace, r,
+                        [](const StepRecord& s) { return s.metrics.classification_accuracy; }),
+        mean_over_steps(trace, r, [](const StepRecord& s) { return s.metrics.consensus; }));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_trace_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
+  auto* command = app.add_subcommand(
+      "trace", "Record several policies in lockstep over a text into a .kvtrace file");
+  command->add_option("--model", flags.model_dir, "Hugging Face checkpoint folder")->required();
+  auto* prompt = command->add_option("--prompt", flags.prompt, "Text to trace (BOS is added)");
+  auto* coref = command
+                    ->add_option("--coref-sample", flags.coref_index,
+                                 "Trace co-reference sample I instead of a prompt")
+                    ->check(CLI::NonNegativeNumber);
+  prompt->excludes(coref);
+  command->add_option("--policies", flags.policies, "Comma-separated policy ids")
+      ->capture_default_str();
+  command->add_option("--sparsity", flags.sparsities, "Comma-separated sparsities in [0,1)")
+      ->capture_default_str();
+  command->add_option("--policy-arg", flags.policy_args,
+                      "Policy parameter key=value or policy.key=value (repeatable)");
+  command->add_option("--out", flags.out_path, "The .kvtrace file to write")->required();
+  command->add_option("--seed", flags.seed, "coref: generator seed (default 0)");
+  command->add_flag("--hard", flags.hard, "coref: 2-3 locations per sample");
+  command->add_option("--coref-pools", flags.pools_path, "coref: pools JSON");
+  command->add_option("--max-tokens", flags.max_tokens, "prompt: keep only the first N tokens")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--prefill", flags.prefill,
+                   "Process the first N tokens densely (prefill + decode); 0: decode simulation")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--top-k", flags.top_k, "Next-token candidates kept per step")
+      ->capture_default_str();
+  command
+      ->add_option("--memory-budget-mb", flags.memory_mb,
+                   "Rows kept in full up to this many MiB, then only the selected heads")
+      ->capture_default_str();
+  command->add_option("--select-heads", flags.selected_heads,
+                      "layer:head,... whose rows are kept past the memory budget");
+  add_common_options(*command, common);
+  command->callback([&run, &common, prompt] {
+    run = [&common, prompt] { return run_trace(common, bool(*prompt)); };
+  });
+}
+
+}  // namespace kvlens::cli
