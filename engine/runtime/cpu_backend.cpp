@@ -188,36 +188,35 @@ class CpuBackend final : public Backend {
     const float* xs = x.as<const float>();
     const auto* ws = static_cast<const std::byte*>(w.data);
     float* ys = y.as<float>();
-    // For n > 1 each task walks its output rows in blocks that stay in L2 while every row of x
-    // passes over them, so the weights come from memory once per call rather than once per row.
-    // BF16/F16 blocks are widened to F32 once and then read by the F32 kernel for every row of x
-    // (lockstep runs, prefill): the widening is exact and the F32 kernel sums in the same order
-    // as the narrow one, so the result is bit-identical to n = 1, at 1/n of the conversions.
-    const bool widen_block = n > 1 && w.dtype != DType::F32;
+    // For n > 1 (lockstep runs, prefill) each task walks its output rows in blocks that stay in
+    // L2 while every row of x passes over them, so the weights come from memory once per call,
+    // and register blocks of up to 4 rows of x by 3 weight rows load (and widen) each weight once
+    // for 4 rows of x. The block kernel sums every output in the order of the row kernel, so the
+    // result is bit-identical to n = 1.
+    const DotBlockFn dot_block = kernels_.block_for_dtype(w.dtype);
     constexpr size_t kBlockBytes = 256 * 1024;
-    const size_t block_row_bytes = widen_block ? size_t(in) * sizeof(float) : w_row_bytes;
+    constexpr int64_t kRowStep = kMaxRows * kMaxBlockRows;
     const int64_t block =
-        std::max<int64_t>(kMaxRows, int64_t(kBlockBytes / block_row_bytes) / kMaxRows * kMaxRows);
+        std::max<int64_t>(kRowStep, int64_t(kBlockBytes / w_row_bytes) / kRowStep * kRowStep);
     const int64_t grain = n == 1 ? 64 : block;
     pool_.parallel_for(
         0, out,
         [&](int64_t row_begin, int64_t row_end) {
-          thread_local std::vector<float> widened;
           for (int64_t o0 = row_begin; o0 < row_end; o0 += block) {
             const int64_t o1 = std::min(row_end, o0 + block);
-            if (widen_block) {
-              widened.resize(size_t((o1 - o0) * in));
-              widen(w, o0 * in, (o1 - o0) * in, widened.data());
-            }
-            for (int64_t i = 0; i < n; ++i) {
+            if (n == 1) {
               for (int64_t o = o0; o < o1; o += kMaxRows) {
                 const int rows = int(std::min<int64_t>(kMaxRows, o1 - o));
-                if (widen_block) {
-                  kernels_.f32(xs + i * in, widened.data() + (o - o0) * in, in, rows,
-                               ys + i * out + o);
-                } else {
-                  dot(xs + i * in, ws + size_t(o) * w_row_bytes, in, rows, ys + i * out + o);
-                }
+                dot(xs, ws + size_t(o) * w_row_bytes, in, rows, ys + o);
+              }
+              continue;
+            }
+            for (int64_t i = 0; i < n; i += kMaxBlockX) {
+              const int nx = int(std::min<int64_t>(kMaxBlockX, n - i));
+              for (int64_t o = o0; o < o1; o += kMaxBlockRows) {
+                const int rows = int(std::min<int64_t>(kMaxBlockRows, o1 - o));
+                dot_block(xs + i * in, in, nx, ws + size_t(o) * w_row_bytes, in, rows,
+                          ys + i * out + o, out);
               }
             }
           }

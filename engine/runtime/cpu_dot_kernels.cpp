@@ -76,6 +76,13 @@ void dot_rows_generic(const float* x, const void* w, int64_t in, int rows, float
   }
 }
 
+// The portable block: one row of x at a time through the portable row kernel.
+template <DType W>
+void dot_block_generic(const float* x, int64_t x_stride, int nx, const void* w, int64_t in,
+                       int rows, float* y, int64_t y_stride) {
+  for (int i = 0; i < nx; ++i) dot_rows_generic<W>(x + i * x_stride, w, in, rows, y + i * y_stride);
+}
+
 #if KVLENS_HAVE_X86_KERNELS
 
 // Eight weights widened to F32 (exact for all three dtypes).
@@ -136,6 +143,85 @@ KVLENS_AVX2 void dot_rows_avx2(const float* x, const void* w, int64_t in, int ro
   }
 }
 
+// The block kernel keeps NX x R accumulators for one half of the 16 lanes at a time: the first
+// pass sums lanes k mod 16 in 0..7 (plus the trailing 8-chunk, as acc0 does in dot_rows_avx2),
+// the second lanes 8..15; each accumulator sees the same fused multiply-adds in the same order as
+// in the row kernel, and the fold and the scalar tail are the row kernel's, so outputs match it
+// bit for bit. With NX = 4 and R = 3, 12 accumulators + 3 weights + 1 x fit the 16 registers.
+template <DType W, int NX, int R>
+KVLENS_AVX2 void dot_block_avx2_fixed(const float* x, int64_t x_stride, const void* w, int64_t in,
+                                      float* y, int64_t y_stride) {
+  alignas(32) float low[NX][R][8];
+  __m256 acc[NX][R];
+  int64_t tail_begin = 0;
+  for (int half = 0; half < 2; ++half) {
+    for (int i = 0; i < NX; ++i)
+      for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= in; k += 16) {
+      const int64_t at = k + 8 * half;
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load8<W>(w, r * in + at);
+      for (int i = 0; i < NX; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + i * x_stride + at);
+        for (int r = 0; r < R; ++r) acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+      }
+    }
+    if (half == 0) {
+      if (k + 8 <= in) {
+        for (int i = 0; i < NX; ++i) {
+          const __m256 xv = _mm256_loadu_ps(x + i * x_stride + k);
+          for (int r = 0; r < R; ++r)
+            acc[i][r] = _mm256_fmadd_ps(load8<W>(w, r * in + k), xv, acc[i][r]);
+        }
+        k += 8;
+      }
+      tail_begin = k;
+      for (int i = 0; i < NX; ++i)
+        for (int r = 0; r < R; ++r) _mm256_store_ps(low[i][r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < NX; ++i) {
+    for (int r = 0; r < R; ++r) {
+      const __m256 s8 = _mm256_add_ps(_mm256_load_ps(low[i][r]), acc[i][r]);
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      float sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+      for (int64_t t = tail_begin; t < in; ++t)
+        sum = std::fma(load_weight<W>(w, r * in + t), x[i * x_stride + t], sum);
+      y[i * y_stride + r] = sum;
+    }
+  }
+}
+
+template <DType W, int NX>
+KVLENS_AVX2 void dot_block_avx2_x(const float* x, int64_t x_stride, const void* w, int64_t in,
+                                  int rows, float* y, int64_t y_stride) {
+  switch (rows) {
+    case 1:
+      return dot_block_avx2_fixed<W, NX, 1>(x, x_stride, w, in, y, y_stride);
+    case 2:
+      return dot_block_avx2_fixed<W, NX, 2>(x, x_stride, w, in, y, y_stride);
+    default:
+      return dot_block_avx2_fixed<W, NX, 3>(x, x_stride, w, in, y, y_stride);
+  }
+}
+
+template <DType W>
+KVLENS_AVX2 void dot_block_avx2(const float* x, int64_t x_stride, int nx, const void* w, int64_t in,
+                                int rows, float* y, int64_t y_stride) {
+  switch (nx) {
+    case 1:
+      return dot_block_avx2_x<W, 1>(x, x_stride, w, in, rows, y, y_stride);
+    case 2:
+      return dot_block_avx2_x<W, 2>(x, x_stride, w, in, rows, y, y_stride);
+    case 3:
+      return dot_block_avx2_x<W, 3>(x, x_stride, w, in, rows, y, y_stride);
+    default:
+      return dot_block_avx2_x<W, 4>(x, x_stride, w, in, rows, y, y_stride);
+  }
+}
+
 bool cpu_has_avx2_fma() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -151,12 +237,18 @@ DotKernels pick_dot_kernels(bool allow_simd) {
   kernels.f32 = dot_rows_generic<DType::F32>;
   kernels.bf16 = dot_rows_generic<DType::BF16>;
   kernels.f16 = dot_rows_generic<DType::F16>;
+  kernels.f32_block = dot_block_generic<DType::F32>;
+  kernels.bf16_block = dot_block_generic<DType::BF16>;
+  kernels.f16_block = dot_block_generic<DType::F16>;
 #if KVLENS_HAVE_X86_KERNELS
   if (allow_simd && cpu_has_avx2_fma()) {
     kernels.isa = "avx2+fma";
     kernels.f32 = dot_rows_avx2<DType::F32>;
     kernels.bf16 = dot_rows_avx2<DType::BF16>;
     kernels.f16 = dot_rows_avx2<DType::F16>;
+    kernels.f32_block = dot_block_avx2<DType::F32>;
+    kernels.bf16_block = dot_block_avx2<DType::BF16>;
+    kernels.f16_block = dot_block_avx2<DType::F16>;
   }
 #else
   (void)allow_simd;

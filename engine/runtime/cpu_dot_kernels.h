@@ -12,15 +12,29 @@ namespace kvlens {
 
 using DotRowsFn = void (*)(const float* x, const void* w, int64_t in, int rows, float* y);
 inline constexpr int kMaxDotRows = 4;
+// y[i * y_stride + r] = x[i * x_stride ...] . w[r * in ...] for i < nx <= kMaxBlockX rows of x
+// and r < rows <= kMaxBlockRows weight rows: a register block that loads (and widens) each weight
+// once for several x rows (lockstep runs, prefill). Every output is summed in exactly the order of
+// the DotRowsFn kernels, so the result is bit-identical to nx separate calls.
+using DotBlockFn = void (*)(const float* x, int64_t x_stride, int nx, const void* w, int64_t in,
+                            int rows, float* y, int64_t y_stride);
+inline constexpr int kMaxBlockX = 4;
+inline constexpr int kMaxBlockRows = 3;
 
 struct DotKernels {
   const char* isa = "generic";  // set by pick_dot_kernels
   DotRowsFn f32 = nullptr;
   DotRowsFn bf16 = nullptr;
   DotRowsFn f16 = nullptr;
+  DotBlockFn f32_block = nullptr;
+  DotBlockFn bf16_block = nullptr;
+  DotBlockFn f16_block = nullptr;
 
   DotRowsFn for_dtype(DType dtype) const {
     return dtype == DType::F32 ? f32 : dtype == DType::BF16 ? bf16 : f16;
+  }
+  DotBlockFn block_for_dtype(DType dtype) const {
+    return dtype == DType::F32 ? f32_block : dtype == DType::BF16 ? bf16_block : f16_block;
   }
 };
 

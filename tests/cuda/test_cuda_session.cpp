@@ -66,15 +66,30 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
       "Rourstelk. Courage is often mistaken for its opposite by those in a hurry. The valley with "
       "the terraced vineyards is called: Rourstelk",
       true);
-  for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "keydiff", "lazyllm"}) {
+  std::vector<PolicyConfig> policies;
+  for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "quest", "keydiff",
+                         "tokenfilter", "lazyllm"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {}};
+    policies.push_back(options.policy);
     const ScoreResult c = score_tokens(on_cpu, tokens, options);
     const ScoreResult g = score_tokens(on_gpu, tokens, options);
     CHECK(g.ppl == Approx(c.ppl).epsilon(1e-3));
     int64_t same = 0;
     for (size_t i = 0; i < c.argmax.size(); ++i) same += c.argmax[i] == g.argmax[i];
     CHECK(same >= int64_t(c.argmax.size()) - 1);
+  }
+  // Lockstep on the GPU: cuBLAS may choose another kernel for 9 rows than for 1, so the runs
+  // agree with the runs alone to rounding, not to the bit; 1e-3 on the perplexity is far below
+  // what a run reading another run's cache or policy state would give.
+  const std::vector<ScoreResult> together = score_tokens_lockstep(on_gpu, tokens, policies);
+  for (size_t p = 0; p < policies.size(); ++p) {
+    INFO(policies[p].id << " in lockstep");
+    ScoreOptions options;
+    options.policy = policies[p];
+    const ScoreResult alone = score_tokens(on_gpu, tokens, options);
+    CHECK(together[p].ppl == Approx(alone.ppl).epsilon(1e-3));
+    CHECK(together[p].sparsity.overall() == Approx(alone.sparsity.overall()).epsilon(1e-2));
   }
 }

@@ -271,7 +271,8 @@ TEST_CASE("matmul is bit-identical for 1 and 2 threads and between prefill and d
   one.allow_simd = two.allow_simd = simd;
   auto single = make_cpu_backend(one);
   auto dual = make_cpu_backend(two);
-  const int64_t n = 3, in = 293, out = 1037;
+  // 3 rows: one partial register block; 9: two full blocks of 4 rows and one of 1.
+  const int64_t n = GENERATE(3, 9), in = 293, out = 1037;
   const auto x = random_values(size_t(n * in), 21);
   const auto w = random_values(size_t(out * in), 22);
   DeviceTensor y1 = single->alloc(DType::F32, {n, out});
@@ -296,7 +297,7 @@ TEST_CASE("matmul reads BF16 (and F16) weights exactly as if widened first", "[b
   options.threads = 2;
   options.allow_simd = simd;
   auto backend = make_cpu_backend(options);
-  const int64_t n = 2, in = 77, out = 45;
+  const int64_t n = 6, in = 77, out = 45;
   const auto x = random_values(size_t(n * in), 31);
   const auto bits = to_bf16(random_values(size_t(out * in), 32));
   std::vector<float> widened(bits.size());
@@ -311,6 +312,15 @@ TEST_CASE("matmul reads BF16 (and F16) weights exactly as if widened first", "[b
   backend->matmul(xt, w16, y16);
   backend->matmul(xt, make_f32(*backend, widened, {out, in}), y32);
   REQUIRE(read(*backend, y16) == read(*backend, y32));
+  // The register-blocked n > 1 path gives each row the bits of the n = 1 path.
+  const std::vector<float> all_rows = read(*backend, y16);
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<float> row(x.begin() + long(i * in), x.begin() + long((i + 1) * in));
+    DeviceTensor y = backend->alloc(DType::F32, {1, out});
+    backend->matmul(make_f32(*backend, row, {1, in}), w16, y);
+    REQUIRE(read(*backend, y) == std::vector<float>(all_rows.begin() + long(i * out),
+                                                    all_rows.begin() + long((i + 1) * out)));
+  }
   std::vector<double> want, magnitude;
   reference_matmul(x, widened, n, in, out, want, magnitude);
   check_matmul_close(read(*backend, y16), want, magnitude);
