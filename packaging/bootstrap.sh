@@ -55,8 +55,12 @@ if [ "$mode" = demo ]; then
   prompt="It was a dark and stormy night, and"
   log "kvlens-cli generate --model assets/models/demo --prompt '$prompt' --max-new 60"
   "$cli" generate --model "$model" --prompt "$prompt" --max-new 60
-  log "kvlens-cli eval --model assets/models/demo --task coref --policies dense --sparsity 0 --samples 50"
-  "$cli" eval --model "$model" --task coref --policies dense --sparsity 0 --samples 50 --progress
+  policies=dense,oracle,quest,keydiff,h2o,streaming
+  log "kvlens-cli eval --model assets/models/demo --task coref --policies $policies --sparsity 0.5 --samples 30"
+  "$cli" eval --model "$model" --task coref --policies "$policies" --sparsity 0.5 --samples 30 --progress
+  log "kvlens-cli trace --model assets/models/demo --coref-sample 0 --policies dense,h2o,quest --out $build/demo.kvtrace"
+  "$cli" trace --model "$model" --coref-sample 0 --policies dense,h2o,quest --sparsity 0.5 \
+    --out "$build/demo.kvtrace"
   log "kvlens-cli score --model assets/models/demo --text-file assets/models/demo/sample.txt"
   "$cli" score --model "$model" --text-file "$model/sample.txt" --progress
   log "Done. kvlens-cli is at $cli (try: $cli --help)"

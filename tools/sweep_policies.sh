@@ -36,5 +36,5 @@ for task in coref ppl; do
     tail -n +2 "$out/$task-$s.csv" | { if [ "$s" != "${sparsities%% *}" ]; then grep -v '^dense,'; else cat; fi; }
   done >"$out/$task-sweep.csv"
   echo "== $task sweep: $out/$task-sweep.csv"
-  column -s, -t "$out/$task-sweep.csv"
+  if command -v column >/dev/null; then column -s, -t "$out/$task-sweep.csv"; else cat "$out/$task-sweep.csv"; fi
 done

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Lockstep benchmark (issue 4's bar: 10 policies stepped together cost at most 3x one dense run at
+# the same context): `kvlens-cli bench --policies` steps a dense session and a lockstep session of
+# every policy alternately in one process, at 128 and 512 tokens of context, REPEATS times each;
+# prints the medians of the step times, the steps/s and the ratio.
+# usage: tools/bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]
+set -euo pipefail
+build=${1:?usage: bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+model=${2:-$root/assets/models/demo}
+repeats=${3:-5}
+threads=${4:-0}
+policies=dense,oracle,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,random
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "model: $model; lockstep runs: $policies at sparsity 0.5; threads: $threads (0 = all)"
+for context in 128 512; do
+  for i in $(seq "$repeats"); do
+    "$build/app/kvlens-cli" bench --model "$model" --context "$context" --steps 64 --copy-mb 16 \
+      --threads "$threads" --policies "$policies" --sparsity 0.5 --json
+  done | python3 -c '
+import json, statistics, sys
+text = sys.stdin.read()
+runs, depth, start = [], 0, 0
+for i, ch in enumerate(text):  # the runs print one JSON object each
+    if ch == "{":
+        depth += 1
+        if depth == 1: start = i
+    elif ch == "}":
+        depth -= 1
+        if depth == 0: runs.append(json.loads(text[start:i + 1]))
+dense = statistics.median(r["step_seconds_median"] for r in runs)
+lock = statistics.median(r["lockstep"]["step_seconds_median"] for r in runs)
+ratio = statistics.median(r["lockstep"]["ratio_to_dense"] for r in runs)
+print("context %4d: dense %.2f ms/step (%.0f steps/s), %d-run lockstep %.2f ms/step (%.1f steps/s), "
+      "ratio %.2f (median of %d runs; per run: %s)" % (runs[0]["context"], dense * 1e3, 1 / dense,
+      runs[0]["lockstep"]["runs"], lock * 1e3, 1 / lock, ratio, len(runs),
+      " ".join("%.2f" % r["lockstep"]["ratio_to_dense"] for r in runs)))
+'
+done
