@@ -102,16 +102,52 @@ __global__ void attention_visible_kernel(VisibleAttentionArgs a) {
     for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] *= inv;
 }
 
-// One block per row. The candidates' keys (top_k_key) are distinct, so the k best are exactly
-// those with key >= the k-th largest key, which a radix select finds 8 bits at a time from the
-// top: a histogram of the next digit over the candidates that match the digits fixed so far, then
-// the digit where the count from the top reaches the number still wanted. O(8 * cols / threads).
-__global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
-                                    RowsRef<uint8_t> selected, int64_t cols, int64_t k) {
+// The radix select both selections share: among items 0..items-1, each with a distinct 64-bit key
+// and a weight (item(i, key, weight); weight 0 = not a candidate), walk the keys from the largest
+// down and return the key at which the running weight reaches `wanted` (Exceeds false: the k-th
+// largest key of unit weights) or first exceeds it (Exceeds true: the boundary item whose weight
+// no longer fits). 8 bits at a time from the top: a histogram of the next digit over the items
+// matching the digits fixed so far, then the digit where the count from the top gets there.
+// Needs the caller to know that the total weight is above `wanted` (>= for Exceeds false).
+template <bool Exceeds, class Item>
+__device__ uint64_t radix_select_key(int64_t items, unsigned wanted, Item item) {
   __shared__ unsigned histogram[256];
-  __shared__ unsigned scratch[32];
   __shared__ uint64_t shared_prefix;
   __shared__ unsigned shared_remaining;
+  uint64_t prefix = 0;
+  unsigned remaining = wanted;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
+    __syncthreads();
+    const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
+    for (int64_t i = threadIdx.x; i < items; i += blockDim.x) {
+      uint64_t key;
+      unsigned weight;
+      item(i, key, weight);
+      if (weight > 0 && (key & fixed) == prefix)
+        atomicAdd(&histogram[unsigned(key >> shift) & 255u], weight);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // The matching items weigh at least (Exceeds: more than) `remaining`: this stops at >= 0.
+      int digit = 255;
+      while (digit > 0 && (Exceeds ? histogram[digit] <= remaining : histogram[digit] < remaining))
+        remaining -= histogram[digit--];
+      shared_prefix = prefix | (uint64_t(digit) << shift);
+      shared_remaining = remaining;
+    }
+    __syncthreads();
+    prefix = shared_prefix;
+    remaining = shared_remaining;
+  }
+  return prefix;
+}
+
+// One block per row. The candidates' keys (top_k_key) are distinct, so the k best are exactly
+// those with key >= the k-th largest key, which radix_select_key finds. O(8 * cols / threads).
+__global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
+                                    RowsRef<uint8_t> selected, int64_t cols, int64_t k) {
+  __shared__ unsigned scratch[32];
   const int64_t r = blockIdx.x;
   const float* score = scores.data + r * scores.stride;
   const uint8_t* allowed = eligible.data ? eligible.data + r * eligible.stride : nullptr;
@@ -128,29 +164,12 @@ __global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const u
     return;
   }
 
-  uint64_t prefix = 0;
-  unsigned remaining = unsigned(k);  // 0 < k < count <= 2^31
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
-    __syncthreads();
-    const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      if (!candidate(j)) continue;
-      const uint64_t key = top_k_key(score[j], uint32_t(j));
-      if ((key & fixed) == prefix) atomicAdd(&histogram[unsigned(key >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      // The matching candidates number at least `remaining`, so this stops at digit >= 0.
-      int digit = 255;
-      while (digit > 0 && histogram[digit] < remaining) remaining -= histogram[digit--];
-      shared_prefix = prefix | (uint64_t(digit) << shift);
-      shared_remaining = remaining;
-    }
-    __syncthreads();
-    prefix = shared_prefix;
-    remaining = shared_remaining;
-  }
+  // 0 < k < count <= 2^31
+  const uint64_t prefix =
+      radix_select_key<false>(cols, unsigned(k), [&](int64_t j, uint64_t& key, unsigned& weight) {
+        weight = candidate(j) ? 1u : 0u;
+        key = weight ? top_k_key(score[j], uint32_t(j)) : 0;
+      });
   // `prefix` is now the k-th largest key itself.
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     if (candidate(j) && top_k_key(score[j], uint32_t(j)) >= prefix) chosen[j] = 1;
@@ -327,16 +346,11 @@ __device__ __forceinline__ void page_key_cost(const float* score, const uint8_t*
 }
 
 // One block per row. The pages taken are those before the first page whose running cost (pages
-// in descending key order) exceeds k: the "boundary" page. A radix select finds its key 8 bits
-// at a time from the top, as select_top_k_kernel does, but the histogram counts each page's cost
-// instead of 1: walking the digits from 255 down, whole buckets that still fit are taken and the
-// boundary lies in the first bucket that does not. Pages with a key above it are then marked.
+// in descending key order) exceeds k: the "boundary" page, whose key radix_select_key finds with
+// each page weighted by its cost. Pages with a key above it are then marked.
 __global__ void select_pages_kernel(RowsRef<const float> scores, RowsRef<uint8_t> selected,
                                     int64_t cols, int64_t page_size, int64_t k) {
-  __shared__ unsigned histogram[256];
   __shared__ unsigned scratch[32];
-  __shared__ uint64_t shared_prefix;
-  __shared__ unsigned shared_remaining;
   const int64_t r = blockIdx.x;
   const float* score = scores.data + r * scores.stride;
   uint8_t* chosen = selected.data + r * selected.stride;
@@ -355,31 +369,11 @@ __global__ void select_pages_kernel(RowsRef<const float> scores, RowsRef<uint8_t
     return;
   }
 
-  uint64_t prefix = 0;
-  unsigned remaining = unsigned(k);  // 0 < k < total <= 2^31
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
-    __syncthreads();
-    const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
-    for (int64_t p = threadIdx.x; p < pages; p += blockDim.x) {
-      uint64_t key;
-      unsigned cost;
-      page_key_cost(score, chosen, p, page_size, cols, key, cost);
-      if (cost > 0 && (key & fixed) == prefix)
-        atomicAdd(&histogram[unsigned(key >> shift) & 255u], cost);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      // The matching pages cost more than `remaining` in total, so this stops at a digit >= 0.
-      int digit = 255;
-      while (digit > 0 && histogram[digit] <= remaining) remaining -= histogram[digit--];
-      shared_prefix = prefix | (uint64_t(digit) << shift);
-      shared_remaining = remaining;
-    }
-    __syncthreads();
-    prefix = shared_prefix;
-    remaining = shared_remaining;
-  }
+  // 0 < k < total <= 2^31
+  const uint64_t prefix =
+      radix_select_key<true>(pages, unsigned(k), [&](int64_t p, uint64_t& key, unsigned& cost) {
+        page_key_cost(score, chosen, p, page_size, cols, key, cost);
+      });
   // `prefix` is the boundary page's key. A page's columns are read and written by its one thread.
   for (int64_t p = threadIdx.x; p < pages; p += blockDim.x) {
     uint64_t key;

@@ -49,6 +49,11 @@ CommonKnobs read_common_knobs(const ParamValues& values, double sparsity);
 struct LayerStep {
   int64_t step = 0;  // t: the token just appended; candidates are columns 0..t
   int64_t layer = 0;
+  // [1, E]: this layer's attention input for the token (the hidden state after the layer's input
+  // RMSNorm). At layer 0 it is what a learned predictor reads (TokenButler: the embedding after
+  // layer 0's input norm), so a predictor policy computes its step at layer 0 and ranks by it at
+  // every later layer of the same step.
+  const DeviceTensor* layer_input = nullptr;
   const DeviceTensor* q = nullptr;        // [1, H, D] after RoPE
   const DeviceTensor* k_cache = nullptr;  // [G, stride, D]
   const DeviceTensor* v_cache = nullptr;  // [G, stride, D]

@@ -187,7 +187,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
         backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[l],
                            run.v_cache[l], position_);
         DeviceTensor run_attn = row_view(attn_heads, r);
-        run_attention(run, l, row_view(q_heads, r), run_attn);
+        run_attention(run, l, row_view(normed, r), row_view(q_heads, r), run_attn);
       }
     } else {
       SessionRun& first = runs_[0];
@@ -262,8 +262,8 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
   }
 }
 
-void DecoderSession::run_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
-                                   DeviceTensor& attn_heads) {
+void DecoderSession::run_attention(SessionRun& run, size_t layer, const DeviceTensor& layer_input,
+                                   const DeviceTensor& q_heads, DeviceTensor& attn_heads) {
   const int64_t H = model_->config().num_heads, cols = position_ + 1;
   DeviceTensor* logits_out = nullptr;
   if (options_.record_attention_logits) {
@@ -276,7 +276,7 @@ void DecoderSession::run_attention(SessionRun& run, size_t layer, const DeviceTe
                        logits_out);
     return;
   }
-  policy_attention(run, layer, q_heads, attn_heads);
+  policy_attention(run, layer, layer_input, q_heads, attn_heads);
   if (logits_out) {
     // policy_logits_ rows have the policy stride; the recorded rows are packed.
     const int64_t stride = policy_logits_.dim(1);
@@ -289,11 +289,13 @@ void DecoderSession::run_attention(SessionRun& run, size_t layer, const DeviceTe
   }
 }
 
-void DecoderSession::policy_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
+void DecoderSession::policy_attention(SessionRun& run, size_t layer,
+                                      const DeviceTensor& layer_input, const DeviceTensor& q_heads,
                                       DeviceTensor& attn_heads) {
   LayerStep step;
   step.step = position_;
   step.layer = int64_t(layer);
+  step.layer_input = &layer_input;
   step.q = &q_heads;
   step.k_cache = &run.k_cache[layer];
   step.v_cache = &run.v_cache[layer];

@@ -101,11 +101,12 @@ class DecoderSession {
   // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run.
   const DeviceTensor& forward_rows(std::span<const int32_t> tokens, bool per_run);
   // One run's attention for its single token at one layer, under its policy when the policy
-  // applies at this position; q/out are that run's [1, H, D] rows.
-  void run_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
-                     DeviceTensor& attn_heads);
-  void policy_attention(SessionRun& run, size_t layer, const DeviceTensor& q_heads,
-                        DeviceTensor& attn_heads);
+  // applies at this position; layer_input is the run's [1, E] attention input (after the layer's
+  // RMSNorm), q/out its [1, H, D] rows.
+  void run_attention(SessionRun& run, size_t layer, const DeviceTensor& layer_input,
+                     const DeviceTensor& q_heads, DeviceTensor& attn_heads);
+  void policy_attention(SessionRun& run, size_t layer, const DeviceTensor& layer_input,
+                        const DeviceTensor& q_heads, DeviceTensor& attn_heads);
   void record_sparsity(SessionRun& run, size_t layer, LayerDecision decision, int64_t cols);
   bool policy_step(const SessionRun& run) const {
     return run.policy && position_ >= run.first_step;

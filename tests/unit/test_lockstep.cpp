@@ -142,3 +142,47 @@ TEST_CASE("lockstep session: bad run counts and indices are clear errors", "[loc
              Catch::Contains("token id"));
   CHECK(session.position() == 0);  // nothing was fed by the failed calls
 }
+
+namespace {
+
+// A policy that only watches: what a learned predictor would read at each (step, layer).
+class InputProbe final : public Policy {
+ public:
+  explicit InputProbe(Backend& backend) : backend_(backend) {}
+  LayerDecision select(const LayerStep& step, DeviceTensor&, DeviceTensor&) override {
+    if (step.layer == 0 && step.layer_input) {
+      inputs.emplace_back(size_t(step.layer_input->numel()));
+      backend_.to_host(*step.layer_input, inputs.back().data(), inputs.back().size() * 4);
+    }
+    return LayerDecision::Dense;
+  }
+  std::vector<std::vector<float>> inputs;
+
+ private:
+  Backend& backend_;
+};
+
+}  // namespace
+
+TEST_CASE("a policy sees each run's layer-0 attention input, as a predictor needs", "[lockstep]") {
+  Loaded loaded = load_tiny("lockstep-input");
+  Backend& backend = *loaded.backend;
+  DecoderSession session(loaded.model, {}, 2);
+  auto probe = std::make_unique<InputProbe>(backend);
+  InputProbe& seen = *probe;
+  session.set_policy(1, std::move(probe));
+  const std::vector<int32_t> tokens = {3, 14, 15};
+  for (const int32_t token : tokens) session.forward_runs(std::vector<int32_t>{1, token});
+  REQUIRE(seen.inputs.size() == tokens.size());
+  // The reference: the token's embedding through layer 0's input RMSNorm, computed apart.
+  const BackendModel& model = *loaded.model;
+  const int64_t E = model.config().hidden_size;
+  DeviceTensor embedded = backend.alloc(DType::F32, {1, E}),
+               normed = backend.alloc(DType::F32, {1, E});
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    backend.embed(model.embed, std::vector<int32_t>{tokens[i]}, embedded);
+    backend.rmsnorm(embedded, model.layers[0].attn_norm, float(model.config().rms_norm_eps),
+                    normed);
+    CHECK(seen.inputs[i] == to_host(backend, normed));
+  }
+}
