@@ -413,6 +413,12 @@ TEST_CASE("eval: bad flags get one message naming the flag", "[eval][cli][errors
     require_failure(base + "--task coref --policies dense,streaming --policy-arg heavy_frac=0.2",
                     {"--policy-arg", "heavy_frac"});
   }
+  SECTION("an unknown parameter beside a known one") {
+    // Each --policy-arg is checked on its own: a valid one must not hide a typo next to it.
+    require_failure(base + "--task coref --policies h2o,streaming --policy-arg sinks=2 " +
+                        "--policy-arg heavy_fraction=0.2",
+                    {"--policy-arg", "heavy_fraction"});
+  }
   SECTION("a bad value of a policy parameter") {
     require_failure(base + "--task coref --policies h2o --policy-arg h2o.heavy_frac=2",
                     {"--policy-arg", "heavy_frac", "[0, 1]"});
