@@ -74,7 +74,7 @@ ctest --test-dir "$build" --output-on-failure -j"$jobs"
 log "Sanitizer build (ASan + UBSan) and its unit tests"
 san="$build-sanitize"
 cmake -S "$root" -B "$san" -DCMAKE_BUILD_TYPE=Debug -DKVLENS_SANITIZE=ON -DKVLENS_CUDA=OFF >/dev/null
-cmake --build "$san" -j"$jobs"
+cmake --build "$san" -j"$jobs" --target kvlens_unit_tests
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir "$san" --output-on-failure -j"$jobs" -L unit
 
@@ -84,7 +84,7 @@ if command -v clang++ >/dev/null; then
   cmake -S "$root" -B "$fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLENS_FUZZ=ON -DKVLENS_CUDA=OFF >/dev/null
   cmake --build "$fuzz" -j"$jobs" --target kvlens_fuzzers
-  "$root/tests/fuzz/run_fuzzers.sh" "$fuzz/tests/fuzz" "${KVLENS_FUZZ_SECONDS:-60}"
+  "$root/tests/fuzz/run_fuzzers.sh" "$fuzz/tests/fuzz" "${KVLENS_FUZZ_SECONDS:-30}"
 else
   log "clang++ not found: fuzzers skipped"
 fi
