@@ -13,9 +13,9 @@
 #include "app/cli/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
+#include "engine/policy/registry.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/runtime/cpu_backend.h"
-#include "engine/policy/registry.h"
 #include "engine/runtime/decoder_session.h"
 
 namespace kvlens::cli {
@@ -136,8 +136,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       // alternately with the dense session so both see the same machine load.
       std::optional<DecoderSession> lockstep;
       if (!policies.empty()) {
-        const std::vector<PolicyConfig> runs =
-            resolve_policy_runs(policies, sparsity, policy_args);
+        const std::vector<PolicyConfig> runs = resolve_policy_runs(policies, sparsity, policy_args);
         lockstep.emplace(resident, SessionOptions{}, int64_t(runs.size()));
         for (size_t r = 0; r < runs.size(); ++r) {
           if (runs[r].id == "dense") continue;
@@ -158,8 +157,8 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         backend->to_host(logits, host_logits.data(), host_logits.size() * sizeof(float));
         const double seconds = seconds_since(start);
         const auto first_row_end = host_logits.begin() + config.vocab_size;
-        const auto next = int32_t(std::max_element(host_logits.begin(), first_row_end) -
-                                  host_logits.begin());
+        const auto next =
+            int32_t(std::max_element(host_logits.begin(), first_row_end) - host_logits.begin());
         return std::pair{seconds, next};
       };
       for (int64_t i = 0; i < warmup; ++i) {
