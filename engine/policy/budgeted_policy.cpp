@@ -31,7 +31,7 @@ int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
 void BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
                                      const DeviceTensor& selection_scores,
                                      const DeviceTensor* eligible, DeviceTensor& visible,
-                                     int64_t budget) {
+                                     int64_t budget, int64_t page_size) {
   const int64_t t = step.step, cols = step.cols();
   const ForcedColumns forced =
       forced_columns(t, budget, knobs_.sinks, std::max(recent, knobs_.window));
@@ -43,7 +43,11 @@ void BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
   // part over a token dropped earlier): the set then keeps fewer than B(t), never a returnee.
   if (eligible) backend_.mask_and(target, *eligible, cols);
   const int64_t extra = budget - forced.count(t);
-  if (extra > 0) backend_.select_top_k(selection_scores, cols, eligible, extra, target);
+  if (extra > 0 && page_size > 0) {
+    backend_.select_pages(selection_scores, cols, page_size, extra, target);
+  } else if (extra > 0) {
+    backend_.select_top_k(selection_scores, cols, eligible, extra, target);
+  }
   if (knobs_.kv_head_granularity)
     backend_.expand_row_groups(group_visible_, cols, group(), visible);
 }

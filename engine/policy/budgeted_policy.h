@@ -32,9 +32,11 @@ class BudgetedPolicy : public Policy {
   int64_t select_budgeted(const LayerStep& step, int64_t recent,
                           const DeviceTensor& selection_scores, const DeviceTensor* eligible,
                           DeviceTensor& visible);
-  // The same with a budget other than B(t) (lazyllm's per-layer budgets), in [1, t + 1].
+  // The same with a budget other than B(t) (lazyllm's per-layer budgets), in [1, t + 1]. With
+  // page_size > 0 the rest of the budget buys whole pages (select_pages: quest) instead of tokens.
   void select_budgeted(const LayerStep& step, int64_t recent, const DeviceTensor& selection_scores,
-                       const DeviceTensor* eligible, DeviceTensor& visible, int64_t budget);
+                       const DeviceTensor* eligible, DeviceTensor& visible, int64_t budget,
+                       int64_t page_size = 0);
 
   // Eviction: what select_budgeted did not choose leaves `kept` [R, stride] for good, except the
   // sinks. A budget below the sinks (early steps of a fractional budget) hides some of them for a

@@ -2,7 +2,8 @@
 // (page p = columns [p * page_size, (p + 1) * page_size)); per page and KV head the channel-wise
 // min and max of the keys bound every logit inside the page, and each step the pages with the
 // highest bounds are visible. Per-layer state: page_min, page_max [G, P, D] F32 with
-// P = ceil(stride / page_size); at kv_head granularity a [G, stride] U8 selection.
+// P = ceil(stride / page_size); at kv_head granularity the selection is BudgetedPolicy's [G,
+// stride] one.
 //
 // The rule, with every reading this file makes:
 // - Bound. For query q of head h and the page summaries of its KV head,
@@ -67,8 +68,6 @@ class QuestPolicy final : public BudgetedPolicy {
                               ? backend.alloc(DType::F32, {shape.kv_heads, pages, shape.head_dim})
                               : DeviceTensor{});
     }
-    if (knobs_.kv_head_granularity)
-      group_pages_ = backend.alloc(DType::U8, {shape.kv_heads, shape.stride});
   }
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
@@ -87,17 +86,8 @@ class QuestPolicy final : public BudgetedPolicy {
     const int64_t budget = knobs_.budget(t);
     if (budget >= cols) return LayerDecision::Dense;
     const int64_t current_page = t % page_size_ + 1;  // tokens of the page holding t
-    const ForcedColumns forced =
-        forced_columns(t, budget, knobs_.sinks, std::max(current_page, knobs_.window));
-    DeviceTensor& target = knobs_.kv_head_granularity ? group_pages_ : visible;
-    backend_.fill_columns(target, 0, cols, 0);
-    backend_.fill_columns(target, 0, forced.sink_end, 1);
-    backend_.fill_columns(target, forced.recent_begin, cols, 1);
-    const int64_t extra = budget - forced.count(t);
-    if (extra > 0)
-      backend_.select_pages(at_selection_rows(scores, cols), cols, page_size_, extra, target);
-    if (knobs_.kv_head_granularity)
-      backend_.expand_row_groups(group_pages_, cols, group(), visible);
+    select_budgeted(step, current_page, at_selection_rows(scores, cols), nullptr, visible, budget,
+                    page_size_);
     return LayerDecision::Masked;
   }
 
@@ -106,7 +96,6 @@ class QuestPolicy final : public BudgetedPolicy {
   bool max_only_;
   std::vector<int64_t> filled_;  // per layer: the columns the summaries cover
   std::vector<DeviceTensor> page_min_, page_max_;
-  DeviceTensor group_pages_;  // [G, stride] U8 at kv_head granularity
 };
 
 }  // namespace
