@@ -13,8 +13,7 @@ namespace kvlens::cpu_policy {
 
 struct Context {
   ThreadPool& pool;
-  // The attention op's own kernel set (logits, softmax, value sum), so both agree bit for bit.
-  const DotKernels& kernels;
+  DotRowsFn dot_f32;  // the same kernel the attention op uses, so logits agree bit for bit
 };
 
 void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
