@@ -371,60 +371,55 @@ class CpuBackend final : public Backend {
     const float* ks = k_cache.as<const float>();
     const float* vs = v_cache.as<const float>();
     float* os = out.as<float>();
-    const DotRowsFn dot = kernels_.f32;
+    const DotKernels& kernels = kernels_;
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-    // One unit = one (query row, head); a chunk of units shares one scratch row.
+    // One unit = one (query row, KV head): the heads_per_group query heads that read one KV head
+    // go through the kernels together, so each key and value row is loaded once for all of them.
+    // A chunk of units shares its scratch rows.
     auto run_units = [&](int64_t unit_begin, int64_t unit_end) {
-      std::vector<float> scratch(logits ? 0 : size_t(context));
-      std::vector<float> acc(static_cast<size_t>(head_dim));
+      const size_t rows_size = size_t(heads_per_group * context);
+      std::vector<float> scratch(logits ? 0 : rows_size);
+      std::vector<float> weights(rows_size);
+      std::vector<float> inv_totals(static_cast<size_t>(heads_per_group));
       for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
-        const int64_t i = unit / heads, h = unit % heads;
+        const int64_t i = unit / groups, kv = unit % groups;
+        const int64_t h0 = kv * heads_per_group;
         const int64_t position = first_position + i;
         const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
-        const int64_t kv = h / heads_per_group;
-        const float* qv = qs + unit * head_dim;
         const float* k_rows = ks + kv * capacity * head_dim;
         const float* v_rows = vs + kv * capacity * head_dim;
-        const uint8_t* head_mask = mask ? mask + h * context : nullptr;
-        float* row = logits ? logits + unit * context : scratch.data();
-        auto is_visible = [&](int64_t j) {
-          return j >= lo && j <= position && (!head_mask || head_mask[j] != 0);
-        };
+        float* rows = logits ? logits + (i * heads + h0) * context : scratch.data();
 
-        // Logits of the whole causal window (the attention_logits op computes the same bits),
-        // then the mask; a hidden key costs one wasted dot, which keeps this loop simple.
-        scaled_logits_row(dot, qv, k_rows, head_dim, lo, position, scale, row);
-        std::fill(row + position + 1, row + context, kNegInf);
-        float max_logit = kNegInf;
-        for (int64_t j = lo; j <= position; ++j) {
-          if (is_visible(j)) {
-            max_logit = std::max(max_logit, row[j]);
-          } else {
-            row[j] = kNegInf;
+        // Logits of the whole causal window (the attention_logits op runs the same kernel), then
+        // the mask as -inf; a hidden key costs one wasted dot, which keeps this loop simple.
+        kernels.attention_logits(qs + (i * heads + h0) * head_dim, head_dim, int(heads_per_group),
+                                 k_rows, head_dim, lo, position, scale, rows, context);
+        for (int64_t e = 0; e < heads_per_group; ++e) {
+          float* row = rows + e * context;
+          std::fill(row + position + 1, row + context, kNegInf);
+          if (mask) {
+            const uint8_t* head_mask = mask + (h0 + e) * context;
+            for (int64_t j = lo; j <= position; ++j)
+              if (head_mask[j] == 0) row[j] = kNegInf;
           }
+          // attention_visible's softmax through the same kernel: its sums depend only on the
+          // column indices of the nonzero weights, so starting at lo (where attention_visible
+          // starts at 0 and sees -inf below lo) changes no bit.
+          const float total =
+              kernels.softmax_weights(row, nullptr, lo, position + 1, weights.data() + e * context);
+          // A head that sees nothing (or only -inf) has all weights 0: scale 0 gives zeros.
+          inv_totals[size_t(e)] = total == 0.0f ? 0.0f : 1.0f / total;
         }
-        float* o = os + unit * head_dim;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        if (max_logit == kNegInf) {  // nothing visible (or every logit is -inf): output zeros
-          std::fill(o, o + head_dim, 0.0f);
-          continue;
-        }
-        float total = 0.0f;
-        for (int64_t j = lo; j <= position; ++j) {
-          if (!is_visible(j)) continue;
-          const float weight = std::exp(row[j] - max_logit);
-          total += weight;
-          const float* vv = v_rows + j * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) acc[size_t(d)] += weight * vv[d];
-        }
-        const float inv_total = 1.0f / total;
-        for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv_total;
+        kernels.weighted_values(weights.data(), context, int(heads_per_group), v_rows, head_dim, lo,
+                                position + 1, inv_totals.data(), os + (i * heads + h0) * head_dim,
+                                head_dim);
       }
     };
     // Roughly 64K multiply-adds per chunk so short contexts do not drown in scheduling.
-    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, context * head_dim));
-    pool_.parallel_for(0, n * heads, run_units, grain);
+    const int64_t grain =
+        std::max<int64_t>(1, 65536 / std::max<int64_t>(1, heads_per_group * context * head_dim));
+    pool_.parallel_for(0, n * groups, run_units, grain);
   }
 
   void argmax_rows(const DeviceTensor& x, std::span<int32_t> out) override {
@@ -535,7 +530,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  cpu_policy::Context policy_context() { return {pool_, kernels_.f32}; }
+  cpu_policy::Context policy_context() { return {pool_, kernels_}; }
 
   // x seen as [rows, width]; returns width.
   int64_t check_rows(const DeviceTensor& x, int64_t rows, const std::string& op) {

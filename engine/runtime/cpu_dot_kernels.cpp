@@ -1,4 +1,4 @@
-// Dot-product kernels for the CPU backend (see cpu_dot_kernels.h).
+// Dot-product and attention kernels for the CPU backend (see cpu_dot_kernels.h).
 // Dot kernels. dot_rows(x, w, in, rows, y) sets y[r] = sum_k x[k] * w[r * in + k] for r < rows
 // (rows <= 4 consecutive weight rows). Each row is summed in one fixed order: lanes k mod 16
 // accumulate separately, the 16 partial sums are folded pairwise (16 -> 8 -> 4 -> 2 -> 1), then
@@ -6,24 +6,27 @@
 // thread runs the row, so results are bit-identical for any thread count and between decode
 // (n = 1) and prefill (n > 1). The AVX2 kernels use fused multiply-adds, the portable ones do
 // not, so the two kernel sets differ in the last bits (both are far inside test tolerances).
+// Attention kernels: the same rule (one fixed order per output, FMA only in the AVX2 set); the
+// portable set mirrors the AVX2 set's summation trees with std::exp and separate roundings.
 #include "engine/runtime/cpu_dot_kernels.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
 #define KVLENS_HAVE_X86_KERNELS 1
 #define KVLENS_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KVLENS_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#define KVLENS_AVX2_LAMBDA __attribute__((target("avx2,fma,f16c"), always_inline))
 #else
 #define KVLENS_HAVE_X86_KERNELS 0
 #endif
 
 namespace kvlens {
 namespace {
-
-constexpr int kMaxRows = kMaxDotRows;
 
 template <DType W>
 inline float load_weight(const void* w, int64_t i) {
@@ -81,6 +84,80 @@ template <DType W>
 void dot_block_generic(const float* x, int64_t x_stride, int nx, const void* w, int64_t in,
                        int rows, float* y, int64_t y_stride) {
   for (int i = 0; i < nx; ++i) dot_rows_generic<W>(x + i * x_stride, w, in, rows, y + i * y_stride);
+}
+
+// --- attention kernels, portable ---
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ((l0 + l2) + (l1 + l3)) + ((l4 + l6) + (l5 + l7)): the logits' fold (transpose_sum8 in AVX2).
+inline float fold_logit_lanes(const float* l) {
+  return ((l[0] + l[2]) + (l[1] + l[3])) + ((l[4] + l[6]) + (l[5] + l[7]));
+}
+
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)): the softmax total's fold (halves, then
+// quarters, then neighbours, as a 256-bit register folds).
+inline float fold_halves(const float* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+void attention_logits_generic(const float* q, int64_t q_stride, int nq, const float* keys,
+                              int64_t head_dim, int64_t lo, int64_t hi, float scale, float* row,
+                              int64_t row_stride) {
+  const int64_t body = head_dim / 8 * 8;
+  for (int i = 0; i < nq; ++i) {
+    const float* qi = q + i * q_stride;
+    float* out = row + i * row_stride;
+    std::fill(out, out + lo, kNegInf);
+    for (int64_t j = lo; j <= hi; ++j) {
+      const float* k = keys + j * head_dim;
+      float lanes[8] = {};
+      for (int64_t d = 0; d < body; d += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] += k[d + l] * qi[d + l];
+      float sum = fold_logit_lanes(lanes);
+      for (int64_t d = body; d < head_dim; ++d) sum += k[d] * qi[d];
+      out[j] = sum * scale;
+    }
+  }
+}
+
+float softmax_weights_generic(const float* logits, const uint8_t* visible, int64_t begin,
+                              int64_t end, float* weights) {
+  auto shown = [&](int64_t j) { return !visible || visible[j] != 0; };
+  float max_logit = kNegInf;
+  for (int64_t j = begin; j < end; ++j)
+    if (shown(j)) max_logit = std::max(max_logit, logits[j]);  // passes over NaN
+  if (max_logit == kNegInf) {
+    std::fill(weights + begin, weights + end, 0.0f);
+    return 0.0f;
+  }
+  float lanes[8] = {};
+  for (int64_t j = begin; j < end; ++j) {
+    // exp(-inf) is exactly 0, so -inf logits need no test.
+    weights[j] = shown(j) ? std::exp(logits[j] - max_logit) : 0.0f;
+    lanes[j % 8] += weights[j];
+  }
+  return fold_halves(lanes);
+}
+
+void weighted_values_generic(const float* weights, int64_t weights_stride, int nq,
+                             const float* values, int64_t head_dim, int64_t begin, int64_t end,
+                             const float* scales, float* out, int64_t out_stride) {
+  constexpr int64_t kChunk = 64;
+  for (int i = 0; i < nq; ++i) {
+    const float* w = weights + i * weights_stride;
+    float* o = out + i * out_stride;
+    for (int64_t d0 = 0; d0 < head_dim; d0 += kChunk) {
+      const int64_t width = std::min(kChunk, head_dim - d0);
+      float acc[kChunk] = {};
+      for (int64_t j = begin; j < end; ++j) {
+        if (w[j] == 0.0f) continue;
+        const float* v = values + j * head_dim + d0;
+        for (int64_t d = 0; d < width; ++d) acc[d] += w[j] * v[d];
+      }
+      for (int64_t d = 0; d < width; ++d) o[d0 + d] = acc[d] * scales[i];
+    }
+  }
 }
 
 #if KVLENS_HAVE_X86_KERNELS
@@ -222,6 +299,394 @@ KVLENS_AVX2 void dot_block_avx2(const float* x, int64_t x_stride, int nx, const 
   }
 }
 
+// --- attention kernels, AVX2/FMA ---
+// The helpers are forced inline: called per block, a call and its set-up would cost as much as
+// the block's arithmetic at head_dim 32.
+
+// Pins the N vectors to registers: GCC would otherwise fold a load that several FMAs share into
+// each of them as a memory operand, and the loads, not the FMAs, would bound the loop.
+template <int N>
+KVLENS_AVX2_INLINE void keep_in_registers(__m256 (&v)[N]) {
+  if constexpr (N == 1) {
+    __asm__("" : "+x"(v[0]));
+  } else if constexpr (N == 2) {
+    __asm__("" : "+x"(v[0]), "+x"(v[1]));
+  } else if constexpr (N == 4) {
+    __asm__("" : "+x"(v[0]), "+x"(v[1]), "+x"(v[2]), "+x"(v[3]));
+  } else {
+    static_assert(N == 8);
+    __asm__(""
+            : "+x"(v[0]), "+x"(v[1]), "+x"(v[2]), "+x"(v[3]), "+x"(v[4]), "+x"(v[5]), "+x"(v[6]),
+              "+x"(v[7]));
+  }
+}
+
+// Prefetches the cache line `floats` floats past p into L1. The address is formed as an integer:
+// it may lie past the end of the cache (a prefetch never faults), where pointer arithmetic
+// would be undefined.
+KVLENS_AVX2_INLINE void prefetch_ahead(const float* p, int64_t floats) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p) + uintptr_t(floats) * sizeof(float);
+  _mm_prefetch(reinterpret_cast<const char*>(address), _MM_HINT_T0);
+}
+
+// Eight sums at once: lane a of the result is ((l0 + l2) + (l1 + l3)) + ((l4 + l6) + (l5 + l7))
+// of acc[a] (two unpack levels, then the 128-bit halves): a transpose-reduce in 12 shuffles and 7
+// adds instead of 8 horizontal sums.
+KVLENS_AVX2_INLINE __m256 transpose_sum8(const __m256 (&acc)[8]) {
+  __m256 t[4];  // t[p] lanes: acc[2p](0+2), acc[2p+1](0+2), acc[2p](1+3), acc[2p+1](1+3) | +4
+  for (int p = 0; p < 4; ++p)
+    t[p] = _mm256_add_ps(_mm256_unpacklo_ps(acc[2 * p], acc[2 * p + 1]),
+                         _mm256_unpackhi_ps(acc[2 * p], acc[2 * p + 1]));
+  // u[h] lanes: acc[4h .. 4h + 4) summed over lanes 0-3 | the same over lanes 4-7
+  const __m256 u0 =
+      _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  const __m256 u1 =
+      _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// A block of logits: Q query rows by K = 8 / Q keys from key j, 8 accumulators (one per (query,
+// key) pair, lanes d mod 8) that one transpose-reduce folds instead of 8 horizontal sums; each
+// key row is loaded once per step for all Q queries. Pair a's sum is transpose_sum8's fold of its
+// own accumulator, then the last head_dim % 8 products by fma in order, then the product with
+// scale: the same for any Q or block start. A short last block (count < K, kFull false) repeats
+// its last key in the unused rows, so nothing past the cache is read, and stores only `count`
+// keys.
+template <int Q, bool kFull, bool kPrefetch>
+KVLENS_AVX2_INLINE void logits_block_avx2(const float* q, int64_t q_stride, const float* keys,
+                                          int64_t head_dim, int64_t j, int count, __m256 scale,
+                                          float* row, int64_t row_stride) {
+  constexpr int K = 8 / Q;
+  const int64_t body = head_dim / 8 * 8;
+  const float* k[K];
+  for (int r = 0; r < K; ++r) k[r] = keys + (j + (kFull ? r : std::min(r, count - 1))) * head_dim;
+  __m256 acc[8];  // acc[i * K + r]: query i, key r
+  for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < body; d += 8) {
+    if (kPrefetch && d % 16 == 0) {  // one cache line of each key row two blocks ahead
+      for (int r = 0; r < K; ++r) prefetch_ahead(k[r], 2 * K * head_dim + d);
+    }
+    __m256 kv[K];
+    for (int r = 0; r < K; ++r) kv[r] = _mm256_loadu_ps(k[r] + d);
+    if constexpr (Q > 1) keep_in_registers(kv);
+    for (int i = 0; i < Q; ++i) {
+      const __m256 qv = _mm256_loadu_ps(q + i * q_stride + d);
+      for (int r = 0; r < K; ++r) acc[i * K + r] = _mm256_fmadd_ps(kv[r], qv, acc[i * K + r]);
+    }
+  }
+  __m256 sums = transpose_sum8(acc);
+  if (body < head_dim) {
+    alignas(32) float part[8];
+    _mm256_store_ps(part, sums);
+    for (int a = 0; a < 8; ++a) {
+      const float* qi = q + (a / K) * q_stride;
+      for (int64_t d = body; d < head_dim; ++d) part[a] = std::fma(k[a % K][d], qi[d], part[a]);
+    }
+    sums = _mm256_load_ps(part);
+  }
+  sums = _mm256_mul_ps(sums, scale);
+  if constexpr (kFull && Q == 1) {
+    _mm256_storeu_ps(row + j, sums);
+  } else if constexpr (kFull && Q == 2) {
+    _mm_storeu_ps(row + j, _mm256_castps256_ps128(sums));
+    _mm_storeu_ps(row + row_stride + j, _mm256_extractf128_ps(sums, 1));
+  } else {
+    alignas(32) float part[8];
+    _mm256_store_ps(part, sums);
+    for (int i = 0; i < Q; ++i)
+      for (int r = 0; r < (kFull ? K : count); ++r) row[i * row_stride + j + r] = part[i * K + r];
+  }
+}
+
+template <int Q, bool kPrefetch>
+KVLENS_AVX2_INLINE void logits_rows_avx2(const float* q, int64_t q_stride, const float* keys,
+                                         int64_t head_dim, int64_t lo, int64_t hi, __m256 scale,
+                                         float* row, int64_t row_stride) {
+  constexpr int K = 8 / Q;
+  int64_t j = lo;
+  for (; j + K <= hi + 1; j += K)
+    logits_block_avx2<Q, true, kPrefetch>(q, q_stride, keys, head_dim, j, K, scale, row,
+                                          row_stride);
+  if (j <= hi)
+    logits_block_avx2<Q, false, kPrefetch>(q, q_stride, keys, head_dim, j, int(hi + 1 - j), scale,
+                                           row, row_stride);
+}
+
+// Long key rows (head_dim >= kPrefetchDim) are prefetched ahead in software: the hardware
+// prefetchers keep up with short rows but not with several 512-byte streams from L3 or memory
+// (measured: about 1.3x faster at head_dim 128 when the cache is not in L2, and slower at 32).
+constexpr int64_t kPrefetchDim = 128;
+
+template <bool kPrefetch>
+KVLENS_AVX2_INLINE void attention_logits_avx2_t(const float* q, int64_t q_stride, int nq,
+                                                const float* keys, int64_t head_dim, int64_t lo,
+                                                int64_t hi, float scale, float* row,
+                                                int64_t row_stride) {
+  for (int i = 0; i < nq; ++i) std::fill(row + i * row_stride, row + i * row_stride + lo, kNegInf);
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  int i = 0;
+  for (; i + 4 <= nq; i += 4)
+    logits_rows_avx2<4, kPrefetch>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
+                                   row + i * row_stride, row_stride);
+  for (; i + 2 <= nq; i += 2)
+    logits_rows_avx2<2, kPrefetch>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
+                                   row + i * row_stride, row_stride);
+  for (; i < nq; ++i)
+    logits_rows_avx2<1, kPrefetch>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
+                                   row + i * row_stride, row_stride);
+}
+
+KVLENS_AVX2 void attention_logits_avx2(const float* q, int64_t q_stride, int nq, const float* keys,
+                                       int64_t head_dim, int64_t lo, int64_t hi, float scale,
+                                       float* row, int64_t row_stride) {
+  if (head_dim >= kPrefetchDim) {
+    attention_logits_avx2_t<true>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row, row_stride);
+  } else {
+    attention_logits_avx2_t<false>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row, row_stride);
+  }
+}
+
+// exp(x) for x <= 0 (and NaN -> NaN), within ~1 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in
+// two parts, Cody-Waite), exp(r) = 1 + (r + r^2 P(r)) with SLEEF's degree-5 minimax P (expf's
+// 1-ulp polynomial), then the scaling by 2^n in two normal factors 2^(n >> 1) and
+// 2^(n - (n >> 1)), so results down to the subnormals round once. x is clamped below at -110,
+// where the result rounds to 0, so -inf gives exactly 0; x = 0 gives exactly 1 (n = 0, r = 0).
+KVLENS_AVX2_INLINE __m256 exp_nonpositive_avx2(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-110.0f), x);  // max returns a NaN x, which propagates
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(0.000198527617612853646278381f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.00139304355252534151077271f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.00833336077630519866943359f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.0416664853692054748535156f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166666671633720397949219f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r));
+  const __m256i e = _mm256_cvtps_epi32(n);
+  const __m256i e1 = _mm256_srai_epi32(e, 1);
+  const __m256i e2 = _mm256_sub_epi32(e, e1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+// -inf where visible[j0 + l] == 0.
+KVLENS_AVX2_INLINE __m256 hide_avx2(__m256 x, const uint8_t* seen) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(seen));
+  const __m256i hidden = _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_setzero_si256());
+  return _mm256_blendv_ps(x, _mm256_set1_ps(kNegInf), _mm256_castsi256_ps(hidden));
+}
+
+// The logits of the block [j0, j0 + 8) (j0 a multiple of 8) that is cut by the range [begin, end)
+// or by the mask, through a local copy (nothing outside the range is read): -inf in the lanes
+// outside and in hidden lanes. Out of line: at most two such blocks per row.
+KVLENS_AVX2 __attribute__((noinline)) __m256 edge_logits_avx2(const float* logits,
+                                                              const uint8_t* visible, int64_t j0,
+                                                              int64_t begin, int64_t end) {
+  alignas(32) float part[8];
+  for (int l = 0; l < 8; ++l) {
+    const int64_t j = j0 + l;
+    part[l] = j >= begin && j < end && (!visible || visible[j] != 0) ? logits[j] : kNegInf;
+  }
+  return _mm256_load_ps(part);
+}
+
+// Lanes j mod 8 of the weights, added block by block in ascending j; the first and the last
+// block may be cut by the range (they go through edge_logits_avx2 and partial stores).
+template <bool kMasked>
+KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8_t* visible,
+                                                int64_t begin, int64_t end, float* weights) {
+  if (begin >= end) return 0.0f;
+  const int64_t first = begin / 8 * 8, last = (end - 1) / 8 * 8;  // first and last block
+  const bool cut_first = first < begin || first + 8 > end;
+  const bool cut_last = last > first && last + 8 > end;
+  const int64_t whole_begin = cut_first ? first + 8 : first;
+  const int64_t whole_end = cut_last ? last : last + 8;
+  auto block = [&](int64_t j0) KVLENS_AVX2_LAMBDA {
+    __m256 x = _mm256_loadu_ps(logits + j0);
+    if constexpr (kMasked) x = hide_avx2(x, visible + j0);
+    return x;
+  };
+
+  __m256 max8 = _mm256_set1_ps(kNegInf);  // max ignores a NaN first operand: NaN passed over
+  if (cut_first) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, first, begin, end), max8);
+  for (int64_t j0 = whole_begin; j0 < whole_end; j0 += 8) max8 = _mm256_max_ps(block(j0), max8);
+  if (cut_last) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, last, begin, end), max8);
+  __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
+  max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+  const float max_logit = _mm_cvtss_f32(_mm_max_ss(max4, _mm_movehdup_ps(max4)));
+  if (max_logit == kNegInf) {
+    std::fill(weights + begin, weights + end, 0.0f);
+    return 0.0f;
+  }
+
+  const __m256 m = _mm256_set1_ps(max_logit);
+  __m256 total8 = _mm256_setzero_ps();
+  auto edge = [&](int64_t j0) KVLENS_AVX2_LAMBDA {
+    const __m256 w =
+        exp_nonpositive_avx2(_mm256_sub_ps(edge_logits_avx2(logits, visible, j0, begin, end), m));
+    total8 = _mm256_add_ps(total8, w);
+    alignas(32) float part[8];
+    _mm256_store_ps(part, w);
+    for (int64_t j = std::max(j0, begin); j < std::min(j0 + 8, end); ++j) weights[j] = part[j - j0];
+  };
+  if (cut_first) edge(first);
+  for (int64_t j0 = whole_begin; j0 < whole_end; j0 += 8) {
+    const __m256 w = exp_nonpositive_avx2(_mm256_sub_ps(block(j0), m));
+    total8 = _mm256_add_ps(total8, w);
+    _mm256_storeu_ps(weights + j0, w);
+  }
+  if (cut_last) edge(last);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(total8), _mm256_extractf128_ps(total8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+KVLENS_AVX2 float softmax_weights_avx2(const float* logits, const uint8_t* visible, int64_t begin,
+                                       int64_t end, float* weights) {
+  return visible ? softmax_weights_avx2_t<true>(logits, visible, begin, end, weights)
+                 : softmax_weights_avx2_t<false>(logits, nullptr, begin, end, weights);
+}
+
+// acc[i][c] += w_i[j] * v[8c .. 8c + 8) for the NQ heads, fused, the value row loaded into
+// registers once for all of them. kChecked skips the heads whose weight is 0, and the row itself
+// (no load) when every weight is 0.
+template <int NQ, int C, bool kChecked, bool kPrefetch>
+KVLENS_AVX2_INLINE void fma_value_row(__m256 (&acc)[NQ][C], const float* weights,
+                                      int64_t weights_stride, int64_t j, const float* v,
+                                      int64_t head_dim) {
+  float w[NQ];
+  bool any = false;
+  for (int i = 0; i < NQ; ++i) {
+    w[i] = weights[i * weights_stride + j];
+    any = any || w[i] != 0.0f;
+  }
+  if (kChecked && !any) return;
+  if constexpr (kPrefetch) {  // this chunk of the value row 16 keys ahead
+    for (int c = 0; c < C; c += 2) prefetch_ahead(v, 16 * head_dim + 8 * c);
+  }
+  __m256 vv[C];
+  for (int c = 0; c < C; ++c) vv[c] = _mm256_loadu_ps(v + 8 * c);
+  if constexpr (NQ > 1) keep_in_registers(vv);
+  for (int i = 0; i < NQ; ++i) {
+    if (kChecked && w[i] == 0.0f) continue;
+    const __m256 w8 = _mm256_set1_ps(w[i]);
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_fmadd_ps(w8, vv[c], acc[i][c]);
+  }
+}
+
+// Columns [0, 8 * C) of NQ heads' weighted sums over keys [begin, end) (values and out already
+// offset to the chunk), in NQ * C accumulators (8 for the wide chunks: enough independent FMA
+// chains to hide the FMA latency). Aligned blocks of 8 keys whose NQ x 8 weights are all nonzero
+// (every block of a dense row, in practice) run without a test per key, blocks of zeros (hidden
+// or outside the window) are skipped without reading their values, and the rest are tested key
+// by key. All do the same fused multiply-adds in the same order.
+template <int NQ, int C, bool kPrefetch>
+KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t weights_stride,
+                                                   const float* values, int64_t head_dim,
+                                                   int64_t begin, int64_t end, const float* scales,
+                                                   float* out, int64_t out_stride) {
+  __m256 acc[NQ][C];
+  for (int i = 0; i < NQ; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+  int64_t j = begin;
+  for (const int64_t aligned = std::min(end, (begin + 7) / 8 * 8); j < aligned; ++j)
+    fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, j, values + j * head_dim,
+                                          head_dim);
+  for (; j + 8 <= end; j += 8) {
+    int any_zero = 0, all_zero = 0xff;  // lane t: key j + t
+    for (int i = 0; i < NQ; ++i) {
+      const __m256 w = _mm256_loadu_ps(weights + i * weights_stride + j);
+      const int zero = _mm256_movemask_ps(_mm256_cmp_ps(w, _mm256_setzero_ps(), _CMP_EQ_OQ));
+      any_zero |= zero;
+      all_zero &= zero;
+    }
+    if (any_zero == 0) {
+      for (int64_t t = j; t < j + 8; ++t)
+        fma_value_row<NQ, C, false, kPrefetch>(acc, weights, weights_stride, t,
+                                               values + t * head_dim, head_dim);
+    } else if (all_zero != 0xff) {
+      for (int64_t t = j; t < j + 8; ++t)
+        fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, t,
+                                              values + t * head_dim, head_dim);
+    }
+  }
+  for (; j < end; ++j)
+    fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, j, values + j * head_dim,
+                                          head_dim);
+  for (int i = 0; i < NQ; ++i) {
+    const __m256 scale = _mm256_set1_ps(scales[i]);
+    for (int c = 0; c < C; ++c)
+      _mm256_storeu_ps(out + i * out_stride + 8 * c, _mm256_mul_ps(acc[i][c], scale));
+  }
+}
+
+// Every column of NQ heads: chunks of 8 * C columns, then of 8, then the last head_dim % 8
+// columns in scalars with the same operations (fma in ascending j, zeros skipped).
+template <int NQ, int C, bool kPrefetch>
+KVLENS_AVX2 void weighted_values_heads_avx2(const float* weights, int64_t weights_stride,
+                                            const float* values, int64_t head_dim, int64_t begin,
+                                            int64_t end, const float* scales, float* out,
+                                            int64_t out_stride) {
+  int64_t d = 0;
+  for (; d + 8 * C <= head_dim; d += 8 * C)
+    weighted_values_chunk_avx2<NQ, C, kPrefetch>(weights, weights_stride, values + d, head_dim,
+                                                 begin, end, scales, out + d, out_stride);
+  if constexpr (C > 4) {
+    for (; d + 32 <= head_dim; d += 32)
+      weighted_values_chunk_avx2<NQ, 4, kPrefetch>(weights, weights_stride, values + d, head_dim,
+                                                   begin, end, scales, out + d, out_stride);
+  }
+  for (; d + 8 <= head_dim; d += 8)
+    weighted_values_chunk_avx2<NQ, 1, kPrefetch>(weights, weights_stride, values + d, head_dim,
+                                                 begin, end, scales, out + d, out_stride);
+  for (; d < head_dim; ++d) {
+    for (int i = 0; i < NQ; ++i) {
+      const float* w = weights + i * weights_stride;
+      float sum = 0.0f;
+      for (int64_t j = begin; j < end; ++j)
+        if (w[j] != 0.0f) sum = std::fma(w[j], values[j * head_dim + d], sum);
+      out[i * out_stride + d] = sum * scales[i];
+    }
+  }
+}
+
+template <bool kPrefetch>
+KVLENS_AVX2_INLINE void weighted_values_avx2_t(const float* weights, int64_t weights_stride, int nq,
+                                               const float* values, int64_t head_dim, int64_t begin,
+                                               int64_t end, const float* scales, float* out,
+                                               int64_t out_stride) {
+  int i = 0;
+  for (; i + 4 <= nq; i += 4)
+    weighted_values_heads_avx2<4, 2, kPrefetch>(weights + i * weights_stride, weights_stride,
+                                                values, head_dim, begin, end, scales + i,
+                                                out + i * out_stride, out_stride);
+  for (; i + 2 <= nq; i += 2)
+    weighted_values_heads_avx2<2, 4, kPrefetch>(weights + i * weights_stride, weights_stride,
+                                                values, head_dim, begin, end, scales + i,
+                                                out + i * out_stride, out_stride);
+  for (; i < nq; ++i)
+    weighted_values_heads_avx2<1, 8, kPrefetch>(weights + i * weights_stride, weights_stride,
+                                                values, head_dim, begin, end, scales + i,
+                                                out + i * out_stride, out_stride);
+}
+
+KVLENS_AVX2 void weighted_values_avx2(const float* weights, int64_t weights_stride, int nq,
+                                      const float* values, int64_t head_dim, int64_t begin,
+                                      int64_t end, const float* scales, float* out,
+                                      int64_t out_stride) {
+  if (head_dim >= kPrefetchDim) {
+    weighted_values_avx2_t<true>(weights, weights_stride, nq, values, head_dim, begin, end, scales,
+                                 out, out_stride);
+  } else {
+    weighted_values_avx2_t<false>(weights, weights_stride, nq, values, head_dim, begin, end, scales,
+                                  out, out_stride);
+  }
+}
+
 bool cpu_has_avx2_fma() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -240,6 +705,9 @@ DotKernels pick_dot_kernels(bool allow_simd) {
   kernels.f32_block = dot_block_generic<DType::F32>;
   kernels.bf16_block = dot_block_generic<DType::BF16>;
   kernels.f16_block = dot_block_generic<DType::F16>;
+  kernels.attention_logits = attention_logits_generic;
+  kernels.softmax_weights = softmax_weights_generic;
+  kernels.weighted_values = weighted_values_generic;
 #if KVLENS_HAVE_X86_KERNELS
   if (allow_simd && cpu_has_avx2_fma()) {
     kernels.isa = "avx2+fma";
@@ -249,21 +717,14 @@ DotKernels pick_dot_kernels(bool allow_simd) {
     kernels.f32_block = dot_block_avx2<DType::F32>;
     kernels.bf16_block = dot_block_avx2<DType::BF16>;
     kernels.f16_block = dot_block_avx2<DType::F16>;
+    kernels.attention_logits = attention_logits_avx2;
+    kernels.softmax_weights = softmax_weights_avx2;
+    kernels.weighted_values = weighted_values_avx2;
   }
 #else
   (void)allow_simd;
 #endif
   return kernels;
-}
-
-void scaled_logits_row(DotRowsFn dot, const float* q, const float* keys, int64_t head_dim,
-                       int64_t lo, int64_t hi, float scale, float* row) {
-  std::fill(row, row + lo, -std::numeric_limits<float>::infinity());
-  for (int64_t j = lo; j <= hi; j += kMaxRows) {
-    const int rows = int(std::min<int64_t>(kMaxRows, hi + 1 - j));
-    dot(q, keys + j * head_dim, head_dim, rows, row + j);
-  }
-  for (int64_t j = lo; j <= hi; ++j) row[j] *= scale;
 }
 
 }  // namespace kvlens

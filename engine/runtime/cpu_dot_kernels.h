@@ -1,6 +1,8 @@
 // Dot-product kernels of the CPU backend's matmul and attention: y[r] = x . w[r] for up to
-// kMaxDotRows consecutive weight rows (F32, BF16 or F16 weights; x F32), AVX2/FMA when the CPU
-// has it (chosen at run time, so the binary stays portable), portable loops otherwise.
+// kMaxDotRows consecutive weight rows (F32, BF16 or F16 weights; x F32), plus the attention
+// kernels (logits, softmax weights, weighted value sum) of one query row of one head over a KV
+// cache [capacity, head_dim]. AVX2/FMA when the CPU has it (chosen at run time, so the binary
+// stays portable), portable loops otherwise.
 #pragma once
 
 #include <cmath>
@@ -21,6 +23,38 @@ using DotBlockFn = void (*)(const float* x, int64_t x_stride, int nx, const void
 inline constexpr int kMaxBlockX = 4;
 inline constexpr int kMaxBlockRows = 3;
 
+// The attention kernels. Both the attention op and the policy path (attention_logits +
+// attention_visible) run exactly these functions of one kernel set, so they agree bit for bit.
+// Every output has one fixed order of operations that depends only on its own inputs and the
+// absolute column indices j: never on the range passed, on how many query heads share a call, on
+// the thread or the head. Adding a weight of exactly 0 changes no bit, so a range that also covers
+// columns of weight 0 (outside a window, hidden) gives the same result.
+//
+// Logits of nq query rows q_i = q + i * q_stride that read the same keys (the query heads of one
+// KV head: each key row is loaded once for all of them): row_i[j] = (q_i . keys[j * head_dim ...])
+// * scale for j in [lo, hi] and -inf for j in [0, lo), row_i = row + i * row_stride. Each dot sums
+// lanes d mod 8, folds them as ((l0 + l2) + (l1 + l3)) + ((l4 + l6) + (l5 + l7)), then adds the
+// last head_dim % 8 products in order; the product with scale is rounded separately.
+using AttentionLogitsFn = void (*)(const float* q, int64_t q_stride, int nq, const float* keys,
+                                   int64_t head_dim, int64_t lo, int64_t hi, float scale,
+                                   float* row, int64_t row_stride);
+// Softmax numerators over columns [begin, end) of one logits row: with m = the largest logits[j]
+// among visible columns (visible null: every column; NaN logits are passed over),
+// weights[j] = exp(logits[j] - m) for visible j (exactly 0 for a -inf logit, exactly 1 at the
+// max) and 0 for hidden j. Returns their sum (lanes j mod 8 in ascending j, folded as
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))), which is >= 1, or 0 when no visible logit is
+// finite (then every weight is 0). exp is accurate to about 1 ulp.
+using SoftmaxWeightsFn = float (*)(const float* logits, const uint8_t* visible, int64_t begin,
+                                   int64_t end, float* weights);
+// For nq weight rows w_i = weights + i * weights_stride over the same values [capacity,
+// head_dim]: out_i[d] = (sum of w_i[j] * values[j * head_dim + d] over j in [begin, end)) *
+// scales[i], out_i = out + i * out_stride, d < head_dim: one sum per output, j ascending, then
+// one product with the scale. Columns of weight 0 are skipped (so values behind hidden columns,
+// even inf or NaN, never reach the output; a row of zero weights with scale 0 gives zeros).
+using WeightedValuesFn = void (*)(const float* weights, int64_t weights_stride, int nq,
+                                  const float* values, int64_t head_dim, int64_t begin, int64_t end,
+                                  const float* scales, float* out, int64_t out_stride);
+
 struct DotKernels {
   const char* isa = "generic";  // set by pick_dot_kernels
   DotRowsFn f32 = nullptr;
@@ -29,6 +63,9 @@ struct DotKernels {
   DotBlockFn f32_block = nullptr;
   DotBlockFn bf16_block = nullptr;
   DotBlockFn f16_block = nullptr;
+  AttentionLogitsFn attention_logits = nullptr;
+  SoftmaxWeightsFn softmax_weights = nullptr;
+  WeightedValuesFn weighted_values = nullptr;
 
   DotRowsFn for_dtype(DType dtype) const {
     return dtype == DType::F32 ? f32 : dtype == DType::BF16 ? bf16 : f16;
@@ -46,12 +83,5 @@ DotKernels pick_dot_kernels(bool allow_simd);
 inline float attention_scale(int64_t head_dim) {
   return float(1.0 / std::sqrt(double(head_dim)));
 }
-
-// One query head's logits over consecutive cache rows: row[j] = (q . keys[j * head_dim ...]) *
-// scale for j in [lo, hi], -inf for j in [0, lo). The dots go kMaxDotRows rows at a time with `dot`
-// (an F32 kernel). The attention and attention_logits ops both call this, so their logits agree bit
-// for bit.
-void scaled_logits_row(DotRowsFn dot, const float* q, const float* keys, int64_t head_dim,
-                       int64_t lo, int64_t hi, float scale, float* row);
 
 }  // namespace kvlens

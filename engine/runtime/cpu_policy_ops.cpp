@@ -1,8 +1,8 @@
 // The CPU backend's token-selection (policy) ops (contracts in backend.h). Row tensors are
-// [rows, stride] with stride >= cols; each operand may have its own stride. Logits come from the
-// attention op's own code (scaled_logits_row) and the restricted softmax repeats the attention
-// op's arithmetic step for step, so with nothing masked both give the same bits. The per-head
-// ops run on the thread pool; the element-wise ones are single loops (a few KB per call).
+// [rows, stride] with stride >= cols; each operand may have its own stride. Logits, softmax and
+// value sum run the attention op's own kernels (cpu_dot_kernels.h), so with nothing masked both
+// give the same bits. The per-head ops run on the thread pool; the element-wise ones are single
+// loops (a few KB per call).
 #include "engine/runtime/cpu_policy_ops.h"
 
 #include <algorithm>
@@ -79,16 +79,19 @@ void attention_logits(const Context& context, const DeviceTensor& q, const Devic
   const float* qs = q.as<const float>();
   const float* ks = k_cache.as<const float>();
   float* out = logits.as<float>();
+  const DotKernels& kernels = context.kernels;
+  // One task per KV head: its query heads share each key row's loads, as in the attention op.
   context.pool.parallel_for(
-      0, heads,
+      0, groups,
       [&](int64_t begin, int64_t end) {
-        for (int64_t h = begin; h < end; ++h) {
-          const float* keys = ks + (h / heads_per_group) * capacity * head_dim;
-          scaled_logits_row(context.dot_f32, qs + h * head_dim, keys, head_dim, lo, position, scale,
-                            out + h * shape.stride);
+        for (int64_t g = begin; g < end; ++g) {
+          const int64_t h0 = g * heads_per_group;
+          kernels.attention_logits(qs + h0 * head_dim, head_dim, int(heads_per_group),
+                                   ks + g * capacity * head_dim, head_dim, lo, position, scale,
+                                   out + h0 * shape.stride, shape.stride);
         }
       },
-      grain_for(cols * head_dim));
+      grain_for(heads_per_group * cols * head_dim));
 }
 
 // A KV cache [G, capacity, D] F32 holding at least `cols` positions.
@@ -125,48 +128,43 @@ void attention_visible(const Context& context, const DeviceTensor& logits, int64
 
   const int64_t heads_per_group = heads / groups;
   const float* vs = v_cache.as<const float>();
+  const DotKernels& kernels = context.kernels;
+  // One task per KV head, as in the attention op: the softmax of each of its query heads, then
+  // one value pass for all of them. The same kernels over the same nonzero weights give the
+  // attention op's bits; hidden and -inf columns get weight exactly 0 and are skipped.
   context.pool.parallel_for(
-      0, heads,
+      0, groups,
       [&](int64_t begin, int64_t end) {
-        std::vector<float> acc(static_cast<size_t>(head_dim));
-        for (int64_t h = begin; h < end; ++h) {
-          const float* row = logits.as<const float>() + h * logit_shape.stride;
-          const uint8_t* seen =
-              visible ? visible->as<const uint8_t>() + h * visible_shape.stride : nullptr;
-          float* p = probs ? probs->as<float>() + h * probs_shape.stride : nullptr;
-          float* o = out.as<float>() + h * head_dim;
-          const float* v_rows = vs + (h / heads_per_group) * capacity * head_dim;
-          auto is_visible = [&](int64_t j) { return !seen || seen[j] != 0; };
-          // The attention op's softmax: max, exp(logit - max) summed in order, one division.
-          float max_logit = kNegInf;
-          for (int64_t j = 0; j < cols; ++j)
-            if (is_visible(j)) max_logit = std::max(max_logit, row[j]);
-          if (max_logit == kNegInf) {  // nothing finite visible: zeros, as attention gives
-            std::fill(o, o + head_dim, 0.0f);
-            if (p) std::fill(p, p + cols, 0.0f);
-            continue;
+        std::vector<float> scratch(probs ? 0 : size_t(heads_per_group * cols));
+        std::vector<float> inv_totals(static_cast<size_t>(heads_per_group));
+        // The weights go straight into probs when it is wanted, then are scaled in place.
+        const int64_t weights_stride = probs ? probs_shape.stride : cols;
+        for (int64_t g = begin; g < end; ++g) {
+          const int64_t h0 = g * heads_per_group;
+          float* weights = probs ? probs->as<float>() + h0 * probs_shape.stride : scratch.data();
+          for (int64_t e = 0; e < heads_per_group; ++e) {
+            const int64_t h = h0 + e;
+            const float* row = logits.as<const float>() + h * logit_shape.stride;
+            const uint8_t* seen =
+                visible ? visible->as<const uint8_t>() + h * visible_shape.stride : nullptr;
+            const float total =
+                kernels.softmax_weights(row, seen, 0, cols, weights + e * weights_stride);
+            // Nothing finite visible: every weight is 0 and scale 0 gives zeros (probs too), as
+            // attention gives.
+            inv_totals[size_t(e)] = total == 0.0f ? 0.0f : 1.0f / total;
           }
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          float total = 0.0f;
-          for (int64_t j = 0; j < cols; ++j) {
-            float weight = 0.0f;
-            // A -inf logit (outside the model's window) has weight exactly 0: skipping it
-            // changes no bit of the sums.
-            if (is_visible(j) && row[j] != kNegInf) {
-              weight = std::exp(row[j] - max_logit);
-              total += weight;
-              const float* vv = v_rows + j * head_dim;
-              for (int64_t d = 0; d < head_dim; ++d) acc[size_t(d)] += weight * vv[d];
+          kernels.weighted_values(weights, weights_stride, int(heads_per_group),
+                                  vs + g * capacity * head_dim, head_dim, 0, cols,
+                                  inv_totals.data(), out.as<float>() + h0 * head_dim, head_dim);
+          if (probs) {
+            for (int64_t e = 0; e < heads_per_group; ++e) {
+              float* p = weights + e * weights_stride;
+              for (int64_t j = 0; j < cols; ++j) p[j] *= inv_totals[size_t(e)];
             }
-            if (p) p[j] = weight;
           }
-          const float inv_total = 1.0f / total;
-          for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv_total;
-          if (p)
-            for (int64_t j = 0; j < cols; ++j) p[j] *= inv_total;
         }
       },
-      grain_for(cols * head_dim));
+      grain_for(heads_per_group * cols * head_dim));
 }
 
 void select_top_k(const Context& context, const DeviceTensor& scores, int64_t cols,

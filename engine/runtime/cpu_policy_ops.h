@@ -13,7 +13,8 @@ namespace kvlens::cpu_policy {
 
 struct Context {
   ThreadPool& pool;
-  DotRowsFn dot_f32;  // the same kernel the attention op uses, so logits agree bit for bit
+  // The attention op's own kernel set (logits, softmax, value sum), so both agree bit for bit.
+  const DotKernels& kernels;
 };
 
 void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,

@@ -1,18 +1,24 @@
-// CPU reference backend: every op against a naive double-precision reference written here, on
-// seeded random inputs with odd sizes (not multiples of the 8/16-lane kernels), plus the thread
-// pool. Shapes as in backend.h: x [n, in], w [out, in], q/out [n, H, D], caches [G, cap, D].
+// CPU reference backend: every op and the attention kernels against naive double-precision
+// references written here, on seeded random inputs with odd sizes (not multiples of the 8/16-lane
+// kernels), plus the thread pool. Shapes as in backend.h: x [n, in], w [out, in], q/out [n, H, D],
+// caches [G, cap, D].
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "engine/common/error.h"
 #include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/cpu_dot_kernels.h"
 #include "engine/runtime/thread_pool.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
@@ -641,4 +647,407 @@ TEST_CASE("ThreadPool covers each index once, runs nested calls inline, rethrows
   CHECK(single.size() == 1);
   ThreadPool automatic(0);
   CHECK(automatic.size() >= 1);
+}
+
+// --- attention kernels (cpu_dot_kernels.h): both kernel sets against double references, their
+// -inf and empty-row conventions, and the invariances the attention op and the policy path
+// (attention_logits + attention_visible) rely on to agree bit for bit ---
+
+namespace {
+
+std::vector<std::pair<const char*, DotKernels>> kernel_sets() {
+  return {{"simd", pick_dot_kernels(true)}, {"portable", pick_dot_kernels(false)}};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Distance in representable floats between two non-negative finite floats.
+int64_t ulps_apart(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, sizeof ia);
+  std::memcpy(&ib, &b, sizeof ib);
+  return std::abs(int64_t(ia) - int64_t(ib));
+}
+
+}  // namespace
+
+TEST_CASE("attention kernels match double references at odd head_dim and context sizes",
+          "[backend][attention_kernels]") {
+  for (const auto& [name, kernels] : kernel_sets()) {
+    INFO(name);
+    for (int64_t head_dim : {8, 24, 32, 40, 128}) {
+      for (int64_t context : {1, 7, 129}) {
+        for (int nq : {1, 2, 3, 5}) {
+          INFO("head_dim " << head_dim << ", context " << context << ", nq " << nq);
+          const uint32_t seed = uint32_t(head_dim * 1000 + context * 10 + nq);
+          const auto q = random_values(size_t(nq * head_dim), seed);
+          const auto keys = random_values(size_t(context * head_dim), seed + 1);
+          const auto values = random_values(size_t(context * head_dim), seed + 2);
+          const int64_t lo = context / 3, hi = context - 1;  // a window start inside the row
+          const float scale = attention_scale(head_dim);
+          const int64_t stride = context + 3;  // rows wider than the context
+          std::vector<float> logits(size_t(nq * stride), 42.0f);
+          kernels.attention_logits(q.data(), head_dim, nq, keys.data(), head_dim, lo, hi, scale,
+                                   logits.data(), stride);
+
+          std::vector<float> weights(size_t(nq * stride), 7.0f);
+          std::vector<float> scales(static_cast<size_t>(nq));
+          for (int i = 0; i < nq; ++i) {
+            const float* row = logits.data() + i * stride;
+            for (int64_t j = 0; j < lo; ++j) REQUIRE(row[j] == kNegInf);
+            for (int64_t j = hi + 1; j < stride; ++j) REQUIRE(row[j] == 42.0f);  // untouched
+            double max_logit = -1e300;
+            std::vector<double> want(static_cast<size_t>(context));
+            for (int64_t j = lo; j <= hi; ++j) {
+              double dot = 0.0, magnitude = 0.0;
+              for (int64_t d = 0; d < head_dim; ++d) {
+                const double p =
+                    double(q[size_t(i * head_dim + d)]) * double(keys[size_t(j * head_dim + d)]);
+                dot += p;
+                magnitude += std::fabs(p);
+              }
+              want[size_t(j)] = dot * double(scale);
+              REQUIRE(std::fabs(double(row[j]) - want[size_t(j)]) <=
+                      1e-6 * magnitude * double(scale) + 1e-30);
+              max_logit = std::max(max_logit, double(row[j]));
+            }
+            // Weights from the kernel's own logits: exp(logit - max), exactly 1 at the max.
+            float* w = weights.data() + i * stride;
+            const float total = kernels.softmax_weights(row, nullptr, 0, context, w);
+            double want_total = 0.0;
+            bool saw_one = false;
+            for (int64_t j = 0; j < context; ++j) {
+              if (j < lo) {
+                REQUIRE(w[j] == 0.0f);
+                continue;
+              }
+              const double e = std::exp(double(row[j]) - max_logit);
+              want_total += e;
+              REQUIRE(std::fabs(double(w[j]) - e) <= 3e-7 * e);
+              if (double(row[j]) == max_logit) {
+                REQUIRE(w[j] == 1.0f);
+                saw_one = true;
+              }
+            }
+            REQUIRE(saw_one);
+            REQUIRE(std::fabs(double(total) - want_total) <= 1e-6 * want_total);
+            scales[size_t(i)] = 1.0f / total;
+          }
+
+          std::vector<float> out(size_t(nq * (head_dim + 1)), 42.0f);
+          kernels.weighted_values(weights.data(), stride, nq, values.data(), head_dim, lo, hi + 1,
+                                  scales.data(), out.data(), head_dim + 1);
+          for (int i = 0; i < nq; ++i) {
+            const float* w = weights.data() + i * stride;
+            for (int64_t d = 0; d < head_dim; ++d) {
+              double sum = 0.0, magnitude = 0.0;
+              for (int64_t j = lo; j <= hi; ++j) {
+                sum += double(w[j]) * double(values[size_t(j * head_dim + d)]);
+                magnitude += std::fabs(double(w[j]) * double(values[size_t(j * head_dim + d)]));
+              }
+              const double want = sum * double(scales[size_t(i)]);
+              REQUIRE(std::fabs(double(out[size_t(i * (head_dim + 1) + d)]) - want) <=
+                      1e-6 * magnitude * double(scales[size_t(i)]) + 1e-30);
+            }
+            REQUIRE(out[size_t(i * (head_dim + 1) + head_dim)] == 42.0f);  // untouched
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention softmax kernel: -inf and hidden columns weigh exactly 0, exp within 2 ulp",
+          "[backend][attention_kernels]") {
+  for (const auto& [name, kernels] : kernel_sets()) {
+    INFO(name);
+    SECTION("exp(x - max) over the whole range down to the subnormals and 0") {
+      // x from 0 down to -110 (exp underflows to 0 below about -103.97), max exactly 0.
+      std::vector<float> row;
+      for (float x = 0.0f; x >= -110.0f; x -= 0.01371f) row.push_back(x);
+      row.push_back(-87.336f);  // around the smallest normal result
+      row.push_back(-103.9f);   // a few subnormal steps
+      row.push_back(-1e-30f);
+      row.push_back(-0.0f);
+      std::vector<float> weights(row.size());
+      kernels.softmax_weights(row.data(), nullptr, 0, int64_t(row.size()), weights.data());
+      int64_t worst = 0;
+      for (size_t j = 0; j < row.size(); ++j) {
+        const float want = float(std::exp(double(row[j])));  // exp in double, rounded once
+        INFO("x = " << row[j] << ": want " << want << " got " << weights[j]);
+        REQUIRE(weights[j] >= 0.0f);
+        worst = std::max(worst, ulps_apart(want, weights[j]));
+        REQUIRE(ulps_apart(want, weights[j]) <= 2);
+      }
+      INFO("worst " << worst << " ulp");
+      CHECK(worst <= 2);
+      CHECK(weights[0] == 1.0f);
+    }
+    SECTION("-inf, hidden and out-of-range columns") {
+      const int64_t cols = 21;
+      auto row = random_values(size_t(cols), 301, 3.0f);
+      for (int64_t j : {0, 1, 2, 9, 20}) row[size_t(j)] = kNegInf;
+      std::vector<uint8_t> seen(size_t(cols), 1);
+      seen[4] = seen[5] = seen[17] = 0;
+      row[17] = 1000.0f;  // hidden, so it is not the max
+      std::vector<float> weights(size_t(cols + 2), 9.0f);
+      const float total =
+          kernels.softmax_weights(row.data(), seen.data(), 1, cols, weights.data() + 1);
+      REQUIRE(weights[0] == 9.0f);  // before begin: untouched
+      float max_logit = kNegInf;
+      for (int64_t j = 1; j < cols; ++j)
+        if (seen[size_t(j)]) max_logit = std::max(max_logit, row[size_t(j)]);
+      double want_total = 0.0;
+      for (int64_t j = 1; j < cols; ++j) {
+        const float w = weights[size_t(j + 1)];
+        if (!seen[size_t(j)] || row[size_t(j)] == kNegInf) {
+          REQUIRE(w == 0.0f);
+          REQUIRE(!std::signbit(w));
+        } else {
+          const double e = std::exp(double(row[size_t(j)]) - double(max_logit));
+          REQUIRE(std::fabs(double(w) - e) <= 3e-7 * e);
+          want_total += e;
+        }
+      }
+      REQUIRE(weights[size_t(cols + 1)] == 9.0f);  // past end: untouched
+      REQUIRE(std::fabs(double(total) - want_total) <= 1e-6 * want_total);
+    }
+    SECTION("nothing finite visible: every weight 0 and a total of 0") {
+      const int64_t cols = 19;
+      std::vector<float> row(size_t(cols), kNegInf);
+      row[3] = 2.0f;
+      std::vector<uint8_t> seen(size_t(cols), 1);
+      seen[3] = 0;
+      std::vector<float> weights(size_t(cols), 9.0f);
+      CHECK(kernels.softmax_weights(row.data(), seen.data(), 0, cols, weights.data()) == 0.0f);
+      for (float w : weights) CHECK(w == 0.0f);
+      std::fill(seen.begin(), seen.end(), 0);
+      auto finite = random_values(size_t(cols), 302);
+      CHECK(kernels.softmax_weights(finite.data(), seen.data(), 0, cols, weights.data()) == 0.0f);
+      for (float w : weights) CHECK(w == 0.0f);
+      CHECK(kernels.softmax_weights(finite.data(), nullptr, 5, 5, weights.data()) == 0.0f);
+    }
+    SECTION("values behind weight-0 columns never reach the output") {
+      const int64_t head_dim = 40, cols = 23;
+      auto values = random_values(size_t(cols * head_dim), 303);
+      std::vector<float> weights(size_t(cols), 0.0f);
+      weights[3] = 0.25f;
+      weights[11] = 1.0f;
+      for (int64_t d = 0; d < head_dim; ++d) {
+        values[size_t(5 * head_dim + d)] = std::numeric_limits<float>::quiet_NaN();
+        values[size_t(12 * head_dim + d)] = std::numeric_limits<float>::infinity();
+      }
+      const float scale = 0.8f;
+      std::vector<float> out(static_cast<size_t>(head_dim));
+      kernels.weighted_values(weights.data(), cols, 1, values.data(), head_dim, 0, cols, &scale,
+                              out.data(), head_dim);
+      for (int64_t d = 0; d < head_dim; ++d) {
+        const double want = (0.25 * double(values[size_t(3 * head_dim + d)]) +
+                             double(values[size_t(11 * head_dim + d)])) *
+                            0.8;
+        REQUIRE(std::fabs(double(out[size_t(d)]) - want) <= 1e-6);
+      }
+      // All weights 0 with scale 0 (a head that sees nothing): zeros.
+      std::fill(weights.begin(), weights.end(), 0.0f);
+      const float zero = 0.0f;
+      kernels.weighted_values(weights.data(), cols, 1, values.data(), head_dim, 0, cols, &zero,
+                              out.data(), head_dim);
+      for (float o : out) CHECK(o == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("attention kernels: results do not depend on the range start or on heads per call",
+          "[backend][attention_kernels]") {
+  for (const auto& [name, kernels] : kernel_sets()) {
+    INFO(name);
+    for (int64_t head_dim : {24, 32, 64}) {
+      INFO("head_dim " << head_dim);
+      const int nq = 7;  // 4 + 2 + 1 heads in one call
+      const int64_t context = 75, lo = 13, hi = context - 1;
+      const auto q = random_values(size_t(nq * head_dim), 311);
+      const auto keys = random_values(size_t(context * head_dim), 312);
+      const auto values = random_values(size_t(context * head_dim), 313);
+      const float scale = attention_scale(head_dim);
+      std::vector<float> together(size_t(nq * context)), alone(size_t(nq * context));
+      kernels.attention_logits(q.data(), head_dim, nq, keys.data(), head_dim, lo, hi, scale,
+                               together.data(), context);
+      for (int i = 0; i < nq; ++i)
+        kernels.attention_logits(q.data() + i * head_dim, head_dim, 1, keys.data(), head_dim, lo,
+                                 hi, scale, alone.data() + i * context, context);
+      REQUIRE(same_bits(together, alone));
+      // The same logits computed from lo = 0 agree from lo on (each key's dot stands alone).
+      std::vector<float> from_zero(size_t(nq * context));
+      kernels.attention_logits(q.data(), head_dim, nq, keys.data(), head_dim, 0, hi, scale,
+                               from_zero.data(), context);
+      for (int i = 0; i < nq; ++i)
+        for (int64_t j = lo; j <= hi; ++j)
+          REQUIRE(from_zero[size_t(i * context + j)] == together[size_t(i * context + j)]);
+
+      // Softmax from begin = lo and from begin = 0 over -inf below lo: the same weights and total.
+      std::vector<float> w_lo(size_t(nq * context), 0.0f), w_zero(size_t(nq * context));
+      std::vector<float> scales(static_cast<size_t>(nq));
+      for (int i = 0; i < nq; ++i) {
+        const float* row = together.data() + i * context;
+        const float t_lo =
+            kernels.softmax_weights(row, nullptr, lo, context, w_lo.data() + i * context);
+        const float t_zero =
+            kernels.softmax_weights(row, nullptr, 0, context, w_zero.data() + i * context);
+        REQUIRE(t_lo == t_zero);
+        scales[size_t(i)] = 1.0f / t_lo;
+      }
+      REQUIRE(same_bits(w_lo, w_zero));
+
+      // Value sums: one call for 7 heads, 7 calls of one head, and from begin = 0.
+      std::vector<float> out_together(size_t(nq * head_dim)), out_alone(size_t(nq * head_dim));
+      std::vector<float> out_zero(size_t(nq * head_dim));
+      kernels.weighted_values(w_lo.data(), context, nq, values.data(), head_dim, lo, context,
+                              scales.data(), out_together.data(), head_dim);
+      for (int i = 0; i < nq; ++i)
+        kernels.weighted_values(w_lo.data() + i * context, context, 1, values.data(), head_dim, lo,
+                                context, scales.data() + i, out_alone.data() + i * head_dim,
+                                head_dim);
+      kernels.weighted_values(w_zero.data(), context, nq, values.data(), head_dim, 0, context,
+                              scales.data(), out_zero.data(), head_dim);
+      REQUIRE(same_bits(out_together, out_alone));
+      REQUIRE(same_bits(out_together, out_zero));
+    }
+  }
+}
+
+TEST_CASE("attention kernels: the SIMD and portable sets agree within rounding",
+          "[backend][attention_kernels]") {
+  const DotKernels simd = pick_dot_kernels(true), portable = pick_dot_kernels(false);
+  for (int64_t head_dim : {8, 40, 128}) {
+    const int nq = 3;
+    const int64_t context = 129;
+    INFO("head_dim " << head_dim);
+    const auto q = random_values(size_t(nq * head_dim), 321);
+    const auto keys = random_values(size_t(context * head_dim), 322);
+    const auto values = random_values(size_t(context * head_dim), 323);
+    const float scale = attention_scale(head_dim);
+    std::vector<float> logits[2], weights[2], out[2];
+    const DotKernels* sets[2] = {&simd, &portable};
+    for (int s = 0; s < 2; ++s) {
+      logits[s].resize(size_t(nq * context));
+      weights[s].resize(size_t(nq * context));
+      out[s].resize(size_t(nq * head_dim));
+      sets[s]->attention_logits(q.data(), head_dim, nq, keys.data(), head_dim, 0, context - 1,
+                                scale, logits[s].data(), context);
+      std::vector<float> scales(static_cast<size_t>(nq));
+      for (int i = 0; i < nq; ++i)
+        scales[size_t(i)] =
+            1.0f / sets[s]->softmax_weights(logits[s].data() + i * context, nullptr, 0, context,
+                                            weights[s].data() + i * context);
+      sets[s]->weighted_values(weights[s].data(), context, nq, values.data(), head_dim, 0, context,
+                               scales.data(), out[s].data(), head_dim);
+    }
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      REQUIRE(std::fabs(logits[0][i] - logits[1][i]) <= 1e-5f);
+      REQUIRE(std::fabs(weights[0][i] - weights[1][i]) <= 1e-5f * weights[1][i] + 1e-30f);
+    }
+    for (size_t i = 0; i < out[0].size(); ++i) REQUIRE(std::fabs(out[0][i] - out[1][i]) <= 1e-5f);
+  }
+}
+
+TEST_CASE("attention equals attention_logits + attention_visible bit for bit, any thread count",
+          "[backend][attention_kernels]") {
+  struct Case {
+    int64_t heads, groups, head_dim, position, window;
+    bool masked;
+  };
+  const Case cases[] = {
+      {8, 4, 32, 300, 0, false},  // the demo model's shape
+      {8, 4, 32, 300, 0, true},  {6, 2, 40, 130, 17, true}, {12, 2, 24, 77, 0, true},
+      {5, 5, 128, 40, 9, false}, {4, 1, 8, 0, 0, false},    {4, 2, 64, 200, 64, true},
+  };
+  for (bool simd : {true, false}) {
+    std::unique_ptr<Backend> backends[2];
+    for (int t = 0; t < 2; ++t) {
+      CpuBackendOptions options;
+      options.threads = t + 1;
+      options.allow_simd = simd;
+      backends[t] = make_cpu_backend(options);
+    }
+    uint32_t seed = 400;
+    for (const Case& c : cases) {
+      INFO("simd " << simd << ", heads " << c.heads << "/" << c.groups << ", head_dim "
+                   << c.head_dim << ", position " << c.position << ", window " << c.window
+                   << ", masked " << c.masked);
+      const int64_t cols = c.position + 1, capacity = cols + 5;
+      const auto q_values = random_values(size_t(c.heads * c.head_dim), ++seed, 2.0f);
+      const auto k_values = random_values(size_t(c.groups * capacity * c.head_dim), ++seed);
+      const auto v_values = random_values(size_t(c.groups * capacity * c.head_dim), ++seed);
+      std::vector<uint8_t> mask(size_t(c.heads * cols), 1);
+      if (c.masked) {
+        std::mt19937 rng(++seed);
+        for (auto& m : mask) m = uint8_t(rng() % 4 != 0);
+        for (int64_t j = 0; j < cols; ++j) mask[size_t(1 * cols + j)] = 0;  // head 1: none
+      }
+      std::vector<float> reference_out;
+      for (auto& backend : backends) {
+        Backend& b = *backend;
+        DeviceTensor q = make_f32(b, q_values, {1, c.heads, c.head_dim});
+        DeviceTensor k = make_f32(b, k_values, {c.groups, capacity, c.head_dim});
+        DeviceTensor v = make_f32(b, v_values, {c.groups, capacity, c.head_dim});
+        DeviceTensor mask_t = b.alloc(DType::U8, {c.heads, cols});
+        b.from_host(mask_t, mask.data(), mask.size());
+        Visibility visibility;
+        if (c.masked) visibility.mask = &mask_t;
+
+        DeviceTensor out = b.alloc(DType::F32, {1, c.heads, c.head_dim});
+        DeviceTensor logits = b.alloc(DType::F32, {1, c.heads, cols});
+        b.attention(q, k, v, c.position, c.window, visibility, out, &logits);
+
+        const int64_t stride = cols + 6;
+        DeviceTensor policy_logits = b.alloc(DType::F32, {c.heads, stride});
+        DeviceTensor policy_out = b.alloc(DType::F32, {1, c.heads, c.head_dim});
+        DeviceTensor probs = b.alloc(DType::F32, {c.heads, stride});
+        DeviceTensor visible = b.alloc(DType::U8, {c.heads, stride});
+        std::vector<uint8_t> wide(size_t(c.heads * stride), 0);
+        for (int64_t h = 0; h < c.heads; ++h)
+          std::copy_n(mask.begin() + long(h * cols), cols, wide.begin() + long(h * stride));
+        b.from_host(visible, wide.data(), wide.size());
+        b.attention_logits(q, k, c.position, c.window, policy_logits);
+        b.attention_visible(policy_logits, cols, c.masked ? &visible : nullptr, v, policy_out,
+                            &probs);
+
+        const auto got_out = read(b, out), got_policy = read(b, policy_out);
+        REQUIRE(same_bits(got_out, got_policy));
+        const auto got_logits = read(b, logits), got_policy_logits = read(b, policy_logits);
+        const auto got_probs = read(b, probs);
+        for (int64_t h = 0; h < c.heads; ++h) {
+          float sum = 0.0f;
+          for (int64_t j = 0; j < cols; ++j) {
+            const float plain = got_logits[size_t(h * cols + j)];
+            const float policy = got_policy_logits[size_t(h * stride + j)];
+            const float p = got_probs[size_t(h * stride + j)];
+            if (mask[size_t(h * cols + j)]) {
+              REQUIRE(plain == policy);  // the same logit where visible
+            } else {
+              REQUIRE(plain == kNegInf);
+            }
+            if (plain == kNegInf) REQUIRE(p == 0.0f);
+            sum += p;
+          }
+          if (c.masked && h == 1) {  // sees nothing: zeros
+            REQUIRE(sum == 0.0f);
+            for (int64_t d = 0; d < c.head_dim; ++d)
+              REQUIRE(got_out[size_t(h * c.head_dim + d)] == 0.0f);
+          } else {
+            REQUIRE(std::fabs(sum - 1.0f) <= 1e-5f);
+          }
+        }
+        // Thread-count independent: 2 threads give the 1-thread bits.
+        if (reference_out.empty()) {
+          reference_out = got_out;
+        } else {
+          REQUIRE(same_bits(reference_out, got_out));
+        }
+      }
+    }
+  }
 }
