@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -93,6 +94,13 @@ class Backend {
                              std::span<double> out) = 0;
   // Blocks until queued work is done (no-op on the CPU).
   virtual void synchronize() {}
+  // Calls task(i) for i in [0, count): independent pieces of work that touch disjoint tensors and
+  // may issue ops of their own (the lockstep runs of one layer). The CPU backend spreads them over
+  // its threads, each task's ops then running on the thread that took it; the default runs them
+  // in order. The first exception thrown by a task is rethrown after all have finished.
+  virtual void run_tasks(int64_t count, const std::function<void(int64_t)>& task) {
+    for (int64_t i = 0; i < count; ++i) task(i);
+  }
 
   // --- token-selection (policy) ops: one decode step (n == 1) of one layer ---
   // Row tensors are [rows, stride] row-major (F32 scores, U8 0/1 masks); only the first `cols`

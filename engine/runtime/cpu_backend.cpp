@@ -74,15 +74,19 @@ class CpuBackend final : public Backend {
       : pool_(options.threads), kernels_(pick_dot_kernels(options.allow_simd)) {}
 
   std::string name() const override { return "cpu"; }
+  void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
+    pool_.for_each(count, task);
+  }
   const char* isa() const { return kernels_.isa; }
   int threads() const { return pool_.size(); }
 
   DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) override {
-    require(view.data != nullptr || view.bytes == 0, "upload_weight: " + view.name, "tensor data",
-            "a null pointer");
+    KVLENS_REQUIRE(view.data != nullptr || view.bytes == 0, "upload_weight: " + view.name,
+                   "tensor data", "a null pointer");
     const int64_t count = view.numel();
-    require(size_t(count) * dtype_size(view.dtype) == view.bytes, "upload_weight: " + view.name,
-            "bytes == numel * dtype size", cat(int64_t(view.bytes), " bytes"));
+    KVLENS_REQUIRE(size_t(count) * dtype_size(view.dtype) == view.bytes,
+                   "upload_weight: " + view.name, "bytes == numel * dtype size",
+                   cat(int64_t(view.bytes), " bytes"));
     DeviceTensor t;
     t.shape = view.shape;
     if (view.dtype == DType::F16) {
@@ -118,7 +122,7 @@ class CpuBackend final : public Backend {
     t.dtype = dtype;
     t.shape = std::move(shape);
     for (int64_t extent : t.shape) {
-      require(extent >= 0, "alloc", "non-negative extents", shape_string(t.shape));
+      KVLENS_REQUIRE(extent >= 0, "alloc", "non-negative extents", shape_string(t.shape));
     }
     t.storage = allocate_aligned(t.bytes());
     t.data = t.storage.get();
@@ -126,14 +130,14 @@ class CpuBackend final : public Backend {
   }
 
   void to_host(const DeviceTensor& src, void* host, size_t bytes) override {
-    require(bytes <= src.bytes(), "to_host: bytes", cat("at most ", int64_t(src.bytes())),
-            std::to_string(bytes));
+    KVLENS_REQUIRE(bytes <= src.bytes(), "to_host: bytes", cat("at most ", int64_t(src.bytes())),
+                   std::to_string(bytes));
     if (bytes) std::memcpy(host, src.data, bytes);
   }
 
   void from_host(DeviceTensor& dst, const void* host, size_t bytes) override {
-    require(bytes <= dst.bytes(), "from_host: bytes", cat("at most ", int64_t(dst.bytes())),
-            std::to_string(bytes));
+    KVLENS_REQUIRE(bytes <= dst.bytes(), "from_host: bytes", cat("at most ", int64_t(dst.bytes())),
+                   std::to_string(bytes));
     if (bytes) std::memcpy(dst.data, host, bytes);
   }
 
@@ -141,25 +145,26 @@ class CpuBackend final : public Backend {
                  int64_t rows, int64_t row_elems) override {
     require_f32(src, "copy_rows: src");
     require_f32(dst, "copy_rows: dst");
-    require(src_row >= 0 && dst_row >= 0 && rows >= 0 && row_elems >= 0, "copy_rows: rows",
-            "non-negative row indices and counts");
-    require((src_row + rows) * row_elems <= src.numel(), "copy_rows: src",
-            cat("at least ", (src_row + rows) * row_elems, " elements"), describe(src));
-    require((dst_row + rows) * row_elems <= dst.numel(), "copy_rows: dst",
-            cat("at least ", (dst_row + rows) * row_elems, " elements"), describe(dst));
+    KVLENS_REQUIRE(src_row >= 0 && dst_row >= 0 && rows >= 0 && row_elems >= 0, "copy_rows: rows",
+                   "non-negative row indices and counts");
+    KVLENS_REQUIRE((src_row + rows) * row_elems <= src.numel(), "copy_rows: src",
+                   cat("at least ", (src_row + rows) * row_elems, " elements"), describe(src));
+    KVLENS_REQUIRE((dst_row + rows) * row_elems <= dst.numel(), "copy_rows: dst",
+                   cat("at least ", (dst_row + rows) * row_elems, " elements"), describe(dst));
     if (rows * row_elems == 0) return;
     std::memmove(dst.as<float>() + dst_row * row_elems, src.as<const float>() + src_row * row_elems,
                  size_t(rows * row_elems) * sizeof(float));
   }
 
   void embed(const DeviceTensor& table, std::span<const int32_t> ids, DeviceTensor& out) override {
-    require(table.shape.size() == 2 && is_weight_dtype(table.dtype), "embed: table",
-            "an F32/BF16/F16 [vocab, E] tensor", describe(table));
+    KVLENS_REQUIRE(table.shape.size() == 2 && is_weight_dtype(table.dtype), "embed: table",
+                   "an F32/BF16/F16 [vocab, E] tensor", describe(table));
     require_data(table, "embed: table");
     const int64_t vocab = table.dim(0), width = table.dim(1);
     const int64_t n = int64_t(ids.size());
     require_f32(out, "embed: out");
-    require(out.numel() == n * width, "embed: out", cat(n * width, " elements"), describe(out));
+    KVLENS_REQUIRE(out.numel() == n * width, "embed: out", cat(n * width, " elements"),
+                   describe(out));
     for (int64_t i = 0; i < n; ++i) {
       if (ids[i] < 0 || ids[i] >= vocab) {
         throw Error(kWhere, "embed: token id", cat("an id in [0, ", vocab, ")"),
@@ -171,16 +176,16 @@ class CpuBackend final : public Backend {
   }
 
   void matmul(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y) override {
-    require(w.shape.size() == 2 && is_weight_dtype(w.dtype), "matmul: w",
-            "an F32/BF16/F16 [out, in] tensor", describe(w));
+    KVLENS_REQUIRE(w.shape.size() == 2 && is_weight_dtype(w.dtype), "matmul: w",
+                   "an F32/BF16/F16 [out, in] tensor", describe(w));
     require_data(w, "matmul: w");
     require_f32(x, "matmul: x");
     require_f32(y, "matmul: y");
     const int64_t out = w.dim(0), in = w.dim(1);
-    require(in > 0 && x.numel() % in == 0, "matmul: x",
-            cat("[n, ", in, "] to match w ", describe(w)), describe(x));
+    KVLENS_REQUIRE(in > 0 && x.numel() % in == 0, "matmul: x",
+                   cat("[n, ", in, "] to match w ", describe(w)), describe(x));
     const int64_t n = x.numel() / in;
-    require(y.numel() == n * out, "matmul: y", shape_string({n, out}), describe(y));
+    KVLENS_REQUIRE(y.numel() == n * out, "matmul: y", shape_string({n, out}), describe(y));
     if (n == 0 || out == 0) return;
 
     const DotRowsFn dot = kernels_.for_dtype(w.dtype);
@@ -198,7 +203,16 @@ class CpuBackend final : public Backend {
     constexpr int64_t kRowStep = kMaxRows * kMaxBlockRows;
     const int64_t block =
         std::max<int64_t>(kRowStep, int64_t(kBlockBytes / w_row_bytes) / kRowStep * kRowStep);
-    const int64_t grain = n == 1 ? 64 : block;
+    // A task takes at most one L2 block, and small matrices (a few hundred rows) still split
+    // over every thread rather than fit in one task's block.
+    const int64_t per_thread = (out + pool_.size() - 1) / pool_.size();
+    // A few rows of x (the lockstep runs) stay in L1 while the weights stream past once, each
+    // register block of weight rows serving every row of x from L1. Many rows (a prefill chunk)
+    // stream past an L2 block of weights instead.
+    constexpr size_t kL1Bytes = 24 * 1024;
+    const bool x_in_l1 = size_t(n * in) * sizeof(float) <= kL1Bytes;
+    const int64_t grain =
+        n == 1 ? 64 : std::min(block, (per_thread + kRowStep - 1) / kRowStep * kRowStep);
     pool_.parallel_for(
         0, out,
         [&](int64_t row_begin, int64_t row_end) {
@@ -208,6 +222,17 @@ class CpuBackend final : public Backend {
               for (int64_t o = o0; o < o1; o += kMaxRows) {
                 const int rows = int(std::min<int64_t>(kMaxRows, o1 - o));
                 dot(xs, ws + size_t(o) * w_row_bytes, in, rows, ys + o);
+              }
+              continue;
+            }
+            if (x_in_l1) {
+              for (int64_t o = o0; o < o1; o += kMaxBlockRows) {
+                const int rows = int(std::min<int64_t>(kMaxBlockRows, o1 - o));
+                for (int64_t i = 0; i < n; i += kMaxBlockX) {
+                  const int nx = int(std::min<int64_t>(kMaxBlockX, n - i));
+                  dot_block(xs + i * in, in, nx, ws + size_t(o) * w_row_bytes, in, rows,
+                            ys + i * out + o, out);
+                }
               }
               continue;
             }
@@ -228,13 +253,13 @@ class CpuBackend final : public Backend {
                DeviceTensor& y) override {
     require_f32(x, "rmsnorm: x");
     require_f32(y, "rmsnorm: y");
-    require(is_weight_dtype(weight.dtype), "rmsnorm: weight", "an F32/BF16/F16 [E] tensor",
-            describe(weight));
+    KVLENS_REQUIRE(is_weight_dtype(weight.dtype), "rmsnorm: weight", "an F32/BF16/F16 [E] tensor",
+                   describe(weight));
     require_data(weight, "rmsnorm: weight");
     const int64_t width = weight.numel();
-    require(width > 0 && x.numel() % width == 0, "rmsnorm: x", cat("[n, ", width, "]"),
-            describe(x));
-    require(y.numel() == x.numel(), "rmsnorm: y", describe(x), describe(y));
+    KVLENS_REQUIRE(width > 0 && x.numel() % width == 0, "rmsnorm: x", cat("[n, ", width, "]"),
+                   describe(x));
+    KVLENS_REQUIRE(y.numel() == x.numel(), "rmsnorm: y", describe(x), describe(y));
     std::vector<float> gain(static_cast<size_t>(width));
     widen(weight, 0, width, gain.data());
     const int64_t n = x.numel() / width;
@@ -255,8 +280,8 @@ class CpuBackend final : public Backend {
     require_f32(inv_freq, "rope: inv_freq");
     const int64_t half = inv_freq.numel(), head_dim = 2 * half;
     const int64_t n = int64_t(positions.size());
-    require(half > 0 && n > 0 && x.numel() % (n * head_dim) == 0, "rope: x",
-            cat("[", n, ", heads, ", head_dim, "]"), describe(x));
+    KVLENS_REQUIRE(half > 0 && n > 0 && x.numel() % (n * head_dim) == 0, "rope: x",
+                   cat("[", n, ", heads, ", head_dim, "]"), describe(x));
     const int64_t heads = x.numel() / (n * head_dim);
     const float* freq = inv_freq.as<const float>();
     std::vector<float> cos_table(static_cast<size_t>(half));
@@ -285,9 +310,9 @@ class CpuBackend final : public Backend {
     require_f32(gate, "silu_mul: gate");
     require_f32(up, "silu_mul: up");
     require_f32(out, "silu_mul: out");
-    require(up.numel() == gate.numel() && out.numel() == gate.numel(), "silu_mul: shapes",
-            "gate, up and out of equal size",
-            describe(gate) + ", " + describe(up) + ", " + describe(out));
+    KVLENS_REQUIRE(up.numel() == gate.numel() && out.numel() == gate.numel(), "silu_mul: shapes",
+                   "gate, up and out of equal size",
+                   describe(gate) + ", " + describe(up) + ", " + describe(out));
     const float* g = gate.as<const float>();
     const float* u = up.as<const float>();
     float* o = out.as<float>();
@@ -299,7 +324,7 @@ class CpuBackend final : public Backend {
   void add_inplace(DeviceTensor& x, const DeviceTensor& y) override {
     require_f32(x, "add_inplace: x");
     require_f32(y, "add_inplace: y");
-    require(x.numel() == y.numel(), "add_inplace: y", describe(x), describe(y));
+    KVLENS_REQUIRE(x.numel() == y.numel(), "add_inplace: y", describe(x), describe(y));
     float* a = x.as<float>();
     const float* b = y.as<const float>();
     for (int64_t i = 0, count = x.numel(); i < count; ++i) a[i] += b[i];
@@ -312,12 +337,12 @@ class CpuBackend final : public Backend {
     require_kv_caches(k_cache, v_cache, "kv_append");
     const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
     const int64_t row = groups * head_dim;
-    require(row > 0 && k.numel() % row == 0 && v.numel() == k.numel(), "kv_append: k, v",
-            cat("[n, ", groups, ", ", head_dim, "] each"), describe(k) + ", " + describe(v));
+    KVLENS_REQUIRE(row > 0 && k.numel() % row == 0 && v.numel() == k.numel(), "kv_append: k, v",
+                   cat("[n, ", groups, ", ", head_dim, "] each"), describe(k) + ", " + describe(v));
     const int64_t n = k.numel() / row;
-    require(first_position >= 0 && first_position + n <= capacity, "kv_append: positions",
-            cat("positions below the capacity ", capacity),
-            cat(first_position, "..", first_position + n - 1));
+    KVLENS_REQUIRE(first_position >= 0 && first_position + n <= capacity, "kv_append: positions",
+                   cat("positions below the capacity ", capacity),
+                   cat(first_position, "..", first_position + n - 1));
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t g = 0; g < groups; ++g) {
         const size_t src = size_t((i * groups + g) * head_dim);
@@ -337,30 +362,32 @@ class CpuBackend final : public Backend {
     require_kv_caches(k_cache, v_cache, "attention");
     require_f32(out, "attention: out");
     const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
-    require(q.shape.size() == 3 && q.dim(2) == head_dim, "attention: q",
-            cat("[n, H, ", head_dim, "]"), describe(q));
+    KVLENS_REQUIRE(q.shape.size() == 3 && q.dim(2) == head_dim, "attention: q",
+                   cat("[n, H, ", head_dim, "]"), describe(q));
     const int64_t n = q.dim(0), heads = q.dim(1);
-    require(groups > 0 && heads % groups == 0, "attention: q",
-            cat("a head count divisible by the ", groups, " KV heads"), describe(q));
-    require(out.numel() == q.numel(), "attention: out", describe(q), describe(out));
+    KVLENS_REQUIRE(groups > 0 && heads % groups == 0, "attention: q",
+                   cat("a head count divisible by the ", groups, " KV heads"), describe(q));
+    KVLENS_REQUIRE(out.numel() == q.numel(), "attention: out", describe(q), describe(out));
     const int64_t context = first_position + n;
-    require(first_position >= 0 && context <= capacity, "attention: positions",
-            cat("positions below the capacity ", capacity), cat(first_position, "..", context - 1));
+    KVLENS_REQUIRE(first_position >= 0 && context <= capacity, "attention: positions",
+                   cat("positions below the capacity ", capacity),
+                   cat(first_position, "..", context - 1));
     const uint8_t* mask = nullptr;
     if (visible.mask) {
       const DeviceTensor& m = *visible.mask;
-      require(n == 1, "attention: visible", "a mask only when decoding one token",
-              cat(n, " query rows"));
-      require(m.dtype == DType::U8 && m.shape.size() == 2 && m.dim(0) == heads &&
-                  m.dim(1) == context && !m.empty(),
-              "attention: visible", cat("a U8 [", heads, ", ", context, "] mask"), describe(m));
+      KVLENS_REQUIRE(n == 1, "attention: visible", "a mask only when decoding one token",
+                     cat(n, " query rows"));
+      KVLENS_REQUIRE(m.dtype == DType::U8 && m.shape.size() == 2 && m.dim(0) == heads &&
+                         m.dim(1) == context && !m.empty(),
+                     "attention: visible", cat("a U8 [", heads, ", ", context, "] mask"),
+                     describe(m));
       mask = m.as<const uint8_t>();
     }
     float* logits = nullptr;
     if (logits_out && !logits_out->empty()) {
       require_f32(*logits_out, "attention: logits_out");
-      require(logits_out->numel() == n * heads * context, "attention: logits_out",
-              shape_string({n, heads, context}), describe(*logits_out));
+      KVLENS_REQUIRE(logits_out->numel() == n * heads * context, "attention: logits_out",
+                     shape_string({n, heads, context}), describe(*logits_out));
       logits = logits_out->as<float>();
     }
     if (n == 0) return;
@@ -424,7 +451,7 @@ class CpuBackend final : public Backend {
 
   void argmax_rows(const DeviceTensor& x, std::span<int32_t> out) override {
     const int64_t rows = int64_t(out.size());
-    const int64_t width = check_rows(x, rows, "argmax_rows");
+    const int64_t width = check_rows(x, rows, OpName{"argmax_rows"});
     for (int64_t i = 0; i < rows; ++i) {
       const float* row = x.as<const float>() + i * width;
       // torch.argmax semantics: NaN counts as the maximum, the first maximum wins.
@@ -442,10 +469,10 @@ class CpuBackend final : public Backend {
 
   void log_prob_rows(const DeviceTensor& x, std::span<const int32_t> targets,
                      std::span<double> out) override {
-    require(targets.size() == out.size(), "log_prob_rows: targets",
-            cat(int64_t(out.size()), " targets"), std::to_string(targets.size()));
+    KVLENS_REQUIRE(targets.size() == out.size(), "log_prob_rows: targets",
+                   cat(int64_t(out.size()), " targets"), std::to_string(targets.size()));
     const int64_t rows = int64_t(out.size());
-    const int64_t width = check_rows(x, rows, "log_prob_rows");
+    const int64_t width = check_rows(x, rows, OpName{"log_prob_rows"});
     for (int64_t i = 0; i < rows; ++i) {
       const int32_t target = targets[size_t(i)];
       if (target < 0 || target >= width) {
@@ -533,12 +560,13 @@ class CpuBackend final : public Backend {
   cpu_policy::Context policy_context() { return {pool_, kernels_}; }
 
   // x seen as [rows, width]; returns width.
-  int64_t check_rows(const DeviceTensor& x, int64_t rows, const std::string& op) {
+  int64_t check_rows(const DeviceTensor& x, int64_t rows, OpName op) {
     require_f32(x, op + ": x");
-    require(!x.shape.empty() && x.shape.back() > 0, op + ": x", "an [n, V] tensor", describe(x));
+    KVLENS_REQUIRE(!x.shape.empty() && x.shape.back() > 0, op + ": x", "an [n, V] tensor",
+                   describe(x));
     const int64_t width = x.shape.back();
-    require(x.numel() == rows * width, op + ": x", cat("[", rows, ", V] to match the output span"),
-            describe(x));
+    KVLENS_REQUIRE(x.numel() == rows * width, op + ": x",
+                   cat("[", rows, ", V] to match the output span"), describe(x));
     return width;
   }
 

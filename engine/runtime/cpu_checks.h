@@ -42,27 +42,59 @@ inline std::string describe(const DeviceTensor& t) {
   return std::string(dtype_name(t.dtype)) + " " + shape_string(t.shape);
 }
 
-inline void require(bool ok, const std::string& field, const std::string& expected,
-                    const std::string& found = {}) {
-  if (!ok) throw Error(kWhere, field, expected, found);
+// The argument a check names, kept as up to three pieces ("attention_visible", ": ", "probs")
+// and joined only when the check fails: decode issues hundreds of ops per step, and building the
+// strings of checks that pass cost about a microsecond per op. Holds views: use it only within
+// the full expression that made it.
+struct Field {
+  std::string_view a, b, c;
+  Field(const char* text) : a(text) {}  // NOLINT: implicit on purpose
+  Field(std::string_view text) : a(text) {}
+  Field(const std::string& text) : a(text) {}
+  Field(std::string_view first, std::string_view second, std::string_view third = {})
+      : a(first), b(second), c(third) {}
+  std::string text() const { return cat(a, b, c); }
+};
+
+// An op's name: `op + ": x"` names its argument x without building a string.
+struct OpName {
+  std::string_view name;
+  Field operator+(const char* argument) const { return Field(name, argument); }
+};
+
+[[noreturn]] inline void fail(const Field& field, const std::string& expected,
+                              const std::string& found = {}) {
+  throw Error(kWhere, field.text(), expected, found);
 }
 
-inline void require_data(const DeviceTensor& t, const std::string& field) {
-  require(!t.empty() || t.numel() == 0, field, "a tensor with storage", "an empty tensor");
+}  // namespace kvlens::cpu_checks
+
+// Checks `ok`; only when it fails are the field, expected and found arguments evaluated (they
+// often build strings) and a kvlens::Error thrown.
+#define KVLENS_REQUIRE(ok, ...)                \
+  do {                                         \
+    if (!(ok)) [[unlikely]]                    \
+      ::kvlens::cpu_checks::fail(__VA_ARGS__); \
+  } while (false)
+
+namespace kvlens::cpu_checks {
+
+inline void require_data(const DeviceTensor& t, const Field& field) {
+  KVLENS_REQUIRE(!t.empty() || t.numel() == 0, field, "a tensor with storage", "an empty tensor");
 }
 
-inline void require_f32(const DeviceTensor& t, const std::string& field) {
-  require(t.dtype == DType::F32, field, "an F32 tensor", describe(t));
+inline void require_f32(const DeviceTensor& t, const Field& field) {
+  KVLENS_REQUIRE(t.dtype == DType::F32, field, "an F32 tensor", describe(t));
   require_data(t, field);
 }
 
 // Both caches F32 and of one [G, capacity, D] shape.
 inline void require_kv_caches(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
-                              const std::string& op) {
-  require_f32(k_cache, op + ": k_cache");
-  require_f32(v_cache, op + ": v_cache");
-  require(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, op + ": caches",
-          "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
+                              std::string_view op) {
+  require_f32(k_cache, Field(op, ": k_cache"));
+  require_f32(v_cache, Field(op, ": v_cache"));
+  KVLENS_REQUIRE(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, Field(op, ": caches"),
+                 "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
 }
 
 }  // namespace kvlens::cpu_checks

@@ -6,6 +6,7 @@
 #include "engine/runtime/cpu_policy_ops.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -29,21 +30,22 @@ struct RowShape {
 
 // `t` as a [rows, stride] tensor of `dtype` with stride >= cols (rows < 0: any row count).
 RowShape row_shape(const DeviceTensor& t, DType dtype, int64_t rows, int64_t cols,
-                   const std::string& field) {
-  const std::string expected =
+                   const Field& field) {
+  KVLENS_REQUIRE(
+      t.dtype == dtype && t.shape.size() == 2 && (rows < 0 || t.dim(0) == rows) && t.dim(0) >= 0 &&
+          t.dim(1) >= cols,
+      field,
       cat("a ", dtype_name(dtype), " [", rows < 0 ? std::string("rows") : std::to_string(rows),
-          ", >= ", cols, "] tensor");
-  require(t.dtype == dtype && t.shape.size() == 2 && (rows < 0 || t.dim(0) == rows) &&
-              t.dim(0) >= 0 && t.dim(1) >= cols,
-          field, expected, describe(t));
+          ", >= ", cols, "] tensor"),
+      describe(t));
   require_data(t, field);
   return {t.dim(0), t.dim(1)};
 }
 
 // Candidate columns are packed into 32 bits by top_k_key; every op keeps to the same range.
-void require_cols(int64_t cols, const std::string& op) {
-  require(cols >= 0 && cols <= std::numeric_limits<int32_t>::max(), op + ": cols",
-          "a column count in [0, 2^31)", std::to_string(cols));
+void require_cols(int64_t cols, OpName op) {
+  KVLENS_REQUIRE(cols >= 0 && cols <= std::numeric_limits<int32_t>::max(), op + ": cols",
+                 "a column count in [0, 2^31)", std::to_string(cols));
 }
 
 // Per-head work of about `work` multiply-adds: ~64K per chunk, as the attention op schedules.
@@ -51,23 +53,62 @@ int64_t grain_for(int64_t work) {
   return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work));
 }
 
+// Marks chosen[uint32(key)] = 1 for the k largest of the distinct `keys` (all of them when
+// there are no more than k): a radix select over 8-bit digits from the highest bit in which the
+// remaining keys differ (scores of one row often share their top bits). Keys whose digit is
+// above the k-th largest one's are in, those below are out, and only the ones that share it go
+// on to the next digit. `keys` and `next` are scratch (keys is consumed).
+void select_largest_keys(std::vector<uint64_t>& keys, std::vector<uint64_t>& next, int64_t k,
+                         uint8_t* chosen) {
+  for (;;) {
+    if (int64_t(keys.size()) <= k) {
+      for (const uint64_t key : keys) chosen[uint32_t(key)] = 1;
+      return;
+    }
+    uint64_t all_ones = ~uint64_t(0), any_ones = 0;
+    for (const uint64_t key : keys) {
+      all_ones &= key;
+      any_ones |= key;
+    }
+    // Distinct keys (more than k >= 1 of them) differ somewhere, so `differing` is not 0.
+    const uint64_t differing = all_ones ^ any_ones;
+    const int shift = std::max(0, 63 - std::countl_zero(differing) - 7);
+    uint32_t histogram[256] = {};
+    for (const uint64_t key : keys) ++histogram[(key >> shift) & 255];
+    int64_t above = 0;  // keys whose digit is above `pivot`
+    uint32_t pivot = 255;
+    while (above + histogram[pivot] < k) above += histogram[pivot--];
+    next.clear();
+    for (const uint64_t key : keys) {
+      const uint32_t digit = uint32_t(key >> shift) & 255;
+      if (digit > pivot) {
+        chosen[uint32_t(key)] = 1;
+      } else if (digit == pivot) {
+        next.push_back(key);
+      }
+    }
+    k -= above;
+    keys.swap(next);
+  }
+}
+
 }  // namespace
 
 void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
                       int64_t position, int64_t window, DeviceTensor& logits) {
-  const std::string op = "attention_logits";
+  const OpName op{"attention_logits"};
   require_f32(q, op + ": q");
   require_f32(k_cache, op + ": k_cache");
-  require(k_cache.shape.size() == 3, op + ": k_cache", "a [G, capacity, D] tensor",
-          describe(k_cache));
+  KVLENS_REQUIRE(k_cache.shape.size() == 3, op + ": k_cache", "a [G, capacity, D] tensor",
+                 describe(k_cache));
   const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
-  require(q.shape.size() == 3 && q.dim(0) == 1 && q.dim(2) == head_dim, op + ": q",
-          cat("[1, H, ", head_dim, "]"), describe(q));
+  KVLENS_REQUIRE(q.shape.size() == 3 && q.dim(0) == 1 && q.dim(2) == head_dim, op + ": q",
+                 cat("[1, H, ", head_dim, "]"), describe(q));
   const int64_t heads = q.dim(1);
-  require(groups > 0 && heads % groups == 0, op + ": q",
-          cat("a head count divisible by the ", groups, " KV heads"), describe(q));
-  require(position >= 0 && position < capacity, op + ": position",
-          cat("a position below the capacity ", capacity), std::to_string(position));
+  KVLENS_REQUIRE(groups > 0 && heads % groups == 0, op + ": q",
+                 cat("a head count divisible by the ", groups, " KV heads"), describe(q));
+  KVLENS_REQUIRE(position >= 0 && position < capacity, op + ": position",
+                 cat("a position below the capacity ", capacity), std::to_string(position));
   const int64_t cols = position + 1;
   require_cols(cols, op);
   const RowShape shape = row_shape(logits, DType::F32, heads, cols, op + ": logits");
@@ -98,32 +139,32 @@ void attention_logits(const Context& context, const DeviceTensor& q, const Devic
 struct CacheShape {
   int64_t groups, capacity, head_dim;
 };
-CacheShape cache_shape(const DeviceTensor& cache, int64_t cols, const std::string& op,
-                       const std::string& name) {
-  require_f32(cache, op + ": " + name);
-  require(cache.shape.size() == 3, op + ": " + name, "a [G, capacity, D] tensor", describe(cache));
+CacheShape cache_shape(const DeviceTensor& cache, int64_t cols, OpName op, std::string_view name) {
+  require_f32(cache, Field(op.name, ": ", name));
+  KVLENS_REQUIRE(cache.shape.size() == 3, Field(op.name, ": ", name), "a [G, capacity, D] tensor",
+                 describe(cache));
   const CacheShape shape{cache.dim(0), cache.dim(1), cache.dim(2)};
-  require(cols <= shape.capacity, op + ": cols", cat("at most the capacity ", shape.capacity),
-          std::to_string(cols));
+  KVLENS_REQUIRE(cols <= shape.capacity, op + ": cols",
+                 cat("at most the capacity ", shape.capacity), std::to_string(cols));
   return shape;
 }
 
 void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
                        const DeviceTensor* visible, const DeviceTensor& v_cache, DeviceTensor& out,
                        DeviceTensor* probs) {
-  const std::string op = "attention_visible";
+  const OpName op{"attention_visible"};
   require_cols(cols, op);
   const auto [groups, capacity, head_dim] = cache_shape(v_cache, cols, op, "v_cache");
   const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op + ": logits");
   const int64_t heads = logit_shape.rows;
-  require(groups > 0 && heads % groups == 0, op + ": logits",
-          cat("a row count divisible by the ", groups, " KV heads"), describe(logits));
+  KVLENS_REQUIRE(groups > 0 && heads % groups == 0, op + ": logits",
+                 cat("a row count divisible by the ", groups, " KV heads"), describe(logits));
   RowShape visible_shape, probs_shape;
   if (visible) visible_shape = row_shape(*visible, DType::U8, heads, cols, op + ": visible");
   if (probs) probs_shape = row_shape(*probs, DType::F32, heads, cols, op + ": probs");
   require_f32(out, op + ": out");
-  require(out.numel() == heads * head_dim, op + ": out", shape_string({1, heads, head_dim}),
-          describe(out));
+  KVLENS_REQUIRE(out.numel() == heads * head_dim, op + ": out", shape_string({1, heads, head_dim}),
+                 describe(out));
   if (heads == 0) return;
 
   const int64_t heads_per_group = heads / groups;
@@ -169,7 +210,7 @@ void attention_visible(const Context& context, const DeviceTensor& logits, int64
 
 void select_top_k(const Context& context, const DeviceTensor& scores, int64_t cols,
                   const DeviceTensor* eligible, int64_t k, DeviceTensor& selected) {
-  const std::string op = "select_top_k";
+  const OpName op{"select_top_k"};
   require_cols(cols, op);
   const RowShape selected_shape = row_shape(selected, DType::U8, -1, cols, op + ": selected");
   const int64_t rows = selected_shape.rows;
@@ -181,8 +222,9 @@ void select_top_k(const Context& context, const DeviceTensor& scores, int64_t co
   context.pool.parallel_for(
       0, rows,
       [&](int64_t begin, int64_t end) {
-        std::vector<uint64_t> keys;
+        std::vector<uint64_t> keys, next;
         keys.reserve(size_t(cols));
+        next.reserve(size_t(cols));
         for (int64_t r = begin; r < end; ++r) {
           const float* score = scores.as<const float>() + r * score_shape.stride;
           const uint8_t* allowed =
@@ -192,43 +234,38 @@ void select_top_k(const Context& context, const DeviceTensor& scores, int64_t co
           for (int64_t j = 0; j < cols; ++j)
             if (chosen[j] == 0 && (!allowed || allowed[j] != 0))
               keys.push_back(top_k_key(score[j], uint32_t(j)));
-          if (int64_t(keys.size()) > k) {
-            // Keys are distinct, so the k largest are one well-defined set.
-            std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(),
-                             std::greater<uint64_t>());
-            keys.resize(size_t(k));
-          }
-          for (uint64_t key : keys) chosen[uint32_t(key)] = 1;
+          select_largest_keys(keys, next, k, chosen);
         }
       },
       grain_for(cols * 8));
 }
 
 void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) {
-  const std::string op = "fill_columns";
+  const OpName op{"fill_columns"};
   const RowShape shape = row_shape(mask, DType::U8, -1, 0, op + ": mask");
-  require(begin >= 0 && end <= shape.stride, op + ": columns",
-          cat("a range inside [0, ", shape.stride, ")"), cat(begin, ":", end));
+  KVLENS_REQUIRE(begin >= 0 && end <= shape.stride, op + ": columns",
+                 cat("a range inside [0, ", shape.stride, ")"), cat(begin, ":", end));
   if (end <= begin) return;
   for (int64_t r = 0; r < shape.rows; ++r)
     std::memset(mask.as<uint8_t>() + r * shape.stride + begin, value, size_t(end - begin));
 }
 
 void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {
-  const std::string op = "mask_and";
+  const OpName op{"mask_and"};
   require_cols(cols, op);
   const RowShape shape = row_shape(mask, DType::U8, -1, cols, op + ": mask");
   const RowShape other_shape = row_shape(other, DType::U8, shape.rows, cols, op + ": other");
   for (int64_t r = 0; r < shape.rows; ++r) {
     uint8_t* m = mask.as<uint8_t>() + r * shape.stride;
     const uint8_t* o = other.as<const uint8_t>() + r * other_shape.stride;
-    for (int64_t j = 0; j < cols; ++j) m[j] = uint8_t(m[j] != 0 && o[j] != 0);
+    // Bitwise & of the two tests: no branch, so the loop vectorises.
+    for (int64_t j = 0; j < cols; ++j) m[j] = uint8_t((m[j] != 0) & (o[j] != 0));
   }
 }
 
 void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
                      int64_t cols) {
-  const std::string op = "accumulate_rows";
+  const OpName op{"accumulate_rows"};
   require_cols(cols, op);
   const RowShape shape = row_shape(acc, DType::F32, -1, cols, op + ": acc");
   const RowShape x_shape = row_shape(x, DType::F32, shape.rows, cols, op + ": x");
@@ -244,11 +281,11 @@ void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTenso
 }
 
 void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out) {
-  const std::string op = "sum_row_groups";
+  const OpName op{"sum_row_groups"};
   require_cols(cols, op);
   const RowShape shape = row_shape(x, DType::F32, -1, cols, op + ": x");
-  require(group > 0 && shape.rows % group == 0, op + ": group",
-          cat("a positive divisor of the ", shape.rows, " rows"), std::to_string(group));
+  KVLENS_REQUIRE(group > 0 && shape.rows % group == 0, op + ": group",
+                 cat("a positive divisor of the ", shape.rows, " rows"), std::to_string(group));
   const int64_t groups = shape.rows / group;
   const RowShape out_shape = row_shape(out, DType::F32, groups, cols, op + ": out");
   for (int64_t g = 0; g < groups; ++g) {
@@ -264,9 +301,9 @@ void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTe
 }
 
 void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, DeviceTensor& out) {
-  const std::string op = "expand_row_groups";
+  const OpName op{"expand_row_groups"};
   require_cols(cols, op);
-  require(group > 0, op + ": group", "a positive group size", std::to_string(group));
+  KVLENS_REQUIRE(group > 0, op + ": group", "a positive group size", std::to_string(group));
   const RowShape shape = row_shape(mask, DType::U8, -1, cols, op + ": mask");
   const RowShape out_shape = row_shape(out, DType::U8, shape.rows * group, cols, op + ": out");
   for (int64_t r = 0; r < out_shape.rows; ++r)
@@ -275,7 +312,7 @@ void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, De
 }
 
 void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) {
-  const std::string op = "random_rows";
+  const OpName op{"random_rows"};
   require_cols(cols, op);
   const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
   for (int64_t r = 0; r < shape.rows; ++r) {
@@ -285,12 +322,12 @@ void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out
 }
 
 void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta, int64_t cols) {
-  const std::string op = "axpby_rows";
+  const OpName op{"axpby_rows"};
   require_cols(cols, op);
   const RowShape shape = row_shape(y, DType::F32, -1, cols, op + ": y");
   const RowShape x_shape = row_shape(x, DType::F32, -1, cols, op + ": x");
-  require(x_shape.rows == shape.rows || x_shape.rows == 1, op + ": x",
-          cat("1 or ", shape.rows, " rows"), describe(x));
+  KVLENS_REQUIRE(x_shape.rows == shape.rows || x_shape.rows == 1, op + ": x",
+                 cat("1 or ", shape.rows, " rows"), describe(x));
   const bool broadcast = x_shape.rows != shape.rows;
   for (int64_t r = 0; r < shape.rows; ++r) {
     float* out = y.as<float>() + r * shape.stride;
@@ -306,83 +343,123 @@ void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
 
 void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t kernel,
                DeviceTensor& out) {
-  const std::string op = "pool_rows";
+  const OpName op{"pool_rows"};
   require_cols(cols, op);
-  require(kernel >= 1 && kernel % 2 == 1 && kernel <= std::numeric_limits<int32_t>::max(),
-          op + ": kernel", "an odd kernel size >= 1", std::to_string(kernel));
+  KVLENS_REQUIRE(kernel >= 1 && kernel % 2 == 1 && kernel <= std::numeric_limits<int32_t>::max(),
+                 op + ": kernel", "an odd kernel size >= 1", std::to_string(kernel));
   const RowShape shape = row_shape(x, DType::F32, -1, cols, op + ": x");
   const RowShape out_shape = row_shape(out, DType::F32, shape.rows, cols, op + ": out");
-  require(x.data != out.data || shape.rows * cols == 0, op + ": out", "a tensor apart from x",
-          "x itself");
+  KVLENS_REQUIRE(x.data != out.data || shape.rows * cols == 0, op + ": out",
+                 "a tensor apart from x", "x itself");
   const int64_t half = kernel / 2;
   const float divisor = float(kernel);
+  // fmax without the library call: NaN only when both are NaN.
+  auto fmax_inline = [](float m, float value) { return (value > m || m != m) ? value : m; };
+  // Every output folds its in-range inputs from the lowest column up, from the first value (max)
+  // or from +0 (average). Columns whose whole kernel is in range run kernel-offset by kernel
+  // offset over all of them at once (a loop the compiler vectorises); the few at the edges, one
+  // by one. Both give each output the same sequence of operations.
+  const int64_t inner_begin = std::min(half, cols), inner_end = std::max(inner_begin, cols - half);
   for (int64_t r = 0; r < shape.rows; ++r) {
     const float* in = x.as<const float>() + r * shape.stride;
     float* o = out.as<float>() + r * out_shape.stride;
-    for (int64_t j = 0; j < cols; ++j) {
+    auto one_column = [&](int64_t j) {
       const int64_t lo = std::max<int64_t>(0, j - half), hi = std::min(cols - 1, j + half);
       if (pool == Backend::Pool::Max) {
         float m = in[lo];
-        for (int64_t i = lo + 1; i <= hi; ++i) m = std::fmax(m, in[i]);
+        for (int64_t i = lo + 1; i <= hi; ++i) m = fmax_inline(m, in[i]);
         o[j] = m;
       } else {
         float sum = 0.0f;
         for (int64_t i = lo; i <= hi; ++i) sum += in[i];
         o[j] = sum / divisor;
       }
+    };
+    for (int64_t j = 0; j < inner_begin; ++j) one_column(j);
+    for (int64_t j = inner_end; j < cols; ++j) one_column(j);
+    if (inner_end <= inner_begin) continue;
+    // in[j - half + i] is input i of output j's kernel.
+    const float* lowest = in + (inner_begin - half);
+    float* inner = o + inner_begin;
+    const int64_t count = inner_end - inner_begin;
+    if (pool == Backend::Pool::Max) {
+      for (int64_t j = 0; j < count; ++j) inner[j] = lowest[j];
+      for (int64_t i = 1; i < kernel; ++i)
+        for (int64_t j = 0; j < count; ++j) inner[j] = fmax_inline(inner[j], lowest[j + i]);
+    } else {
+      for (int64_t j = 0; j < count; ++j) inner[j] = 0.0f + lowest[j];
+      for (int64_t i = 1; i < kernel; ++i)
+        for (int64_t j = 0; j < count; ++j) inner[j] += lowest[j + i];
+      for (int64_t j = 0; j < count; ++j) inner[j] /= divisor;
     }
   }
 }
 
 void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int64_t cols,
                        const DeviceTensor& members, DeviceTensor& out) {
-  const std::string op = "key_anchor_scores";
+  const OpName op{"key_anchor_scores"};
   require_cols(cols, op);
   const auto [groups, capacity, head_dim] = cache_shape(k_cache, cols, op, "k_cache");
   const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
   const int64_t rows = shape.rows;
-  require(groups > 0 && rows % groups == 0, op + ": out",
-          cat("a row count that is a multiple of the ", groups, " KV heads"), describe(out));
+  KVLENS_REQUIRE(groups > 0 && rows % groups == 0, op + ": out",
+                 cat("a row count that is a multiple of the ", groups, " KV heads"), describe(out));
   const RowShape member_shape = row_shape(members, DType::U8, rows, cols, op + ": members");
   if (rows == 0 || cols == 0) return;
 
   const int64_t rows_per_group = rows / groups;
-  constexpr float kTiny = 1e-12f;
+  static constexpr float kTiny = 1e-12f;
+  // Squared length in 8 independent lanes (d mod 8), so the loop vectorises; the order is fixed.
+  auto norm = [head_dim](const float* v) {
+    float lanes[8] = {};
+    int64_t d = 0;
+    for (; d + 8 <= head_dim; d += 8)
+      for (int i = 0; i < 8; ++i) lanes[i] += v[d + i] * v[d + i];
+    float sq = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+               ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (; d < head_dim; ++d) sq += v[d] * v[d];
+    return std::max(std::sqrt(sq), kTiny);
+  };
+  const DotKernels& kernels = context.kernels;
+  // One task per KV head: its keys' lengths are computed once for all of its rows, and the
+  // dots of every key with the rows' anchors are one pass of the attention logits kernel.
   context.pool.parallel_for(
-      0, rows,
+      0, groups,
       [&](int64_t begin, int64_t end) {
-        std::vector<float> anchor(static_cast<size_t>(head_dim));
-        for (int64_t r = begin; r < end; ++r) {
-          const float* keys =
-              k_cache.as<const float>() + (r / rows_per_group) * capacity * head_dim;
-          const uint8_t* member = members.as<const uint8_t>() + r * member_shape.stride;
-          float* o = out.as<float>() + r * shape.stride;
-          auto norm = [&](const float* v) {
-            float sq = 0.0f;
-            for (int64_t d = 0; d < head_dim; ++d) sq += v[d] * v[d];
-            return std::max(std::sqrt(sq), kTiny);
-          };
-          std::fill(anchor.begin(), anchor.end(), 0.0f);
-          int64_t count = 0;
-          for (int64_t j = 0; j < cols; ++j) {
-            if (member[j] == 0) continue;
-            const float* k = keys + j * head_dim;
-            const float inv = 1.0f / norm(k);
-            for (int64_t d = 0; d < head_dim; ++d) anchor[size_t(d)] += k[d] * inv;
-            ++count;
+        std::vector<float> key_norms(static_cast<size_t>(cols));
+        std::vector<float> anchors(static_cast<size_t>(rows_per_group * head_dim));
+        std::vector<float> anchor_norms(static_cast<size_t>(rows_per_group));
+        for (int64_t g = begin; g < end; ++g) {
+          const float* keys = k_cache.as<const float>() + g * capacity * head_dim;
+          for (int64_t j = 0; j < cols; ++j) key_norms[size_t(j)] = norm(keys + j * head_dim);
+          for (int64_t i = 0; i < rows_per_group; ++i) {
+            const uint8_t* member =
+                members.as<const uint8_t>() + (g * rows_per_group + i) * member_shape.stride;
+            float* anchor = anchors.data() + i * head_dim;
+            std::fill(anchor, anchor + head_dim, 0.0f);
+            int64_t count = 0;
+            for (int64_t j = 0; j < cols; ++j) {
+              if (member[j] == 0) continue;
+              const float* k = keys + j * head_dim;
+              const float inv = 1.0f / key_norms[size_t(j)];
+              for (int64_t d = 0; d < head_dim; ++d) anchor[d] += k[d] * inv;
+              ++count;
+            }
+            if (count > 0)
+              for (int64_t d = 0; d < head_dim; ++d) anchor[d] /= float(count);
+            anchor_norms[size_t(i)] = norm(anchor);
           }
-          if (count > 0)
-            for (float& a : anchor) a /= float(count);
-          const float anchor_norm = norm(anchor.data());
-          for (int64_t j = 0; j < cols; ++j) {
-            const float* k = keys + j * head_dim;
-            float dot = 0.0f;
-            for (int64_t d = 0; d < head_dim; ++d) dot += k[d] * anchor[size_t(d)];
-            o[j] = -dot / (norm(k) * anchor_norm);
+          float* o = out.as<float>() + g * rows_per_group * shape.stride;
+          kernels.attention_logits(anchors.data(), head_dim, int(rows_per_group), keys, head_dim, 0,
+                                   cols - 1, 1.0f, o, shape.stride);
+          for (int64_t i = 0; i < rows_per_group; ++i) {
+            float* row = o + i * shape.stride;
+            for (int64_t j = 0; j < cols; ++j)
+              row[j] = -row[j] / (key_norms[size_t(j)] * anchor_norms[size_t(i)]);
           }
         }
       },
-      grain_for(cols * head_dim * 2));
+      grain_for(rows_per_group * cols * head_dim * 2));
 }
 
 namespace {
@@ -390,32 +467,33 @@ namespace {
 // Quest's page summaries page_min / page_max: two F32 [G, P, D] tensors of one shape matching
 // the cache's G and D.
 int64_t page_summary_pages(const DeviceTensor& page_min, const DeviceTensor& page_max,
-                           int64_t groups, int64_t head_dim, const std::string& op) {
+                           int64_t groups, int64_t head_dim, OpName op) {
   require_f32(page_min, op + ": page_min");
   require_f32(page_max, op + ": page_max");
-  require(page_min.shape.size() == 3 && page_min.dim(0) == groups && page_min.dim(2) == head_dim &&
-              page_min.dim(1) >= 0 && page_max.shape == page_min.shape,
-          op + ": page_min, page_max", cat("two F32 [", groups, ", pages, ", head_dim, "] tensors"),
-          describe(page_min) + ", " + describe(page_max));
+  KVLENS_REQUIRE(
+      page_min.shape.size() == 3 && page_min.dim(0) == groups && page_min.dim(2) == head_dim &&
+          page_min.dim(1) >= 0 && page_max.shape == page_min.shape,
+      op + ": page_min, page_max", cat("two F32 [", groups, ", pages, ", head_dim, "] tensors"),
+      describe(page_min) + ", " + describe(page_max));
   return page_min.dim(1);
 }
 
-void require_page_size(int64_t page_size, const std::string& op) {
-  require(page_size >= 1, op + ": page_size", "a page size >= 1", std::to_string(page_size));
+void require_page_size(int64_t page_size, OpName op) {
+  KVLENS_REQUIRE(page_size >= 1, op + ": page_size", "a page size >= 1", std::to_string(page_size));
 }
 
 }  // namespace
 
 void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end, int64_t page_size,
                         DeviceTensor& page_min, DeviceTensor& page_max) {
-  const std::string op = "page_minmax_update";
+  const OpName op{"page_minmax_update"};
   require_page_size(page_size, op);
   const auto [groups, capacity, head_dim] = cache_shape(k_cache, 0, op, "k_cache");
-  require(begin >= 0 && begin <= end && end <= capacity, op + ": columns",
-          cat("a range inside [0, ", capacity, "]"), cat(begin, ":", end));
+  KVLENS_REQUIRE(begin >= 0 && begin <= end && end <= capacity, op + ": columns",
+                 cat("a range inside [0, ", capacity, "]"), cat(begin, ":", end));
   const int64_t pages = page_summary_pages(page_min, page_max, groups, head_dim, op);
-  require(pages * page_size >= end, op + ": page_min",
-          cat("at least ", (end + page_size - 1) / page_size, " pages"), describe(page_min));
+  KVLENS_REQUIRE(pages * page_size >= end, op + ": page_min",
+                 cat("at least ", (end + page_size - 1) / page_size, " pages"), describe(page_min));
   if (begin == end) return;
   const int64_t first = begin / page_size, last = (end - 1) / page_size;
   for (int64_t g = 0; g < groups; ++g) {
@@ -441,21 +519,22 @@ void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
 void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTensor& page_min,
                  const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
                  DeviceTensor& out) {
-  const std::string op = "page_bounds";
+  const OpName op{"page_bounds"};
   require_cols(cols, op);
   require_page_size(page_size, op);
   require_f32(q, op + ": q");
-  require(q.shape.size() == 3 && q.dim(0) == 1 && q.dim(1) >= 0 && q.dim(2) >= 0, op + ": q",
-          "a [1, H, D] tensor", describe(q));
+  KVLENS_REQUIRE(q.shape.size() == 3 && q.dim(0) == 1 && q.dim(1) >= 0 && q.dim(2) >= 0, op + ": q",
+                 "a [1, H, D] tensor", describe(q));
   const int64_t heads = q.dim(1), head_dim = q.dim(2);
-  require(page_min.shape.size() == 3 && page_min.dim(0) > 0 && heads % page_min.dim(0) == 0,
-          op + ": page_min",
-          cat("[G, pages, ", head_dim, "] with G dividing the ", heads, " heads"),
-          describe(page_min));
+  KVLENS_REQUIRE(page_min.shape.size() == 3 && page_min.dim(0) > 0 && heads % page_min.dim(0) == 0,
+                 op + ": page_min",
+                 cat("[G, pages, ", head_dim, "] with G dividing the ", heads, " heads"),
+                 describe(page_min));
   const int64_t groups = page_min.dim(0);
   const int64_t pages = page_summary_pages(page_min, page_max, groups, head_dim, op);
-  require(pages * page_size >= cols, op + ": page_min",
-          cat("at least ", (cols + page_size - 1) / page_size, " pages"), describe(page_min));
+  KVLENS_REQUIRE(pages * page_size >= cols, op + ": page_min",
+                 cat("at least ", (cols + page_size - 1) / page_size, " pages"),
+                 describe(page_min));
   const RowShape shape = row_shape(out, DType::F32, heads, cols, op + ": out");
   if (heads == 0 || cols == 0) return;
 
@@ -483,7 +562,7 @@ void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTens
 
 void select_pages(const Context& context, const DeviceTensor& scores, int64_t cols,
                   int64_t page_size, int64_t k, DeviceTensor& selected) {
-  const std::string op = "select_pages";
+  const OpName op{"select_pages"};
   require_cols(cols, op);
   require_page_size(page_size, op);
   const RowShape selected_shape = row_shape(selected, DType::U8, -1, cols, op + ": selected");
@@ -532,16 +611,16 @@ void select_pages(const Context& context, const DeviceTensor& scores, int64_t co
 
 void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
                           DeviceTensor& anchor, DeviceTensor& similarity) {
-  const std::string op = "anchor_cosine_update";
+  const OpName op{"anchor_cosine_update"};
   const auto [groups, capacity, head_dim] = cache_shape(cache, 0, op, "cache");
-  require(column >= 0 && column < capacity, op + ": column",
-          cat("a column below the capacity ", capacity), std::to_string(column));
+  KVLENS_REQUIRE(column >= 0 && column < capacity, op + ": column",
+                 cat("a column below the capacity ", capacity), std::to_string(column));
   require_f32(anchor, op + ": anchor");
-  require(anchor.shape == std::vector<int64_t>{groups, head_dim}, op + ": anchor",
-          shape_string({groups, head_dim}), describe(anchor));
+  KVLENS_REQUIRE((anchor.shape == std::vector<int64_t>{groups, head_dim}), op + ": anchor",
+                 shape_string({groups, head_dim}), describe(anchor));
   require_f32(similarity, op + ": similarity");
-  require(similarity.numel() == groups, op + ": similarity", cat(groups, " elements"),
-          describe(similarity));
+  KVLENS_REQUIRE(similarity.numel() == groups, op + ": similarity", cat(groups, " elements"),
+                 describe(similarity));
   const float keep = decay, take = 1.0f - decay;
   for (int64_t g = 0; g < groups; ++g) {
     const float* x = cache.as<const float>() + (g * capacity + column) * head_dim;

@@ -182,13 +182,15 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     backend_.rope(q_heads, positions, model_->inv_freq);
     backend_.rope(k_heads, positions, model_->inv_freq);
     if (per_run) {
-      for (int64_t r = 0; r < n; ++r) {
+      // The runs are independent here (own cache, policy and scratch): the backend may step
+      // them on different threads.
+      backend_.run_tasks(n, [&](int64_t r) {
         SessionRun& run = runs_[size_t(r)];
         backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[l],
                            run.v_cache[l], position_);
         DeviceTensor run_attn = row_view(attn_heads, r);
         run_attention(run, l, row_view(normed, r), row_view(q_heads, r), run_attn);
-      }
+      });
     } else {
       SessionRun& first = runs_[0];
       backend_.kv_append(k_heads, v_heads, first.k_cache[l], first.v_cache[l], position_);
@@ -256,9 +258,12 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
   }
   run.decisions.assign(size_t(shape.layers), LayerDecision::Dense);
   run.sparsity.reset(shape.layers, shape.heads);
-  if (policy_logits_.empty()) {
-    policy_logits_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
-    policy_probs_ = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+  if (run.policy_logits.empty()) {
+    run.policy_logits = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+    run.policy_probs = backend_.alloc(DType::F32, {shape.heads, shape.stride});
+  }
+  if (zero_attention_.empty()) {
+    zero_attention_ = backend_.alloc(DType::F32, {1, shape.heads * shape.head_dim});
   }
 }
 
@@ -278,11 +283,11 @@ void DecoderSession::run_attention(SessionRun& run, size_t layer, const DeviceTe
   }
   policy_attention(run, layer, layer_input, q_heads, attn_heads);
   if (logits_out) {
-    // policy_logits_ rows have the policy stride; the recorded rows are packed.
-    const int64_t stride = policy_logits_.dim(1);
+    // policy_logits rows have the policy stride; the recorded rows are packed.
+    const int64_t stride = run.policy_logits.dim(1);
     for (int64_t h = 0; h < H; ++h) {
-      DeviceTensor row = policy_logits_;
-      row.data = policy_logits_.as<float>() + h * stride;
+      DeviceTensor row = run.policy_logits;
+      row.data = run.policy_logits.as<float>() + h * stride;
       row.shape = {1, cols};
       backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
     }
@@ -299,25 +304,24 @@ void DecoderSession::policy_attention(SessionRun& run, size_t layer,
   step.q = &q_heads;
   step.k_cache = &run.k_cache[layer];
   step.v_cache = &run.v_cache[layer];
-  step.logits = &policy_logits_;
+  step.logits = &run.policy_logits;
   backend_.attention_logits(q_heads, run.k_cache[layer], position_,
-                            model_->config().sliding_window.value_or(0), policy_logits_);
+                            model_->config().sliding_window.value_or(0), run.policy_logits);
   const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
   run.decisions[layer] = decision;
   record_sparsity(run, layer, decision, step.cols());
   if (decision == LayerDecision::Skipped) {
     // A skipped attention contributes nothing: its row becomes zeros, so the batched o_proj
     // gives exactly 0 for it and the residual is unchanged.
-    const int64_t width = q_heads.numel();
-    if (zero_attention_.empty()) zero_attention_ = backend_.alloc(DType::F32, {1, width});
-    backend_.copy_rows(zero_attention_, 0, attn_heads, 0, 1, width);
+    backend_.copy_rows(zero_attention_, 0, attn_heads, 0, 1, q_heads.numel());
     return;
   }
   const bool want_probs = run.policy->wants_probs();
-  backend_.attention_visible(policy_logits_, step.cols(),
+  backend_.attention_visible(run.policy_logits, step.cols(),
                              decision == LayerDecision::Masked ? &run.visible[layer] : nullptr,
-                             run.v_cache[layer], attn_heads, want_probs ? &policy_probs_ : nullptr);
-  if (want_probs) run.policy->observe(step, policy_probs_);
+                             run.v_cache[layer], attn_heads,
+                             want_probs ? &run.policy_probs : nullptr);
+  if (want_probs) run.policy->observe(step, run.policy_probs);
 }
 
 void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecision decision,
@@ -328,11 +332,12 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
   // bytes), which a device-side count would avoid.
   const DeviceTensor& mask = run.visible[layer];
   const int64_t heads = mask.dim(0), stride = mask.dim(1);
-  host_visible_.resize(size_t(heads * stride));
-  backend_.to_host(mask, host_visible_.data(), host_visible_.size());
+  run.host_visible.resize(size_t(heads * stride));
+  backend_.to_host(mask, run.host_visible.data(), run.host_visible.size());
   std::vector<int64_t> counts(size_t(heads), 0);
   for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t j = 0; j < cols; ++j) counts[size_t(h)] += host_visible_[size_t(h * stride + j)];
+    for (int64_t j = 0; j < cols; ++j)
+      counts[size_t(h)] += run.host_visible[size_t(h * stride + j)];
   }
   run.sparsity.add_layer(int64_t(layer), counts, cols);
 }

@@ -51,6 +51,10 @@ struct SessionRun {
   std::vector<LayerDecision> decisions;
   SparsityStats sparsity;  // effective sparsity over the policy's steps (reset by set_policy)
   std::vector<DeviceTensor> attention_logits;  // per layer (record_attention_logits)
+  // The run's own policy scratch, so that runs can step on different threads: the logits and
+  // probabilities of the current layer [H, stride], and a mask read back to count it.
+  DeviceTensor policy_logits, policy_probs;
+  std::vector<uint8_t> host_visible;
 };
 
 class DecoderSession {
@@ -120,11 +124,8 @@ class DecoderSession {
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;
-  DeviceTensor logits_view_;  // logits_ seen as [rows, vocab] for the last forward
-  // Policy scratch shared by the runs (used one run at a time): [H, stride].
-  DeviceTensor policy_logits_, policy_probs_;
-  DeviceTensor zero_attention_;        // [1, H * D] zeros: a skipped layer's attention output
-  std::vector<uint8_t> host_visible_;  // [H, stride]: a mask read back to count it
+  DeviceTensor logits_view_;     // logits_ seen as [rows, vocab] for the last forward
+  DeviceTensor zero_attention_;  // [1, H * D] zeros: a skipped layer's attention output
 };
 
 }  // namespace kvlens

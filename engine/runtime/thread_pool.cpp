@@ -110,8 +110,22 @@ void ThreadPool::parallel_for(int64_t begin, int64_t end, const RangeFn& fn, int
   }
   // A few chunks per thread so a thread that the OS delays does not hold up the rest.
   const int64_t target_chunks = int64_t(size()) * 4;
-  const int64_t chunk = std::max(grain, (range + target_chunks - 1) / target_chunks);
+  run_job(begin, end, std::max(grain, (range + target_chunks - 1) / target_chunks), fn);
+}
 
+void ThreadPool::for_each(int64_t count, const std::function<void(int64_t)>& task) {
+  const RangeFn fn = [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t i = chunk_begin; i < chunk_end; ++i) task(i);
+  };
+  if (workers_.empty() || tls_inside_task || count <= 1) {
+    if (count > 0) fn(0, count);
+    return;
+  }
+  run_job(0, count, 1, fn);
+}
+
+void ThreadPool::run_job(int64_t begin, int64_t end, int64_t chunk, const RangeFn& fn) {
+  const int64_t range = end - begin;
   std::lock_guard<std::mutex> call_lock(call_mutex_);
   job_.fn = &fn;
   job_.begin = begin;

@@ -30,6 +30,9 @@ class ThreadPool {
   // here after every chunk has finished.
   using RangeFn = std::function<void(int64_t chunk_begin, int64_t chunk_end)>;
   void parallel_for(int64_t begin, int64_t end, const RangeFn& fn, int64_t grain = 1);
+  // Calls task(i) for every i in [0, count), one index at a time per thread (for a few coarse,
+  // uneven tasks, such as the lockstep runs of one layer). Same error rule as parallel_for.
+  void for_each(int64_t count, const std::function<void(int64_t)>& task);
 
  private:
   struct Job {
@@ -41,6 +44,8 @@ class ThreadPool {
 
   void worker_loop();
   void run_chunks(Job& job);
+  // Runs fn over [begin, end) in chunks of `chunk` on every thread of the pool.
+  void run_job(int64_t begin, int64_t end, int64_t chunk, const RangeFn& fn);
 
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;  // one parallel_for at a time (calls from several threads queue up)

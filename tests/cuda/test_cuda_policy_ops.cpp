@@ -371,14 +371,14 @@ TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda
   Pair scratch = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
   CHECK_THROWS_AS(b.gpu->pool_rows(scores.gpu, cols, Backend::Pool::Max, 4, scratch.gpu), Error);
 
-  // key_anchor_scores: F32 sums in different orders (CPU: one sequential pass per row; GPU: per
-  // warp partial sums reduced in warp order, butterfly dots). The keys share a mean direction,
-  // as real keys do (that is why KeyDiff works), so the anchor's norm is of the order of one
-  // normalised key rather than cancelling towards 0. The anchor sums n <= 1001 unit vectors: a
-  // random-walk rounding error of about sqrt(n) * 2^-24 ~ 2e-6 relative on each side, and the
-  // D-term dot products and norms add sqrt(D) * 2^-24 ~ 5e-7; a cosine is at most 1 in size, so
-  // 1e-5 absolute keeps a margin of about 4. (The CPU against a double reference stays below
-  // 1e-6 on the same kind of input: tests/unit.)
+  // key_anchor_scores: F32 sums in different orders (CPU: 8-lane dots and norms, anchors summed in
+  // column order; GPU: per warp partial sums reduced in warp order, butterfly dots). The keys share
+  // a mean direction, as real keys do (that is why KeyDiff works), so the anchor's norm is of the
+  // order of one normalised key rather than cancelling towards 0. The anchor sums n <= 1001 unit
+  // vectors: a random-walk rounding error of about sqrt(n) * 2^-24 ~ 2e-6 relative on each side,
+  // and the D-term dot products and norms add sqrt(D) * 2^-24 ~ 5e-7; a cosine is at most 1 in
+  // size, so 1e-5 absolute keeps a margin of about 4. (The CPU against a double reference stays
+  // below 1e-6 on the same kind of input: tests/unit.)
   for (const auto& [head_dim, rows] :
        {std::pair{int64_t(64), H}, std::pair{int64_t(128), G}, std::pair{int64_t(16), H}}) {
     INFO("D " << head_dim << " rows " << rows);
