@@ -593,12 +593,16 @@ class CudaBackend final : public Backend {
           *visible, row_shape(*visible, DType::U8, heads, cols, op, "visible"));
     if (probs)
       args.probs = rows_ref<float>(*probs, row_shape(*probs, DType::F32, heads, cols, op, "probs"));
-    require(out, DType::F32, op, "out");
-    require_elements(out, heads * cache.head_dim, op, "out");
+    const bool want_out = !out.empty();
+    if (!want_out && !probs) bad_argument(op + ": out", "an output tensor or probs", "neither");
+    if (want_out) {
+      require(out, DType::F32, op, "out");
+      require_elements(out, heads * cache.head_dim, op, "out");
+    }
     if (heads == 0) return;
     activate();
     args.v_cache = v_cache.as<float>();
-    args.out = out.as<float>();
+    args.out = want_out ? out.as<float>() : nullptr;
     args.heads = heads;
     args.kv_heads = cache.kv_heads;
     args.head_dim = cache.head_dim;

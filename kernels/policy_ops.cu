@@ -59,7 +59,7 @@ __global__ void attention_visible_kernel(VisibleAttentionArgs a) {
   const float* row = a.logits.data + h * a.logits.stride;
   const uint8_t* seen = a.visible.data ? a.visible.data + h * a.visible.stride : nullptr;
   float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
-  float* out = a.out + h * D;
+  float* out = a.out ? a.out + h * D : nullptr;  // null: probabilities only
   const float* values = a.v_cache + g * a.capacity * D;
 
   float m = -INFINITY;  // fmaxf skips NaN, as std::max(max, NaN) does on the CPU
@@ -67,7 +67,8 @@ __global__ void attention_visible_kernel(VisibleAttentionArgs a) {
     if (!seen || seen[j]) m = fmaxf(m, row[j]);
   m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
   if (m == -INFINITY) {  // nothing finite visible: zeros, as the attention op gives
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = 0.0f;
+    if (out)
+      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = 0.0f;
     if (probs)
       for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] = 0.0f;
     return;
@@ -86,6 +87,7 @@ __global__ void attention_visible_kernel(VisibleAttentionArgs a) {
       if (probs) probs[j] = e;  // scaled by 1 / sum below, by this same thread
     }
     __syncthreads();
+    if (!out) continue;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float sum = acc[d];
       for (int jj = 0; jj < count; ++jj) {
@@ -97,7 +99,8 @@ __global__ void attention_visible_kernel(VisibleAttentionArgs a) {
   }
   const float total = block_reduce(partial, SumOp{}, 0.0f, scratch);
   const float inv = 1.0f / total;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = acc[d] * inv;
+  if (out)
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = acc[d] * inv;
   if (probs)
     for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] *= inv;
 }

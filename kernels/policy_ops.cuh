@@ -34,7 +34,7 @@ struct VisibleAttentionArgs {
   RowsRef<const float> logits;     // [heads, stride]
   RowsRef<const uint8_t> visible;  // optional [heads, stride]
   const float* v_cache = nullptr;  // [kv_heads, capacity, head_dim]
-  float* out = nullptr;            // [heads, head_dim]
+  float* out = nullptr;            // [heads, head_dim]; null: probabilities only
   RowsRef<float> probs;            // optional [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0, cols = 0;
 };

@@ -10,22 +10,20 @@ namespace {
 class OraclePolicy final : public BudgetedPolicy {
  public:
   OraclePolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs)
-      : BudgetedPolicy(shape, backend, knobs),
-        dense_out_(backend.alloc(DType::F32, {1, shape.heads, shape.head_dim})) {}
+      : BudgetedPolicy(shape, backend, knobs) {}
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;
     // Probabilities rank like logits within a head; they are computed because kv_head
-    // granularity sums them over the group, where logits would not add meaningfully.
-    backend_.attention_visible(*step.logits, step.cols(), nullptr, *step.v_cache, dense_out_,
+    // granularity sums them over the group, where logits would not add meaningfully. No output
+    // is wanted: the value pass is skipped.
+    DeviceTensor no_output;
+    backend_.attention_visible(*step.logits, step.cols(), nullptr, *step.v_cache, no_output,
                                &scores);
     select_budgeted(step, 1, at_selection_rows(scores, step.cols()), nullptr, visible);
     return LayerDecision::Masked;
   }
-
- private:
-  DeviceTensor dense_out_;  // [1, H, D]: the dense output, unused but computed with the probs
 };
 
 }  // namespace

@@ -9,19 +9,24 @@
 // priority, so a budget smaller than sinks + window keeps the current token, the sinks, then the
 // most recent. Dropped tokens never return (also when a growing budget would force them again).
 //
-// The window sum is re-summed every step rather than kept as a running sum: per layer a ring
-// [H, w, stride] holds the last w steps' probability rows (step s in slot s mod w; observe copies
-// the row in with axpby_rows through a strided view), and select sums each head's w slots in
-// slot order (sum_row_groups). A running sum (add the new row, subtract the leaving one) would
-// carry F32 residues ((a + b) - a != b) that differ between tokens, so two tokens with the same
-// attention over the window would no longer tie and the tie rule (to the recent) would not hold;
-// the re-sum costs w adds per candidate and head, below the attention's own 2D multiply-adds for
-// the usual w <= 2D. Slot columns a step never wrote are 0, so nothing needs clearing.
+// The window sum is re-summed from the stored rows rather than kept as a running sum: per layer
+// a ring [H * w, stride] holds the last w steps' probability rows (step s in slot s mod w;
+// observe copies the row in with axpby_rows through a strided view). A running sum (add the new
+// row, subtract the leaving one) would carry F32 residues ((a + b) - a != b) that differ between
+// tokens, so two tokens with the same attention over the window would no longer tie and the tie
+// rule (to the recent) would not hold. To keep the re-sum short, the slots form blocks of
+// kBlockSlots: each block's sum (its slots added in slot order) is recomputed by observe when one
+// of its slots changes, and select adds the block sums in block order. The window sum is thus a
+// fixed function of the w slot rows (the same grouping for every token and step), so equal
+// attention over the window still ties exactly, at kBlockSlots + w / kBlockSlots row passes per
+// step instead of w. Slot columns a step never wrote are 0, so nothing needs clearing.
 // At kv_head granularity the pooled per-head scores are summed over the group (pool, then sum).
 // In the prefill + decode mode the prefill steps are dense and not observed: the window starts
 // empty at the first policy step, so the first w decode steps rank by fewer rows (all scores 0 at
 // the first one: ties to the recent, i.e. the oldest non-forced tokens go first).
-// State per layer: ring [H * w, stride], kept [R, stride] U8; one window-sum scratch [H, stride].
+// State per layer: ring [H * w, stride], block sums [blocks * H, stride], kept [R, stride] U8; one
+// window-sum scratch [H, stride].
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -42,6 +47,10 @@ DeviceTensor ring_slot(const DeviceTensor& ring, int64_t heads, int64_t window, 
   return view;
 }
 
+// Slots per block of the window sum: 8 balances the block's re-sum against the sum of blocks
+// at the usual w = 16 or 32.
+constexpr int64_t kBlockSlots = 8;
+
 class SnapkvPolicy final : public BudgetedPolicy {
  public:
   SnapkvPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs, int64_t obs_window,
@@ -51,9 +60,11 @@ class SnapkvPolicy final : public BudgetedPolicy {
         pool_(pool),
         kernel_(kernel),
         protect_window_(protect_window),
+        blocks_((obs_window + kBlockSlots - 1) / kBlockSlots),
         window_sum_(backend.alloc(DType::F32, {shape.heads, shape.stride})) {
     for (int64_t l = 0; l < shape.layers; ++l) {
       ring_.push_back(backend.alloc(DType::F32, {shape.heads * obs_window, shape.stride}));
+      block_sums_.push_back(backend.alloc(DType::F32, {blocks_ * shape.heads, shape.stride}));
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
     }
@@ -66,7 +77,9 @@ class SnapkvPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols();
-    backend_.sum_row_groups(ring_[l], cols, obs_window_, window_sum_);
+    backend_.axpby_rows(window_sum_, 1.0f, block_sum(l, 0), 0.0f, cols);
+    for (int64_t b = 1; b < blocks_; ++b)
+      backend_.axpby_rows(window_sum_, 1.0f, block_sum(l, b), 1.0f, cols);
     backend_.pool_rows(window_sum_, cols, pool_, kernel_, scores);
     // The observation window t-w..t-1 plus the current token.
     const int64_t recent = protect_window_ ? obs_window_ + 1 : 1;
@@ -77,9 +90,19 @@ class SnapkvPolicy final : public BudgetedPolicy {
 
   void observe(const LayerStep& step, const DeviceTensor& probs) override {
     if (dense_layer(step)) return;
-    DeviceTensor slot =
-        ring_slot(ring_[size_t(step.layer)], shape_.heads, obs_window_, step.step % obs_window_);
-    backend_.axpby_rows(slot, 1.0f, probs, 0.0f, step.cols());
+    const size_t l = size_t(step.layer);
+    const int64_t cols = step.cols(), written = step.step % obs_window_;
+    DeviceTensor slot = ring_slot(ring_[l], shape_.heads, obs_window_, written);
+    backend_.axpby_rows(slot, 1.0f, probs, 0.0f, cols);
+    // Re-sum the block holding the slot just written, its slots in order. Columns up to cols
+    // cover everything any of its slots holds (older steps had fewer columns; the rest are 0).
+    const int64_t block = written / kBlockSlots, first = block * kBlockSlots;
+    const int64_t last = std::min(obs_window_, first + kBlockSlots);
+    DeviceTensor sum = block_sum(l, block);
+    backend_.axpby_rows(sum, 1.0f, ring_slot(ring_[l], shape_.heads, obs_window_, first), 0.0f,
+                        cols);
+    for (int64_t s = first + 1; s < last; ++s)
+      backend_.axpby_rows(sum, 1.0f, ring_slot(ring_[l], shape_.heads, obs_window_, s), 1.0f, cols);
   }
 
  private:
@@ -87,8 +110,18 @@ class SnapkvPolicy final : public BudgetedPolicy {
   Backend::Pool pool_;
   int64_t kernel_;
   bool protect_window_;
+  // Block b's sums of layer l: rows b * H .. b * H + H - 1 of block_sums_[l].
+  DeviceTensor block_sum(size_t layer, int64_t block) const {
+    DeviceTensor view = block_sums_[layer];
+    const int64_t stride = view.dim(1);
+    view.data = view.as<float>() + block * shape_.heads * stride;
+    view.shape = {shape_.heads, stride};
+    return view;
+  }
+
+  int64_t blocks_;
   DeviceTensor window_sum_;  // [H, stride] scratch
-  std::vector<DeviceTensor> ring_, kept_;
+  std::vector<DeviceTensor> ring_, block_sums_, kept_;
 };
 
 }  // namespace

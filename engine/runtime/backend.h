@@ -115,7 +115,8 @@ class Backend {
   // Attention of one query row per head restricted to visible columns: p = softmax of logits
   // over {j < cols : visible[h, j]} (renormalised; all cols when visible is null),
   // out[0, h, :] = sum_j p[h, j] v_cache[h / (H/G), j, :]. probs (optional) receives p, 0 where
-  // not visible. A head with no finite visible logit gets zeros (as `attention` gives).
+  // not visible. A head with no finite visible logit gets zeros (as `attention` gives). An empty
+  // `out` (no storage) skips the value pass: only probs (then required) is computed.
   virtual void attention_visible(const DeviceTensor& logits, int64_t cols,
                                  const DeviceTensor* visible, const DeviceTensor& v_cache,
                                  DeviceTensor& out, DeviceTensor* probs) = 0;

@@ -228,6 +228,15 @@ class CpuBackend final : public Backend {
             if (x_in_l1) {
               for (int64_t o = o0; o < o1; o += kMaxBlockRows) {
                 const int rows = int(std::min<int64_t>(kMaxBlockRows, o1 - o));
+                // The weight rows two blocks ahead, while this block computes: the weights
+                // often come from memory here (other runs' caches push them out of L3).
+                const int64_t ahead = o + 2 * kMaxBlockRows;
+                if (ahead < o1) {
+                  const auto* next = ws + size_t(ahead) * w_row_bytes;
+                  const size_t next_bytes =
+                      size_t(std::min<int64_t>(kMaxBlockRows, o1 - ahead)) * w_row_bytes;
+                  for (size_t b = 0; b < next_bytes; b += 64) __builtin_prefetch(next + b, 0, 3);
+                }
                 for (int64_t i = 0; i < n; i += kMaxBlockX) {
                   const int nx = int(std::min<int64_t>(kMaxBlockX, n - i));
                   dot_block(xs + i * in, in, nx, ws + size_t(o) * w_row_bytes, in, rows,

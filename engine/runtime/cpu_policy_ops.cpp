@@ -162,9 +162,14 @@ void attention_visible(const Context& context, const DeviceTensor& logits, int64
   RowShape visible_shape, probs_shape;
   if (visible) visible_shape = row_shape(*visible, DType::U8, heads, cols, op + ": visible");
   if (probs) probs_shape = row_shape(*probs, DType::F32, heads, cols, op + ": probs");
-  require_f32(out, op + ": out");
-  KVLENS_REQUIRE(out.numel() == heads * head_dim, op + ": out", shape_string({1, heads, head_dim}),
-                 describe(out));
+  const bool want_out = !out.empty();
+  KVLENS_REQUIRE(want_out || probs != nullptr, op + ": out", "an output tensor or probs",
+                 "neither");
+  if (want_out) {
+    require_f32(out, op + ": out");
+    KVLENS_REQUIRE(out.numel() == heads * head_dim, op + ": out",
+                   shape_string({1, heads, head_dim}), describe(out));
+  }
   if (heads == 0) return;
 
   const int64_t heads_per_group = heads / groups;
@@ -194,9 +199,10 @@ void attention_visible(const Context& context, const DeviceTensor& logits, int64
             // attention gives.
             inv_totals[size_t(e)] = total == 0.0f ? 0.0f : 1.0f / total;
           }
-          kernels.weighted_values(weights, weights_stride, int(heads_per_group),
-                                  vs + g * capacity * head_dim, head_dim, 0, cols,
-                                  inv_totals.data(), out.as<float>() + h0 * head_dim, head_dim);
+          if (want_out)
+            kernels.weighted_values(weights, weights_stride, int(heads_per_group),
+                                    vs + g * capacity * head_dim, head_dim, 0, cols,
+                                    inv_totals.data(), out.as<float>() + h0 * head_dim, head_dim);
           if (probs) {
             for (int64_t e = 0; e < heads_per_group; ++e) {
               float* p = weights + e * weights_stride;
@@ -317,7 +323,8 @@ void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out
   const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
   for (int64_t r = 0; r < shape.rows; ++r) {
     float* row = out.as<float>() + r * shape.stride;
-    for (int64_t j = 0; j < cols; ++j) row[j] = random_unit(seed, stream, uint64_t(r), uint64_t(j));
+    const uint64_t row_hash = random_row_hash(seed, stream, uint64_t(r));
+    for (int64_t j = 0; j < cols; ++j) row[j] = random_unit_in_row(row_hash, uint64_t(j));
   }
 }
 

@@ -29,13 +29,17 @@ KVLENS_HOST_DEVICE constexpr uint64_t splitmix64(uint64_t x) {
 // random_rows' value at (seed, stream, row, col): the four keys folded in one after another
 // (h = splitmix64(h ^ key), starting from splitmix64(seed)), then the top 24 bits of the hash
 // scaled by 2^-24, which is exact in F32: a uniform value on the 2^24-point grid of [0, 1).
+// The hash of (seed, stream, row), shared by a row's columns.
+KVLENS_HOST_DEVICE constexpr uint64_t random_row_hash(uint64_t seed, uint64_t stream,
+                                                      uint64_t row) {
+  return splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ row);
+}
+KVLENS_HOST_DEVICE constexpr float random_unit_in_row(uint64_t row_hash, uint64_t col) {
+  return float(uint32_t(splitmix64(row_hash ^ col) >> 40)) * (1.0f / 16777216.0f);
+}
 KVLENS_HOST_DEVICE constexpr float random_unit(uint64_t seed, uint64_t stream, uint64_t row,
                                                uint64_t col) {
-  uint64_t h = splitmix64(seed);
-  h = splitmix64(h ^ stream);
-  h = splitmix64(h ^ row);
-  h = splitmix64(h ^ col);
-  return float(uint32_t(h >> 40)) * (1.0f / 16777216.0f);
+  return random_unit_in_row(random_row_hash(seed, stream, row), col);
 }
 
 // select_top_k's ranking as one unsigned key, higher ranks first. The high 32 bits map the score

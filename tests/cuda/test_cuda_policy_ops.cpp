@@ -184,6 +184,16 @@ TEST_CASE("cuda policy ops: attention_logits and attention_visible", "[cuda]") {
       check_within(want_out, got_out, out_tolerance, "attention_visible out");
       if (masked && H > 1)
         for (int64_t d = 0; d < D; ++d) CHECK(got_out[size_t(D + d)] == 0.0f);
+      // Without an output only the probabilities are computed: the GPU's same bits as with one.
+      Pair probs_only = make_pair(b, sentinels, {H, s.stride});
+      DeviceTensor no_output;
+      b.gpu->attention_visible(shared_logits.gpu, s.cols, masked ? &visible.gpu : nullptr, v.gpu,
+                               no_output, &probs_only.gpu);
+      const auto [unused_p, got_p_only] = read_both<float>(b, probs_only);
+      CHECK(got_p_only == got_p);
+      CHECK_THROWS_AS(
+          b.gpu->attention_visible(shared_logits.gpu, s.cols, nullptr, v.gpu, no_output, nullptr),
+          Error);
     }
   }
 }

@@ -188,6 +188,13 @@ TEST_CASE("attention_visible: softmax over the visible columns only", "[policy_o
     DeviceTensor out2 = backend->alloc(DType::F32, {1, H, D});
     backend->attention_visible(logits, kCols, nullptr, in.v_t, out2, nullptr);
     CHECK(read_f32(*backend, out2) == got);
+    // Without an output (the oracle's use) the probabilities are the same bits.
+    DeviceTensor probs_only =
+        make_f32(*backend, std::vector<float>(size_t(H * kStride), kSentinel), {H, kStride});
+    DeviceTensor no_output;
+    backend->attention_visible(logits, kCols, nullptr, in.v_t, no_output, &probs_only);
+    const std::vector<float> p_only = read_f32(*backend, probs_only);
+    for (size_t i = 0; i < p.size(); ++i) CHECK(same_bits(p_only[i], p[i]));
   }
 
   SECTION("sliding-window logits (-inf) without a mask: the windowed attention op") {
@@ -248,6 +255,10 @@ TEST_CASE("attention_visible: softmax over the visible columns only", "[policy_o
     CHECK_THROWS_AS(backend->attention_visible(logits, kCols, &f32_mask, in.v_t, out, nullptr),
                     Error);
     CHECK_THROWS_AS(backend->attention_visible(logits, kStride + 1, nullptr, in.v_t, out, nullptr),
+                    Error);
+    // Neither an output nor probs: nothing to compute.
+    DeviceTensor no_output;
+    CHECK_THROWS_AS(backend->attention_visible(logits, kCols, nullptr, in.v_t, no_output, nullptr),
                     Error);
   }
 }
