@@ -649,6 +649,44 @@ TEST_CASE("ThreadPool covers each index once, runs nested calls inline, rethrows
   CHECK(automatic.size() >= 1);
 }
 
+TEST_CASE("ThreadPool::for_each and Backend::run_tasks run every task once, ops inside inline",
+          "[backend][thread_pool]") {
+  ThreadPool pool(2);
+  std::vector<std::atomic<int>> hits(11);
+  pool.for_each(11, [&](int64_t i) { hits[size_t(i)]++; });
+  for (auto& h : hits) CHECK(h.load() == 1);
+  pool.for_each(0, [](int64_t) { FAIL("no task for a count of 0"); });
+  CHECK_THROWS_AS(pool.for_each(6,
+                                [](int64_t i) {
+                                  if (i == 3) throw std::runtime_error("boom");
+                                }),
+                  std::runtime_error);
+  // The backend's tasks may issue ops of their own (the lockstep runs): each task's matmul gives
+  // the same bits as the same matmul issued alone.
+  auto backend = make_cpu_backend(2);
+  constexpr int64_t kTasks = 5, kIn = 37, kOut = 29;
+  std::vector<float> w_host(size_t(kOut * kIn)), x_host(size_t(kTasks * kIn));
+  for (size_t i = 0; i < w_host.size(); ++i) w_host[i] = float(std::sin(0.37 * double(i)));
+  for (size_t i = 0; i < x_host.size(); ++i) x_host[i] = float(std::cos(0.11 * double(i)));
+  DeviceTensor w = backend->alloc(DType::F32, {kOut, kIn});
+  backend->from_host(w, w_host.data(), w_host.size() * sizeof(float));
+  std::vector<DeviceTensor> xs, ys, alone;
+  for (int64_t t = 0; t < kTasks; ++t) {
+    xs.push_back(backend->alloc(DType::F32, {1, kIn}));
+    backend->from_host(xs.back(), x_host.data() + t * kIn, kIn * sizeof(float));
+    ys.push_back(backend->alloc(DType::F32, {1, kOut}));
+    alone.push_back(backend->alloc(DType::F32, {1, kOut}));
+    backend->matmul(xs.back(), w, alone.back());
+  }
+  backend->run_tasks(kTasks, [&](int64_t t) { backend->matmul(xs[size_t(t)], w, ys[size_t(t)]); });
+  for (int64_t t = 0; t < kTasks; ++t) {
+    std::vector<float> got(kOut), want(kOut);
+    backend->to_host(ys[size_t(t)], got.data(), got.size() * sizeof(float));
+    backend->to_host(alone[size_t(t)], want.data(), want.size() * sizeof(float));
+    CHECK(got == want);
+  }
+}
+
 // --- attention kernels (cpu_dot_kernels.h): both kernel sets against double references, their
 // -inf and empty-row conventions, and the invariances the attention op and the policy path
 // (attention_logits + attention_visible) rely on to agree bit for bit ---
