@@ -71,7 +71,9 @@ void widen(const DeviceTensor& t, int64_t first, int64_t count, float* dst) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
-      : pool_(options.threads), kernels_(pick_dot_kernels(options.allow_simd)) {}
+      : pool_(options.threads),
+        kernels_(pick_dot_kernels(options.allow_simd)),
+        row_kernels_(pick_row_kernels(options.allow_simd)) {}
 
   std::string name() const override { return "cpu"; }
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
@@ -535,7 +537,7 @@ class CpuBackend final : public Backend {
   }
   void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
                   int64_t cols) override {
-    cpu_policy::axpby_rows(y, alpha, x, beta, cols);
+    cpu_policy::axpby_rows(policy_context(), y, alpha, x, beta, cols);
   }
   void pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
                  DeviceTensor& out) override {
@@ -566,7 +568,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  cpu_policy::Context policy_context() { return {pool_, kernels_}; }
+  cpu_policy::Context policy_context() { return {pool_, kernels_, row_kernels_}; }
 
   // x seen as [rows, width]; returns width.
   int64_t check_rows(const DeviceTensor& x, int64_t rows, OpName op) {
@@ -581,6 +583,7 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   DotKernels kernels_;
+  RowKernels row_kernels_;
 };
 
 }  // namespace

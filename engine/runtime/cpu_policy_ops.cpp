@@ -328,7 +328,8 @@ void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out
   }
 }
 
-void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta, int64_t cols) {
+void axpby_rows(const Context& context, DeviceTensor& y, float alpha, const DeviceTensor& x,
+                float beta, int64_t cols) {
   const OpName op{"axpby_rows"};
   require_cols(cols, op);
   const RowShape shape = row_shape(y, DType::F32, -1, cols, op + ": y");
@@ -339,12 +340,8 @@ void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
   for (int64_t r = 0; r < shape.rows; ++r) {
     float* out = y.as<float>() + r * shape.stride;
     const float* in = x.as<const float>() + (broadcast ? 0 : r) * x_shape.stride;
-    if (beta == 0.0f) {
-      for (int64_t j = 0; j < cols; ++j) out[j] = alpha * in[j];
-    } else {
-      // The CUDA kernel computes __fmaf_rn(alpha, x, __fmul_rn(beta, y)): the same two roundings.
-      for (int64_t j = 0; j < cols; ++j) out[j] = std::fma(alpha, in[j], beta * out[j]);
-    }
+    // The CUDA kernel computes __fmaf_rn(alpha, x, __fmul_rn(beta, y)): the same two roundings.
+    context.row_kernels.axpby(alpha, in, beta, out, cols);
   }
 }
 

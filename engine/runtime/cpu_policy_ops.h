@@ -7,6 +7,7 @@
 
 #include "engine/runtime/backend.h"
 #include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/cpu_row_kernels.h"
 #include "engine/runtime/thread_pool.h"
 
 namespace kvlens::cpu_policy {
@@ -15,6 +16,7 @@ struct Context {
   ThreadPool& pool;
   // The attention op's own kernel set (logits, softmax, value sum), so both agree bit for bit.
   const DotKernels& kernels;
+  const RowKernels& row_kernels;
 };
 
 void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
@@ -31,7 +33,8 @@ void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTenso
 void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out);
 void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, DeviceTensor& out);
 void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out);
-void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta, int64_t cols);
+void axpby_rows(const Context& context, DeviceTensor& y, float alpha, const DeviceTensor& x,
+                float beta, int64_t cols);
 void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t kernel,
                DeviceTensor& out);
 void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int64_t cols,

@@ -567,6 +567,39 @@ TEST_CASE("axpby_rows: fma rounding, beta 0 overwrites, a one-row x broadcasts",
   CHECK_THROWS_AS(backend->axpby_rows(y_t, 1.0f, narrow, 1.0f, kCols), Error);
 }
 
+TEST_CASE("axpby_rows: long rows give the contract's bits with SIMD and portable kernels",
+          "[policy_ops]") {
+  // 3 rows of 45 columns (five 8-lane blocks and a tail) in a stride of 48: every lane and the
+  // scalar tail go through the kernel; the 3 columns past cols must stay untouched.
+  constexpr int64_t rows = 3, cols = 45, stride = 48;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  std::vector<float> x(size_t(rows * stride)), y(size_t(rows * stride));
+  for (float& v : x) v = value(rng);
+  for (float& v : y) v = value(rng);
+  for (const bool simd : {true, false}) {
+    auto backend = make_cpu_backend(CpuBackendOptions{1, simd});
+    for (const float beta : {0.0f, 1.0f, 0.37f}) {
+      const float alpha = -1.0f / 3;
+      const DeviceTensor x_t = make_f32(*backend, x, {rows, stride});
+      DeviceTensor y_t = make_f32(*backend, y, {rows, stride});
+      backend->axpby_rows(y_t, alpha, x_t, beta, cols);
+      const std::vector<float> got = read_f32(*backend, y_t);
+      int64_t wrong = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < stride; ++j) {
+          const size_t i = size_t(r * stride + j);
+          const float want = j >= cols      ? y[i]
+                             : beta == 0.0f ? alpha * x[i]
+                                            : std::fma(alpha, x[i], beta * y[i]);
+          wrong += !same_bits(got[i], want);
+        }
+      INFO("simd " << simd << ", beta " << beta);
+      CHECK(wrong == 0);
+    }
+  }
+}
+
 TEST_CASE("pool_rows: max and average over odd kernels with same padding", "[policy_ops]") {
   auto backend = make_cpu_backend(1);
   const std::vector<std::vector<float>> x = {{1, 5, 2, 0, 3, 0, 0}, {-1, -2, -3, kNaN, -5, -6, -7}};
