@@ -58,6 +58,20 @@ class Backend {
   virtual void copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTensor& dst,
                          int64_t dst_row, int64_t rows, int64_t row_elems) = 0;
 
+  // copy_rows from src into every tensor of `dsts` (the same rows of each). A dst may be src
+  // itself with dst_row == src_row (nothing to copy there) but must not otherwise overlap src.
+  // Backends may store the copies once until they are written: the CPU backend maps whole pages
+  // of the rows copy-on-write from one snapshot (a dense prefill in every lockstep run's cache is
+  // then read from one place).
+  virtual void broadcast_rows(const DeviceTensor& src, int64_t src_row,
+                              std::span<DeviceTensor* const> dsts, int64_t dst_row, int64_t rows,
+                              int64_t row_elems) {
+    for (DeviceTensor* dst : dsts) {
+      if (dst->data != src.data || dst_row != src_row)
+        copy_rows(src, src_row, *dst, dst_row, rows, row_elems);
+    }
+  }
+
   // --- ops (F32 activations) ---
   // out[n, E] = table[ids[n], :] (table F32/BF16/F16 [vocab, E]). ids are host values, checked.
   virtual void embed(const DeviceTensor& table, std::span<const int32_t> ids,

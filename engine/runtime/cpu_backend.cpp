@@ -16,6 +16,7 @@
 #include "engine/runtime/cpu_checks.h"
 #include "engine/runtime/cpu_dot_kernels.h"
 #include "engine/runtime/cpu_policy_ops.h"
+#include "engine/runtime/cpu_shared_pages.h"
 #include "engine/runtime/thread_pool.h"
 
 namespace kvlens {
@@ -31,18 +32,9 @@ namespace {
 using namespace cpu_checks;  // require*, describe, cat, shape_string, kWhere
 
 constexpr int kMaxRows = kMaxDotRows;
-constexpr size_t kAlignment = 64;  // a cache line; also enough for any vector load
 
 bool is_weight_dtype(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
-}
-
-std::shared_ptr<void> allocate_aligned(size_t bytes) {
-  const size_t rounded = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
-  void* memory = std::aligned_alloc(kAlignment, rounded);
-  if (!memory) throw std::bad_alloc();
-  std::memset(memory, 0, rounded);
-  return std::shared_ptr<void>(memory, std::free);
 }
 
 // Widens `count` weight elements starting at element `first` into dst.
@@ -94,7 +86,7 @@ class CpuBackend final : public Backend {
     if (view.dtype == DType::F16) {
       // Widened once here so the hot paths never see F16 (and results equal an F32 checkpoint).
       t.dtype = DType::F32;
-      t.storage = allocate_aligned(size_t(count) * sizeof(float));
+      t.storage = allocate_host(size_t(count) * sizeof(float));
       t.data = t.storage.get();
       const uint16_t* src = reinterpret_cast<const uint16_t*>(view.data);
       float* dst = t.as<float>();
@@ -109,7 +101,7 @@ class CpuBackend final : public Backend {
     if (reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype) != 0) {
       // Safetensors does not promise element alignment, and the loops below may be vectorised
       // with alignment assumptions, so a misaligned tensor gets an aligned private copy.
-      t.storage = allocate_aligned(view.bytes);
+      t.storage = allocate_host(view.bytes);
       t.data = t.storage.get();
       std::memcpy(t.data, view.data, view.bytes);
       return t;
@@ -126,7 +118,7 @@ class CpuBackend final : public Backend {
     for (int64_t extent : t.shape) {
       KVLENS_REQUIRE(extent >= 0, "alloc", "non-negative extents", shape_string(t.shape));
     }
-    t.storage = allocate_aligned(t.bytes());
+    t.storage = allocate_host(t.bytes());
     t.data = t.storage.get();
     return t;
   }
@@ -156,6 +148,30 @@ class CpuBackend final : public Backend {
     if (rows * row_elems == 0) return;
     std::memmove(dst.as<float>() + dst_row * row_elems, src.as<const float>() + src_row * row_elems,
                  size_t(rows * row_elems) * sizeof(float));
+  }
+
+  void broadcast_rows(const DeviceTensor& src, int64_t src_row, std::span<DeviceTensor* const> dsts,
+                      int64_t dst_row, int64_t rows, int64_t row_elems) override {
+    require_f32(src, "broadcast_rows: src");
+    KVLENS_REQUIRE(src_row >= 0 && dst_row >= 0 && rows >= 0 && row_elems >= 0,
+                   "broadcast_rows: rows", "non-negative row indices and counts");
+    KVLENS_REQUIRE((src_row + rows) * row_elems <= src.numel(), "broadcast_rows: src",
+                   cat("at least ", (src_row + rows) * row_elems, " elements"), describe(src));
+    const size_t bytes = size_t(rows * row_elems) * sizeof(float);
+    const auto* from =
+        reinterpret_cast<const std::byte*>(src.as<const float>() + src_row * row_elems);
+    std::vector<PageCopyTarget> targets;
+    targets.reserve(dsts.size());
+    for (DeviceTensor* dst : dsts) {
+      require_f32(*dst, "broadcast_rows: dst");
+      KVLENS_REQUIRE((dst_row + rows) * row_elems <= dst->numel(), "broadcast_rows: dst",
+                     cat("at least ", (dst_row + rows) * row_elems, " elements"), describe(*dst));
+      auto* to = reinterpret_cast<std::byte*>(dst->as<float>() + dst_row * row_elems);
+      KVLENS_REQUIRE(to == from || to + bytes <= from || from + bytes <= to, "broadcast_rows: dst",
+                     "src's own rows or memory apart from them", "a partial overlap");
+      targets.push_back({to, pages_remappable(dst->storage, to, bytes)});
+    }
+    if (bytes) copy_sharing_pages(from, bytes, targets);
   }
 
   void embed(const DeviceTensor& table, std::span<const int32_t> ids, DeviceTensor& out) override {

@@ -105,7 +105,8 @@ void DecoderSession::check_tokens(std::span<const int32_t> tokens, int64_t posit
   }
 }
 
-// Every run's cache grows (by doubling) so that positions [0, needed) fit.
+// Every run's cache grows (by doubling) so that positions [0, needed) fit. The prefix every run
+// holds alike (shared_rows_) goes to all new caches in one broadcast, so it stays stored once.
 void DecoderSession::grow_caches(int64_t needed) {
   const ModelConfig& c = model_->config();
   const int64_t current = runs_[0].k_cache.empty() ? 0 : runs_[0].k_cache.front().dim(1);
@@ -113,16 +114,27 @@ void DecoderSession::grow_caches(int64_t needed) {
   int64_t capacity = std::max<int64_t>(current, kInitialCacheCapacity);
   while (capacity < needed) capacity *= 2;
   capacity = std::min(capacity, c.max_position_embeddings);
-  for (SessionRun& run : runs_) {
-    run.k_cache.resize(size_t(c.num_layers));
-    run.v_cache.resize(size_t(c.num_layers));
-    for (auto* caches : {&run.k_cache, &run.v_cache}) {
-      for (DeviceTensor& cache : *caches) {
-        DeviceTensor grown = backend_.alloc(DType::F32, {c.num_kv_heads, capacity, c.head_dim});
-        for (int64_t g = 0; g < c.num_kv_heads && position_ > 0; ++g) {
-          backend_.copy_rows(cache, g * current, grown, g * capacity, position_, c.head_dim);
+  const int64_t shared = runs_.size() > 1 ? std::min(shared_rows_, position_) : 0;
+  std::vector<DeviceTensor*> grown_caches(runs_.size());
+  for (const bool keys : {true, false}) {
+    for (size_t l = 0; l < size_t(c.num_layers); ++l) {
+      std::vector<DeviceTensor> old(runs_.size());
+      for (size_t r = 0; r < runs_.size(); ++r) {
+        auto& caches = keys ? runs_[r].k_cache : runs_[r].v_cache;
+        caches.resize(size_t(c.num_layers));
+        old[r] = std::move(caches[l]);
+        caches[l] = backend_.alloc(DType::F32, {c.num_kv_heads, capacity, c.head_dim});
+        grown_caches[r] = &caches[l];
+      }
+      for (int64_t g = 0; g < c.num_kv_heads && position_ > 0; ++g) {
+        if (shared > 0) {
+          backend_.broadcast_rows(old[0], g * current, grown_caches, g * capacity, shared,
+                                  c.head_dim);
         }
-        cache = std::move(grown);
+        for (size_t r = 0; r < runs_.size() && shared < position_; ++r) {
+          backend_.copy_rows(old[r], g * current + shared, *grown_caches[r], g * capacity + shared,
+                             position_ - shared, c.head_dim);
+        }
       }
     }
   }
@@ -201,15 +213,23 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
       }
       backend_.attention(q_heads, first.k_cache[l], first.v_cache[l], position_, window,
                          Visibility{}, attn_heads, logits_out);
-      // A chunk is dense in every run: the other caches receive the same keys and values.
-      for (size_t r = 1; r < runs_.size(); ++r) {
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t capacity = first.k_cache[l].dim(1);
-          backend_.copy_rows(first.k_cache[l], g * capacity + position_, runs_[r].k_cache[l],
-                             g * capacity + position_, n, D);
-          backend_.copy_rows(first.v_cache[l], g * capacity + position_, runs_[r].v_cache[l],
-                             g * capacity + position_, n, D);
+      // A chunk is dense in every run: every cache receives the same keys and values (stored
+      // once where the backend can share them, run 0's own rows included).
+      if (runs_.size() > 1) {
+        const int64_t capacity = first.k_cache[l].dim(1);
+        std::vector<DeviceTensor*> k_caches, v_caches;
+        for (SessionRun& run : runs_) {
+          k_caches.push_back(&run.k_cache[l]);
+          v_caches.push_back(&run.v_cache[l]);
         }
+        const DeviceTensor k_source = first.k_cache[l], v_source = first.v_cache[l];
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t row = g * capacity + position_;
+          backend_.broadcast_rows(k_source, row, k_caches, row, n, D);
+          backend_.broadcast_rows(v_source, row, v_caches, row, n, D);
+        }
+      }
+      for (size_t r = 1; r < runs_.size(); ++r) {
         if (logits_out) runs_[r].attention_logits.push_back(*logits_out);
       }
     }
@@ -229,6 +249,9 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   }
   backend_.rmsnorm(hidden, model_->final_norm, eps, normed);
   backend_.matmul(normed, model_->lm_head, logits_view_);
+  // A chunk that continues the common prefix extends it; steps of the runs never change it
+  // (they write positions past it).
+  if (!per_run && shared_rows_ == position_) shared_rows_ = position_ + n;
   position_ += per_run ? 1 : n;
   return logits_view_;
 }

@@ -77,7 +77,10 @@ class DecoderSession {
   std::vector<float> step(int32_t token);
 
   int64_t position() const { return position_; }
-  void reset() { position_ = 0; }
+  void reset() {
+    position_ = 0;
+    shared_rows_ = 0;
+  }
   // Runs `policy` in `run` at every single-token step from position `first_step` on (0: the
   // decode simulation; the prompt length: prefill + decode). Its row buffers span the session's
   // capacity (options.capacity, else max_position_embeddings).
@@ -120,6 +123,9 @@ class DecoderSession {
   Backend& backend_;
   SessionOptions options_;
   int64_t position_ = 0;  // tokens in every run's cache
+  // Positions [0, shared_rows_) hold the same keys and values in every run (dense chunks from
+  // the start): growing the caches broadcasts them instead of copying run by run.
+  int64_t shared_rows_ = 0;
   std::vector<SessionRun> runs_;
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;

@@ -100,6 +100,40 @@ TEST_CASE("lockstep in prefill + decode copies the dense prompt into every run",
   }
 }
 
+TEST_CASE("lockstep: a long prefill stored once in every run, through cache growth and reset",
+          "[lockstep]") {
+  // KV caches of [2, 256, 32] F32 (64 KiB) are page-mapped on the CPU, so the prompt's pages are
+  // shared copy-on-write between the runs; 300 prompt tokens in chunks of 100 grow the caches
+  // from 256 to 512 positions with 200 shared ones. Each run must still equal itself alone.
+  test::TinyLlamaSpec spec;
+  spec.hidden = 64;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.max_positions = 512;
+  Loaded loaded = load_tiny("lockstep-shared", spec);
+  std::vector<int32_t> tokens(312);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + i / 7) % 64);
+  const std::vector<PolicyConfig> policies = {{"dense", 0.0, {}},
+                                              {"h2o", 0.5, {"sinks=1"}},
+                                              {"keydiff", 0.5, {"sinks=1"}},
+                                              {"quest", 0.5, {"page_size=4"}}};
+  ScoreOptions options;
+  options.prefill = 300;
+  options.chunk = 100;
+  for (int pass = 0; pass < 2; ++pass) {  // scoring twice reuses nothing stale
+    const std::vector<ScoreResult> together =
+        score_tokens_lockstep(loaded.model, tokens, policies, options);
+    for (size_t p = 0; p < policies.size(); ++p) {
+      INFO(policies[p].id << ", pass " << pass);
+      ScoreOptions alone_options = options;
+      alone_options.policy = policies[p];
+      const ScoreResult alone = score_tokens(loaded.model, tokens, alone_options);
+      CHECK(together[p].nll == alone.nll);
+      CHECK(together[p].argmax == alone.argmax);
+    }
+  }
+}
+
 TEST_CASE("lockstep runs may each follow their own tokens", "[lockstep]") {
   Loaded loaded = load_tiny("lockstep-own");
   Backend& backend = *loaded.backend;

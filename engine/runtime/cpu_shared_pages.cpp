@@ -1,0 +1,137 @@
+// Page sharing for the CPU backend (see cpu_shared_pages.h). A snapshot is an anonymous memory
+// file (memfd) holding src's whole pages; each target maps it privately at a temporary address,
+// then mremap moves that mapping over the target's pages in one step (the old pages go, and a
+// failed move leaves them as they were, so the bytes are then copied instead). Closing the file
+// leaves it alive as long as some target still maps one of its pages.
+#include "engine/runtime/cpu_shared_pages.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#define KVLENS_HAVE_PAGE_SHARING 1
+#else
+#define KVLENS_HAVE_PAGE_SHARING 0
+#endif
+
+namespace kvlens {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+// The deleter of a mapping of its own; std::get_deleter finds it to recognise such storage.
+struct PageMapping {
+  size_t bytes = 0;
+  void operator()(void* memory) const {
+#if KVLENS_HAVE_PAGE_SHARING
+    munmap(memory, bytes);
+#else
+    (void)memory;
+#endif
+  }
+};
+
+std::shared_ptr<void> allocate_heap(size_t bytes) {
+  const size_t rounded = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* memory = std::aligned_alloc(kAlignment, rounded);
+  if (!memory) throw std::bad_alloc();
+  std::memset(memory, 0, rounded);
+  return std::shared_ptr<void>(memory, std::free);
+}
+
+#if KVLENS_HAVE_PAGE_SHARING
+// Maps `length` bytes of `file` privately over [target, target + length); false (target
+// untouched) when the system refuses.
+bool map_snapshot(int file, std::byte* target, size_t length) {
+  void* staged = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, file, 0);
+  if (staged == MAP_FAILED) return false;
+  if (mremap(staged, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, target) == MAP_FAILED) {
+    munmap(staged, length);
+    return false;
+  }
+  return true;
+}
+#endif
+
+}  // namespace
+
+std::shared_ptr<void> allocate_host(size_t bytes) {
+#if KVLENS_HAVE_PAGE_SHARING
+  if (bytes >= kPageMappingBytes) {
+    const size_t length = (bytes + kSharedPageBytes - 1) / kSharedPageBytes * kSharedPageBytes;
+    // Fresh anonymous pages are zero and cost nothing until touched.
+    void* memory =
+        mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) throw std::bad_alloc();
+    return std::shared_ptr<void>(memory, PageMapping{length});
+  }
+#endif
+  return allocate_heap(bytes);
+}
+
+bool pages_remappable(const std::shared_ptr<void>& storage, const void* begin, size_t bytes) {
+  const PageMapping* mapping = std::get_deleter<PageMapping>(storage);
+  if (!mapping) return false;
+  const auto base = reinterpret_cast<uintptr_t>(storage.get());
+  const auto first = reinterpret_cast<uintptr_t>(begin);
+  return first >= base && first + bytes <= base + mapping->bytes;
+}
+
+size_t copy_sharing_pages(const std::byte* src, size_t bytes,
+                          std::span<const PageCopyTarget> targets) {
+  size_t shared = 0;
+#if KVLENS_HAVE_PAGE_SHARING
+  // The pages to share: those of the first remappable target, starting at its first page
+  // boundary; targets with the same offset within a page get the same pages.
+  const PageCopyTarget* first = nullptr;
+  for (const PageCopyTarget& target : targets) {
+    if (target.remappable) {
+      first = &target;
+      break;
+    }
+  }
+  int file = -1;
+  size_t head = 0, length = 0, offset = 0;
+  if (first) {
+    offset = reinterpret_cast<uintptr_t>(first->data) % kSharedPageBytes;
+    head = (kSharedPageBytes - offset) % kSharedPageBytes;
+    length = bytes > head ? (bytes - head) / kSharedPageBytes * kSharedPageBytes : 0;
+  }
+  if (length > 0) {
+    file = memfd_create("kvlens-shared-rows", MFD_CLOEXEC);
+    if (file >= 0 && (ftruncate(file, off_t(length)) != 0 ||
+                      pwrite(file, src + head, length, 0) != ssize_t(length))) {
+      close(file);
+      file = -1;
+    }
+  }
+#endif
+  for (const PageCopyTarget& target : targets) {
+    bool mapped = false;
+#if KVLENS_HAVE_PAGE_SHARING
+    if (file >= 0 && target.remappable &&
+        reinterpret_cast<uintptr_t>(target.data) % kSharedPageBytes == offset) {
+      mapped = map_snapshot(file, target.data + head, length);
+    }
+#endif
+    if (mapped) {
+      shared += length;
+      if (target.data != src) {
+        std::memcpy(target.data, src, head);
+        std::memcpy(target.data + head + length, src + head + length, bytes - head - length);
+      }
+    } else if (target.data != src) {
+      std::memcpy(target.data, src, bytes);
+    }
+  }
+#if KVLENS_HAVE_PAGE_SHARING
+  if (file >= 0) close(file);
+#endif
+  return shared;
+}
+
+}  // namespace kvlens

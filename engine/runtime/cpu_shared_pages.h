@@ -1,0 +1,38 @@
+// Host memory the CPU backend can share between tensors copy-on-write: large tensors live in
+// mappings of their own, and one buffer copied into many (a dense prefill copied into every
+// lockstep run's KV cache) is stored once: the destinations' whole pages are mapped from one
+// snapshot, and the first write to such a page gives that destination a private copy of it (the
+// kernel's copy-on-write). Several runs reading the shared prefix then read the same memory.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+namespace kvlens {
+
+inline constexpr size_t kSharedPageBytes = 4096;
+// Allocations from this size up get a page-aligned mapping of their own.
+inline constexpr size_t kPageMappingBytes = 64 * 1024;
+
+// Zero-filled memory of at least `bytes`, 64-byte aligned (page-aligned in a mapping of its own
+// from kPageMappingBytes up).
+std::shared_ptr<void> allocate_host(size_t bytes);
+
+// True when [begin, begin + bytes) lies inside a mapping of its own made by allocate_host and
+// owned by `storage`, so that its pages may be remapped.
+bool pages_remappable(const std::shared_ptr<void>& storage, const void* begin, size_t bytes);
+
+struct PageCopyTarget {
+  std::byte* data = nullptr;
+  bool remappable = false;  // pages_remappable for this destination's range
+};
+
+// Copies src[0, bytes) to every target. The whole pages of remappable targets whose start has
+// the first such target's offset within a page are mapped from one snapshot of src; the rest is
+// copied. A target may be src itself (its pages then join the snapshot) but must not otherwise
+// overlap src. Returns the bytes mapped rather than copied, summed over the targets.
+size_t copy_sharing_pages(const std::byte* src, size_t bytes,
+                          std::span<const PageCopyTarget> targets);
+
+}  // namespace kvlens
