@@ -206,6 +206,8 @@ class CpuBackend final : public Backend {
     KVLENS_REQUIRE(y.numel() == n * out, "matmul: y", shape_string({n, out}), describe(y));
     if (n == 0 || out == 0) return;
 
+    if (n > 1 && n <= kMaxDedupRows && matmul_distinct_rows(x, w, y, n, in, out)) return;
+
     const DotRowsFn dot = kernels_.for_dtype(w.dtype);
     const size_t w_row_bytes = size_t(in) * dtype_size(w.dtype);
     const float* xs = x.as<const float>();
@@ -274,6 +276,53 @@ class CpuBackend final : public Backend {
           }
         },
         grain);
+  }
+
+  // Lockstep runs fed the same token have bit-identical rows until their policies first make
+  // them differ (every layer below the first non-dense attention): such rows are multiplied once
+  // and their result copied. Each output row depends only on its own x row (the kernels' fixed
+  // summation order), so this gives the same bits. Rows that differ usually do so in their first
+  // bytes, so the comparisons cost little. Returns false (nothing done) when every row differs.
+  static constexpr int64_t kMaxDedupRows = 16;
+  bool matmul_distinct_rows(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y,
+                            int64_t n, int64_t in, int64_t out) {
+    const float* xs = x.as<const float>();
+    const size_t row_bytes = size_t(in) * sizeof(float);
+    int64_t source[kMaxDedupRows];  // the first row equal to each row
+    int64_t distinct = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      source[i] = i;
+      for (int64_t j = 0; j < i; ++j) {
+        if (source[j] == j && std::memcmp(xs + i * in, xs + j * in, row_bytes) == 0) {
+          source[i] = j;
+          break;
+        }
+      }
+      distinct += source[i] == i;
+    }
+    if (distinct == n) return false;
+    // Per thread: tasks of run_tasks may issue matmuls of their own.
+    thread_local std::vector<float> unique_x, unique_y;
+    unique_x.resize(size_t(distinct * in));
+    unique_y.resize(size_t(distinct * out));
+    int64_t slot[kMaxDedupRows];
+    for (int64_t i = 0, next = 0; i < n; ++i) {
+      if (source[i] != i) continue;
+      slot[i] = next;
+      std::memcpy(unique_x.data() + next * in, xs + i * in, row_bytes);
+      ++next;
+    }
+    DeviceTensor x_rows, y_rows;  // views of the scratch (no storage of their own)
+    x_rows.data = unique_x.data();
+    x_rows.shape = {distinct, in};
+    y_rows.data = unique_y.data();
+    y_rows.shape = {distinct, out};
+    matmul(x_rows, w, y_rows);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(y.as<float>() + i * out, unique_y.data() + slot[source[i]] * out,
+                  size_t(out) * sizeof(float));
+    }
+    return true;
   }
 
   void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,

@@ -297,6 +297,37 @@ TEST_CASE("matmul is bit-identical for 1 and 2 threads and between prefill and d
   }
 }
 
+TEST_CASE("matmul: rows repeated in x (lockstep runs alike) give each row's own product",
+          "[backend]") {
+  auto backend = make_cpu_backend(2);
+  const int64_t in = 96, out = 70;
+  const auto a = random_values(size_t(in), 31), b = random_values(size_t(in), 32);
+  auto c = random_values(size_t(in), 33);
+  c[5] = std::numeric_limits<float>::quiet_NaN();  // equal bits, NaN included
+  // b differs from a only in its last element: a comparison must read the whole row.
+  std::vector<float> b_like_a = a;
+  b_like_a.back() += 1.0f;
+  const std::vector<const std::vector<float>*> rows = {&a, &b, &a, &a, &c, &b, &c, &b_like_a};
+  std::vector<float> x;
+  for (const auto* row : rows) x.insert(x.end(), row->begin(), row->end());
+  const int64_t n = int64_t(rows.size());
+  const auto w = random_values(size_t(out * in), 34);
+  const DeviceTensor w_t = make_f32(*backend, w, {out, in});
+  DeviceTensor y = backend->alloc(DType::F32, {n, out});
+  backend->matmul(make_f32(*backend, x, {n, in}), w_t, y);
+  const auto got = read(*backend, y);
+  auto same_bits = [](const std::vector<float>& p, const std::vector<float>& q) {
+    return p.size() == q.size() && std::memcmp(p.data(), q.data(), p.size() * sizeof(float)) == 0;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("row " << i);
+    DeviceTensor alone = backend->alloc(DType::F32, {1, out});
+    backend->matmul(make_f32(*backend, *rows[size_t(i)], {1, in}), w_t, alone);
+    CHECK(same_bits(read(*backend, alone), std::vector<float>(got.begin() + long(i * out),
+                                                              got.begin() + long((i + 1) * out))));
+  }
+}
+
 TEST_CASE("matmul reads BF16 (and F16) weights exactly as if widened first", "[backend]") {
   const bool simd = GENERATE(true, false);
   CpuBackendOptions options;
