@@ -6,6 +6,7 @@
 #include "engine/runtime/decoder_session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -184,6 +185,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   const int64_t context = position_ + (per_run ? 1 : n);
 
   for (SessionRun& run : runs_) run.attention_logits.clear();
+  if (per_run) order_runs_by_cost();
   backend_.embed(model_->embed, tokens, hidden);
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
@@ -196,12 +198,17 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     if (per_run) {
       // The runs are independent here (own cache, policy and scratch): the backend may step
       // them on different threads.
-      backend_.run_tasks(n, [&](int64_t r) {
+      // The costliest runs of the last step go first, so that the threads finish together.
+      backend_.run_tasks(n, [&](int64_t task) {
+        const int64_t r = run_order_[size_t(task)];
+        const auto start = std::chrono::steady_clock::now();
         SessionRun& run = runs_[size_t(r)];
         backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[l],
                            run.v_cache[l], position_);
         DeviceTensor run_attn = row_view(attn_heads, r);
         run_attention(run, l, row_view(normed, r), row_view(q_heads, r), run_attn);
+        run_seconds_[size_t(r)] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       });
     } else {
       SessionRun& first = runs_[0];
@@ -254,6 +261,19 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   if (!per_run && shared_rows_ == position_) shared_rows_ = position_ + n;
   position_ += per_run ? 1 : n;
   return logits_view_;
+}
+
+void DecoderSession::order_runs_by_cost() {
+  if (run_order_.size() != runs_.size()) {
+    run_order_.resize(runs_.size());
+    for (size_t r = 0; r < runs_.size(); ++r) run_order_[r] = int64_t(r);
+    run_seconds_.assign(runs_.size(), 0.0);
+  }
+  // A stable sort: equal costs (the first step) keep the run order.
+  std::stable_sort(run_order_.begin(), run_order_.end(), [&](int64_t a, int64_t b) {
+    return run_seconds_[size_t(a)] > run_seconds_[size_t(b)];
+  });
+  std::fill(run_seconds_.begin(), run_seconds_.end(), 0.0);
 }
 
 PolicyShape DecoderSession::policy_shape() const {

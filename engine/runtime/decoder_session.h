@@ -119,6 +119,9 @@ class DecoderSession {
     return run.policy && position_ >= run.first_step;
   }
 
+  // Sorts run_order_ by the runs' cost in the last step (costliest first) and clears it.
+  void order_runs_by_cost();
+
   std::shared_ptr<const BackendModel> model_;
   Backend& backend_;
   SessionOptions options_;
@@ -127,6 +130,10 @@ class DecoderSession {
   // the start): growing the caches broadcasts them instead of copying run by run.
   int64_t shared_rows_ = 0;
   std::vector<SessionRun> runs_;
+  // The order in which a step hands the runs to the backend's threads, and each run's seconds of
+  // attention and policy work in the step (longest first: the threads then finish together).
+  std::vector<int64_t> run_order_;
+  std::vector<double> run_seconds_;
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;
