@@ -16,6 +16,7 @@
 #include <limits>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVLENS_HAVE_X86_KERNELS 1
 #define KVLENS_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -689,8 +690,10 @@ KVLENS_AVX2 void weighted_values_avx2(const float* weights, int64_t weights_stri
 
 bool cpu_has_avx2_fma() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX): older clang has no "f16c" for __builtin_cpu_supports.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 }
 
 #endif  // KVLENS_HAVE_X86_KERNELS

@@ -22,8 +22,6 @@ namespace {
 
 using namespace cpu_checks;  // require*, describe, cat, shape_string
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
 struct RowShape {
   int64_t rows = 0, stride = 0;
 };
@@ -178,7 +176,9 @@ void attention_visible(const Context& context, const DeviceTensor& logits, int64
                        DeviceTensor* probs) {
   const OpName op{"attention_visible"};
   require_cols(cols, op);
-  const auto [groups, capacity, head_dim] = cache_shape(v_cache, cols, op, "v_cache");
+  const CacheShape cache_dims = cache_shape(v_cache, cols, op, "v_cache");
+  const int64_t groups = cache_dims.groups, capacity = cache_dims.capacity,
+                head_dim = cache_dims.head_dim;
   const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op + ": logits");
   const int64_t heads = logit_shape.rows;
   KVLENS_REQUIRE(groups > 0 && heads % groups == 0, op + ": logits",
@@ -440,7 +440,9 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
                        const DeviceTensor& members, DeviceTensor& out) {
   const OpName op{"key_anchor_scores"};
   require_cols(cols, op);
-  const auto [groups, capacity, head_dim] = cache_shape(k_cache, cols, op, "k_cache");
+  const CacheShape cache_dims = cache_shape(k_cache, cols, op, "k_cache");
+  const int64_t groups = cache_dims.groups, capacity = cache_dims.capacity,
+                head_dim = cache_dims.head_dim;
   const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
   const int64_t rows = shape.rows;
   KVLENS_REQUIRE(groups > 0 && rows % groups == 0, op + ": out",
@@ -529,7 +531,9 @@ void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
                         DeviceTensor& page_min, DeviceTensor& page_max) {
   const OpName op{"page_minmax_update"};
   require_page_size(page_size, op);
-  const auto [groups, capacity, head_dim] = cache_shape(k_cache, 0, op, "k_cache");
+  const CacheShape cache_dims = cache_shape(k_cache, 0, op, "k_cache");
+  const int64_t groups = cache_dims.groups, capacity = cache_dims.capacity,
+                head_dim = cache_dims.head_dim;
   KVLENS_REQUIRE(begin >= 0 && begin <= end && end <= capacity, op + ": columns",
                  cat("a range inside [0, ", capacity, "]"), cat(begin, ":", end));
   const int64_t pages = page_summary_pages(page_min, page_max, groups, head_dim, op);
@@ -653,7 +657,9 @@ void select_pages(const Context& context, const DeviceTensor& scores, int64_t co
 void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
                           DeviceTensor& anchor, DeviceTensor& similarity) {
   const OpName op{"anchor_cosine_update"};
-  const auto [groups, capacity, head_dim] = cache_shape(cache, 0, op, "cache");
+  const CacheShape cache_dims = cache_shape(cache, 0, op, "cache");
+  const int64_t groups = cache_dims.groups, capacity = cache_dims.capacity,
+                head_dim = cache_dims.head_dim;
   KVLENS_REQUIRE(column >= 0 && column < capacity, op + ": column",
                  cat("a column below the capacity ", capacity), std::to_string(column));
   require_f32(anchor, op + ": anchor");
