@@ -37,6 +37,16 @@ bool is_weight_dtype(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
 }
 
+// `t` is F32 and holds rows [row, row + rows) of row_elems elements each.
+void require_rows(const DeviceTensor& t, int64_t row, int64_t rows, int64_t row_elems,
+                  const Field& field) {
+  require_f32(t, field);
+  KVLENS_REQUIRE(row >= 0 && rows >= 0 && row_elems >= 0, field,
+                 "non-negative row indices and counts", cat(row, ", ", rows, ", ", row_elems));
+  KVLENS_REQUIRE((row + rows) * row_elems <= t.numel(), field,
+                 cat("at least ", (row + rows) * row_elems, " elements"), describe(t));
+}
+
 // Widens `count` weight elements starting at element `first` into dst.
 void widen(const DeviceTensor& t, int64_t first, int64_t count, float* dst) {
   switch (t.dtype) {
@@ -63,9 +73,7 @@ void widen(const DeviceTensor& t, int64_t first, int64_t count, float* dst) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
-      : pool_(options.threads),
-        kernels_(pick_dot_kernels(options.allow_simd)),
-        row_kernels_(pick_row_kernels(options.allow_simd)) {}
+      : pool_(options.threads), kernels_(pick_dot_kernels(options.allow_simd)) {}
 
   std::string name() const override { return "cpu"; }
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
@@ -137,14 +145,9 @@ class CpuBackend final : public Backend {
 
   void copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTensor& dst, int64_t dst_row,
                  int64_t rows, int64_t row_elems) override {
-    require_f32(src, "copy_rows: src");
-    require_f32(dst, "copy_rows: dst");
-    KVLENS_REQUIRE(src_row >= 0 && dst_row >= 0 && rows >= 0 && row_elems >= 0, "copy_rows: rows",
-                   "non-negative row indices and counts");
-    KVLENS_REQUIRE((src_row + rows) * row_elems <= src.numel(), "copy_rows: src",
-                   cat("at least ", (src_row + rows) * row_elems, " elements"), describe(src));
-    KVLENS_REQUIRE((dst_row + rows) * row_elems <= dst.numel(), "copy_rows: dst",
-                   cat("at least ", (dst_row + rows) * row_elems, " elements"), describe(dst));
+    const OpName op{"copy_rows"};
+    require_rows(src, src_row, rows, row_elems, op + ": src");
+    require_rows(dst, dst_row, rows, row_elems, op + ": dst");
     if (rows * row_elems == 0) return;
     std::memmove(dst.as<float>() + dst_row * row_elems, src.as<const float>() + src_row * row_elems,
                  size_t(rows * row_elems) * sizeof(float));
@@ -152,20 +155,15 @@ class CpuBackend final : public Backend {
 
   void broadcast_rows(const DeviceTensor& src, int64_t src_row, std::span<DeviceTensor* const> dsts,
                       int64_t dst_row, int64_t rows, int64_t row_elems) override {
-    require_f32(src, "broadcast_rows: src");
-    KVLENS_REQUIRE(src_row >= 0 && dst_row >= 0 && rows >= 0 && row_elems >= 0,
-                   "broadcast_rows: rows", "non-negative row indices and counts");
-    KVLENS_REQUIRE((src_row + rows) * row_elems <= src.numel(), "broadcast_rows: src",
-                   cat("at least ", (src_row + rows) * row_elems, " elements"), describe(src));
+    const OpName op{"broadcast_rows"};
+    require_rows(src, src_row, rows, row_elems, op + ": src");
     const size_t bytes = size_t(rows * row_elems) * sizeof(float);
     const auto* from =
         reinterpret_cast<const std::byte*>(src.as<const float>() + src_row * row_elems);
     std::vector<PageCopyTarget> targets;
     targets.reserve(dsts.size());
     for (DeviceTensor* dst : dsts) {
-      require_f32(*dst, "broadcast_rows: dst");
-      KVLENS_REQUIRE((dst_row + rows) * row_elems <= dst->numel(), "broadcast_rows: dst",
-                     cat("at least ", (dst_row + rows) * row_elems, " elements"), describe(*dst));
+      require_rows(*dst, dst_row, rows, row_elems, op + ": dst");
       auto* to = reinterpret_cast<std::byte*>(dst->as<float>() + dst_row * row_elems);
       KVLENS_REQUIRE(to == from || to + bytes <= from || from + bytes <= to, "broadcast_rows: dst",
                      "src's own rows or memory apart from them", "a partial overlap");
@@ -633,7 +631,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  cpu_policy::Context policy_context() { return {pool_, kernels_, row_kernels_}; }
+  cpu_policy::Context policy_context() { return {pool_, kernels_}; }
 
   // x seen as [rows, width]; returns width.
   int64_t check_rows(const DeviceTensor& x, int64_t rows, OpName op) {
@@ -648,7 +646,6 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   DotKernels kernels_;
-  RowKernels row_kernels_;
 };
 
 }  // namespace

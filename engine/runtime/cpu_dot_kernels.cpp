@@ -711,6 +711,7 @@ DotKernels pick_dot_kernels(bool allow_simd) {
   kernels.attention_logits = attention_logits_generic;
   kernels.softmax_weights = softmax_weights_generic;
   kernels.weighted_values = weighted_values_generic;
+  kernels.axpby = axpby_row_generic;
 #if KVLENS_HAVE_X86_KERNELS
   if (allow_simd && cpu_has_avx2_fma()) {
     kernels.isa = "avx2+fma";
@@ -723,6 +724,7 @@ DotKernels pick_dot_kernels(bool allow_simd) {
     kernels.attention_logits = attention_logits_avx2;
     kernels.softmax_weights = softmax_weights_avx2;
     kernels.weighted_values = weighted_values_avx2;
+    kernels.axpby = axpby_row_avx2;
   }
 #else
   (void)allow_simd;

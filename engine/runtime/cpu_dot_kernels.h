@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "engine/common/dtype.h"
+#include "engine/runtime/cpu_row_kernels.h"
 
 namespace kvlens {
 
@@ -66,6 +67,7 @@ struct DotKernels {
   AttentionLogitsFn attention_logits = nullptr;
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
+  AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
 
   DotRowsFn for_dtype(DType dtype) const {
     return dtype == DType::F32 ? f32 : dtype == DType::BF16 ? bf16 : f16;

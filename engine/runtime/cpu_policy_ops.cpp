@@ -69,7 +69,6 @@ void select_largest_keys(RowKeys& row, int64_t k, uint8_t* chosen) {
   // Four interleaved histograms, summed after: consecutive keys often share a digit, and one
   // histogram would chain their increments through memory.
   uint32_t histograms[4][kDigits];
-  uint32_t histogram[kDigits];
   for (;;) {
     if (int64_t(row.keys.size()) <= k) {
       for (const uint64_t key : row.keys) chosen[uint32_t(key)] = 1;
@@ -86,8 +85,9 @@ void select_largest_keys(RowKeys& row, int64_t k, uint8_t* chosen) {
       for (size_t lane = 0; lane < 4; ++lane)
         ++histograms[lane][(keys[i + lane] >> shift) & (kDigits - 1)];
     for (; i < count; ++i) ++histograms[0][(keys[i] >> shift) & (kDigits - 1)];
+    uint32_t* histogram = histograms[0];
     for (uint32_t d = 0; d < kDigits; ++d)
-      histogram[d] = (histograms[0][d] + histograms[1][d]) + (histograms[2][d] + histograms[3][d]);
+      histogram[d] += histograms[1][d] + histograms[2][d] + histograms[3][d];
     int64_t above = 0;  // keys whose digit is above `pivot`
     uint32_t pivot = kDigits - 1;
     while (above + histogram[pivot] < k) above += histogram[pivot--];
@@ -253,7 +253,7 @@ void select_top_k(const Context& context, const DeviceTensor& scores, int64_t co
       0, rows,
       [&](int64_t begin, int64_t end) {
         RowKeys row;
-        row.keys.resize(size_t(cols));
+        row.keys.reserve(size_t(cols));
         row.next.reserve(size_t(cols));
         for (int64_t r = begin; r < end; ++r) {
           const float* score = scores.as<const float>() + r * score_shape.stride;
@@ -378,7 +378,7 @@ void axpby_rows(const Context& context, DeviceTensor& y, float alpha, const Devi
     float* out = y.as<float>() + r * shape.stride;
     const float* in = x.as<const float>() + (broadcast ? 0 : r) * x_shape.stride;
     // The CUDA kernel computes __fmaf_rn(alpha, x, __fmul_rn(beta, y)): the same two roundings.
-    context.row_kernels.axpby(alpha, in, beta, out, cols);
+    context.kernels.axpby(alpha, in, beta, out, cols);
   }
 }
 

@@ -7,16 +7,15 @@
 
 #include "engine/runtime/backend.h"
 #include "engine/runtime/cpu_dot_kernels.h"
-#include "engine/runtime/cpu_row_kernels.h"
 #include "engine/runtime/thread_pool.h"
 
 namespace kvlens::cpu_policy {
 
 struct Context {
   ThreadPool& pool;
-  // The attention op's own kernel set (logits, softmax, value sum), so both agree bit for bit.
+  // The attention op's own kernel set (logits, softmax, value sum), so both agree bit for bit,
+  // and the axpby row kernel.
   const DotKernels& kernels;
-  const RowKernels& row_kernels;
 };
 
 void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,

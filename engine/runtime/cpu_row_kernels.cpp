@@ -8,15 +8,13 @@
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
 #define KVLENS_HAVE_X86_ROW_KERNELS 1
-#define KVLENS_AVX2_ROW __attribute__((target("avx2,fma")))
 #else
 #define KVLENS_HAVE_X86_ROW_KERNELS 0
 #endif
 
 namespace kvlens {
-namespace {
 
-void axpby_generic(float alpha, const float* x, float beta, float* y, int64_t n) {
+void axpby_row_generic(float alpha, const float* x, float beta, float* y, int64_t n) {
   if (beta == 0.0f) {
     for (int64_t j = 0; j < n; ++j) y[j] = alpha * x[j];
     return;
@@ -26,7 +24,8 @@ void axpby_generic(float alpha, const float* x, float beta, float* y, int64_t n)
 
 #if KVLENS_HAVE_X86_ROW_KERNELS
 
-KVLENS_AVX2_ROW void axpby_avx2(float alpha, const float* x, float beta, float* y, int64_t n) {
+__attribute__((target("avx2,fma"))) void axpby_row_avx2(float alpha, const float* x, float beta,
+                                                        float* y, int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   int64_t j = 0;
   if (beta == 0.0f) {
@@ -46,24 +45,6 @@ KVLENS_AVX2_ROW void axpby_avx2(float alpha, const float* x, float beta, float* 
   }
 }
 
-bool cpu_has_avx2_fma_rows() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
 #endif
-
-}  // namespace
-
-RowKernels pick_row_kernels(bool allow_simd) {
-  RowKernels kernels;
-  kernels.axpby = axpby_generic;
-#if KVLENS_HAVE_X86_ROW_KERNELS
-  if (allow_simd && cpu_has_avx2_fma_rows()) kernels.axpby = axpby_avx2;
-#else
-  (void)allow_simd;
-#endif
-  return kernels;
-}
 
 }  // namespace kvlens

@@ -5,6 +5,7 @@
 // leaves it alive as long as some target still maps one of its pages.
 #include "engine/runtime/cpu_shared_pages.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -87,16 +88,11 @@ size_t copy_sharing_pages(const std::byte* src, size_t bytes,
 #if KVLENS_HAVE_PAGE_SHARING
   // The pages to share: those of the first remappable target, starting at its first page
   // boundary; targets with the same offset within a page get the same pages.
-  const PageCopyTarget* first = nullptr;
-  for (const PageCopyTarget& target : targets) {
-    if (target.remappable) {
-      first = &target;
-      break;
-    }
-  }
+  const auto first = std::find_if(targets.begin(), targets.end(),
+                                  [](const PageCopyTarget& target) { return target.remappable; });
   int file = -1;
   size_t head = 0, length = 0, offset = 0;
-  if (first) {
+  if (first != targets.end()) {
     offset = reinterpret_cast<uintptr_t>(first->data) % kSharedPageBytes;
     head = (kSharedPageBytes - offset) % kSharedPageBytes;
     length = bytes > head ? (bytes - head) / kSharedPageBytes * kSharedPageBytes : 0;

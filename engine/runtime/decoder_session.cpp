@@ -197,8 +197,8 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     backend_.rope(k_heads, positions, model_->inv_freq);
     if (per_run) {
       // The runs are independent here (own cache, policy and scratch): the backend may step
-      // them on different threads.
-      // The costliest runs of the last step go first, so that the threads finish together.
+      // them on different threads, the costliest runs of the last step first so that the
+      // threads finish together.
       backend_.run_tasks(n, [&](int64_t task) {
         const int64_t r = run_order_[size_t(task)];
         const auto start = std::chrono::steady_clock::now();
@@ -229,11 +229,10 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
           k_caches.push_back(&run.k_cache[l]);
           v_caches.push_back(&run.v_cache[l]);
         }
-        const DeviceTensor k_source = first.k_cache[l], v_source = first.v_cache[l];
         for (int64_t g = 0; g < G; ++g) {
           const int64_t row = g * capacity + position_;
-          backend_.broadcast_rows(k_source, row, k_caches, row, n, D);
-          backend_.broadcast_rows(v_source, row, v_caches, row, n, D);
+          backend_.broadcast_rows(first.k_cache[l], row, k_caches, row, n, D);
+          backend_.broadcast_rows(first.v_cache[l], row, v_caches, row, n, D);
         }
       }
       for (size_t r = 1; r < runs_.size(); ++r) {
