@@ -10,6 +10,7 @@
 
 #include "engine/common/dtype.h"
 #include "engine/runtime/cpu_row_kernels.h"
+#include "engine/runtime/cpu_top_k.h"
 
 namespace kvlens {
 
@@ -68,6 +69,7 @@ struct DotKernels {
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
   AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
+  TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)
 
   DotRowsFn for_dtype(DType dtype) const {
     return dtype == DType::F32 ? f32 : dtype == DType::BF16 ? bf16 : f16;

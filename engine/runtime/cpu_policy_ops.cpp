@@ -51,69 +51,6 @@ int64_t grain_for(int64_t work) {
   return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work));
 }
 
-// The distinct keys of one row with the AND and OR of all of them (their common bits).
-struct RowKeys {
-  std::vector<uint64_t> keys, next;
-  uint64_t all_ones = ~uint64_t(0), any_ones = 0;
-};
-
-// Marks chosen[uint32(key)] = 1 for the k largest of the distinct `row.keys` (all of them when
-// there are no more than k): a radix select over 8-bit digits from the highest bit in which the
-// remaining keys differ (scores of one row often share their top bits). Keys whose digit is
-// above the k-th largest one's are in, those below are out, and only the ones that share it go
-// on to the next digit; the pass that sorts them out also gathers their common bits, so each
-// digit costs two passes over the keys left. `row` is consumed.
-void select_largest_keys(RowKeys& row, int64_t k, uint8_t* chosen) {
-  constexpr int kDigitBits = 8;
-  constexpr uint32_t kDigits = 1u << kDigitBits;
-  // Four interleaved histograms, summed after: consecutive keys often share a digit, and one
-  // histogram would chain their increments through memory.
-  uint32_t histograms[4][kDigits];
-  for (;;) {
-    if (int64_t(row.keys.size()) <= k) {
-      for (const uint64_t key : row.keys) chosen[uint32_t(key)] = 1;
-      return;
-    }
-    // Distinct keys (more than k >= 1 of them) differ somewhere, so `differing` is not 0.
-    const uint64_t differing = row.all_ones ^ row.any_ones;
-    const int shift = std::max(0, 63 - std::countl_zero(differing) - (kDigitBits - 1));
-    std::fill(&histograms[0][0], &histograms[0][0] + 4 * kDigits, 0u);
-    const size_t count = row.keys.size();
-    const uint64_t* keys = row.keys.data();
-    size_t i = 0;
-    for (; i + 4 <= count; i += 4)
-      for (size_t lane = 0; lane < 4; ++lane)
-        ++histograms[lane][(keys[i + lane] >> shift) & (kDigits - 1)];
-    for (; i < count; ++i) ++histograms[0][(keys[i] >> shift) & (kDigits - 1)];
-    uint32_t* histogram = histograms[0];
-    for (uint32_t d = 0; d < kDigits; ++d)
-      histogram[d] += histograms[1][d] + histograms[2][d] + histograms[3][d];
-    int64_t above = 0;  // keys whose digit is above `pivot`
-    uint32_t pivot = kDigits - 1;
-    while (above + histogram[pivot] < k) above += histogram[pivot--];
-    // Branch-free: which side a key falls on is data, not control flow (about half the keys
-    // go either way, which a branch would mispredict). Candidates' chosen bytes are 0 here.
-    row.next.resize(row.keys.size());
-    uint64_t* next = row.next.data();
-    size_t kept = 0;
-    uint64_t all_ones = ~uint64_t(0), any_ones = 0;
-    for (const uint64_t key : row.keys) {
-      const uint32_t digit = uint32_t(key >> shift) & (kDigits - 1);
-      const bool equal = digit == pivot;
-      chosen[uint32_t(key)] = uint8_t(digit > pivot);
-      next[kept] = key;
-      kept += equal;
-      all_ones &= equal ? key : ~uint64_t(0);
-      any_ones |= equal ? key : 0;
-    }
-    row.next.resize(kept);
-    k -= above;
-    row.keys.swap(row.next);
-    row.all_ones = all_ones;
-    row.any_ones = any_ones;
-  }
-}
-
 }  // namespace
 
 void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
@@ -249,35 +186,14 @@ void select_top_k(const Context& context, const DeviceTensor& scores, int64_t co
   if (eligible) eligible_shape = row_shape(*eligible, DType::U8, rows, cols, op + ": eligible");
   if (k <= 0 || cols == 0 || rows == 0) return;
 
+  const TopKRowFn top_k = context.kernels.top_k;
   context.pool.parallel_for(
       0, rows,
       [&](int64_t begin, int64_t end) {
-        RowKeys row;
-        row.keys.reserve(size_t(cols));
-        row.next.reserve(size_t(cols));
         for (int64_t r = begin; r < end; ++r) {
-          const float* score = scores.as<const float>() + r * score_shape.stride;
-          const uint8_t* allowed =
-              eligible ? eligible->as<const uint8_t>() + r * eligible_shape.stride : nullptr;
-          uint8_t* chosen = selected.as<uint8_t>() + r * selected_shape.stride;
-          // Every column's key is written and kept only when it is a candidate: no branch.
-          row.keys.resize(size_t(cols));
-          uint64_t* keys = row.keys.data();
-          uint64_t all_ones = ~uint64_t(0), any_ones = 0;
-          size_t count = 0;
-          for (int64_t j = 0; j < cols; ++j) {
-            const uint64_t key = top_k_key(score[j], uint32_t(j));
-            const bool candidate = chosen[j] == 0 && (!allowed || allowed[j] != 0);
-            keys[count] = key;
-            count += candidate;
-            // A non-candidate leaves the AND and OR as they are.
-            all_ones &= candidate ? key : ~uint64_t(0);
-            any_ones |= candidate ? key : 0;
-          }
-          row.keys.resize(count);
-          row.all_ones = all_ones;
-          row.any_ones = any_ones;
-          select_largest_keys(row, k, chosen);
+          top_k(scores.as<const float>() + r * score_shape.stride,
+                eligible ? eligible->as<const uint8_t>() + r * eligible_shape.stride : nullptr,
+                cols, k, selected.as<uint8_t>() + r * selected_shape.stride);
         }
       },
       grain_for(cols * 8));

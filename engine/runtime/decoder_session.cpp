@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "engine/common/error.h"
@@ -33,6 +34,23 @@ DeviceTensor row_view(const DeviceTensor& tensor, int64_t row) {
 }
 
 constexpr int64_t kInitialCacheCapacity = 256;
+
+// The nonzero bytes of bytes[0, count), eight at a time. A byte's high bit in `zero` is set
+// exactly when the byte is 0 (its low seven bits plus 0x7f carry into bit 7 unless they are all
+// 0, and the OR with the byte itself catches bit 7); the multiply adds the eight flags up in the
+// top byte (baseline x86-64 has no popcount instruction).
+int64_t count_nonzero_bytes(const uint8_t* bytes, int64_t count) {
+  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full, kOnes = 0x0101010101010101ull;
+  int64_t zeros = 0, i = 0;
+  for (; i + 8 <= count; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i, sizeof word);
+    const uint64_t zero = ~(((word & kLow7) + kLow7) | word | kLow7);
+    zeros += int64_t(((zero >> 7) * kOnes) >> 56);
+  }
+  for (; i < count; ++i) zeros += bytes[i] == 0;
+  return count - zeros;
+}
 
 }  // namespace
 
@@ -377,10 +395,8 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
   run.host_visible.resize(size_t(heads * stride));
   backend_.to_host(mask, run.host_visible.data(), run.host_visible.size());
   std::vector<int64_t> counts(size_t(heads), 0);
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t j = 0; j < cols; ++j)
-      counts[size_t(h)] += run.host_visible[size_t(h * stride + j)];
-  }
+  for (int64_t h = 0; h < heads; ++h)
+    counts[size_t(h)] = count_nonzero_bytes(run.host_visible.data() + h * stride, cols);
   run.sparsity.add_layer(int64_t(layer), counts, cols);
 }
 

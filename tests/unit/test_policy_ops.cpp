@@ -382,6 +382,69 @@ TEST_CASE("select_top_k: ties to the higher column, forced kept, NaN lowest", "[
   }
 }
 
+TEST_CASE("select_top_k: SIMD and portable kernels choose the sorting reference's set",
+          "[policy_ops]") {
+  // Rows long enough for every path of the kernels: 8-lane blocks and a tail, a first digit
+  // whose pivot bucket holds a few keys or hundreds (a block of equal scores), rows of one score
+  // (only the columns decide), probabilities of very different sizes, NaN, -0 and infinities.
+  std::mt19937 rng(57);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  enum class Fill { Probabilities, FewValues, OneValue, Specials };
+  for (const int64_t cols : {1, 7, 8, 9, 64, 213, 1000}) {
+    const int64_t rows = 4, stride = cols + 5;
+    for (const Fill fill : {Fill::Probabilities, Fill::FewValues, Fill::OneValue, Fill::Specials}) {
+      std::vector<float> scores(size_t(rows * stride), 1e9f);  // past cols: must be ignored
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < cols; ++j) {
+          float& v = scores[size_t(r * stride + j)];
+          const uint32_t u = rng() % 16;
+          switch (fill) {
+            case Fill::Probabilities:
+              v = std::exp(normal(rng));
+              break;
+            case Fill::FewValues:
+              v = j % 3 == 0 ? 0.25f : float(int(rng() % 5)) * 0.125f;
+              break;
+            case Fill::OneValue:
+              v = 0.5f;
+              break;
+            case Fill::Specials:
+              v = u == 0   ? kNaN
+                  : u == 1 ? kNegInf
+                  : u == 2 ? std::numeric_limits<float>::infinity()
+                  : u == 3 ? -0.0f
+                  : u == 4 ? 0.0f
+                  : u == 5 ? std::numeric_limits<float>::denorm_min()
+                           : normal(rng);
+              break;
+          }
+        }
+      std::vector<uint8_t> forced(size_t(rows * stride), kMaskSentinel), allowed(forced.size(), 0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < cols; ++j) {
+          forced[size_t(r * stride + j)] = uint8_t(r % 2 == 1 && rng() % 6 == 0);
+          allowed[size_t(r * stride + j)] = uint8_t(rng() % 4 != 0);
+        }
+      for (const bool simd : {true, false}) {
+        auto backend = make_cpu_backend(CpuBackendOptions{1, simd});
+        const DeviceTensor s = make_f32(*backend, scores, {rows, stride});
+        const DeviceTensor e = make_u8(*backend, allowed, {rows, stride});
+        for (const int64_t k : {int64_t(1), int64_t(3), cols / 2, cols - 1, cols + 2}) {
+          for (const bool use_eligible : {false, true}) {
+            INFO("cols " << cols << " fill " << int(fill) << " simd " << simd << " k " << k
+                         << " eligible " << use_eligible);
+            std::vector<uint8_t> want = forced;
+            reference_top_k(scores, use_eligible ? &allowed : nullptr, rows, cols, stride, k, want);
+            DeviceTensor selected = make_u8(*backend, forced, {rows, stride});
+            backend->select_top_k(s, cols, use_eligible ? &e : nullptr, k, selected);
+            CHECK(read_u8(*backend, selected) == want);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("fill_columns and mask_and on U8 rows", "[policy_ops]") {
   auto backend = make_cpu_backend(1);
   DeviceTensor mask = backend->alloc(DType::U8, {3, kStride});
