@@ -553,19 +553,15 @@ KVLENS_AVX2 float softmax_weights_avx2(const float* logits, const uint8_t* visib
 }
 
 // acc[i][c] += w_i[j] * v[8c .. 8c + 8) for the NQ heads, fused, the value row loaded into
-// registers once for all of them. kChecked skips the heads whose weight is 0, and the row itself
-// (no load) when every weight is 0.
-template <int NQ, int C, bool kChecked, bool kPrefetch>
+// registers once for all of them. kBlend is for a key that some heads see and others do not:
+// every head's multiply-add is computed and kept only where its weight is nonzero, so a hidden
+// key (weight 0, even with an inf or NaN value) leaves the sums exactly as skipping it would. A
+// policy's mask is scattered (about half the keys hidden per head): the blend costs a little more
+// than the FMAs, where a branch per key and head would be mispredicted about every other time.
+template <int NQ, int C, bool kBlend, bool kPrefetch>
 KVLENS_AVX2_INLINE void fma_value_row(__m256 (&acc)[NQ][C], const float* weights,
                                       int64_t weights_stride, int64_t j, const float* v,
                                       int64_t head_dim) {
-  float w[NQ];
-  bool any = false;
-  for (int i = 0; i < NQ; ++i) {
-    w[i] = weights[i * weights_stride + j];
-    any = any || w[i] != 0.0f;
-  }
-  if (kChecked && !any) return;
   if constexpr (kPrefetch) {  // this chunk of the value row 16 keys ahead
     for (int c = 0; c < C; c += 2) prefetch_ahead(v, 16 * head_dim + 8 * c);
   }
@@ -573,33 +569,15 @@ KVLENS_AVX2_INLINE void fma_value_row(__m256 (&acc)[NQ][C], const float* weights
   for (int c = 0; c < C; ++c) vv[c] = _mm256_loadu_ps(v + 8 * c);
   if constexpr (NQ > 1) keep_in_registers(vv);
   for (int i = 0; i < NQ; ++i) {
-    if (kChecked && w[i] == 0.0f) continue;
-    const __m256 w8 = _mm256_set1_ps(w[i]);
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_fmadd_ps(w8, vv[c], acc[i][c]);
-  }
-}
-
-// fma_value_row for a key that some of the NQ heads see and others do not: every head's
-// multiply-add is computed and kept only where its weight is nonzero, so a hidden key (weight 0,
-// even with an inf or NaN value) leaves the sums exactly as skipping it would. A policy's mask is
-// scattered (about half the keys hidden per head): this blend costs a little more than the FMAs,
-// where a branch per key and head would be mispredicted about every other time.
-template <int NQ, int C, bool kPrefetch>
-KVLENS_AVX2_INLINE void fma_value_row_blend(__m256 (&acc)[NQ][C], const float* weights,
-                                            int64_t weights_stride, int64_t j, const float* v,
-                                            int64_t head_dim) {
-  if constexpr (kPrefetch) {
-    for (int c = 0; c < C; c += 2) prefetch_ahead(v, 16 * head_dim + 8 * c);
-  }
-  __m256 vv[C];
-  for (int c = 0; c < C; ++c) vv[c] = _mm256_loadu_ps(v + 8 * c);
-  if constexpr (NQ > 1) keep_in_registers(vv);
-  for (int i = 0; i < NQ; ++i) {
     const __m256 w8 = _mm256_broadcast_ss(weights + i * weights_stride + j);
-    // w != 0, true for NaN (as the scalar test): the weights that take part.
-    const __m256 taken = _mm256_cmp_ps(w8, _mm256_setzero_ps(), _CMP_NEQ_UQ);
-    for (int c = 0; c < C; ++c)
-      acc[i][c] = _mm256_blendv_ps(acc[i][c], _mm256_fmadd_ps(w8, vv[c], acc[i][c]), taken);
+    if constexpr (kBlend) {
+      // w != 0, true for NaN (as the scalar test): the weights that take part.
+      const __m256 taken = _mm256_cmp_ps(w8, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+      for (int c = 0; c < C; ++c)
+        acc[i][c] = _mm256_blendv_ps(acc[i][c], _mm256_fmadd_ps(w8, vv[c], acc[i][c]), taken);
+    } else {
+      for (int c = 0; c < C; ++c) acc[i][c] = _mm256_fmadd_ps(w8, vv[c], acc[i][c]);
+    }
   }
 }
 
@@ -607,8 +585,9 @@ KVLENS_AVX2_INLINE void fma_value_row_blend(__m256 (&acc)[NQ][C], const float* w
 // offset to the chunk), in NQ * C accumulators (8 for the wide chunks: enough independent FMA
 // chains to hide the FMA latency). Aligned blocks of 8 keys whose NQ x 8 weights are all nonzero
 // (every block of a dense row, in practice) run without a test per key, blocks of zeros (hidden
-// or outside the window) are skipped without reading their values, and the rest blend each
-// head's multiply-add by its weight. All give the same fused multiply-adds in the same order.
+// or outside the window) are skipped without reading their values, and the rest (and the keys
+// before and after the aligned blocks) blend each head's multiply-add by its weight. All give the
+// same fused multiply-adds in the same order.
 template <int NQ, int C, bool kPrefetch>
 KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t weights_stride,
                                                    const float* values, int64_t head_dim,
@@ -635,7 +614,7 @@ KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t
                                                values + t * head_dim, head_dim);
     } else if (all_zero != 0xff) {
       for (int64_t t = j; t < j + 8; ++t)
-        fma_value_row_blend<NQ, C, kPrefetch>(acc, weights, weights_stride, t,
+        fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, t,
                                               values + t * head_dim, head_dim);
     }
   }

@@ -6,7 +6,6 @@
 #include "engine/runtime/cpu_policy_ops.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>

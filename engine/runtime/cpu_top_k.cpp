@@ -230,7 +230,7 @@ KVLENS_TOP_K_AVX2 void top_k_row_avx2(const float* scores, const uint8_t* allowe
   // The first digit: the top 8 bits in which the candidates' ranks differ. Equal ranks leave
   // only the columns to decide: every candidate then goes on to the narrowing.
   const uint32_t differing = all_ones ^ any_ones;
-  const int shift = differing == 0 ? 0 : std::max(0, 31 - std::countl_zero(differing) - 7);
+  const int shift = differing == 0 ? 0 : digit_shift(differing);
   uint32_t pivot = 0;
   int64_t above = 0;
   if (differing != 0) {
