@@ -25,6 +25,10 @@ struct DeviceTensor {
   void* data = nullptr;
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
+  // The backend's own copy of the contents in a layout of its choosing (the CPU backend's matmul
+  // panels of a weight), made by upload_weight. Views copy it along, so a backend checks that it
+  // still describes `data` and `shape` before it uses it.
+  std::shared_ptr<const void> backend_layout;
 
   int64_t numel() const;
   size_t bytes() const { return size_t(numel()) * dtype_size(dtype); }
@@ -49,7 +53,8 @@ class Backend {
 
   // --- memory ---
   // Makes weights usable by the backend. The CPU backend aliases the mapped file (F32/BF16) and
-  // converts F16 to F32; device backends copy. `keep_alive` owns the host memory behind `view`.
+  // converts F16 to F32, and keeps matrices repacked for its matmul too; device backends copy.
+  // `keep_alive` owns the host memory behind `view`.
   virtual DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) = 0;
   virtual DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
   virtual void to_host(const DeviceTensor& src, void* host, size_t bytes) = 0;

@@ -31,8 +31,6 @@ namespace {
 
 using namespace cpu_checks;  // require*, describe, cat, shape_string, kWhere
 
-constexpr int kMaxRows = kMaxDotRows;
-
 bool is_weight_dtype(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
 }
@@ -83,6 +81,15 @@ class CpuBackend final : public Backend {
   int threads() const { return pool_.size(); }
 
   DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) override {
+    DeviceTensor t = place_weight(view, std::move(keep_alive));
+    // Matrices are repacked once for matmul (about as much memory again as the weights).
+    if (t.shape.size() == 2 && t.numel() > 0)
+      t.backend_layout = std::make_shared<const WeightPanels>(pack_weight_panels(t));
+    return t;
+  }
+
+  // The weight in host memory as an F32 or BF16 row-major tensor.
+  static DeviceTensor place_weight(const TensorView& view, std::shared_ptr<void> keep_alive) {
     KVLENS_REQUIRE(view.data != nullptr || view.bytes == 0, "upload_weight: " + view.name,
                    "tensor data", "a null pointer");
     const int64_t count = view.numel();
@@ -206,74 +213,9 @@ class CpuBackend final : public Backend {
 
     if (n > 1 && n <= kMaxDedupRows && matmul_distinct_rows(x, w, y, n, in, out)) return;
 
-    const DotRowsFn dot = kernels_.for_dtype(w.dtype);
-    const size_t w_row_bytes = size_t(in) * dtype_size(w.dtype);
-    const float* xs = x.as<const float>();
-    const auto* ws = static_cast<const std::byte*>(w.data);
-    float* ys = y.as<float>();
-    // For n > 1 (lockstep runs, prefill) each task walks its output rows in blocks that stay in
-    // L2 while every row of x passes over them, so the weights come from memory once per call,
-    // and register blocks of up to 4 rows of x by 3 weight rows load (and widen) each weight once
-    // for 4 rows of x. The block kernel sums every output in the order of the row kernel, so the
-    // result is bit-identical to n = 1.
-    const DotBlockFn dot_block = kernels_.block_for_dtype(w.dtype);
-    constexpr size_t kBlockBytes = 256 * 1024;
-    constexpr int64_t kRowStep = kMaxRows * kMaxBlockRows;
-    const int64_t block =
-        std::max<int64_t>(kRowStep, int64_t(kBlockBytes / w_row_bytes) / kRowStep * kRowStep);
-    // A task takes at most one L2 block, and small matrices (a few hundred rows) still split
-    // over every thread rather than fit in one task's block.
-    const int64_t per_thread = (out + pool_.size() - 1) / pool_.size();
-    // A few rows of x (the lockstep runs) stay in L1 while the weights stream past once, each
-    // register block of weight rows serving every row of x from L1. Many rows (a prefill chunk)
-    // stream past an L2 block of weights instead.
-    constexpr size_t kL1Bytes = 24 * 1024;
-    const bool x_in_l1 = size_t(n * in) * sizeof(float) <= kL1Bytes;
-    const int64_t grain =
-        n == 1 ? 64 : std::min(block, (per_thread + kRowStep - 1) / kRowStep * kRowStep);
-    pool_.parallel_for(
-        0, out,
-        [&](int64_t row_begin, int64_t row_end) {
-          for (int64_t o0 = row_begin; o0 < row_end; o0 += block) {
-            const int64_t o1 = std::min(row_end, o0 + block);
-            if (n == 1) {
-              for (int64_t o = o0; o < o1; o += kMaxRows) {
-                const int rows = int(std::min<int64_t>(kMaxRows, o1 - o));
-                dot(xs, ws + size_t(o) * w_row_bytes, in, rows, ys + o);
-              }
-              continue;
-            }
-            if (x_in_l1) {
-              for (int64_t o = o0; o < o1; o += kMaxBlockRows) {
-                const int rows = int(std::min<int64_t>(kMaxBlockRows, o1 - o));
-                // The weight rows two blocks ahead, while this block computes: the weights
-                // often come from memory here (other runs' caches push them out of L3).
-                const int64_t ahead = o + 2 * kMaxBlockRows;
-                if (ahead < o1) {
-                  const auto* next = ws + size_t(ahead) * w_row_bytes;
-                  const size_t next_bytes =
-                      size_t(std::min<int64_t>(kMaxBlockRows, o1 - ahead)) * w_row_bytes;
-                  for (size_t b = 0; b < next_bytes; b += 64) __builtin_prefetch(next + b, 0, 3);
-                }
-                for (int64_t i = 0; i < n; i += kMaxBlockX) {
-                  const int nx = int(std::min<int64_t>(kMaxBlockX, n - i));
-                  dot_block(xs + i * in, in, nx, ws + size_t(o) * w_row_bytes, in, rows,
-                            ys + i * out + o, out);
-                }
-              }
-              continue;
-            }
-            for (int64_t i = 0; i < n; i += kMaxBlockX) {
-              const int nx = int(std::min<int64_t>(kMaxBlockX, n - i));
-              for (int64_t o = o0; o < o1; o += kMaxBlockRows) {
-                const int rows = int(std::min<int64_t>(kMaxBlockRows, o1 - o));
-                dot_block(xs + i * in, in, nx, ws + size_t(o) * w_row_bytes, in, rows,
-                          ys + i * out + o, out);
-              }
-            }
-          }
-        },
-        grain);
+    const WeightPanels& panels = panels_for(w);
+    panel_matmul(pool_, panels.dtype == DType::BF16 ? kernels_.matmul_bf16 : kernels_.matmul_f32,
+                 panels, x.as<const float>(), n, y.as<float>());
   }
 
   // Lockstep runs fed the same token have bit-identical rows until their policies first make

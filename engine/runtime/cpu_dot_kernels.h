@@ -1,8 +1,7 @@
-// Dot-product kernels of the CPU backend's matmul and attention: y[r] = x . w[r] for up to
-// kMaxDotRows consecutive weight rows (F32, BF16 or F16 weights; x F32), plus the attention
-// kernels (logits, softmax weights, weighted value sum) of one query row of one head over a KV
-// cache [capacity, head_dim]. AVX2/FMA when the CPU has it (chosen at run time, so the binary
-// stays portable), portable loops otherwise.
+// The CPU backend's kernel set: the attention kernels (logits, softmax weights, weighted value
+// sum) of one query row of one head over a KV cache [capacity, head_dim], and the matmul, policy
+// row and top-k kernels of their own files. AVX2/FMA when the CPU has it (chosen at run time, so
+// the binary stays portable), portable loops otherwise.
 #pragma once
 
 #include <cmath>
@@ -11,19 +10,9 @@
 #include "engine/common/dtype.h"
 #include "engine/runtime/cpu_row_kernels.h"
 #include "engine/runtime/cpu_top_k.h"
+#include "engine/runtime/cpu_matmul.h"
 
 namespace kvlens {
-
-using DotRowsFn = void (*)(const float* x, const void* w, int64_t in, int rows, float* y);
-inline constexpr int kMaxDotRows = 4;
-// y[i * y_stride + r] = x[i * x_stride ...] . w[r * in ...] for i < nx <= kMaxBlockX rows of x
-// and r < rows <= kMaxBlockRows weight rows: a register block that loads (and widens) each weight
-// once for several x rows (lockstep runs, prefill). Every output is summed in exactly the order of
-// the DotRowsFn kernels, so the result is bit-identical to nx separate calls.
-using DotBlockFn = void (*)(const float* x, int64_t x_stride, int nx, const void* w, int64_t in,
-                            int rows, float* y, int64_t y_stride);
-inline constexpr int kMaxBlockX = 4;
-inline constexpr int kMaxBlockRows = 3;
 
 // The attention kernels. Both the attention op and the policy path (attention_logits +
 // attention_visible) run exactly these functions of one kernel set, so they agree bit for bit.
@@ -58,25 +47,14 @@ using WeightedValuesFn = void (*)(const float* weights, int64_t weights_stride, 
                                   const float* scales, float* out, int64_t out_stride);
 
 struct DotKernels {
-  const char* isa = "generic";  // set by pick_dot_kernels
-  DotRowsFn f32 = nullptr;
-  DotRowsFn bf16 = nullptr;
-  DotRowsFn f16 = nullptr;
-  DotBlockFn f32_block = nullptr;
-  DotBlockFn bf16_block = nullptr;
-  DotBlockFn f16_block = nullptr;
+  const char* isa = "generic";          // set by pick_dot_kernels
+  PanelMatmulFn matmul_f32 = nullptr;   // matmul over F32 weight panels (cpu_matmul.h)
+  PanelMatmulFn matmul_bf16 = nullptr;  // and over BF16 ones
   AttentionLogitsFn attention_logits = nullptr;
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
   AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
   TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)
-
-  DotRowsFn for_dtype(DType dtype) const {
-    return dtype == DType::F32 ? f32 : dtype == DType::BF16 ? bf16 : f16;
-  }
-  DotBlockFn block_for_dtype(DType dtype) const {
-    return dtype == DType::F32 ? f32_block : dtype == DType::BF16 ? bf16_block : f16_block;
-  }
 };
 
 // The fastest kernel set this CPU supports (portable ones when allow_simd is false).

@@ -277,8 +277,9 @@ TEST_CASE("matmul is bit-identical for 1 and 2 threads and between prefill and d
   one.allow_simd = two.allow_simd = simd;
   auto single = make_cpu_backend(one);
   auto dual = make_cpu_backend(two);
-  // 3 rows: one partial register block; 9: two full blocks of 4 rows and one of 1.
-  const int64_t n = GENERATE(3, 9), in = 293, out = 1037;
+  // 3 rows: one group of 3 rows by 2 panels per kernel call; 9: groups of 5 and 4 rows, panel
+  // by panel; 13: three groups, L2 blocks of panels. out = 1037 ends in a partial panel.
+  const int64_t n = GENERATE(3, 9, 13), in = 293, out = 1037;
   const auto x = random_values(size_t(n * in), 21);
   const auto w = random_values(size_t(out * in), 22);
   DeviceTensor y1 = single->alloc(DType::F32, {n, out});
@@ -294,6 +295,64 @@ TEST_CASE("matmul is bit-identical for 1 and 2 threads and between prefill and d
     dual->matmul(make_f32(*dual, row, {1, in}), make_f32(*dual, w, {out, in}), y);
     REQUIRE(read(*dual, y) ==
             std::vector<float>(r1.begin() + long(i * out), r1.begin() + long((i + 1) * out)));
+  }
+}
+
+TEST_CASE("matmul: the SIMD and portable kernels give the same bits", "[backend]") {
+  // Both sum every output as one fused multiply-add chain over k, so they agree exactly.
+  CpuBackendOptions simd_options, portable_options;
+  simd_options.threads = portable_options.threads = 2;
+  portable_options.allow_simd = false;
+  auto simd = make_cpu_backend(simd_options);
+  auto portable = make_cpu_backend(portable_options);
+  const bool bf16 = GENERATE(false, true);
+  const int64_t n = GENERATE(1, 2, 5, 10, 13), in = 45, out = 83;
+  INFO("bf16 " << bf16 << " n " << n);
+  const auto x = random_values(size_t(n * in), 51);
+  const auto w = random_values(size_t(out * in), 52);
+  const auto bits = to_bf16(w);
+  auto run = [&](Backend& backend) {
+    DeviceTensor weight =
+        bf16 ? backend.upload_weight(view_of(bits.data(), DType::BF16, {out, in}), {})
+             : backend.upload_weight(view_of(w.data(), DType::F32, {out, in}), {});
+    DeviceTensor y = backend.alloc(DType::F32, {n, out});
+    backend.matmul(make_f32(backend, x, {n, in}), weight, y);
+    return read(backend, y);
+  };
+  const auto a = run(*simd), b = run(*portable);
+  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("matmul: repacked weights are used only for the tensor they were made from",
+          "[backend]") {
+  // upload_weight keeps a repacked copy for matmul; a tensor copied from it with other data
+  // (a view, or storage reused) must multiply its own data, not the stale copy.
+  auto backend = make_cpu_backend(2);
+  const int64_t n = 3, in = 40, out = 24;
+  const auto x = random_values(size_t(n * in), 61);
+  const auto first = random_values(size_t(out * in), 62);
+  const auto second = random_values(size_t(out * in), 63);
+  DeviceTensor uploaded = backend->upload_weight(view_of(first.data(), DType::F32, {out, in}), {});
+  REQUIRE(uploaded.backend_layout != nullptr);
+  DeviceTensor other = uploaded;  // shares the repacked copy of `first`
+  other.data = const_cast<float*>(second.data());
+  DeviceTensor narrower = uploaded;  // the first 8 rows only
+  narrower.shape = {8, in};
+  const DeviceTensor xt = make_f32(*backend, x, {n, in});
+  DeviceTensor y = backend->alloc(DType::F32, {n, out});
+  backend->matmul(xt, other, y);
+  DeviceTensor want = backend->alloc(DType::F32, {n, out});
+  backend->matmul(xt, make_f32(*backend, second, {out, in}), want);
+  CHECK(read(*backend, y) == read(*backend, want));
+  DeviceTensor y8 = backend->alloc(DType::F32, {n, 8});
+  backend->matmul(xt, narrower, y8);
+  DeviceTensor y_first = backend->alloc(DType::F32, {n, out});
+  backend->matmul(xt, uploaded, y_first);
+  const auto all_rows = read(*backend, y_first);
+  const auto first_rows = read(*backend, y8);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t o = 0; o < 8; ++o)
+      CHECK(first_rows[size_t(i * 8 + o)] == all_rows[size_t(i * out + o)]);
   }
 }
 
