@@ -31,6 +31,10 @@ namespace {
 
 using namespace cpu_checks;  // require*, describe, cat, shape_string, kWhere
 
+// silu_mul's tasks: at least this many 8-lane blocks each (a prefill chunk splits over the
+// threads, a decode row of a small model stays on one).
+constexpr int64_t kSiluBlocksPerTask = 256;
+
 bool is_weight_dtype(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
 }
@@ -304,8 +308,8 @@ class CpuBackend final : public Backend {
     std::vector<float> sin_table(static_cast<size_t>(half));
     for (int64_t i = 0; i < n; ++i) {
       // The angle is rounded to float first, as transformers computes it (inv_freq @ position in
-      // F32); cos/sin of that float are then rounded once.
-      for (int64_t f = 0; f < half; ++f) {
+      // F32); cos/sin of that float are then rounded once. Lockstep rows share their position.
+      for (int64_t f = 0; f < half && (i == 0 || positions[i] != positions[i - 1]); ++f) {
         const float angle = float(positions[i]) * freq[f];
         cos_table[size_t(f)] = float(std::cos(double(angle)));
         sin_table[size_t(f)] = float(std::sin(double(angle)));
@@ -332,9 +336,15 @@ class CpuBackend final : public Backend {
     const float* g = gate.as<const float>();
     const float* u = up.as<const float>();
     float* o = out.as<float>();
-    for (int64_t i = 0, count = gate.numel(); i < count; ++i) {
-      o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    }
+    // Split over the threads in whole 8-lane blocks, so an element's lanes never depend on the
+    // split (the AVX2 kernel runs its tail through the same lanes).
+    pool_.parallel_for(
+        0, (gate.numel() + 7) / 8,
+        [&](int64_t begin, int64_t end) {
+          const int64_t first = begin * 8, last = std::min(gate.numel(), end * 8);
+          kernels_.silu_mul(g + first, u + first, o + first, last - first);
+        },
+        kSiluBlocksPerTask);
   }
 
   void add_inplace(DeviceTensor& x, const DeviceTensor& y) override {

@@ -98,6 +98,13 @@ void weighted_values_generic(const float* weights, int64_t weights_stride, int n
   }
 }
 
+void silu_mul_generic(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float g = gate[j], e = std::exp(-std::fabs(g));
+    out[j] = (g >= 0.0f ? g : g * e) / (1.0f + e) * up[j];
+  }
+}
+
 #if KVLENS_HAVE_X86_KERNELS
 
 // --- attention kernels, AVX2/FMA ---
@@ -272,6 +279,27 @@ KVLENS_AVX2_INLINE __m256 exp_nonpositive_avx2(__m256 x) {
   const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, bias), 23));
   const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+// The SiLU product of 8 lanes (SiluMulFn's formula).
+KVLENS_AVX2_INLINE __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 e = exp_nonpositive_avx2(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));  // exp(-|g|)
+  const __m256 nonnegative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ);
+  const __m256 numerator = _mm256_blendv_ps(_mm256_mul_ps(g, e), g, nonnegative);
+  return _mm256_mul_ps(_mm256_div_ps(numerator, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+KVLENS_AVX2 void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(out + j, silu_mul8(_mm256_loadu_ps(gate + j), _mm256_loadu_ps(up + j)));
+  if (j < n) {  // the tail through the same lanes, so every element gets the same exp
+    alignas(32) float g[8] = {}, u[8] = {};
+    std::copy(gate + j, gate + n, g);
+    std::copy(up + j, up + n, u);
+    _mm256_store_ps(g, silu_mul8(_mm256_load_ps(g), _mm256_load_ps(u)));
+    std::copy(g, g + (n - j), out + j);
+  }
 }
 
 // -inf where visible[j0 + l] == 0.
@@ -510,6 +538,7 @@ DotKernels pick_dot_kernels(bool allow_simd) {
   kernels.attention_logits = attention_logits_generic;
   kernels.softmax_weights = softmax_weights_generic;
   kernels.weighted_values = weighted_values_generic;
+  kernels.silu_mul = silu_mul_generic;
   kernels.axpby = axpby_row_generic;
   kernels.top_k = top_k_row_generic;
 #if KVLENS_HAVE_X86_KERNELS
@@ -520,6 +549,7 @@ DotKernels pick_dot_kernels(bool allow_simd) {
     kernels.attention_logits = attention_logits_avx2;
     kernels.softmax_weights = softmax_weights_avx2;
     kernels.weighted_values = weighted_values_avx2;
+    kernels.silu_mul = silu_mul_avx2;
     kernels.axpby = axpby_row_avx2;
     kernels.top_k = top_k_row_avx2;
   }

@@ -8,9 +8,9 @@
 #include <cstdint>
 
 #include "engine/common/dtype.h"
+#include "engine/runtime/cpu_matmul.h"
 #include "engine/runtime/cpu_row_kernels.h"
 #include "engine/runtime/cpu_top_k.h"
-#include "engine/runtime/cpu_matmul.h"
 
 namespace kvlens {
 
@@ -46,6 +46,11 @@ using WeightedValuesFn = void (*)(const float* weights, int64_t weights_stride, 
                                   const float* values, int64_t head_dim, int64_t begin, int64_t end,
                                   const float* scales, float* out, int64_t out_stride);
 
+// out[j] = SiLU(gate[j]) * up[j] for j < n, as (g >= 0 ? g : g * e) / (1 + e) * up[j] with
+// e = exp(-|g|): g / (1 + exp(-g)) * up rearranged so that exp never overflows. The AVX2 kernel's
+// exp is the softmax's (about 1 ulp), the portable one's std::exp.
+using SiluMulFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+
 struct DotKernels {
   const char* isa = "generic";          // set by pick_dot_kernels
   PanelMatmulFn matmul_f32 = nullptr;   // matmul over F32 weight panels (cpu_matmul.h)
@@ -53,6 +58,7 @@ struct DotKernels {
   AttentionLogitsFn attention_logits = nullptr;
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
+  SiluMulFn silu_mul = nullptr;
   AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
   TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)
 };

@@ -180,10 +180,11 @@ KVLENS_PANEL_AVX2 void panel_matmul_avx2(const float* x, int64_t x_stride, int n
                                              ahead_step);
   KVLENS_PANEL_CASE(1, 1)
   KVLENS_PANEL_CASE(1, 2)
-  KVLENS_PANEL_CASE(1, 3) KVLENS_PANEL_CASE(1, 4) KVLENS_PANEL_CASE(1, 5) KVLENS_PANEL_CASE(1, 6)
-      KVLENS_PANEL_CASE(2, 1) KVLENS_PANEL_CASE(2, 2) KVLENS_PANEL_CASE(2, 3)
-          KVLENS_PANEL_CASE(3, 1) KVLENS_PANEL_CASE(3, 2) KVLENS_PANEL_CASE(4, 1)
-              KVLENS_PANEL_CASE(5, 1) KVLENS_PANEL_CASE(6, 1)
+  KVLENS_PANEL_CASE(1, 3)
+  KVLENS_PANEL_CASE(1, 4) KVLENS_PANEL_CASE(1, 5) KVLENS_PANEL_CASE(1, 6) KVLENS_PANEL_CASE(2, 1)
+      KVLENS_PANEL_CASE(2, 2) KVLENS_PANEL_CASE(2, 3) KVLENS_PANEL_CASE(3, 1)
+          KVLENS_PANEL_CASE(3, 2) KVLENS_PANEL_CASE(4, 1) KVLENS_PANEL_CASE(5, 1)
+              KVLENS_PANEL_CASE(6, 1)
 #undef KVLENS_PANEL_CASE
       // Not a shape the callers use; the portable loop gives the same bits.
       panel_matmul_generic<W>(x, x_stride, nx, first, in, panels, y, y_stride);

@@ -560,8 +560,9 @@ TEST_CASE("rmsnorm, silu_mul and add_inplace match double references", "[backend
 
 TEST_CASE("rope rotates halves at each row's position", "[backend]") {
   auto backend = make_cpu_backend(1);
-  const int64_t n = 3, heads = 5, head_dim = 10, half = head_dim / 2;
-  const std::vector<int64_t> positions = {0, 7, 1234};
+  const int64_t n = 5, heads = 5, head_dim = 10, half = head_dim / 2;
+  // Repeated positions (lockstep rows) share one table; a new position gets its own.
+  const std::vector<int64_t> positions = {0, 7, 7, 1234, 1234};
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t f = 0; f < half; ++f) {
     inv_freq[size_t(f)] = float(1.0 / std::pow(10000.0, double(2 * f) / double(head_dim)));
@@ -1042,6 +1043,36 @@ TEST_CASE("attention kernels: results do not depend on the range start or on hea
                               scales.data(), out_zero.data(), head_dim);
       REQUIRE(same_bits(out_together, out_alone));
       REQUIRE(same_bits(out_together, out_zero));
+    }
+  }
+}
+
+TEST_CASE("silu_mul kernels: within 1e-6 relative of a double reference, special values too",
+          "[backend]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> gate = {-200.0f, -104.0f, -90.0f, -88.0f, -20.0f,       -1.0f,
+                             -1e-30f, -0.0f,   0.0f,   1e-30f, 1.0f,         20.0f,
+                             88.0f,   100.0f,  inf,    -inf,   std::nanf("")};
+  const auto more = random_values(40, 65, 12.0f);
+  gate.insert(gate.end(), more.begin(), more.end());
+  const auto up = random_values(gate.size(), 66, 2.0f);
+  for (const auto& [name, kernels] : kernel_sets()) {
+    // Every length up to the whole input, so each element is also seen in a tail.
+    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(13), gate.size()}) {
+      INFO(name << " n " << n);
+      std::vector<float> out(n, 123.0f);
+      kernels.silu_mul(gate.data(), up.data(), out.data(), int64_t(n));
+      for (size_t j = 0; j < n; ++j) {
+        INFO("gate " << gate[j] << " up " << up[j]);
+        const double g = gate[j], want = g / (1.0 + std::exp(-g)) * double(up[j]);
+        if (std::isnan(want)) {
+          CHECK(std::isnan(out[j]));  // NaN and -inf gates
+        } else if (std::isinf(want)) {
+          CHECK(double(out[j]) == want);
+        } else {
+          CHECK(std::fabs(double(out[j]) - want) <= 1e-6 * std::fabs(want) + 1e-37);
+        }
+      }
     }
   }
 }
