@@ -24,8 +24,8 @@
 // In the prefill + decode mode the prefill steps are dense and not observed: the window starts
 // empty at the first policy step, so the first w decode steps rank by fewer rows (all scores 0 at
 // the first one: ties to the recent, i.e. the oldest non-forced tokens go first).
-// State per layer: ring [H * w, stride], block sums [blocks * H, stride], kept [R, stride] U8; one
-// window-sum scratch [H, stride].
+// State per layer: ring [H * w, stride], block sums [blocks * H, stride] (rows of one tensor
+// over all layers each), kept [R, stride] U8; one window-sum scratch [H, stride].
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -47,6 +47,14 @@ DeviceTensor ring_slot(const DeviceTensor& ring, int64_t heads, int64_t window, 
   return view;
 }
 
+// Rows [first, first + rows) of a 2-D tensor, as a tensor over the same storage.
+DeviceTensor layer_rows(const DeviceTensor& all, int64_t first, int64_t rows) {
+  DeviceTensor view = all;
+  view.data = all.as<float>() + first * all.dim(1);
+  view.shape = {rows, all.dim(1)};
+  return view;
+}
+
 // Slots per block of the window sum: 8 balances the block's re-sum against the sum of blocks
 // at the usual w = 16 or 32.
 constexpr int64_t kBlockSlots = 8;
@@ -62,9 +70,14 @@ class SnapkvPolicy final : public BudgetedPolicy {
         protect_window_(protect_window),
         blocks_((obs_window + kBlockSlots - 1) / kBlockSlots),
         window_sum_(backend.alloc(DType::F32, {shape.heads, shape.stride})) {
+    // Every layer's ring and block sums in one tensor each: the large ones then sit in huge
+    // pages on the CPU (a lockstep step touches hundreds of their rows).
+    const int64_t ring_rows = shape.heads * obs_window, sum_rows = blocks_ * shape.heads;
+    rings_ = backend.alloc(DType::F32, {shape.layers * ring_rows, shape.stride});
+    all_block_sums_ = backend.alloc(DType::F32, {shape.layers * sum_rows, shape.stride});
     for (int64_t l = 0; l < shape.layers; ++l) {
-      ring_.push_back(backend.alloc(DType::F32, {shape.heads * obs_window, shape.stride}));
-      block_sums_.push_back(backend.alloc(DType::F32, {blocks_ * shape.heads, shape.stride}));
+      ring_.push_back(layer_rows(rings_, l * ring_rows, ring_rows));
+      block_sums_.push_back(layer_rows(all_block_sums_, l * sum_rows, sum_rows));
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
     }
@@ -120,7 +133,8 @@ class SnapkvPolicy final : public BudgetedPolicy {
   }
 
   int64_t blocks_;
-  DeviceTensor window_sum_;  // [H, stride] scratch
+  DeviceTensor window_sum_;              // [H, stride] scratch
+  DeviceTensor rings_, all_block_sums_;  // every layer's, which ring_ and block_sums_ view
   std::vector<DeviceTensor> ring_, block_sums_, kept_;
 };
 

@@ -88,7 +88,7 @@ class CpuBackend final : public Backend {
     DeviceTensor t = place_weight(view, std::move(keep_alive));
     // Matrices are repacked once for matmul (about as much memory again as the weights).
     if (t.shape.size() == 2 && t.numel() > 0)
-      t.backend_layout = std::make_shared<const WeightPanels>(pack_weight_panels(t));
+      t.backend_layout = std::make_shared<const WeightPanels>(pack_weight_panels(t, &panels_));
     return t;
   }
 
@@ -598,6 +598,7 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   DotKernels kernels_;
+  PanelArena panels_;  // the weight panels upload_weight makes
 };
 
 }  // namespace

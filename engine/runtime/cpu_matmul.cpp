@@ -53,7 +53,21 @@ void fill_panels(const WeightPanels& panels, Store store) {
 
 }  // namespace
 
-WeightPanels pack_weight_panels(const DeviceTensor& weight) {
+std::shared_ptr<void> PanelArena::allocate(size_t bytes) {
+  constexpr size_t kChunkBytes = 32u << 20, kPageBytes = 4096;
+  bytes = std::max<size_t>(kPageBytes, (bytes + kPageBytes - 1) / kPageBytes * kPageBytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!chunk_ || used_ + bytes > size_) {
+    size_ = std::max(kChunkBytes, bytes);
+    chunk_ = allocate_host(size_);  // the rest of the previous chunk is never touched
+    used_ = 0;
+  }
+  void* start = static_cast<std::byte*>(chunk_.get()) + used_;
+  used_ += bytes;
+  return std::shared_ptr<void>(chunk_, start);
+}
+
+WeightPanels pack_weight_panels(const DeviceTensor& weight, PanelArena* arena) {
   KVLENS_REQUIRE(
       weight.shape.size() == 2 &&
           (weight.dtype == DType::F32 || weight.dtype == DType::BF16 || weight.dtype == DType::F16),
@@ -64,8 +78,8 @@ WeightPanels pack_weight_panels(const DeviceTensor& weight) {
   panels.in = weight.dim(1);
   panels.source = weight.data;
   // Zero-filled, so the last panel's padding multiplies to zeros.
-  panels.storage =
-      allocate_host(std::max<size_t>(1, size_t(panels.count()) * panels.panel_bytes()));
+  const size_t bytes = std::max<size_t>(1, size_t(panels.count()) * panels.panel_bytes());
+  panels.storage = arena ? arena->allocate(bytes) : allocate_host(bytes);
   const int64_t in = panels.in;
   if (panels.dtype == DType::BF16) {
     const uint16_t* source = weight.as<const uint16_t>();
@@ -181,10 +195,10 @@ KVLENS_PANEL_AVX2 void panel_matmul_avx2(const float* x, int64_t x_stride, int n
   KVLENS_PANEL_CASE(1, 1)
   KVLENS_PANEL_CASE(1, 2)
   KVLENS_PANEL_CASE(1, 3)
-  KVLENS_PANEL_CASE(1, 4) KVLENS_PANEL_CASE(1, 5) KVLENS_PANEL_CASE(1, 6) KVLENS_PANEL_CASE(2, 1)
-      KVLENS_PANEL_CASE(2, 2) KVLENS_PANEL_CASE(2, 3) KVLENS_PANEL_CASE(3, 1)
-          KVLENS_PANEL_CASE(3, 2) KVLENS_PANEL_CASE(4, 1) KVLENS_PANEL_CASE(5, 1)
-              KVLENS_PANEL_CASE(6, 1)
+  KVLENS_PANEL_CASE(1, 4)
+  KVLENS_PANEL_CASE(1, 5) KVLENS_PANEL_CASE(1, 6) KVLENS_PANEL_CASE(2, 1) KVLENS_PANEL_CASE(2, 2)
+      KVLENS_PANEL_CASE(2, 3) KVLENS_PANEL_CASE(3, 1) KVLENS_PANEL_CASE(3, 2)
+          KVLENS_PANEL_CASE(4, 1) KVLENS_PANEL_CASE(5, 1) KVLENS_PANEL_CASE(6, 1)
 #undef KVLENS_PANEL_CASE
       // Not a shape the callers use; the portable loop gives the same bits.
       panel_matmul_generic<W>(x, x_stride, nx, first, in, panels, y, y_stride);

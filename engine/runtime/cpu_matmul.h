@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "engine/common/dtype.h"
 
@@ -39,10 +40,25 @@ struct WeightPanels {
   }
 };
 
+// Where a backend's weight panels live: consecutive packs share large mappings (huge pages where
+// the system offers them), in upload order, which is the order a decode step reads them. A step
+// that streams every weight then needs a few TLB entries instead of one per 4 KiB. Thread-safe.
+class PanelArena {
+ public:
+  // Zero-filled, page-aligned storage that keeps its mapping alive.
+  std::shared_ptr<void> allocate(size_t bytes);
+
+ private:
+  std::mutex mutex_;
+  std::shared_ptr<void> chunk_;
+  size_t used_ = 0, size_ = 0;
+};
+
 // Repacks an F32, BF16 or F16 weight [out, in] (F16 widened to F32, exactly). Within a BF16
 // panel's column, output j sits at element 2j (j < 8) or 2(j - 8) + 1, so that the low and high
 // halves of each 32-bit pair widen to outputs 0-7 and 8-15 with one shift and one mask.
-WeightPanels pack_weight_panels(const DeviceTensor& weight);
+// Storage from `arena`, or a mapping of its own when null.
+WeightPanels pack_weight_panels(const DeviceTensor& weight, PanelArena* arena = nullptr);
 
 // The panels of `weight`: those upload_weight stored with it (backend_layout) when they still
 // describe its data and shape, otherwise packed now into per-thread scratch (valid until the

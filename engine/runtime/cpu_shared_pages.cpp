@@ -23,6 +23,7 @@ namespace kvlens {
 namespace {
 
 constexpr size_t kAlignment = 64;
+constexpr size_t kHugePageBytes = 2u << 20;
 
 // The deleter of a mapping of its own; std::get_deleter finds it to recognise such storage.
 struct PageMapping {
@@ -62,6 +63,24 @@ bool map_snapshot(int file, std::byte* target, size_t length) {
 
 std::shared_ptr<void> allocate_host(size_t bytes) {
 #if KVLENS_HAVE_PAGE_SHARING
+  if (bytes >= kHugePageBytes) {
+    const size_t length = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    // Over-allocated by one huge page, then trimmed to a range aligned to one.
+    void* raw = mmap(nullptr, length + kHugePageBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    const auto base = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (base + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    const uintptr_t end = base + length + kHugePageBytes;
+    if (aligned > base) munmap(raw, aligned - base);
+    if (end > aligned + length)
+      munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+    void* memory = reinterpret_cast<void*>(aligned);
+    // Advice only: without transparent huge pages the mapping works as any other, and pages
+    // that copy_sharing_pages later maps from a snapshot are split off as small pages.
+    madvise(memory, length, MADV_HUGEPAGE);
+    return std::shared_ptr<void>(memory, PageMapping{length});
+  }
   if (bytes >= kPageMappingBytes) {
     const size_t length = (bytes + kSharedPageBytes - 1) / kSharedPageBytes * kSharedPageBytes;
     // Fresh anonymous pages are zero and cost nothing until touched.

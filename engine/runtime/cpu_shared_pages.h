@@ -16,7 +16,9 @@ inline constexpr size_t kSharedPageBytes = 4096;
 inline constexpr size_t kPageMappingBytes = 64 * 1024;
 
 // Zero-filled memory of at least `bytes`, 64-byte aligned (page-aligned in a mapping of its own
-// from kPageMappingBytes up).
+// from kPageMappingBytes up; from 2 MiB up aligned to 2 MiB and advised to use transparent huge
+// pages, so that a decode step streaming through weights and policy state needs a few TLB
+// entries per tensor rather than one per 4 KiB).
 std::shared_ptr<void> allocate_host(size_t bytes);
 
 // True when [begin, begin + bytes) lies inside a mapping of its own made by allocate_host and
