@@ -23,6 +23,16 @@ DeviceTensor view(const DeviceTensor& tensor, std::vector<int64_t> shape) {
   return result;
 }
 
+// `shape` of `dtype` at byte `offset` of `bytes`, over the same storage.
+DeviceTensor rows_of(const DeviceTensor& bytes, int64_t offset, DType dtype,
+                     std::vector<int64_t> shape) {
+  DeviceTensor result = bytes;
+  result.data = static_cast<std::byte*>(bytes.data) + offset;
+  result.dtype = dtype;
+  result.shape = std::move(shape);
+  return result;
+}
+
 // Row `row` of a [n, ...] tensor as a [1, ...] tensor over the same storage.
 DeviceTensor row_view(const DeviceTensor& tensor, int64_t row) {
   DeviceTensor result = tensor;
@@ -312,16 +322,33 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
   run.decisions.clear();
   if (!run.policy) return;
   const PolicyShape shape = policy_shape();
-  for (int64_t l = 0; l < shape.layers; ++l) {
-    run.visible.push_back(backend_.alloc(DType::U8, {shape.heads, shape.stride}));
-    run.scores.push_back(backend_.alloc(DType::F32, {shape.heads, shape.stride}));
+  // Every run's policy rows live in one allocation (in huge pages on the CPU: a lockstep step
+  // touches all of them, and thousands of small pages cost a TLB miss each). Per run, in
+  // [H, stride] rows: scores of every layer, logits, probabilities (F32), then the masks of
+  // every layer (U8).
+  const int64_t row_floats = shape.heads * shape.stride;
+  const int64_t run_bytes =
+      ((shape.layers + 2) * row_floats * int64_t(sizeof(float)) + shape.layers * row_floats + 63) /
+      64 * 64;  // each run's F32 rows start 64-byte aligned
+  if (policy_rows_.empty()) {
+    policy_rows_ = backend_.alloc(DType::U8, {runs(), run_bytes});
+  } else {
+    // A run given a new policy starts from zeros, as in a fresh allocation.
+    DeviceTensor rows = rows_of(policy_rows_, index * run_bytes, DType::U8, {1, run_bytes});
+    backend_.fill_columns(rows, 0, run_bytes, 0);
   }
+  int64_t at = index * run_bytes;
+  auto next = [&](DType dtype) {
+    DeviceTensor rows = rows_of(policy_rows_, at, dtype, {shape.heads, shape.stride});
+    at += row_floats * int64_t(dtype_size(dtype));
+    return rows;
+  };
+  for (int64_t l = 0; l < shape.layers; ++l) run.scores.push_back(next(DType::F32));
+  run.policy_logits = next(DType::F32);
+  run.policy_probs = next(DType::F32);
+  for (int64_t l = 0; l < shape.layers; ++l) run.visible.push_back(next(DType::U8));
   run.decisions.assign(size_t(shape.layers), LayerDecision::Dense);
   run.sparsity.reset(shape.layers, shape.heads);
-  if (run.policy_logits.empty()) {
-    run.policy_logits = backend_.alloc(DType::F32, {shape.heads, shape.stride});
-    run.policy_probs = backend_.alloc(DType::F32, {shape.heads, shape.stride});
-  }
   if (zero_attention_.empty()) {
     zero_attention_ = backend_.alloc(DType::F32, {1, shape.heads * shape.head_dim});
   }

@@ -139,6 +139,7 @@ class DecoderSession {
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;
   DeviceTensor logits_view_;     // logits_ seen as [rows, vocab] for the last forward
   DeviceTensor zero_attention_;  // [1, H * D] zeros: a skipped layer's attention output
+  DeviceTensor policy_rows_;     // every run's policy rows (set_policy), U8 bytes
 };
 
 }  // namespace kvlens
