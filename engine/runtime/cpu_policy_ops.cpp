@@ -384,12 +384,15 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
   context.pool.parallel_for(
       0, groups,
       [&](int64_t begin, int64_t end) {
-        std::vector<float> key_norms(static_cast<size_t>(cols));
+        std::vector<float> key_norms(static_cast<size_t>(cols)), inverse(key_norms.size());
         std::vector<float> anchors(static_cast<size_t>(rows_per_group * head_dim));
         std::vector<float> anchor_norms(static_cast<size_t>(rows_per_group));
         for (int64_t g = begin; g < end; ++g) {
           const float* keys = k_cache.as<const float>() + g * capacity * head_dim;
-          for (int64_t j = 0; j < cols; ++j) key_norms[size_t(j)] = norm(keys + j * head_dim);
+          for (int64_t j = 0; j < cols; ++j) {
+            key_norms[size_t(j)] = norm(keys + j * head_dim);
+            inverse[size_t(j)] = 1.0f / key_norms[size_t(j)];  // once for all rows of the group
+          }
           for (int64_t i = 0; i < rows_per_group; ++i) {
             const uint8_t* member =
                 members.as<const uint8_t>() + (g * rows_per_group + i) * member_shape.stride;
@@ -399,7 +402,7 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
             for (int64_t j = 0; j < cols; ++j) {
               if (member[j] == 0) continue;
               const float* k = keys + j * head_dim;
-              const float inv = 1.0f / key_norms[size_t(j)];
+              const float inv = inverse[size_t(j)];
               for (int64_t d = 0; d < head_dim; ++d) anchor[d] += k[d] * inv;
               ++count;
             }
