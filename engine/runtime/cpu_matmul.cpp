@@ -183,25 +183,35 @@ KVLENS_PANEL_AVX2 void panel_matmul_avx2_fixed(const float* x, int64_t x_stride,
   }
 }
 
+// One (rows of x, panels) shape's kernel as a PanelMatmulFn (nx and panels are implied).
+template <DType W, int NX, int P>
+constexpr PanelMatmulFn fixed_kernel() {
+  return [](const float* x, int64_t x_stride, int, const std::byte* first, int64_t in, int,
+            float* y, int64_t y_stride, const std::byte* ahead, int64_t ahead_step) {
+    panel_matmul_avx2_fixed<W, NX, P>(x, x_stride, first, in, y, y_stride, ahead, ahead_step);
+  };
+}
+
 template <DType W>
-KVLENS_PANEL_AVX2 void panel_matmul_avx2(const float* x, int64_t x_stride, int nx,
-                                         const std::byte* first, int64_t in, int panels, float* y,
-                                         int64_t y_stride, const std::byte* ahead,
-                                         int64_t ahead_step) {
-#define KVLENS_PANEL_CASE(NX, P)                                                         \
-  if (nx == NX && panels == P)                                                           \
-    return panel_matmul_avx2_fixed<W, NX, P>(x, x_stride, first, in, y, y_stride, ahead, \
-                                             ahead_step);
-  KVLENS_PANEL_CASE(1, 1)
-  KVLENS_PANEL_CASE(1, 2)
-  KVLENS_PANEL_CASE(1, 3)
-  KVLENS_PANEL_CASE(1, 4)
-  KVLENS_PANEL_CASE(1, 5) KVLENS_PANEL_CASE(1, 6) KVLENS_PANEL_CASE(2, 1) KVLENS_PANEL_CASE(2, 2)
-      KVLENS_PANEL_CASE(2, 3) KVLENS_PANEL_CASE(3, 1) KVLENS_PANEL_CASE(3, 2)
-          KVLENS_PANEL_CASE(4, 1) KVLENS_PANEL_CASE(5, 1) KVLENS_PANEL_CASE(6, 1)
-#undef KVLENS_PANEL_CASE
-      // Not a shape the callers use; the portable loop gives the same bits.
-      panel_matmul_generic<W>(x, x_stride, nx, first, in, panels, y, y_stride);
+void panel_matmul_avx2(const float* x, int64_t x_stride, int nx, const std::byte* first, int64_t in,
+                       int panels, float* y, int64_t y_stride, const std::byte* ahead,
+                       int64_t ahead_step) {
+  // [nx - 1][panels - 1]: every shape with nx * panels <= kMaxPanelPairs.
+  static constexpr PanelMatmulFn kKernels[kMaxPanelPairs][kMaxPanelPairs] = {
+      {fixed_kernel<W, 1, 1>(), fixed_kernel<W, 1, 2>(), fixed_kernel<W, 1, 3>(),
+       fixed_kernel<W, 1, 4>(), fixed_kernel<W, 1, 5>(), fixed_kernel<W, 1, 6>()},
+      {fixed_kernel<W, 2, 1>(), fixed_kernel<W, 2, 2>(), fixed_kernel<W, 2, 3>()},
+      {fixed_kernel<W, 3, 1>(), fixed_kernel<W, 3, 2>()},
+      {fixed_kernel<W, 4, 1>()},
+      {fixed_kernel<W, 5, 1>()},
+      {fixed_kernel<W, 6, 1>()}};
+  const PanelMatmulFn kernel =
+      nx >= 1 && nx <= kMaxPanelPairs && panels >= 1 && panels <= kMaxPanelPairs
+          ? kKernels[nx - 1][panels - 1]
+          : nullptr;
+  if (kernel) return kernel(x, x_stride, nx, first, in, panels, y, y_stride, ahead, ahead_step);
+  // Not a shape the callers use; the portable loop gives the same bits.
+  panel_matmul_generic<W>(x, x_stride, nx, first, in, panels, y, y_stride);
 }
 
 #endif  // KVLENS_HAVE_X86_PANELS

@@ -70,23 +70,14 @@ const WeightPanels& panels_for(const DeviceTensor& weight);
 // kMaxPanelPairs), from panels read at `first` (panel_bytes apart). Writes all 16 outputs of every
 // panel, the zero padding's included. At each k it also prefetches ahead + p * panel_bytes +
 // k * ahead_step for each of its panels (weights it will read later; any address will do).
-using PanelMatmulFn = void (*)(const float* x, int64_t x_stride, int nx, const std::byte* first,
+using PanelMatmulKernel = void(const float* x, int64_t x_stride, int nx, const std::byte* first,
                                int64_t in, int panels, float* y, int64_t y_stride,
                                const std::byte* ahead, int64_t ahead_step);
+using PanelMatmulFn = PanelMatmulKernel*;
 
-void panel_matmul_generic_f32(const float* x, int64_t x_stride, int nx, const std::byte* first,
-                              int64_t in, int panels, float* y, int64_t y_stride,
-                              const std::byte* ahead, int64_t ahead_step);
-void panel_matmul_generic_bf16(const float* x, int64_t x_stride, int nx, const std::byte* first,
-                               int64_t in, int panels, float* y, int64_t y_stride,
-                               const std::byte* ahead, int64_t ahead_step);
+PanelMatmulKernel panel_matmul_generic_f32, panel_matmul_generic_bf16;
 // Only on x86 builds, and only to be called where the CPU has AVX2 and FMA.
-void panel_matmul_avx2_f32(const float* x, int64_t x_stride, int nx, const std::byte* first,
-                           int64_t in, int panels, float* y, int64_t y_stride,
-                           const std::byte* ahead, int64_t ahead_step);
-void panel_matmul_avx2_bf16(const float* x, int64_t x_stride, int nx, const std::byte* first,
-                            int64_t in, int panels, float* y, int64_t y_stride,
-                            const std::byte* ahead, int64_t ahead_step);
+PanelMatmulKernel panel_matmul_avx2_f32, panel_matmul_avx2_bf16;
 
 // y [n, out] = x [n, in] times the weight's transpose, over the pool's threads, with one of the
 // kernels below (the BF16 one for BF16 panels).
