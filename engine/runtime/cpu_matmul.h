@@ -68,9 +68,11 @@ const WeightPanels& panels_for(const DeviceTensor& weight);
 // y[i * y_stride + p * 16 + j] = the fused multiply-add chain over k of
 // x[i * x_stride + k] * weight(p * 16 + j, k), for i < nx and p < panels (nx * panels <=
 // kMaxPanelPairs), from panels read at `first` (panel_bytes apart). Writes all 16 outputs of every
-// panel, the zero padding's included.
+// panel, the zero padding's included. At each k it also prefetches ahead + p * panel_bytes +
+// k * ahead_step for each of its panels (weights it will read later; any address will do).
 using PanelMatmulKernel = void(const float* x, int64_t x_stride, int nx, const std::byte* first,
-                               int64_t in, int panels, float* y, int64_t y_stride);
+                               int64_t in, int panels, float* y, int64_t y_stride,
+                               const std::byte* ahead, int64_t ahead_step);
 using PanelMatmulFn = PanelMatmulKernel*;
 
 PanelMatmulKernel panel_matmul_generic_f32, panel_matmul_generic_bf16;
