@@ -19,6 +19,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/cpu_backend.h"
 #include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/cpu_matmul.h"
 #include "engine/runtime/thread_pool.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
@@ -353,6 +354,30 @@ TEST_CASE("matmul: repacked weights are used only for the tensor they were made 
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t o = 0; o < 8; ++o)
       CHECK(first_rows[size_t(i * 8 + o)] == all_rows[size_t(i * out + o)]);
+  }
+}
+
+TEST_CASE("PanelArena: zeroed, page-aligned, disjoint storage that outlives the arena",
+          "[backend]") {
+  std::vector<std::shared_ptr<void>> parts;
+  {
+    PanelArena arena;
+    // Small parts share a chunk; a part larger than a chunk gets one of its own.
+    for (size_t bytes : {size_t(100), size_t(5000), size_t(40u << 20), size_t(3), size_t(70000)})
+      parts.push_back(arena.allocate(bytes));
+  }
+  const std::vector<size_t> sizes = {100, 5000, 40u << 20, 3, 70000};
+  for (size_t i = 0; i < parts.size(); ++i) {
+    INFO("part " << i);
+    auto* bytes = static_cast<unsigned char*>(parts[i].get());
+    CHECK(reinterpret_cast<uintptr_t>(bytes) % 4096 == 0);
+    for (size_t b = 0; b < sizes[i]; b += 997) REQUIRE(bytes[b] == 0);
+    std::memset(bytes, int(i + 1), sizes[i]);  // writable after the arena is gone
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto* bytes = static_cast<const unsigned char*>(parts[i].get());
+    CHECK(bytes[0] == i + 1);  // no part overlaps a later one
+    CHECK(bytes[sizes[i] - 1] == i + 1);
   }
 }
 

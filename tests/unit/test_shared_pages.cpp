@@ -38,6 +38,26 @@ TEST_CASE("allocate_host: zeroed, aligned, page mappings from the threshold up",
   CHECK_FALSE(pages_remappable(small, bytes_of(small), 1000));
 }
 
+TEST_CASE("allocate_host: from 2 MiB up, aligned to 2 MiB, zeroed, writable, remappable",
+          "[shared_pages]") {
+  constexpr size_t kHuge = 2u << 20, kSize = kHuge + 12345;
+  const auto memory = allocate_host(kSize);
+  CHECK(reinterpret_cast<uintptr_t>(memory.get()) % kHuge == 0);
+  std::byte* data = bytes_of(memory);
+  for (size_t i = 0; i < kSize; i += 4096) REQUIRE(data[i] == std::byte(0));
+  REQUIRE(data[kSize - 1] == std::byte(0));
+  fill_pattern(data, kSize, 3);  // the whole range is mapped
+  CHECK(data[kSize - 1] == std::byte(((kSize - 1) * 131 + 21 + (kSize - 1) / 4096) & 255));
+  CHECK(pages_remappable(memory, data, kSize));
+  // A copy into it still shares whole pages (they split off the huge page).
+  std::vector<std::byte> src(kBytes);
+  fill_pattern(src.data(), src.size(), 5);
+  const PageCopyTarget target{data + kSharedPageBytes, true};
+  CHECK(copy_sharing_pages(src.data(), src.size(), {&target, 1}) == kBytes);
+  CHECK(std::memcmp(data + kSharedPageBytes, src.data(), kBytes) == 0);
+  CHECK(data[0] == std::byte(21));  // the bytes before the copy keep their pattern
+}
+
 TEST_CASE("copy_sharing_pages: shared copies read src and part on the first write",
           "[shared_pages]") {
   const auto src = allocate_host(kBytes), a = allocate_host(kBytes), b = allocate_host(kBytes);
