@@ -26,6 +26,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
   const size_t mid = values.size() / 2;
   return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
@@ -135,8 +136,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       // --policies: the same context in a lockstep session of every listed policy, stepped
       // alternately with the dense session so both see the same machine load.
       std::optional<DecoderSession> lockstep;
+      std::vector<PolicyConfig> runs;
       if (!policies.empty()) {
-        const std::vector<PolicyConfig> runs = resolve_policy_runs(policies, sparsity, policy_args);
+        runs = resolve_policy_runs(policies, sparsity, policy_args);
         lockstep.emplace(resident, SessionOptions{}, int64_t(runs.size()));
         for (size_t r = 0; r < runs.size(); ++r) {
           if (runs[r].id == "dense") continue;
@@ -166,9 +168,17 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         token = timed_step(session, token).second;
       }
       std::vector<double> step_seconds, lockstep_seconds;
+      // Per lockstep run: its own work per step (policy and attention; the shared projections
+      // are not split), for the breakdown.
+      std::vector<std::vector<double>> run_task_seconds(runs.size());
       step_seconds.reserve(size_t(steps));
       for (int64_t i = 0; i < steps; ++i) {
-        if (lockstep) lockstep_seconds.push_back(timed_step(*lockstep, token).first);
+        if (lockstep) {
+          lockstep_seconds.push_back(timed_step(*lockstep, token).first);
+          const std::vector<double>& tasks = lockstep->run_step_seconds();
+          for (size_t r = 0; r < runs.size() && r < tasks.size(); ++r)
+            run_task_seconds[r].push_back(tasks[r]);
+        }
         const auto [seconds, next] = timed_step(session, token);
         step_seconds.push_back(seconds);
         token = next;
@@ -214,12 +224,19 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         };
         if (lockstep) {
           const double lockstep_median = median(lockstep_seconds);
+          nlohmann::json run_tasks = nlohmann::json::array();
+          for (size_t r = 0; r < runs.size(); ++r) {
+            run_tasks.push_back({{"policy", runs[r].id},
+                                 {"sparsity", runs[r].sparsity},
+                                 {"task_seconds_median", median(run_task_seconds[r])}});
+          }
           out["lockstep"] = {{"policies", policies},
                              {"sparsity", sparsity},
                              {"runs", lockstep->runs()},
                              {"step_seconds_median", lockstep_median},
                              {"steps_per_second", 1.0 / lockstep_median},
-                             {"ratio_to_dense", lockstep_median / step_median}};
+                             {"ratio_to_dense", lockstep_median / step_median},
+                             {"run_tasks", run_tasks}};
         }
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
@@ -252,6 +269,11 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                     lockstep_median * 1e3, 1.0 / lockstep_median);
         std::printf("lockstep ratio  %.2f (lockstep step / dense step, same context)\n",
                     lockstep_median / step_median);
+        // Each run's own work, on one thread at a time (together they exceed the wall time).
+        for (size_t r = 0; r < runs.size(); ++r) {
+          std::printf("  run %-3zu %-12s %.3f ms per step (policy and attention, median)\n", r,
+                      runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
+        }
       }
       if (cache_resident) {
         std::printf(

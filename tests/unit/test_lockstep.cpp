@@ -143,6 +143,7 @@ TEST_CASE("lockstep runs may each follow their own tokens", "[lockstep]") {
                       make_policy({"keydiff", 0.5, {"sinks=1"}}, together.policy_shape(), backend));
   DecoderSession first(loaded.model), second(loaded.model);
   second.set_policy(make_policy({"keydiff", 0.5, {"sinks=1"}}, second.policy_shape(), backend));
+  CHECK(together.run_step_seconds().empty());  // the breakdown exists from the first step on
   for (size_t i = 0; i < texts[0].size(); ++i) {
     const std::vector<int32_t> step_tokens = {texts[0][i], texts[1][i]};
     const std::vector<float> both = to_host(backend, together.forward_runs(step_tokens));
@@ -153,6 +154,8 @@ TEST_CASE("lockstep runs may each follow their own tokens", "[lockstep]") {
   }
   CHECK(together.position() == 6);
   CHECK(together.run(1).sparsity.hidden_sum == second.sparsity().hidden_sum);
+  REQUIRE(together.run_step_seconds().size() == 2);
+  for (double seconds : together.run_step_seconds()) CHECK(seconds >= 0.0);
 }
 
 TEST_CASE("lockstep session: bad run counts and indices are clear errors", "[lockstep]") {
