@@ -72,12 +72,9 @@ class SnapkvPolicy final : public BudgetedPolicy {
         window_sum_(backend.alloc(DType::F32, {shape.heads, shape.stride})) {
     // Every layer's ring and block sums in one tensor each: the large ones then sit in huge
     // pages on the CPU (a lockstep step touches hundreds of their rows).
-    const int64_t ring_rows = shape.heads * obs_window, sum_rows = blocks_ * shape.heads;
-    rings_ = backend.alloc(DType::F32, {shape.layers * ring_rows, shape.stride});
-    all_block_sums_ = backend.alloc(DType::F32, {shape.layers * sum_rows, shape.stride});
+    rings_ = backend.alloc(DType::F32, {shape.layers * shape.heads * obs_window, shape.stride});
+    block_sums_ = backend.alloc(DType::F32, {shape.layers * blocks_ * shape.heads, shape.stride});
     for (int64_t l = 0; l < shape.layers; ++l) {
-      ring_.push_back(layer_rows(rings_, l * ring_rows, ring_rows));
-      block_sums_.push_back(layer_rows(all_block_sums_, l * sum_rows, sum_rows));
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
     }
@@ -105,17 +102,17 @@ class SnapkvPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols(), written = step.step % obs_window_;
-    DeviceTensor slot = ring_slot(ring_[l], shape_.heads, obs_window_, written);
+    DeviceTensor slot = ring_slot(ring(l), shape_.heads, obs_window_, written);
     backend_.axpby_rows(slot, 1.0f, probs, 0.0f, cols);
     // Re-sum the block holding the slot just written, its slots in order. Columns up to cols
     // cover everything any of its slots holds (older steps had fewer columns; the rest are 0).
     const int64_t block = written / kBlockSlots, first = block * kBlockSlots;
     const int64_t last = std::min(obs_window_, first + kBlockSlots);
     DeviceTensor sum = block_sum(l, block);
-    backend_.axpby_rows(sum, 1.0f, ring_slot(ring_[l], shape_.heads, obs_window_, first), 0.0f,
+    backend_.axpby_rows(sum, 1.0f, ring_slot(ring(l), shape_.heads, obs_window_, first), 0.0f,
                         cols);
     for (int64_t s = first + 1; s < last; ++s)
-      backend_.axpby_rows(sum, 1.0f, ring_slot(ring_[l], shape_.heads, obs_window_, s), 1.0f, cols);
+      backend_.axpby_rows(sum, 1.0f, ring_slot(ring(l), shape_.heads, obs_window_, s), 1.0f, cols);
   }
 
  private:
@@ -123,19 +120,19 @@ class SnapkvPolicy final : public BudgetedPolicy {
   Backend::Pool pool_;
   int64_t kernel_;
   bool protect_window_;
-  // Block b's sums of layer l: rows b * H .. b * H + H - 1 of block_sums_[l].
+  // Layer l's ring [H * w, stride], and its block b's sums [H, stride].
+  DeviceTensor ring(size_t layer) const {
+    const int64_t rows = shape_.heads * obs_window_;
+    return layer_rows(rings_, int64_t(layer) * rows, rows);
+  }
   DeviceTensor block_sum(size_t layer, int64_t block) const {
-    DeviceTensor view = block_sums_[layer];
-    const int64_t stride = view.dim(1);
-    view.data = view.as<float>() + block * shape_.heads * stride;
-    view.shape = {shape_.heads, stride};
-    return view;
+    return layer_rows(block_sums_, (int64_t(layer) * blocks_ + block) * shape_.heads, shape_.heads);
   }
 
   int64_t blocks_;
-  DeviceTensor window_sum_;              // [H, stride] scratch
-  DeviceTensor rings_, all_block_sums_;  // every layer's, which ring_ and block_sums_ view
-  std::vector<DeviceTensor> ring_, block_sums_, kept_;
+  DeviceTensor window_sum_;          // [H, stride] scratch
+  DeviceTensor rings_, block_sums_;  // every layer's, one after another (ring(), block_sum())
+  std::vector<DeviceTensor> kept_;
 };
 
 }  // namespace

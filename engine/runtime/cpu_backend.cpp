@@ -49,27 +49,6 @@ void require_rows(const DeviceTensor& t, int64_t row, int64_t rows, int64_t row_
                  cat("at least ", (row + rows) * row_elems, " elements"), describe(t));
 }
 
-// Widens `count` weight elements starting at element `first` into dst.
-void widen(const DeviceTensor& t, int64_t first, int64_t count, float* dst) {
-  switch (t.dtype) {
-    case DType::F32:
-      std::memcpy(dst, t.as<const float>() + first, size_t(count) * sizeof(float));
-      return;
-    case DType::BF16: {
-      const uint16_t* src = t.as<const uint16_t>() + first;
-      for (int64_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(src[i]);
-      return;
-    }
-    case DType::F16: {
-      const uint16_t* src = t.as<const uint16_t>() + first;
-      for (int64_t i = 0; i < count; ++i) dst[i] = f16_to_f32(src[i]);
-      return;
-    }
-    default:
-      throw Error(kWhere, "weight", "an F32, BF16 or F16 tensor", describe(t));
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 
 class CpuBackend final : public Backend {

@@ -1,9 +1,11 @@
-// Argument checks shared by the CPU backend's source files (cpu_backend.cpp, cpu_policy_ops.cpp).
-// Shape/dtype mistakes are programming errors in the caller, but they still surface as a
-// kvlens::Error naming the op and argument rather than as memory corruption. Internal header.
+// Argument checks shared by the CPU backend's source files (cpu_backend.cpp, cpu_policy_ops.cpp,
+// cpu_matmul.cpp), and the weight widening they share. Shape/dtype mistakes are programming
+// errors in the caller, but they still surface as a kvlens::Error naming the op and argument
+// rather than as memory corruption. Internal header.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +97,27 @@ inline void require_kv_caches(const DeviceTensor& k_cache, const DeviceTensor& v
   require_f32(v_cache, Field(op, ": v_cache"));
   KVLENS_REQUIRE(k_cache.shape.size() == 3 && v_cache.shape == k_cache.shape, Field(op, ": caches"),
                  "two [G, capacity, D] tensors", describe(k_cache) + ", " + describe(v_cache));
+}
+
+// Widens `count` weight elements starting at element `first` into dst.
+inline void widen(const DeviceTensor& t, int64_t first, int64_t count, float* dst) {
+  switch (t.dtype) {
+    case DType::F32:
+      std::memcpy(dst, t.as<const float>() + first, size_t(count) * sizeof(float));
+      return;
+    case DType::BF16: {
+      const uint16_t* src = t.as<const uint16_t>() + first;
+      for (int64_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(src[i]);
+      return;
+    }
+    case DType::F16: {
+      const uint16_t* src = t.as<const uint16_t>() + first;
+      for (int64_t i = 0; i < count; ++i) dst[i] = f16_to_f32(src[i]);
+      return;
+    }
+    default:
+      throw Error(kWhere, "weight", "an F32, BF16 or F16 tensor", describe(t));
+  }
 }
 
 }  // namespace kvlens::cpu_checks

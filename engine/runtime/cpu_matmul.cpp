@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "engine/runtime/backend.h"
 #include "engine/runtime/cpu_checks.h"
@@ -30,17 +31,6 @@ namespace {
 // Where output j of a BF16 panel column sits (see pack_weight_panels).
 constexpr int64_t bf16_slot(int64_t j) {
   return j < 8 ? 2 * j : 2 * (j - 8) + 1;
-}
-
-float source_weight(const DeviceTensor& w, int64_t index) {
-  switch (w.dtype) {
-    case DType::F32:
-      return w.as<const float>()[index];
-    case DType::BF16:
-      return bf16_to_f32(w.as<const uint16_t>()[index]);
-    default:
-      return f16_to_f32(w.as<const uint16_t>()[index]);
-  }
 }
 
 template <typename Element, typename Store>
@@ -90,9 +80,10 @@ WeightPanels pack_weight_panels(const DeviceTensor& weight, PanelArena* arena) {
       for (int64_t k = 0; k < in; ++k) panel[k * kPanelRows + bf16_slot(j)] = from[k];
     });
   } else {
+    std::vector<float> widened(static_cast<size_t>(in));
     fill_panels<float>(panels, [&](float* panel, int64_t row, int64_t j) {
-      for (int64_t k = 0; k < in; ++k)
-        panel[k * kPanelRows + j] = source_weight(weight, row * in + k);
+      cpu_checks::widen(weight, row * in, in, widened.data());
+      for (int64_t k = 0; k < in; ++k) panel[k * kPanelRows + j] = widened[size_t(k)];
     });
   }
   return panels;

@@ -280,7 +280,6 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     for (SessionRun& run : runs_) {
       if (policy_step(run)) run.sparsity.end_step();
     }
-    last_run_seconds_ = run_seconds_;
   }
   backend_.rmsnorm(hidden, model_->final_norm, eps, normed);
   backend_.matmul(normed, model_->lm_head, logits_view_);

@@ -96,7 +96,7 @@ class DecoderSession {
   // Each run's own work in the last single-token step (KV append, policy and attention, summed
   // over the layers, in seconds, on whichever thread ran it; a benchmark's breakdown). Empty
   // before the first step.
-  const std::vector<double>& run_step_seconds() const { return last_run_seconds_; }
+  const std::vector<double>& run_step_seconds() const { return run_seconds_; }
   const std::vector<DeviceTensor>& visible() const { return runs_[0].visible; }
   const std::vector<DeviceTensor>& policy_scores() const { return runs_[0].scores; }
   const std::vector<LayerDecision>& decisions() const { return runs_[0].decisions; }
@@ -138,7 +138,6 @@ class DecoderSession {
   // attention and policy work in the step (longest first: the threads then finish together).
   std::vector<int64_t> run_order_;
   std::vector<double> run_seconds_;
-  std::vector<double> last_run_seconds_;  // run_seconds_ at the end of the last step
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;

@@ -46,16 +46,18 @@ TEST_CASE("allocate_host: from 2 MiB up, aligned to 2 MiB, zeroed, writable, rem
   std::byte* data = bytes_of(memory);
   for (size_t i = 0; i < kSize; i += 4096) REQUIRE(data[i] == std::byte(0));
   REQUIRE(data[kSize - 1] == std::byte(0));
-  fill_pattern(data, kSize, 3);  // the whole range is mapped
-  CHECK(data[kSize - 1] == std::byte(((kSize - 1) * 131 + 21 + (kSize - 1) / 4096) & 255));
+  std::vector<std::byte> want(kSize);
+  fill_pattern(want.data(), kSize, 3);
+  std::memcpy(data, want.data(), kSize);  // the whole range is mapped and writable
   CHECK(pages_remappable(memory, data, kSize));
   // A copy into it still shares whole pages (they split off the huge page).
   std::vector<std::byte> src(kBytes);
   fill_pattern(src.data(), src.size(), 5);
+  std::memcpy(want.data() + kSharedPageBytes, src.data(), kBytes);
   const PageCopyTarget target{data + kSharedPageBytes, true};
   CHECK(copy_sharing_pages(src.data(), src.size(), {&target, 1}) == kBytes);
-  CHECK(std::memcmp(data + kSharedPageBytes, src.data(), kBytes) == 0);
-  CHECK(data[0] == std::byte(21));  // the bytes before the copy keep their pattern
+  // The copied pages hold src, the bytes around them what was written before.
+  CHECK(std::memcmp(data, want.data(), kSize) == 0);
 }
 
 TEST_CASE("copy_sharing_pages: shared copies read src and part on the first write",
