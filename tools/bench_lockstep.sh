@@ -3,7 +3,9 @@
 # the same context): `kvlens-cli bench --policies` steps a dense session and a lockstep session of
 # every policy alternately in one process, at 128 and 512 tokens of context, REPEATS times each;
 # prints the medians of the step times, the steps/s and the ratio, then each run's own work (its
-# policy and attention) for the breakdown.
+# policy's selection and observation; the policy runs' attention is computed for all runs at once
+# and is not in it; a run without a policy, as dense, shows its plain attention) for the
+# breakdown.
 # usage: tools/bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]
 set -euo pipefail
 build=${1:?usage: bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]}
@@ -38,7 +40,7 @@ print("context %4d: dense %.2f ms/step (%.0f steps/s), %d-run lockstep %.2f ms/s
       " ".join("%.2f" % r["lockstep"]["ratio_to_dense"] for r in runs)))
 tasks = [r["lockstep"].get("run_tasks", []) for r in runs]
 if tasks and tasks[0]:
-    print("  per-run work (policy and attention of one run on its thread, median):  " +
+    print("  per-run work (policy select/observe of one run on its thread, median):  " +
           "  ".join("%s %.2f ms" % (task["policy"], statistics.median(
               t[i]["task_seconds_median"] for t in tasks) * 1e3) for i, task in enumerate(tasks[0])))
 '

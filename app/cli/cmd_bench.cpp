@@ -168,8 +168,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         token = timed_step(session, token).second;
       }
       std::vector<double> step_seconds, lockstep_seconds;
-      // Per lockstep run: its own work per step (policy and attention; the shared projections
-      // are not split), for the breakdown.
+      // Per lockstep run: its own work per step (its policy's select and observe, or the plain
+      // attention of a run without a policy; the projections and the policy runs' attention,
+      // computed for all runs at once, are not split), for the breakdown.
       std::vector<std::vector<double>> run_task_seconds(runs.size());
       step_seconds.reserve(size_t(steps));
       for (int64_t i = 0; i < steps; ++i) {
@@ -271,7 +272,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                     lockstep_median / step_median);
         // Each run's own work, on one thread at a time (together they exceed the wall time).
         for (size_t r = 0; r < runs.size(); ++r) {
-          std::printf("  run %-3zu %-12s %.3f ms per step (policy and attention, median)\n", r,
+          std::printf("  run %-3zu %-12s %.3f ms per step (own policy work, median)\n", r,
                       runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
         }
       }

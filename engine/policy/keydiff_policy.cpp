@@ -5,13 +5,14 @@
 // evicted to fit B(t), for good; the current token, the sinks and `window` are forced, truncated
 // to B(t) by POLICIES.md's priority. The anchor moves as tokens are evicted.
 // Granularity: keys belong to KV heads, so the score depends on the KV head and the member set
-// only. At query_head granularity every query head still keeps its own kept set (and its own
-// anchor over it), but the query heads of a group start from the same set and get the same scores
-// every step, so their sets stay identical: the result equals kv_head granularity, only computed
-// H/G times. At kv_head granularity the per-head scores (equal within the group) are summed, which
-// ranks the same. It never looks at attention, so it wants no probabilities.
-// State per layer: kept [R, stride] U8 (R = selection rows); a [H, stride] scratch mask at kv_head
-// granularity (the group's kept set seen by each query head).
+// only. The query heads of a group start from the same kept set and get the same scores every
+// step, so at query_head granularity their sets stay identical forever: the result equals kv_head
+// granularity, where the per-head scores (equal within the group) are summed, which doubles them
+// exactly and so ranks and ties the same. Both granularities therefore select once per KV group
+// (the policy is built at kv_head granularity), which spares H/G - 1 of every group's anchors,
+// scores and top-k selections. It never looks at attention, so it wants no probabilities.
+// State per layer: kept [G, stride] U8; a [H, stride] scratch mask (the group's kept set seen by
+// each query head).
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/policy_factories.h"
 
@@ -26,8 +27,7 @@ class KeydiffPolicy final : public BudgetedPolicy {
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
     }
-    if (knobs_.kv_head_granularity)
-      members_ = backend.alloc(DType::U8, {shape.heads, shape.stride});
+    members_ = backend.alloc(DType::U8, {shape.heads, shape.stride});
   }
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
@@ -35,12 +35,8 @@ class KeydiffPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols();
-    const DeviceTensor* members = &kept_[l];
-    if (knobs_.kv_head_granularity) {
-      backend_.expand_row_groups(kept_[l], cols, group(), members_);
-      members = &members_;
-    }
-    backend_.key_anchor_scores(*step.k_cache, cols, *members, scores);
+    backend_.expand_row_groups(kept_[l], cols, group(), members_);
+    backend_.key_anchor_scores(*step.k_cache, cols, members_, scores);
     select_budgeted(step, 1, at_selection_rows(scores, cols), &kept_[l], visible);
     evict_unselected(kept_[l], visible, cols);
     return LayerDecision::Masked;
@@ -62,7 +58,9 @@ PolicyInfo keydiff_policy_info() {
 
 std::unique_ptr<Policy> make_keydiff_policy(const PolicyShape& shape, Backend& backend,
                                             const ParamValues& params, double sparsity) {
-  return std::make_unique<KeydiffPolicy>(shape, backend, read_common_knobs(params, sparsity));
+  CommonKnobs knobs = read_common_knobs(params, sparsity);
+  knobs.kv_head_granularity = true;  // the same sets at query_head granularity (see above)
+  return std::make_unique<KeydiffPolicy>(shape, backend, knobs);
 }
 
 }  // namespace kvlens

@@ -139,6 +139,34 @@ class Backend {
   virtual void attention_visible(const DeviceTensor& logits, int64_t cols,
                                  const DeviceTensor* visible, const DeviceTensor& v_cache,
                                  DeviceTensor& out, DeviceTensor* probs) = 0;
+  // The two ops above for several runs of one layer at once (a lockstep step), whose caches
+  // hold the same rows [0, shared) of every KV head (the common prompt, stored once): each run's
+  // results are exactly those of the single-run op. attention_logits_runs writes every run's
+  // logits (attention_logits with its q, k_cache and logits); attention_visible_runs its softmax
+  // and value sum (attention_visible with its logits, visible, v_cache, out and probs, over the
+  // same cols; out may not be empty). A backend may read the common rows once for all runs (the
+  // CPU backend does, run 0's copy); the defaults run the single-run op per run.
+  struct RunAttention {
+    const DeviceTensor* q = nullptr;  // [1, H, D]
+    const DeviceTensor* k_cache = nullptr;
+    const DeviceTensor* v_cache = nullptr;
+    DeviceTensor* logits = nullptr;         // [H, stride]
+    const DeviceTensor* visible = nullptr;  // null: every column
+    DeviceTensor* out = nullptr;            // [1, H, D]
+    DeviceTensor* probs = nullptr;          // null: not wanted
+  };
+  virtual void attention_logits_runs(std::span<const RunAttention> runs, int64_t shared,
+                                     int64_t position, int64_t window) {
+    (void)shared;
+    for (const RunAttention& run : runs)
+      attention_logits(*run.q, *run.k_cache, position, window, *run.logits);
+  }
+  virtual void attention_visible_runs(std::span<const RunAttention> runs, int64_t shared,
+                                      int64_t cols) {
+    (void)shared;
+    for (const RunAttention& run : runs)
+      attention_visible(*run.logits, cols, run.visible, *run.v_cache, *run.out, run.probs);
+  }
   // Per row: among columns j < cols with selected[r, j] == 0 and (eligible null or
   // eligible[r, j] != 0), sets selected[r, j] = 1 for the k with the highest scores (ties to the
   // higher j; NaN ranks lowest). Fewer candidates than k: all of them. Columns already selected

@@ -504,6 +504,14 @@ class CpuBackend final : public Backend {
                          DeviceTensor* probs) override {
     cpu_policy::attention_visible(policy_context(), logits, cols, visible, v_cache, out, probs);
   }
+  void attention_logits_runs(std::span<const RunAttention> runs, int64_t shared, int64_t position,
+                             int64_t window) override {
+    cpu_policy::attention_logits_runs(policy_context(), runs, shared, position, window);
+  }
+  void attention_visible_runs(std::span<const RunAttention> runs, int64_t shared,
+                              int64_t cols) override {
+    cpu_policy::attention_visible_runs(policy_context(), runs, shared, cols);
+  }
   void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
                     int64_t k, DeviceTensor& selected) override {
     cpu_policy::select_top_k(policy_context(), scores, cols, eligible, k, selected);

@@ -4,8 +4,10 @@
 // rather than as memory corruption. Internal header.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -118,6 +120,52 @@ inline void widen(const DeviceTensor& t, int64_t first, int64_t count, float* ds
     default:
       throw Error(kWhere, "weight", "an F32, BF16 or F16 tensor", describe(t));
   }
+}
+
+// --- shared by the policy and attention ops ---
+
+struct RowShape {
+  int64_t rows = 0, stride = 0;
+};
+
+// `t` as a [rows, stride] tensor of `dtype` with stride >= cols (rows < 0: any row count).
+inline RowShape row_shape(const DeviceTensor& t, DType dtype, int64_t rows, int64_t cols,
+                          const Field& field) {
+  KVLENS_REQUIRE(
+      t.dtype == dtype && t.shape.size() == 2 && (rows < 0 || t.dim(0) == rows) && t.dim(0) >= 0 &&
+          t.dim(1) >= cols,
+      field,
+      cat("a ", dtype_name(dtype), " [", rows < 0 ? std::string("rows") : std::to_string(rows),
+          ", >= ", cols, "] tensor"),
+      describe(t));
+  require_data(t, field);
+  return {t.dim(0), t.dim(1)};
+}
+
+// Candidate columns are packed into 32 bits by top_k_key; every op keeps to the same range.
+inline void require_cols(int64_t cols, OpName op) {
+  KVLENS_REQUIRE(cols >= 0 && cols <= std::numeric_limits<int32_t>::max(), op + ": cols",
+                 "a column count in [0, 2^31)", std::to_string(cols));
+}
+
+// Per-head work of about `work` multiply-adds: ~64K per chunk, as the attention op schedules.
+inline int64_t grain_for(int64_t work) {
+  return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work));
+}
+
+// A KV cache [G, capacity, D] F32 holding at least `cols` positions.
+struct CacheShape {
+  int64_t groups, capacity, head_dim;
+};
+inline CacheShape cache_shape(const DeviceTensor& cache, int64_t cols, OpName op,
+                              std::string_view name) {
+  require_f32(cache, Field(op.name, ": ", name));
+  KVLENS_REQUIRE(cache.shape.size() == 3, Field(op.name, ": ", name), "a [G, capacity, D] tensor",
+                 describe(cache));
+  const CacheShape shape{cache.dim(0), cache.dim(1), cache.dim(2)};
+  KVLENS_REQUIRE(cols <= shape.capacity, op + ": cols",
+                 cat("at most the capacity ", shape.capacity), std::to_string(cols));
+  return shape;
 }
 
 }  // namespace kvlens::cpu_checks

@@ -98,6 +98,21 @@ void weighted_values_generic(const float* weights, int64_t weights_stride, int n
   }
 }
 
+// weighted_values_generic's sums continued from `sums`, unscaled.
+void weighted_values_accumulate_generic(const float* weights, int64_t weights_stride, int nq,
+                                        const float* values, int64_t head_dim, int64_t begin,
+                                        int64_t end, float* sums, int64_t sums_stride) {
+  for (int i = 0; i < nq; ++i) {
+    const float* w = weights + i * weights_stride;
+    float* acc = sums + i * sums_stride;
+    for (int64_t j = begin; j < end; ++j) {
+      if (w[j] == 0.0f) continue;
+      const float* v = values + j * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) acc[d] += w[j] * v[d];
+    }
+  }
+}
+
 void silu_mul_generic(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     const float g = gate[j], e = std::exp(-std::fabs(g));
@@ -416,14 +431,17 @@ KVLENS_AVX2_INLINE void fma_value_row(__m256 (&acc)[NQ][C], const float* weights
 // or outside the window) are skipped without reading their values, and the rest (and the keys
 // before and after the aligned blocks) blend each head's multiply-add by its weight. All give the
 // same fused multiply-adds in the same order.
-template <int NQ, int C, bool kPrefetch>
+// kAccumulate: the sums start from out (and are stored back unscaled) instead of from zero, so a
+// range split in pieces gives the sums of the whole range.
+template <int NQ, int C, bool kPrefetch, bool kAccumulate>
 KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t weights_stride,
                                                    const float* values, int64_t head_dim,
                                                    int64_t begin, int64_t end, const float* scales,
                                                    float* out, int64_t out_stride) {
   __m256 acc[NQ][C];
   for (int i = 0; i < NQ; ++i)
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; ++c)
+      acc[i][c] = kAccumulate ? _mm256_loadu_ps(out + i * out_stride + 8 * c) : _mm256_setzero_ps();
   int64_t j = begin;
   for (const int64_t aligned = std::min(end, (begin + 7) / 8 * 8); j < aligned; ++j)
     fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, j, values + j * head_dim,
@@ -450,60 +468,64 @@ KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t
     fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, j, values + j * head_dim,
                                           head_dim);
   for (int i = 0; i < NQ; ++i) {
-    const __m256 scale = _mm256_set1_ps(scales[i]);
-    for (int c = 0; c < C; ++c)
-      _mm256_storeu_ps(out + i * out_stride + 8 * c, _mm256_mul_ps(acc[i][c], scale));
+    if constexpr (kAccumulate) {
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + i * out_stride + 8 * c, acc[i][c]);
+    } else {
+      const __m256 scale = _mm256_set1_ps(scales[i]);
+      for (int c = 0; c < C; ++c)
+        _mm256_storeu_ps(out + i * out_stride + 8 * c, _mm256_mul_ps(acc[i][c], scale));
+    }
   }
 }
 
 // Every column of NQ heads: chunks of 8 * C columns, then of 8, then the last head_dim % 8
 // columns in scalars with the same operations (fma in ascending j, zeros skipped).
-template <int NQ, int C, bool kPrefetch>
+template <int NQ, int C, bool kPrefetch, bool kAccumulate>
 KVLENS_AVX2 void weighted_values_heads_avx2(const float* weights, int64_t weights_stride,
                                             const float* values, int64_t head_dim, int64_t begin,
                                             int64_t end, const float* scales, float* out,
                                             int64_t out_stride) {
   int64_t d = 0;
   for (; d + 8 * C <= head_dim; d += 8 * C)
-    weighted_values_chunk_avx2<NQ, C, kPrefetch>(weights, weights_stride, values + d, head_dim,
-                                                 begin, end, scales, out + d, out_stride);
+    weighted_values_chunk_avx2<NQ, C, kPrefetch, kAccumulate>(
+        weights, weights_stride, values + d, head_dim, begin, end, scales, out + d, out_stride);
   if constexpr (C > 4) {
     for (; d + 32 <= head_dim; d += 32)
-      weighted_values_chunk_avx2<NQ, 4, kPrefetch>(weights, weights_stride, values + d, head_dim,
-                                                   begin, end, scales, out + d, out_stride);
+      weighted_values_chunk_avx2<NQ, 4, kPrefetch, kAccumulate>(
+          weights, weights_stride, values + d, head_dim, begin, end, scales, out + d, out_stride);
   }
   for (; d + 8 <= head_dim; d += 8)
-    weighted_values_chunk_avx2<NQ, 1, kPrefetch>(weights, weights_stride, values + d, head_dim,
-                                                 begin, end, scales, out + d, out_stride);
+    weighted_values_chunk_avx2<NQ, 1, kPrefetch, kAccumulate>(
+        weights, weights_stride, values + d, head_dim, begin, end, scales, out + d, out_stride);
   for (; d < head_dim; ++d) {
     for (int i = 0; i < NQ; ++i) {
       const float* w = weights + i * weights_stride;
-      float sum = 0.0f;
+      float sum = kAccumulate ? out[i * out_stride + d] : 0.0f;
       for (int64_t j = begin; j < end; ++j)
         if (w[j] != 0.0f) sum = std::fma(w[j], values[j * head_dim + d], sum);
-      out[i * out_stride + d] = sum * scales[i];
+      out[i * out_stride + d] = kAccumulate ? sum : sum * scales[i];
     }
   }
 }
 
-template <bool kPrefetch>
+template <bool kPrefetch, bool kAccumulate>
 KVLENS_AVX2_INLINE void weighted_values_avx2_t(const float* weights, int64_t weights_stride, int nq,
                                                const float* values, int64_t head_dim, int64_t begin,
                                                int64_t end, const float* scales, float* out,
                                                int64_t out_stride) {
   int i = 0;
   for (; i + 4 <= nq; i += 4)
-    weighted_values_heads_avx2<4, 2, kPrefetch>(weights + i * weights_stride, weights_stride,
-                                                values, head_dim, begin, end, scales + i,
-                                                out + i * out_stride, out_stride);
+    weighted_values_heads_avx2<4, 2, kPrefetch, kAccumulate>(
+        weights + i * weights_stride, weights_stride, values, head_dim, begin, end,
+        kAccumulate ? scales : scales + i, out + i * out_stride, out_stride);
   for (; i + 2 <= nq; i += 2)
-    weighted_values_heads_avx2<2, 4, kPrefetch>(weights + i * weights_stride, weights_stride,
-                                                values, head_dim, begin, end, scales + i,
-                                                out + i * out_stride, out_stride);
+    weighted_values_heads_avx2<2, 4, kPrefetch, kAccumulate>(
+        weights + i * weights_stride, weights_stride, values, head_dim, begin, end,
+        kAccumulate ? scales : scales + i, out + i * out_stride, out_stride);
   for (; i < nq; ++i)
-    weighted_values_heads_avx2<1, 8, kPrefetch>(weights + i * weights_stride, weights_stride,
-                                                values, head_dim, begin, end, scales + i,
-                                                out + i * out_stride, out_stride);
+    weighted_values_heads_avx2<1, 8, kPrefetch, kAccumulate>(
+        weights + i * weights_stride, weights_stride, values, head_dim, begin, end,
+        kAccumulate ? scales : scales + i, out + i * out_stride, out_stride);
 }
 
 KVLENS_AVX2 void weighted_values_avx2(const float* weights, int64_t weights_stride, int nq,
@@ -511,11 +533,24 @@ KVLENS_AVX2 void weighted_values_avx2(const float* weights, int64_t weights_stri
                                       int64_t end, const float* scales, float* out,
                                       int64_t out_stride) {
   if (head_dim >= kPrefetchDim) {
-    weighted_values_avx2_t<true>(weights, weights_stride, nq, values, head_dim, begin, end, scales,
-                                 out, out_stride);
+    weighted_values_avx2_t<true, false>(weights, weights_stride, nq, values, head_dim, begin, end,
+                                        scales, out, out_stride);
   } else {
-    weighted_values_avx2_t<false>(weights, weights_stride, nq, values, head_dim, begin, end, scales,
-                                  out, out_stride);
+    weighted_values_avx2_t<false, false>(weights, weights_stride, nq, values, head_dim, begin, end,
+                                         scales, out, out_stride);
+  }
+}
+
+KVLENS_AVX2 void weighted_values_accumulate_avx2(const float* weights, int64_t weights_stride,
+                                                 int nq, const float* values, int64_t head_dim,
+                                                 int64_t begin, int64_t end, float* sums,
+                                                 int64_t sums_stride) {
+  if (head_dim >= kPrefetchDim) {
+    weighted_values_avx2_t<true, true>(weights, weights_stride, nq, values, head_dim, begin, end,
+                                       nullptr, sums, sums_stride);
+  } else {
+    weighted_values_avx2_t<false, true>(weights, weights_stride, nq, values, head_dim, begin, end,
+                                        nullptr, sums, sums_stride);
   }
 }
 
@@ -538,6 +573,7 @@ DotKernels pick_dot_kernels(bool allow_simd) {
   kernels.attention_logits = attention_logits_generic;
   kernels.softmax_weights = softmax_weights_generic;
   kernels.weighted_values = weighted_values_generic;
+  kernels.weighted_values_accumulate = weighted_values_accumulate_generic;
   kernels.silu_mul = silu_mul_generic;
   kernels.axpby = axpby_row_generic;
   kernels.top_k = top_k_row_generic;
@@ -549,6 +585,7 @@ DotKernels pick_dot_kernels(bool allow_simd) {
     kernels.attention_logits = attention_logits_avx2;
     kernels.softmax_weights = softmax_weights_avx2;
     kernels.weighted_values = weighted_values_avx2;
+    kernels.weighted_values_accumulate = weighted_values_accumulate_avx2;
     kernels.silu_mul = silu_mul_avx2;
     kernels.axpby = axpby_row_avx2;
     kernels.top_k = top_k_row_avx2;

@@ -45,6 +45,12 @@ using SoftmaxWeightsFn = float (*)(const float* logits, const uint8_t* visible, 
 using WeightedValuesFn = void (*)(const float* weights, int64_t weights_stride, int nq,
                                   const float* values, int64_t head_dim, int64_t begin, int64_t end,
                                   const float* scales, float* out, int64_t out_stride);
+// The same sums without the scale, continued from sums_i = sums + i * sums_stride (the same
+// operations in the same order, so a range cut into pieces, each continuing the last one's sums,
+// gives weighted_values' sums before the product with the scale, bit for bit).
+using WeightedValuesAccumulateFn = void (*)(const float* weights, int64_t weights_stride, int nq,
+                                            const float* values, int64_t head_dim, int64_t begin,
+                                            int64_t end, float* sums, int64_t sums_stride);
 
 // out[j] = SiLU(gate[j]) * up[j] for j < n, as (g >= 0 ? g : g * e) / (1 + e) * up[j] with
 // e = exp(-|g|): g / (1 + exp(-g)) * up rearranged so that exp never overflows. The AVX2 kernel's
@@ -58,6 +64,7 @@ struct DotKernels {
   AttentionLogitsFn attention_logits = nullptr;
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
+  WeightedValuesAccumulateFn weighted_values_accumulate = nullptr;
   SiluMulFn silu_mul = nullptr;
   AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
   TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)

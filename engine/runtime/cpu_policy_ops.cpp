@@ -1,8 +1,7 @@
-// The CPU backend's token-selection (policy) ops (contracts in backend.h). Row tensors are
-// [rows, stride] with stride >= cols; each operand may have its own stride. Logits, softmax and
-// value sum run the attention op's own kernels (cpu_dot_kernels.h), so with nothing masked both
-// give the same bits. The per-head ops run on the thread pool; the element-wise ones are single
-// loops (a few KB per call).
+// The CPU backend's token-selection (policy) ops (contracts in backend.h), but for the policy
+// path's attention (cpu_attention_ops.cpp). Row tensors are [rows, stride] with stride >= cols;
+// each operand may have its own stride. The per-head ops run on the thread pool; the
+// element-wise ones are single loops (a few KB per call).
 #include "engine/runtime/cpu_policy_ops.h"
 
 #include <algorithm>
@@ -17,162 +16,8 @@
 #include "engine/runtime/policy_op_math.h"
 
 namespace kvlens::cpu_policy {
-namespace {
 
-using namespace cpu_checks;  // require*, describe, cat, shape_string
-
-struct RowShape {
-  int64_t rows = 0, stride = 0;
-};
-
-// `t` as a [rows, stride] tensor of `dtype` with stride >= cols (rows < 0: any row count).
-RowShape row_shape(const DeviceTensor& t, DType dtype, int64_t rows, int64_t cols,
-                   const Field& field) {
-  KVLENS_REQUIRE(
-      t.dtype == dtype && t.shape.size() == 2 && (rows < 0 || t.dim(0) == rows) && t.dim(0) >= 0 &&
-          t.dim(1) >= cols,
-      field,
-      cat("a ", dtype_name(dtype), " [", rows < 0 ? std::string("rows") : std::to_string(rows),
-          ", >= ", cols, "] tensor"),
-      describe(t));
-  require_data(t, field);
-  return {t.dim(0), t.dim(1)};
-}
-
-// Candidate columns are packed into 32 bits by top_k_key; every op keeps to the same range.
-void require_cols(int64_t cols, OpName op) {
-  KVLENS_REQUIRE(cols >= 0 && cols <= std::numeric_limits<int32_t>::max(), op + ": cols",
-                 "a column count in [0, 2^31)", std::to_string(cols));
-}
-
-// Per-head work of about `work` multiply-adds: ~64K per chunk, as the attention op schedules.
-int64_t grain_for(int64_t work) {
-  return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work));
-}
-
-}  // namespace
-
-void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
-                      int64_t position, int64_t window, DeviceTensor& logits) {
-  const OpName op{"attention_logits"};
-  require_f32(q, op + ": q");
-  require_f32(k_cache, op + ": k_cache");
-  KVLENS_REQUIRE(k_cache.shape.size() == 3, op + ": k_cache", "a [G, capacity, D] tensor",
-                 describe(k_cache));
-  const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
-  KVLENS_REQUIRE(q.shape.size() == 3 && q.dim(0) == 1 && q.dim(2) == head_dim, op + ": q",
-                 cat("[1, H, ", head_dim, "]"), describe(q));
-  const int64_t heads = q.dim(1);
-  KVLENS_REQUIRE(groups > 0 && heads % groups == 0, op + ": q",
-                 cat("a head count divisible by the ", groups, " KV heads"), describe(q));
-  KVLENS_REQUIRE(position >= 0 && position < capacity, op + ": position",
-                 cat("a position below the capacity ", capacity), std::to_string(position));
-  const int64_t cols = position + 1;
-  require_cols(cols, op);
-  const RowShape shape = row_shape(logits, DType::F32, heads, cols, op + ": logits");
-  if (heads == 0) return;
-
-  const int64_t heads_per_group = heads / groups;
-  const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
-  const float scale = attention_scale(head_dim);
-  const float* qs = q.as<const float>();
-  const float* ks = k_cache.as<const float>();
-  float* out = logits.as<float>();
-  const DotKernels& kernels = context.kernels;
-  // One task per KV head: its query heads share each key row's loads, as in the attention op.
-  context.pool.parallel_for(
-      0, groups,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t g = begin; g < end; ++g) {
-          const int64_t h0 = g * heads_per_group;
-          kernels.attention_logits(qs + h0 * head_dim, head_dim, int(heads_per_group),
-                                   ks + g * capacity * head_dim, head_dim, lo, position, scale,
-                                   out + h0 * shape.stride, shape.stride);
-        }
-      },
-      grain_for(heads_per_group * cols * head_dim));
-}
-
-// A KV cache [G, capacity, D] F32 holding at least `cols` positions.
-struct CacheShape {
-  int64_t groups, capacity, head_dim;
-};
-CacheShape cache_shape(const DeviceTensor& cache, int64_t cols, OpName op, std::string_view name) {
-  require_f32(cache, Field(op.name, ": ", name));
-  KVLENS_REQUIRE(cache.shape.size() == 3, Field(op.name, ": ", name), "a [G, capacity, D] tensor",
-                 describe(cache));
-  const CacheShape shape{cache.dim(0), cache.dim(1), cache.dim(2)};
-  KVLENS_REQUIRE(cols <= shape.capacity, op + ": cols",
-                 cat("at most the capacity ", shape.capacity), std::to_string(cols));
-  return shape;
-}
-
-void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
-                       const DeviceTensor* visible, const DeviceTensor& v_cache, DeviceTensor& out,
-                       DeviceTensor* probs) {
-  const OpName op{"attention_visible"};
-  require_cols(cols, op);
-  const CacheShape cache_dims = cache_shape(v_cache, cols, op, "v_cache");
-  const int64_t groups = cache_dims.groups, capacity = cache_dims.capacity,
-                head_dim = cache_dims.head_dim;
-  const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op + ": logits");
-  const int64_t heads = logit_shape.rows;
-  KVLENS_REQUIRE(groups > 0 && heads % groups == 0, op + ": logits",
-                 cat("a row count divisible by the ", groups, " KV heads"), describe(logits));
-  RowShape visible_shape, probs_shape;
-  if (visible) visible_shape = row_shape(*visible, DType::U8, heads, cols, op + ": visible");
-  if (probs) probs_shape = row_shape(*probs, DType::F32, heads, cols, op + ": probs");
-  const bool want_out = !out.empty();
-  KVLENS_REQUIRE(want_out || probs != nullptr, op + ": out", "an output tensor or probs",
-                 "neither");
-  if (want_out) {
-    require_f32(out, op + ": out");
-    KVLENS_REQUIRE(out.numel() == heads * head_dim, op + ": out",
-                   shape_string({1, heads, head_dim}), describe(out));
-  }
-  if (heads == 0) return;
-
-  const int64_t heads_per_group = heads / groups;
-  const float* vs = v_cache.as<const float>();
-  const DotKernels& kernels = context.kernels;
-  // One task per KV head, as in the attention op: the softmax of each of its query heads, then
-  // one value pass for all of them. The same kernels over the same nonzero weights give the
-  // attention op's bits; hidden and -inf columns get weight exactly 0 and are skipped.
-  context.pool.parallel_for(
-      0, groups,
-      [&](int64_t begin, int64_t end) {
-        std::vector<float> scratch(probs ? 0 : size_t(heads_per_group * cols));
-        std::vector<float> inv_totals(static_cast<size_t>(heads_per_group));
-        // The weights go straight into probs when it is wanted, then are scaled in place.
-        const int64_t weights_stride = probs ? probs_shape.stride : cols;
-        for (int64_t g = begin; g < end; ++g) {
-          const int64_t h0 = g * heads_per_group;
-          float* weights = probs ? probs->as<float>() + h0 * probs_shape.stride : scratch.data();
-          for (int64_t e = 0; e < heads_per_group; ++e) {
-            const int64_t h = h0 + e;
-            const float* row = logits.as<const float>() + h * logit_shape.stride;
-            const uint8_t* seen =
-                visible ? visible->as<const uint8_t>() + h * visible_shape.stride : nullptr;
-            const float total =
-                kernels.softmax_weights(row, seen, 0, cols, weights + e * weights_stride);
-            // Nothing finite visible: every weight is 0 and scale 0 gives zeros (probs too), as
-            // attention gives.
-            inv_totals[size_t(e)] = total == 0.0f ? 0.0f : 1.0f / total;
-          }
-          if (want_out)
-            kernels.weighted_values(weights, weights_stride, int(heads_per_group),
-                                    vs + g * capacity * head_dim, head_dim, 0, cols,
-                                    inv_totals.data(), out.as<float>() + h0 * head_dim, head_dim);
-          if (probs) {
-            for (int64_t e = 0; e < heads_per_group; ++e) {
-              float* p = weights + e * weights_stride;
-              for (int64_t j = 0; j < cols; ++j) p[j] *= inv_totals[size_t(e)];
-            }
-          }
-        }
-      },
-      grain_for(heads_per_group * cols * head_dim));
-}
+using namespace cpu_checks;  // require*, describe, cat, shape_string, row_shape, grain_for
 
 void select_top_k(const Context& context, const DeviceTensor& scores, int64_t cols,
                   const DeviceTensor* eligible, int64_t k, DeviceTensor& selected) {
@@ -368,7 +213,7 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
   const int64_t rows_per_group = rows / groups;
   static constexpr float kTiny = 1e-12f;
   // Squared length in 8 independent lanes (d mod 8), so the loop vectorises; the order is fixed.
-  auto norm = [head_dim](const float* v) {
+  auto squared_norm = [head_dim](const float* v) {
     float lanes[8] = {};
     int64_t d = 0;
     for (; d + 8 <= head_dim; d += 8)
@@ -376,8 +221,9 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
     float sq = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
                ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
     for (; d < head_dim; ++d) sq += v[d] * v[d];
-    return std::max(std::sqrt(sq), kTiny);
+    return sq;
   };
+  auto norm = [&](const float* v) { return std::max(std::sqrt(squared_norm(v)), kTiny); };
   const DotKernels& kernels = context.kernels;
   // One task per KV head: its keys' lengths are computed once for all of its rows, and the
   // dots of every key with the rows' anchors are one pass of the attention logits kernel.
@@ -387,36 +233,81 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
         std::vector<float> key_norms(static_cast<size_t>(cols)), inverse(key_norms.size());
         std::vector<float> anchors(static_cast<size_t>(rows_per_group * head_dim));
         std::vector<float> anchor_norms(static_cast<size_t>(rows_per_group));
+        std::vector<uint8_t> same_as_previous(static_cast<size_t>(rows_per_group));
+        std::vector<int32_t> member_columns(static_cast<size_t>(cols));
         for (int64_t g = begin; g < end; ++g) {
           const float* keys = k_cache.as<const float>() + g * capacity * head_dim;
-          for (int64_t j = 0; j < cols; ++j) {
-            key_norms[size_t(j)] = norm(keys + j * head_dim);
-            inverse[size_t(j)] = 1.0f / key_norms[size_t(j)];  // once for all rows of the group
-          }
+          for (int64_t j = 0; j < cols; ++j)
+            key_norms[size_t(j)] = squared_norm(keys + j * head_dim);
+          // Separate loops so that the square roots and divisions vectorise (correctly rounded
+          // either way); the inverse is computed once for all rows of the group.
+          for (int64_t j = 0; j < cols; ++j)
+            key_norms[size_t(j)] = std::max(std::sqrt(key_norms[size_t(j)]), kTiny);
+          for (int64_t j = 0; j < cols; ++j) inverse[size_t(j)] = 1.0f / key_norms[size_t(j)];
+          // Rows of the group with the same members as the row before them (keydiff's query
+          // heads at query_head granularity always are) share its anchor and its scores.
+          int64_t distinct = 0;
           for (int64_t i = 0; i < rows_per_group; ++i) {
             const uint8_t* member =
                 members.as<const uint8_t>() + (g * rows_per_group + i) * member_shape.stride;
-            float* anchor = anchors.data() + i * head_dim;
-            std::fill(anchor, anchor + head_dim, 0.0f);
+            if (i > 0 && std::memcmp(member, member - member_shape.stride, size_t(cols)) == 0) {
+              same_as_previous[size_t(i)] = 1;
+              continue;
+            }
+            same_as_previous[size_t(i)] = 0;
+            float* anchor = anchors.data() + distinct * head_dim;
+            // The member columns first (no branch per key: about half are members), then each
+            // anchor element's sum over them in ascending j, 16 elements held in registers.
             int64_t count = 0;
             for (int64_t j = 0; j < cols; ++j) {
-              if (member[j] == 0) continue;
-              const float* k = keys + j * head_dim;
-              const float inv = inverse[size_t(j)];
-              for (int64_t d = 0; d < head_dim; ++d) anchor[d] += k[d] * inv;
-              ++count;
+              member_columns[size_t(count)] = int32_t(j);
+              count += member[j] != 0;
+            }
+            constexpr int64_t kChunk = 16;
+            int64_t d0 = 0;
+            for (; d0 + kChunk <= head_dim; d0 += kChunk) {
+              float sums[kChunk] = {};
+              for (int64_t m = 0; m < count; ++m) {
+                const int64_t j = member_columns[size_t(m)];
+                const float* k = keys + j * head_dim + d0;
+                const float inv = inverse[size_t(j)];
+                for (int64_t d = 0; d < kChunk; ++d) sums[d] += k[d] * inv;
+              }
+              std::copy(sums, sums + kChunk, anchor + d0);
+            }
+            for (int64_t d = d0; d < head_dim; ++d) {
+              float sum = 0.0f;
+              for (int64_t m = 0; m < count; ++m) {
+                const int64_t j = member_columns[size_t(m)];
+                sum += keys[j * head_dim + d] * inverse[size_t(j)];
+              }
+              anchor[d] = sum;
             }
             if (count > 0)
               for (int64_t d = 0; d < head_dim; ++d) anchor[d] /= float(count);
-            anchor_norms[size_t(i)] = norm(anchor);
+            anchor_norms[size_t(distinct)] = norm(anchor);
+            ++distinct;
           }
+          // The distinct rows' scores go to the first `distinct` rows of the group, then move to
+          // their own rows (last first: a row only moves down) and the repeated rows copy them.
           float* o = out.as<float>() + g * rows_per_group * shape.stride;
-          kernels.attention_logits(anchors.data(), head_dim, int(rows_per_group), keys, head_dim, 0,
+          kernels.attention_logits(anchors.data(), head_dim, int(distinct), keys, head_dim, 0,
                                    cols - 1, 1.0f, o, shape.stride);
-          for (int64_t i = 0; i < rows_per_group; ++i) {
+          for (int64_t i = 0; i < distinct; ++i) {
             float* row = o + i * shape.stride;
             for (int64_t j = 0; j < cols; ++j)
               row[j] = -row[j] / (key_norms[size_t(j)] * anchor_norms[size_t(i)]);
+          }
+          int64_t source = distinct;
+          for (int64_t i = rows_per_group - 1; i >= 0; --i) {
+            if (same_as_previous[size_t(i)]) continue;
+            --source;
+            if (source != i)
+              std::memcpy(o + i * shape.stride, o + source * shape.stride, size_t(cols) * 4);
+          }
+          for (int64_t i = 1; i < rows_per_group; ++i) {
+            if (same_as_previous[size_t(i)])
+              std::memcpy(o + i * shape.stride, o + (i - 1) * shape.stride, size_t(cols) * 4);
           }
         }
       },

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "engine/runtime/backend.h"
 #include "engine/runtime/cpu_dot_kernels.h"
@@ -23,6 +24,10 @@ void attention_logits(const Context& context, const DeviceTensor& q, const Devic
 void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
                        const DeviceTensor* visible, const DeviceTensor& v_cache, DeviceTensor& out,
                        DeviceTensor* probs);
+void attention_logits_runs(const Context& context, std::span<const Backend::RunAttention> runs,
+                           int64_t shared, int64_t position, int64_t window);
+void attention_visible_runs(const Context& context, std::span<const Backend::RunAttention> runs,
+                            int64_t shared, int64_t cols);
 void select_top_k(const Context& context, const DeviceTensor& scores, int64_t cols,
                   const DeviceTensor* eligible, int64_t k, DeviceTensor& selected);
 void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value);

@@ -1,8 +1,9 @@
 // The Llama forward pass over the Backend interface: embeddings, per layer RMSNorm -> q/k/v ->
 // RoPE -> KV append -> causal attention -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual,
 // then final norm and lm_head. The projections see every run's row at once (one read of the
-// weights); KV append and attention go run by run. Caches grow by doubling up to
-// max_position_embeddings.
+// weights); in single-token steps the policy runs' attention goes through backend calls over all
+// runs (the prompt rows every cache shares read once) and their selections run run by run (the
+// backend's tasks). Caches grow by doubling up to max_position_embeddings.
 #include "engine/runtime/decoder_session.h"
 
 #include <algorithm>
@@ -224,20 +225,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     backend_.rope(q_heads, positions, model_->inv_freq);
     backend_.rope(k_heads, positions, model_->inv_freq);
     if (per_run) {
-      // The runs are independent here (own cache, policy and scratch): the backend may step
-      // them on different threads, the costliest runs of the last step first so that the
-      // threads finish together.
-      backend_.run_tasks(n, [&](int64_t task) {
-        const int64_t r = run_order_[size_t(task)];
-        const auto start = std::chrono::steady_clock::now();
-        SessionRun& run = runs_[size_t(r)];
-        backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[l],
-                           run.v_cache[l], position_);
-        DeviceTensor run_attn = row_view(attn_heads, r);
-        run_attention(run, l, row_view(normed, r), row_view(q_heads, r), run_attn);
-        run_seconds_[size_t(r)] +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      });
+      step_attention(l, normed, q_heads, k_heads, v_heads, attn_heads);
     } else {
       SessionRun& first = runs_[0];
       backend_.kv_append(k_heads, v_heads, first.k_cache[l], first.v_cache[l], position_);
@@ -354,61 +342,121 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
   }
 }
 
-void DecoderSession::run_attention(SessionRun& run, size_t layer, const DeviceTensor& layer_input,
-                                   const DeviceTensor& q_heads, DeviceTensor& attn_heads) {
-  const int64_t H = model_->config().num_heads, cols = position_ + 1;
-  DeviceTensor* logits_out = nullptr;
-  if (options_.record_attention_logits) {
-    run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
-    logits_out = &run.attention_logits.back();
-  }
-  if (!policy_step(run)) {
-    backend_.attention(q_heads, run.k_cache[layer], run.v_cache[layer], position_,
-                       model_->config().sliding_window.value_or(0), Visibility{}, attn_heads,
-                       logits_out);
-    return;
-  }
-  policy_attention(run, layer, layer_input, q_heads, attn_heads);
-  if (logits_out) {
-    // policy_logits rows have the policy stride; the recorded rows are packed.
-    const int64_t stride = run.policy_logits.dim(1);
-    for (int64_t h = 0; h < H; ++h) {
-      DeviceTensor row = run.policy_logits;
-      row.data = run.policy_logits.as<float>() + h * stride;
-      row.shape = {1, cols};
-      backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
-    }
-  }
-}
-
-void DecoderSession::policy_attention(SessionRun& run, size_t layer,
-                                      const DeviceTensor& layer_input, const DeviceTensor& q_heads,
-                                      DeviceTensor& attn_heads) {
+// The runs' policies see the same LayerStep in select and observe.
+LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) const {
   LayerStep step;
   step.step = position_;
   step.layer = int64_t(layer);
-  step.layer_input = &layer_input;
-  step.q = &q_heads;
+  step.layer_input = &input_rows_[row];
+  step.q = &q_rows_[row];
   step.k_cache = &run.k_cache[layer];
   step.v_cache = &run.v_cache[layer];
   step.logits = &run.policy_logits;
-  backend_.attention_logits(q_heads, run.k_cache[layer], position_,
-                            model_->config().sliding_window.value_or(0), run.policy_logits);
-  const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
-  run.decisions[layer] = decision;
-  record_sparsity(run, layer, decision, step.cols());
-  if (decision == LayerDecision::Skipped) {
-    // A skipped attention contributes nothing: its row becomes zeros, so the batched o_proj
-    // gives exactly 0 for it and the residual is unchanged.
-    backend_.copy_rows(zero_attention_, 0, attn_heads, 0, 1, q_heads.numel());
-    return;
+  return step;
+}
+
+void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
+                                    const DeviceTensor& q_heads, const DeviceTensor& k_heads,
+                                    const DeviceTensor& v_heads, DeviceTensor& attn_heads) {
+  const ModelConfig& c = model_->config();
+  const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
+  const int64_t window = c.sliding_window.value_or(0);
+  // Rows [0, shared) hold the same keys and values in every run's cache (the current token's
+  // row never does): the backend may read them once for all runs.
+  const int64_t shared = n > 1 ? std::min(shared_rows_, position_) : 0;
+  input_rows_.resize(size_t(n));
+  q_rows_.resize(size_t(n));
+  out_rows_.resize(size_t(n));
+  run_attention_.assign(size_t(n), {});
+  attention_batch_.clear();
+  for (int64_t r = 0; r < n; ++r) {
+    SessionRun& run = runs_[size_t(r)];
+    input_rows_[size_t(r)] = row_view(normed, r);
+    q_rows_[size_t(r)] = row_view(q_heads, r);
+    out_rows_[size_t(r)] = row_view(attn_heads, r);
+    backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[layer],
+                       run.v_cache[layer], position_);
+    if (!policy_step(run)) continue;
+    Backend::RunAttention& attention = run_attention_[size_t(r)];
+    attention.q = &q_rows_[size_t(r)];
+    attention.k_cache = &run.k_cache[layer];
+    attention.v_cache = &run.v_cache[layer];
+    attention.logits = &run.policy_logits;
+    attention.out = &out_rows_[size_t(r)];
+    attention_batch_.push_back(attention);
   }
-  const bool want_probs = run.policy->wants_probs();
-  backend_.attention_visible(run.policy_logits, step.cols(),
-                             decision == LayerDecision::Masked ? &run.visible[layer] : nullptr,
-                             run.v_cache[layer], attn_heads,
-                             want_probs ? &run.policy_probs : nullptr);
-  if (want_probs) run.policy->observe(step, run.policy_probs);
+  // 1. The true logits of every policy run.
+  if (!attention_batch_.empty())
+    backend_.attention_logits_runs(attention_batch_, shared, position_, window);
+  // 2. Each run's selection, or its plain attention, on the backend's threads (the runs are
+  // independent here: own cache, policy and scratch), the costliest runs of the last step
+  // first so that the threads finish together.
+  auto timed = [&](int64_t r, auto&& work) {
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    run_seconds_[size_t(r)] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  backend_.run_tasks(n, [&](int64_t task) {
+    const int64_t r = run_order_[size_t(task)];
+    timed(r, [&] {
+      SessionRun& run = runs_[size_t(r)];
+      DeviceTensor* logits_out = nullptr;
+      if (options_.record_attention_logits) {
+        run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
+        logits_out = &run.attention_logits.back();
+      }
+      if (!policy_step(run)) {
+        backend_.attention(q_rows_[size_t(r)], run.k_cache[layer], run.v_cache[layer], position_,
+                           window, Visibility{}, out_rows_[size_t(r)], logits_out);
+        return;
+      }
+      if (logits_out) {
+        // policy_logits rows have the policy stride; the recorded rows are packed.
+        const int64_t stride = run.policy_logits.dim(1);
+        for (int64_t h = 0; h < H; ++h) {
+          DeviceTensor row = run.policy_logits;
+          row.data = run.policy_logits.as<float>() + h * stride;
+          row.shape = {1, cols};
+          backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
+        }
+      }
+      const LayerDecision decision = run.policy->select(layer_step(run, layer, size_t(r)),
+                                                        run.visible[layer], run.scores[layer]);
+      run.decisions[layer] = decision;
+      record_sparsity(run, layer, decision, cols);
+      Backend::RunAttention& attention = run_attention_[size_t(r)];
+      if (decision == LayerDecision::Skipped) {
+        // A skipped attention contributes nothing: its row becomes zeros, so the batched
+        // o_proj gives exactly 0 for it and the residual is unchanged.
+        backend_.copy_rows(zero_attention_, 0, out_rows_[size_t(r)], 0, 1,
+                           q_rows_[size_t(r)].numel());
+        attention.out = nullptr;
+        return;
+      }
+      attention.visible = decision == LayerDecision::Masked ? &run.visible[layer] : nullptr;
+      attention.probs = run.policy->wants_probs() ? &run.policy_probs : nullptr;
+    });
+  });
+  // 3. Softmax over each run's visible set and the value sums.
+  attention_batch_.clear();
+  bool observed = false;
+  for (const Backend::RunAttention& attention : run_attention_) {
+    if (!attention.out) continue;
+    attention_batch_.push_back(attention);
+    observed = observed || attention.probs;
+  }
+  if (!attention_batch_.empty()) backend_.attention_visible_runs(attention_batch_, shared, cols);
+  // 4. The probabilities to the policies that accumulate them.
+  if (!observed) return;
+  backend_.run_tasks(n, [&](int64_t task) {
+    const int64_t r = run_order_[size_t(task)];
+    if (!run_attention_[size_t(r)].out || !run_attention_[size_t(r)].probs) return;
+    timed(r, [&] {
+      SessionRun& run = runs_[size_t(r)];
+      run.policy->observe(layer_step(run, layer, size_t(r)), run.policy_probs);
+    });
+  });
 }
 
 void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecision decision,

@@ -93,9 +93,10 @@ class DecoderSession {
 
   // Run 0's state (the single-run API).
   const Policy* policy() const { return runs_[0].policy.get(); }
-  // Each run's own work in the last single-token step (KV append, policy and attention, summed
-  // over the layers, in seconds, on whichever thread ran it; a benchmark's breakdown). Empty
-  // before the first step.
+  // Each run's own work in the last single-token step (its policy's select and observe, or its
+  // plain attention when no policy applies, summed over the layers, in seconds, on whichever
+  // thread ran it; a benchmark's breakdown). The policy runs' attention, computed for all runs
+  // in one backend call, is not in it. Empty before the first step.
   const std::vector<double>& run_step_seconds() const { return run_seconds_; }
   const std::vector<DeviceTensor>& visible() const { return runs_[0].visible; }
   const std::vector<DeviceTensor>& policy_scores() const { return runs_[0].scores; }
@@ -111,13 +112,15 @@ class DecoderSession {
   // The decoder over `rows` hidden rows: a chunk of one run (per_run false: rows are positions
   // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run.
   const DeviceTensor& forward_rows(std::span<const int32_t> tokens, bool per_run);
-  // One run's attention for its single token at one layer, under its policy when the policy
-  // applies at this position; layer_input is the run's [1, E] attention input (after the layer's
-  // RMSNorm), q/out its [1, H, D] rows.
-  void run_attention(SessionRun& run, size_t layer, const DeviceTensor& layer_input,
-                     const DeviceTensor& q_heads, DeviceTensor& attn_heads);
-  void policy_attention(SessionRun& run, size_t layer, const DeviceTensor& layer_input,
-                        const DeviceTensor& q_heads, DeviceTensor& attn_heads);
+  // One single-token step's attention of every run at one layer: the policy runs' logits in one
+  // backend call, each run's selection (or its plain dense attention) as a backend task, the
+  // policy runs' softmax and value sums in one call, then the policies' observe. The calls over
+  // all runs may read the rows every cache holds alike (the prompt) once for all of them.
+  // normed [runs, E] (the layers' attention inputs), q/out [runs, H, D], k/v [runs, G, D].
+  void step_attention(size_t layer, const DeviceTensor& normed, const DeviceTensor& q_heads,
+                      const DeviceTensor& k_heads, const DeviceTensor& v_heads,
+                      DeviceTensor& attn_heads);
+  LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
   void record_sparsity(SessionRun& run, size_t layer, LayerDecision decision, int64_t cols);
   bool policy_step(const SessionRun& run) const {
     return run.policy && position_ >= run.first_step;
@@ -144,6 +147,10 @@ class DecoderSession {
   DeviceTensor logits_view_;     // logits_ seen as [rows, vocab] for the last forward
   DeviceTensor zero_attention_;  // [1, H * D] zeros: a skipped layer's attention output
   DeviceTensor policy_rows_;     // every run's policy rows (set_policy), U8 bytes
+  // step_attention's per-run row views of the current layer (the policies' LayerStep points at
+  // them) and its backend calls' arguments.
+  std::vector<DeviceTensor> input_rows_, q_rows_, out_rows_;
+  std::vector<Backend::RunAttention> run_attention_, attention_batch_;
 };
 
 }  // namespace kvlens

@@ -823,6 +823,42 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
     CHECK(worst < 1e-6);
   }
 
+  SECTION("rows repeating the row before them get the bits of that row computed alone") {
+    // Groups of 4 rows with member patterns a b b a and c c c c: the op computes each distinct
+    // run of rows once and copies it; every row must equal the same members in a group of one.
+    const int64_t groups = 2, rows = 8, capacity = 80, cols = 77, head_dim = 16;
+    const std::vector<float> keys = random_values(size_t(groups * capacity * head_dim), 94);
+    std::mt19937 rng(95);
+    auto random_members = [&] {
+      std::vector<uint8_t> row(size_t(capacity), 0);
+      for (int64_t j = 0; j < cols; ++j) row[size_t(j)] = uint8_t(rng() % 2);
+      return row;
+    };
+    const std::vector<uint8_t> a = random_members(), b = random_members(), c = random_members();
+    std::vector<uint8_t> members;
+    for (const auto* row : {&a, &b, &b, &a, &c, &c, &c, &c})
+      members.insert(members.end(), row->begin(), row->end());
+    const DeviceTensor k = make_f32(*backend, keys, {groups, capacity, head_dim});
+    DeviceTensor out = backend->alloc(DType::F32, {rows, capacity});
+    backend->key_anchor_scores(k, cols, make_u8(*backend, members, {rows, capacity}), out);
+    const std::vector<float> got = read_f32(*backend, out);
+    for (int64_t r = 0; r < rows; ++r) {
+      // The same KV head's keys alone (G = 1) with this row's members alone.
+      const int64_t g = r / 4;
+      const std::vector<float> own_keys(keys.begin() + g * capacity * head_dim,
+                                        keys.begin() + (g + 1) * capacity * head_dim);
+      const std::vector<uint8_t> own_members(members.begin() + r * capacity,
+                                             members.begin() + (r + 1) * capacity);
+      DeviceTensor alone = backend->alloc(DType::F32, {1, capacity});
+      backend->key_anchor_scores(make_f32(*backend, own_keys, {1, capacity, head_dim}), cols,
+                                 make_u8(*backend, own_members, {1, capacity}), alone);
+      const std::vector<float> want = read_f32(*backend, alone);
+      INFO("row " << r);
+      CHECK(std::vector<float>(got.begin() + r * capacity, got.begin() + r * capacity + cols) ==
+            std::vector<float>(want.begin(), want.begin() + cols));
+    }
+  }
+
   SECTION("bad shapes are errors") {
     const DeviceTensor k = backend->alloc(DType::F32, {G, kStride, D});
     DeviceTensor out = backend->alloc(DType::F32, {3, kStride});  // not a multiple of G

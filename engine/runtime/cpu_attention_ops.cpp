@@ -1,0 +1,254 @@
+// The CPU backend's policy-path attention (contracts in backend.h): attention_logits and
+// attention_visible, for one run or for the runs of a lockstep step at once. Caches are
+// [G, capacity, D], logits / probs F32 and masks U8 [H, stride]; query head h reads KV head
+// h / (H/G). The runs' caches hold the same rows [0, shared) (the common prompt): those are read
+// from run 0's cache, block by block, each block once for every run while it sits in L1, rather
+// than once per run from memory. The kernels (cpu_dot_kernels.h) give each output one fixed order
+// of operations, so the results are those of each run alone, bit for bit, and those of the
+// attention op (the same kernels) when nothing is masked.
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "engine/runtime/cpu_checks.h"
+#include "engine/runtime/cpu_policy_ops.h"
+
+namespace kvlens::cpu_policy {
+
+using namespace cpu_checks;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Keys or values per block of the common rows: about 8 KB of one KV head, so that a block stays
+// in L1 while every run reads it.
+int64_t rows_per_block(int64_t head_dim) {
+  return std::max<int64_t>(
+      8, 8192 / (int64_t(sizeof(float)) * std::max<int64_t>(1, head_dim)) / 8 * 8);
+}
+
+struct Geometry {
+  int64_t heads = 0, groups = 0, head_dim = 0;
+};
+
+// The shape every run must share, from run 0's cache and logits.
+Geometry check_same_geometry(std::span<const Backend::RunAttention> runs,
+                             const DeviceTensor& (*cache_of)(const Backend::RunAttention&),
+                             OpName op) {
+  const DeviceTensor& first_cache = cache_of(runs[0]);
+  const Geometry geometry{runs[0].logits->dim(0), first_cache.dim(0), first_cache.dim(2)};
+  for (size_t r = 1; r < runs.size(); ++r) {
+    const DeviceTensor& cache = cache_of(runs[r]);
+    KVLENS_REQUIRE(runs[r].logits->dim(0) == geometry.heads && cache.dim(0) == geometry.groups &&
+                       cache.dim(2) == geometry.head_dim,
+                   op + ": runs",
+                   cat("runs of one model shape (", geometry.heads, " heads, ", geometry.groups,
+                       " KV heads of ", geometry.head_dim, ")"),
+                   cat("run ", int64_t(r), ": ", describe(cache)));
+  }
+  return geometry;
+}
+
+const DeviceTensor& keys_of(const Backend::RunAttention& run) {
+  return *run.k_cache;
+}
+const DeviceTensor& values_of(const Backend::RunAttention& run) {
+  return *run.v_cache;
+}
+
+void check_shared(int64_t shared, int64_t limit, OpName op) {
+  KVLENS_REQUIRE(shared >= 0 && shared <= limit, op + ": shared",
+                 cat("a common row count in [0, ", limit, "]"), std::to_string(shared));
+}
+
+}  // namespace
+
+void attention_logits_runs(const Context& context, std::span<const Backend::RunAttention> runs,
+                           int64_t shared, int64_t position, int64_t window) {
+  const OpName op{"attention_logits"};
+  if (runs.empty()) return;
+  std::vector<int64_t> strides(runs.size());
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Backend::RunAttention& run = runs[r];
+    KVLENS_REQUIRE(run.q && run.k_cache && run.logits, op + ": run",
+                   "q, k_cache and logits tensors", "a missing one");
+    require_f32(*run.q, op + ": q");
+    const CacheShape cache = cache_shape(*run.k_cache, position + 1, op, "k_cache");
+    KVLENS_REQUIRE(
+        run.q->shape.size() == 3 && run.q->dim(0) == 1 && run.q->dim(2) == cache.head_dim,
+        op + ": q", cat("[1, H, ", cache.head_dim, "]"), describe(*run.q));
+    const int64_t heads = run.q->dim(1);
+    KVLENS_REQUIRE(cache.groups > 0 && heads % cache.groups == 0, op + ": q",
+                   cat("a head count divisible by the ", cache.groups, " KV heads"),
+                   describe(*run.q));
+    KVLENS_REQUIRE(position >= 0, op + ": position", "a position >= 0", std::to_string(position));
+    require_cols(position + 1, op);
+    strides[r] = row_shape(*run.logits, DType::F32, heads, position + 1, op + ": logits").stride;
+  }
+  const Geometry geometry = check_same_geometry(runs, keys_of, op);
+  check_shared(shared, position, op);
+  if (geometry.heads == 0) return;
+
+  const int64_t per_group = geometry.heads / geometry.groups, head_dim = geometry.head_dim;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+  const int64_t common_end = std::max(lo, shared), block = rows_per_block(head_dim);
+  const float scale = attention_scale(head_dim);
+  const DotKernels& kernels = context.kernels;
+  const int64_t cols = position + 1, work = int64_t(runs.size()) * per_group * cols * head_dim;
+  auto query = [&](size_t r, int64_t h0) { return runs[r].q->as<const float>() + h0 * head_dim; };
+  auto row = [&](size_t r, int64_t h0) { return runs[r].logits->as<float>() + h0 * strides[r]; };
+  // One task per KV head; the kernel's logits depend only on the query and key, so a range cut
+  // into blocks (passed as offset pointers) gives the same bits as one call over [lo, position].
+  context.pool.parallel_for(
+      0, geometry.groups,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t g = begin; g < end; ++g) {
+          const int64_t h0 = g * per_group;
+          for (size_t r = 0; r < runs.size(); ++r)
+            for (int64_t e = 0; e < per_group; ++e)
+              std::fill(row(r, h0) + e * strides[r], row(r, h0) + e * strides[r] + lo, kNegInf);
+          const DeviceTensor& common_cache = *runs[0].k_cache;
+          const float* common = common_cache.as<const float>() + g * common_cache.dim(1) * head_dim;
+          for (int64_t j0 = lo; j0 < common_end; j0 += block) {
+            const int64_t j1 = std::min(j0 + block, common_end);
+            for (size_t r = 0; r < runs.size(); ++r)
+              kernels.attention_logits(query(r, h0), head_dim, int(per_group),
+                                       common + j0 * head_dim, head_dim, 0, j1 - 1 - j0, scale,
+                                       row(r, h0) + j0, strides[r]);
+          }
+          for (size_t r = 0; r < runs.size(); ++r) {
+            const DeviceTensor& own = *runs[r].k_cache;
+            kernels.attention_logits(
+                query(r, h0), head_dim, int(per_group),
+                own.as<const float>() + (g * own.dim(1) + common_end) * head_dim, head_dim, 0,
+                position - common_end, scale, row(r, h0) + common_end, strides[r]);
+          }
+        }
+      },
+      grain_for(work / geometry.groups));
+}
+
+void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
+                      int64_t position, int64_t window, DeviceTensor& logits) {
+  const Backend::RunAttention run{.q = &q, .k_cache = &k_cache, .logits = &logits};
+  attention_logits_runs(context, std::span(&run, 1), 0, position, window);
+}
+
+void attention_visible_runs(const Context& context, std::span<const Backend::RunAttention> runs,
+                            int64_t shared, int64_t cols) {
+  const OpName op{"attention_visible"};
+  if (runs.empty()) return;
+  require_cols(cols, op);
+  struct Strides {
+    int64_t logits = 0, visible = 0, probs = 0;
+  };
+  std::vector<Strides> strides(runs.size());
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Backend::RunAttention& run = runs[r];
+    KVLENS_REQUIRE(run.logits && run.v_cache && run.out, op + ": run",
+                   "logits, v_cache and out tensors", "a missing one");
+    const CacheShape cache = cache_shape(*run.v_cache, cols, op, "v_cache");
+    const RowShape logit_shape = row_shape(*run.logits, DType::F32, -1, cols, op + ": logits");
+    const int64_t heads = logit_shape.rows;
+    KVLENS_REQUIRE(cache.groups > 0 && heads % cache.groups == 0, op + ": logits",
+                   cat("a row count divisible by the ", cache.groups, " KV heads"),
+                   describe(*run.logits));
+    strides[r].logits = logit_shape.stride;
+    if (run.visible)
+      strides[r].visible = row_shape(*run.visible, DType::U8, heads, cols, op + ": visible").stride;
+    if (run.probs)
+      strides[r].probs = row_shape(*run.probs, DType::F32, heads, cols, op + ": probs").stride;
+    KVLENS_REQUIRE(!run.out->empty() || run.probs != nullptr, op + ": out",
+                   "an output tensor or probs", "neither");
+    if (!run.out->empty()) {
+      require_f32(*run.out, op + ": out");
+      KVLENS_REQUIRE(run.out->numel() == heads * cache.head_dim, op + ": out",
+                     shape_string({1, heads, cache.head_dim}), describe(*run.out));
+    }
+  }
+  const Geometry geometry = check_same_geometry(runs, values_of, op);
+  check_shared(shared, cols, op);
+  if (geometry.heads == 0) return;
+
+  const int64_t per_group = geometry.heads / geometry.groups, head_dim = geometry.head_dim;
+  const int64_t runs_count = int64_t(runs.size()), block = rows_per_block(head_dim);
+  const DotKernels& kernels = context.kernels;
+  // One task per KV head: each run's softmax weights of the group's query heads (straight into
+  // probs when it is wanted, scaled in place at the end), then the value sums of every run,
+  // continued block by block over the common rows and then over the run's own rows. Hidden and
+  // -inf columns get weight exactly 0 and are skipped, so they leave the sums as they are.
+  context.pool.parallel_for(
+      0, geometry.groups,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch(size_t(runs_count * per_group * cols));
+        std::vector<float> sums(size_t(runs_count * per_group * head_dim));
+        std::vector<float> inverse_totals(size_t(runs_count * per_group));
+        std::vector<float*> weights(runs.size());
+        std::vector<int64_t> weights_stride(runs.size());
+        for (int64_t g = begin; g < end; ++g) {
+          const int64_t h0 = g * per_group;
+          for (size_t r = 0; r < runs.size(); ++r) {
+            const Backend::RunAttention& run = runs[r];
+            weights_stride[r] = run.probs ? strides[r].probs : cols;
+            weights[r] = run.probs ? run.probs->as<float>() + h0 * strides[r].probs
+                                   : scratch.data() + int64_t(r) * per_group * cols;
+            for (int64_t e = 0; e < per_group; ++e) {
+              const int64_t h = h0 + e;
+              const float total = kernels.softmax_weights(
+                  run.logits->as<const float>() + h * strides[r].logits,
+                  run.visible ? run.visible->as<const uint8_t>() + h * strides[r].visible : nullptr,
+                  0, cols, weights[r] + e * weights_stride[r]);
+              // Nothing finite visible: every weight is 0 and scale 0 gives zeros (probs too), as
+              // attention gives.
+              inverse_totals[size_t(int64_t(r) * per_group + e)] =
+                  total == 0.0f ? 0.0f : 1.0f / total;
+            }
+          }
+          std::fill(sums.begin(), sums.end(), 0.0f);
+          auto run_sums = [&](size_t r) { return sums.data() + int64_t(r) * per_group * head_dim; };
+          auto accumulate = [&](size_t r, const float* values, int64_t from, int64_t to) {
+            if (runs[r].out->empty()) return;
+            kernels.weighted_values_accumulate(weights[r], weights_stride[r], int(per_group),
+                                               values, head_dim, from, to, run_sums(r), head_dim);
+          };
+          const DeviceTensor& common_cache = *runs[0].v_cache;
+          const float* common = common_cache.as<const float>() + g * common_cache.dim(1) * head_dim;
+          for (int64_t j0 = 0; j0 < shared; j0 += block) {
+            const int64_t j1 = std::min(j0 + block, shared);
+            for (size_t r = 0; r < runs.size(); ++r) accumulate(r, common, j0, j1);
+          }
+          for (size_t r = 0; r < runs.size(); ++r) {
+            const DeviceTensor& own = *runs[r].v_cache;
+            accumulate(r, own.as<const float>() + g * own.dim(1) * head_dim, shared, cols);
+            for (int64_t e = 0; e < per_group; ++e) {
+              const float inverse = inverse_totals[size_t(int64_t(r) * per_group + e)];
+              if (!runs[r].out->empty()) {
+                const float* sum = run_sums(r) + e * head_dim;
+                float* out = runs[r].out->as<float>() + (h0 + e) * head_dim;
+                for (int64_t d = 0; d < head_dim; ++d) out[d] = sum[d] * inverse;
+              }
+              if (runs[r].probs) {
+                float* p = weights[r] + e * weights_stride[r];
+                for (int64_t j = 0; j < cols; ++j) p[j] *= inverse;
+              }
+            }
+          }
+        }
+      },
+      grain_for(runs_count * per_group * cols * head_dim));
+}
+
+void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
+                       const DeviceTensor* visible, const DeviceTensor& v_cache, DeviceTensor& out,
+                       DeviceTensor* probs) {
+  // logits is only read here (RunAttention's pointer is the logits op's output).
+  const Backend::RunAttention run{.v_cache = &v_cache,
+                                  .logits = const_cast<DeviceTensor*>(&logits),
+                                  .visible = visible,
+                                  .out = &out,
+                                  .probs = probs};
+  attention_visible_runs(context, std::span(&run, 1), 0, cols);
+}
+
+}  // namespace kvlens::cpu_policy

@@ -1,0 +1,146 @@
+// attention_logits_runs / attention_visible_runs: the lockstep forms of the policy path's
+// attention read the rows every run's cache holds alike once for all runs, and must give each run
+// exactly the bits of the single-run ops (both on the AVX2 and on the portable kernels).
+#include <catch2/catch.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/cpu_backend.h"
+#include "tests/support/backend_checks.h"
+#include "tests/support/random_values.h"
+
+using namespace kvlens;
+using kvlens::test::make_f32;
+using kvlens::test::random_values;
+
+namespace {
+
+std::vector<float> read(Backend& backend, const DeviceTensor& t) {
+  std::vector<float> values(size_t(t.numel()));
+  backend.to_host(t, values.data(), values.size() * sizeof(float));
+  return values;
+}
+
+DeviceTensor make_mask(Backend& backend, const std::vector<uint8_t>& values,
+                       std::vector<int64_t> shape) {
+  DeviceTensor t = backend.alloc(DType::U8, std::move(shape));
+  backend.from_host(t, values.data(), values.size());
+  return t;
+}
+
+constexpr int64_t kHeads = 4, kGroups = 2, kDim = 40, kCapacity = 300, kRuns = 3;
+
+// Three runs' caches: rows [0, shared) equal in all of them (the common prompt), the rest each
+// run's own; with an inf in run 1's values behind a hidden column and in the rows past position.
+struct Runs {
+  std::vector<DeviceTensor> k, v, q, logits, out, probs, visible;
+};
+
+Runs make_runs(Backend& backend, int64_t shared, int64_t cols) {
+  Runs runs;
+  const std::vector<float> common_k = random_values(size_t(kGroups * kCapacity * kDim), 11);
+  const std::vector<float> common_v = random_values(size_t(kGroups * kCapacity * kDim), 12);
+  std::mt19937 rng(13);
+  for (int64_t r = 0; r < kRuns; ++r) {
+    std::vector<float> k = random_values(common_k.size(), uint32_t(20 + r));
+    std::vector<float> v = random_values(common_v.size(), uint32_t(30 + r));
+    for (int64_t g = 0; g < kGroups; ++g)
+      for (int64_t j = 0; j < shared * kDim; ++j) {
+        const size_t at = size_t(g * kCapacity * kDim + j);
+        k[at] = common_k[at];
+        v[at] = common_v[at];
+      }
+    runs.k.push_back(make_f32(backend, k, {kGroups, kCapacity, kDim}));
+    runs.v.push_back(make_f32(backend, v, {kGroups, kCapacity, kDim}));
+    runs.q.push_back(make_f32(backend, random_values(size_t(kHeads * kDim), uint32_t(40 + r)),
+                              {1, kHeads, kDim}));
+    runs.logits.push_back(backend.alloc(DType::F32, {kHeads, kCapacity}));
+    runs.out.push_back(backend.alloc(DType::F32, {1, kHeads, kDim}));
+    runs.probs.push_back(backend.alloc(DType::F32, {kHeads, kCapacity}));
+    std::vector<uint8_t> mask(size_t(kHeads * kCapacity), 0);
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t j = 0; j < cols; ++j) mask[size_t(h * kCapacity + j)] = uint8_t(rng() % 2);
+    runs.visible.push_back(make_mask(backend, mask, {kHeads, kCapacity}));
+  }
+  return runs;
+}
+
+void check_runs_equal_single(Backend& backend, int64_t shared, int64_t position, int64_t window) {
+  const int64_t cols = position + 1;
+  Runs together = make_runs(backend, shared, cols), alone = make_runs(backend, shared, cols);
+  // Run 0 dense without probs, run 1 masked with probs, run 2 masked without probs.
+  auto item = [](Runs& runs, int64_t r) {
+    Backend::RunAttention a;
+    a.q = &runs.q[size_t(r)];
+    a.k_cache = &runs.k[size_t(r)];
+    a.v_cache = &runs.v[size_t(r)];
+    a.logits = &runs.logits[size_t(r)];
+    a.visible = r == 0 ? nullptr : &runs.visible[size_t(r)];
+    a.out = &runs.out[size_t(r)];
+    a.probs = r == 1 ? &runs.probs[size_t(r)] : nullptr;
+    return a;
+  };
+  std::vector<Backend::RunAttention> items;
+  for (int64_t r = 0; r < kRuns; ++r) items.push_back(item(together, r));
+  backend.attention_logits_runs(items, shared, position, window);
+  backend.attention_visible_runs(items, shared, cols);
+  for (int64_t r = 0; r < kRuns; ++r) {
+    const Backend::RunAttention a = item(alone, r);
+    backend.attention_logits(*a.q, *a.k_cache, position, window, *a.logits);
+    backend.attention_visible(*a.logits, cols, a.visible, *a.v_cache, *a.out, a.probs);
+    INFO("run " << r << ", shared " << shared << ", position " << position << ", window "
+                << window);
+    const std::vector<float> got = read(backend, together.logits[size_t(r)]);
+    const std::vector<float> want = read(backend, alone.logits[size_t(r)]);
+    for (int64_t h = 0; h < kHeads; ++h)
+      CHECK(std::vector<float>(got.begin() + h * kCapacity, got.begin() + h * kCapacity + cols) ==
+            std::vector<float>(want.begin() + h * kCapacity, want.begin() + h * kCapacity + cols));
+    CHECK(read(backend, together.out[size_t(r)]) == read(backend, alone.out[size_t(r)]));
+    if (r == 1)
+      CHECK(read(backend, together.probs[size_t(r)]) == read(backend, alone.probs[size_t(r)]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention ops over several runs give each run's single-run bits", "[policy_ops]") {
+  for (const bool simd : {true, false}) {
+    auto backend = make_cpu_backend(CpuBackendOptions{.threads = 2, .allow_simd = simd});
+    INFO((simd ? "simd" : "portable"));
+    // Common prompts of 0, 7 (inside the first block), 200 (several blocks, not a multiple of 8)
+    // and every row but the current one; windows that cut the common rows or start past them.
+    for (const int64_t shared : {0, 7, 200, 259}) check_runs_equal_single(*backend, shared, 259, 0);
+    check_runs_equal_single(*backend, 200, 259, 100);
+    check_runs_equal_single(*backend, 200, 259, 50);
+    check_runs_equal_single(*backend, 3, 4, 0);
+  }
+}
+
+TEST_CASE("attention ops over several runs: bad arguments are clear errors", "[policy_ops]") {
+  auto backend = make_cpu_backend(2);
+  Runs runs = make_runs(*backend, 10, 20);
+  Backend::RunAttention a;
+  a.q = &runs.q[0];
+  a.k_cache = &runs.k[0];
+  a.v_cache = &runs.v[0];
+  a.logits = &runs.logits[0];
+  a.out = &runs.out[0];
+  std::vector<Backend::RunAttention> items = {a};
+  // More common rows than the position (the current token's row is never common).
+  CHECK_THROWS_AS(backend->attention_logits_runs(items, 21, 20, 0), Error);
+  CHECK_THROWS_AS(backend->attention_visible_runs(items, 22, 21), Error);
+  // Runs of different shapes.
+  DeviceTensor other_k = backend->alloc(DType::F32, {1, kCapacity, kDim});
+  Backend::RunAttention b = a;
+  b.k_cache = &other_k;
+  items = {a, b};
+  CHECK_THROWS_AS(backend->attention_logits_runs(items, 0, 20, 0), Error);
+  // A missing output.
+  Backend::RunAttention c = a;
+  c.out = nullptr;
+  items = {c};
+  CHECK_THROWS_AS(backend->attention_visible_runs(items, 0, 21), Error);
+}
