@@ -155,15 +155,13 @@ class Backend {
     DeviceTensor* out = nullptr;            // [1, H, D]
     DeviceTensor* probs = nullptr;          // null: not wanted
   };
-  virtual void attention_logits_runs(std::span<const RunAttention> runs, int64_t shared,
+  virtual void attention_logits_runs(std::span<const RunAttention> runs, int64_t /*shared*/,
                                      int64_t position, int64_t window) {
-    (void)shared;
     for (const RunAttention& run : runs)
       attention_logits(*run.q, *run.k_cache, position, window, *run.logits);
   }
-  virtual void attention_visible_runs(std::span<const RunAttention> runs, int64_t shared,
+  virtual void attention_visible_runs(std::span<const RunAttention> runs, int64_t /*shared*/,
                                       int64_t cols) {
-    (void)shared;
     for (const RunAttention& run : runs)
       attention_visible(*run.logits, cols, run.visible, *run.v_cache, *run.out, run.probs);
   }

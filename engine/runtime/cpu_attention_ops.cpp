@@ -32,29 +32,14 @@ struct Geometry {
   int64_t heads = 0, groups = 0, head_dim = 0;
 };
 
-// The shape every run must share, from run 0's cache and logits.
-Geometry check_same_geometry(std::span<const Backend::RunAttention> runs,
-                             const DeviceTensor& (*cache_of)(const Backend::RunAttention&),
-                             OpName op) {
-  const DeviceTensor& first_cache = cache_of(runs[0]);
-  const Geometry geometry{runs[0].logits->dim(0), first_cache.dim(0), first_cache.dim(2)};
-  for (size_t r = 1; r < runs.size(); ++r) {
-    const DeviceTensor& cache = cache_of(runs[r]);
-    KVLENS_REQUIRE(runs[r].logits->dim(0) == geometry.heads && cache.dim(0) == geometry.groups &&
-                       cache.dim(2) == geometry.head_dim,
-                   op + ": runs",
-                   cat("runs of one model shape (", geometry.heads, " heads, ", geometry.groups,
-                       " KV heads of ", geometry.head_dim, ")"),
-                   cat("run ", int64_t(r), ": ", describe(cache)));
-  }
-  return geometry;
-}
-
-const DeviceTensor& keys_of(const Backend::RunAttention& run) {
-  return *run.k_cache;
-}
-const DeviceTensor& values_of(const Backend::RunAttention& run) {
-  return *run.v_cache;
+// Every run must have run 0's shape: the common rows are read with run 0's geometry.
+void require_same_geometry(const Geometry& first, const Geometry& run, int64_t index, OpName op) {
+  KVLENS_REQUIRE(
+      run.heads == first.heads && run.groups == first.groups && run.head_dim == first.head_dim,
+      op + ": runs",
+      cat("runs of one model shape (", first.heads, " heads, ", first.groups, " KV heads of ",
+          first.head_dim, ")"),
+      cat("run ", index, ": ", run.heads, " heads, ", run.groups, " KV heads of ", run.head_dim));
 }
 
 void check_shared(int64_t shared, int64_t limit, OpName op) {
@@ -69,6 +54,7 @@ void attention_logits_runs(const Context& context, std::span<const Backend::RunA
   const OpName op{"attention_logits"};
   if (runs.empty()) return;
   std::vector<int64_t> strides(runs.size());
+  Geometry geometry;
   for (size_t r = 0; r < runs.size(); ++r) {
     const Backend::RunAttention& run = runs[r];
     KVLENS_REQUIRE(run.q && run.k_cache && run.logits, op + ": run",
@@ -85,8 +71,10 @@ void attention_logits_runs(const Context& context, std::span<const Backend::RunA
     KVLENS_REQUIRE(position >= 0, op + ": position", "a position >= 0", std::to_string(position));
     require_cols(position + 1, op);
     strides[r] = row_shape(*run.logits, DType::F32, heads, position + 1, op + ": logits").stride;
+    const Geometry own{heads, cache.groups, cache.head_dim};
+    if (r == 0) geometry = own;
+    require_same_geometry(geometry, own, int64_t(r), op);
   }
-  const Geometry geometry = check_same_geometry(runs, keys_of, op);
   check_shared(shared, position, op);
   if (geometry.heads == 0) return;
 
@@ -144,6 +132,9 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
     int64_t logits = 0, visible = 0, probs = 0;
   };
   std::vector<Strides> strides(runs.size());
+  std::vector<int64_t> scratch_offsets(runs.size());
+  int64_t scratch_runs = 0;
+  Geometry geometry;
   for (size_t r = 0; r < runs.size(); ++r) {
     const Backend::RunAttention& run = runs[r];
     KVLENS_REQUIRE(run.logits && run.v_cache && run.out, op + ": run",
@@ -166,8 +157,12 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
       KVLENS_REQUIRE(run.out->numel() == heads * cache.head_dim, op + ": out",
                      shape_string({1, heads, cache.head_dim}), describe(*run.out));
     }
+    const Geometry own{heads, cache.groups, cache.head_dim};
+    if (r == 0) geometry = own;
+    require_same_geometry(geometry, own, int64_t(r), op);
+    // Runs without probs keep their weights in the task's scratch.
+    if (!run.probs) scratch_offsets[r] = scratch_runs++ * (own.heads / own.groups) * cols;
   }
-  const Geometry geometry = check_same_geometry(runs, values_of, op);
   check_shared(shared, cols, op);
   if (geometry.heads == 0) return;
 
@@ -181,9 +176,14 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
   context.pool.parallel_for(
       0, geometry.groups,
       [&](int64_t begin, int64_t end) {
-        std::vector<float> scratch(size_t(runs_count * per_group * cols));
-        std::vector<float> sums(size_t(runs_count * per_group * head_dim));
-        std::vector<float> inverse_totals(size_t(runs_count * per_group));
+        // Per thread and kept between calls (every element is written before it is read):
+        // the weights of the runs without probs, then every run's sums, then their 1 / totals.
+        thread_local std::vector<float> buffer;
+        const int64_t sums_at = scratch_runs * per_group * cols,
+                      totals_at = sums_at + runs_count * per_group * head_dim;
+        buffer.resize(std::max(buffer.size(), size_t(totals_at + runs_count * per_group)));
+        float* const sums = buffer.data() + sums_at;
+        float* const inverse_totals = buffer.data() + totals_at;
         std::vector<float*> weights(runs.size());
         std::vector<int64_t> weights_stride(runs.size());
         for (int64_t g = begin; g < end; ++g) {
@@ -192,7 +192,7 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
             const Backend::RunAttention& run = runs[r];
             weights_stride[r] = run.probs ? strides[r].probs : cols;
             weights[r] = run.probs ? run.probs->as<float>() + h0 * strides[r].probs
-                                   : scratch.data() + int64_t(r) * per_group * cols;
+                                   : buffer.data() + scratch_offsets[r];
             for (int64_t e = 0; e < per_group; ++e) {
               const int64_t h = h0 + e;
               const float total = kernels.softmax_weights(
@@ -201,12 +201,11 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
                   0, cols, weights[r] + e * weights_stride[r]);
               // Nothing finite visible: every weight is 0 and scale 0 gives zeros (probs too), as
               // attention gives.
-              inverse_totals[size_t(int64_t(r) * per_group + e)] =
-                  total == 0.0f ? 0.0f : 1.0f / total;
+              inverse_totals[int64_t(r) * per_group + e] = total == 0.0f ? 0.0f : 1.0f / total;
             }
           }
-          std::fill(sums.begin(), sums.end(), 0.0f);
-          auto run_sums = [&](size_t r) { return sums.data() + int64_t(r) * per_group * head_dim; };
+          std::fill(sums, sums + runs_count * per_group * head_dim, 0.0f);
+          auto run_sums = [&](size_t r) { return sums + int64_t(r) * per_group * head_dim; };
           auto accumulate = [&](size_t r, const float* values, int64_t from, int64_t to) {
             if (runs[r].out->empty()) return;
             kernels.weighted_values_accumulate(weights[r], weights_stride[r], int(per_group),
@@ -222,7 +221,7 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
             const DeviceTensor& own = *runs[r].v_cache;
             accumulate(r, own.as<const float>() + g * own.dim(1) * head_dim, shared, cols);
             for (int64_t e = 0; e < per_group; ++e) {
-              const float inverse = inverse_totals[size_t(int64_t(r) * per_group + e)];
+              const float inverse = inverse_totals[int64_t(r) * per_group + e];
               if (!runs[r].out->empty()) {
                 const float* sum = run_sums(r) + e * head_dim;
                 float* out = runs[r].out->as<float>() + (h0 + e) * head_dim;

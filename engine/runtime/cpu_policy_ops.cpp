@@ -1,7 +1,7 @@
-// The CPU backend's token-selection (policy) ops (contracts in backend.h), but for the policy
-// path's attention (cpu_attention_ops.cpp). Row tensors are [rows, stride] with stride >= cols;
-// each operand may have its own stride. The per-head ops run on the thread pool; the
-// element-wise ones are single loops (a few KB per call).
+// The CPU backend's token-selection (policy) ops other than the policy path's attention (that
+// is cpu_attention_ops.cpp); contracts in backend.h. Row tensors are [rows, stride] with
+// stride >= cols; each operand may have its own stride. The per-head ops run on the thread pool;
+// the element-wise ones are single loops (a few KB per call).
 #include "engine/runtime/cpu_policy_ops.h"
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-// Helpers shared by the backend tests: host values into a backend tensor, and an elementwise
-// tolerance check that reports the count and the worst element instead of one line per element.
+// Helpers shared by the backend tests: host values into a backend tensor and back, and an
+// elementwise tolerance check that reports the count and the worst element instead of one line
+// per element.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -20,6 +21,26 @@ inline DeviceTensor make_f32(Backend& backend, const std::vector<float>& values,
   REQUIRE(size_t(t.numel()) == values.size());
   backend.from_host(t, values.data(), values.size() * sizeof(float));
   return t;
+}
+
+inline DeviceTensor make_u8(Backend& backend, const std::vector<uint8_t>& values,
+                            std::vector<int64_t> shape) {
+  DeviceTensor t = backend.alloc(DType::U8, std::move(shape));
+  REQUIRE(size_t(t.numel()) == values.size());
+  backend.from_host(t, values.data(), values.size());
+  return t;
+}
+
+inline std::vector<float> read_f32(Backend& backend, const DeviceTensor& t) {
+  std::vector<float> values(size_t(t.numel()));
+  backend.to_host(t, values.data(), values.size() * sizeof(float));
+  return values;
+}
+
+inline std::vector<uint8_t> read_u8(Backend& backend, const DeviceTensor& t) {
+  std::vector<uint8_t> values(size_t(t.numel()));
+  backend.to_host(t, values.data(), values.size());
+  return values;
 }
 
 // |got[i] - want[i]| <= tolerance[i] (equal infinities pass, NaN fails).

@@ -14,27 +14,16 @@
 
 using namespace kvlens;
 using kvlens::test::make_f32;
+using kvlens::test::make_u8;
 using kvlens::test::random_values;
+using kvlens::test::read_f32;
 
 namespace {
-
-std::vector<float> read(Backend& backend, const DeviceTensor& t) {
-  std::vector<float> values(size_t(t.numel()));
-  backend.to_host(t, values.data(), values.size() * sizeof(float));
-  return values;
-}
-
-DeviceTensor make_mask(Backend& backend, const std::vector<uint8_t>& values,
-                       std::vector<int64_t> shape) {
-  DeviceTensor t = backend.alloc(DType::U8, std::move(shape));
-  backend.from_host(t, values.data(), values.size());
-  return t;
-}
 
 constexpr int64_t kHeads = 4, kGroups = 2, kDim = 40, kCapacity = 300, kRuns = 3;
 
 // Three runs' caches: rows [0, shared) equal in all of them (the common prompt), the rest each
-// run's own; with an inf in run 1's values behind a hidden column and in the rows past position.
+// run's own; a random mask per run.
 struct Runs {
   std::vector<DeviceTensor> k, v, q, logits, out, probs, visible;
 };
@@ -63,7 +52,7 @@ Runs make_runs(Backend& backend, int64_t shared, int64_t cols) {
     std::vector<uint8_t> mask(size_t(kHeads * kCapacity), 0);
     for (int64_t h = 0; h < kHeads; ++h)
       for (int64_t j = 0; j < cols; ++j) mask[size_t(h * kCapacity + j)] = uint8_t(rng() % 2);
-    runs.visible.push_back(make_mask(backend, mask, {kHeads, kCapacity}));
+    runs.visible.push_back(make_u8(backend, mask, {kHeads, kCapacity}));
   }
   return runs;
 }
@@ -93,14 +82,15 @@ void check_runs_equal_single(Backend& backend, int64_t shared, int64_t position,
     backend.attention_visible(*a.logits, cols, a.visible, *a.v_cache, *a.out, a.probs);
     INFO("run " << r << ", shared " << shared << ", position " << position << ", window "
                 << window);
-    const std::vector<float> got = read(backend, together.logits[size_t(r)]);
-    const std::vector<float> want = read(backend, alone.logits[size_t(r)]);
+    const std::vector<float> got = read_f32(backend, together.logits[size_t(r)]);
+    const std::vector<float> want = read_f32(backend, alone.logits[size_t(r)]);
     for (int64_t h = 0; h < kHeads; ++h)
       CHECK(std::vector<float>(got.begin() + h * kCapacity, got.begin() + h * kCapacity + cols) ==
             std::vector<float>(want.begin() + h * kCapacity, want.begin() + h * kCapacity + cols));
-    CHECK(read(backend, together.out[size_t(r)]) == read(backend, alone.out[size_t(r)]));
+    CHECK(read_f32(backend, together.out[size_t(r)]) == read_f32(backend, alone.out[size_t(r)]));
     if (r == 1)
-      CHECK(read(backend, together.probs[size_t(r)]) == read(backend, alone.probs[size_t(r)]));
+      CHECK(read_f32(backend, together.probs[size_t(r)]) ==
+            read_f32(backend, alone.probs[size_t(r)]));
   }
 }
 

@@ -29,27 +29,10 @@ constexpr uint8_t kMaskSentinel = 7;
 constexpr int64_t H = 4, G = 2, D = 4, kCols = 7, kStride = 10;
 
 using kvlens::test::make_f32;
+using kvlens::test::make_u8;
 using kvlens::test::random_values;
-
-DeviceTensor make_u8(Backend& backend, const std::vector<uint8_t>& values,
-                     std::vector<int64_t> shape) {
-  DeviceTensor t = backend.alloc(DType::U8, std::move(shape));
-  REQUIRE(size_t(t.numel()) == values.size());
-  backend.from_host(t, values.data(), values.size());
-  return t;
-}
-
-std::vector<float> read_f32(Backend& backend, const DeviceTensor& t) {
-  std::vector<float> values(size_t(t.numel()));
-  backend.to_host(t, values.data(), values.size() * sizeof(float));
-  return values;
-}
-
-std::vector<uint8_t> read_u8(Backend& backend, const DeviceTensor& t) {
-  std::vector<uint8_t> values(size_t(t.numel()));
-  backend.to_host(t, values.data(), values.size());
-  return values;
-}
+using kvlens::test::read_f32;
+using kvlens::test::read_u8;
 
 // Bitwise equality, so -0 vs +0 and NaN payloads count too.
 bool same_bits(float a, float b) {
