@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <cpuid.h>
@@ -317,11 +319,16 @@ KVLENS_AVX2 void silu_mul_avx2(const float* gate, const float* up, float* out, i
   }
 }
 
+// All ones in lane l where seen[l] == 0.
+KVLENS_AVX2_INLINE __m256 hidden_lanes_avx2(const uint8_t* seen) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(seen));
+  return _mm256_castsi256_ps(
+      _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_setzero_si256()));
+}
+
 // -inf where visible[j0 + l] == 0.
 KVLENS_AVX2_INLINE __m256 hide_avx2(__m256 x, const uint8_t* seen) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(seen));
-  const __m256i hidden = _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_setzero_si256());
-  return _mm256_blendv_ps(x, _mm256_set1_ps(kNegInf), _mm256_castsi256_ps(hidden));
+  return _mm256_blendv_ps(x, _mm256_set1_ps(kNegInf), hidden_lanes_avx2(seen));
 }
 
 // The logits of the block [j0, j0 + 8) (j0 a multiple of 8) that is cut by the range [begin, end)
@@ -379,7 +386,17 @@ KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8
   };
   if (cut_first) edge(first);
   for (int64_t j0 = whole_begin; j0 < whole_end; j0 += 8) {
-    const __m256 w = exp_nonpositive_avx2(_mm256_sub_ps(block(j0), m));
+    __m256 w;
+    if constexpr (kMasked) {
+      // Hidden lanes enter exp as 0 and leave as exactly 0: as -inf they would give the same 0,
+      // but through a result below the subnormals, which costs the FPU a slow assist (measured:
+      // half the columns hidden made the masked softmax about 1.6x slower than none).
+      const __m256 hidden = hidden_lanes_avx2(visible + j0);
+      const __m256 x = _mm256_andnot_ps(hidden, _mm256_sub_ps(_mm256_loadu_ps(logits + j0), m));
+      w = _mm256_andnot_ps(hidden, exp_nonpositive_avx2(x));
+    } else {
+      w = exp_nonpositive_avx2(_mm256_sub_ps(block(j0), m));
+    }
     total8 = _mm256_add_ps(total8, w);
     _mm256_storeu_ps(weights + j0, w);
   }
@@ -424,13 +441,94 @@ KVLENS_AVX2_INLINE void fma_value_row(__m256 (&acc)[NQ][C], const float* weights
   }
 }
 
+// The offsets (0-7) of the set bits of each byte value, in ascending order: the keys of a block
+// of 8 that a head takes, from the movemask of its nonzero weights.
+struct TakenKeys {
+  alignas(64) uint8_t offsets[256][8] = {};
+  constexpr TakenKeys() {
+    for (int mask = 0; mask < 256; ++mask)
+      for (int bit = 0, n = 0; bit < 8; ++bit)
+        if (mask & (1 << bit)) offsets[mask][n++] = uint8_t(bit);
+  }
+};
+constexpr TakenKeys kTakenKeys;
+
+// The keys each of NQ heads takes (nonzero weight) in the blocks of a policy's scattered mask,
+// collected in ascending order and then added from the lists: a branch per key and head would be
+// mispredicted about every other time, a blend per key and head costs as much as the FMAs
+// themselves, and in the lists the hidden keys cost nothing. The heads' lists are walked side by
+// side (NQ * C independent FMA chains; one head's C would leave the FMA latency exposed).
+template <int NQ>
+struct TakenLists {
+  static constexpr int kCapacity = 256;  // flushed before a block could overflow it
+  alignas(32) int32_t keys[NQ][kCapacity + 8];
+  int count[NQ] = {};
+  bool pending = false;  // some list holds keys
+
+  bool nearly_full() const {
+    for (int i = 0; i < NQ; ++i)
+      if (count[i] > kCapacity - 8) return true;
+    return false;
+  }
+};
+
+// Appends the keys j + t with bit t of taken[i] set to head i's list.
+template <int NQ>
+KVLENS_AVX2_INLINE void collect_taken(TakenLists<NQ>& lists, const int (&taken)[NQ], int64_t j) {
+  const __m256i base = _mm256_set1_epi32(int32_t(j));
+  for (int i = 0; i < NQ; ++i) {
+    const __m128i offsets =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kTakenKeys.offsets[taken[i]]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lists.keys[i] + lists.count[i]),
+                        _mm256_add_epi32(base, _mm256_cvtepu8_epi32(offsets)));
+    lists.count[i] += __builtin_popcount(unsigned(taken[i]));
+  }
+  lists.pending = true;
+}
+
+// Adds the listed keys into the accumulators (each head's keys in ascending order) and empties
+// the lists.
+// f(std::integral_constant<int, i>) for i = 0 .. N - 1: the head index a compile-time constant,
+// so that the accumulators it picks stay in registers (indexed at run time, GCC keeps the whole
+// array in memory).
+template <typename F, int... I>
+KVLENS_AVX2_INLINE void for_each_index(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+
+template <int NQ, int C>
+KVLENS_AVX2_INLINE void add_taken(__m256 (&acc)[NQ][C], TakenLists<NQ>& lists, const float* weights,
+                                  int64_t weights_stride, const float* values, int64_t head_dim) {
+  int common = lists.count[0];
+  for (int i = 1; i < NQ; ++i) common = std::min(common, lists.count[i]);
+  auto add = [&](auto head, int n) KVLENS_AVX2_LAMBDA {
+    constexpr int i = decltype(head)::value;
+    const int32_t j = lists.keys[i][n];
+    const __m256 w8 = _mm256_broadcast_ss(weights + i * weights_stride + j);
+    const float* v = values + j * head_dim;
+    for (int c = 0; c < C; ++c)
+      acc[i][c] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(v + 8 * c), acc[i][c]);
+  };
+  constexpr auto heads = std::make_integer_sequence<int, NQ>{};
+  for (int n = 0; n < common; ++n)
+    for_each_index([&](auto head) KVLENS_AVX2_LAMBDA { add(head, n); }, heads);
+  for_each_index(
+      [&](auto head) KVLENS_AVX2_LAMBDA {
+        for (int n = common; n < lists.count[decltype(head)::value]; ++n) add(head, n);
+      },
+      heads);
+  for (int i = 0; i < NQ; ++i) lists.count[i] = 0;
+  lists.pending = false;
+}
+
 // Columns [0, 8 * C) of NQ heads' weighted sums over keys [begin, end) (values and out already
 // offset to the chunk), in NQ * C accumulators (8 for the wide chunks: enough independent FMA
 // chains to hide the FMA latency). Aligned blocks of 8 keys whose NQ x 8 weights are all nonzero
 // (every block of a dense row, in practice) run without a test per key, blocks of zeros (hidden
-// or outside the window) are skipped without reading their values, and the rest (and the keys
-// before and after the aligned blocks) blend each head's multiply-add by its weight. All give the
-// same fused multiply-adds in the same order.
+// or outside the window) are skipped without reading their values, the keys of the rest go
+// through per-head lists of the keys taken (TakenLists), and the keys before and after the
+// aligned blocks blend each head's multiply-add by its weight. All give the same fused
+// multiply-adds in the same order (each head's taken keys in ascending order).
 // kAccumulate: the sums start from out (and are stored back unscaled) instead of from zero, so a
 // range split in pieces gives the sums of the whole range.
 template <int NQ, int C, bool kPrefetch, bool kAccumulate>
@@ -446,24 +544,28 @@ KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t
   for (const int64_t aligned = std::min(end, (begin + 7) / 8 * 8); j < aligned; ++j)
     fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, j, values + j * head_dim,
                                           head_dim);
+  TakenLists<NQ> lists;
   for (; j + 8 <= end; j += 8) {
-    int any_zero = 0, all_zero = 0xff;  // lane t: key j + t
+    int taken[NQ], all_taken = 0xff, any_taken = 0;  // bit t: key j + t
     for (int i = 0; i < NQ; ++i) {
       const __m256 w = _mm256_loadu_ps(weights + i * weights_stride + j);
-      const int zero = _mm256_movemask_ps(_mm256_cmp_ps(w, _mm256_setzero_ps(), _CMP_EQ_OQ));
-      any_zero |= zero;
-      all_zero &= zero;
+      // w != 0, true for NaN (as the scalar test).
+      taken[i] = _mm256_movemask_ps(_mm256_cmp_ps(w, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+      all_taken &= taken[i];
+      any_taken |= taken[i];
     }
-    if (any_zero == 0) {
+    if (all_taken == 0xff) {
+      if (lists.pending) add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
       for (int64_t t = j; t < j + 8; ++t)
         fma_value_row<NQ, C, false, kPrefetch>(acc, weights, weights_stride, t,
                                                values + t * head_dim, head_dim);
-    } else if (all_zero != 0xff) {
-      for (int64_t t = j; t < j + 8; ++t)
-        fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, t,
-                                              values + t * head_dim, head_dim);
+    } else if (any_taken != 0) {
+      collect_taken<NQ>(lists, taken, j);
+      if (lists.nearly_full())
+        add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
     }
   }
+  if (lists.pending) add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
   for (; j < end; ++j)
     fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, j, values + j * head_dim,
                                           head_dim);

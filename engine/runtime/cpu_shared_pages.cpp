@@ -79,14 +79,15 @@ std::shared_ptr<void> allocate_host(size_t bytes) {
     // Advice only: without transparent huge pages the mapping works as any other, and pages
     // that copy_sharing_pages later maps from a snapshot are split off as small pages.
     madvise(memory, length, MADV_HUGEPAGE);
+    fault_in_pages(memory, length);
     return std::shared_ptr<void>(memory, PageMapping{length});
   }
   if (bytes >= kPageMappingBytes) {
     const size_t length = (bytes + kSharedPageBytes - 1) / kSharedPageBytes * kSharedPageBytes;
-    // Fresh anonymous pages are zero and cost nothing until touched.
     void* memory =
         mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) throw std::bad_alloc();
+    fault_in_pages(memory, length);
     return std::shared_ptr<void>(memory, PageMapping{length});
   }
 #endif
@@ -99,6 +100,23 @@ bool pages_remappable(const std::shared_ptr<void>& storage, const void* begin, s
   const auto base = reinterpret_cast<uintptr_t>(storage.get());
   const auto first = reinterpret_cast<uintptr_t>(begin);
   return first >= base && first + bytes <= base + mapping->bytes;
+}
+
+void fault_in_pages(void* begin, size_t bytes) {
+  if (bytes == 0) return;
+#if KVLENS_HAVE_PAGE_SHARING && defined(MADV_POPULATE_WRITE)
+  // One call for the range (Linux 5.14 on); older kernels refuse it, then the pages are touched.
+  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) / kSharedPageBytes * kSharedPageBytes;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(begin) + bytes;
+  if (madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  // A write that leaves the byte as it is: an atomic OR with 0 on one byte of every page.
+  auto* bytes_begin = static_cast<unsigned char*>(begin);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(begin);
+  for (size_t at = 0; at < bytes;) {
+    __atomic_fetch_or(bytes_begin + at, static_cast<unsigned char>(0), __ATOMIC_RELAXED);
+    at += kSharedPageBytes - (start + at) % kSharedPageBytes;  // the next page's first byte
+  }
 }
 
 size_t copy_sharing_pages(const std::byte* src, size_t bytes,

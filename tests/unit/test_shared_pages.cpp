@@ -6,6 +6,11 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 #include "engine/common/error.h"
 #include "engine/runtime/cpu_backend.h"
 #include "engine/runtime/cpu_shared_pages.h"
@@ -37,6 +42,38 @@ TEST_CASE("allocate_host: zeroed, aligned, page mappings from the threshold up",
   CHECK_FALSE(pages_remappable(large, bytes_of(large) + 100, kBytes + kSharedPageBytes));
   CHECK_FALSE(pages_remappable(small, bytes_of(small), 1000));
 }
+
+#if defined(__linux__)
+TEST_CASE(
+    "allocate_host: page mappings are resident from the start, and fault_in_pages keeps bytes",
+    "[shared_pages]") {
+  // Resident pages (mincore): the decode steps that first write them take no page faults.
+  auto resident_pages = [](const std::byte* data, size_t bytes) {
+    std::vector<unsigned char> flags((bytes + kSharedPageBytes - 1) / kSharedPageBytes);
+    REQUIRE(mincore(const_cast<std::byte*>(data), bytes, flags.data()) == 0);
+    size_t resident = 0;
+    for (unsigned char flag : flags) resident += flag & 1;
+    return std::pair(resident, flags.size());
+  };
+  for (const size_t bytes : {kBytes + 5, size_t(2u << 20) + 12345}) {
+    INFO(bytes << " bytes");
+    const auto memory = allocate_host(bytes);
+    const auto [resident, pages] = resident_pages(bytes_of(memory), bytes);
+    CHECK(resident == pages);
+  }
+  // A lazily mapped range: fault_in_pages makes it resident and leaves its bytes as they are.
+  const size_t bytes = 16 * kSharedPageBytes;
+  void* raw = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(raw != MAP_FAILED);
+  auto* data = static_cast<std::byte*>(raw);
+  data[3 * kSharedPageBytes + 7] = std::byte(0x5a);
+  fault_in_pages(data + 100, bytes - 200);
+  CHECK(resident_pages(data, bytes).first == 16);
+  for (size_t i = 0; i < bytes; ++i)
+    REQUIRE(data[i] == (i == 3 * kSharedPageBytes + 7 ? std::byte(0x5a) : std::byte(0)));
+  munmap(raw, bytes);
+}
+#endif
 
 TEST_CASE("allocate_host: from 2 MiB up, aligned to 2 MiB, zeroed, writable, remappable",
           "[shared_pages]") {
