@@ -3,9 +3,8 @@
 # the same context): `kvlens-cli bench --policies` steps a dense session and a lockstep session of
 # every policy alternately in one process, at 128 and 512 tokens of context, REPEATS times each;
 # prints the medians of the step times, the steps/s and the ratio, then each run's own work (its
-# policy's selection and observation; the policy runs' attention is computed for all runs at once
-# and is not in it; a run without a policy, as dense, shows its plain attention) for the
-# breakdown.
+# policy's selection and observation; the attention is computed for all runs at once and is not
+# in it, so dense shows 0) for the breakdown.
 # usage: tools/bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]
 set -euo pipefail
 build=${1:?usage: bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]}

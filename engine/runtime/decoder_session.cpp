@@ -376,7 +376,11 @@ void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
     out_rows_[size_t(r)] = row_view(attn_heads, r);
     backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[layer],
                        run.v_cache[layer], position_);
-    if (!policy_step(run)) continue;
+    // A run without a policy (or before its first policy step) goes through the same calls,
+    // unmasked (the attention op's bits), so its attention is shared out with the others'.
+    if (run.policy_logits.empty()) {
+      run.policy_logits = backend_.alloc(DType::F32, {H, policy_shape().stride});
+    }
     Backend::RunAttention& attention = run_attention_[size_t(r)];
     attention.q = &q_rows_[size_t(r)];
     attention.k_cache = &run.k_cache[layer];
@@ -385,12 +389,11 @@ void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
     attention.out = &out_rows_[size_t(r)];
     attention_batch_.push_back(attention);
   }
-  // 1. The true logits of every policy run.
-  if (!attention_batch_.empty())
-    backend_.attention_logits_runs(attention_batch_, shared, position_, window);
-  // 2. Each run's selection, or its plain attention, on the backend's threads (the runs are
-  // independent here: own cache, policy and scratch), the costliest runs of the last step
-  // first so that the threads finish together.
+  // 1. The true logits of every run.
+  backend_.attention_logits_runs(attention_batch_, shared, position_, window);
+  // 2. Each policy run's selection on the backend's threads (the runs are independent here: own
+  // cache, policy and scratch), the costliest runs of the last step first so that the threads
+  // finish together.
   auto timed = [&](int64_t r, auto&& work) {
     const auto start = std::chrono::steady_clock::now();
     work();
@@ -406,11 +409,6 @@ void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
         run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
         logits_out = &run.attention_logits.back();
       }
-      if (!policy_step(run)) {
-        backend_.attention(q_rows_[size_t(r)], run.k_cache[layer], run.v_cache[layer], position_,
-                           window, Visibility{}, out_rows_[size_t(r)], logits_out);
-        return;
-      }
       if (logits_out) {
         // policy_logits rows have the policy stride; the recorded rows are packed.
         const int64_t stride = run.policy_logits.dim(1);
@@ -421,6 +419,7 @@ void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
           backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
         }
       }
+      if (!policy_step(run)) return;
       const LayerDecision decision = run.policy->select(layer_step(run, layer, size_t(r)),
                                                         run.visible[layer], run.scores[layer]);
       run.decisions[layer] = decision;

@@ -51,8 +51,9 @@ struct SessionRun {
   std::vector<LayerDecision> decisions;
   SparsityStats sparsity;  // effective sparsity over the policy's steps (reset by set_policy)
   std::vector<DeviceTensor> attention_logits;  // per layer (record_attention_logits)
-  // The run's own policy scratch, so that runs can step on different threads: the logits and
-  // probabilities of the current layer [H, stride], and a mask read back to count it.
+  // The run's own scratch, so that runs can step on different threads: the attention logits of
+  // the current layer [H, stride] (every run's: a run without a policy gets them at its first
+  // step), its probabilities (policy runs), and a mask read back to count it.
   DeviceTensor policy_logits, policy_probs;
   std::vector<uint8_t> host_visible;
 };
@@ -93,10 +94,10 @@ class DecoderSession {
 
   // Run 0's state (the single-run API).
   const Policy* policy() const { return runs_[0].policy.get(); }
-  // Each run's own work in the last single-token step (its policy's select and observe, or its
-  // plain attention when no policy applies, summed over the layers, in seconds, on whichever
-  // thread ran it; a benchmark's breakdown). The policy runs' attention, computed for all runs
-  // in one backend call, is not in it. Empty before the first step.
+  // Each run's own work in the last single-token step (its policy's select and observe, summed
+  // over the layers, in seconds, on whichever thread ran it; a benchmark's breakdown; 0 for a
+  // run without a policy). The attention, computed for all runs in backend calls over all of
+  // them, is not in it. Empty before the first step.
   const std::vector<double>& run_step_seconds() const { return run_seconds_; }
   const std::vector<DeviceTensor>& visible() const { return runs_[0].visible; }
   const std::vector<DeviceTensor>& policy_scores() const { return runs_[0].scores; }
@@ -112,10 +113,10 @@ class DecoderSession {
   // The decoder over `rows` hidden rows: a chunk of one run (per_run false: rows are positions
   // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run.
   const DeviceTensor& forward_rows(std::span<const int32_t> tokens, bool per_run);
-  // One single-token step's attention of every run at one layer: the policy runs' logits in one
-  // backend call, each run's selection (or its plain dense attention) as a backend task, the
-  // policy runs' softmax and value sums in one call, then the policies' observe. The calls over
-  // all runs may read the rows every cache holds alike (the prompt) once for all of them.
+  // One single-token step's attention of every run at one layer: every run's logits in one
+  // backend call, each policy run's selection as a backend task, every run's softmax (over its
+  // visible set) and value sums in one call, then the policies' observe. The calls over all runs
+  // may read the rows every cache holds alike (the prompt) once for all of them.
   // normed [runs, E] (the layers' attention inputs), q/out [runs, H, D], k/v [runs, G, D].
   void step_attention(size_t layer, const DeviceTensor& normed, const DeviceTensor& q_heads,
                       const DeviceTensor& k_heads, const DeviceTensor& v_heads,
