@@ -81,7 +81,10 @@ class Policy {
   virtual LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                                DeviceTensor& scores) = 0;
   // The attention probabilities actually computed at this (step, layer) under the chosen set
-  // (0 where not visible). Eviction policies accumulate them; the default ignores them.
+  // (0 where not visible). Eviction policies accumulate them; the default ignores them. step
+  // carries the step, the layer and its caches, but no q, layer_input or logits: the session
+  // may observe a layer after the next layer's projections have replaced them (always before
+  // this policy's next select).
   virtual void observe(const LayerStep& /*step*/, const DeviceTensor& /*probs*/) {}
   // True when select() needs probabilities of earlier steps (the run then computes them).
   virtual bool wants_probs() const { return false; }

@@ -46,6 +46,14 @@ DeviceTensor row_view(const DeviceTensor& tensor, int64_t row) {
 
 constexpr int64_t kInitialCacheCapacity = 256;
 
+// Runs work() and adds its wall time to `seconds`.
+template <typename Work>
+void timed_work(double& seconds, Work&& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // The nonzero bytes of bytes[0, count), eight at a time. A byte's high bit in `zero` is set
 // exactly when the byte is 0 (its low seven bits plus 0x7f carry into bit 7 unless they are all
 // 0, and the OR with the byte itself catches bit 7); the multiply adds the eight flags up in the
@@ -213,8 +221,26 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   const float eps = float(c.rms_norm_eps);
   const int64_t context = position_ + (per_run ? 1 : n);
 
-  for (SessionRun& run : runs_) run.attention_logits.clear();
-  if (per_run) order_runs_by_cost();
+  for (SessionRun& run : runs_) {
+    run.attention_logits.clear();
+    run.pending_observe = -1;  // left over only by a step that threw
+  }
+  if (per_run) {
+    order_runs_by_cost();
+    // Every layer's step_attention reads the runs' rows of the same scratch tensors.
+    input_rows_.resize(size_t(n));
+    q_rows_.resize(size_t(n));
+    out_rows_.resize(size_t(n));
+    k_rows_.resize(size_t(n));
+    v_rows_.resize(size_t(n));
+    for (int64_t r = 0; r < n; ++r) {
+      input_rows_[size_t(r)] = row_view(normed, r);
+      q_rows_[size_t(r)] = row_view(q_heads, r);
+      out_rows_[size_t(r)] = row_view(attn_heads, r);
+      k_rows_[size_t(r)] = row_view(k_heads, r);
+      v_rows_[size_t(r)] = row_view(v_heads, r);
+    }
+  }
   backend_.embed(model_->embed, tokens, hidden);
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
@@ -225,7 +251,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     backend_.rope(q_heads, positions, model_->inv_freq);
     backend_.rope(k_heads, positions, model_->inv_freq);
     if (per_run) {
-      step_attention(l, normed, q_heads, k_heads, v_heads, attn_heads);
+      step_attention(l);
     } else {
       SessionRun& first = runs_[0];
       backend_.kv_append(k_heads, v_heads, first.k_cache[l], first.v_cache[l], position_);
@@ -265,6 +291,14 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     backend_.add_inplace(hidden, proj);
   }
   if (per_run) {
+    // The last layer's observations (the earlier ones ran in the next layer's selection tasks).
+    if (std::any_of(runs_.begin(), runs_.end(),
+                    [](const SessionRun& run) { return run.pending_observe >= 0; })) {
+      backend_.run_tasks(n, [&](int64_t task) {
+        const int64_t r = run_order_[size_t(task)];
+        timed_work(run_seconds_[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
+      });
+    }
     for (SessionRun& run : runs_) {
       if (policy_step(run)) run.sparsity.end_step();
     }
@@ -355,26 +389,18 @@ LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) 
   return step;
 }
 
-void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
-                                    const DeviceTensor& q_heads, const DeviceTensor& k_heads,
-                                    const DeviceTensor& v_heads, DeviceTensor& attn_heads) {
+void DecoderSession::step_attention(size_t layer) {
   const ModelConfig& c = model_->config();
   const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
   const int64_t window = c.sliding_window.value_or(0);
   // Rows [0, shared) hold the same keys and values in every run's cache (the current token's
   // row never does): the backend may read them once for all runs.
   const int64_t shared = n > 1 ? std::min(shared_rows_, position_) : 0;
-  input_rows_.resize(size_t(n));
-  q_rows_.resize(size_t(n));
-  out_rows_.resize(size_t(n));
   run_attention_.assign(size_t(n), {});
   attention_batch_.clear();
   for (int64_t r = 0; r < n; ++r) {
     SessionRun& run = runs_[size_t(r)];
-    input_rows_[size_t(r)] = row_view(normed, r);
-    q_rows_[size_t(r)] = row_view(q_heads, r);
-    out_rows_[size_t(r)] = row_view(attn_heads, r);
-    backend_.kv_append(row_view(k_heads, r), row_view(v_heads, r), run.k_cache[layer],
+    backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer],
                        run.v_cache[layer], position_);
     // A run without a policy (or before its first policy step) goes through the same calls,
     // unmasked (the attention op's bits), so its attention is shared out with the others'.
@@ -391,19 +417,14 @@ void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
   }
   // 1. The true logits of every run.
   backend_.attention_logits_runs(attention_batch_, shared, position_, window);
-  // 2. Each policy run's selection on the backend's threads (the runs are independent here: own
-  // cache, policy and scratch), the costliest runs of the last step first so that the threads
-  // finish together.
-  auto timed = [&](int64_t r, auto&& work) {
-    const auto start = std::chrono::steady_clock::now();
-    work();
-    run_seconds_[size_t(r)] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
+  // 2. Each policy run's observation of the previous layer, then its selection, on the backend's
+  // threads (the runs are independent here: own cache, policy and scratch), the costliest runs
+  // of the last step first so that the threads finish together.
   backend_.run_tasks(n, [&](int64_t task) {
     const int64_t r = run_order_[size_t(task)];
-    timed(r, [&] {
+    timed_work(run_seconds_[size_t(r)], [&] {
       SessionRun& run = runs_[size_t(r)];
+      observe_pending(run);
       DeviceTensor* logits_out = nullptr;
       if (options_.record_attention_logits) {
         run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
@@ -439,23 +460,29 @@ void DecoderSession::step_attention(size_t layer, const DeviceTensor& normed,
   });
   // 3. Softmax over each run's visible set and the value sums.
   attention_batch_.clear();
-  bool observed = false;
   for (const Backend::RunAttention& attention : run_attention_) {
-    if (!attention.out) continue;
-    attention_batch_.push_back(attention);
-    observed = observed || attention.probs;
+    if (attention.out) attention_batch_.push_back(attention);
   }
   if (!attention_batch_.empty()) backend_.attention_visible_runs(attention_batch_, shared, cols);
-  // 4. The probabilities to the policies that accumulate them.
-  if (!observed) return;
-  backend_.run_tasks(n, [&](int64_t task) {
-    const int64_t r = run_order_[size_t(task)];
-    if (!run_attention_[size_t(r)].out || !run_attention_[size_t(r)].probs) return;
-    timed(r, [&] {
-      SessionRun& run = runs_[size_t(r)];
-      run.policy->observe(layer_step(run, layer, size_t(r)), run.policy_probs);
-    });
-  });
+  // 4. The probabilities go to the policies that accumulate them at the start of the next
+  // layer's selection task (or after the last layer): one parallel call fewer per layer, and
+  // the observations share the threads with the selections. Nothing in between touches the
+  // run's probabilities or its policy.
+  for (int64_t r = 0; r < n; ++r) {
+    if (run_attention_[size_t(r)].out && run_attention_[size_t(r)].probs)
+      runs_[size_t(r)].pending_observe = int64_t(layer);
+  }
+}
+
+void DecoderSession::observe_pending(SessionRun& run) const {
+  if (run.pending_observe < 0) return;
+  LayerStep step;
+  step.step = position_;
+  step.layer = run.pending_observe;
+  step.k_cache = &run.k_cache[size_t(run.pending_observe)];
+  step.v_cache = &run.v_cache[size_t(run.pending_observe)];
+  run.pending_observe = -1;
+  run.policy->observe(step, run.policy_probs);
 }
 
 void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecision decision,

@@ -56,6 +56,10 @@ struct SessionRun {
   // step), its probabilities (policy runs), and a mask read back to count it.
   DeviceTensor policy_logits, policy_probs;
   std::vector<uint8_t> host_visible;
+  // The layer whose probabilities (policy_probs) await the policy's observe, or -1: a step
+  // observes layer l in the run's selection task of layer l + 1 (the last layer's after the
+  // layers).
+  int64_t pending_observe = -1;
 };
 
 class DecoderSession {
@@ -117,11 +121,13 @@ class DecoderSession {
   // backend call, each policy run's selection as a backend task, every run's softmax (over its
   // visible set) and value sums in one call, then the policies' observe. The calls over all runs
   // may read the rows every cache holds alike (the prompt) once for all of them.
-  // normed [runs, E] (the layers' attention inputs), q/out [runs, H, D], k/v [runs, G, D].
-  void step_attention(size_t layer, const DeviceTensor& normed, const DeviceTensor& q_heads,
-                      const DeviceTensor& k_heads, const DeviceTensor& v_heads,
-                      DeviceTensor& attn_heads);
+  // It reads the runs' rows of the layer's scratch through input_rows_, q_rows_, k_rows_,
+  // v_rows_ and writes out_rows_ (made once per forward).
+  void step_attention(size_t layer);
   LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
+  // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
+  // layer's have replaced them).
+  void observe_pending(SessionRun& run) const;
   void record_sparsity(SessionRun& run, size_t layer, LayerDecision decision, int64_t cols);
   bool policy_step(const SessionRun& run) const {
     return run.policy && position_ >= run.first_step;
@@ -150,7 +156,7 @@ class DecoderSession {
   DeviceTensor policy_rows_;     // every run's policy rows (set_policy), U8 bytes
   // step_attention's per-run row views of the current layer (the policies' LayerStep points at
   // them) and its backend calls' arguments.
-  std::vector<DeviceTensor> input_rows_, q_rows_, out_rows_;
+  std::vector<DeviceTensor> input_rows_, q_rows_, out_rows_, k_rows_, v_rows_;
   std::vector<Backend::RunAttention> run_attention_, attention_batch_;
 };
 
