@@ -177,11 +177,12 @@ KVLENS_AVX2_INLINE __m256 transpose_sum8(const __m256 (&acc)[8]) {
 // scale: the same for any Q or block start. A short last block (count < K, kFull false) repeats
 // its last key in the unused rows, so nothing past the cache is read, and stores only `count`
 // keys.
-template <int Q, bool kFull, bool kPrefetch>
+template <int Q, bool kFull, bool kPrefetch, int64_t kDim>
 KVLENS_AVX2_INLINE void logits_block_avx2(const float* q, int64_t q_stride, const float* keys,
-                                          int64_t head_dim, int64_t j, int count, __m256 scale,
+                                          int64_t runtime_dim, int64_t j, int count, __m256 scale,
                                           float* row, int64_t row_stride) {
   constexpr int K = 8 / Q;
+  const int64_t head_dim = kDim > 0 ? kDim : runtime_dim;
   const int64_t body = head_dim / 8 * 8;
   const float* k[K];
   for (int r = 0; r < K; ++r) k[r] = keys + (j + (kFull ? r : std::min(r, count - 1))) * head_dim;
@@ -223,18 +224,18 @@ KVLENS_AVX2_INLINE void logits_block_avx2(const float* q, int64_t q_stride, cons
   }
 }
 
-template <int Q, bool kPrefetch>
+template <int Q, bool kPrefetch, int64_t kDim>
 KVLENS_AVX2_INLINE void logits_rows_avx2(const float* q, int64_t q_stride, const float* keys,
                                          int64_t head_dim, int64_t lo, int64_t hi, __m256 scale,
                                          float* row, int64_t row_stride) {
   constexpr int K = 8 / Q;
   int64_t j = lo;
   for (; j + K <= hi + 1; j += K)
-    logits_block_avx2<Q, true, kPrefetch>(q, q_stride, keys, head_dim, j, K, scale, row,
-                                          row_stride);
+    logits_block_avx2<Q, true, kPrefetch, kDim>(q, q_stride, keys, head_dim, j, K, scale, row,
+                                                row_stride);
   if (j <= hi)
-    logits_block_avx2<Q, false, kPrefetch>(q, q_stride, keys, head_dim, j, int(hi + 1 - j), scale,
-                                           row, row_stride);
+    logits_block_avx2<Q, false, kPrefetch, kDim>(q, q_stride, keys, head_dim, j, int(hi + 1 - j),
+                                                 scale, row, row_stride);
 }
 
 // Long key rows (head_dim >= kPrefetchDim) are prefetched ahead in software: the hardware
@@ -242,7 +243,9 @@ KVLENS_AVX2_INLINE void logits_rows_avx2(const float* q, int64_t q_stride, const
 // (measured: about 1.3x faster at head_dim 128 when the cache is not in L2, and slower at 32).
 constexpr int64_t kPrefetchDim = 128;
 
-template <bool kPrefetch>
+// kDim: head_dim known at compile time (0: read at run time), so that the common sizes unroll
+// their dot products completely; the operations are the same either way.
+template <bool kPrefetch, int64_t kDim>
 KVLENS_AVX2_INLINE void attention_logits_avx2_t(const float* q, int64_t q_stride, int nq,
                                                 const float* keys, int64_t head_dim, int64_t lo,
                                                 int64_t hi, float scale, float* row,
@@ -251,23 +254,35 @@ KVLENS_AVX2_INLINE void attention_logits_avx2_t(const float* q, int64_t q_stride
   const __m256 scale8 = _mm256_set1_ps(scale);
   int i = 0;
   for (; i + 4 <= nq; i += 4)
-    logits_rows_avx2<4, kPrefetch>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
-                                   row + i * row_stride, row_stride);
+    logits_rows_avx2<4, kPrefetch, kDim>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
+                                         row + i * row_stride, row_stride);
   for (; i + 2 <= nq; i += 2)
-    logits_rows_avx2<2, kPrefetch>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
-                                   row + i * row_stride, row_stride);
+    logits_rows_avx2<2, kPrefetch, kDim>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
+                                         row + i * row_stride, row_stride);
   for (; i < nq; ++i)
-    logits_rows_avx2<1, kPrefetch>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
-                                   row + i * row_stride, row_stride);
+    logits_rows_avx2<1, kPrefetch, kDim>(q + i * q_stride, q_stride, keys, head_dim, lo, hi, scale8,
+                                         row + i * row_stride, row_stride);
 }
 
 KVLENS_AVX2 void attention_logits_avx2(const float* q, int64_t q_stride, int nq, const float* keys,
                                        int64_t head_dim, int64_t lo, int64_t hi, float scale,
                                        float* row, int64_t row_stride) {
-  if (head_dim >= kPrefetchDim) {
-    attention_logits_avx2_t<true>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row, row_stride);
+  if (head_dim == 32) {
+    attention_logits_avx2_t<false, 32>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row,
+                                       row_stride);
+  } else if (head_dim == 64) {
+    attention_logits_avx2_t<false, 64>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row,
+                                       row_stride);
+  } else if (head_dim == 128) {
+    static_assert(128 >= kPrefetchDim);
+    attention_logits_avx2_t<true, 128>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row,
+                                       row_stride);
+  } else if (head_dim >= kPrefetchDim) {
+    attention_logits_avx2_t<true, 0>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row,
+                                     row_stride);
   } else {
-    attention_logits_avx2_t<false>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row, row_stride);
+    attention_logits_avx2_t<false, 0>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row,
+                                      row_stride);
   }
 }
 
