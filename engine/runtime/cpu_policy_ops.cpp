@@ -53,7 +53,7 @@ void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value)
     std::memset(mask.as<uint8_t>() + r * shape.stride + begin, value, size_t(end - begin));
 }
 
-void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {
+KVLENS_POLICY_CLONES void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {
   const OpName op{"mask_and"};
   require_cols(cols, op);
   const RowShape shape = row_shape(mask, DType::U8, -1, cols, op + ": mask");
@@ -66,7 +66,7 @@ void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {
   }
 }
 
-void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
+KVLENS_POLICY_CLONES void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
                      int64_t cols) {
   const OpName op{"accumulate_rows"};
   require_cols(cols, op);
@@ -83,7 +83,7 @@ void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTenso
   }
 }
 
-void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out) {
+KVLENS_POLICY_CLONES void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out) {
   const OpName op{"sum_row_groups"};
   require_cols(cols, op);
   const RowShape shape = row_shape(x, DType::F32, -1, cols, op + ": x");
@@ -103,7 +103,7 @@ void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTe
   }
 }
 
-void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, DeviceTensor& out) {
+KVLENS_POLICY_CLONES void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, DeviceTensor& out) {
   const OpName op{"expand_row_groups"};
   require_cols(cols, op);
   KVLENS_REQUIRE(group > 0, op + ": group", "a positive group size", std::to_string(group));
@@ -114,7 +114,7 @@ void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group, De
                  mask.as<const uint8_t>() + (r / group) * shape.stride, size_t(cols));
 }
 
-void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) {
+KVLENS_POLICY_CLONES void random_rows(uint64_t seed, uint64_t stream, int64_t cols, DeviceTensor& out) {
   const OpName op{"random_rows"};
   require_cols(cols, op);
   const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
@@ -142,7 +142,7 @@ void axpby_rows(const Context& context, DeviceTensor& y, float alpha, const Devi
   }
 }
 
-void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t kernel,
+KVLENS_POLICY_CLONES void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t kernel,
                DeviceTensor& out) {
   const OpName op{"pool_rows"};
   require_cols(cols, op);
@@ -196,6 +196,115 @@ void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t 
   }
 }
 
+namespace {
+
+// A KV head's scratch for key_anchor_group, kept by the task between its groups.
+struct AnchorScratch {
+  std::vector<float> key_norms, inverse, anchors, anchor_norms;
+  std::vector<uint8_t> same_as_previous;
+  std::vector<int32_t> member_columns;
+};
+
+// key_anchor_scores of one KV head: keys [cols, head_dim], its rows_per_group member rows and
+// output rows. AVX2 where the CPU has it: the loops are element-wise or keep their own lane
+// order, and AVX2 without FMA contracts nothing, so both clones give the same bits.
+KVLENS_POLICY_CLONES void key_anchor_group(const DotKernels& kernels, const float* keys,
+                                           int64_t cols, int64_t head_dim, const uint8_t* members,
+                                           int64_t member_stride, int64_t rows_per_group, float* o,
+                                           int64_t out_stride, AnchorScratch& scratch) {
+  static constexpr float kTiny = 1e-12f;
+  // Squared length in 8 independent lanes (d mod 8), so the loop vectorises; the order is fixed.
+  auto squared_norm = [head_dim](const float* v) {
+    float lanes[8] = {};
+    int64_t d = 0;
+    for (; d + 8 <= head_dim; d += 8)
+      for (int i = 0; i < 8; ++i) lanes[i] += v[d + i] * v[d + i];
+    float sq = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+               ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (; d < head_dim; ++d) sq += v[d] * v[d];
+    return sq;
+  };
+  scratch.key_norms.resize(size_t(cols));
+  scratch.inverse.resize(size_t(cols));
+  scratch.anchors.resize(size_t(rows_per_group * head_dim));
+  scratch.anchor_norms.resize(size_t(rows_per_group));
+  scratch.same_as_previous.resize(size_t(rows_per_group));
+  scratch.member_columns.resize(size_t(cols));
+  float* const key_norms = scratch.key_norms.data();
+  float* const inverse = scratch.inverse.data();
+  float* const anchors = scratch.anchors.data();
+  int32_t* const member_columns = scratch.member_columns.data();
+  for (int64_t j = 0; j < cols; ++j) key_norms[j] = squared_norm(keys + j * head_dim);
+  // Separate loops so that the square roots and divisions vectorise (correctly rounded either
+  // way); the inverse is computed once for all rows of the group.
+  for (int64_t j = 0; j < cols; ++j) key_norms[j] = std::max(std::sqrt(key_norms[j]), kTiny);
+  for (int64_t j = 0; j < cols; ++j) inverse[j] = 1.0f / key_norms[j];
+  // Rows of the group with the same members as the row before them (keydiff's query heads at
+  // query_head granularity always are) share its anchor and its scores.
+  int64_t distinct = 0;
+  for (int64_t i = 0; i < rows_per_group; ++i) {
+    const uint8_t* member = members + i * member_stride;
+    if (i > 0 && std::memcmp(member, member - member_stride, size_t(cols)) == 0) {
+      scratch.same_as_previous[size_t(i)] = 1;
+      continue;
+    }
+    scratch.same_as_previous[size_t(i)] = 0;
+    float* anchor = anchors + distinct * head_dim;
+    // The member columns first (no branch per key: about half are members), then each anchor
+    // element's sum over them in ascending j, 16 elements held in registers.
+    int64_t count = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      member_columns[count] = int32_t(j);
+      count += member[j] != 0;
+    }
+    constexpr int64_t kChunk = 16;
+    int64_t d0 = 0;
+    for (; d0 + kChunk <= head_dim; d0 += kChunk) {
+      float sums[kChunk] = {};
+      for (int64_t m = 0; m < count; ++m) {
+        const int64_t j = member_columns[m];
+        const float* k = keys + j * head_dim + d0;
+        const float inv = inverse[j];
+        for (int64_t d = 0; d < kChunk; ++d) sums[d] += k[d] * inv;
+      }
+      std::copy(sums, sums + kChunk, anchor + d0);
+    }
+    for (int64_t d = d0; d < head_dim; ++d) {
+      float sum = 0.0f;
+      for (int64_t m = 0; m < count; ++m) {
+        const int64_t j = member_columns[m];
+        sum += keys[j * head_dim + d] * inverse[j];
+      }
+      anchor[d] = sum;
+    }
+    if (count > 0)
+      for (int64_t d = 0; d < head_dim; ++d) anchor[d] /= float(count);
+    scratch.anchor_norms[size_t(distinct)] = std::max(std::sqrt(squared_norm(anchor)), kTiny);
+    ++distinct;
+  }
+  // The distinct rows' scores go to the first `distinct` rows of the group, then move to their
+  // own rows (last first: a row only moves down) and the repeated rows copy them.
+  kernels.attention_logits(anchors, head_dim, int(distinct), keys, head_dim, 0, cols - 1, 1.0f, o,
+                           out_stride);
+  for (int64_t i = 0; i < distinct; ++i) {
+    float* row = o + i * out_stride;
+    const float anchor_norm = scratch.anchor_norms[size_t(i)];
+    for (int64_t j = 0; j < cols; ++j) row[j] = -row[j] / (key_norms[j] * anchor_norm);
+  }
+  int64_t source = distinct;
+  for (int64_t i = rows_per_group - 1; i >= 0; --i) {
+    if (scratch.same_as_previous[size_t(i)]) continue;
+    --source;
+    if (source != i) std::memcpy(o + i * out_stride, o + source * out_stride, size_t(cols) * 4);
+  }
+  for (int64_t i = 1; i < rows_per_group; ++i) {
+    if (scratch.same_as_previous[size_t(i)])
+      std::memcpy(o + i * out_stride, o + (i - 1) * out_stride, size_t(cols) * 4);
+  }
+}
+
+}  // namespace
+
 void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int64_t cols,
                        const DeviceTensor& members, DeviceTensor& out) {
   const OpName op{"key_anchor_scores"};
@@ -209,106 +318,20 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
                  cat("a row count that is a multiple of the ", groups, " KV heads"), describe(out));
   const RowShape member_shape = row_shape(members, DType::U8, rows, cols, op + ": members");
   if (rows == 0 || cols == 0) return;
-
   const int64_t rows_per_group = rows / groups;
-  static constexpr float kTiny = 1e-12f;
-  // Squared length in 8 independent lanes (d mod 8), so the loop vectorises; the order is fixed.
-  auto squared_norm = [head_dim](const float* v) {
-    float lanes[8] = {};
-    int64_t d = 0;
-    for (; d + 8 <= head_dim; d += 8)
-      for (int i = 0; i < 8; ++i) lanes[i] += v[d + i] * v[d + i];
-    float sq = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-               ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (; d < head_dim; ++d) sq += v[d] * v[d];
-    return sq;
-  };
-  auto norm = [&](const float* v) { return std::max(std::sqrt(squared_norm(v)), kTiny); };
-  const DotKernels& kernels = context.kernels;
   // One task per KV head: its keys' lengths are computed once for all of its rows, and the
   // dots of every key with the rows' anchors are one pass of the attention logits kernel.
   context.pool.parallel_for(
       0, groups,
       [&](int64_t begin, int64_t end) {
-        std::vector<float> key_norms(static_cast<size_t>(cols)), inverse(key_norms.size());
-        std::vector<float> anchors(static_cast<size_t>(rows_per_group * head_dim));
-        std::vector<float> anchor_norms(static_cast<size_t>(rows_per_group));
-        std::vector<uint8_t> same_as_previous(static_cast<size_t>(rows_per_group));
-        std::vector<int32_t> member_columns(static_cast<size_t>(cols));
+        thread_local AnchorScratch scratch;
         for (int64_t g = begin; g < end; ++g) {
-          const float* keys = k_cache.as<const float>() + g * capacity * head_dim;
-          for (int64_t j = 0; j < cols; ++j)
-            key_norms[size_t(j)] = squared_norm(keys + j * head_dim);
-          // Separate loops so that the square roots and divisions vectorise (correctly rounded
-          // either way); the inverse is computed once for all rows of the group.
-          for (int64_t j = 0; j < cols; ++j)
-            key_norms[size_t(j)] = std::max(std::sqrt(key_norms[size_t(j)]), kTiny);
-          for (int64_t j = 0; j < cols; ++j) inverse[size_t(j)] = 1.0f / key_norms[size_t(j)];
-          // Rows of the group with the same members as the row before them (keydiff's query
-          // heads at query_head granularity always are) share its anchor and its scores.
-          int64_t distinct = 0;
-          for (int64_t i = 0; i < rows_per_group; ++i) {
-            const uint8_t* member =
-                members.as<const uint8_t>() + (g * rows_per_group + i) * member_shape.stride;
-            if (i > 0 && std::memcmp(member, member - member_shape.stride, size_t(cols)) == 0) {
-              same_as_previous[size_t(i)] = 1;
-              continue;
-            }
-            same_as_previous[size_t(i)] = 0;
-            float* anchor = anchors.data() + distinct * head_dim;
-            // The member columns first (no branch per key: about half are members), then each
-            // anchor element's sum over them in ascending j, 16 elements held in registers.
-            int64_t count = 0;
-            for (int64_t j = 0; j < cols; ++j) {
-              member_columns[size_t(count)] = int32_t(j);
-              count += member[j] != 0;
-            }
-            constexpr int64_t kChunk = 16;
-            int64_t d0 = 0;
-            for (; d0 + kChunk <= head_dim; d0 += kChunk) {
-              float sums[kChunk] = {};
-              for (int64_t m = 0; m < count; ++m) {
-                const int64_t j = member_columns[size_t(m)];
-                const float* k = keys + j * head_dim + d0;
-                const float inv = inverse[size_t(j)];
-                for (int64_t d = 0; d < kChunk; ++d) sums[d] += k[d] * inv;
-              }
-              std::copy(sums, sums + kChunk, anchor + d0);
-            }
-            for (int64_t d = d0; d < head_dim; ++d) {
-              float sum = 0.0f;
-              for (int64_t m = 0; m < count; ++m) {
-                const int64_t j = member_columns[size_t(m)];
-                sum += keys[j * head_dim + d] * inverse[size_t(j)];
-              }
-              anchor[d] = sum;
-            }
-            if (count > 0)
-              for (int64_t d = 0; d < head_dim; ++d) anchor[d] /= float(count);
-            anchor_norms[size_t(distinct)] = norm(anchor);
-            ++distinct;
-          }
-          // The distinct rows' scores go to the first `distinct` rows of the group, then move to
-          // their own rows (last first: a row only moves down) and the repeated rows copy them.
-          float* o = out.as<float>() + g * rows_per_group * shape.stride;
-          kernels.attention_logits(anchors.data(), head_dim, int(distinct), keys, head_dim, 0,
-                                   cols - 1, 1.0f, o, shape.stride);
-          for (int64_t i = 0; i < distinct; ++i) {
-            float* row = o + i * shape.stride;
-            for (int64_t j = 0; j < cols; ++j)
-              row[j] = -row[j] / (key_norms[size_t(j)] * anchor_norms[size_t(i)]);
-          }
-          int64_t source = distinct;
-          for (int64_t i = rows_per_group - 1; i >= 0; --i) {
-            if (same_as_previous[size_t(i)]) continue;
-            --source;
-            if (source != i)
-              std::memcpy(o + i * shape.stride, o + source * shape.stride, size_t(cols) * 4);
-          }
-          for (int64_t i = 1; i < rows_per_group; ++i) {
-            if (same_as_previous[size_t(i)])
-              std::memcpy(o + i * shape.stride, o + (i - 1) * shape.stride, size_t(cols) * 4);
-          }
+          key_anchor_group(context.kernels, k_cache.as<const float>() + g * capacity * head_dim,
+                           cols, head_dim,
+                           members.as<const uint8_t>() + g * rows_per_group * member_shape.stride,
+                           member_shape.stride, rows_per_group,
+                           out.as<float>() + g * rows_per_group * shape.stride, shape.stride,
+                           scratch);
         }
       },
       grain_for(rows_per_group * cols * head_dim * 2));
@@ -336,7 +359,7 @@ void require_page_size(int64_t page_size, OpName op) {
 
 }  // namespace
 
-void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end, int64_t page_size,
+KVLENS_POLICY_CLONES void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end, int64_t page_size,
                         DeviceTensor& page_min, DeviceTensor& page_max) {
   const OpName op{"page_minmax_update"};
   require_page_size(page_size, op);

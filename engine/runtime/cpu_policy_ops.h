@@ -10,6 +10,15 @@
 #include "engine/runtime/cpu_dot_kernels.h"
 #include "engine/runtime/thread_pool.h"
 
+// A policy op's loop compiled twice, for AVX2 (without FMA) and for the baseline, the copy
+// chosen once by the CPU (an ifunc). The loops are element-wise or keep their own lane order,
+// and without FMA the compiler contracts no multiply-add, so both copies give the same bits.
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && defined(__ELF__)
+#define KVLENS_POLICY_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KVLENS_POLICY_CLONES
+#endif
+
 namespace kvlens::cpu_policy {
 
 struct Context {
