@@ -148,6 +148,7 @@ KVLENS_PANEL_AVX2 void panel_matmul_avx2_fixed(const float* x, int64_t x_stride,
   __m256 acc[kAccumulators];
 #pragma GCC unroll 12
   for (int a = 0; a < kAccumulators; ++a) acc[a] = _mm256_setzero_ps();
+#pragma GCC unroll 4
   for (int64_t k = 0; k < in; ++k) {
 #pragma GCC unroll 6
     for (int p = 0; p < P; ++p) {
