@@ -57,6 +57,10 @@ class Backend {
   // `keep_alive` owns the host memory behind `view`.
   virtual DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) = 0;
   virtual DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
+  // True when a and b (the same dtype and shape) hold the same bytes and the backend can tell
+  // cheaply; false when they differ or it cannot tell without a synchronization (the default).
+  // A hint that lets a lockstep session compute once what several runs would compute alike.
+  virtual bool same_bytes(const DeviceTensor& /*a*/, const DeviceTensor& /*b*/) { return false; }
   virtual void to_host(const DeviceTensor& src, void* host, size_t bytes) = 0;
   virtual void from_host(DeviceTensor& dst, const void* host, size_t bytes) = 0;
   // Copies `rows` rows of `row_elems` F32 each from src[src_row..] to dst[dst_row..].

@@ -121,6 +121,11 @@ class CpuBackend final : public Backend {
     return t;
   }
 
+  bool same_bytes(const DeviceTensor& a, const DeviceTensor& b) override {
+    return a.dtype == b.dtype && a.shape == b.shape &&
+           (a.data == b.data || std::memcmp(a.data, b.data, a.bytes()) == 0);
+  }
+
   void to_host(const DeviceTensor& src, void* host, size_t bytes) override {
     KVLENS_REQUIRE(bytes <= src.bytes(), "to_host: bytes", cat("at most ", int64_t(src.bytes())),
                    std::to_string(bytes));

@@ -102,6 +102,7 @@ DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, Sessio
     : model_(std::move(model)), backend_(*model_->backend), options_(options) {
   if (runs < 1) throw Error("session", "runs", "at least one run", std::to_string(runs));
   runs_.resize(size_t(runs));
+  identical_rows_.assign(size_t(model_->config().num_layers), 0);
 }
 
 void DecoderSession::ensure_scratch(int64_t n) {
@@ -308,6 +309,10 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   // A chunk that continues the common prefix extends it; steps of the runs never change it
   // (they write positions past it).
   if (!per_run && shared_rows_ == position_) shared_rows_ = position_ + n;
+  if (!per_run) {
+    for (int64_t& identical : identical_rows_)
+      if (identical == position_) identical = position_ + n;
+  }
   position_ += per_run ? 1 : n;
   return logits_view_;
 }
@@ -377,7 +382,7 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
 }
 
 // The runs' policies see the same LayerStep in select and observe.
-LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) const {
+LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) {
   LayerStep step;
   step.step = position_;
   step.layer = int64_t(layer);
@@ -385,7 +390,7 @@ LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) 
   step.q = &q_rows_[row];
   step.k_cache = &run.k_cache[layer];
   step.v_cache = &run.v_cache[layer];
-  step.logits = &run.policy_logits;
+  step.logits = &runs_[size_t(logits_source_[row])].policy_logits;
   return step;
 }
 
@@ -393,15 +398,32 @@ void DecoderSession::step_attention(size_t layer) {
   const ModelConfig& c = model_->config();
   const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
   const int64_t window = c.sliding_window.value_or(0);
-  // Rows [0, shared) hold the same keys and values in every run's cache (the current token's
-  // row never does): the backend may read them once for all runs.
-  const int64_t shared = n > 1 ? std::min(shared_rows_, position_) : 0;
   run_attention_.assign(size_t(n), {});
   attention_batch_.clear();
+  int64_t& identical = identical_rows_[layer];
+  bool appended_alike = n > 1 && identical == position_;
   for (int64_t r = 0; r < n; ++r) {
     SessionRun& run = runs_[size_t(r)];
     backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer],
                        run.v_cache[layer], position_);
+    appended_alike =
+        appended_alike && (r == 0 || (backend_.same_bytes(k_rows_[size_t(r)], k_rows_[0]) &&
+                                      backend_.same_bytes(v_rows_[size_t(r)], v_rows_[0])));
+  }
+  if (appended_alike) identical = position_ + 1;
+  // Rows [0, shared) hold the same keys and values in every run's cache: the backend may read
+  // them once for all runs (the current token's row is read per run).
+  const int64_t shared = n > 1 ? std::min(identical, position_) : 0;
+  // With every row alike, a run whose query equals run 0's has run 0's logits: they are
+  // computed once and read from run 0 (select, softmax) instead of computed again.
+  logits_source_.resize(size_t(n));
+  for (int64_t r = 0; r < n; ++r) {
+    logits_source_[size_t(r)] =
+        r > 0 && identical > position_ && backend_.same_bytes(q_rows_[size_t(r)], q_rows_[0]) ? 0
+                                                                                              : r;
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    SessionRun& run = runs_[size_t(r)];
     // A run without a policy (or before its first policy step) goes through the same calls,
     // unmasked (the attention op's bits), so its attention is shared out with the others'.
     if (run.policy_logits.empty()) {
@@ -411,9 +433,9 @@ void DecoderSession::step_attention(size_t layer) {
     attention.q = &q_rows_[size_t(r)];
     attention.k_cache = &run.k_cache[layer];
     attention.v_cache = &run.v_cache[layer];
-    attention.logits = &run.policy_logits;
+    attention.logits = &runs_[size_t(logits_source_[size_t(r)])].policy_logits;
     attention.out = &out_rows_[size_t(r)];
-    attention_batch_.push_back(attention);
+    if (logits_source_[size_t(r)] == r) attention_batch_.push_back(attention);
   }
   // 1. The true logits of every run.
   backend_.attention_logits_runs(attention_batch_, shared, position_, window);
@@ -432,10 +454,11 @@ void DecoderSession::step_attention(size_t layer) {
       }
       if (logits_out) {
         // policy_logits rows have the policy stride; the recorded rows are packed.
-        const int64_t stride = run.policy_logits.dim(1);
+        const DeviceTensor& logits = *run_attention_[size_t(r)].logits;
+        const int64_t stride = logits.dim(1);
         for (int64_t h = 0; h < H; ++h) {
-          DeviceTensor row = run.policy_logits;
-          row.data = run.policy_logits.as<float>() + h * stride;
+          DeviceTensor row = logits;
+          row.data = logits.as<float>() + h * stride;
           row.shape = {1, cols};
           backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
         }
@@ -458,12 +481,42 @@ void DecoderSession::step_attention(size_t layer) {
       attention.probs = run.policy->wants_probs() ? &run.policy_probs : nullptr;
     });
   });
-  // 3. Softmax over each run's visible set and the value sums.
+  // 3. Softmax over each run's visible set and the value sums. A run with run 0's logits that
+  // sees everything, as the first such run does, gets that run's output (and probabilities)
+  // copied: the same arithmetic on the same rows.
   attention_batch_.clear();
-  for (const Backend::RunAttention& attention : run_attention_) {
-    if (attention.out) attention_batch_.push_back(attention);
+  auto unmasked = [&](int64_t r) {
+    const Backend::RunAttention& attention = run_attention_[size_t(r)];
+    return attention.out && !attention.visible && logits_source_[size_t(r)] == 0;
+  };
+  int64_t twin_of = -1;  // the run whose output the twins copy
+  twins_.clear();
+  for (int64_t r = 0; r < n; ++r) {
+    const Backend::RunAttention& attention = run_attention_[size_t(r)];
+    if (!attention.out) continue;
+    if (twin_of >= 0 && unmasked(r) && identical > position_ &&
+        (!attention.probs || run_attention_[size_t(twin_of)].probs)) {
+      twins_.push_back(r);
+      continue;
+    }
+    if (twin_of < 0 && unmasked(r)) twin_of = r;
+    attention_batch_.push_back(attention);
   }
   if (!attention_batch_.empty()) backend_.attention_visible_runs(attention_batch_, shared, cols);
+  for (const int64_t r : twins_) {
+    const Backend::RunAttention& source = run_attention_[size_t(twin_of)];
+    const Backend::RunAttention& twin = run_attention_[size_t(r)];
+    backend_.copy_rows(*source.out, 0, *twin.out, 0, 1, twin.out->numel());
+    if (!twin.probs) continue;
+    const int64_t stride = twin.probs->dim(1);
+    for (int64_t h = 0; h < H; ++h) {
+      DeviceTensor from = *source.probs, to = *twin.probs;
+      from.data = source.probs->as<float>() + h * stride;
+      to.data = twin.probs->as<float>() + h * stride;
+      from.shape = to.shape = {1, cols};
+      backend_.copy_rows(from, 0, to, 0, 1, cols);
+    }
+  }
   // 4. The probabilities go to the policies that accumulate them at the start of the next
   // layer's selection task (or after the last layer): one parallel call fewer per layer, and
   // the observations share the threads with the selections. Nothing in between touches the

@@ -85,6 +85,7 @@ class DecoderSession {
   void reset() {
     position_ = 0;
     shared_rows_ = 0;
+    std::fill(identical_rows_.begin(), identical_rows_.end(), 0);
   }
   // Runs `policy` in `run` at every single-token step from position `first_step` on (0: the
   // decode simulation; the prompt length: prefill + decode). Its row buffers span the session's
@@ -124,7 +125,7 @@ class DecoderSession {
   // It reads the runs' rows of the layer's scratch through input_rows_, q_rows_, k_rows_,
   // v_rows_ and writes out_rows_ (made once per forward).
   void step_attention(size_t layer);
-  LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
+  LayerStep layer_step(SessionRun& run, size_t layer, size_t row);
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).
   void observe_pending(SessionRun& run) const;
@@ -143,6 +144,15 @@ class DecoderSession {
   // Positions [0, shared_rows_) hold the same keys and values in every run (dense chunks from
   // the start): growing the caches broadcasts them instead of copying run by run.
   int64_t shared_rows_ = 0;
+  // Per layer: positions [0, identical_rows_[l]) hold the same keys and values in every run's
+  // cache of layer l (the shared prompt, and then every step whose appended rows the backend
+  // found equal: while the runs see the same tokens and every earlier layer was dense in all of
+  // them, as layer 0 and 1 are by default). Equal queries over equal caches then give equal
+  // logits, computed once.
+  std::vector<int64_t> identical_rows_;
+  // This step and layer: the run whose logits each run's equal (itself where computed).
+  std::vector<int64_t> logits_source_;
+  std::vector<int64_t> twins_;  // the runs that copy another run's attention output
   std::vector<SessionRun> runs_;
   // The order in which a step hands the runs to the backend's threads, and each run's seconds of
   // attention and policy work in the step (longest first: the threads then finish together).

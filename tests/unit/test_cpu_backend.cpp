@@ -1235,3 +1235,28 @@ TEST_CASE("attention equals attention_logits + attention_visible bit for bit, an
     }
   }
 }
+
+TEST_CASE(
+    "same_bytes: the CPU backend compares contents, shape and dtype; the default never claims",
+    "[backend]") {
+  auto backend = make_cpu_backend({});
+  const std::vector<float> values = {1.0f, -2.5f, 3.0f, 0.0f};
+  DeviceTensor a = backend->alloc(DType::F32, {1, 4}), b = backend->alloc(DType::F32, {1, 4});
+  backend->from_host(a, values.data(), values.size() * sizeof(float));
+  backend->from_host(b, values.data(), values.size() * sizeof(float));
+  CHECK(backend->same_bytes(a, b));
+  CHECK(backend->same_bytes(a, a));
+  std::vector<float> other = values;
+  other[3] = -0.0f;  // equal as a number, not as bytes
+  backend->from_host(b, other.data(), other.size() * sizeof(float));
+  CHECK_FALSE(backend->same_bytes(a, b));
+  DeviceTensor reshaped = a;
+  reshaped.shape = {4, 1};
+  CHECK_FALSE(backend->same_bytes(a, reshaped));
+  DeviceTensor as_int = a;
+  as_int.dtype = DType::U8;
+  as_int.shape = {1, 16};
+  CHECK_FALSE(backend->same_bytes(a, as_int));
+  // The default (a backend that cannot tell cheaply) never claims equal contents.
+  CHECK_FALSE(backend->Backend::same_bytes(a, a));
+}
