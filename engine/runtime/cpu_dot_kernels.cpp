@@ -478,8 +478,12 @@ struct TakenLists {
   static constexpr int kCapacity = 256;  // flushed before a block could overflow it
   alignas(32) int32_t keys[NQ][kCapacity + 8];
   int count[NQ] = {};
-  bool pending = false;  // some list holds keys
 
+  bool any() const {
+    for (int i = 0; i < NQ; ++i)
+      if (count[i] > 0) return true;
+    return false;
+  }
   bool nearly_full() const {
     for (int i = 0; i < NQ; ++i)
       if (count[i] > kCapacity - 8) return true;
@@ -498,11 +502,8 @@ KVLENS_AVX2_INLINE void collect_taken(TakenLists<NQ>& lists, const int (&taken)[
                         _mm256_add_epi32(base, _mm256_cvtepu8_epi32(offsets)));
     lists.count[i] += __builtin_popcount(unsigned(taken[i]));
   }
-  lists.pending = true;
 }
 
-// Adds the listed keys into the accumulators (each head's keys in ascending order) and empties
-// the lists.
 // f(std::integral_constant<int, i>) for i = 0 .. N - 1: the head index a compile-time constant,
 // so that the accumulators it picks stay in registers (indexed at run time, GCC keeps the whole
 // array in memory).
@@ -511,6 +512,8 @@ KVLENS_AVX2_INLINE void for_each_index(F&& f, std::integer_sequence<int, I...>) 
   (f(std::integral_constant<int, I>{}), ...);
 }
 
+// Adds the listed keys into the accumulators (each head's keys in ascending order) and empties
+// the lists.
 template <int NQ, int C>
 KVLENS_AVX2_INLINE void add_taken(__m256 (&acc)[NQ][C], TakenLists<NQ>& lists, const float* weights,
                                   int64_t weights_stride, const float* values, int64_t head_dim) {
@@ -533,7 +536,6 @@ KVLENS_AVX2_INLINE void add_taken(__m256 (&acc)[NQ][C], TakenLists<NQ>& lists, c
       },
       heads);
   for (int i = 0; i < NQ; ++i) lists.count[i] = 0;
-  lists.pending = false;
 }
 
 // Columns [0, 8 * C) of NQ heads' weighted sums over keys [begin, end) (values and out already
@@ -570,7 +572,7 @@ KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t
       any_taken |= taken[i];
     }
     if (all_taken == 0xff) {
-      if (lists.pending) add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
+      if (lists.any()) add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
       for (int64_t t = j; t < j + 8; ++t)
         fma_value_row<NQ, C, false, kPrefetch>(acc, weights, weights_stride, t,
                                                values + t * head_dim, head_dim);
@@ -580,7 +582,7 @@ KVLENS_AVX2_INLINE void weighted_values_chunk_avx2(const float* weights, int64_t
         add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
     }
   }
-  if (lists.pending) add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
+  if (lists.any()) add_taken<NQ, C>(acc, lists, weights, weights_stride, values, head_dim);
   for (; j < end; ++j)
     fma_value_row<NQ, C, true, kPrefetch>(acc, weights, weights_stride, j, values + j * head_dim,
                                           head_dim);

@@ -34,6 +34,14 @@ DeviceTensor rows_of(const DeviceTensor& bytes, int64_t offset, DType dtype,
   return result;
 }
 
+// Columns [0, cols) of row `row` of a [rows, stride] F32 tensor, as a [1, cols] tensor.
+DeviceTensor row_prefix(const DeviceTensor& tensor, int64_t row, int64_t cols) {
+  DeviceTensor result = tensor;
+  result.data = tensor.as<float>() + row * tensor.dim(1);
+  result.shape = {1, cols};
+  return result;
+}
+
 // Row `row` of a [n, ...] tensor as a [1, ...] tensor over the same storage.
 DeviceTensor row_view(const DeviceTensor& tensor, int64_t row) {
   DeviceTensor result = tensor;
@@ -454,13 +462,9 @@ void DecoderSession::step_attention(size_t layer) {
       }
       if (logits_out) {
         // policy_logits rows have the policy stride; the recorded rows are packed.
-        const DeviceTensor& logits = *run_attention_[size_t(r)].logits;
-        const int64_t stride = logits.dim(1);
         for (int64_t h = 0; h < H; ++h) {
-          DeviceTensor row = logits;
-          row.data = logits.as<float>() + h * stride;
-          row.shape = {1, cols};
-          backend_.copy_rows(row, 0, *logits_out, h, 1, cols);
+          backend_.copy_rows(row_prefix(*run_attention_[size_t(r)].logits, h, cols), 0, *logits_out,
+                             h, 1, cols);
         }
       }
       if (!policy_step(run)) return;
@@ -494,7 +498,8 @@ void DecoderSession::step_attention(size_t layer) {
   for (int64_t r = 0; r < n; ++r) {
     const Backend::RunAttention& attention = run_attention_[size_t(r)];
     if (!attention.out) continue;
-    if (twin_of >= 0 && unmasked(r) && identical > position_ &&
+    // (unmasked(r) past twin_of implies a borrowed logits row, so every cache row alike)
+    if (twin_of >= 0 && unmasked(r) &&
         (!attention.probs || run_attention_[size_t(twin_of)].probs)) {
       twins_.push_back(r);
       continue;
@@ -508,13 +513,9 @@ void DecoderSession::step_attention(size_t layer) {
     const Backend::RunAttention& twin = run_attention_[size_t(r)];
     backend_.copy_rows(*source.out, 0, *twin.out, 0, 1, twin.out->numel());
     if (!twin.probs) continue;
-    const int64_t stride = twin.probs->dim(1);
     for (int64_t h = 0; h < H; ++h) {
-      DeviceTensor from = *source.probs, to = *twin.probs;
-      from.data = source.probs->as<float>() + h * stride;
-      to.data = twin.probs->as<float>() + h * stride;
-      from.shape = to.shape = {1, cols};
-      backend_.copy_rows(from, 0, to, 0, 1, cols);
+      DeviceTensor to = row_prefix(*twin.probs, h, cols);
+      backend_.copy_rows(row_prefix(*source.probs, h, cols), 0, to, 0, 1, cols);
     }
   }
   // 4. The probabilities go to the policies that accumulate them at the start of the next
