@@ -135,6 +135,28 @@ TEST_CASE("lockstep: a long prefill stored once in every run, through cache grow
   }
 }
 
+TEST_CASE("lockstep runs that stay alike through every layer each get the logits", "[lockstep]") {
+  // At sparsity 0 every run sees everything, so the runs' rows stay equal to the last layer and
+  // the session computes one row and copies it (lm_head included): each run's logits must still
+  // be the dense run's, row by row.
+  Loaded loaded = load_tiny("lockstep-alike");
+  Backend& backend = *loaded.backend;
+  DecoderSession together(loaded.model, {}, 3);
+  together.set_policy(1, make_policy({"h2o", 0.0, {}}, together.policy_shape(), backend));
+  together.set_policy(2, make_policy({"oracle", 0.0, {}}, together.policy_shape(), backend));
+  DecoderSession alone(loaded.model);
+  for (const int32_t token : std::vector<int32_t>(kTokens.begin(), kTokens.begin() + 6)) {
+    const std::vector<float> rows = to_host(backend, together.forward(std::span(&token, 1)));
+    const std::vector<float> dense = alone.step(token);
+    REQUIRE(rows.size() == 3 * dense.size());
+    for (size_t r = 0; r < 3; ++r) {
+      INFO("run " << r);
+      CHECK(std::vector<float>(rows.begin() + long(r * dense.size()),
+                               rows.begin() + long((r + 1) * dense.size())) == dense);
+    }
+  }
+}
+
 TEST_CASE("lockstep runs may each follow their own tokens", "[lockstep]") {
   Loaded loaded = load_tiny("lockstep-own");
   Backend& backend = *loaded.backend;
