@@ -52,13 +52,6 @@ DeviceTensor row_view(const DeviceTensor& tensor, int64_t row) {
   return result;
 }
 
-// Rows [0, rows) of a [n, ...] tensor, over the same storage.
-DeviceTensor first_rows(const DeviceTensor& tensor, int64_t rows) {
-  DeviceTensor result = tensor;
-  result.shape[0] = rows;
-  return result;
-}
-
 constexpr int64_t kInitialCacheCapacity = 256;
 
 // Runs work() and adds its wall time to `seconds`.
@@ -258,41 +251,16 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     }
   }
   backend_.embed(model_->embed, tokens, hidden);
-  // While every run's residual row is the same (the runs read the same token, and every layer so
-  // far gave each run the same attention output: by default the dense layers), the row-wise work
-  // is done on row 0 alone and copied to the rows that are read per run (the layer input, q, k,
-  // v, the logits): the same arithmetic on the same row, so the same bits, for a tenth of the
-  // products in a 10-run lockstep. The rows are compared where the backend can do so cheaply.
-  bool rows_alike = per_run && n > 1;
-  for (int64_t r = 1; r < n && rows_alike; ++r)
-    rows_alike = backend_.same_bytes(row_view(hidden, r), row_view(hidden, 0));
-  auto copy_first_row = [&](DeviceTensor& tensor) {
-    const int64_t row_elems = tensor.numel() / n;
-    for (int64_t r = 1; r < n; ++r) backend_.copy_rows(tensor, 0, tensor, r, 1, row_elems);
-  };
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
-    int64_t m = rows_alike ? 1 : n;  // the rows computed
-    DeviceTensor hidden_m = first_rows(hidden, m), normed_m = first_rows(normed, m);
-    DeviceTensor q_m = first_rows(q, m), k_m = first_rows(k, m), v_m = first_rows(v, m);
-    DeviceTensor q_heads_m = first_rows(q_heads, m), k_heads_m = first_rows(k_heads, m);
-    const std::span<const int64_t> positions_m(positions.data(), size_t(m));
-    backend_.rmsnorm(hidden_m, layer.attn_norm, eps, normed_m);
-    backend_.matmul(normed_m, layer.wq, q_m);
-    backend_.matmul(normed_m, layer.wk, k_m);
-    backend_.matmul(normed_m, layer.wv, v_m);
-    backend_.rope(q_heads_m, positions_m, model_->inv_freq);
-    backend_.rope(k_heads_m, positions_m, model_->inv_freq);
-    if (rows_alike) {
-      for (DeviceTensor* rows : {&normed, &q, &k, &v}) copy_first_row(*rows);
-    }
+    backend_.rmsnorm(hidden, layer.attn_norm, eps, normed);
+    backend_.matmul(normed, layer.wq, q);
+    backend_.matmul(normed, layer.wk, k);
+    backend_.matmul(normed, layer.wv, v);
+    backend_.rope(q_heads, positions, model_->inv_freq);
+    backend_.rope(k_heads, positions, model_->inv_freq);
     if (per_run) {
       step_attention(l);
-      if (rows_alike) {
-        for (int64_t r = 1; r < n && rows_alike; ++r)
-          rows_alike = backend_.same_bytes(out_rows_[size_t(r)], out_rows_[0]);
-        if (!rows_alike) copy_first_row(hidden);  // the runs part here
-      }
     } else {
       SessionRun& first = runs_[0];
       backend_.kv_append(k_heads, v_heads, first.k_cache[l], first.v_cache[l], position_);
@@ -322,19 +290,14 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
         if (logits_out) runs_[r].attention_logits.push_back(*logits_out);
       }
     }
-    m = rows_alike ? 1 : n;
-    hidden_m = first_rows(hidden, m);
-    normed_m = first_rows(normed, m);
-    DeviceTensor proj_m = first_rows(proj, m), gate_m = first_rows(gate, m);
-    DeviceTensor up_m = first_rows(up, m), act_m = first_rows(act, m);
-    backend_.matmul(first_rows(attn, m), layer.wo, proj_m);
-    backend_.add_inplace(hidden_m, proj_m);
-    backend_.rmsnorm(hidden_m, layer.mlp_norm, eps, normed_m);
-    backend_.matmul(normed_m, layer.w_gate, gate_m);
-    backend_.matmul(normed_m, layer.w_up, up_m);
-    backend_.silu_mul(gate_m, up_m, act_m);
-    backend_.matmul(act_m, layer.w_down, proj_m);
-    backend_.add_inplace(hidden_m, proj_m);
+    backend_.matmul(attn, layer.wo, proj);
+    backend_.add_inplace(hidden, proj);
+    backend_.rmsnorm(hidden, layer.mlp_norm, eps, normed);
+    backend_.matmul(normed, layer.w_gate, gate);
+    backend_.matmul(normed, layer.w_up, up);
+    backend_.silu_mul(gate, up, act);
+    backend_.matmul(act, layer.w_down, proj);
+    backend_.add_inplace(hidden, proj);
   }
   if (per_run) {
     // The last layer's observations (the earlier ones ran in the next layer's selection tasks).
@@ -349,11 +312,8 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
       if (policy_step(run)) run.sparsity.end_step();
     }
   }
-  const int64_t m = rows_alike ? 1 : n;
-  DeviceTensor normed_m = first_rows(normed, m), logits_m = first_rows(logits_view_, m);
-  backend_.rmsnorm(first_rows(hidden, m), model_->final_norm, eps, normed_m);
-  backend_.matmul(normed_m, model_->lm_head, logits_m);
-  if (rows_alike) copy_first_row(logits_view_);
+  backend_.rmsnorm(hidden, model_->final_norm, eps, normed);
+  backend_.matmul(normed, model_->lm_head, logits_view_);
   // A chunk that continues the common prefix extends it; steps of the runs never change it
   // (they write positions past it).
   if (!per_run && shared_rows_ == position_) shared_rows_ = position_ + n;
