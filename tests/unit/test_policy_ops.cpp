@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include "engine/common/error.h"
 #include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/cpu_dot_kernels.h"
 #include "engine/runtime/policy_op_math.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
@@ -486,6 +488,36 @@ TEST_CASE("accumulate_rows adds, and forgets where keep is 0", "[policy_ops]") {
   for (int64_t j = kCols; j < kStride; ++j) CHECK(got[size_t(kStride + j)] == kSentinel);
 }
 
+TEST_CASE("accumulate_rows on long rows follows the per-column rule bit for bit", "[policy_ops]") {
+  // Rows long enough for the vectorized loop and its tail; x holds -0, NaN and infinities, which
+  // a dropped column must take over exactly and a kept one must add in order (acc + x).
+  auto backend = make_cpu_backend(1);
+  std::mt19937 rng(11);
+  const int64_t rows = 3, cols = 203, stride = 211;
+  const std::vector<float> specials = {-0.0f, 0.0f, kNaN, INFINITY, -INFINITY, 1e-42f, -3.5f};
+  std::vector<float> acc(size_t(rows * stride)), x(acc.size());
+  std::vector<uint8_t> keep(acc.size());
+  for (size_t i = 0; i < acc.size(); ++i) {
+    acc[i] = rng() % 5 == 0 ? specials[rng() % specials.size()]
+                            : float(int(rng() % 2000) - 1000) / 64.0f;
+    x[i] = rng() % 5 == 0 ? specials[rng() % specials.size()]
+                          : float(int(rng() % 2000) - 1000) / 64.0f;
+    keep[i] = uint8_t(rng() % 3 == 0 ? 0 : 1 + rng() % 3);
+  }
+  DeviceTensor a = make_f32(*backend, acc, {rows, stride});
+  const DeviceTensor x_t = make_f32(*backend, x, {rows, stride});
+  const DeviceTensor keep_t = make_u8(*backend, keep, {rows, stride});
+  backend->accumulate_rows(a, x_t, &keep_t, cols);
+  const std::vector<float> got = read_f32(*backend, a);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < stride; ++j) {
+      const size_t i = size_t(r * stride + j);
+      const float want = j >= cols ? acc[i] : keep[i] == 0 ? x[i] : acc[i] + x[i];
+      INFO("row " << r << " column " << j);
+      CHECK(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want));
+    }
+}
+
 TEST_CASE("sum_row_groups and expand_row_groups map query heads to KV groups", "[policy_ops]") {
   auto backend = make_cpu_backend(1);
   const std::vector<std::vector<float>> x = {{1, 2, 3, 4, 5, 6, 7},
@@ -938,6 +970,43 @@ TEST_CASE("page_minmax_update: channel-wise key min and max per page, grown step
   DeviceTensor wrong = backend->alloc(DType::F32, {1, kPages, D});
   CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, wrong, wrong), Error);
   CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, lo, few), Error);
+}
+
+TEST_CASE("page_bounds over many pages is page_bound's arithmetic bit for bit", "[policy_ops]") {
+  // 21 pages: the CPU computes pages eight at a time (interleaved sums) and the rest one by one;
+  // every page must equal the shared page_bound (CUDA's arithmetic too), in both modes.
+  auto backend = make_cpu_backend(2);
+  constexpr int64_t kHeads = 4, kGroups = 2, kDim = 20, kPages = 21, kPageSize = 2;
+  constexpr int64_t kColumns = kPages * kPageSize - 1, kRowStride = kPages * kPageSize + 3;
+  const std::vector<float> q = random_values(size_t(kHeads * kDim), 61);
+  std::vector<float> lo = random_values(size_t(kGroups * kPages * kDim), 62), hi = lo;
+  const std::vector<float> spread = random_values(size_t(kGroups * kPages * kDim), 63);
+  for (size_t i = 0; i < hi.size(); ++i) hi[i] += std::fabs(spread[i]);
+  const DeviceTensor q_t = make_f32(*backend, q, {1, kHeads, kDim});
+  const DeviceTensor lo_t = make_f32(*backend, lo, {kGroups, kPages, kDim});
+  const DeviceTensor hi_t = make_f32(*backend, hi, {kGroups, kPages, kDim});
+  const float scale = attention_scale(kDim);
+  for (const bool max_only : {false, true}) {
+    DeviceTensor out = make_f32(
+        *backend, std::vector<float>(size_t(kHeads * kRowStride), kSentinel), {kHeads, kRowStride});
+    backend->page_bounds(q_t, lo_t, hi_t, kColumns, kPageSize, max_only, out);
+    const std::vector<float> got = read_f32(*backend, out);
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const int64_t base = (h / (kHeads / kGroups)) * kPages * kDim;
+      for (int64_t j = 0; j < kRowStride; ++j) {
+        INFO("max_only " << max_only << " head " << h << " column " << j);
+        const float value = got[size_t(h * kRowStride + j)];
+        if (j >= kColumns) {
+          CHECK(value == kSentinel);
+          continue;
+        }
+        const int64_t p = j / kPageSize;
+        const float want = page_bound(q.data() + h * kDim, lo.data() + base + p * kDim,
+                                      hi.data() + base + p * kDim, kDim, max_only, scale);
+        CHECK(std::bit_cast<uint32_t>(value) == std::bit_cast<uint32_t>(want));
+      }
+    }
+  }
 }
 
 TEST_CASE("page_bounds: Quest's bound and the max_only bound on the logit scale", "[policy_ops]") {
