@@ -168,9 +168,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         token = timed_step(session, token).second;
       }
       std::vector<double> step_seconds, lockstep_seconds;
-      // Per lockstep run: its own work per step (its policy's select and observe, or the plain
-      // attention of a run without a policy; the projections and the policy runs' attention,
-      // computed for all runs at once, are not split), for the breakdown.
+      // Per lockstep run: its own work per step (its policy's select and observe; 0 for a run
+      // without a policy: the projections and every run's attention, computed for all runs at
+      // once, are not split), for the breakdown.
       std::vector<std::vector<double>> run_task_seconds(runs.size());
       step_seconds.reserve(size_t(steps));
       for (int64_t i = 0; i < steps; ++i) {

@@ -33,10 +33,6 @@ bool pages_remappable(const std::shared_ptr<void>& storage, const void* begin, s
 // copy-on-write page among them gets its private copy, so keep shared pages out of the range).
 void fault_in_pages(void* begin, size_t bytes);
 
-// Faults the pages of [begin, begin + bytes) in for writing now, contents unchanged (a
-// copy-on-write page among them gets its private copy).
-void fault_in_pages(void* begin, size_t bytes);
-
 struct PageCopyTarget {
   std::byte* data = nullptr;
   bool remappable = false;  // pages_remappable for this destination's range

@@ -316,8 +316,8 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   backend_.matmul(normed, model_->lm_head, logits_view_);
   // A chunk that continues the common prefix extends it; steps of the runs never change it
   // (they write positions past it).
-  if (!per_run && shared_rows_ == position_) shared_rows_ = position_ + n;
   if (!per_run) {
+    if (shared_rows_ == position_) shared_rows_ = position_ + n;
     for (int64_t& identical : identical_rows_)
       if (identical == position_) identical = position_ + n;
   }
@@ -390,7 +390,7 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
 }
 
 // The runs' policies see the same LayerStep in select and observe.
-LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) {
+LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) const {
   LayerStep step;
   step.step = position_;
   step.layer = int64_t(layer);

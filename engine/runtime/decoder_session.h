@@ -119,13 +119,14 @@ class DecoderSession {
   // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run.
   const DeviceTensor& forward_rows(std::span<const int32_t> tokens, bool per_run);
   // One single-token step's attention of every run at one layer: every run's logits in one
-  // backend call, each policy run's selection as a backend task, every run's softmax (over its
-  // visible set) and value sums in one call, then the policies' observe. The calls over all runs
+  // backend call, each policy run's observe of the previous layer and its selection as a backend
+  // task, every run's softmax (over its visible set) and value sums in one call; the
+  // probabilities then wait for the next layer's task (pending_observe). The calls over all runs
   // may read the rows every cache holds alike (the prompt) once for all of them.
   // It reads the runs' rows of the layer's scratch through input_rows_, q_rows_, k_rows_,
   // v_rows_ and writes out_rows_ (made once per forward).
   void step_attention(size_t layer);
-  LayerStep layer_step(SessionRun& run, size_t layer, size_t row);
+  LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).
   void observe_pending(SessionRun& run) const;
