@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "engine/common/error.h"
@@ -407,16 +408,12 @@ void DecoderSession::step_attention(size_t layer) {
   const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
   const int64_t window = c.sliding_window.value_or(0);
   run_attention_.assign(size_t(n), {});
-  attention_batch_.clear();
+  // The rows this step appends are compared in the scratch, before they are appended.
   int64_t& identical = identical_rows_[layer];
   bool appended_alike = n > 1 && identical == position_;
-  for (int64_t r = 0; r < n; ++r) {
-    SessionRun& run = runs_[size_t(r)];
-    backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer],
-                       run.v_cache[layer], position_);
-    appended_alike =
-        appended_alike && (r == 0 || (backend_.same_bytes(k_rows_[size_t(r)], k_rows_[0]) &&
-                                      backend_.same_bytes(v_rows_[size_t(r)], v_rows_[0])));
+  for (int64_t r = 1; r < n && appended_alike; ++r) {
+    appended_alike = backend_.same_bytes(k_rows_[size_t(r)], k_rows_[0]) &&
+                     backend_.same_bytes(v_rows_[size_t(r)], v_rows_[0]);
   }
   if (appended_alike) identical = position_ + 1;
   // Rows [0, shared) hold the same keys and values in every run's cache: the backend may read
@@ -425,10 +422,12 @@ void DecoderSession::step_attention(size_t layer) {
   // With every row alike, a run whose query equals run 0's has run 0's logits: they are
   // computed once and read from run 0 (select, softmax) instead of computed again.
   logits_source_.resize(size_t(n));
+  bool borrowed = false;
   for (int64_t r = 0; r < n; ++r) {
     logits_source_[size_t(r)] =
         r > 0 && identical > position_ && backend_.same_bytes(q_rows_[size_t(r)], q_rows_[0]) ? 0
                                                                                               : r;
+    borrowed = borrowed || logits_source_[size_t(r)] != r;
   }
   for (int64_t r = 0; r < n; ++r) {
     SessionRun& run = runs_[size_t(r)];
@@ -443,47 +442,57 @@ void DecoderSession::step_attention(size_t layer) {
     attention.v_cache = &run.v_cache[layer];
     attention.logits = &runs_[size_t(logits_source_[size_t(r)])].policy_logits;
     attention.out = &out_rows_[size_t(r)];
-    if (logits_source_[size_t(r)] == r) attention_batch_.push_back(attention);
   }
-  // 1. The true logits of every run.
-  backend_.attention_logits_runs(attention_batch_, shared, position_, window);
-  // 2. Each policy run's observation of the previous layer, then its selection, on the backend's
-  // threads (the runs are independent here: own cache, policy and scratch), the costliest runs
-  // of the last step first so that the threads finish together.
+  auto append = [&](int64_t r) {
+    SessionRun& run = runs_[size_t(r)];
+    backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer],
+                       run.v_cache[layer], position_);
+  };
+  if (!borrowed) {
+    // Every run computes its own logits: its whole attention (append, logits, observation,
+    // selection, softmax and value sums) is one backend task, the costliest runs of the last step
+    // first. One hand-over to the threads per layer instead of three, and each run's logits and
+    // mask are read back while still in its thread's cache; a run's results do not depend on the
+    // grouping (the ops' arithmetic is per run).
+    backend_.run_tasks(n, [&](int64_t task) {
+      const int64_t r = run_order_[size_t(task)];
+      timed_work(run_seconds_[size_t(r)], [&] {
+        append(r);
+        const std::span<const Backend::RunAttention> alone(&run_attention_[size_t(r)], 1);
+        backend_.attention_logits_runs(alone, shared, position_, window);
+        select_run(r, layer, cols);
+        if (alone[0].out) backend_.attention_visible_runs(alone, shared, cols);
+      });
+    });
+  } else {
+    attend_alike(layer, shared, append);
+  }
+  // The probabilities go to the policies that accumulate them at the start of the next layer's
+  // task (or after the last layer): one parallel call fewer per layer, and the observations share
+  // the threads with the selections. Nothing in between touches the run's probabilities or its
+  // policy.
+  for (int64_t r = 0; r < n; ++r) {
+    if (run_attention_[size_t(r)].out && run_attention_[size_t(r)].probs)
+      runs_[size_t(r)].pending_observe = int64_t(layer);
+  }
+}
+
+void DecoderSession::attend_alike(size_t layer, int64_t shared,
+                                  const std::function<void(int64_t)>& append) {
+  const ModelConfig& c = model_->config();
+  const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
+  for (int64_t r = 0; r < n; ++r) append(r);
+  // 1. The logits of the runs that do not borrow them, in one call.
+  attention_batch_.clear();
+  for (int64_t r = 0; r < n; ++r) {
+    if (logits_source_[size_t(r)] == r) attention_batch_.push_back(run_attention_[size_t(r)]);
+  }
+  backend_.attention_logits_runs(attention_batch_, shared, position_, c.sliding_window.value_or(0));
+  // 2. Each policy run's observation of the previous layer and its selection on the backend's
+  // threads.
   backend_.run_tasks(n, [&](int64_t task) {
     const int64_t r = run_order_[size_t(task)];
-    timed_work(run_seconds_[size_t(r)], [&] {
-      SessionRun& run = runs_[size_t(r)];
-      observe_pending(run);
-      DeviceTensor* logits_out = nullptr;
-      if (options_.record_attention_logits) {
-        run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
-        logits_out = &run.attention_logits.back();
-      }
-      if (logits_out) {
-        // policy_logits rows have the policy stride; the recorded rows are packed.
-        for (int64_t h = 0; h < H; ++h) {
-          backend_.copy_rows(row_prefix(*run_attention_[size_t(r)].logits, h, cols), 0, *logits_out,
-                             h, 1, cols);
-        }
-      }
-      if (!policy_step(run)) return;
-      const LayerDecision decision = run.policy->select(layer_step(run, layer, size_t(r)),
-                                                        run.visible[layer], run.scores[layer]);
-      run.decisions[layer] = decision;
-      record_sparsity(run, layer, decision, cols);
-      Backend::RunAttention& attention = run_attention_[size_t(r)];
-      if (decision == LayerDecision::Skipped) {
-        // A skipped attention contributes nothing: its row becomes zeros, so the batched
-        // o_proj gives exactly 0 for it and the residual is unchanged.
-        backend_.copy_rows(zero_attention_, 0, out_rows_[size_t(r)], 0, 1,
-                           q_rows_[size_t(r)].numel());
-        attention.out = nullptr;
-        return;
-      }
-      attention.visible = decision == LayerDecision::Masked ? &run.visible[layer] : nullptr;
-      attention.probs = run.policy->wants_probs() ? &run.policy_probs : nullptr;
-    });
+    timed_work(run_seconds_[size_t(r)], [&] { select_run(r, layer, cols); });
   });
   // 3. Softmax over each run's visible set and the value sums. A run with run 0's logits that
   // sees everything, as the first such run does, gets that run's output (and probabilities)
@@ -518,14 +527,34 @@ void DecoderSession::step_attention(size_t layer) {
       backend_.copy_rows(row_prefix(*source.probs, h, cols), 0, to, 0, 1, cols);
     }
   }
-  // 4. The probabilities go to the policies that accumulate them at the start of the next
-  // layer's selection task (or after the last layer): one parallel call fewer per layer, and
-  // the observations share the threads with the selections. Nothing in between touches the
-  // run's probabilities or its policy.
-  for (int64_t r = 0; r < n; ++r) {
-    if (run_attention_[size_t(r)].out && run_attention_[size_t(r)].probs)
-      runs_[size_t(r)].pending_observe = int64_t(layer);
+}
+
+void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
+  const int64_t H = model_->config().num_heads;
+  SessionRun& run = runs_[size_t(r)];
+  Backend::RunAttention& attention = run_attention_[size_t(r)];
+  observe_pending(run);
+  if (options_.record_attention_logits) {
+    // policy_logits rows have the policy stride; the recorded rows are packed.
+    run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
+    DeviceTensor& recorded = run.attention_logits.back();
+    for (int64_t h = 0; h < H; ++h)
+      backend_.copy_rows(row_prefix(*attention.logits, h, cols), 0, recorded, h, 1, cols);
   }
+  if (!policy_step(run)) return;
+  const LayerDecision decision =
+      run.policy->select(layer_step(run, layer, size_t(r)), run.visible[layer], run.scores[layer]);
+  run.decisions[layer] = decision;
+  record_sparsity(run, layer, decision, cols);
+  if (decision == LayerDecision::Skipped) {
+    // A skipped attention contributes nothing: its row becomes zeros, so the batched o_proj
+    // gives exactly 0 for it and the residual is unchanged.
+    backend_.copy_rows(zero_attention_, 0, out_rows_[size_t(r)], 0, 1, q_rows_[size_t(r)].numel());
+    attention.out = nullptr;
+    return;
+  }
+  attention.visible = decision == LayerDecision::Masked ? &run.visible[layer] : nullptr;
+  attention.probs = run.policy->wants_probs() ? &run.policy_probs : nullptr;
 }
 
 void DecoderSession::observe_pending(SessionRun& run) const {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -99,10 +100,10 @@ class DecoderSession {
 
   // Run 0's state (the single-run API).
   const Policy* policy() const { return runs_[0].policy.get(); }
-  // Each run's own work in the last single-token step (its policy's select and observe, summed
-  // over the layers, in seconds, on whichever thread ran it; a benchmark's breakdown; 0 for a
-  // run without a policy). The attention, computed for all runs in backend calls over all of
-  // them, is not in it. Empty before the first step.
+  // Each run's own work in the last single-token step, summed over the layers, in seconds, on
+  // whichever thread ran it (a benchmark's breakdown): its policy's select and observe, and in
+  // the layers where it computes its own logits also its attention (append, logits, softmax and
+  // value sums). Empty before the first step.
   const std::vector<double>& run_step_seconds() const { return run_seconds_; }
   const std::vector<DeviceTensor>& visible() const { return runs_[0].visible; }
   const std::vector<DeviceTensor>& policy_scores() const { return runs_[0].scores; }
@@ -118,14 +119,23 @@ class DecoderSession {
   // The decoder over `rows` hidden rows: a chunk of one run (per_run false: rows are positions
   // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run.
   const DeviceTensor& forward_rows(std::span<const int32_t> tokens, bool per_run);
-  // One single-token step's attention of every run at one layer: every run's logits in one
-  // backend call, each policy run's observe of the previous layer and its selection as a backend
-  // task, every run's softmax (over its visible set) and value sums in one call; the
-  // probabilities then wait for the next layer's task (pending_observe). The calls over all runs
-  // may read the rows every cache holds alike (the prompt) once for all of them.
+  // One single-token step's attention of every run at one layer. Runs that compute their own
+  // logits each do all of their attention as one backend task (append, logits, the observation of
+  // the previous layer, selection, softmax over the visible set, value sums); while runs borrow
+  // run 0's logits (every row alike), attend_alike goes phase by phase over all runs instead.
+  // The probabilities then wait for the next layer's task (pending_observe). The calls may read
+  // the rows every cache holds alike (the prompt) once for all the runs they take.
   // It reads the runs' rows of the layer's scratch through input_rows_, q_rows_, k_rows_,
   // v_rows_ and writes out_rows_ (made once per forward).
   void step_attention(size_t layer);
+  // step_attention while some run borrows run 0's logits: every run's append, the logits of the
+  // runs that compute their own in one call, the selections as tasks, then the softmax and value
+  // sums of every run in one call (runs that see everything with run 0's logits copy the first
+  // such run's output).
+  void attend_alike(size_t layer, int64_t shared, const std::function<void(int64_t)>& append);
+  // Run r's observation of the previous layer, its recorded logits and its policy's selection
+  // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
+  void select_run(int64_t r, size_t layer, int64_t cols);
   LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).
