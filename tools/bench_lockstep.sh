@@ -5,20 +5,23 @@
 # prints the medians of the step times, the steps/s and the ratio, then each run's own work (its
 # policy's selection and observation; the attention is computed for all runs at once and is not
 # in it, so dense shows 0) for the breakdown.
-# usage: tools/bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]
+# usage: tools/bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS] [CPU_KERNELS]
+# (CPU_KERNELS: auto, avx2 or generic, as kvlens-cli's --cpu-kernels)
 set -euo pipefail
-build=${1:?usage: bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS]}
+build=${1:?usage: bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS] [CPU_KERNELS]}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 model=${2:-$root/assets/models/demo}
 repeats=${3:-5}
 threads=${4:-0}
+kernels=${5:-auto}
 policies=dense,oracle,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,random
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "model: $model; lockstep runs: $policies at sparsity 0.5; threads: $threads (0 = all)"
+echo "model: $model; lockstep runs: $policies at sparsity 0.5; threads: $threads (0 = all);" \
+  "CPU kernels: $kernels"
 for context in 128 512; do
   for i in $(seq "$repeats"); do
     "$build/app/kvlens-cli" bench --model "$model" --context "$context" --steps 64 --copy-mb 16 \
-      --threads "$threads" --policies "$policies" --sparsity 0.5 --json
+      --threads "$threads" --cpu-kernels "$kernels" --policies "$policies" --sparsity 0.5 --json
   done | python3 -c '
 import json, statistics, sys
 text = sys.stdin.read()

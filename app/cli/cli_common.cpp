@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "engine/common/error.h"
+#include "engine/runtime/cpu_backend.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #endif
@@ -21,7 +22,13 @@ double now_seconds() {
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
-  if (common.backend == "cpu") return make_cpu_backend(common.threads);
+  if (common.backend == "cpu") {
+    CpuBackendOptions options;
+    options.threads = common.threads;
+    options.allow_simd = common.cpu_kernels != "generic";
+    options.allow_avx512 = common.cpu_kernels == "auto";
+    return make_cpu_backend(options);
+  }
   if (common.backend == "cuda") {
 #if KVLENS_HAVE_CUDA
     if (!cuda_device_available()) {
@@ -40,6 +47,12 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
       ->capture_default_str();
   command.add_option("--threads", common.threads, "CPU threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command
+      .add_option("--cpu-kernels", common.cpu_kernels,
+                  "CPU kernel set: auto (the fastest this CPU has), avx2 (no AVX-512 matmul) or "
+                  "generic (portable); all give the same bits")
+      ->check(CLI::IsMember({"auto", "avx2", "generic"}))
       ->capture_default_str();
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
 }

@@ -16,7 +16,10 @@ namespace kvlens::cli {
 struct CommonOptions {
   std::string backend = "cpu";  // cpu | cuda
   int threads = 0;              // 0 = all cores
-  bool progress = false;        // progress bar on stderr
+  // CPU kernel set: auto (the fastest the CPU has), avx2 (no AVX-512 matmul) or generic
+  // (portable loops); every set gives the same bits.
+  std::string cpu_kernels = "auto";
+  bool progress = false;  // progress bar on stderr
 };
 
 // Every command's run function; exceptions (kvlens::Error and others) are reported by main().

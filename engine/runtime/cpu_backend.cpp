@@ -54,7 +54,8 @@ void require_rows(const DeviceTensor& t, int64_t row, int64_t rows, int64_t row_
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
-      : pool_(options.threads), kernels_(pick_dot_kernels(options.allow_simd)) {}
+      : pool_(options.threads),
+        kernels_(pick_dot_kernels(options.allow_simd, options.allow_avx512)) {}
 
   std::string name() const override { return "cpu"; }
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
@@ -203,7 +204,7 @@ class CpuBackend final : public Backend {
 
     const WeightPanels& panels = panels_for(w);
     panel_matmul(pool_, panels.dtype == DType::BF16 ? kernels_.matmul_bf16 : kernels_.matmul_f32,
-                 panels, x.as<const float>(), n, y.as<float>());
+                 kernels_.matmul_limits, panels, x.as<const float>(), n, y.as<float>());
   }
 
   // Lockstep runs fed the same token have bit-identical rows until their policies first make

@@ -685,7 +685,7 @@ bool cpu_has_avx2_fma() {
 
 }  // namespace
 
-DotKernels pick_dot_kernels(bool allow_simd) {
+DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
   DotKernels kernels;
   kernels.matmul_f32 = panel_matmul_generic_f32;
   kernels.matmul_bf16 = panel_matmul_generic_bf16;
@@ -708,9 +708,15 @@ DotKernels pick_dot_kernels(bool allow_simd) {
     kernels.silu_mul = silu_mul_avx2;
     kernels.axpby = axpby_row_avx2;
     kernels.top_k = top_k_row_avx2;
+    if (allow_avx512 && cpu_has_avx512f()) {
+      kernels.isa = "avx2+fma, avx512f matmul";
+      kernels.matmul_f32 = panel_matmul_avx512_f32;
+      kernels.matmul_bf16 = panel_matmul_avx512_bf16;
+      kernels.matmul_limits = kAvx512PanelLimits;
+    }
   }
 #else
-  (void)allow_simd;
+  (void)allow_simd, (void)allow_avx512;
 #endif
   return kernels;
 }

@@ -1,7 +1,8 @@
 // The CPU backend's kernel set: the attention kernels (logits, softmax weights, weighted value
 // sum) of one query row of one head over a KV cache [capacity, head_dim], and the matmul, policy
-// row and top-k kernels of their own files. AVX2/FMA when the CPU has it (chosen at run time, so
-// the binary stays portable), portable loops otherwise.
+// row and top-k kernels of their own files. AVX2/FMA when the CPU has it, and AVX-512 matmul
+// kernels where it has that too (chosen at run time, so the binary stays portable), portable
+// loops otherwise; every set gives the same bits.
 #pragma once
 
 #include <cmath>
@@ -58,9 +59,10 @@ using WeightedValuesAccumulateFn = void (*)(const float* weights, int64_t weight
 using SiluMulFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
 
 struct DotKernels {
-  const char* isa = "generic";          // set by pick_dot_kernels
-  PanelMatmulFn matmul_f32 = nullptr;   // matmul over F32 weight panels (cpu_matmul.h)
-  PanelMatmulFn matmul_bf16 = nullptr;  // and over BF16 ones
+  const char* isa = "generic";                       // set by pick_dot_kernels
+  PanelMatmulFn matmul_f32 = nullptr;                // matmul over F32 weight panels (cpu_matmul.h)
+  PanelMatmulFn matmul_bf16 = nullptr;               // and over BF16 ones
+  PanelCallLimits matmul_limits = kAvx2PanelLimits;  // the shapes one call of them takes
   AttentionLogitsFn attention_logits = nullptr;
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
@@ -70,8 +72,9 @@ struct DotKernels {
   TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)
 };
 
-// The fastest kernel set this CPU supports (portable ones when allow_simd is false).
-DotKernels pick_dot_kernels(bool allow_simd);
+// The fastest kernel set this CPU supports: portable ones when allow_simd is false, the AVX2
+// matmul when allow_avx512 is false (benchmarks and tests compare the sets).
+DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512 = true);
 
 // The attention logit scale head_dim^-0.5, rounded to F32 once (transformers multiplies the F32
 // scores by the Python float `scaling`).

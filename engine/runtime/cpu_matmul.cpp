@@ -142,7 +142,7 @@ KVLENS_PANEL_AVX2 void panel_matmul_avx2_fixed(const float* x, int64_t x_stride,
                                                const std::byte* first, int64_t in, float* y,
                                                int64_t y_stride, const std::byte* ahead,
                                                int64_t ahead_step) {
-  static_assert(NX * P <= kMaxPanelPairs);
+  static_assert(NX * P <= kAvx2PanelLimits.pairs);
   constexpr int kAccumulators = 2 * NX * P;
   const size_t panel_bytes = size_t(in * kPanelRows) * dtype_size(W);
   __m256 acc[kAccumulators];
@@ -190,8 +190,8 @@ template <DType W>
 void panel_matmul_avx2(const float* x, int64_t x_stride, int nx, const std::byte* first, int64_t in,
                        int panels, float* y, int64_t y_stride, const std::byte* ahead,
                        int64_t ahead_step) {
-  // [nx - 1][panels - 1]: every shape with nx * panels <= kMaxPanelPairs.
-  static constexpr PanelMatmulFn kKernels[kMaxPanelPairs][kMaxPanelPairs] = {
+  // [nx - 1][panels - 1]: every shape with nx * panels <= kAvx2PanelLimits.pairs.
+  static constexpr PanelMatmulFn kKernels[kAvx2PanelLimits.pairs][kAvx2PanelLimits.pairs] = {
       {fixed_kernel<W, 1, 1>(), fixed_kernel<W, 1, 2>(), fixed_kernel<W, 1, 3>(),
        fixed_kernel<W, 1, 4>(), fixed_kernel<W, 1, 5>(), fixed_kernel<W, 1, 6>()},
       {fixed_kernel<W, 2, 1>(), fixed_kernel<W, 2, 2>(), fixed_kernel<W, 2, 3>()},
@@ -200,7 +200,7 @@ void panel_matmul_avx2(const float* x, int64_t x_stride, int nx, const std::byte
       {fixed_kernel<W, 5, 1>()},
       {fixed_kernel<W, 6, 1>()}};
   const PanelMatmulFn kernel =
-      nx >= 1 && nx <= kMaxPanelPairs && panels >= 1 && panels <= kMaxPanelPairs
+      nx >= 1 && nx <= kAvx2PanelLimits.pairs && panels >= 1 && panels <= kAvx2PanelLimits.pairs
           ? kKernels[nx - 1][panels - 1]
           : nullptr;
   if (kernel) return kernel(x, x_stride, nx, first, in, panels, y, y_stride, ahead, ahead_step);
@@ -231,7 +231,7 @@ namespace {
 // valid outputs are copied.
 void partial_panel(PanelMatmulFn kernel, const float* x, int nx, const WeightPanels& panels,
                    int64_t p, float* y) {
-  float scratch[kMaxPanelPairs * kPanelRows];
+  float scratch[kMaxPanelCallRows * kPanelRows];
   kernel(x, panels.in, nx, panels.panel(p), panels.in, 1, scratch, kPanelRows, panels.panel(p), 0);
   const int64_t first = p * kPanelRows, width = panels.out - first;
   for (int i = 0; i < nx; ++i) {
@@ -254,17 +254,21 @@ const WeightPanels& panels_for(const DeviceTensor& weight) {
   return scratch;
 }
 
-void panel_matmul(ThreadPool& pool, PanelMatmulFn kernel, const WeightPanels& panels,
-                  const float* x, int64_t n, float* y) {
+void panel_matmul(ThreadPool& pool, PanelMatmulFn kernel, PanelCallLimits limits,
+                  const WeightPanels& panels, const float* x, int64_t n, float* y) {
   const int64_t in = panels.in, out = panels.out;
-  // The rows of x go through the kernel in groups of nearly equal size (10 lockstep runs as
-  // 5 + 5: 10 accumulators each), each call taking as many panels as the accumulators allow (6
-  // for one row). Few rows (decode, lockstep) go panel by panel, every group over a panel in
-  // turn while it is in L1; many (prefill) go by blocks of panels that stay in L2 while every
-  // group passes over them. Either way the weights come from memory once per call.
-  const int64_t groups = (n + kMaxPanelPairs - 1) / kMaxPanelPairs;
+  // The rows of x go through the kernel in groups of nearly equal size (10 lockstep runs with
+  // the AVX2 kernels as 5 + 5: 10 accumulators each; with AVX-512 as one group by 2 panels),
+  // each call taking as many panels as the accumulators allow (AVX2: 6 for one row). Few rows
+  // (decode, lockstep) go panel by panel, every group over a panel in turn while it is in L1; many
+  // (prefill) go by blocks of panels that stay in L2 while every group passes over them. Either way
+  // the weights come from memory once per call.
+  const int64_t groups = (n + limits.rows - 1) / limits.rows;
   const int64_t group_rows = (n + groups - 1) / groups;
-  const int64_t panels_per_call = std::max<int64_t>(1, kMaxPanelPairs / group_rows);
+  auto panels_for_rows = [&](int64_t rows) {
+    return std::clamp<int64_t>(limits.pairs / rows, 1, limits.panels);
+  };
+  const int64_t panels_per_call = panels_for_rows(group_rows);
   const bool by_panel = groups <= 2;
   constexpr size_t kBlockBytes = 256 * 1024;
   const int64_t block =
@@ -288,7 +292,7 @@ void panel_matmul(ThreadPool& pool, PanelMatmulFn kernel, const WeightPanels& pa
           const int64_t b1 = std::min(panel_end, b0 + block);
           for (int64_t i = 0, g = 0; i < n; i += group_rows, ++g) {
             const int nx = int(std::min(group_rows, n - i));
-            const int64_t per_call = std::max<int64_t>(1, kMaxPanelPairs / nx);
+            const int64_t per_call = panels_for_rows(nx);
             for (int64_t p = b0; p < b1;) {
               if (p >= full_panels) {
                 partial_panel(kernel, x + i * in, nx, panels, p, y + i * out);

@@ -21,11 +21,19 @@ struct DeviceTensor;
 class ThreadPool;
 
 inline constexpr int64_t kPanelRows = 16;
-// A kernel call takes at most kMaxPanelAccumulators / 2 (row of x, panel) pairs: each pair keeps
-// two 8-lane accumulators, and 12 accumulators plus the weights and one x value fill the 16
-// AVX2 registers.
-inline constexpr int kMaxPanelAccumulators = 12;
-inline constexpr int kMaxPanelPairs = kMaxPanelAccumulators / 2;
+
+// The most (row of x, panel) pairs, rows of x and panels one kernel call takes.
+struct PanelCallLimits {
+  int pairs = 0, rows = 0, panels = 0;
+};
+// The AVX2 kernels keep two 8-lane accumulators per pair: 12 accumulators plus the weights and
+// one x value fill the 16 registers. The portable kernels take the same shapes.
+inline constexpr PanelCallLimits kAvx2PanelLimits{6, 6, 6};
+// The AVX-512 kernels keep one 16-lane accumulator per pair: 24 of the 32 registers, the rest
+// for up to 8 panel columns and the x value. 12 rows at most, so the 10 rows of a lockstep step
+// are one group (each weight read once per step) and prefill groups take 2 panels per call.
+inline constexpr PanelCallLimits kAvx512PanelLimits{24, 12, 4};
+inline constexpr int kMaxPanelCallRows = 12;  // the largest `rows` of any kernel set
 
 struct WeightPanels {
   DType dtype = DType::F32;  // BF16 (a BF16 weight) or F32 (F32 and F16 weights, widened)
@@ -66,8 +74,8 @@ WeightPanels pack_weight_panels(const DeviceTensor& weight, PanelArena* arena = 
 const WeightPanels& panels_for(const DeviceTensor& weight);
 
 // y[i * y_stride + p * 16 + j] = the fused multiply-add chain over k of
-// x[i * x_stride + k] * weight(p * 16 + j, k), for i < nx and p < panels (nx * panels <=
-// kMaxPanelPairs), from panels read at `first` (panel_bytes apart). Writes all 16 outputs of every
+// x[i * x_stride + k] * weight(p * 16 + j, k), for i < nx and p < panels (within the kernel set's
+// PanelCallLimits), from panels read at `first` (panel_bytes apart). Writes all 16 outputs of every
 // panel, the zero padding's included. At each k it also prefetches ahead + p * panel_bytes +
 // k * ahead_step for each of its panels (weights it will read later; any address will do).
 using PanelMatmulKernel = void(const float* x, int64_t x_stride, int nx, const std::byte* first,
@@ -78,10 +86,13 @@ using PanelMatmulFn = PanelMatmulKernel*;
 PanelMatmulKernel panel_matmul_generic_f32, panel_matmul_generic_bf16;
 // Only on x86 builds, and only to be called where the CPU has AVX2 and FMA.
 PanelMatmulKernel panel_matmul_avx2_f32, panel_matmul_avx2_bf16;
+// Only on x86 builds, and only to be called where cpu_has_avx512f().
+PanelMatmulKernel panel_matmul_avx512_f32, panel_matmul_avx512_bf16;
+bool cpu_has_avx512f();  // AVX-512 Foundation and FMA (false off x86)
 
 // y [n, out] = x [n, in] times the weight's transpose, over the pool's threads, with one of the
-// kernels below (the BF16 one for BF16 panels).
-void panel_matmul(ThreadPool& pool, PanelMatmulFn kernel, const WeightPanels& panels,
-                  const float* x, int64_t n, float* y);
+// kernels above (the BF16 one for BF16 panels) in calls within its limits.
+void panel_matmul(ThreadPool& pool, PanelMatmulFn kernel, PanelCallLimits limits,
+                  const WeightPanels& panels, const float* x, int64_t n, float* y);
 
 }  // namespace kvlens

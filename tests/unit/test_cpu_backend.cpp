@@ -299,16 +299,23 @@ TEST_CASE("matmul is bit-identical for 1 and 2 threads and between prefill and d
   }
 }
 
-TEST_CASE("matmul: the SIMD and portable kernels give the same bits", "[backend]") {
-  // Both sum every output as one fused multiply-add chain over k, so they agree exactly.
-  CpuBackendOptions simd_options, portable_options;
-  simd_options.threads = portable_options.threads = 2;
-  portable_options.allow_simd = false;
-  auto simd = make_cpu_backend(simd_options);
-  auto portable = make_cpu_backend(portable_options);
+TEST_CASE("matmul: the AVX-512, AVX2 and portable kernels give the same bits", "[backend]") {
+  // All sum every output as one fused multiply-add chain over k, so they agree exactly, for
+  // every way panel_matmul groups the rows (AVX2: up to 6 rows a call; AVX-512: up to 12, so
+  // 13 and 25 rows make several groups) and panels (out = 83 and 1037 end in partial panels).
+  CpuBackendOptions widest, avx2, portable;
+  widest.threads = avx2.threads = portable.threads = 2;
+  avx2.allow_avx512 = false;
+  portable.allow_simd = false;
+  auto widest_backend = make_cpu_backend(widest);
+  auto avx2_backend = make_cpu_backend(avx2);
+  auto portable_backend = make_cpu_backend(portable);
+  if (!cpu_has_avx512f()) WARN("no AVX-512 on this CPU: its matmul kernels are not exercised");
+  INFO("kernels " << cpu_backend_isa(*widest_backend));
   const bool bf16 = GENERATE(false, true);
-  const int64_t n = GENERATE(1, 2, 5, 10, 13), in = 45, out = 83;
-  INFO("bf16 " << bf16 << " n " << n);
+  const int64_t n = GENERATE(1, 2, 3, 5, 10, 12, 13, 25);
+  const int64_t in = GENERATE(45, 256), out = GENERATE(83, 1037);
+  INFO("bf16 " << bf16 << " n " << n << " in " << in << " out " << out);
   const auto x = random_values(size_t(n * in), 51);
   const auto w = random_values(size_t(out * in), 52);
   const auto bits = to_bf16(w);
@@ -320,8 +327,9 @@ TEST_CASE("matmul: the SIMD and portable kernels give the same bits", "[backend]
     backend.matmul(make_f32(backend, x, {n, in}), weight, y);
     return read(backend, y);
   };
-  const auto a = run(*simd), b = run(*portable);
-  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  const auto a = run(*widest_backend), b = run(*avx2_backend), c = run(*portable_backend);
+  REQUIRE(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);
+  REQUIRE(std::memcmp(b.data(), c.data(), b.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("matmul: repacked weights are used only for the tensor they were made from",
