@@ -10,21 +10,23 @@
 // most recent. Dropped tokens never return (also when a growing budget would force them again).
 //
 // The window sum is re-summed from the stored rows rather than kept as a running sum: per layer
-// a ring [H * w, stride] holds the last w steps' probability rows (step s in slot s mod w;
-// observe copies the row in with axpby_rows through a strided view). A running sum (add the new
+// a ring holds the last w steps' probability rows (step s in slot s mod w; observe copies the
+// row in with axpby_rows through a strided view). A running sum (add the new
 // row, subtract the leaving one) would carry F32 residues ((a + b) - a != b) that differ between
 // tokens, so two tokens with the same attention over the window would no longer tie and the tie
 // rule (to the recent) would not hold. To keep the re-sum short, the slots form blocks of
 // kBlockSlots: each block's sum (its slots added in slot order) is recomputed by observe when one
 // of its slots changes, and select adds the block sums in block order. The window sum is thus a
 // fixed function of the w slot rows (the same grouping for every token and step), so equal
-// attention over the window still ties exactly, at kBlockSlots + w / kBlockSlots row passes per
-// step instead of w. Slot columns a step never wrote are 0, so nothing needs clearing.
+// attention over the window still ties exactly. The ring is laid out block by block, each
+// block's rows [H][its slots] and the block sums [H][blocks], so that each re-sum is one
+// sum_row_groups pass (the rows added in order: the bits of adding them one by one).
+// Slot columns a step never wrote are 0, so nothing needs clearing.
 // At kv_head granularity the pooled per-head scores are summed over the group (pool, then sum).
 // In the prefill + decode mode the prefill steps are dense and not observed: the window starts
 // empty at the first policy step, so the first w decode steps rank by fewer rows (all scores 0 at
 // the first one: ties to the recent, i.e. the oldest non-forced tokens go first).
-// State per layer: ring [H * w, stride], block sums [blocks * H, stride] (rows of one tensor
+// State per layer: ring [H * w, stride], block sums [H * blocks, stride] (rows of one tensor
 // over all layers each), kept [R, stride] U8; one window-sum scratch [H, stride].
 #include <algorithm>
 #include <limits>
@@ -37,13 +39,14 @@
 namespace kvlens {
 namespace {
 
-// Slot `slot` of a ring [H * w, stride] as H rows of stride w * stride (a strided view: the ops
-// touch only the first cols <= stride columns of each row, all inside the ring).
-DeviceTensor ring_slot(const DeviceTensor& ring, int64_t heads, int64_t window, int64_t slot) {
-  DeviceTensor view = ring;
-  const int64_t stride = ring.dim(1);
-  view.data = ring.as<float>() + slot * stride;
-  view.shape = {heads, window * stride};
+// Row `row` of a [rows, stride] tensor and every `every`-th after it, `count` rows, as a
+// [count, every * stride] tensor (a strided view: the ops touch only the first cols <= stride
+// columns of each row, all inside the tensor).
+DeviceTensor every_nth_row(const DeviceTensor& all, int64_t row, int64_t every, int64_t count) {
+  DeviceTensor view = all;
+  const int64_t stride = all.dim(1);
+  view.data = all.as<float>() + row * stride;
+  view.shape = {count, every * stride};
   return view;
 }
 
@@ -72,8 +75,8 @@ class SnapkvPolicy final : public BudgetedPolicy {
         window_sum_(backend.alloc(DType::F32, {shape.heads, shape.stride})) {
     // Every layer's ring and block sums in one tensor each: the large ones then sit in huge
     // pages on the CPU (a lockstep step touches hundreds of their rows).
-    rings_ = backend.alloc(DType::F32, {shape.layers * shape.heads * obs_window, shape.stride});
-    block_sums_ = backend.alloc(DType::F32, {shape.layers * blocks_ * shape.heads, shape.stride});
+    rings_ = backend.alloc(DType::F32, {shape.layers * obs_window * shape.heads, shape.stride});
+    block_sums_ = backend.alloc(DType::F32, {shape.layers * shape.heads * blocks_, shape.stride});
     for (int64_t l = 0; l < shape.layers; ++l) {
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
@@ -87,9 +90,7 @@ class SnapkvPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols();
-    backend_.axpby_rows(window_sum_, 1.0f, block_sum(l, 0), 0.0f, cols);
-    for (int64_t b = 1; b < blocks_; ++b)
-      backend_.axpby_rows(window_sum_, 1.0f, block_sum(l, b), 1.0f, cols);
+    backend_.sum_row_groups(block_sums(l), cols, blocks_, window_sum_);
     backend_.pool_rows(window_sum_, cols, pool_, kernel_, scores);
     // The observation window t-w..t-1 plus the current token.
     const int64_t recent = protect_window_ ? obs_window_ + 1 : 1;
@@ -102,17 +103,14 @@ class SnapkvPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols(), written = step.step % obs_window_;
-    DeviceTensor slot = ring_slot(ring(l), shape_.heads, obs_window_, written);
+    const int64_t block = written / kBlockSlots, slots = block_slots(block);
+    const DeviceTensor rows = block_rows(l, block);
+    DeviceTensor slot = every_nth_row(rows, written % kBlockSlots, slots, shape_.heads);
     backend_.axpby_rows(slot, 1.0f, probs, 0.0f, cols);
     // Re-sum the block holding the slot just written, its slots in order. Columns up to cols
     // cover everything any of its slots holds (older steps had fewer columns; the rest are 0).
-    const int64_t block = written / kBlockSlots, first = block * kBlockSlots;
-    const int64_t last = std::min(obs_window_, first + kBlockSlots);
-    DeviceTensor sum = block_sum(l, block);
-    backend_.axpby_rows(sum, 1.0f, ring_slot(ring(l), shape_.heads, obs_window_, first), 0.0f,
-                        cols);
-    for (int64_t s = first + 1; s < last; ++s)
-      backend_.axpby_rows(sum, 1.0f, ring_slot(ring(l), shape_.heads, obs_window_, s), 1.0f, cols);
+    DeviceTensor sum = every_nth_row(block_sums(l), block, blocks_, shape_.heads);
+    backend_.sum_row_groups(rows, cols, slots, sum);
   }
 
  private:
@@ -120,18 +118,26 @@ class SnapkvPolicy final : public BudgetedPolicy {
   Backend::Pool pool_;
   int64_t kernel_;
   bool protect_window_;
-  // Layer l's ring [H * w, stride], and its block b's sums [H, stride].
-  DeviceTensor ring(size_t layer) const {
-    const int64_t rows = shape_.heads * obs_window_;
-    return layer_rows(rings_, int64_t(layer) * rows, rows);
+  // The slots of block b (kBlockSlots, fewer in a last partial block).
+  int64_t block_slots(int64_t block) const {
+    return std::min(kBlockSlots, obs_window_ - block * kBlockSlots);
   }
-  DeviceTensor block_sum(size_t layer, int64_t block) const {
-    return layer_rows(block_sums_, (int64_t(layer) * blocks_ + block) * shape_.heads, shape_.heads);
+  // Layer l's block b of its ring: [H * block_slots(b), stride], head h's slots in rows
+  // h * block_slots(b) ...
+  DeviceTensor block_rows(size_t layer, int64_t block) const {
+    const int64_t first = (int64_t(layer) * obs_window_ + block * kBlockSlots) * shape_.heads;
+    return layer_rows(rings_, first, shape_.heads * block_slots(block));
+  }
+  // Layer l's block sums [H * blocks, stride], head h's in rows h * blocks ...
+  DeviceTensor block_sums(size_t layer) const {
+    const int64_t rows = shape_.heads * blocks_;
+    return layer_rows(block_sums_, int64_t(layer) * rows, rows);
   }
 
   int64_t blocks_;
-  DeviceTensor window_sum_;          // [H, stride] scratch
-  DeviceTensor rings_, block_sums_;  // every layer's, one after another (ring(), block_sum())
+  DeviceTensor window_sum_;  // [H, stride] scratch
+  DeviceTensor rings_,
+      block_sums_;  // every layer's, one after another (block_rows(), block_sums())
   std::vector<DeviceTensor> kept_;
 };
 

@@ -107,14 +107,19 @@ KVLENS_POLICY_CLONES void sum_row_groups(const DeviceTensor& x, int64_t cols, in
                  cat("a positive divisor of the ", shape.rows, " rows"), std::to_string(group));
   const int64_t groups = shape.rows / group;
   const RowShape out_shape = row_shape(out, DType::F32, groups, cols, op + ": out");
+  // Rows added in order to the first one (the CUDA kernel sums in the same order), a block of
+  // columns at a time so that the partial sums stay in L1 while every row of the group passes.
+  constexpr int64_t kBlockColumns = 256;
   for (int64_t g = 0; g < groups; ++g) {
     float* sum = out.as<float>() + g * out_shape.stride;
     const float* first = x.as<const float>() + g * group * shape.stride;
-    // Rows added in order to the first one (the CUDA kernel sums in the same order).
-    std::memmove(sum, first, size_t(cols) * sizeof(float));
-    for (int64_t i = 1; i < group; ++i) {
-      const float* row = first + i * shape.stride;
-      for (int64_t j = 0; j < cols; ++j) sum[j] += row[j];
+    for (int64_t j0 = 0; j0 < cols; j0 += kBlockColumns) {
+      const int64_t j1 = std::min(cols, j0 + kBlockColumns);
+      std::memmove(sum + j0, first + j0, size_t(j1 - j0) * sizeof(float));
+      for (int64_t i = 1; i < group; ++i) {
+        const float* row = first + i * shape.stride;
+        for (int64_t j = j0; j < j1; ++j) sum[j] += row[j];
+      }
     }
   }
 }

@@ -552,6 +552,37 @@ TEST_CASE("sum_row_groups and expand_row_groups map query heads to KV groups", "
   CHECK_THROWS_AS(backend->expand_row_groups(mask, kCols, 2, three), Error);
 }
 
+TEST_CASE("sum_row_groups: long rows add each group's rows in order, into a strided view",
+          "[policy_ops]") {
+  // 700 columns cross the CPU op's column blocks; groups of 8 and 3 (snapkv's full and partial
+  // ring blocks); the output is every second row of a larger tensor (snapkv's block sums).
+  // Bit for bit against adding the rows one at a time, with values whose sums round.
+  auto backend = make_cpu_backend(1);
+  const int64_t group = GENERATE(8, 3), groups = 3, cols = 700, stride = 712;
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<float> x(size_t(groups * group * stride));
+  for (float& value : x) value = unit(rng) * (rng() % 5 == 0 ? 1e-7f : 1.0f);
+  const DeviceTensor x_t = make_f32(*backend, x, {groups * group, stride});
+  DeviceTensor all = make_f32(*backend, std::vector<float>(size_t(2 * groups * stride), kSentinel),
+                              {2 * groups, stride});
+  DeviceTensor every_second = all;
+  every_second.data = all.as<float>() + stride;  // rows 1, 3, 5
+  every_second.shape = {groups, 2 * stride};
+  backend->sum_row_groups(x_t, cols, group, every_second);
+  const std::vector<float> got = read_f32(*backend, all);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t j = 0; j < stride; ++j) {
+      INFO("group " << g << " column " << j);
+      float want = x[size_t(g * group * stride + j)];
+      for (int64_t i = 1; i < group; ++i) want += x[size_t((g * group + i) * stride + j)];
+      if (j >= cols) want = kSentinel;
+      REQUIRE(std::bit_cast<uint32_t>(got[size_t((2 * g + 1) * stride + j)]) ==
+              std::bit_cast<uint32_t>(want));
+      REQUIRE(got[size_t(2 * g * stride + j)] == kSentinel);
+    }
+}
+
 TEST_CASE("random_rows: deterministic splitmix64 values, uniform from 0 to 1", "[policy_ops]") {
   auto backend = make_cpu_backend(1);
   // splitmix64's published test vector (seed 1234567, successive states).
