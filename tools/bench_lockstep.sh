@@ -3,8 +3,8 @@
 # the same context): `kvlens-cli bench --policies` steps a dense session and a lockstep session of
 # every policy alternately in one process, at 128 and 512 tokens of context, REPEATS times each;
 # prints the medians of the step times, the steps/s and the ratio, then each run's own work (its
-# policy's selection and observation; the attention is computed for all runs at once and is not
-# in it, so dense shows 0) for the breakdown.
+# attention in the layers where it computes its own logits, and its policy's selection and
+# observation; dense shows its attention alone) for the breakdown.
 # usage: tools/bench_lockstep.sh BUILD_DIR [MODEL_DIR] [REPEATS] [THREADS] [CPU_KERNELS]
 # (CPU_KERNELS: auto, avx2 or generic, as kvlens-cli's --cpu-kernels)
 set -euo pipefail
@@ -42,7 +42,7 @@ print("context %4d: dense %.2f ms/step (%.0f steps/s), %d-run lockstep %.2f ms/s
       " ".join("%.2f" % r["lockstep"]["ratio_to_dense"] for r in runs)))
 tasks = [r["lockstep"].get("run_tasks", []) for r in runs]
 if tasks and tasks[0]:
-    print("  per-run work (policy select/observe of one run on its thread, median):  " +
+    print("  per-run work (attention + policy select/observe of one run on its thread, median):  " +
           "  ".join("%s %.2f ms" % (task["policy"], statistics.median(
               t[i]["task_seconds_median"] for t in tasks) * 1e3) for i, task in enumerate(tasks[0])))
 '

@@ -168,9 +168,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         token = timed_step(session, token).second;
       }
       std::vector<double> step_seconds, lockstep_seconds;
-      // Per lockstep run: its own work per step (its policy's select and observe; 0 for a run
-      // without a policy: the projections and every run's attention, computed for all runs at
-      // once, are not split), for the breakdown.
+      // Per lockstep run: its own work per step (its attention where it computes its own logits,
+      // and its policy's select and observe; the projections, computed for all runs at once, are
+      // not split), for the breakdown.
       std::vector<std::vector<double>> run_task_seconds(runs.size());
       step_seconds.reserve(size_t(steps));
       for (int64_t i = 0; i < steps; ++i) {
@@ -272,8 +272,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                     lockstep_median / step_median);
         // Each run's own work, on one thread at a time (together they exceed the wall time).
         for (size_t r = 0; r < runs.size(); ++r) {
-          std::printf("  run %-3zu %-12s %.3f ms per step (own policy work, median)\n", r,
-                      runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
+          std::printf(
+              "  run %-3zu %-12s %.3f ms per step (own attention and policy work, median)\n", r,
+              runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
         }
       }
       if (cache_resident) {
