@@ -136,8 +136,8 @@ class SnapkvPolicy final : public BudgetedPolicy {
 
   int64_t blocks_;
   DeviceTensor window_sum_;  // [H, stride] scratch
-  DeviceTensor rings_,
-      block_sums_;  // every layer's, one after another (block_rows(), block_sums())
+  // Every layer's, one after another (block_rows(), block_sums()).
+  DeviceTensor rings_, block_sums_;
   std::vector<DeviceTensor> kept_;
 };
 

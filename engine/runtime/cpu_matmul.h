@@ -8,6 +8,7 @@
 // kernel's bits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -30,10 +31,12 @@ struct PanelCallLimits {
 // one x value fill the 16 registers. The portable kernels take the same shapes.
 inline constexpr PanelCallLimits kAvx2PanelLimits{6, 6, 6};
 // The AVX-512 kernels keep one 16-lane accumulator per pair: 24 of the 32 registers, the rest
-// for up to 8 panel columns and the x value. 12 rows at most, so the 10 rows of a lockstep step
-// are one group (each weight read once per step) and prefill groups take 2 panels per call.
+// for up to 4 panel columns and the x value. 12 rows at most, so the 10 rows of a lockstep step
+// are one group (each weight read once per step) and prefill groups take 2 panels per call; 4
+// panels at most, as more made one-row products (decode) slower on a Zen 5 core.
 inline constexpr PanelCallLimits kAvx512PanelLimits{24, 12, 4};
-inline constexpr int kMaxPanelCallRows = 12;  // the largest `rows` of any kernel set
+// The largest `rows` of any kernel set.
+inline constexpr int kMaxPanelCallRows = std::max(kAvx2PanelLimits.rows, kAvx512PanelLimits.rows);
 
 struct WeightPanels {
   DType dtype = DType::F32;  // BF16 (a BF16 weight) or F32 (F32 and F16 weights, widened)

@@ -57,38 +57,25 @@ KVLENS_PANEL_AVX512 void panel_matmul_avx512_fixed(const float* x, int64_t x_str
   for (int a = 0; a < NX * P; ++a) acc[a] = _mm512_setzero_ps();
 #pragma GCC unroll 2
   for (int64_t k = 0; k < in; ++k) {
-#pragma GCC unroll 12
+#pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       _mm_prefetch(
           reinterpret_cast<const char*>(ahead + size_t(p) * panel_bytes + size_t(k * ahead_step)),
           _MM_HINT_T0);
     }
-    if constexpr (NX >= P) {  // the P columns stay in registers while each x value passes
-      __m512 column[P];
+    __m512 column[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) column[p] = load_column<W>(first + size_t(p) * panel_bytes, k);
 #pragma GCC unroll 12
-      for (int p = 0; p < P; ++p) column[p] = load_column<W>(first + size_t(p) * panel_bytes, k);
-#pragma GCC unroll 12
-      for (int i = 0; i < NX; ++i) {
-        const __m512 xv = _mm512_set1_ps(x[i * x_stride + k]);
-#pragma GCC unroll 12
-        for (int p = 0; p < P; ++p) acc[i * P + p] = _mm512_fmadd_ps(column[p], xv, acc[i * P + p]);
-      }
-    } else {  // the NX x values stay in registers while each column passes
-      __m512 xv[NX];
-#pragma GCC unroll 12
-      for (int i = 0; i < NX; ++i) xv[i] = _mm512_set1_ps(x[i * x_stride + k]);
-#pragma GCC unroll 12
-      for (int p = 0; p < P; ++p) {
-        const __m512 column = load_column<W>(first + size_t(p) * panel_bytes, k);
-#pragma GCC unroll 12
-        for (int i = 0; i < NX; ++i)
-          acc[i * P + p] = _mm512_fmadd_ps(column, xv[i], acc[i * P + p]);
-      }
+    for (int i = 0; i < NX; ++i) {
+      const __m512 xv = _mm512_set1_ps(x[i * x_stride + k]);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[i * P + p] = _mm512_fmadd_ps(column[p], xv, acc[i * P + p]);
     }
   }
 #pragma GCC unroll 12
   for (int i = 0; i < NX; ++i) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       _mm512_storeu_ps(y + i * y_stride + p * kPanelRows, acc[i * P + p]);
     }

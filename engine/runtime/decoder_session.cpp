@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
-#include <functional>
 #include <string>
 
 #include "engine/common/error.h"
@@ -443,11 +442,6 @@ void DecoderSession::step_attention(size_t layer) {
     attention.logits = &runs_[size_t(logits_source_[size_t(r)])].policy_logits;
     attention.out = &out_rows_[size_t(r)];
   }
-  auto append = [&](int64_t r) {
-    SessionRun& run = runs_[size_t(r)];
-    backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer],
-                       run.v_cache[layer], position_);
-  };
   if (!borrowed) {
     // Every run computes its own logits: its whole attention (append, logits, observation,
     // selection, softmax and value sums) is one backend task, the costliest runs of the last step
@@ -457,7 +451,7 @@ void DecoderSession::step_attention(size_t layer) {
     backend_.run_tasks(n, [&](int64_t task) {
       const int64_t r = run_order_[size_t(task)];
       timed_work(run_seconds_[size_t(r)], [&] {
-        append(r);
+        append_run(r, layer);
         const std::span<const Backend::RunAttention> alone(&run_attention_[size_t(r)], 1);
         backend_.attention_logits_runs(alone, shared, position_, window);
         select_run(r, layer, cols);
@@ -465,7 +459,7 @@ void DecoderSession::step_attention(size_t layer) {
       });
     });
   } else {
-    attend_alike(layer, shared, append);
+    attend_alike(layer, shared);
   }
   // The probabilities go to the policies that accumulate them at the start of the next layer's
   // task (or after the last layer): one parallel call fewer per layer, and the observations share
@@ -477,11 +471,16 @@ void DecoderSession::step_attention(size_t layer) {
   }
 }
 
-void DecoderSession::attend_alike(size_t layer, int64_t shared,
-                                  const std::function<void(int64_t)>& append) {
+void DecoderSession::append_run(int64_t r, size_t layer) {
+  SessionRun& run = runs_[size_t(r)];
+  backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer], run.v_cache[layer],
+                     position_);
+}
+
+void DecoderSession::attend_alike(size_t layer, int64_t shared) {
   const ModelConfig& c = model_->config();
   const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
-  for (int64_t r = 0; r < n; ++r) append(r);
+  for (int64_t r = 0; r < n; ++r) append_run(r, layer);
   // 1. The logits of the runs that do not borrow them, in one call.
   attention_batch_.clear();
   for (int64_t r = 0; r < n; ++r) {

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -132,7 +131,9 @@ class DecoderSession {
   // runs that compute their own in one call, the selections as tasks, then the softmax and value
   // sums of every run in one call (runs that see everything with run 0's logits copy the first
   // such run's output).
-  void attend_alike(size_t layer, int64_t shared, const std::function<void(int64_t)>& append);
+  void attend_alike(size_t layer, int64_t shared);
+  // Appends run r's key and value rows of the layer's scratch to its caches.
+  void append_run(int64_t r, size_t layer);
   // Run r's observation of the previous layer, its recorded logits and its policy's selection
   // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
   void select_run(int64_t r, size_t layer, int64_t cols);
