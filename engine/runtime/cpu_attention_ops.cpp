@@ -80,7 +80,9 @@ void attention_logits_runs(const Context& context, std::span<const Backend::RunA
 
   const int64_t per_group = geometry.heads / geometry.groups, head_dim = geometry.head_dim;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
-  const int64_t common_end = std::max(lo, shared), block = rows_per_block(head_dim);
+  // One run alone (a fused lockstep task) reads its own cache: blocks would only add calls.
+  const int64_t common_end = std::max(lo, shared);
+  const int64_t block = runs.size() > 1 ? rows_per_block(head_dim) : position + 1;
   const float scale = attention_scale(head_dim);
   const DotKernels& kernels = context.kernels;
   const int64_t cols = position + 1, work = int64_t(runs.size()) * per_group * cols * head_dim;
@@ -167,7 +169,8 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
   if (geometry.heads == 0) return;
 
   const int64_t per_group = geometry.heads / geometry.groups, head_dim = geometry.head_dim;
-  const int64_t runs_count = int64_t(runs.size()), block = rows_per_block(head_dim);
+  const int64_t runs_count = int64_t(runs.size());
+  const int64_t block = runs_count > 1 ? rows_per_block(head_dim) : cols;
   const DotKernels& kernels = context.kernels;
   // One task per KV head: each run's softmax weights of the group's query heads (straight into
   // probs when it is wanted, scaled in place at the end), then the value sums of every run,
