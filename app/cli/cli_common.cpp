@@ -50,8 +50,9 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
       ->capture_default_str();
   command
       .add_option("--cpu-kernels", common.cpu_kernels,
-                  "CPU kernel set: auto (the fastest this CPU has), avx2 (no AVX-512 matmul) or "
-                  "generic (portable); all give the same bits")
+                  "CPU kernel set: auto (the fastest this CPU has), avx2 (no AVX-512) or generic "
+                  "(portable); auto and avx2 give the same bits, generic (attention without "
+                  "fused multiply-adds) differs in the last bits")
       ->check(CLI::IsMember({"auto", "avx2", "generic"}))
       ->capture_default_str();
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");

@@ -16,8 +16,8 @@ namespace kvlens::cli {
 struct CommonOptions {
   std::string backend = "cpu";  // cpu | cuda
   int threads = 0;              // 0 = all cores
-  // CPU kernel set: auto (the fastest the CPU has), avx2 (no AVX-512 matmul) or generic
-  // (portable loops); every set gives the same bits.
+  // CPU kernel set: auto (the fastest the CPU has), avx2 (no AVX-512) or generic (portable
+  // loops); auto and avx2 give the same bits, generic differs in the attention's last bits.
   std::string cpu_kernels = "auto";
   bool progress = false;  // progress bar on stderr
 };

@@ -12,16 +12,7 @@
 #include <type_traits>
 #include <utility>
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#include <cpuid.h>
-#include <immintrin.h>
-#define KVLENS_HAVE_X86_KERNELS 1
-#define KVLENS_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define KVLENS_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
-#define KVLENS_AVX2_LAMBDA __attribute__((target("avx2,fma,f16c"), always_inline))
-#else
-#define KVLENS_HAVE_X86_KERNELS 0
-#endif
+#include "engine/runtime/cpu_attention_x86.h"
 
 namespace kvlens {
 namespace {
@@ -125,50 +116,8 @@ void silu_mul_generic(const float* gate, const float* up, float* out, int64_t n)
 #if KVLENS_HAVE_X86_KERNELS
 
 // --- attention kernels, AVX2/FMA ---
-// The helpers are forced inline: called per block, a call and its set-up would cost as much as
-// the block's arithmetic at head_dim 32.
 
-// Pins the N vectors to registers: GCC would otherwise fold a load that several FMAs share into
-// each of them as a memory operand, and the loads, not the FMAs, would bound the loop.
-template <int N>
-KVLENS_AVX2_INLINE void keep_in_registers(__m256 (&v)[N]) {
-  if constexpr (N == 1) {
-    __asm__("" : "+x"(v[0]));
-  } else if constexpr (N == 2) {
-    __asm__("" : "+x"(v[0]), "+x"(v[1]));
-  } else if constexpr (N == 4) {
-    __asm__("" : "+x"(v[0]), "+x"(v[1]), "+x"(v[2]), "+x"(v[3]));
-  } else {
-    static_assert(N == 8);
-    __asm__(""
-            : "+x"(v[0]), "+x"(v[1]), "+x"(v[2]), "+x"(v[3]), "+x"(v[4]), "+x"(v[5]), "+x"(v[6]),
-              "+x"(v[7]));
-  }
-}
-
-// Prefetches the cache line `floats` floats past p into L1. The address is formed as an integer:
-// it may lie past the end of the cache (a prefetch never faults), where pointer arithmetic
-// would be undefined.
-KVLENS_AVX2_INLINE void prefetch_ahead(const float* p, int64_t floats) {
-  const uintptr_t address = reinterpret_cast<uintptr_t>(p) + uintptr_t(floats) * sizeof(float);
-  _mm_prefetch(reinterpret_cast<const char*>(address), _MM_HINT_T0);
-}
-
-// Eight sums at once: lane a of the result is ((l0 + l2) + (l1 + l3)) + ((l4 + l6) + (l5 + l7))
-// of acc[a] (two unpack levels, then the 128-bit halves): a transpose-reduce in 12 shuffles and 7
-// adds instead of 8 horizontal sums.
-KVLENS_AVX2_INLINE __m256 transpose_sum8(const __m256 (&acc)[8]) {
-  __m256 t[4];  // t[p] lanes: acc[2p](0+2), acc[2p+1](0+2), acc[2p](1+3), acc[2p+1](1+3) | +4
-  for (int p = 0; p < 4; ++p)
-    t[p] = _mm256_add_ps(_mm256_unpacklo_ps(acc[2 * p], acc[2 * p + 1]),
-                         _mm256_unpackhi_ps(acc[2 * p], acc[2 * p + 1]));
-  // u[h] lanes: acc[4h .. 4h + 4) summed over lanes 0-3 | the same over lanes 4-7
-  const __m256 u0 =
-      _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
-  const __m256 u1 =
-      _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
+using namespace x86;  // the shared helpers (cpu_attention_x86.h)
 
 // A block of logits: Q query rows by K = 8 / Q keys from key j, 8 accumulators (one per (query,
 // key) pair, lanes d mod 8) that one transpose-reduce folds instead of 8 horizontal sums; each
@@ -238,11 +187,6 @@ KVLENS_AVX2_INLINE void logits_rows_avx2(const float* q, int64_t q_stride, const
                                                  scale, row, row_stride);
 }
 
-// Long key rows (head_dim >= kPrefetchDim) are prefetched ahead in software: the hardware
-// prefetchers keep up with short rows but not with several 512-byte streams from L3 or memory
-// (measured: about 1.3x faster at head_dim 128 when the cache is not in L2, and slower at 32).
-constexpr int64_t kPrefetchDim = 128;
-
 // kDim: head_dim known at compile time (0: read at run time), so that the common sizes unroll
 // their dot products completely; the operations are the same either way.
 template <bool kPrefetch, int64_t kDim>
@@ -264,9 +208,12 @@ KVLENS_AVX2_INLINE void attention_logits_avx2_t(const float* q, int64_t q_stride
                                          row + i * row_stride, row_stride);
 }
 
-KVLENS_AVX2 void attention_logits_avx2(const float* q, int64_t q_stride, int nq, const float* keys,
-                                       int64_t head_dim, int64_t lo, int64_t hi, float scale,
-                                       float* row, int64_t row_stride) {
+}  // namespace
+
+KVLENS_AVX2 void x86::attention_logits_avx2(const float* q, int64_t q_stride, int nq,
+                                            const float* keys, int64_t head_dim, int64_t lo,
+                                            int64_t hi, float scale, float* row,
+                                            int64_t row_stride) {
   if (head_dim == 32) {
     attention_logits_avx2_t<false, 32>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row,
                                        row_stride);
@@ -286,32 +233,7 @@ KVLENS_AVX2 void attention_logits_avx2(const float* q, int64_t q_stride, int nq,
   }
 }
 
-// exp(x) for x <= 0 (and NaN -> NaN), within ~1 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in
-// two parts, Cody-Waite), exp(r) = 1 + (r + r^2 P(r)) with SLEEF's degree-5 minimax P (expf's
-// 1-ulp polynomial), then the scaling by 2^n in two normal factors 2^(n >> 1) and
-// 2^(n - (n >> 1)), so results down to the subnormals round once. x is clamped below at -110,
-// where the result rounds to 0, so -inf gives exactly 0; x = 0 gives exactly 1 (n = 0, r = 0).
-KVLENS_AVX2_INLINE __m256 exp_nonpositive_avx2(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-110.0f), x);  // max returns a NaN x, which propagates
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-  __m256 p = _mm256_set1_ps(0.000198527617612853646278381f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.00139304355252534151077271f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.00833336077630519866943359f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.0416664853692054748535156f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166666671633720397949219f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r));
-  const __m256i e = _mm256_cvtps_epi32(n);
-  const __m256i e1 = _mm256_srai_epi32(e, 1);
-  const __m256i e2 = _mm256_sub_epi32(e, e1);
-  const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, bias), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
+namespace {
 
 // The SiLU product of 8 lanes (SiluMulFn's formula).
 KVLENS_AVX2_INLINE __m256 silu_mul8(__m256 g, __m256 u) {
@@ -332,32 +254,6 @@ KVLENS_AVX2 void silu_mul_avx2(const float* gate, const float* up, float* out, i
     _mm256_store_ps(g, silu_mul8(_mm256_load_ps(g), _mm256_load_ps(u)));
     std::copy(g, g + (n - j), out + j);
   }
-}
-
-// All ones in lane l where seen[l] == 0.
-KVLENS_AVX2_INLINE __m256 hidden_lanes_avx2(const uint8_t* seen) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(seen));
-  return _mm256_castsi256_ps(
-      _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_setzero_si256()));
-}
-
-// -inf where visible[j0 + l] == 0.
-KVLENS_AVX2_INLINE __m256 hide_avx2(__m256 x, const uint8_t* seen) {
-  return _mm256_blendv_ps(x, _mm256_set1_ps(kNegInf), hidden_lanes_avx2(seen));
-}
-
-// The logits of the block [j0, j0 + 8) (j0 a multiple of 8) that is cut by the range [begin, end)
-// or by the mask, through a local copy (nothing outside the range is read): -inf in the lanes
-// outside and in hidden lanes. Out of line: at most two such blocks per row.
-KVLENS_AVX2 __attribute__((noinline)) __m256 edge_logits_avx2(const float* logits,
-                                                              const uint8_t* visible, int64_t j0,
-                                                              int64_t begin, int64_t end) {
-  alignas(32) float part[8];
-  for (int l = 0; l < 8; ++l) {
-    const int64_t j = j0 + l;
-    part[l] = j >= begin && j < end && (!visible || visible[j] != 0) ? logits[j] : kNegInf;
-  }
-  return _mm256_load_ps(part);
 }
 
 // Lanes j mod 8 of the weights, added block by block in ascending j; the first and the last
@@ -421,11 +317,15 @@ KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-KVLENS_AVX2 float softmax_weights_avx2(const float* logits, const uint8_t* visible, int64_t begin,
-                                       int64_t end, float* weights) {
+}  // namespace
+
+KVLENS_AVX2 float x86::softmax_weights_avx2(const float* logits, const uint8_t* visible,
+                                            int64_t begin, int64_t end, float* weights) {
   return visible ? softmax_weights_avx2_t<true>(logits, visible, begin, end, weights)
                  : softmax_weights_avx2_t<false>(logits, nullptr, begin, end, weights);
 }
+
+namespace {
 
 // acc[i][c] += w_i[j] * v[8c .. 8c + 8) for the NQ heads, fused, the value row loaded into
 // registers once for all of them. kBlend is for a key that some heads see and others do not:
@@ -701,18 +601,20 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
     kernels.isa = "avx2+fma";
     kernels.matmul_f32 = panel_matmul_avx2_f32;
     kernels.matmul_bf16 = panel_matmul_avx2_bf16;
-    kernels.attention_logits = attention_logits_avx2;
-    kernels.softmax_weights = softmax_weights_avx2;
+    kernels.attention_logits = x86::attention_logits_avx2;
+    kernels.softmax_weights = x86::softmax_weights_avx2;
     kernels.weighted_values = weighted_values_avx2;
     kernels.weighted_values_accumulate = weighted_values_accumulate_avx2;
     kernels.silu_mul = silu_mul_avx2;
     kernels.axpby = axpby_row_avx2;
     kernels.top_k = top_k_row_avx2;
     if (allow_avx512 && cpu_has_avx512f()) {
-      kernels.isa = "avx2+fma, avx512f matmul";
+      kernels.isa = "avx2+fma, avx512f matmul, logits, softmax";
       kernels.matmul_f32 = panel_matmul_avx512_f32;
       kernels.matmul_bf16 = panel_matmul_avx512_bf16;
       kernels.matmul_limits = kAvx512PanelLimits;
+      kernels.attention_logits = x86::attention_logits_avx512;
+      kernels.softmax_weights = x86::softmax_weights_avx512;
     }
   }
 #else

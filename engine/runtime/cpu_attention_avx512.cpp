@@ -1,0 +1,287 @@
+// The attention logits and softmax kernels in AVX-512 (cpu_attention_x86.h), with the AVX2
+// kernels' bits. Logits: one 16-lane accumulator holds a key's products with two query heads of
+// a KV head (query i in 256-bit half i, lanes d mod 8 as in AVX2), so each key block is one
+// broadcast load and one FMA for both heads, and the fold of 8 such accumulators is AVX2's
+// transpose_sum8 run on both halves at once. Softmax: the exp of two 8-column blocks in one
+// register, the total still added block by block into 8 lanes. Odd query counts, head_dim not a
+// multiple of 8 and the cut edge blocks go to the AVX2 code.
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/runtime/cpu_attention_x86.h"
+
+#if KVLENS_HAVE_X86_KERNELS
+#define KVLENS_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define KVLENS_AVX512_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
+#define KVLENS_AVX512_LAMBDA __attribute__((target("avx512f,avx2,fma,f16c"), always_inline))
+
+// GCC 12's AVX-512 intrinsics pass an uninitialized vector as the unused merge operand, and
+// -Wmaybe-uninitialized reports it at every call (GCC bug 105593): a false alarm in the system
+// header, silenced for this file only (the matmul kernels use the zero-masking forms instead, but
+// the exp and the conversions here have none).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace kvlens::x86 {
+namespace {
+
+// The zero-masking forms with every lane set are the plain instructions.
+constexpr __mmask16 kAllLanes = 0xFFFF;
+constexpr __mmask8 kAllQuads = 0xFF;
+
+// The 8 floats at p in both 256-bit halves (a single broadcast load).
+KVLENS_AVX512_INLINE __m512 broadcast8(const float* p) {
+  return _mm512_castpd_ps(
+      _mm512_maskz_broadcast_f64x4(kAllQuads, _mm256_loadu_pd(reinterpret_cast<const double*>(p))));
+}
+
+// The high 256 bits.
+KVLENS_AVX512_INLINE __m256 high_half(__m512 x) {
+  return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(x), 1));
+}
+
+// 128-bit lanes (a0, a2, b0, b2) and (a1, a3, b1, b3) of a and b.
+KVLENS_AVX512_INLINE __m512 even_quarters(__m512 a, __m512 b) {
+  return _mm512_maskz_shuffle_f32x4(kAllLanes, a, b, 0x88);
+}
+KVLENS_AVX512_INLINE __m512 odd_quarters(__m512 a, __m512 b) {
+  return _mm512_maskz_shuffle_f32x4(kAllLanes, a, b, 0xDD);
+}
+
+// transpose_sum8 of the low halves of acc[0..8) in the low half of the result and of the high
+// halves in the high half: the unpacks and shuffles work within 128-bit lanes as in AVX2, and the
+// last step adds each half's low 128 bits to its high 128 bits in AVX2's operand order.
+KVLENS_AVX512_INLINE __m512 transpose_sum8_halves(const __m512 (&acc)[8]) {
+  __m512 t[4];
+  for (int p = 0; p < 4; ++p)
+    t[p] = _mm512_add_ps(_mm512_maskz_unpacklo_ps(kAllLanes, acc[2 * p], acc[2 * p + 1]),
+                         _mm512_maskz_unpackhi_ps(kAllLanes, acc[2 * p], acc[2 * p + 1]));
+  const __m512 u0 =
+      _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x44), _mm512_shuffle_ps(t[0], t[1], 0xEE));
+  const __m512 u1 =
+      _mm512_add_ps(_mm512_shuffle_ps(t[2], t[3], 0x44), _mm512_shuffle_ps(t[2], t[3], 0xEE));
+  // (u0 lane 0 + lane 1, u0 lane 2 + lane 3, u1 lane 0 + lane 1, u1 lane 2 + lane 3) in 128-bit
+  // lanes, then reordered to (u0, u1 | u0, u1) of each half.
+  const __m512 sums = _mm512_add_ps(even_quarters(u0, u1), odd_quarters(u0, u1));
+  return _mm512_maskz_shuffle_f32x4(kAllLanes, sums, sums, 0xD8);
+}
+
+// Logits of the query pair (rows 0 and 1) for keys [j, j + 8): count of them valid (kFull: 8),
+// the rest repeating the last valid key and not stored. pairs[b]: the queries' block b of 8
+// dimensions, query 0 low, query 1 high.
+template <bool kFull, bool kPrefetch, int64_t kDim>
+KVLENS_AVX512_INLINE void logits_pair_block(const __m512* pairs, const float* keys,
+                                            int64_t runtime_dim, int64_t j, int count, __m512 scale,
+                                            float* row, int64_t row_stride) {
+  const int64_t head_dim = kDim > 0 ? kDim : runtime_dim;
+  const float* k[8];
+  for (int r = 0; r < 8; ++r) k[r] = keys + (j + (kFull ? r : std::min(r, count - 1))) * head_dim;
+  __m512 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 8) {
+    if (kPrefetch && d % 16 == 0) {  // one cache line of each key row two blocks ahead
+      for (int r = 0; r < 8; ++r) prefetch_ahead(k[r], 2 * 8 * head_dim + d);
+    }
+    const __m512 q = pairs[d / 8];
+    for (int r = 0; r < 8; ++r) acc[r] = _mm512_fmadd_ps(broadcast8(k[r] + d), q, acc[r]);
+  }
+  const __m512 sums = _mm512_mul_ps(transpose_sum8_halves(acc), scale);
+  if constexpr (kFull) {
+    _mm256_storeu_ps(row + j, _mm512_castps512_ps256(sums));
+    _mm256_storeu_ps(row + row_stride + j, high_half(sums));
+  } else {
+    alignas(64) float part[16];
+    _mm512_store_ps(part, sums);
+    for (int r = 0; r < count; ++r) {
+      row[j + r] = part[r];
+      row[row_stride + j + r] = part[8 + r];
+    }
+  }
+}
+
+// Query rows 0 and 1 (q, q + q_stride) over keys [lo, hi]; head_dim a multiple of 8, at most
+// kMaxDim.
+constexpr int64_t kMaxDim = 256;
+template <bool kPrefetch, int64_t kDim>
+KVLENS_AVX512_INLINE void logits_pair(const float* q, int64_t q_stride, const float* keys,
+                                      int64_t runtime_dim, int64_t lo, int64_t hi, __m512 scale,
+                                      float* row, int64_t row_stride) {
+  const int64_t head_dim = kDim > 0 ? kDim : runtime_dim;
+  __m512 pairs[kMaxDim / 8];
+  for (int64_t b = 0; b < head_dim / 8; ++b) {
+    pairs[b] = _mm512_castpd_ps(_mm512_mask_broadcast_f64x4(
+        _mm512_castps_pd(broadcast8(q + 8 * b)), 0xF0,
+        _mm256_loadu_pd(reinterpret_cast<const double*>(q + q_stride + 8 * b))));
+  }
+  int64_t j = lo;
+  for (; j + 8 <= hi + 1; j += 8)
+    logits_pair_block<true, kPrefetch, kDim>(pairs, keys, head_dim, j, 8, scale, row, row_stride);
+  if (j <= hi)
+    logits_pair_block<false, kPrefetch, kDim>(pairs, keys, head_dim, j, int(hi + 1 - j), scale, row,
+                                              row_stride);
+}
+
+template <bool kPrefetch, int64_t kDim>
+KVLENS_AVX512_INLINE void logits_pairs(const float* q, int64_t q_stride, int pairs,
+                                       const float* keys, int64_t head_dim, int64_t lo, int64_t hi,
+                                       float scale, float* row, int64_t row_stride) {
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  for (int p = 0; p < pairs; ++p) {
+    logits_pair<kPrefetch, kDim>(q + 2 * p * q_stride, q_stride, keys, head_dim, lo, hi, scale16,
+                                 row + 2 * p * row_stride, row_stride);
+  }
+}
+
+// exp_nonpositive_avx2 on 16 lanes: the same operations lane by lane.
+KVLENS_AVX512_INLINE __m512 exp_nonpositive_avx512(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-110.0f), x);  // max returns a NaN x, which propagates
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(0.000198527617612853646278381f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.00139304355252534151077271f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.00833336077630519866943359f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.0416664853692054748535156f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.166666671633720397949219f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r));
+  const __m512i e = _mm512_cvtps_epi32(n);
+  const __m512i e1 = _mm512_srai_epi32(e, 1);
+  const __m512i e2 = _mm512_sub_epi32(e, e1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e1, bias), 23));
+  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e2, bias), 23));
+  return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+}
+
+// Set in lane l where seen[l] == 0, for 16 lanes.
+KVLENS_AVX512_INLINE __mmask16 hidden_lanes_avx512(const uint8_t* seen) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(seen));
+  return _mm512_cmpeq_epi32_mask(_mm512_cvtepu8_epi32(bytes), _mm512_setzero_si512());
+}
+
+// softmax_weights_avx2_t with the whole blocks two at a time: the max is exact whatever the
+// grouping (a zero's sign aside, which no weight sees: exp(+-0) = 1), and each pair of blocks'
+// weights are added to the 8-lane total low block first, so the total's additions are AVX2's.
+template <bool kMasked>
+KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const uint8_t* visible,
+                                                    int64_t begin, int64_t end, float* weights) {
+  if (begin >= end) return 0.0f;
+  const int64_t first = begin / 8 * 8, last = (end - 1) / 8 * 8;  // first and last block
+  const bool cut_first = first < begin || first + 8 > end;
+  const bool cut_last = last > first && last + 8 > end;
+  const int64_t whole_begin = cut_first ? first + 8 : first;
+  const int64_t whole_end = cut_last ? last : last + 8;
+  const int64_t pairs_end = whole_begin + (whole_end - whole_begin) / 16 * 16;
+
+  __m256 max8 = _mm256_set1_ps(kMinusInfinity);  // max ignores a NaN first operand
+  __m512 max16 = _mm512_set1_ps(kMinusInfinity);
+  if (cut_first) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, first, begin, end), max8);
+  for (int64_t j0 = whole_begin; j0 < pairs_end; j0 += 16) {
+    __m512 x = _mm512_loadu_ps(logits + j0);
+    if constexpr (kMasked)
+      x = _mm512_mask_mov_ps(x, hidden_lanes_avx512(visible + j0), _mm512_set1_ps(kMinusInfinity));
+    max16 = _mm512_max_ps(x, max16);
+  }
+  if (pairs_end < whole_end) {
+    __m256 x = _mm256_loadu_ps(logits + pairs_end);
+    if constexpr (kMasked) x = hide_avx2(x, visible + pairs_end);
+    max8 = _mm256_max_ps(x, max8);
+  }
+  if (cut_last) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, last, begin, end), max8);
+  max8 = _mm256_max_ps(_mm512_castps512_ps256(max16), max8);
+  max8 = _mm256_max_ps(high_half(max16), max8);
+  __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
+  max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+  const float max_logit = _mm_cvtss_f32(_mm_max_ss(max4, _mm_movehdup_ps(max4)));
+  if (max_logit == kMinusInfinity) {
+    std::fill(weights + begin, weights + end, 0.0f);
+    return 0.0f;
+  }
+
+  const __m256 m = _mm256_set1_ps(max_logit);
+  const __m512 m16 = _mm512_set1_ps(max_logit);
+  __m256 total8 = _mm256_setzero_ps();
+  auto edge = [&](int64_t j0) KVLENS_AVX512_LAMBDA {
+    const __m256 w =
+        exp_nonpositive_avx2(_mm256_sub_ps(edge_logits_avx2(logits, visible, j0, begin, end), m));
+    total8 = _mm256_add_ps(total8, w);
+    alignas(32) float part[8];
+    _mm256_store_ps(part, w);
+    for (int64_t j = std::max(j0, begin); j < std::min(j0 + 8, end); ++j) weights[j] = part[j - j0];
+  };
+  if (cut_first) edge(first);
+  for (int64_t j0 = whole_begin; j0 < pairs_end; j0 += 16) {
+    __m512 w;
+    if constexpr (kMasked) {
+      // Hidden lanes enter exp as 0 and leave as exactly 0 (see softmax_weights_avx2_t).
+      const __mmask16 shown = __mmask16(~hidden_lanes_avx512(visible + j0));
+      const __m512 x = _mm512_maskz_sub_ps(shown, _mm512_loadu_ps(logits + j0), m16);
+      w = _mm512_maskz_mov_ps(shown, exp_nonpositive_avx512(x));
+    } else {
+      w = exp_nonpositive_avx512(_mm512_maskz_sub_ps(kAllLanes, _mm512_loadu_ps(logits + j0), m16));
+    }
+    total8 = _mm256_add_ps(total8, _mm512_castps512_ps256(w));
+    total8 = _mm256_add_ps(total8, high_half(w));
+    _mm512_storeu_ps(weights + j0, w);
+  }
+  if (pairs_end < whole_end) {
+    const int64_t j0 = pairs_end;
+    __m256 w;
+    if constexpr (kMasked) {
+      const __m256 hidden = hidden_lanes_avx2(visible + j0);
+      const __m256 x = _mm256_andnot_ps(hidden, _mm256_sub_ps(_mm256_loadu_ps(logits + j0), m));
+      w = _mm256_andnot_ps(hidden, exp_nonpositive_avx2(x));
+    } else {
+      w = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(logits + j0), m));
+    }
+    total8 = _mm256_add_ps(total8, w);
+    _mm256_storeu_ps(weights + j0, w);
+  }
+  if (cut_last) edge(last);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(total8), _mm256_extractf128_ps(total8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+}  // namespace
+
+KVLENS_AVX512 void attention_logits_avx512(const float* q, int64_t q_stride, int nq,
+                                           const float* keys, int64_t head_dim, int64_t lo,
+                                           int64_t hi, float scale, float* row,
+                                           int64_t row_stride) {
+  const int pairs = head_dim % 8 == 0 && head_dim <= kMaxDim ? nq / 2 : 0;
+  if (pairs > 0) {
+    for (int i = 0; i < 2 * pairs; ++i)
+      std::fill(row + i * row_stride, row + i * row_stride + lo, kMinusInfinity);
+    if (head_dim == 32) {
+      logits_pairs<false, 32>(q, q_stride, pairs, keys, head_dim, lo, hi, scale, row, row_stride);
+    } else if (head_dim == 64) {
+      logits_pairs<false, 64>(q, q_stride, pairs, keys, head_dim, lo, hi, scale, row, row_stride);
+    } else if (head_dim == 128) {
+      static_assert(128 >= kPrefetchDim);
+      logits_pairs<true, 128>(q, q_stride, pairs, keys, head_dim, lo, hi, scale, row, row_stride);
+    } else if (head_dim >= kPrefetchDim) {
+      logits_pairs<true, 0>(q, q_stride, pairs, keys, head_dim, lo, hi, scale, row, row_stride);
+    } else {
+      logits_pairs<false, 0>(q, q_stride, pairs, keys, head_dim, lo, hi, scale, row, row_stride);
+    }
+  }
+  // The rest (an odd query, or every query of an unusual head_dim) through AVX2: the logits do
+  // not depend on which queries share a call.
+  if (2 * pairs < nq) {
+    attention_logits_avx2(q + 2 * pairs * q_stride, q_stride, nq - 2 * pairs, keys, head_dim, lo,
+                          hi, scale, row + 2 * pairs * row_stride, row_stride);
+  }
+}
+
+KVLENS_AVX512 float softmax_weights_avx512(const float* logits, const uint8_t* visible,
+                                           int64_t begin, int64_t end, float* weights) {
+  return visible ? softmax_weights_avx512_t<true>(logits, visible, begin, end, weights)
+                 : softmax_weights_avx512_t<false>(logits, nullptr, begin, end, weights);
+}
+
+}  // namespace kvlens::x86
+#endif  // KVLENS_HAVE_X86_KERNELS
