@@ -262,11 +262,10 @@ template <bool kMasked>
 KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8_t* visible,
                                                 int64_t begin, int64_t end, float* weights) {
   if (begin >= end) return 0.0f;
-  const int64_t first = begin / 8 * 8, last = (end - 1) / 8 * 8;  // first and last block
-  const bool cut_first = first < begin || first + 8 > end;
-  const bool cut_last = last > first && last + 8 > end;
-  const int64_t whole_begin = cut_first ? first + 8 : first;
-  const int64_t whole_end = cut_last ? last : last + 8;
+  const SoftmaxBlocks blocks(begin, end);
+  const int64_t first = blocks.first, last = blocks.last, whole_begin = blocks.whole_begin,
+                whole_end = blocks.whole_end;
+  const bool cut_first = blocks.cut_first, cut_last = blocks.cut_last;
   auto block = [&](int64_t j0) KVLENS_AVX2_LAMBDA {
     __m256 x = _mm256_loadu_ps(logits + j0);
     if constexpr (kMasked) x = hide_avx2(x, visible + j0);
@@ -277,9 +276,7 @@ KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8
   if (cut_first) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, first, begin, end), max8);
   for (int64_t j0 = whole_begin; j0 < whole_end; j0 += 8) max8 = _mm256_max_ps(block(j0), max8);
   if (cut_last) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, last, begin, end), max8);
-  __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
-  max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
-  const float max_logit = _mm_cvtss_f32(_mm_max_ss(max4, _mm_movehdup_ps(max4)));
+  const float max_logit = max_of_lanes(max8);
   if (max_logit == kNegInf) {
     std::fill(weights + begin, weights + end, 0.0f);
     return 0.0f;
@@ -287,34 +284,14 @@ KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8
 
   const __m256 m = _mm256_set1_ps(max_logit);
   __m256 total8 = _mm256_setzero_ps();
-  auto edge = [&](int64_t j0) KVLENS_AVX2_LAMBDA {
-    const __m256 w =
-        exp_nonpositive_avx2(_mm256_sub_ps(edge_logits_avx2(logits, visible, j0, begin, end), m));
-    total8 = _mm256_add_ps(total8, w);
-    alignas(32) float part[8];
-    _mm256_store_ps(part, w);
-    for (int64_t j = std::max(j0, begin); j < std::min(j0 + 8, end); ++j) weights[j] = part[j - j0];
-  };
-  if (cut_first) edge(first);
+  if (cut_first) edge_weights(logits, visible, first, begin, end, m, total8, weights);
   for (int64_t j0 = whole_begin; j0 < whole_end; j0 += 8) {
-    __m256 w;
-    if constexpr (kMasked) {
-      // Hidden lanes enter exp as 0 and leave as exactly 0: as -inf they would give the same 0,
-      // but through a result below the subnormals, which costs the FPU a slow assist (measured:
-      // half the columns hidden made the masked softmax about 1.6x slower than none).
-      const __m256 hidden = hidden_lanes_avx2(visible + j0);
-      const __m256 x = _mm256_andnot_ps(hidden, _mm256_sub_ps(_mm256_loadu_ps(logits + j0), m));
-      w = _mm256_andnot_ps(hidden, exp_nonpositive_avx2(x));
-    } else {
-      w = exp_nonpositive_avx2(_mm256_sub_ps(block(j0), m));
-    }
+    const __m256 w = block_weights<kMasked>(logits, visible, j0, m);
     total8 = _mm256_add_ps(total8, w);
     _mm256_storeu_ps(weights + j0, w);
   }
-  if (cut_last) edge(last);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(total8), _mm256_extractf128_ps(total8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+  if (cut_last) edge_weights(logits, visible, last, begin, end, m, total8, weights);
+  return fold_total(total8);
 }
 
 }  // namespace
