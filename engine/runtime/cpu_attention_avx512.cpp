@@ -169,26 +169,25 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
                                                     int64_t begin, int64_t end, float* weights) {
   if (begin >= end) return 0.0f;
   const SoftmaxBlocks blocks(begin, end);
-  const int64_t first = blocks.first, last = blocks.last, whole_begin = blocks.whole_begin,
-                whole_end = blocks.whole_end;
-  const bool cut_first = blocks.cut_first, cut_last = blocks.cut_last;
-  const int64_t pairs_end = whole_begin + (whole_end - whole_begin) / 16 * 16;
+  const int64_t pairs_end = blocks.whole_begin + (blocks.whole_end - blocks.whole_begin) / 16 * 16;
 
   __m256 max8 = _mm256_set1_ps(kMinusInfinity);  // max ignores a NaN first operand
   __m512 max16 = _mm512_set1_ps(kMinusInfinity);
-  if (cut_first) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, first, begin, end), max8);
-  for (int64_t j0 = whole_begin; j0 < pairs_end; j0 += 16) {
+  if (blocks.cut_first)
+    max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, blocks.first, begin, end), max8);
+  for (int64_t j0 = blocks.whole_begin; j0 < pairs_end; j0 += 16) {
     __m512 x = _mm512_loadu_ps(logits + j0);
     if constexpr (kMasked)
       x = _mm512_mask_mov_ps(x, hidden_lanes_avx512(visible + j0), _mm512_set1_ps(kMinusInfinity));
     max16 = _mm512_max_ps(x, max16);
   }
-  if (pairs_end < whole_end) {
+  if (pairs_end < blocks.whole_end) {
     __m256 x = _mm256_loadu_ps(logits + pairs_end);
     if constexpr (kMasked) x = hide_avx2(x, visible + pairs_end);
     max8 = _mm256_max_ps(x, max8);
   }
-  if (cut_last) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, last, begin, end), max8);
+  if (blocks.cut_last)
+    max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, blocks.last, begin, end), max8);
   max8 = _mm256_max_ps(_mm512_castps512_ps256(max16), max8);
   max8 = _mm256_max_ps(high_half(max16), max8);
   const float max_logit = max_of_lanes(max8);
@@ -200,8 +199,8 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
   const __m256 m = _mm256_set1_ps(max_logit);
   const __m512 m16 = _mm512_set1_ps(max_logit);
   __m256 total8 = _mm256_setzero_ps();
-  if (cut_first) edge_weights(logits, visible, first, begin, end, m, total8, weights);
-  for (int64_t j0 = whole_begin; j0 < pairs_end; j0 += 16) {
+  if (blocks.cut_first) edge_weights(logits, visible, blocks.first, begin, end, m, total8, weights);
+  for (int64_t j0 = blocks.whole_begin; j0 < pairs_end; j0 += 16) {
     __m512 w;
     if constexpr (kMasked) {
       // Hidden lanes enter exp as 0 and leave as exactly 0 (see block_weights).
@@ -215,12 +214,12 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
     total8 = _mm256_add_ps(total8, high_half(w));
     _mm512_storeu_ps(weights + j0, w);
   }
-  if (pairs_end < whole_end) {
+  if (pairs_end < blocks.whole_end) {
     const __m256 w = block_weights<kMasked>(logits, visible, pairs_end, m);
     total8 = _mm256_add_ps(total8, w);
     _mm256_storeu_ps(weights + pairs_end, w);
   }
-  if (cut_last) edge_weights(logits, visible, last, begin, end, m, total8, weights);
+  if (blocks.cut_last) edge_weights(logits, visible, blocks.last, begin, end, m, total8, weights);
   return fold_total(total8);
 }
 

@@ -7,7 +7,6 @@
 #include <limits>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define KVLENS_HAVE_X86_KERNELS 1
 #define KVLENS_AVX2 __attribute__((target("avx2,fma,f16c")))

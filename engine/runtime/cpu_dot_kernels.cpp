@@ -14,6 +14,10 @@
 
 #include "engine/runtime/cpu_attention_x86.h"
 
+#if KVLENS_HAVE_X86_KERNELS
+#include <cpuid.h>
+#endif
+
 namespace kvlens {
 namespace {
 
@@ -263,9 +267,6 @@ KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8
                                                 int64_t begin, int64_t end, float* weights) {
   if (begin >= end) return 0.0f;
   const SoftmaxBlocks blocks(begin, end);
-  const int64_t first = blocks.first, last = blocks.last, whole_begin = blocks.whole_begin,
-                whole_end = blocks.whole_end;
-  const bool cut_first = blocks.cut_first, cut_last = blocks.cut_last;
   auto block = [&](int64_t j0) KVLENS_AVX2_LAMBDA {
     __m256 x = _mm256_loadu_ps(logits + j0);
     if constexpr (kMasked) x = hide_avx2(x, visible + j0);
@@ -273,9 +274,12 @@ KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8
   };
 
   __m256 max8 = _mm256_set1_ps(kNegInf);  // max ignores a NaN first operand: NaN passed over
-  if (cut_first) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, first, begin, end), max8);
-  for (int64_t j0 = whole_begin; j0 < whole_end; j0 += 8) max8 = _mm256_max_ps(block(j0), max8);
-  if (cut_last) max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, last, begin, end), max8);
+  if (blocks.cut_first)
+    max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, blocks.first, begin, end), max8);
+  for (int64_t j0 = blocks.whole_begin; j0 < blocks.whole_end; j0 += 8)
+    max8 = _mm256_max_ps(block(j0), max8);
+  if (blocks.cut_last)
+    max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, blocks.last, begin, end), max8);
   const float max_logit = max_of_lanes(max8);
   if (max_logit == kNegInf) {
     std::fill(weights + begin, weights + end, 0.0f);
@@ -284,13 +288,13 @@ KVLENS_AVX2_INLINE float softmax_weights_avx2_t(const float* logits, const uint8
 
   const __m256 m = _mm256_set1_ps(max_logit);
   __m256 total8 = _mm256_setzero_ps();
-  if (cut_first) edge_weights(logits, visible, first, begin, end, m, total8, weights);
-  for (int64_t j0 = whole_begin; j0 < whole_end; j0 += 8) {
+  if (blocks.cut_first) edge_weights(logits, visible, blocks.first, begin, end, m, total8, weights);
+  for (int64_t j0 = blocks.whole_begin; j0 < blocks.whole_end; j0 += 8) {
     const __m256 w = block_weights<kMasked>(logits, visible, j0, m);
     total8 = _mm256_add_ps(total8, w);
     _mm256_storeu_ps(weights + j0, w);
   }
-  if (cut_last) edge_weights(logits, visible, last, begin, end, m, total8, weights);
+  if (blocks.cut_last) edge_weights(logits, visible, blocks.last, begin, end, m, total8, weights);
   return fold_total(total8);
 }
 

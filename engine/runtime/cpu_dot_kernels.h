@@ -72,8 +72,8 @@ struct DotKernels {
   TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)
 };
 
-// The fastest kernel set this CPU supports: portable ones when allow_simd is false, the AVX2
-// matmul when allow_avx512 is false (benchmarks and tests compare the sets).
+// The fastest kernel set this CPU supports: portable ones when allow_simd is false, the AVX2 ones
+// when allow_avx512 is false (benchmarks and tests compare the sets).
 DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512 = true);
 
 // The attention logit scale head_dim^-0.5, rounded to F32 once (transformers multiplies the F32
