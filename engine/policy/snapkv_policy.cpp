@@ -9,25 +9,29 @@
 // priority, so a budget smaller than sinks + window keeps the current token, the sinks, then the
 // most recent. Dropped tokens never return (also when a growing budget would force them again).
 //
-// The window sum is re-summed from the stored rows rather than kept as a running sum: per layer
-// a ring holds the last w steps' probability rows (step s in slot s mod w; observe copies the
-// row in with axpby_rows through a strided view). A running sum (add the new
-// row, subtract the leaving one) would carry F32 residues ((a + b) - a != b) that differ between
-// tokens, so two tokens with the same attention over the window would no longer tie and the tie
-// rule (to the recent) would not hold. To keep the re-sum short, the slots form blocks of
-// kBlockSlots: each block's sum (its slots added in slot order) is recomputed by observe when one
-// of its slots changes, and select adds the block sums in block order. The window sum is thus a
-// fixed function of the w slot rows (the same grouping for every token and step), so equal
-// attention over the window still ties exactly. The ring is laid out block by block, each
-// block's rows [H][its slots] and the block sums [H][blocks], so that each re-sum is one
-// sum_row_groups pass (the rows added in order: the bits of adding them one by one).
-// Slot columns a step never wrote are 0, so nothing needs clearing.
+// The window sum is not a running sum (add the new row, subtract the leaving one): that would
+// carry F32 residues ((a + b) - a != b) that differ between tokens, so two tokens with the same
+// attention over the window would no longer tie and the tie rule (to the recent) would not hold.
+// Instead the steps form chunks of w (step s is slot s mod w of chunk s / w), and the window of
+// step t, slot i, is two partial sums: the suffix S_i of the previous chunk (its slots i .. w-1,
+// folded from the last slot down) plus the prefix P of the current chunk (its slots 0 .. i-1,
+// folded in step order); at slot 0 the window is S_0 alone. Each is a fixed function of the w
+// rows, the same grouping for every token at a step, so equal attention over the window still
+// ties exactly. Per layer the ring holds, in slot i, this chunk's probability row of step
+// s = i once observed and the previous chunk's S_i until then: observe writes its row there (and
+// adds it into P), and observe of the chunk's last slot turns the chunk's rows into suffixes in
+// place (w - 1 row additions once per chunk). select adds P into slot i in place, as slot i's S_i
+// is read for the last time at that step and observe overwrites it next. So a step costs about
+// three row passes per head (the re-summed blocks of the earlier form cost twelve).
+// Slot columns a step never wrote are 0 (older steps had fewer columns; the first chunk's
+// suffixes and, in the prefill + decode mode, the slots before the first policy step were never
+// written), so nothing needs clearing.
 // At kv_head granularity the pooled per-head scores are summed over the group (pool, then sum).
 // In the prefill + decode mode the prefill steps are dense and not observed: the window starts
 // empty at the first policy step, so the first w decode steps rank by fewer rows (all scores 0 at
 // the first one: ties to the recent, i.e. the oldest non-forced tokens go first).
-// State per layer: ring [H * w, stride], block sums [H * blocks, stride] (rows of one tensor
-// over all layers each), kept [R, stride] U8; one window-sum scratch [H, stride].
+// State per layer: ring [w * H, stride] (slot i's H rows together), prefix [H, stride] (rows of
+// one tensor over all layers each), kept [R, stride] U8.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -39,17 +43,6 @@
 namespace kvlens {
 namespace {
 
-// Row `row` of a [rows, stride] tensor and every `every`-th after it, `count` rows, as a
-// [count, every * stride] tensor (a strided view: the ops touch only the first cols <= stride
-// columns of each row, all inside the tensor).
-DeviceTensor every_nth_row(const DeviceTensor& all, int64_t row, int64_t every, int64_t count) {
-  DeviceTensor view = all;
-  const int64_t stride = all.dim(1);
-  view.data = all.as<float>() + row * stride;
-  view.shape = {count, every * stride};
-  return view;
-}
-
 // Rows [first, first + rows) of a 2-D tensor, as a tensor over the same storage.
 DeviceTensor layer_rows(const DeviceTensor& all, int64_t first, int64_t rows) {
   DeviceTensor view = all;
@@ -57,10 +50,6 @@ DeviceTensor layer_rows(const DeviceTensor& all, int64_t first, int64_t rows) {
   view.shape = {rows, all.dim(1)};
   return view;
 }
-
-// Slots per block of the window sum: 8 balances the block's re-sum against the sum of blocks
-// at the usual w = 16 or 32.
-constexpr int64_t kBlockSlots = 8;
 
 class SnapkvPolicy final : public BudgetedPolicy {
  public:
@@ -70,13 +59,11 @@ class SnapkvPolicy final : public BudgetedPolicy {
         obs_window_(obs_window),
         pool_(pool),
         kernel_(kernel),
-        protect_window_(protect_window),
-        blocks_((obs_window + kBlockSlots - 1) / kBlockSlots),
-        window_sum_(backend.alloc(DType::F32, {shape.heads, shape.stride})) {
-    // Every layer's ring and block sums in one tensor each: the large ones then sit in huge
-    // pages on the CPU (a lockstep step touches hundreds of their rows).
+        protect_window_(protect_window) {
+    // Every layer's ring and prefix in one tensor each: the large ones then sit in huge pages on
+    // the CPU (a lockstep step touches hundreds of their rows).
     rings_ = backend.alloc(DType::F32, {shape.layers * obs_window * shape.heads, shape.stride});
-    block_sums_ = backend.alloc(DType::F32, {shape.layers * shape.heads * blocks_, shape.stride});
+    prefixes_ = backend.alloc(DType::F32, {shape.layers * shape.heads, shape.stride});
     for (int64_t l = 0; l < shape.layers; ++l) {
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
@@ -89,9 +76,11 @@ class SnapkvPolicy final : public BudgetedPolicy {
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
-    const int64_t cols = step.cols();
-    backend_.sum_row_groups(block_sums(l), cols, blocks_, window_sum_);
-    backend_.pool_rows(window_sum_, cols, pool_, kernel_, scores);
+    const int64_t cols = step.cols(), slot = step.step % obs_window_;
+    // The window: S_slot of the previous chunk + the prefix of this one (empty at slot 0).
+    DeviceTensor window = slot_rows(l, slot);
+    if (slot > 0) backend_.axpby_rows(window, 1.0f, prefix_rows(l), 1.0f, cols);
+    backend_.pool_rows(window, cols, pool_, kernel_, scores);
     // The observation window t-w..t-1 plus the current token.
     const int64_t recent = protect_window_ ? obs_window_ + 1 : 1;
     select_budgeted(step, recent, at_selection_rows(scores, cols), &kept_[l], visible);
@@ -102,42 +91,35 @@ class SnapkvPolicy final : public BudgetedPolicy {
   void observe(const LayerStep& step, const DeviceTensor& probs) override {
     if (dense_layer(step)) return;
     const size_t l = size_t(step.layer);
-    const int64_t cols = step.cols(), written = step.step % obs_window_;
-    const int64_t block = written / kBlockSlots, slots = block_slots(block);
-    const DeviceTensor rows = block_rows(l, block);
-    DeviceTensor slot = every_nth_row(rows, written % kBlockSlots, slots, shape_.heads);
-    backend_.axpby_rows(slot, 1.0f, probs, 0.0f, cols);
-    // Re-sum the block holding the slot just written, its slots in order. Columns up to cols
-    // cover everything any of its slots holds (older steps had fewer columns; the rest are 0).
-    DeviceTensor sum = every_nth_row(block_sums(l), block, blocks_, shape_.heads);
-    backend_.sum_row_groups(rows, cols, slots, sum);
+    const int64_t cols = step.cols(), slot = step.step % obs_window_;
+    DeviceTensor row = slot_rows(l, slot), prefix = prefix_rows(l);
+    backend_.axpby_rows(row, 1.0f, probs, 0.0f, cols);
+    backend_.axpby_rows(prefix, 1.0f, probs, slot == 0 ? 0.0f : 1.0f, cols);
+    if (slot + 1 < obs_window_) return;
+    // The chunk is complete: its rows become the suffix sums the next chunk's windows start
+    // from. Columns up to cols cover everything any of its rows holds.
+    for (int64_t i = obs_window_ - 2; i >= 0; --i) {
+      DeviceTensor suffix = slot_rows(l, i);
+      backend_.axpby_rows(suffix, 1.0f, slot_rows(l, i + 1), 1.0f, cols);
+    }
   }
 
  private:
+  // Layer l's slot i of its ring: [H, stride].
+  DeviceTensor slot_rows(size_t layer, int64_t slot) const {
+    return layer_rows(rings_, (int64_t(layer) * obs_window_ + slot) * shape_.heads, shape_.heads);
+  }
+  // Layer l's prefix of the current chunk: [H, stride].
+  DeviceTensor prefix_rows(size_t layer) const {
+    return layer_rows(prefixes_, int64_t(layer) * shape_.heads, shape_.heads);
+  }
+
   int64_t obs_window_;
   Backend::Pool pool_;
   int64_t kernel_;
   bool protect_window_;
-  // The slots of block b (kBlockSlots, fewer in a last partial block).
-  int64_t block_slots(int64_t block) const {
-    return std::min(kBlockSlots, obs_window_ - block * kBlockSlots);
-  }
-  // Layer l's block b of its ring: [H * block_slots(b), stride], head h's slots in rows
-  // h * block_slots(b) ...
-  DeviceTensor block_rows(size_t layer, int64_t block) const {
-    const int64_t first = (int64_t(layer) * obs_window_ + block * kBlockSlots) * shape_.heads;
-    return layer_rows(rings_, first, shape_.heads * block_slots(block));
-  }
-  // Layer l's block sums [H * blocks, stride], head h's in rows h * blocks ...
-  DeviceTensor block_sums(size_t layer) const {
-    const int64_t rows = shape_.heads * blocks_;
-    return layer_rows(block_sums_, int64_t(layer) * rows, rows);
-  }
-
-  int64_t blocks_;
-  DeviceTensor window_sum_;  // [H, stride] scratch
-  // Every layer's, one after another (block_rows(), block_sums()).
-  DeviceTensor rings_, block_sums_;
+  // Every layer's, one after another (slot_rows(), prefix_rows()).
+  DeviceTensor rings_, prefixes_;
   std::vector<DeviceTensor> kept_;
 };
 

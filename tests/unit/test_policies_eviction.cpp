@@ -295,13 +295,16 @@ TEST_CASE("lazyllm: ranks by the previous layer's head-averaged attention, prune
   }
 }
 
-TEST_CASE("snapkv: window sums span blocks of slots and wrap around the ring", "[policy]") {
-  // w = 10 (one block of 8 slots and one of 2) and w = 3 (one short block), no pooling, nothing
-  // dropped: the scores at step t are the attention probabilities of steps t - w .. t - 1 summed.
-  // Tokens 1 and 2 get the same logit at every step, so once both have been there for the whole
-  // window their sums must tie exactly.
-  for (const int64_t window : {int64_t(10), int64_t(3)}) {
-    INFO("obs_window " << window);
+TEST_CASE("snapkv: window sums span chunks of w steps and start at the first policy step",
+          "[policy]") {
+  // Windows of 10 (one chunk boundary in the 16 steps), 3, 4 and 1 (a boundary every few steps),
+  // and 4 from step 5 on (the prefill + decode mode: a partial first chunk, steps 0-4 never
+  // observed), no pooling, nothing dropped: the scores at step t are the attention probabilities
+  // of the observed steps among t - w .. t - 1, summed. Tokens 1 and 2 get the same logit at every
+  // step, so once both have been there for the whole window their sums must tie exactly.
+  const std::vector<std::pair<int64_t, int64_t>> cases = {{10, 0}, {3, 0}, {4, 0}, {1, 0}, {4, 5}};
+  for (const auto& [window, first_step] : cases) {
+    INFO("obs_window " << window << ", first policy step " << first_step);
     Harness h;
     auto policy = h.make("snapkv", 0.0,
                          {"sinks=0", "dense_layers=0", "budget_tokens=16", "pool_kernel=1",
@@ -313,24 +316,25 @@ TEST_CASE("snapkv: window sums span blocks of slots and wrap around the ring", "
     for (int64_t t = 0; t < kStride; ++t) {
       std::vector<float> row(size_t(t + 1));
       for (int64_t j = 0; j <= t; ++j) row[size_t(j)] = logit(t, j);
+      double total = 0.0;
+      std::vector<double> p(size_t(t + 1));
+      for (int64_t j = 0; j <= t; ++j) total += std::exp(double(row[size_t(j)]));
+      for (int64_t j = 0; j <= t; ++j) p[size_t(j)] = std::exp(double(row[size_t(j)])) / total;
+      probs.push_back(p);
+      if (t < first_step) continue;
       h.set_logits(row);
       h.run(*policy, t, 0);
       const std::vector<float> scores = h.score_row(0, t);
       for (int64_t j = 0; j <= t; ++j) {
         double want = 0.0;
-        for (int64_t s = std::max<int64_t>(0, t - window); s < t; ++s)
+        for (int64_t s = std::max(first_step, t - window); s < t; ++s)
           if (j <= s) want += probs[size_t(s)][size_t(j)];
         INFO("step " << t << " token " << j);
         // At most w F32 additions of probabilities <= 1: below w * 2^-24 ~ 6e-7.
         CHECK(scores[size_t(j)] == Approx(want).margin(2e-6));
       }
       // Once step 1 (which token 2 did not exist for) has left the window.
-      if (t - window >= 2) CHECK(scores[1] == scores[2]);
-      double total = 0.0;
-      std::vector<double> p(size_t(t + 1));
-      for (int64_t j = 0; j <= t; ++j) total += std::exp(double(row[size_t(j)]));
-      for (int64_t j = 0; j <= t; ++j) p[size_t(j)] = std::exp(double(row[size_t(j)])) / total;
-      probs.push_back(p);
+      if (t - window >= std::max<int64_t>(2, first_step)) CHECK(scores[1] == scores[2]);
     }
   }
 }
