@@ -577,6 +577,8 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
   kernels.silu_mul = silu_mul_generic;
   kernels.axpby = axpby_row_generic;
   kernels.top_k = top_k_row_generic;
+  kernels.page_bounds = page_bounds_generic;
+  kernels.page_best = page_best_generic;
 #if KVLENS_HAVE_X86_KERNELS
   if (allow_simd && cpu_has_avx2_fma()) {
     kernels.isa = "avx2+fma";
@@ -589,6 +591,8 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
     kernels.silu_mul = silu_mul_avx2;
     kernels.axpby = axpby_row_avx2;
     kernels.top_k = top_k_row_avx2;
+    kernels.page_bounds = page_bounds_avx2;
+    kernels.page_best = page_best_avx2;
     if (allow_avx512 && cpu_has_avx512f()) {
       kernels.isa = "avx2+fma, avx512f matmul, logits, softmax";
       kernels.matmul_f32 = panel_matmul_avx512_f32;

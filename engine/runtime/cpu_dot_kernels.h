@@ -10,6 +10,7 @@
 
 #include "engine/common/dtype.h"
 #include "engine/runtime/cpu_matmul.h"
+#include "engine/runtime/cpu_page_kernels.h"
 #include "engine/runtime/cpu_row_kernels.h"
 #include "engine/runtime/cpu_top_k.h"
 
@@ -70,6 +71,9 @@ struct DotKernels {
   SiluMulFn silu_mul = nullptr;
   AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
   TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)
+  // Quest's page_bounds and select_pages row kernels (cpu_page_kernels.h).
+  PageBoundsFn page_bounds = nullptr;
+  PageBestFn page_best = nullptr;
 };
 
 // The fastest kernel set this CPU supports: portable ones when allow_simd is false, the AVX2 ones

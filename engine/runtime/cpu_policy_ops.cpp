@@ -416,36 +416,6 @@ KVLENS_POLICY_CLONES void page_minmax_update(const DeviceTensor& k_cache, int64_
   }
 }
 
-namespace {
-
-constexpr int64_t kPagesAtOnce = 8;
-
-// page_bound for kPagesAtOnce consecutive pages ([page][head_dim] rows of lows and highs): each
-// page's sum is the same chain of operations in channel order, but the pages' independent chains
-// are interleaved, so the adds no longer wait on each other (one chain at a time was bound by
-// the add latency: about 4x slower at head_dim 32).
-KVLENS_POLICY_CLONES void page_bounds_interleaved(const float* q, const float* lows,
-                                                  const float* highs, int64_t head_dim,
-                                                  bool max_only, float scale, float* bounds) {
-  float sums[kPagesAtOnce] = {};
-  for (int64_t c = 0; c < head_dim; ++c) {
-    for (int64_t i = 0; i < kPagesAtOnce; ++i) {
-      const float lo = lows[i * head_dim + c], hi = highs[i * head_dim + c];
-      float term;
-      if (max_only) {
-        term = mul_rn(abs_f32(q[c]), hi);
-      } else {
-        const float low = mul_rn(q[c], lo), high = mul_rn(q[c], hi);
-        term = low < high ? high : low;
-      }
-      sums[i] = add_rn(sums[i], term);
-    }
-  }
-  for (int64_t i = 0; i < kPagesAtOnce; ++i) bounds[i] = mul_rn(sums[i], scale);
-}
-
-}  // namespace
-
 void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTensor& page_min,
                  const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
                  DeviceTensor& out) {
@@ -471,30 +441,21 @@ void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTens
   const int64_t heads_per_group = heads / groups;
   const int64_t used = (cols + page_size - 1) / page_size;
   const float scale = attention_scale(head_dim);
+  const PageBoundsFn bounds_of = context.kernels.page_bounds;
   context.pool.parallel_for(
       0, heads,
       [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> bounds;
+        bounds.resize(size_t(used));
         for (int64_t h = begin; h < end; ++h) {
-          const float* qh = q.as<const float>() + h * head_dim;
           const int64_t base = (h / heads_per_group) * pages * head_dim;
+          bounds_of(q.as<const float>() + h * head_dim, page_min.as<const float>() + base,
+                    page_max.as<const float>() + base, used, head_dim, max_only, scale,
+                    bounds.data());
           float* row = out.as<float>() + h * shape.stride;
-          const float* lows = page_min.as<const float>() + base;
-          const float* highs = page_max.as<const float>() + base;
-          float bounds[kPagesAtOnce];
-          for (int64_t p0 = 0; p0 < used; p0 += kPagesAtOnce) {
-            const int64_t count = std::min<int64_t>(kPagesAtOnce, used - p0);
-            if (count == kPagesAtOnce) {
-              page_bounds_interleaved(qh, lows + p0 * head_dim, highs + p0 * head_dim, head_dim,
-                                      max_only, scale, bounds);
-            } else {
-              for (int64_t i = 0; i < count; ++i)
-                bounds[i] = page_bound(qh, lows + (p0 + i) * head_dim, highs + (p0 + i) * head_dim,
-                                       head_dim, max_only, scale);
-            }
-            for (int64_t i = 0; i < count; ++i) {
-              const int64_t p = p0 + i, j1 = std::min((p + 1) * page_size, cols);
-              std::fill(row + p * page_size, row + j1, bounds[i]);
-            }
+          for (int64_t p = 0; p < used; ++p) {
+            const int64_t j1 = std::min((p + 1) * page_size, cols);
+            std::fill(row + p * page_size, row + j1, bounds[size_t(p)]);
           }
         }
       },
@@ -512,6 +473,7 @@ void select_pages(const Context& context, const DeviceTensor& scores, int64_t co
   if (k <= 0 || cols == 0 || rows == 0) return;
 
   const int64_t pages = (cols + page_size - 1) / page_size;
+  const PageBestFn page_best = context.kernels.page_best;
   context.pool.parallel_for(
       0, rows,
       [&](int64_t begin, int64_t end) {
@@ -519,24 +481,21 @@ void select_pages(const Context& context, const DeviceTensor& scores, int64_t co
           uint64_t key;
           int64_t cost;
         };
-        std::vector<Page> candidates;
-        candidates.reserve(size_t(pages));
+        thread_local std::vector<Page> candidates;
+        thread_local std::vector<float> best;
+        thread_local std::vector<int32_t> cost;
+        best.resize(size_t(pages));
+        cost.resize(size_t(pages));
         for (int64_t r = begin; r < end; ++r) {
-          const float* score = scores.as<const float>() + r * score_shape.stride;
           uint8_t* chosen = selected.as<uint8_t>() + r * selected_shape.stride;
+          // Each page ranks by its best score (top_k_key: -0 ranks as +0, so the sign of a zero
+          // maximum does not matter) and costs its columns not chosen yet.
+          page_best(scores.as<const float>() + r * score_shape.stride, chosen, cols, page_size,
+                    best.data(), cost.data());
           candidates.clear();
           for (int64_t p = 0; p < pages; ++p) {
-            const int64_t j0 = p * page_size, j1 = std::min(j0 + page_size, cols);
-            float best = score[j0];
-            int64_t cost = chosen[j0] == 0;
-            for (int64_t j = j0 + 1; j < j1; ++j) {
-              // fmax without the library call (the same choice but for the sign of a zero
-              // maximum, which top_k_key does not see: -0 ranks as +0).
-              const float value = score[j];
-              best = (value > best || best != best) ? value : best;
-              cost += chosen[j] == 0;
-            }
-            if (cost > 0) candidates.push_back({top_k_key(best, uint32_t(p)), cost});
+            if (cost[size_t(p)] > 0)
+              candidates.push_back({top_k_key(best[size_t(p)], uint32_t(p)), cost[size_t(p)]});
           }
           // Keys are distinct (the page index is in the low bits): one well-defined order.
           std::sort(candidates.begin(), candidates.end(),
