@@ -250,15 +250,50 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
       v_rows_[size_t(r)] = row_view(v_heads, r);
     }
   }
+  // Lockstep rows that hold the same bytes (every run's hidden state alike: the same token, and
+  // every earlier layer dense in all runs, as layer 0 is by default) are computed once, in row 0,
+  // and copied to the other rows: the ops' results per row do not depend on the other rows, so
+  // the bits are those of computing every row.
+  auto rows_alike = [&](const DeviceTensor& rows) {
+    if (!per_run || n == 1) return false;
+    const DeviceTensor first = row_view(rows, 0);
+    for (int64_t r = 1; r < n; ++r) {
+      if (!backend_.same_bytes(row_view(rows, r), first)) return false;
+    }
+    return true;
+  };
+  auto copy_first_row = [&](DeviceTensor& rows) {
+    const int64_t row_elems = rows.numel() / rows.dim(0);
+    for (int64_t r = 1; r < rows.dim(0); ++r) backend_.copy_rows(rows, 0, rows, r, 1, row_elems);
+  };
+  // The first m rows of a [n, ...] scratch view.
+  auto first_rows = [](const DeviceTensor& rows, int64_t m) {
+    DeviceTensor result = rows;
+    result.shape[0] = m;
+    return result;
+  };
+  const std::span<const int64_t> all_positions(positions);
+
   backend_.embed(model_->embed, tokens, hidden);
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
-    backend_.rmsnorm(hidden, layer.attn_norm, eps, normed);
-    backend_.matmul(normed, layer.wq, q);
-    backend_.matmul(normed, layer.wk, k);
-    backend_.matmul(normed, layer.wv, v);
-    backend_.rope(q_heads, positions, model_->inv_freq);
-    backend_.rope(k_heads, positions, model_->inv_freq);
+    const bool alike_in = rows_alike(hidden);
+    {
+      const int64_t m = alike_in ? 1 : n;
+      DeviceTensor normed_m = first_rows(normed, m), q_m = first_rows(q, m), k_m = first_rows(k, m);
+      DeviceTensor v_m = first_rows(v, m), q_heads_m = first_rows(q_heads, m);
+      DeviceTensor k_heads_m = first_rows(k_heads, m);
+      backend_.rmsnorm(first_rows(hidden, m), layer.attn_norm, eps, normed_m);
+      backend_.matmul(normed_m, layer.wq, q_m);
+      backend_.matmul(normed_m, layer.wk, k_m);
+      backend_.matmul(normed_m, layer.wv, v_m);
+      backend_.rope(q_heads_m, all_positions.first(size_t(m)), model_->inv_freq);
+      backend_.rope(k_heads_m, all_positions.first(size_t(m)), model_->inv_freq);
+      if (alike_in) {
+        // The runs' layer inputs, queries, keys and values (their policies read them).
+        for (DeviceTensor* rows : {&normed, &q, &k, &v}) copy_first_row(*rows);
+      }
+    }
     if (per_run) {
       step_attention(l);
     } else {
@@ -290,14 +325,23 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
         if (logits_out) runs_[r].attention_logits.push_back(*logits_out);
       }
     }
-    backend_.matmul(attn, layer.wo, proj);
-    backend_.add_inplace(hidden, proj);
-    backend_.rmsnorm(hidden, layer.mlp_norm, eps, normed);
-    backend_.matmul(normed, layer.w_gate, gate);
-    backend_.matmul(normed, layer.w_up, up);
-    backend_.silu_mul(gate, up, act);
-    backend_.matmul(act, layer.w_down, proj);
-    backend_.add_inplace(hidden, proj);
+    // Alike inputs and alike attention outputs (every run dense here) give alike outputs.
+    const bool alike_out = alike_in && rows_alike(attn);
+    {
+      const int64_t m = alike_out ? 1 : n;
+      DeviceTensor hidden_m = first_rows(hidden, m), normed_m = first_rows(normed, m);
+      DeviceTensor proj_m = first_rows(proj, m), gate_m = first_rows(gate, m);
+      DeviceTensor up_m = first_rows(up, m), act_m = first_rows(act, m);
+      backend_.matmul(first_rows(attn, m), layer.wo, proj_m);
+      backend_.add_inplace(hidden_m, proj_m);
+      backend_.rmsnorm(hidden_m, layer.mlp_norm, eps, normed_m);
+      backend_.matmul(normed_m, layer.w_gate, gate_m);
+      backend_.matmul(normed_m, layer.w_up, up_m);
+      backend_.silu_mul(gate_m, up_m, act_m);
+      backend_.matmul(act_m, layer.w_down, proj_m);
+      backend_.add_inplace(hidden_m, proj_m);
+      if (alike_out) copy_first_row(hidden);
+    }
   }
   if (per_run) {
     // The last layer's observations (the earlier ones ran in the next layer's selection tasks).
@@ -312,8 +356,14 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
       if (policy_step(run)) run.sparsity.end_step();
     }
   }
-  backend_.rmsnorm(hidden, model_->final_norm, eps, normed);
-  backend_.matmul(normed, model_->lm_head, logits_view_);
+  {
+    const bool alike = rows_alike(hidden);
+    const int64_t m = alike ? 1 : n;
+    DeviceTensor normed_m = first_rows(normed, m), logits_m = first_rows(logits_view_, m);
+    backend_.rmsnorm(first_rows(hidden, m), model_->final_norm, eps, normed_m);
+    backend_.matmul(normed_m, model_->lm_head, logits_m);
+    if (alike) copy_first_row(logits_view_);
+  }
   // A chunk that continues the common prefix extends it; steps of the runs never change it
   // (they write positions past it).
   if (!per_run) {

@@ -212,15 +212,21 @@ class InputProbe final : public Policy {
  public:
   explicit InputProbe(Backend& backend) : backend_(backend) {}
   LayerDecision select(const LayerStep& step, DeviceTensor&, DeviceTensor&) override {
-    if (step.layer == 0 && step.layer_input) {
-      inputs.emplace_back(size_t(step.layer_input->numel()));
-      backend_.to_host(*step.layer_input, inputs.back().data(), inputs.back().size() * 4);
-    }
+    if (step.layer == 0 && step.layer_input) inputs.push_back(read(*step.layer_input));
+    if (step.layer_input) all_inputs.push_back(read(*step.layer_input));
+    if (step.q) queries.push_back(read(*step.q));
     return LayerDecision::Dense;
   }
-  std::vector<std::vector<float>> inputs;
+  std::vector<std::vector<float>> inputs;               // layer 0's
+  std::vector<std::vector<float>> all_inputs, queries;  // every layer's
 
  private:
+  std::vector<float> read(const DeviceTensor& tensor) const {
+    std::vector<float> host(size_t(tensor.numel()));
+    backend_.to_host(tensor, host.data(), host.size() * sizeof(float));
+    return host;
+  }
+
   Backend& backend_;
 };
 
@@ -247,4 +253,29 @@ TEST_CASE("a policy sees each run's layer-0 attention input, as a predictor need
                     normed);
     CHECK(seen.inputs[i] == to_host(backend, normed));
   }
+}
+
+TEST_CASE("runs whose rows are alike, computed once, each see their own inputs and queries",
+          "[lockstep]") {
+  // Every run gets the same token and layer 0 is dense in all of them, so the session computes
+  // each layer-0 row once (and layer 1's input, query, key and value rows) and copies it to the
+  // other runs: a policy in run 2 must read exactly what the same policy reads alone.
+  Loaded loaded = load_tiny("lockstep-alike-inputs");
+  Backend& backend = *loaded.backend;
+  DecoderSession together(loaded.model, {}, 3);
+  auto probe = std::make_unique<InputProbe>(backend);
+  InputProbe& seen_together = *probe;
+  together.set_policy(2, std::move(probe));
+  DecoderSession alone(loaded.model);
+  auto alone_probe = std::make_unique<InputProbe>(backend);
+  InputProbe& seen_alone = *alone_probe;
+  alone.set_policy(std::move(alone_probe));
+  for (const int32_t token : {3, 14, 15}) {
+    together.forward(std::span(&token, 1));
+    alone.step(token);
+  }
+  REQUIRE(seen_together.all_inputs.size() == seen_alone.all_inputs.size());
+  REQUIRE(seen_together.all_inputs.size() == 3 * loaded.model->layers.size());
+  CHECK(seen_together.all_inputs == seen_alone.all_inputs);
+  CHECK(seen_together.queries == seen_alone.queries);
 }
