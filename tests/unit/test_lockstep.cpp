@@ -230,15 +230,21 @@ class InputProbe final : public Policy {
   Backend& backend_;
 };
 
+// An InputProbe as the policy of `run`.
+InputProbe& attach_probe(DecoderSession& session, int64_t run, Backend& backend) {
+  auto probe = std::make_unique<InputProbe>(backend);
+  InputProbe& seen = *probe;
+  session.set_policy(run, std::move(probe));
+  return seen;
+}
+
 }  // namespace
 
 TEST_CASE("a policy sees each run's layer-0 attention input, as a predictor needs", "[lockstep]") {
   Loaded loaded = load_tiny("lockstep-input");
   Backend& backend = *loaded.backend;
   DecoderSession session(loaded.model, {}, 2);
-  auto probe = std::make_unique<InputProbe>(backend);
-  InputProbe& seen = *probe;
-  session.set_policy(1, std::move(probe));
+  InputProbe& seen = attach_probe(session, 1, backend);
   const std::vector<int32_t> tokens = {3, 14, 15};
   for (const int32_t token : tokens) session.forward_runs(std::vector<int32_t>{1, token});
   REQUIRE(seen.inputs.size() == tokens.size());
@@ -263,13 +269,9 @@ TEST_CASE("runs whose rows are alike, computed once, each see their own inputs a
   Loaded loaded = load_tiny("lockstep-alike-inputs");
   Backend& backend = *loaded.backend;
   DecoderSession together(loaded.model, {}, 3);
-  auto probe = std::make_unique<InputProbe>(backend);
-  InputProbe& seen_together = *probe;
-  together.set_policy(2, std::move(probe));
+  InputProbe& seen_together = attach_probe(together, 2, backend);
   DecoderSession alone(loaded.model);
-  auto alone_probe = std::make_unique<InputProbe>(backend);
-  InputProbe& seen_alone = *alone_probe;
-  alone.set_policy(std::move(alone_probe));
+  InputProbe& seen_alone = attach_probe(alone, 0, backend);
   for (const int32_t token : {3, 14, 15}) {
     together.forward(std::span(&token, 1));
     alone.step(token);
