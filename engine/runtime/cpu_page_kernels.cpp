@@ -18,15 +18,6 @@
 #endif
 
 namespace kvlens {
-namespace {
-
-// fmax without the library call: NaN only when both are NaN.
-inline float fmax_inline(float best, float value) {
-  return (value > best || best != best) ? value : best;
-}
-
-}  // namespace
-
 void page_bounds_generic(const float* q, const float* lows, const float* highs, int64_t pages,
                          int64_t head_dim, bool max_only, float scale, float* bounds) {
   for (int64_t p = 0; p < pages; ++p)

@@ -177,8 +177,6 @@ KVLENS_POLICY_CLONES void pool_rows(const DeviceTensor& x, int64_t cols, Backend
                  "a tensor apart from x", "x itself");
   const int64_t half = kernel / 2;
   const float divisor = float(kernel);
-  // fmax without the library call: NaN only when both are NaN.
-  auto fmax_inline = [](float m, float value) { return (value > m || m != m) ? value : m; };
   // Every output folds its in-range inputs from the lowest column up, from the first value (max)
   // or from +0 (average). Columns whose whole kernel is in range run kernel-offset by kernel
   // offset over all of them at once (a loop the compiler vectorises); the few at the edges, one

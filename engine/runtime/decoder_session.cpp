@@ -275,9 +275,12 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   const std::span<const int64_t> all_positions(positions);
 
   backend_.embed(model_->embed, tokens, hidden);
+  // Whether the hidden rows are alike: checked once after the embedding, then carried (a layer
+  // keeps them alike exactly when its attention outputs are alike too).
+  bool alike = rows_alike(hidden);
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
-    const bool alike_in = rows_alike(hidden);
+    const bool alike_in = alike;
     {
       const int64_t m = alike_in ? 1 : n;
       DeviceTensor normed_m = first_rows(normed, m), q_m = first_rows(q, m), k_m = first_rows(k, m);
@@ -327,6 +330,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     }
     // Alike inputs and alike attention outputs (every run dense here) give alike outputs.
     const bool alike_out = alike_in && rows_alike(attn);
+    alike = alike_out;
     {
       const int64_t m = alike_out ? 1 : n;
       DeviceTensor hidden_m = first_rows(hidden, m), normed_m = first_rows(normed, m);
@@ -357,7 +361,6 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     }
   }
   {
-    const bool alike = rows_alike(hidden);
     const int64_t m = alike ? 1 : n;
     DeviceTensor normed_m = first_rows(normed, m), logits_m = first_rows(logits_view_, m);
     backend_.rmsnorm(first_rows(hidden, m), model_->final_norm, eps, normed_m);

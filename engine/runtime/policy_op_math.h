@@ -104,6 +104,12 @@ KVLENS_HOST_DEVICE inline float abs_f32(float a) {
 #endif
 }
 
+// fmax without the library call: NaN only when both are NaN (the sign of a zero maximum may
+// differ from fmaxf's).
+KVLENS_HOST_DEVICE inline float fmax_inline(float best, float value) {
+  return (value > best || best != best) ? value : best;
+}
+
 // Quest's page upper bound for one query row q[n] against a page's channel-wise key minimum
 // lo[n] and maximum hi[n] (page_bounds in backend.h): the largest q . k any key inside the box
 // can reach, sum_c max(q_c lo_c, q_c hi_c), or the TokenButler code's sum_c |q_c| hi_c when
