@@ -27,7 +27,10 @@ class H2oPolicy final : public BudgetedPolicy {
     }
   }
 
-  bool wants_probs() const override { return !current_logit_; }
+  // observe() ignores the dense layers (nothing is ever selected there).
+  bool wants_probs(const LayerStep& step) const override {
+    return !current_logit_ && !dense_layer(step);
+  }
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {

@@ -68,7 +68,11 @@ class LazyllmPolicy final : public BudgetedPolicy {
         head_sum_(backend.alloc(DType::F32, {1, shape.stride})),
         previous_(backend.alloc(DType::F32, {1, shape.stride})) {}
 
-  bool wants_probs() const override { return true; }
+  // Layer l's probabilities rank layer l + 1's tokens: only where layer l + 1 is ranked (not
+  // one of the dense layers, and not past the last layer).
+  bool wants_probs(const LayerStep& step) const override {
+    return step.layer + 1 < shape_.layers && step.layer + 1 >= knobs_.dense_layers;
+  }
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {

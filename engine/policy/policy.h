@@ -86,8 +86,10 @@ class Policy {
   // may observe a layer after the next layer's projections have replaced them (always before
   // this policy's next select).
   virtual void observe(const LayerStep& /*step*/, const DeviceTensor& /*probs*/) {}
-  // True when select() needs probabilities of earlier steps (the run then computes them).
-  virtual bool wants_probs() const { return false; }
+  // True when this policy's observe() uses the probabilities of `step` (its step and layer),
+  // which the run then computes and hands over; false leaves them uncomputed (a dense layer's
+  // attention is then the plain one, which a lockstep step computes once for all its runs).
+  virtual bool wants_probs(const LayerStep& /*step*/) const { return false; }
 };
 
 // A registered policy: its id, family, one-line rule and parameters (common knobs included).

@@ -70,7 +70,8 @@ class SnapkvPolicy final : public BudgetedPolicy {
     }
   }
 
-  bool wants_probs() const override { return true; }
+  // observe() ignores the dense layers (nothing is ever selected there).
+  bool wants_probs(const LayerStep& step) const override { return !dense_layer(step); }
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {

@@ -177,6 +177,11 @@ class Backend {
                             int64_t k, DeviceTensor& selected) = 0;
   // mask[r, begin:end] = value for every row (U8).
   virtual void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) = 0;
+  // counts[r] = how many of mask[r, 0:cols] are nonzero (U8 [rows, stride]; one count per row,
+  // in host memory): a run's effective sparsity. The default reads the rows back and counts
+  // them on the host; a backend may count where the mask lives.
+  virtual void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
+                                  std::span<int64_t> counts);
   // mask[r, j] = (mask[r, j] && other[r, j]) for j < cols (U8 0/1, both [rows, stride]).
   virtual void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) = 0;
   // acc[r, j] = acc[r, j] * keep[r, j] + x[r, j] for j < cols (F32; keep U8 optional: null keeps

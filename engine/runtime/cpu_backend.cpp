@@ -525,6 +525,10 @@ class CpuBackend final : public Backend {
   void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) override {
     cpu_policy::fill_columns(mask, begin, end, value);
   }
+  void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
+                          std::span<int64_t> counts) override {
+    cpu_policy::count_nonzero_rows(mask, cols, counts);
+  }
   void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) override {
     cpu_policy::mask_and(mask, other, cols);
   }

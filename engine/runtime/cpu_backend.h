@@ -17,8 +17,9 @@ struct CpuBackendOptions {
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
 
-// The matmul/dot kernels `backend` runs ("avx2+fma, avx512f matmul, logits, softmax", "avx2+fma"
-// or "generic") and its thread count; empty and 0 when `backend` is not the CPU backend.
+// The matmul/dot kernels `backend` runs ("avx2+fma, avx512f matmul, logits, softmax, avx512bw
+// top-k", "avx2+fma" or "generic", say) and its thread count; empty and 0 when `backend` is not
+// the CPU backend.
 std::string_view cpu_backend_isa(const Backend& backend);
 int cpu_backend_threads(const Backend& backend);
 

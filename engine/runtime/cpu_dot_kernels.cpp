@@ -600,6 +600,10 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
       kernels.matmul_limits = kAvx512PanelLimits;
       kernels.attention_logits = x86::attention_logits_avx512;
       kernels.softmax_weights = x86::softmax_weights_avx512;
+      if (cpu_has_avx512_top_k()) {  // BW and VL too: the byte masks
+        kernels.isa = "avx2+fma, avx512f matmul, logits, softmax, avx512bw top-k";
+        kernels.top_k = top_k_row_avx512;
+      }
     }
   }
 #else

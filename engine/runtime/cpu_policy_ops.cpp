@@ -54,6 +54,21 @@ void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value)
     std::memset(mask.as<uint8_t>() + r * shape.stride + begin, value, size_t(end - begin));
 }
 
+// Counted where the mask lives: no copy of the rows (the lockstep counts every run's mask at
+// every layer).
+KVLENS_POLICY_CLONES void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
+                                             std::span<int64_t> counts) {
+  const OpName op{"count_nonzero_rows"};
+  require_cols(cols, op);
+  const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op + ": mask");
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    const uint8_t* row = mask.as<const uint8_t>() + r * shape.stride;
+    int64_t count = 0;
+    for (int64_t j = 0; j < cols; ++j) count += row[j] != 0;
+    counts[size_t(r)] = count;
+  }
+}
+
 KVLENS_POLICY_CLONES void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {
   const OpName op{"mask_and"};
   require_cols(cols, op);

@@ -41,6 +41,7 @@ void select_top_k(const Context& context, const DeviceTensor& scores, int64_t co
                   const DeviceTensor* eligible, int64_t k, DeviceTensor& selected);
 void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value);
 void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols);
+void count_nonzero_rows(const DeviceTensor& mask, int64_t cols, std::span<int64_t> counts);
 void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
                      int64_t cols);
 void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group, DeviceTensor& out);

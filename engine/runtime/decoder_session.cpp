@@ -62,23 +62,6 @@ void timed_work(double& seconds, Work&& work) {
   seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The nonzero bytes of bytes[0, count), eight at a time. A byte's high bit in `zero` is set
-// exactly when the byte is 0 (its low seven bits plus 0x7f carry into bit 7 unless they are all
-// 0, and the OR with the byte itself catches bit 7); the multiply adds the eight flags up in the
-// top byte (baseline x86-64 has no popcount instruction).
-int64_t count_nonzero_bytes(const uint8_t* bytes, int64_t count) {
-  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full, kOnes = 0x0101010101010101ull;
-  int64_t zeros = 0, i = 0;
-  for (; i + 8 <= count; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, bytes + i, sizeof word);
-    const uint64_t zero = ~(((word & kLow7) + kLow7) | word | kLow7);
-    zeros += int64_t(((zero >> 7) * kOnes) >> 56);
-  }
-  for (; i < count; ++i) zeros += bytes[i] == 0;
-  return count - zeros;
-}
-
 }  // namespace
 
 std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const Model> model,
@@ -606,7 +589,8 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
     return;
   }
   attention.visible = decision == LayerDecision::Masked ? &run.visible[layer] : nullptr;
-  attention.probs = run.policy->wants_probs() ? &run.policy_probs : nullptr;
+  attention.probs =
+      run.policy->wants_probs(layer_step(run, layer, size_t(r))) ? &run.policy_probs : nullptr;
 }
 
 void DecoderSession::observe_pending(SessionRun& run) const {
@@ -624,15 +608,10 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
                                      int64_t cols) {
   if (decision == LayerDecision::Dense) return run.sparsity.add_dense_layer(int64_t(layer));
   if (decision == LayerDecision::Skipped) return run.sparsity.add_skipped_layer(int64_t(layer));
-  // A metric, not policy work: the mask is read back once per layer to count it (H x stride
-  // bytes), which a device-side count would avoid.
+  // A metric, not policy work: counted by the backend where the mask lives.
   const DeviceTensor& mask = run.visible[layer];
-  const int64_t heads = mask.dim(0), stride = mask.dim(1);
-  run.host_visible.resize(size_t(heads * stride));
-  backend_.to_host(mask, run.host_visible.data(), run.host_visible.size());
-  std::vector<int64_t> counts(size_t(heads), 0);
-  for (int64_t h = 0; h < heads; ++h)
-    counts[size_t(h)] = count_nonzero_bytes(run.host_visible.data() + h * stride, cols);
+  std::vector<int64_t> counts(size_t(mask.dim(0)), 0);
+  backend_.count_nonzero_rows(mask, cols, counts);
   run.sparsity.add_layer(int64_t(layer), counts, cols);
 }
 

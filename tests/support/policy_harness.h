@@ -109,8 +109,8 @@ struct Harness {
     if (decision != LayerDecision::Skipped) {
       backend->attention_visible(logits, t + 1,
                                  decision == LayerDecision::Masked ? &visible : nullptr, v_cache,
-                                 out, policy.wants_probs() ? &probs : nullptr);
-      if (policy.wants_probs()) policy.observe(s, probs);
+                                 out, policy.wants_probs(s) ? &probs : nullptr);
+      if (policy.wants_probs(s)) policy.observe(s, probs);
     }
     return sets;
   }

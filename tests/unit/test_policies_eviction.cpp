@@ -338,3 +338,26 @@ TEST_CASE("snapkv: window sums span chunks of w steps and start at the first pol
     }
   }
 }
+
+TEST_CASE("policies ask for probabilities only at the layers whose observation they use",
+          "[policy]") {
+  // Four layers; a dense layer is never ranked, so probabilities there are wasted work (and in
+  // a lockstep step they keep the run from sharing the dense attention of the others).
+  Harness h;
+  h.shape.layers = 4;
+  auto wants = [&](const std::string& id, std::vector<std::string> args) {
+    const auto policy = make_policy({id, 0.5, std::move(args)}, h.shape, *h.backend);
+    std::vector<bool> layers;
+    for (int64_t layer = 0; layer < 4; ++layer)
+      layers.push_back(policy->wants_probs(h.step(9, layer)));
+    return layers;
+  };
+  CHECK(wants("h2o", {"dense_layers=1"}) == std::vector<bool>{false, true, true, true});
+  CHECK(wants("h2o", {"dense_layers=2", "score=current_logit"}) ==
+        std::vector<bool>{false, false, false, false});
+  CHECK(wants("snapkv", {"dense_layers=2"}) == std::vector<bool>{false, false, true, true});
+  // lazyllm ranks layer l by layer l - 1: the last layer's probabilities rank nothing.
+  CHECK(wants("lazyllm", {"dense_layers=1"}) == std::vector<bool>{true, true, true, false});
+  CHECK(wants("lazyllm", {"dense_layers=3"}) == std::vector<bool>{false, false, true, false});
+  CHECK(wants("oracle", {}) == std::vector<bool>{false, false, false, false});
+}

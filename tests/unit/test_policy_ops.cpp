@@ -374,10 +374,12 @@ TEST_CASE("select_top_k: SIMD and portable kernels choose the sorting reference'
   // (only the columns decide), probabilities of very different sizes, NaN, -0 and infinities.
   std::mt19937 rng(57);
   std::normal_distribution<float> normal(0.0f, 3.0f);
-  enum class Fill { Probabilities, FewValues, OneValue, Specials };
-  for (const int64_t cols : {1, 7, 8, 9, 64, 213, 1000}) {
+  // Sorted rows (ascending, descending) are where a sampled pivot could go wrong.
+  enum class Fill { Probabilities, FewValues, OneValue, Specials, Ascending, Descending };
+  for (const int64_t cols : {1, 7, 8, 9, 16, 17, 33, 64, 213, 1000}) {
     const int64_t rows = 4, stride = cols + 5;
-    for (const Fill fill : {Fill::Probabilities, Fill::FewValues, Fill::OneValue, Fill::Specials}) {
+    for (const Fill fill : {Fill::Probabilities, Fill::FewValues, Fill::OneValue, Fill::Specials,
+                            Fill::Ascending, Fill::Descending}) {
       std::vector<float> scores(size_t(rows * stride), 1e9f);  // past cols: must be ignored
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < cols; ++j) {
@@ -392,6 +394,12 @@ TEST_CASE("select_top_k: SIMD and portable kernels choose the sorting reference'
               break;
             case Fill::OneValue:
               v = 0.5f;
+              break;
+            case Fill::Ascending:
+              v = float(j) * 0.25f;
+              break;
+            case Fill::Descending:
+              v = -float(j);
               break;
             case Fill::Specials:
               v = u == 0   ? kNaN
@@ -410,14 +418,19 @@ TEST_CASE("select_top_k: SIMD and portable kernels choose the sorting reference'
           forced[size_t(r * stride + j)] = uint8_t(r % 2 == 1 && rng() % 6 == 0);
           allowed[size_t(r * stride + j)] = uint8_t(rng() % 4 != 0);
         }
-      for (const bool simd : {true, false}) {
-        auto backend = make_cpu_backend(CpuBackendOptions{1, simd});
+      // AVX-512 (where the CPU has it), AVX2 and portable kernels.
+      for (const CpuBackendOptions options :
+           {CpuBackendOptions{1, true, true}, CpuBackendOptions{1, true, false},
+            CpuBackendOptions{1, false, false}}) {
+        auto backend = make_cpu_backend(options);
         const DeviceTensor s = make_f32(*backend, scores, {rows, stride});
         const DeviceTensor e = make_u8(*backend, allowed, {rows, stride});
-        for (const int64_t k : {int64_t(1), int64_t(3), cols / 2, cols - 1, cols + 2}) {
+        for (const int64_t k :
+             {int64_t(1), int64_t(3), int64_t(31), cols / 3, cols / 2, cols - 1, cols + 2}) {
           for (const bool use_eligible : {false, true}) {
-            INFO("cols " << cols << " fill " << int(fill) << " simd " << simd << " k " << k
-                         << " eligible " << use_eligible);
+            INFO("cols " << cols << " fill " << int(fill) << " kernels "
+                         << cpu_backend_isa(*backend) << " k " << k << " eligible "
+                         << use_eligible);
             std::vector<uint8_t> want = forced;
             reference_top_k(scores, use_eligible ? &allowed : nullptr, rows, cols, stride, k, want);
             DeviceTensor selected = make_u8(*backend, forced, {rows, stride});
@@ -428,6 +441,35 @@ TEST_CASE("select_top_k: SIMD and portable kernels choose the sorting reference'
       }
     }
   }
+}
+
+TEST_CASE("count_nonzero_rows counts each row's nonzero bytes below cols", "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  const int64_t rows = 3, stride = 75;
+  std::mt19937 rng(11);
+  std::vector<uint8_t> bytes(size_t(rows * stride));
+  for (uint8_t& b : bytes) b = uint8_t(rng() % 3 == 0 ? 0 : rng() % 2 == 0 ? 1 : 200);
+  const DeviceTensor mask = make_u8(*backend, bytes, {rows, stride});
+  for (const int64_t cols : {int64_t(0), int64_t(1), int64_t(31), int64_t(64), stride}) {
+    std::vector<int64_t> want(size_t(rows), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) want[size_t(r)] += bytes[size_t(r * stride + j)] != 0;
+    std::vector<int64_t> in_place(size_t(rows), -1), read_back(size_t(rows), -1);
+    backend->count_nonzero_rows(mask, cols, in_place);
+    // The base class's version (reading the rows back), as a backend without its own gets.
+    backend->Backend::count_nonzero_rows(mask, cols, read_back);
+    INFO("cols " << cols);
+    CHECK(in_place == want);
+    CHECK(read_back == want);
+  }
+  std::vector<int64_t> two(2), three(3);
+  CHECK_THROWS_AS(backend->count_nonzero_rows(mask, 10, two), Error);  // one count per row
+  CHECK_THROWS_AS(backend->Backend::count_nonzero_rows(mask, 10, two), Error);
+  CHECK_THROWS_AS(backend->count_nonzero_rows(mask, stride + 1, three), Error);
+  CHECK_THROWS_AS(backend->Backend::count_nonzero_rows(mask, stride + 1, three), Error);
+  const DeviceTensor floats = backend->alloc(DType::F32, {rows, stride});
+  CHECK_THROWS_AS(backend->count_nonzero_rows(floats, 10, three), Error);
+  CHECK_THROWS_AS(backend->Backend::count_nonzero_rows(floats, 10, three), Error);
 }
 
 TEST_CASE("fill_columns and mask_and on U8 rows", "[policy_ops]") {

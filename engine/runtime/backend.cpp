@@ -1,0 +1,27 @@
+// The default implementations of Backend's operations that a backend may override with a faster
+// one (backend.h). Masks are U8 [rows, stride]; counts are host values, one per row.
+#include "engine/runtime/backend.h"
+
+#include <vector>
+
+#include "engine/runtime/cpu_checks.h"
+
+namespace kvlens {
+
+void Backend::count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
+                                 std::span<int64_t> counts) {
+  const cpu_checks::OpName op{"count_nonzero_rows"};
+  cpu_checks::require_cols(cols, op);
+  const cpu_checks::RowShape shape =
+      cpu_checks::row_shape(mask, DType::U8, int64_t(counts.size()), cols, op + ": mask");
+  std::vector<uint8_t> host(size_t(shape.rows * shape.stride));
+  to_host(mask, host.data(), host.size());
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    const uint8_t* row = host.data() + r * shape.stride;
+    int64_t count = 0;
+    for (int64_t j = 0; j < cols; ++j) count += row[j] != 0;
+    counts[size_t(r)] = count;
+  }
+}
+
+}  // namespace kvlens
