@@ -576,6 +576,7 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
   kernels.weighted_values_accumulate = weighted_values_accumulate_generic;
   kernels.silu_mul = silu_mul_generic;
   kernels.axpby = axpby_row_generic;
+  kernels.squared_norms = squared_norms_generic;
   kernels.top_k = top_k_row_generic;
   kernels.page_bounds = page_bounds_generic;
   kernels.page_best = page_best_generic;
@@ -590,6 +591,7 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
     kernels.weighted_values_accumulate = weighted_values_accumulate_avx2;
     kernels.silu_mul = silu_mul_avx2;
     kernels.axpby = axpby_row_avx2;
+    kernels.squared_norms = squared_norms_avx2;
     kernels.top_k = top_k_row_avx2;
     kernels.page_bounds = page_bounds_avx2;
     kernels.page_best = page_best_avx2;

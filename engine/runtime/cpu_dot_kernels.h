@@ -70,7 +70,8 @@ struct DotKernels {
   WeightedValuesAccumulateFn weighted_values_accumulate = nullptr;
   SiluMulFn silu_mul = nullptr;
   AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
-  TopKRowFn top_k = nullptr;   // select_top_k's row kernel (cpu_top_k.h)
+  SquaredNormsFn squared_norms = nullptr;  // key_anchor_scores' lengths (cpu_row_kernels.h)
+  TopKRowFn top_k = nullptr;               // select_top_k's row kernel (cpu_top_k.h)
   // Quest's page_bounds and select_pages row kernels (cpu_page_kernels.h).
   PageBoundsFn page_bounds = nullptr;
   PageBestFn page_best = nullptr;

@@ -151,8 +151,8 @@ KVLENS_POLICY_CLONES void expand_row_groups(const DeviceTensor& mask, int64_t co
                  mask.as<const uint8_t>() + (r / group) * shape.stride, size_t(cols));
 }
 
-KVLENS_POLICY_CLONES void random_rows(uint64_t seed, uint64_t stream, int64_t cols,
-                                      DeviceTensor& out) {
+KVLENS_POLICY_CLONES_V4 void random_rows(uint64_t seed, uint64_t stream, int64_t cols,
+                                         DeviceTensor& out) {
   const OpName op{"random_rows"};
   require_cols(cols, op);
   const RowShape shape = row_shape(out, DType::F32, -1, cols, op + ": out");
@@ -249,17 +249,6 @@ KVLENS_POLICY_CLONES void key_anchor_group(const DotKernels& kernels, const floa
                                            int64_t member_stride, int64_t rows_per_group, float* o,
                                            int64_t out_stride, AnchorScratch& scratch) {
   static constexpr float kTiny = 1e-12f;
-  // Squared length in 8 independent lanes (d mod 8), so the loop vectorises; the order is fixed.
-  auto squared_norm = [head_dim](const float* v) {
-    float lanes[8] = {};
-    int64_t d = 0;
-    for (; d + 8 <= head_dim; d += 8)
-      for (int i = 0; i < 8; ++i) lanes[i] += v[d + i] * v[d + i];
-    float sq = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-               ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (; d < head_dim; ++d) sq += v[d] * v[d];
-    return sq;
-  };
   scratch.key_norms.resize(size_t(cols));
   scratch.inverse.resize(size_t(cols));
   scratch.anchors.resize(size_t(rows_per_group * head_dim));
@@ -270,7 +259,8 @@ KVLENS_POLICY_CLONES void key_anchor_group(const DotKernels& kernels, const floa
   float* const inverse = scratch.inverse.data();
   float* const anchors = scratch.anchors.data();
   int32_t* const member_columns = scratch.member_columns.data();
-  for (int64_t j = 0; j < cols; ++j) key_norms[j] = squared_norm(keys + j * head_dim);
+  // Squared lengths in 8 lanes (d mod 8) and one fixed fold (cpu_row_kernels.h).
+  kernels.squared_norms(keys, cols, head_dim, key_norms);
   // Separate loops so that the square roots and divisions vectorise (correctly rounded either
   // way); the inverse is computed once for all rows of the group.
   for (int64_t j = 0; j < cols; ++j) key_norms[j] = std::max(std::sqrt(key_norms[j]), kTiny);
@@ -315,7 +305,9 @@ KVLENS_POLICY_CLONES void key_anchor_group(const DotKernels& kernels, const floa
     }
     if (count > 0)
       for (int64_t d = 0; d < head_dim; ++d) anchor[d] /= float(count);
-    scratch.anchor_norms[size_t(distinct)] = std::max(std::sqrt(squared_norm(anchor)), kTiny);
+    float anchor_squared = 0.0f;
+    kernels.squared_norms(anchor, 1, head_dim, &anchor_squared);
+    scratch.anchor_norms[size_t(distinct)] = std::max(std::sqrt(anchor_squared), kTiny);
     ++distinct;
   }
   // The distinct rows' scores go to the first `distinct` rows of the group, then move to their
@@ -475,6 +467,27 @@ void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTens
       grain_for(used * head_dim));
 }
 
+namespace {
+
+// The order of `count` distinct keys, largest first: order[place] = index. Up to kCountedPages
+// keys, each key's place is the count of larger ones (compares without a branch, in vectors): a
+// sort of a few dozen keys mispredicts about every other comparison. More keys are sorted.
+constexpr int64_t kCountedPages = 128;
+KVLENS_POLICY_CLONES void order_by_key(const uint64_t* keys, int64_t count, int32_t* order) {
+  if (count > kCountedPages) {
+    for (int64_t i = 0; i < count; ++i) order[i] = int32_t(i);
+    std::sort(order, order + count, [keys](int32_t a, int32_t b) { return keys[a] > keys[b]; });
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t place = 0;
+    for (int64_t m = 0; m < count; ++m) place += keys[m] > keys[i];
+    order[place] = int32_t(i);
+  }
+}
+
+}  // namespace
+
 void select_pages(const Context& context, const DeviceTensor& scores, int64_t cols,
                   int64_t page_size, int64_t k, DeviceTensor& selected) {
   const OpName op{"select_pages"};
@@ -490,11 +503,8 @@ void select_pages(const Context& context, const DeviceTensor& scores, int64_t co
   context.pool.parallel_for(
       0, rows,
       [&](int64_t begin, int64_t end) {
-        struct Page {
-          uint64_t key;
-          int64_t cost;
-        };
-        thread_local std::vector<Page> candidates;
+        thread_local std::vector<uint64_t> keys;
+        thread_local std::vector<int32_t> candidate_cost, order;
         thread_local std::vector<float> best;
         thread_local std::vector<int32_t> cost;
         best.resize(size_t(pages));
@@ -505,19 +515,23 @@ void select_pages(const Context& context, const DeviceTensor& scores, int64_t co
           // maximum does not matter) and costs its columns not chosen yet.
           page_best(scores.as<const float>() + r * score_shape.stride, chosen, cols, page_size,
                     best.data(), cost.data());
-          candidates.clear();
+          keys.clear();
+          candidate_cost.clear();
           for (int64_t p = 0; p < pages; ++p) {
-            if (cost[size_t(p)] > 0)
-              candidates.push_back({top_k_key(best[size_t(p)], uint32_t(p)), cost[size_t(p)]});
+            if (cost[size_t(p)] > 0) {
+              keys.push_back(top_k_key(best[size_t(p)], uint32_t(p)));
+              candidate_cost.push_back(cost[size_t(p)]);
+            }
           }
           // Keys are distinct (the page index is in the low bits): one well-defined order.
-          std::sort(candidates.begin(), candidates.end(),
-                    [](const Page& a, const Page& b) { return a.key > b.key; });
+          order.resize(keys.size());
+          order_by_key(keys.data(), int64_t(keys.size()), order.data());
           int64_t remaining = k;
-          for (const Page& page : candidates) {
-            if (page.cost > remaining) break;  // the first page that does not fit ends the choice
-            remaining -= page.cost;
-            const int64_t j0 = int64_t(uint32_t(page.key)) * page_size;
+          for (const int32_t candidate : order) {
+            const int64_t page_cost = candidate_cost[size_t(candidate)];
+            if (page_cost > remaining) break;  // the first page that does not fit ends the choice
+            remaining -= page_cost;
+            const int64_t j0 = int64_t(uint32_t(keys[size_t(candidate)])) * page_size;
             std::fill(chosen + j0, chosen + std::min(j0 + page_size, cols), uint8_t(1));
           }
         }

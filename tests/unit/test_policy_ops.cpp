@@ -1193,6 +1193,59 @@ TEST_CASE("select_pages: whole pages best first while they fit, forced columns k
   CHECK_THROWS_AS(backend->select_pages(s, kCols, 3, 2, two_rows), Error);
 }
 
+TEST_CASE("select_pages: many pages follow the greedy rule of a sorting reference",
+          "[policy_ops]") {
+  // Up to 128 pages are ordered by counting, more by sorting: both against the rule itself.
+  auto backend = make_cpu_backend(1);
+  std::mt19937 rng(5);
+  for (const int64_t cols : {5, 200, 1000}) {
+    for (const int64_t page_size : {1, 3, 16}) {
+      const int64_t rows = 3, stride = cols + 3;
+      std::vector<float> scores(size_t(rows * stride), 1e9f);
+      std::vector<uint8_t> forced(size_t(rows * stride), kMaskSentinel);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < cols; ++j) {
+          const uint32_t u = rng() % 16;
+          scores[size_t(r * stride + j)] = u == 0 ? kNaN : float(int(rng() % 7)) * 0.5f;
+          forced[size_t(r * stride + j)] = uint8_t(rng() % 5 == 0);
+        }
+      const DeviceTensor s = make_f32(*backend, scores, {rows, stride});
+      for (const int64_t k : {int64_t(1), int64_t(10), cols / 3, cols}) {
+        std::vector<uint8_t> want = forced;
+        for (int64_t r = 0; r < rows; ++r) {
+          struct Page {
+            uint64_t key;
+            int64_t first, cost;
+          };
+          std::vector<Page> pages;
+          for (int64_t j0 = 0, p = 0; j0 < cols; j0 += page_size, ++p) {
+            float best = scores[size_t(r * stride + j0)];
+            int64_t cost = 0;
+            for (int64_t j = j0; j < std::min(j0 + page_size, cols); ++j) {
+              best = std::fmax(best, scores[size_t(r * stride + j)]);
+              cost += forced[size_t(r * stride + j)] == 0;
+            }
+            if (cost > 0) pages.push_back({top_k_key(best, uint32_t(p)), j0, cost});
+          }
+          std::sort(pages.begin(), pages.end(),
+                    [](const Page& a, const Page& b) { return a.key > b.key; });
+          int64_t remaining = k;
+          for (const Page& page : pages) {
+            if (page.cost > remaining) break;
+            remaining -= page.cost;
+            for (int64_t j = page.first; j < std::min(page.first + page_size, cols); ++j)
+              want[size_t(r * stride + j)] = 1;
+          }
+        }
+        DeviceTensor selected = make_u8(*backend, forced, {rows, stride});
+        backend->select_pages(s, cols, page_size, k, selected);
+        INFO("cols " << cols << " page size " << page_size << " k " << k);
+        CHECK(read_u8(*backend, selected) == want);
+      }
+    }
+  }
+}
+
 TEST_CASE("anchor_cosine_update: cosine to the anchor, then the EMA step", "[policy_ops]") {
   auto backend = make_cpu_backend(1);
   std::vector<float> cache(size_t(G * kStride * D), 0.0f);
