@@ -53,7 +53,12 @@ void attention_logits_runs(const Context& context, std::span<const Backend::RunA
                            int64_t shared, int64_t position, int64_t window) {
   const OpName op{"attention_logits"};
   if (runs.empty()) return;
-  std::vector<int64_t> strides(runs.size());
+  // Reused per calling thread (a lockstep step calls this once per run and layer); the tasks
+  // below read the caller's copy through the reference (a lambda does not capture a
+  // thread_local: named inside it, it would be the running thread's own).
+  thread_local std::vector<int64_t> strides_storage;
+  std::vector<int64_t>& strides = strides_storage;
+  strides.assign(runs.size(), 0);
   Geometry geometry;
   for (size_t r = 0; r < runs.size(); ++r) {
     const Backend::RunAttention& run = runs[r];
@@ -133,8 +138,14 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
   struct Strides {
     int64_t logits = 0, visible = 0, probs = 0;
   };
-  std::vector<Strides> strides(runs.size());
-  std::vector<int64_t> scratch_offsets(runs.size());
+  // Reused per calling thread, read by the tasks through the references (see
+  // attention_logits_runs).
+  thread_local std::vector<Strides> strides_storage;
+  thread_local std::vector<int64_t> offsets_storage;
+  std::vector<Strides>& strides = strides_storage;
+  std::vector<int64_t>& scratch_offsets = offsets_storage;
+  strides.assign(runs.size(), Strides{});
+  scratch_offsets.assign(runs.size(), 0);
   int64_t scratch_runs = 0;
   Geometry geometry;
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -187,8 +198,10 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
         buffer.resize(std::max(buffer.size(), size_t(totals_at + runs_count * per_group)));
         float* const sums = buffer.data() + sums_at;
         float* const inverse_totals = buffer.data() + totals_at;
-        std::vector<float*> weights(runs.size());
-        std::vector<int64_t> weights_stride(runs.size());
+        thread_local std::vector<float*> weights;
+        thread_local std::vector<int64_t> weights_stride;
+        weights.assign(runs.size(), nullptr);
+        weights_stride.assign(runs.size(), 0);
         for (int64_t g = begin; g < end; ++g) {
           const int64_t h0 = g * per_group;
           for (size_t r = 0; r < runs.size(); ++r) {

@@ -530,25 +530,30 @@ void DecoderSession::attend_alike(size_t layer, int64_t shared) {
     timed_work(run_seconds_[size_t(r)], [&] { select_run(r, layer, cols); });
   });
   // 3. Softmax over each run's visible set and the value sums. A run with run 0's logits that
-  // sees everything, as the first such run does, gets that run's output (and probabilities)
-  // copied: the same arithmetic on the same rows.
+  // sees everything gets the output (and probabilities) of the first such run, preferably one
+  // that computes probabilities (then every such run can copy it): the same arithmetic on the
+  // same rows.
   attention_batch_.clear();
   auto unmasked = [&](int64_t r) {
     const Backend::RunAttention& attention = run_attention_[size_t(r)];
     return attention.out && !attention.visible && logits_source_[size_t(r)] == 0;
   };
   int64_t twin_of = -1;  // the run whose output the twins copy
+  for (int64_t r = 0; r < n; ++r) {
+    if (!unmasked(r)) continue;
+    if (twin_of < 0 || (run_attention_[size_t(r)].probs && !run_attention_[size_t(twin_of)].probs))
+      twin_of = r;
+  }
   twins_.clear();
   for (int64_t r = 0; r < n; ++r) {
     const Backend::RunAttention& attention = run_attention_[size_t(r)];
     if (!attention.out) continue;
-    // (unmasked(r) past twin_of implies a borrowed logits row, so every cache row alike)
-    if (twin_of >= 0 && unmasked(r) &&
+    // (two unmasked runs have run 0's logits, so every cache row is alike: the same output)
+    if (r != twin_of && twin_of >= 0 && unmasked(r) &&
         (!attention.probs || run_attention_[size_t(twin_of)].probs)) {
       twins_.push_back(r);
       continue;
     }
-    if (twin_of < 0 && unmasked(r)) twin_of = r;
     attention_batch_.push_back(attention);
   }
   if (!attention_batch_.empty()) backend_.attention_visible_runs(attention_batch_, shared, cols);
