@@ -32,10 +32,18 @@ void BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
                                      const DeviceTensor& selection_scores,
                                      const DeviceTensor* eligible, DeviceTensor& visible,
                                      int64_t budget, int64_t page_size) {
+  DeviceTensor& target = knobs_.kv_head_granularity ? group_visible_ : visible;
+  select_into(step, recent, selection_scores, eligible, target, budget, page_size);
+  if (knobs_.kv_head_granularity)
+    backend_.expand_row_groups(group_visible_, step.cols(), group(), visible);
+}
+
+void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,
+                                 const DeviceTensor& selection_scores, const DeviceTensor* eligible,
+                                 DeviceTensor& target, int64_t budget, int64_t page_size) {
   const int64_t t = step.step, cols = step.cols();
   const ForcedColumns forced =
       forced_columns(t, budget, knobs_.sinks, std::max(recent, knobs_.window));
-  DeviceTensor& target = knobs_.kv_head_granularity ? group_visible_ : visible;
   backend_.fill_columns(target, 0, cols, 0);
   backend_.fill_columns(target, 0, forced.sink_end, 1);
   backend_.fill_columns(target, forced.recent_begin, cols, 1);
@@ -48,8 +56,6 @@ void BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
   } else if (extra > 0) {
     backend_.select_top_k(selection_scores, cols, eligible, extra, target);
   }
-  if (knobs_.kv_head_granularity)
-    backend_.expand_row_groups(group_visible_, cols, group(), visible);
 }
 
 void BudgetedPolicy::evict_unselected(DeviceTensor& kept, const DeviceTensor& visible,

@@ -38,6 +38,13 @@ class BudgetedPolicy : public Policy {
                        const DeviceTensor* eligible, DeviceTensor& visible, int64_t budget,
                        int64_t page_size = 0);
 
+  // select_budgeted's choice written straight into `target` [R', stride] from
+  // `selection_scores` [R', stride], whatever the granularity: for a policy whose heads all share
+  // one set (lazyllm), which selects on one row and expands it.
+  void select_into(const LayerStep& step, int64_t recent, const DeviceTensor& selection_scores,
+                   const DeviceTensor* eligible, DeviceTensor& target, int64_t budget,
+                   int64_t page_size = 0);
+
   // Eviction: what select_budgeted did not choose leaves `kept` [R, stride] for good, except the
   // sinks. A budget below the sinks (early steps of a fractional budget) hides some of them for a
   // step; that is the budget's priority rule, not the policy dropping them.

@@ -19,7 +19,8 @@
 // fraction 0, i.e. min_keep tokens (the current token by default; B_l truncates the sinks), a
 // mean of n_dense / N above the target. The effective sparsity the
 // run reports shows what was achieved.
-// State: the head-averaged probability row of the last observed layer [1, stride] F32.
+// State: the head-averaged probability row of the last observed layer [1, stride] F32; the set is
+// chosen on that one row and given to every head.
 #include <algorithm>
 #include <cmath>
 
@@ -66,7 +67,8 @@ class LazyllmPolicy final : public BudgetedPolicy {
       : BudgetedPolicy(shape, backend, knobs),
         keep_(lazyllm_keep_schedule(shape.layers, knobs.dense_layers, knobs.sparsity)),
         head_sum_(backend.alloc(DType::F32, {1, shape.stride})),
-        previous_(backend.alloc(DType::F32, {1, shape.stride})) {}
+        previous_(backend.alloc(DType::F32, {1, shape.stride})),
+        chosen_(backend.alloc(DType::U8, {1, shape.stride})) {}
 
   // Layer l's probabilities rank layer l + 1's tokens: only where layer l + 1 is ranked (not
   // one of the dense layers, and not past the last layer).
@@ -85,7 +87,9 @@ class LazyllmPolicy final : public BudgetedPolicy {
     const int64_t budget = layer_budget(size_t(step.layer), t);
     if (budget >= cols) return LayerDecision::Dense;  // keep everything: the dense arithmetic
     backend_.axpby_rows(scores, 1.0f, previous_, 0.0f, cols);  // the same row for every head
-    select_budgeted(step, 1, at_selection_rows(scores, cols), nullptr, visible, budget);
+    // Every head's set is the same: chosen once, on the one row, then given to every head.
+    select_into(step, 1, previous_, nullptr, chosen_, budget);
+    backend_.expand_row_groups(chosen_, cols, shape_.heads, visible);
     return LayerDecision::Masked;
   }
 
@@ -112,6 +116,7 @@ class LazyllmPolicy final : public BudgetedPolicy {
 
   std::vector<double> keep_;
   DeviceTensor head_sum_, previous_;  // [1, stride]
+  DeviceTensor chosen_;               // [1, stride] U8: the layer's one set
   int64_t observed_step_ = -1, observed_layer_ = -1;
 };
 
