@@ -6,6 +6,9 @@ namespace {
 
 class DensePolicy final : public Policy {
  public:
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep&, DeviceTensor&, DeviceTensor&) override {
     return LayerDecision::Dense;
   }

@@ -32,6 +32,9 @@ class H2oPolicy final : public BudgetedPolicy {
     return !current_logit_ && !dense_layer(step);
   }
 
+  // Only score=current_logit ranks by this step's logits.
+  bool reads_logits(const LayerStep& /*step*/) const override { return current_logit_; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;

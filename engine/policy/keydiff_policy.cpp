@@ -30,6 +30,9 @@ class KeydiffPolicy final : public BudgetedPolicy {
     members_ = backend.alloc(DType::U8, {shape.heads, shape.stride});
   }
 
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;

@@ -76,6 +76,9 @@ class LazyllmPolicy final : public BudgetedPolicy {
     return step.layer + 1 < shape_.layers && step.layer + 1 >= knobs_.dense_layers;
   }
 
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     const int64_t t = step.step, cols = step.cols();

@@ -90,6 +90,10 @@ class Policy {
   // which the run then computes and hands over; false leaves them uncomputed (a dense layer's
   // attention is then the plain one, which a lockstep step computes once for all its runs).
   virtual bool wants_probs(const LayerStep& /*step*/) const { return false; }
+  // False when select() at `step` never reads step.logits: the session may then choose first
+  // and compute the logits at the chosen columns only (about half the work at s = 0.5). True
+  // unless a policy says otherwise: the answer that is never wrong.
+  virtual bool reads_logits(const LayerStep& /*step*/) const { return true; }
 };
 
 // A registered policy: its id, family, one-line rule and parameters (common knobs included).

@@ -70,6 +70,9 @@ class QuestPolicy final : public BudgetedPolicy {
     }
   }
 
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;

@@ -13,6 +13,9 @@ class RandomPolicy final : public BudgetedPolicy {
   RandomPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs, uint64_t seed)
       : BudgetedPolicy(shape, backend, knobs), seed_(seed) {}
 
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;

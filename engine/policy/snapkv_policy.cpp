@@ -73,6 +73,9 @@ class SnapkvPolicy final : public BudgetedPolicy {
   // observe() ignores the dense layers (nothing is ever selected there).
   bool wants_probs(const LayerStep& step) const override { return !dense_layer(step); }
 
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;

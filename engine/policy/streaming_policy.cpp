@@ -10,6 +10,9 @@ class StreamingPolicy final : public BudgetedPolicy {
  public:
   using BudgetedPolicy::BudgetedPolicy;
 
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible, DeviceTensor&) override {
     if (dense_layer(step)) return LayerDecision::Dense;
     // The recent part is the whole budget: forced_columns trims it to B(t) - sinks.

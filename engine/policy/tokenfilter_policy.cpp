@@ -88,6 +88,9 @@ class TokenfilterPolicy final : public Policy {
     }
   }
 
+  // Chooses without this step's logits (see Policy::reads_logits).
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
   LayerDecision select(const LayerStep& step, DeviceTensor&, DeviceTensor& scores) override {
     if (step.layer < first_tail_) return LayerDecision::Dense;
     Layer& layer = layers_[size_t(step.layer)];

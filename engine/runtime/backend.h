@@ -149,7 +149,10 @@ class Backend {
   // logits (attention_logits with its q, k_cache and logits); attention_visible_runs its softmax
   // and value sum (attention_visible with its logits, visible, v_cache, out and probs, over the
   // same cols; out may not be empty). A backend may read the common rows once for all runs (the
-  // CPU backend does, run 0's copy); the defaults run the single-run op per run.
+  // CPU backend does, run 0's copy); the defaults run the single-run op per run. A run whose
+  // `visible` is set when attention_logits_runs is called needs its logits at the visible
+  // columns only: a backend may leave the others as they were (the CPU backend does; the
+  // default computes them all), so only a visible-masked softmax may read that row.
   struct RunAttention {
     const DeviceTensor* q = nullptr;  // [1, H, D]
     const DeviceTensor* k_cache = nullptr;

@@ -76,6 +76,7 @@ void attention_logits_runs(const Context& context, std::span<const Backend::RunA
     KVLENS_REQUIRE(position >= 0, op + ": position", "a position >= 0", std::to_string(position));
     require_cols(position + 1, op);
     strides[r] = row_shape(*run.logits, DType::F32, heads, position + 1, op + ": logits").stride;
+    if (run.visible) row_shape(*run.visible, DType::U8, heads, position + 1, op + ": visible");
     const Geometry own{heads, cache.groups, cache.head_dim};
     if (r == 0) geometry = own;
     require_same_geometry(geometry, own, int64_t(r), op);
@@ -105,14 +106,40 @@ void attention_logits_runs(const Context& context, std::span<const Backend::RunA
               std::fill(row(r, h0) + e * strides[r], row(r, h0) + e * strides[r] + lo, kNegInf);
           const DeviceTensor& common_cache = *runs[0].k_cache;
           const float* common = common_cache.as<const float>() + g * common_cache.dim(1) * head_dim;
+          // A run whose visible set is known gets its logits at those columns only, head by
+          // head (the same operations per logit).
+          for (size_t r = 0; r < runs.size(); ++r) {
+            if (!runs[r].visible) continue;
+            const DeviceTensor& own = *runs[r].k_cache;
+            const float* own_keys = own.as<const float>() + g * own.dim(1) * head_dim;
+            thread_local std::vector<int32_t> columns;
+            columns.resize(size_t(position + 1 - lo + 8));
+            for (int64_t e = 0; e < per_group; ++e) {
+              const uint8_t* shown =
+                  runs[r].visible->as<const uint8_t>() + (h0 + e) * runs[r].visible->dim(1);
+              const float* qe = query(r, h0) + e * head_dim;
+              float* logits = row(r, h0) + e * strides[r];
+              const int64_t in_common =
+                  kernels.visible_columns(shown, lo, common_end, columns.data());
+              kernels.attention_logits_at(qe, common, head_dim, columns.data(), in_common, scale,
+                                          logits);
+              const int64_t in_own =
+                  kernels.visible_columns(shown, common_end, position + 1, columns.data());
+              kernels.attention_logits_at(qe, own_keys, head_dim, columns.data(), in_own, scale,
+                                          logits);
+            }
+          }
           for (int64_t j0 = lo; j0 < common_end; j0 += block) {
             const int64_t j1 = std::min(j0 + block, common_end);
-            for (size_t r = 0; r < runs.size(); ++r)
+            for (size_t r = 0; r < runs.size(); ++r) {
+              if (runs[r].visible) continue;
               kernels.attention_logits(query(r, h0), head_dim, int(per_group),
                                        common + j0 * head_dim, head_dim, 0, j1 - 1 - j0, scale,
                                        row(r, h0) + j0, strides[r]);
+            }
           }
           for (size_t r = 0; r < runs.size(); ++r) {
+            if (runs[r].visible) continue;
             const DeviceTensor& own = *runs[r].k_cache;
             kernels.attention_logits(
                 query(r, h0), head_dim, int(per_group),

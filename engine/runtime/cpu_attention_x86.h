@@ -26,6 +26,10 @@ void attention_logits_avx2(const float* q, int64_t q_stride, int nq, const float
                            int64_t row_stride);
 float softmax_weights_avx2(const float* logits, const uint8_t* visible, int64_t begin, int64_t end,
                            float* weights);
+// The AttentionLogitsAtFn of cpu_dot_kernels.h: attention_logits_avx2's (and the AVX-512 one's)
+// bits at the listed columns.
+void attention_logits_at_avx2(const float* q, const float* keys, int64_t head_dim,
+                              const int32_t* columns, int64_t count, float scale, float* row);
 void attention_logits_avx512(const float* q, int64_t q_stride, int nq, const float* keys,
                              int64_t head_dim, int64_t lo, int64_t hi, float scale, float* row,
                              int64_t row_stride);

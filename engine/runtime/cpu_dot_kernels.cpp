@@ -56,6 +56,25 @@ void attention_logits_generic(const float* q, int64_t q_stride, int nq, const fl
   }
 }
 
+// Each listed column through attention_logits_generic over that one column: its operations.
+void attention_logits_at_generic(const float* q, const float* keys, int64_t head_dim,
+                                 const int32_t* columns, int64_t count, float scale, float* row) {
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t j = columns[c];
+    attention_logits_generic(q, 0, 1, keys + j * head_dim, head_dim, 0, 0, scale, row + j, 0);
+  }
+}
+
+int64_t visible_columns_generic(const uint8_t* visible, int64_t begin, int64_t end,
+                                int32_t* columns) {
+  int64_t count = 0;
+  for (int64_t j = begin; j < end; ++j) {
+    columns[count] = int32_t(j);
+    count += visible[j] != 0;  // no branch: about half the columns are visible
+  }
+  return count;
+}
+
 float softmax_weights_generic(const float* logits, const uint8_t* visible, int64_t begin,
                               int64_t end, float* weights) {
   auto shown = [&](int64_t j) { return !visible || visible[j] != 0; };
@@ -129,16 +148,22 @@ using namespace x86;  // the shared helpers (cpu_attention_x86.h)
 // own accumulator, then the last head_dim % 8 products by fma in order, then the product with
 // scale: the same for any Q or block start. A short last block (count < K, kFull false) repeats
 // its last key in the unused rows, so nothing past the cache is read, and stores only `count`
-// keys.
-template <int Q, bool kFull, bool kPrefetch, int64_t kDim>
+// keys. With `columns` (one query, kGathered) the block's keys are columns[j ..] instead of
+// j .. and each logit goes to its own column: the same operations per logit.
+template <int Q, bool kFull, bool kPrefetch, int64_t kDim, bool kGathered = false>
 KVLENS_AVX2_INLINE void logits_block_avx2(const float* q, int64_t q_stride, const float* keys,
                                           int64_t runtime_dim, int64_t j, int count, __m256 scale,
-                                          float* row, int64_t row_stride) {
+                                          float* row, int64_t row_stride,
+                                          const int32_t* columns = nullptr) {
+  static_assert(!kGathered || Q == 1);
   constexpr int K = 8 / Q;
   const int64_t head_dim = kDim > 0 ? kDim : runtime_dim;
   const int64_t body = head_dim / 8 * 8;
   const float* k[K];
-  for (int r = 0; r < K; ++r) k[r] = keys + (j + (kFull ? r : std::min(r, count - 1))) * head_dim;
+  for (int r = 0; r < K; ++r) {
+    const int64_t key = j + (kFull ? r : std::min(r, count - 1));
+    k[r] = keys + (kGathered ? int64_t(columns[key]) : key) * head_dim;
+  }
   __m256 acc[8];  // acc[i * K + r]: query i, key r
   for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
   for (int64_t d = 0; d < body; d += 8) {
@@ -164,7 +189,11 @@ KVLENS_AVX2_INLINE void logits_block_avx2(const float* q, int64_t q_stride, cons
     sums = _mm256_load_ps(part);
   }
   sums = _mm256_mul_ps(sums, scale);
-  if constexpr (kFull && Q == 1) {
+  if constexpr (kGathered) {
+    alignas(32) float part[8];
+    _mm256_store_ps(part, sums);
+    for (int r = 0; r < (kFull ? K : count); ++r) row[columns[j + r]] = part[r];
+  } else if constexpr (kFull && Q == 1) {
     _mm256_storeu_ps(row + j, sums);
   } else if constexpr (kFull && Q == 2) {
     _mm_storeu_ps(row + j, _mm256_castps256_ps128(sums));
@@ -234,6 +263,36 @@ KVLENS_AVX2 void x86::attention_logits_avx2(const float* q, int64_t q_stride, in
   } else {
     attention_logits_avx2_t<false, 0>(q, q_stride, nq, keys, head_dim, lo, hi, scale, row,
                                       row_stride);
+  }
+}
+
+namespace {
+
+template <int64_t kDim>
+KVLENS_AVX2_INLINE void attention_logits_at_avx2_t(const float* q, const float* keys,
+                                                   int64_t head_dim, const int32_t* columns,
+                                                   int64_t count, float scale, float* row) {
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  int64_t c = 0;
+  for (; c + 8 <= count; c += 8)
+    logits_block_avx2<1, true, false, kDim, true>(q, 0, keys, head_dim, c, 8, scale8, row, 0,
+                                                  columns);
+  if (c < count)
+    logits_block_avx2<1, false, false, kDim, true>(q, 0, keys, head_dim, c, int(count - c), scale8,
+                                                   row, 0, columns);
+}
+
+}  // namespace
+
+KVLENS_AVX2 void x86::attention_logits_at_avx2(const float* q, const float* keys, int64_t head_dim,
+                                               const int32_t* columns, int64_t count, float scale,
+                                               float* row) {
+  if (head_dim == 32) {
+    attention_logits_at_avx2_t<32>(q, keys, head_dim, columns, count, scale, row);
+  } else if (head_dim == 64) {
+    attention_logits_at_avx2_t<64>(q, keys, head_dim, columns, count, scale, row);
+  } else {
+    attention_logits_at_avx2_t<0>(q, keys, head_dim, columns, count, scale, row);
   }
 }
 
@@ -348,6 +407,29 @@ struct TakenKeys {
   }
 };
 constexpr TakenKeys kTakenKeys;
+
+// visible_columns_generic 8 columns at a time: the offsets of a block's visible bytes from
+// kTakenKeys, added to the block's first column, stored as 8 lanes of which the count is kept.
+KVLENS_AVX2 int64_t visible_columns_avx2(const uint8_t* visible, int64_t begin, int64_t end,
+                                         int32_t* columns) {
+  int64_t count = 0, j = begin;
+  for (; j + 8 <= end; j += 8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(visible + j));
+    const unsigned shown =
+        ~unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_setzero_si128()))) & 0xffu;
+    const __m128i offsets =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kTakenKeys.offsets[shown]));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(columns + count),
+        _mm256_add_epi32(_mm256_set1_epi32(int32_t(j)), _mm256_cvtepu8_epi32(offsets)));
+    count += __builtin_popcount(shown);
+  }
+  for (; j < end; ++j) {
+    columns[count] = int32_t(j);
+    count += visible[j] != 0;
+  }
+  return count;
+}
 
 // The keys each of NQ heads takes (nonzero weight) in the blocks of a policy's scattered mask,
 // collected in ascending order and then added from the lists: a branch per key and head would be
@@ -571,6 +653,8 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
   kernels.matmul_f32 = panel_matmul_generic_f32;
   kernels.matmul_bf16 = panel_matmul_generic_bf16;
   kernels.attention_logits = attention_logits_generic;
+  kernels.attention_logits_at = attention_logits_at_generic;
+  kernels.visible_columns = visible_columns_generic;
   kernels.softmax_weights = softmax_weights_generic;
   kernels.weighted_values = weighted_values_generic;
   kernels.weighted_values_accumulate = weighted_values_accumulate_generic;
@@ -586,6 +670,8 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
     kernels.matmul_f32 = panel_matmul_avx2_f32;
     kernels.matmul_bf16 = panel_matmul_avx2_bf16;
     kernels.attention_logits = x86::attention_logits_avx2;
+    kernels.attention_logits_at = x86::attention_logits_at_avx2;
+    kernels.visible_columns = visible_columns_avx2;
     kernels.softmax_weights = x86::softmax_weights_avx2;
     kernels.weighted_values = weighted_values_avx2;
     kernels.weighted_values_accumulate = weighted_values_accumulate_avx2;

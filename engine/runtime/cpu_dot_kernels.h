@@ -39,6 +39,16 @@ using AttentionLogitsFn = void (*)(const float* q, int64_t q_stride, int nq, con
 // finite (then every weight is 0). exp is accurate to about 1 ulp.
 using SoftmaxWeightsFn = float (*)(const float* logits, const uint8_t* visible, int64_t begin,
                                    int64_t end, float* weights);
+// One query row's logits at the listed columns only: row[columns[c]] = the logit
+// attention_logits of the same set gives for key columns[c] (the same operations), c < count;
+// nothing else of row is written. For a policy's visible set chosen before the logits.
+using AttentionLogitsAtFn = void (*)(const float* q, const float* keys, int64_t head_dim,
+                                     const int32_t* columns, int64_t count, float scale,
+                                     float* row);
+// The columns j in [begin, end) with visible[j] != 0, ascending, into columns (room for
+// end - begin); returns how many.
+using VisibleColumnsFn = int64_t (*)(const uint8_t* visible, int64_t begin, int64_t end,
+                                     int32_t* columns);
 // For nq weight rows w_i = weights + i * weights_stride over the same values [capacity,
 // head_dim]: out_i[d] = (sum of w_i[j] * values[j * head_dim + d] over j in [begin, end)) *
 // scales[i], out_i = out + i * out_stride, d < head_dim: one sum per output, j ascending, then
@@ -65,6 +75,8 @@ struct DotKernels {
   PanelMatmulFn matmul_bf16 = nullptr;               // and over BF16 ones
   PanelCallLimits matmul_limits = kAvx2PanelLimits;  // the shapes one call of them takes
   AttentionLogitsFn attention_logits = nullptr;
+  AttentionLogitsAtFn attention_logits_at = nullptr;
+  VisibleColumnsFn visible_columns = nullptr;
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
   WeightedValuesAccumulateFn weighted_values_accumulate = nullptr;

@@ -489,9 +489,17 @@ void DecoderSession::step_attention(size_t layer) {
       timed_work(run_seconds_[size_t(r)], [&] {
         append_run(r, layer);
         const std::span<const Backend::RunAttention> alone(&run_attention_[size_t(r)], 1);
-        backend_.attention_logits_runs(alone, shared, position_, window);
-        select_run(r, layer, cols);
-        if (alone[0].out) backend_.attention_visible_runs(alone, shared, cols);
+        if (chooses_first(r, layer)) {
+          // The logits at the chosen columns only (none for a skipped layer).
+          select_run(r, layer, cols);
+          if (!alone[0].out) return;
+          backend_.attention_logits_runs(alone, shared, position_, window);
+        } else {
+          backend_.attention_logits_runs(alone, shared, position_, window);
+          select_run(r, layer, cols);
+          if (!alone[0].out) return;
+        }
+        backend_.attention_visible_runs(alone, shared, cols);
       });
     });
   } else {
@@ -505,6 +513,13 @@ void DecoderSession::step_attention(size_t layer) {
     if (run_attention_[size_t(r)].out && run_attention_[size_t(r)].probs)
       runs_[size_t(r)].pending_observe = int64_t(layer);
   }
+}
+
+bool DecoderSession::chooses_first(int64_t r, size_t layer) {
+  SessionRun& run = runs_[size_t(r)];
+  // Recorded logits are every column's, so a recording session computes them first.
+  return !options_.record_attention_logits && policy_step(run) &&
+         !run.policy->reads_logits(layer_step(run, layer, size_t(r)));
 }
 
 void DecoderSession::append_run(int64_t r, size_t layer) {

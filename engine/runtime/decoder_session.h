@@ -133,6 +133,9 @@ class DecoderSession {
   void attend_alike(size_t layer, int64_t shared);
   // Appends run r's key and value rows of the layer's scratch to its caches.
   void append_run(int64_t r, size_t layer);
+  // Whether run r chooses before its logits (its policy does not read them and nothing records
+  // them), which are then computed at the chosen columns only.
+  bool chooses_first(int64_t r, size_t layer);
   // Run r's observation of the previous layer, its recorded logits and its policy's selection
   // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
   void select_run(int64_t r, size_t layer, int64_t cols);

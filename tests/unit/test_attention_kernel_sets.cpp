@@ -94,3 +94,47 @@ TEST_CASE("softmax weights: the AVX-512 and AVX2 kernels give the same bits",
   REQUIRE(same_bytes(a, b));
   REQUIRE(a.back() == 0.0f);
 }
+
+TEST_CASE("logits at listed columns: each kernel set's own logits, nothing else written",
+          "[backend][attention_kernels]") {
+  // A policy that chooses before the logits gets them at its visible columns only; each kernel
+  // set must give there exactly the logits its full kernel gives (the AVX-512 set's are the
+  // AVX2 ones'), and leave every other column as it was.
+  const int64_t head_dim = GENERATE(8, 32, 36, 40, 64, 7, 128);
+  const int64_t cols = GENERATE(1, 9, 70, 203);
+  INFO("head_dim " << head_dim << " cols " << cols);
+  const auto q = random_values(size_t(head_dim), 81, 2.0f);
+  const auto keys = random_values(size_t(cols * head_dim), 82, 2.0f);
+  std::mt19937 rng(83);
+  std::vector<uint8_t> visible(static_cast<size_t>(cols));
+  for (uint8_t& v : visible) v = uint8_t(rng() % 3 == 0 ? 0 : 1 + rng() % 200);
+  for (const bool avx512 : {true, false}) {
+    for (const bool simd : {true, false}) {
+      const DotKernels kernels = pick_dot_kernels(simd, avx512);
+      INFO(kernels.isa);
+      // The visible columns of [1, cols) (a range that starts off a block of 8).
+      std::vector<int32_t> columns(static_cast<size_t>(cols + 8), -1);
+      const int64_t count = kernels.visible_columns(visible.data(), 1, cols, columns.data());
+      std::vector<int32_t> want_columns;
+      for (int64_t j = 1; j < cols; ++j)
+        if (visible[size_t(j)] != 0) want_columns.push_back(int32_t(j));
+      REQUIRE(count == int64_t(want_columns.size()));
+      CHECK(std::vector<int32_t>(columns.begin(), columns.begin() + count) == want_columns);
+
+      std::vector<float> full(static_cast<size_t>(cols)), at(static_cast<size_t>(cols), 12345.0f);
+      kernels.attention_logits(q.data(), head_dim, 1, keys.data(), head_dim, 0, cols - 1, 0.3f,
+                               full.data(), cols);
+      kernels.attention_logits_at(q.data(), keys.data(), head_dim, columns.data(), count, 0.3f,
+                                  at.data());
+      for (int64_t j = 0; j < cols; ++j) {
+        INFO("column " << j);
+        const bool listed = j >= 1 && visible[size_t(j)] != 0;
+        if (listed) {
+          CHECK(std::memcmp(&at[size_t(j)], &full[size_t(j)], sizeof(float)) == 0);
+        } else {
+          CHECK(at[size_t(j)] == 12345.0f);
+        }
+      }
+    }
+  }
+}

@@ -281,3 +281,20 @@ TEST_CASE("runs whose rows are alike, computed once, each see their own inputs a
   CHECK(seen_together.all_inputs == seen_alone.all_inputs);
   CHECK(seen_together.queries == seen_alone.queries);
 }
+
+TEST_CASE("a run that chooses before its logits gets the results of one that computes them all",
+          "[lockstep]") {
+  // A policy that does not read this step's logits chooses first and gets its logits at the
+  // chosen columns only; a session that records the logits computes every column first. Both
+  // must give the same next-token logits, bit for bit, for every registered policy.
+  Loaded loaded = load_tiny("lockstep-choose-first");
+  SessionOptions recording;
+  recording.record_attention_logits = true;
+  for (const PolicyConfig& config : mixed_policies()) {
+    INFO(config.id);
+    DecoderSession first(loaded.model), every_column(loaded.model, recording);
+    first.set_policy(make_policy(config, first.policy_shape(), *loaded.backend));
+    every_column.set_policy(make_policy(config, every_column.policy_shape(), *loaded.backend));
+    for (const int32_t token : kTokens) CHECK(first.step(token) == every_column.step(token));
+  }
+}
