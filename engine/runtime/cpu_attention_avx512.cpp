@@ -161,6 +161,21 @@ KVLENS_AVX512_INLINE __mmask16 hidden_lanes_avx512(const uint8_t* seen) {
   return _mm512_cmpeq_epi32_mask(_mm512_cvtepu8_epi32(bytes), _mm512_setzero_si512());
 }
 
+// The lanes of the cut last block [j0, j0 + 8) that take part: the columns below end (j0 < end <
+// j0 + 8), and of those the visible ones (kMasked). Built in a register: AVX2's edge path writes
+// the block's logits lane by lane to memory and loads them back, which the store forwarding
+// cannot serve (a decode step's row ends in such a block 7 times in 8).
+template <bool kMasked>
+KVLENS_AVX512_INLINE __mmask16 last_block_lanes(const uint8_t* visible, int64_t j0, int64_t end) {
+  const int count = int(end - j0);
+  unsigned lanes = (1u << count) - 1u;
+  if constexpr (kMasked) {
+    lanes = 0;
+    for (int l = 0; l < count; ++l) lanes |= unsigned(visible[j0 + l] != 0) << l;
+  }
+  return __mmask16(lanes);
+}
+
 // softmax_weights_avx2_t with the whole blocks two at a time: the max is exact whatever the
 // grouping (a zero's sign aside, which no weight sees: exp(+-0) = 1), and each pair of blocks'
 // weights are added to the 8-lane total low block first, so the total's additions are AVX2's.
@@ -186,8 +201,14 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
     if constexpr (kMasked) x = hide_avx2(x, visible + pairs_end);
     max8 = _mm256_max_ps(x, max8);
   }
-  if (blocks.cut_last)
-    max8 = _mm256_max_ps(edge_logits_avx2(logits, visible, blocks.last, begin, end), max8);
+  // The cut last block: its taking part lanes, -inf in the others (edge_logits_avx2's lanes).
+  const __mmask16 last_taking =
+      blocks.cut_last ? last_block_lanes<kMasked>(visible, blocks.last, end) : __mmask16(0);
+  if (blocks.cut_last) {
+    const __m512 x =
+        _mm512_mask_loadu_ps(_mm512_set1_ps(kMinusInfinity), last_taking, logits + blocks.last);
+    max8 = _mm256_max_ps(_mm512_castps512_ps256(x), max8);
+  }
   max8 = _mm256_max_ps(_mm512_castps512_ps256(max16), max8);
   max8 = _mm256_max_ps(high_half(max16), max8);
   const float max_logit = max_of_lanes(max8);
@@ -219,7 +240,15 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
     total8 = _mm256_add_ps(total8, w);
     _mm256_storeu_ps(weights + pairs_end, w);
   }
-  if (blocks.cut_last) edge_weights(logits, visible, blocks.last, begin, end, m, total8, weights);
+  if (blocks.cut_last) {
+    // edge_weights' lanes: exp(x - m) where the lane takes part, exactly 0 elsewhere (entering
+    // exp as 0, as block_weights does); stored for the columns below end.
+    const __m512 x = _mm512_maskz_sub_ps(
+        last_taking, _mm512_maskz_loadu_ps(last_taking, logits + blocks.last), m16);
+    const __m512 w = _mm512_maskz_mov_ps(last_taking, exp_nonpositive_avx512(x));
+    total8 = _mm256_add_ps(total8, _mm512_castps512_ps256(w));
+    _mm512_mask_storeu_ps(weights + blocks.last, __mmask16((1u << (end - blocks.last)) - 1u), w);
+  }
   return fold_total(total8);
 }
 
