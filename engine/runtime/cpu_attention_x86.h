@@ -127,19 +127,38 @@ KVLENS_AVX2_INLINE __m256 hide_avx2(__m256 x, const uint8_t* seen) {
   return _mm256_blendv_ps(x, _mm256_set1_ps(kMinusInfinity), hidden_lanes_avx2(seen));
 }
 
-// The logits of the block [j0, j0 + 8) (j0 a multiple of 8) that is cut by the range [begin, end)
-// or by the mask, through a local copy (nothing outside the range is read): -inf in the lanes
-// outside and in hidden lanes. Out of line: at most two such blocks per row.
-KVLENS_AVX2 __attribute__((noinline)) inline __m256 edge_logits_avx2(const float* logits,
-                                                                     const uint8_t* visible,
-                                                                     int64_t j0, int64_t begin,
-                                                                     int64_t end) {
-  alignas(32) float part[8];
-  for (int l = 0; l < 8; ++l) {
-    const int64_t j = j0 + l;
-    part[l] = j >= begin && j < end && (!visible || visible[j] != 0) ? logits[j] : kMinusInfinity;
+// All ones in lane l where bit l of `lanes` is set.
+KVLENS_AVX2_INLINE __m256i lane_mask_avx2(unsigned lanes) {
+  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(lanes)), bits), bits);
+}
+
+// The lanes of the block [j0, j0 + 8) (j0 a multiple of 8) inside the range [begin, end), and of
+// those the visible ones (visible may be null: all).
+KVLENS_AVX2_INLINE unsigned range_lanes(int64_t j0, int64_t begin, int64_t end) {
+  unsigned lanes = 0;
+  for (int l = 0; l < 8; ++l) lanes |= unsigned(j0 + l >= begin && j0 + l < end) << l;
+  return lanes;
+}
+KVLENS_AVX2_INLINE unsigned taking_lanes(const uint8_t* visible, int64_t j0, int64_t begin,
+                                         int64_t end) {
+  unsigned lanes = range_lanes(j0, begin, end);
+  if (visible) {
+    for (int l = 0; l < 8; ++l)
+      if (lanes & (1u << l)) lanes &= ~(unsigned(visible[j0 + l] == 0) << l);
   }
-  return _mm256_load_ps(part);
+  return lanes;
+}
+
+// The logits of the block [j0, j0 + 8) (j0 a multiple of 8) that is cut by the range [begin, end)
+// or by the mask: -inf in the lanes outside and in hidden lanes. Nothing outside the range is
+// read (a masked load), and no lane goes through memory: a block written lane by lane and read
+// back whole stalls the store forwarding.
+KVLENS_AVX2_INLINE __m256 edge_logits_avx2(const float* logits, const uint8_t* visible, int64_t j0,
+                                           int64_t begin, int64_t end) {
+  const __m256i take = lane_mask_avx2(taking_lanes(visible, j0, begin, end));
+  return _mm256_blendv_ps(_mm256_set1_ps(kMinusInfinity), _mm256_maskload_ps(logits + j0, take),
+                          _mm256_castsi256_ps(take));
 }
 
 // A softmax row's 8-column blocks over [begin, end) (begin < end): the first and the last block
@@ -176,13 +195,14 @@ KVLENS_AVX2_INLINE float fold_total(__m256 total8) {
 KVLENS_AVX2_INLINE void edge_weights(const float* logits, const uint8_t* visible, int64_t j0,
                                      int64_t begin, int64_t end, __m256 m, __m256& total8,
                                      float* weights) {
-  const __m256 w =
-      exp_nonpositive_avx2(_mm256_sub_ps(edge_logits_avx2(logits, visible, j0, begin, end), m));
+  // The lanes that do not take part enter exp as 0 and leave as exactly 0, which is what
+  // exp(-inf - m) gives (block_weights' way, without a result below the subnormals).
+  const __m256 take = _mm256_castsi256_ps(lane_mask_avx2(taking_lanes(visible, j0, begin, end)));
+  const __m256 x = _mm256_and_ps(
+      take, _mm256_sub_ps(_mm256_maskload_ps(logits + j0, _mm256_castps_si256(take)), m));
+  const __m256 w = _mm256_and_ps(take, exp_nonpositive_avx2(x));
   total8 = _mm256_add_ps(total8, w);
-  alignas(32) float part[8];
-  _mm256_store_ps(part, w);
-  for (int64_t j = j0 < begin ? begin : j0; j < (j0 + 8 < end ? j0 + 8 : end); ++j)
-    weights[j] = part[j - j0];
+  _mm256_maskstore_ps(weights + j0, lane_mask_avx2(range_lanes(j0, begin, end)), w);
 }
 
 // The softmax weights of the whole block [j0, j0 + 8): hidden lanes enter exp as 0 and leave as
