@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/runtime/cpu_checks.h"
+#include "engine/runtime/policy_op_math.h"
 
 namespace kvlens {
 
@@ -16,12 +17,8 @@ void Backend::count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
       cpu_checks::row_shape(mask, DType::U8, int64_t(counts.size()), cols, op + ": mask");
   std::vector<uint8_t> host(size_t(shape.rows * shape.stride));
   to_host(mask, host.data(), host.size());
-  for (int64_t r = 0; r < shape.rows; ++r) {
-    const uint8_t* row = host.data() + r * shape.stride;
-    int64_t count = 0;
-    for (int64_t j = 0; j < cols; ++j) count += row[j] != 0;
-    counts[size_t(r)] = count;
-  }
+  for (int64_t r = 0; r < shape.rows; ++r)
+    counts[size_t(r)] = count_nonzero(host.data() + r * shape.stride, cols);
 }
 
 }  // namespace kvlens

@@ -161,21 +161,6 @@ KVLENS_AVX512_INLINE __mmask16 hidden_lanes_avx512(const uint8_t* seen) {
   return _mm512_cmpeq_epi32_mask(_mm512_cvtepu8_epi32(bytes), _mm512_setzero_si512());
 }
 
-// The lanes of the cut last block [j0, j0 + 8) that take part: the columns below end (j0 < end <
-// j0 + 8), and of those the visible ones (kMasked). Built in a register: AVX2's edge path writes
-// the block's logits lane by lane to memory and loads them back, which the store forwarding
-// cannot serve (a decode step's row ends in such a block 7 times in 8).
-template <bool kMasked>
-KVLENS_AVX512_INLINE __mmask16 last_block_lanes(const uint8_t* visible, int64_t j0, int64_t end) {
-  const int count = int(end - j0);
-  unsigned lanes = (1u << count) - 1u;
-  if constexpr (kMasked) {
-    lanes = 0;
-    for (int l = 0; l < count; ++l) lanes |= unsigned(visible[j0 + l] != 0) << l;
-  }
-  return __mmask16(lanes);
-}
-
 // softmax_weights_avx2_t with the whole blocks two at a time: the max is exact whatever the
 // grouping (a zero's sign aside, which no weight sees: exp(+-0) = 1), and each pair of blocks'
 // weights are added to the 8-lane total low block first, so the total's additions are AVX2's.
@@ -202,8 +187,10 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
     max8 = _mm256_max_ps(x, max8);
   }
   // The cut last block: its taking part lanes, -inf in the others (edge_logits_avx2's lanes).
+  // Lanes built in a register (taking_lanes): a block written lane by lane to memory and loaded
+  // back whole stalls the store forwarding, and a decode row ends in a cut block 7 times in 8.
   const __mmask16 last_taking =
-      blocks.cut_last ? last_block_lanes<kMasked>(visible, blocks.last, end) : __mmask16(0);
+      blocks.cut_last ? __mmask16(taking_lanes(visible, blocks.last, begin, end)) : __mmask16(0);
   if (blocks.cut_last) {
     const __m512 x =
         _mm512_mask_loadu_ps(_mm512_set1_ps(kMinusInfinity), last_taking, logits + blocks.last);
@@ -247,7 +234,8 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
         last_taking, _mm512_maskz_loadu_ps(last_taking, logits + blocks.last), m16);
     const __m512 w = _mm512_maskz_mov_ps(last_taking, exp_nonpositive_avx512(x));
     total8 = _mm256_add_ps(total8, _mm512_castps512_ps256(w));
-    _mm512_mask_storeu_ps(weights + blocks.last, __mmask16((1u << (end - blocks.last)) - 1u), w);
+    _mm512_mask_storeu_ps(weights + blocks.last, __mmask16(range_lanes(blocks.last, begin, end)),
+                          w);
   }
   return fold_total(total8);
 }

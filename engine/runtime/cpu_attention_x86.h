@@ -3,6 +3,7 @@
 // kernels repeat the AVX2 kernels' operations exactly. Internal to the CPU backend.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -134,19 +135,18 @@ KVLENS_AVX2_INLINE __m256i lane_mask_avx2(unsigned lanes) {
 }
 
 // The lanes of the block [j0, j0 + 8) (j0 a multiple of 8) inside the range [begin, end), and of
-// those the visible ones (visible may be null: all).
+// those the visible ones (visible may be null: all). Only the in-range bytes of visible are read,
+// and no branch depends on them.
 KVLENS_AVX2_INLINE unsigned range_lanes(int64_t j0, int64_t begin, int64_t end) {
-  unsigned lanes = 0;
-  for (int l = 0; l < 8; ++l) lanes |= unsigned(j0 + l >= begin && j0 + l < end) << l;
-  return lanes;
+  const int64_t lo = std::max<int64_t>(begin - j0, 0), hi = std::min<int64_t>(end - j0, 8);
+  return lo < hi ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u;
 }
 KVLENS_AVX2_INLINE unsigned taking_lanes(const uint8_t* visible, int64_t j0, int64_t begin,
                                          int64_t end) {
-  unsigned lanes = range_lanes(j0, begin, end);
-  if (visible) {
-    for (int l = 0; l < 8; ++l)
-      if (lanes & (1u << l)) lanes &= ~(unsigned(visible[j0 + l] == 0) << l);
-  }
+  if (!visible) return range_lanes(j0, begin, end);
+  unsigned lanes = 0;
+  for (int64_t j = std::max(j0, begin); j < std::min(j0 + 8, end); ++j)
+    lanes |= unsigned(visible[j] != 0) << (j - j0);
   return lanes;
 }
 

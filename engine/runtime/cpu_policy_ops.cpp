@@ -61,12 +61,8 @@ KVLENS_POLICY_CLONES void count_nonzero_rows(const DeviceTensor& mask, int64_t c
   const OpName op{"count_nonzero_rows"};
   require_cols(cols, op);
   const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op + ": mask");
-  for (int64_t r = 0; r < shape.rows; ++r) {
-    const uint8_t* row = mask.as<const uint8_t>() + r * shape.stride;
-    int64_t count = 0;
-    for (int64_t j = 0; j < cols; ++j) count += row[j] != 0;
-    counts[size_t(r)] = count;
-  }
+  for (int64_t r = 0; r < shape.rows; ++r)
+    counts[size_t(r)] = count_nonzero(mask.as<const uint8_t>() + r * shape.stride, cols);
 }
 
 KVLENS_POLICY_CLONES void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {

@@ -8,9 +8,7 @@
 // the radix kernel's histograms and 64-bit keys; the last few ranks, and the pivots in their
 // samples, are selected by counting rather than sorting (no mispredicted comparisons).
 #include <algorithm>
-#include <array>
 #include <bit>
-#include <cstring>
 #include <functional>
 #include <vector>
 

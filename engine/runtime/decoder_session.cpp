@@ -597,8 +597,8 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
       backend_.copy_rows(row_prefix(*attention.logits, h, cols), 0, recorded, h, 1, cols);
   }
   if (!policy_step(run)) return;
-  const LayerDecision decision =
-      run.policy->select(layer_step(run, layer, size_t(r)), run.visible[layer], run.scores[layer]);
+  const LayerStep step = layer_step(run, layer, size_t(r));
+  const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
   run.decisions[layer] = decision;
   record_sparsity(run, layer, decision, cols);
   if (decision == LayerDecision::Skipped) {
@@ -609,8 +609,7 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
     return;
   }
   attention.visible = decision == LayerDecision::Masked ? &run.visible[layer] : nullptr;
-  attention.probs =
-      run.policy->wants_probs(layer_step(run, layer, size_t(r))) ? &run.policy_probs : nullptr;
+  attention.probs = run.policy->wants_probs(step) ? &run.policy_probs : nullptr;
 }
 
 void DecoderSession::observe_pending(SessionRun& run) const {
@@ -630,9 +629,9 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
   if (decision == LayerDecision::Skipped) return run.sparsity.add_skipped_layer(int64_t(layer));
   // A metric, not policy work: counted by the backend where the mask lives.
   const DeviceTensor& mask = run.visible[layer];
-  std::vector<int64_t> counts(size_t(mask.dim(0)), 0);
-  backend_.count_nonzero_rows(mask, cols, counts);
-  run.sparsity.add_layer(int64_t(layer), counts, cols);
+  run.visible_counts.resize(size_t(mask.dim(0)));
+  backend_.count_nonzero_rows(mask, cols, run.visible_counts);
+  run.sparsity.add_layer(int64_t(layer), run.visible_counts, cols);
 }
 
 std::vector<float> DecoderSession::step(int32_t token) {

@@ -53,8 +53,9 @@ struct SessionRun {
   std::vector<DeviceTensor> attention_logits;  // per layer (record_attention_logits)
   // The run's own scratch, so that runs can step on different threads: the attention logits of
   // the current layer [H, stride] (every run's: a run without a policy gets them at its first
-  // step) and its probabilities (policy runs).
+  // step) and its probabilities (policy runs); the per-head counts of a visible mask (host).
   DeviceTensor policy_logits, policy_probs;
+  std::vector<int64_t> visible_counts;
   // The layer whose probabilities (policy_probs) await the policy's observe, or -1: a step
   // observes layer l in the run's selection task of layer l + 1 (the last layer's after the
   // layers).

@@ -104,6 +104,13 @@ KVLENS_HOST_DEVICE inline float abs_f32(float a) {
 #endif
 }
 
+// The nonzero bytes of bytes[0, n) (count_nonzero_rows' count of a mask row; no branch).
+KVLENS_HOST_DEVICE inline int64_t count_nonzero(const uint8_t* bytes, int64_t n) {
+  int64_t count = 0;
+  for (int64_t j = 0; j < n; ++j) count += bytes[j] != 0;
+  return count;
+}
+
 // fmax without the library call: NaN only when both are NaN (the sign of a zero maximum may
 // differ from fmaxf's).
 KVLENS_HOST_DEVICE inline float fmax_inline(float best, float value) {
