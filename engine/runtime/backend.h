@@ -124,6 +124,8 @@ class Backend {
   virtual void run_tasks(int64_t count, const std::function<void(int64_t)>& task) {
     for (int64_t i = 0; i < count; ++i) task(i);
   }
+  // How many tasks of run_tasks run at the same time (1: one after another).
+  virtual int64_t concurrent_tasks() const { return 1; }
 
   // --- token-selection (policy) ops: one decode step (n == 1) of one layer ---
   // Row tensors are [rows, stride] row-major (F32 scores, U8 0/1 masks); only the first `cols`

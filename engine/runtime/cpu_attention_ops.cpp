@@ -28,6 +28,17 @@ int64_t rows_per_block(int64_t head_dim) {
       8, 8192 / (int64_t(sizeof(float)) * std::max<int64_t>(1, head_dim)) / 8 * 8);
 }
 
+// Asks the cache for `count` rows of `row_floats` floats from `rows` on, ahead of their use: in
+// a lockstep step a layer's keys and values come from memory (the step streams more than the
+// last-level cache holds), and the hardware prefetchers start too late for the value sums to
+// hide the misses.
+void prefetch_rows(const float* rows, int64_t count, int64_t row_floats) {
+  if (count <= 0) return;
+  const char* begin = reinterpret_cast<const char*>(rows);
+  const size_t bytes = size_t(count * row_floats) * sizeof(float);
+  for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(begin + offset, 0, 3);
+}
+
 struct Geometry {
   int64_t heads = 0, groups = 0, head_dim = 0;
 };
@@ -208,7 +219,7 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
 
   const int64_t per_group = geometry.heads / geometry.groups, head_dim = geometry.head_dim;
   const int64_t runs_count = int64_t(runs.size());
-  const int64_t block = runs_count > 1 ? rows_per_block(head_dim) : cols;
+  const int64_t block = rows_per_block(head_dim);
   const DotKernels& kernels = context.kernels;
   // One task per KV head: each run's softmax weights of the group's query heads (straight into
   // probs when it is wanted, scaled in place at the end), then the value sums of every run,
@@ -231,6 +242,11 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
         weights_stride.assign(runs.size(), 0);
         for (int64_t g = begin; g < end; ++g) {
           const int64_t h0 = g * per_group;
+          const DeviceTensor& common_cache = *runs[0].v_cache;
+          const float* common = common_cache.as<const float>() + g * common_cache.dim(1) * head_dim;
+          // The first values are on their way while the softmax runs.
+          constexpr int64_t ahead_blocks = 1;
+          prefetch_rows(common, std::min(ahead_blocks * block, shared), head_dim);
           for (size_t r = 0; r < runs.size(); ++r) {
             const Backend::RunAttention& run = runs[r];
             weights_stride[r] = run.probs ? strides[r].probs : cols;
@@ -254,15 +270,23 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
             kernels.weighted_values_accumulate(weights[r], weights_stride[r], int(per_group),
                                                values, head_dim, from, to, run_sums(r), head_dim);
           };
-          const DeviceTensor& common_cache = *runs[0].v_cache;
-          const float* common = common_cache.as<const float>() + g * common_cache.dim(1) * head_dim;
           for (int64_t j0 = 0; j0 < shared; j0 += block) {
             const int64_t j1 = std::min(j0 + block, shared);
+            {
+              const int64_t from = j0 + ahead_blocks * block;
+              if (from < shared)
+                prefetch_rows(common + from * head_dim, std::min(block, shared - from), head_dim);
+            }
             for (size_t r = 0; r < runs.size(); ++r) accumulate(r, common, j0, j1);
           }
           for (size_t r = 0; r < runs.size(); ++r) {
             const DeviceTensor& own = *runs[r].v_cache;
-            accumulate(r, own.as<const float>() + g * own.dim(1) * head_dim, shared, cols);
+            const float* own_values = own.as<const float>() + g * own.dim(1) * head_dim;
+            for (int64_t j0 = shared; j0 < cols; j0 += block) {
+              const int64_t j1 = std::min(j0 + block, cols);
+              prefetch_rows(own_values + j1 * head_dim, std::min(block, cols - j1), head_dim);
+              accumulate(r, own_values, j0, j1);
+            }
             for (int64_t e = 0; e < per_group; ++e) {
               const float inverse = inverse_totals[int64_t(r) * per_group + e];
               if (!runs[r].out->empty()) {

@@ -61,6 +61,7 @@ class CpuBackend final : public Backend {
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
     pool_.for_each(count, task);
   }
+  int64_t concurrent_tasks() const override { return pool_.size(); }
   const char* isa() const { return kernels_.isa; }
   int threads() const { return pool_.size(); }
 

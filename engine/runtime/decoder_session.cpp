@@ -1,66 +1,32 @@
 // The Llama forward pass over the Backend interface: embeddings, per layer RMSNorm -> q/k/v ->
 // RoPE -> KV append -> causal attention -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual,
-// then final norm and lm_head. The projections see every run's row at once (one read of the
-// weights); in single-token steps the policy runs' attention goes through backend calls over all
-// runs (the prompt rows every cache shares read once) and their selections run run by run (the
-// backend's tasks). Caches grow by doubling up to max_position_embeddings.
+// then final norm and lm_head. Scratch rows: [rows, width] per activation, one row per run in a
+// single-token step. The projections see every run's row at once (one read of the weights) until
+// the rows differ; then, on a backend with several threads, each group of runs finishes the step
+// on its own (session_groups.cpp). The per-run attention is in session_attention.cpp. Caches
+// grow by doubling up to max_position_embeddings.
 #include "engine/runtime/decoder_session.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "engine/common/error.h"
+#include "engine/runtime/session_tensors.h"
 
 namespace kvlens {
+
+using session::row_range;
+using session::row_view;
+using session::rows_of;
+using session::timed_work;
+using session::view;
+
 namespace {
 
-// The same storage seen with another shape (rows of a scratch buffer, or a reshape).
-DeviceTensor view(const DeviceTensor& tensor, std::vector<int64_t> shape) {
-  DeviceTensor result = tensor;
-  result.shape = std::move(shape);
-  return result;
-}
-
-// `shape` of `dtype` at byte `offset` of `bytes`, over the same storage.
-DeviceTensor rows_of(const DeviceTensor& bytes, int64_t offset, DType dtype,
-                     std::vector<int64_t> shape) {
-  DeviceTensor result = bytes;
-  result.data = static_cast<std::byte*>(bytes.data) + offset;
-  result.dtype = dtype;
-  result.shape = std::move(shape);
-  return result;
-}
-
-// Columns [0, cols) of row `row` of a [rows, stride] F32 tensor, as a [1, cols] tensor.
-DeviceTensor row_prefix(const DeviceTensor& tensor, int64_t row, int64_t cols) {
-  DeviceTensor result = tensor;
-  result.data = tensor.as<float>() + row * tensor.dim(1);
-  result.shape = {1, cols};
-  return result;
-}
-
-// Row `row` of a [n, ...] tensor as a [1, ...] tensor over the same storage.
-DeviceTensor row_view(const DeviceTensor& tensor, int64_t row) {
-  DeviceTensor result = tensor;
-  const int64_t row_elems = tensor.numel() / tensor.dim(0);
-  result.data =
-      static_cast<std::byte*>(tensor.data) + size_t(row * row_elems) * dtype_size(tensor.dtype);
-  result.shape[0] = 1;
-  return result;
-}
-
 constexpr int64_t kInitialCacheCapacity = 256;
-
-// Runs work() and adds its wall time to `seconds`.
-template <typename Work>
-void timed_work(double& seconds, Work&& work) {
-  const auto start = std::chrono::steady_clock::now();
-  work();
-  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 }  // namespace
 
@@ -217,8 +183,10 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     run.attention_logits.clear();
     run.pending_observe = -1;  // left over only by a step that threw
   }
+  std::vector<int32_t> slot_tokens;  // the tokens in row order, where rows are not in run order
   if (per_run) {
     order_runs_by_cost();
+    plan_groups();
     // Every layer's step_attention reads the runs' rows of the same scratch tensors.
     input_rows_.resize(size_t(n));
     q_rows_.resize(size_t(n));
@@ -226,11 +194,18 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     k_rows_.resize(size_t(n));
     v_rows_.resize(size_t(n));
     for (int64_t r = 0; r < n; ++r) {
-      input_rows_[size_t(r)] = row_view(normed, r);
-      q_rows_[size_t(r)] = row_view(q_heads, r);
-      out_rows_[size_t(r)] = row_view(attn_heads, r);
-      k_rows_[size_t(r)] = row_view(k_heads, r);
-      v_rows_[size_t(r)] = row_view(v_heads, r);
+      const int64_t slot = slot_of_run_[size_t(r)];
+      input_rows_[size_t(r)] = row_view(normed, slot);
+      q_rows_[size_t(r)] = row_view(q_heads, slot);
+      out_rows_[size_t(r)] = row_view(attn_heads, slot);
+      k_rows_[size_t(r)] = row_view(k_heads, slot);
+      v_rows_[size_t(r)] = row_view(v_heads, slot);
+    }
+    if (!in_run_order()) {
+      slot_tokens.resize(size_t(n));
+      for (int64_t r = 0; r < n; ++r)
+        slot_tokens[size_t(slot_of_run_[size_t(r)])] = tokens[size_t(r)];
+      tokens = slot_tokens;
     }
   }
   // Lockstep rows that hold the same bytes (every run's hidden state alike: the same token, and
@@ -249,36 +224,72 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     const int64_t row_elems = rows.numel() / rows.dim(0);
     for (int64_t r = 1; r < rows.dim(0); ++r) backend_.copy_rows(rows, 0, rows, r, 1, row_elems);
   };
-  // The first m rows of a [n, ...] scratch view.
-  auto first_rows = [](const DeviceTensor& rows, int64_t m) {
-    DeviceTensor result = rows;
-    result.shape[0] = m;
-    return result;
-  };
   const std::span<const int64_t> all_positions(positions);
+  // The layer's projections up to the attention (norm, q/k/v, RoPE) and after it (o_proj and
+  // the MLP with their residuals), over rows [first, first + m).
+  auto project_input = [&](const BackendModel::Layer& layer, int64_t first, int64_t m) {
+    DeviceTensor normed_m = row_range(normed, first, m), q_m = row_range(q, first, m);
+    DeviceTensor k_m = row_range(k, first, m), v_m = row_range(v, first, m);
+    DeviceTensor q_heads_m = row_range(q_heads, first, m), k_heads_m = row_range(k_heads, first, m);
+    backend_.rmsnorm(row_range(hidden, first, m), layer.attn_norm, eps, normed_m);
+    backend_.matmul(normed_m, layer.wq, q_m);
+    backend_.matmul(normed_m, layer.wk, k_m);
+    backend_.matmul(normed_m, layer.wv, v_m);
+    backend_.rope(q_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
+    backend_.rope(k_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
+  };
+  auto project_output = [&](const BackendModel::Layer& layer, int64_t first, int64_t m) {
+    DeviceTensor hidden_m = row_range(hidden, first, m), normed_m = row_range(normed, first, m);
+    DeviceTensor proj_m = row_range(proj, first, m), gate_m = row_range(gate, first, m);
+    DeviceTensor up_m = row_range(up, first, m), act_m = row_range(act, first, m);
+    backend_.matmul(row_range(attn, first, m), layer.wo, proj_m);
+    backend_.add_inplace(hidden_m, proj_m);
+    backend_.rmsnorm(hidden_m, layer.mlp_norm, eps, normed_m);
+    backend_.matmul(normed_m, layer.w_gate, gate_m);
+    backend_.matmul(normed_m, layer.w_up, up_m);
+    backend_.silu_mul(gate_m, up_m, act_m);
+    backend_.matmul(act_m, layer.w_down, proj_m);
+    backend_.add_inplace(hidden_m, proj_m);
+  };
+  auto project_logits = [&](int64_t first, int64_t m) {
+    DeviceTensor normed_m = row_range(normed, first, m);
+    backend_.rmsnorm(row_range(hidden, first, m), model_->final_norm, eps, normed_m);
+    DeviceTensor logits_m = row_range(logits_view_, first, m);
+    backend_.matmul(normed_m, model_->lm_head, logits_m);
+  };
 
   backend_.embed(model_->embed, tokens, hidden);
   // Whether the hidden rows are alike: checked once after the embedding, then carried (a layer
   // keeps them alike exactly when its attention outputs are alike too).
   bool alike = rows_alike(hidden);
+  bool split = false;  // the layers left went to the run groups (split_runs)
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
     const bool alike_in = alike;
-    {
-      const int64_t m = alike_in ? 1 : n;
-      DeviceTensor normed_m = first_rows(normed, m), q_m = first_rows(q, m), k_m = first_rows(k, m);
-      DeviceTensor v_m = first_rows(v, m), q_heads_m = first_rows(q_heads, m);
-      DeviceTensor k_heads_m = first_rows(k_heads, m);
-      backend_.rmsnorm(first_rows(hidden, m), layer.attn_norm, eps, normed_m);
-      backend_.matmul(normed_m, layer.wq, q_m);
-      backend_.matmul(normed_m, layer.wk, k_m);
-      backend_.matmul(normed_m, layer.wv, v_m);
-      backend_.rope(q_heads_m, all_positions.first(size_t(m)), model_->inv_freq);
-      backend_.rope(k_heads_m, all_positions.first(size_t(m)), model_->inv_freq);
-      if (alike_in) {
-        // The runs' layer inputs, queries, keys and values (their policies read them).
-        for (DeviceTensor* rows : {&normed, &q, &k, &v}) copy_first_row(*rows);
-      }
+    if (per_run && !alike_in && splits_runs()) {
+      // From here on no row depends on another: each group of runs finishes the step on its own.
+      split_runs([&](int64_t group_index) {
+        const int64_t first = group_bounds_[size_t(group_index)];
+        const int64_t m = group_bounds_[size_t(group_index) + 1] - first;
+        const std::span<const int64_t> group(run_of_slot_.data() + first, size_t(m));
+        for (size_t own = l; own < model_->layers.size(); ++own) {
+          project_input(model_->layers[own], first, m);
+          attend_group(group, own, group_batches_[size_t(group_index)]);
+          project_output(model_->layers[own], first, m);
+        }
+        for (const int64_t r : group) {
+          timed_work(run_seconds_[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
+        }
+        project_logits(first, m);
+        to_run_order(first, m);
+      });
+      split = true;
+      break;
+    }
+    project_input(layer, 0, alike_in ? 1 : n);
+    if (alike_in) {
+      // The runs' layer inputs, queries, keys and values (their policies read them).
+      for (DeviceTensor* rows : {&normed, &q, &k, &v}) copy_first_row(*rows);
     }
     if (per_run) {
       step_attention(l);
@@ -314,23 +325,10 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     // Alike inputs and alike attention outputs (every run dense here) give alike outputs.
     const bool alike_out = alike_in && rows_alike(attn);
     alike = alike_out;
-    {
-      const int64_t m = alike_out ? 1 : n;
-      DeviceTensor hidden_m = first_rows(hidden, m), normed_m = first_rows(normed, m);
-      DeviceTensor proj_m = first_rows(proj, m), gate_m = first_rows(gate, m);
-      DeviceTensor up_m = first_rows(up, m), act_m = first_rows(act, m);
-      backend_.matmul(first_rows(attn, m), layer.wo, proj_m);
-      backend_.add_inplace(hidden_m, proj_m);
-      backend_.rmsnorm(hidden_m, layer.mlp_norm, eps, normed_m);
-      backend_.matmul(normed_m, layer.w_gate, gate_m);
-      backend_.matmul(normed_m, layer.w_up, up_m);
-      backend_.silu_mul(gate_m, up_m, act_m);
-      backend_.matmul(act_m, layer.w_down, proj_m);
-      backend_.add_inplace(hidden_m, proj_m);
-      if (alike_out) copy_first_row(hidden);
-    }
+    project_output(layer, 0, alike_out ? 1 : n);
+    if (alike_out) copy_first_row(hidden);
   }
-  if (per_run) {
+  if (per_run && !split) {
     // The last layer's observations (the earlier ones ran in the next layer's selection tasks).
     if (std::any_of(runs_.begin(), runs_.end(),
                     [](const SessionRun& run) { return run.pending_observe >= 0; })) {
@@ -339,16 +337,16 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
         timed_work(run_seconds_[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
       });
     }
+  }
+  if (!split) {
+    project_logits(0, alike ? 1 : n);
+    if (alike) copy_first_row(logits_view_);
+    if (per_run) to_run_order(0, n);
+  }
+  if (per_run) {
     for (SessionRun& run : runs_) {
       if (policy_step(run)) run.sparsity.end_step();
     }
-  }
-  {
-    const int64_t m = alike ? 1 : n;
-    DeviceTensor normed_m = first_rows(normed, m), logits_m = first_rows(logits_view_, m);
-    backend_.rmsnorm(first_rows(hidden, m), model_->final_norm, eps, normed_m);
-    backend_.matmul(normed_m, model_->lm_head, logits_m);
-    if (alike) copy_first_row(logits_view_);
   }
   // A chunk that continues the common prefix extends it; steps of the runs never change it
   // (they write positions past it).
@@ -358,20 +356,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
       if (identical == position_) identical = position_ + n;
   }
   position_ += per_run ? 1 : n;
-  return logits_view_;
-}
-
-void DecoderSession::order_runs_by_cost() {
-  if (run_order_.size() != runs_.size()) {
-    run_order_.resize(runs_.size());
-    for (size_t r = 0; r < runs_.size(); ++r) run_order_[r] = int64_t(r);
-    run_seconds_.assign(runs_.size(), 0.0);
-  }
-  // A stable sort: equal costs (the first step) keep the run order.
-  std::stable_sort(run_order_.begin(), run_order_.end(), [&](int64_t a, int64_t b) {
-    return run_seconds_[size_t(a)] > run_seconds_[size_t(b)];
-  });
-  std::fill(run_seconds_.begin(), run_seconds_.end(), 0.0);
+  return per_run && !in_run_order() ? run_logits_ : logits_view_;
 }
 
 PolicyShape DecoderSession::policy_shape() const {
@@ -423,215 +408,6 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
   if (zero_attention_.empty()) {
     zero_attention_ = backend_.alloc(DType::F32, {1, shape.heads * shape.head_dim});
   }
-}
-
-// The runs' policies see the same LayerStep in select and observe.
-LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) const {
-  LayerStep step;
-  step.step = position_;
-  step.layer = int64_t(layer);
-  step.layer_input = &input_rows_[row];
-  step.q = &q_rows_[row];
-  step.k_cache = &run.k_cache[layer];
-  step.v_cache = &run.v_cache[layer];
-  step.logits = &runs_[size_t(logits_source_[row])].policy_logits;
-  return step;
-}
-
-void DecoderSession::step_attention(size_t layer) {
-  const ModelConfig& c = model_->config();
-  const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
-  const int64_t window = c.sliding_window.value_or(0);
-  run_attention_.assign(size_t(n), {});
-  // The rows this step appends are compared in the scratch, before they are appended.
-  int64_t& identical = identical_rows_[layer];
-  bool appended_alike = n > 1 && identical == position_;
-  for (int64_t r = 1; r < n && appended_alike; ++r) {
-    appended_alike = backend_.same_bytes(k_rows_[size_t(r)], k_rows_[0]) &&
-                     backend_.same_bytes(v_rows_[size_t(r)], v_rows_[0]);
-  }
-  if (appended_alike) identical = position_ + 1;
-  // Rows [0, shared) hold the same keys and values in every run's cache: the backend may read
-  // them once for all runs (the current token's row is read per run).
-  const int64_t shared = n > 1 ? std::min(identical, position_) : 0;
-  // With every row alike, a run whose query equals run 0's has run 0's logits: they are
-  // computed once and read from run 0 (select, softmax) instead of computed again.
-  logits_source_.resize(size_t(n));
-  bool borrowed = false;
-  for (int64_t r = 0; r < n; ++r) {
-    logits_source_[size_t(r)] =
-        r > 0 && identical > position_ && backend_.same_bytes(q_rows_[size_t(r)], q_rows_[0]) ? 0
-                                                                                              : r;
-    borrowed = borrowed || logits_source_[size_t(r)] != r;
-  }
-  for (int64_t r = 0; r < n; ++r) {
-    SessionRun& run = runs_[size_t(r)];
-    // A run without a policy (or before its first policy step) goes through the same calls,
-    // unmasked (the attention op's bits), so its attention is shared out with the others'.
-    if (run.policy_logits.empty()) {
-      run.policy_logits = backend_.alloc(DType::F32, {H, policy_shape().stride});
-    }
-    Backend::RunAttention& attention = run_attention_[size_t(r)];
-    attention.q = &q_rows_[size_t(r)];
-    attention.k_cache = &run.k_cache[layer];
-    attention.v_cache = &run.v_cache[layer];
-    attention.logits = &runs_[size_t(logits_source_[size_t(r)])].policy_logits;
-    attention.out = &out_rows_[size_t(r)];
-  }
-  if (!borrowed) {
-    // Every run computes its own logits: its whole attention (append, logits, observation,
-    // selection, softmax and value sums) is one backend task, the costliest runs of the last step
-    // first. One hand-over to the threads per layer instead of three, and each run's logits and
-    // mask are read back while still in its thread's cache; a run's results do not depend on the
-    // grouping (the ops' arithmetic is per run).
-    backend_.run_tasks(n, [&](int64_t task) {
-      const int64_t r = run_order_[size_t(task)];
-      timed_work(run_seconds_[size_t(r)], [&] {
-        append_run(r, layer);
-        const std::span<const Backend::RunAttention> alone(&run_attention_[size_t(r)], 1);
-        if (chooses_first(r, layer)) {
-          // The logits at the chosen columns only (none for a skipped layer).
-          select_run(r, layer, cols);
-          if (!alone[0].out) return;
-          backend_.attention_logits_runs(alone, shared, position_, window);
-        } else {
-          backend_.attention_logits_runs(alone, shared, position_, window);
-          select_run(r, layer, cols);
-          if (!alone[0].out) return;
-        }
-        backend_.attention_visible_runs(alone, shared, cols);
-      });
-    });
-  } else {
-    attend_alike(layer, shared);
-  }
-  // The probabilities go to the policies that accumulate them at the start of the next layer's
-  // task (or after the last layer): one parallel call fewer per layer, and the observations share
-  // the threads with the selections. Nothing in between touches the run's probabilities or its
-  // policy.
-  for (int64_t r = 0; r < n; ++r) {
-    if (run_attention_[size_t(r)].out && run_attention_[size_t(r)].probs)
-      runs_[size_t(r)].pending_observe = int64_t(layer);
-  }
-}
-
-bool DecoderSession::chooses_first(int64_t r, size_t layer) {
-  SessionRun& run = runs_[size_t(r)];
-  // Recorded logits are every column's, so a recording session computes them first.
-  return !options_.record_attention_logits && policy_step(run) &&
-         !run.policy->reads_logits(layer_step(run, layer, size_t(r)));
-}
-
-void DecoderSession::append_run(int64_t r, size_t layer) {
-  SessionRun& run = runs_[size_t(r)];
-  backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer], run.v_cache[layer],
-                     position_);
-}
-
-void DecoderSession::attend_alike(size_t layer, int64_t shared) {
-  const ModelConfig& c = model_->config();
-  const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
-  for (int64_t r = 0; r < n; ++r) append_run(r, layer);
-  // 1. The logits of the runs that do not borrow them, in one call.
-  attention_batch_.clear();
-  for (int64_t r = 0; r < n; ++r) {
-    if (logits_source_[size_t(r)] == r) attention_batch_.push_back(run_attention_[size_t(r)]);
-  }
-  backend_.attention_logits_runs(attention_batch_, shared, position_, c.sliding_window.value_or(0));
-  // 2. Each policy run's observation of the previous layer and its selection on the backend's
-  // threads.
-  backend_.run_tasks(n, [&](int64_t task) {
-    const int64_t r = run_order_[size_t(task)];
-    timed_work(run_seconds_[size_t(r)], [&] { select_run(r, layer, cols); });
-  });
-  // 3. Softmax over each run's visible set and the value sums. A run with run 0's logits that
-  // sees everything gets the output (and probabilities) of the first such run, preferably one
-  // that computes probabilities (then every such run can copy it): the same arithmetic on the
-  // same rows.
-  attention_batch_.clear();
-  auto unmasked = [&](int64_t r) {
-    const Backend::RunAttention& attention = run_attention_[size_t(r)];
-    return attention.out && !attention.visible && logits_source_[size_t(r)] == 0;
-  };
-  int64_t twin_of = -1;  // the run whose output the twins copy
-  for (int64_t r = 0; r < n; ++r) {
-    if (!unmasked(r)) continue;
-    if (twin_of < 0 || (run_attention_[size_t(r)].probs && !run_attention_[size_t(twin_of)].probs))
-      twin_of = r;
-  }
-  twins_.clear();
-  for (int64_t r = 0; r < n; ++r) {
-    const Backend::RunAttention& attention = run_attention_[size_t(r)];
-    if (!attention.out) continue;
-    // (two unmasked runs have run 0's logits, so every cache row is alike: the same output)
-    if (r != twin_of && twin_of >= 0 && unmasked(r) &&
-        (!attention.probs || run_attention_[size_t(twin_of)].probs)) {
-      twins_.push_back(r);
-      continue;
-    }
-    attention_batch_.push_back(attention);
-  }
-  if (!attention_batch_.empty()) backend_.attention_visible_runs(attention_batch_, shared, cols);
-  for (const int64_t r : twins_) {
-    const Backend::RunAttention& source = run_attention_[size_t(twin_of)];
-    const Backend::RunAttention& twin = run_attention_[size_t(r)];
-    backend_.copy_rows(*source.out, 0, *twin.out, 0, 1, twin.out->numel());
-    if (!twin.probs) continue;
-    for (int64_t h = 0; h < H; ++h) {
-      DeviceTensor to = row_prefix(*twin.probs, h, cols);
-      backend_.copy_rows(row_prefix(*source.probs, h, cols), 0, to, 0, 1, cols);
-    }
-  }
-}
-
-void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
-  const int64_t H = model_->config().num_heads;
-  SessionRun& run = runs_[size_t(r)];
-  Backend::RunAttention& attention = run_attention_[size_t(r)];
-  observe_pending(run);
-  if (options_.record_attention_logits) {
-    // policy_logits rows have the policy stride; the recorded rows are packed.
-    run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
-    DeviceTensor& recorded = run.attention_logits.back();
-    for (int64_t h = 0; h < H; ++h)
-      backend_.copy_rows(row_prefix(*attention.logits, h, cols), 0, recorded, h, 1, cols);
-  }
-  if (!policy_step(run)) return;
-  const LayerStep step = layer_step(run, layer, size_t(r));
-  const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
-  run.decisions[layer] = decision;
-  record_sparsity(run, layer, decision, cols);
-  if (decision == LayerDecision::Skipped) {
-    // A skipped attention contributes nothing: its row becomes zeros, so the batched o_proj
-    // gives exactly 0 for it and the residual is unchanged.
-    backend_.copy_rows(zero_attention_, 0, out_rows_[size_t(r)], 0, 1, q_rows_[size_t(r)].numel());
-    attention.out = nullptr;
-    return;
-  }
-  attention.visible = decision == LayerDecision::Masked ? &run.visible[layer] : nullptr;
-  attention.probs = run.policy->wants_probs(step) ? &run.policy_probs : nullptr;
-}
-
-void DecoderSession::observe_pending(SessionRun& run) const {
-  if (run.pending_observe < 0) return;
-  LayerStep step;
-  step.step = position_;
-  step.layer = run.pending_observe;
-  step.k_cache = &run.k_cache[size_t(run.pending_observe)];
-  step.v_cache = &run.v_cache[size_t(run.pending_observe)];
-  run.pending_observe = -1;
-  run.policy->observe(step, run.policy_probs);
-}
-
-void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecision decision,
-                                     int64_t cols) {
-  if (decision == LayerDecision::Dense) return run.sparsity.add_dense_layer(int64_t(layer));
-  if (decision == LayerDecision::Skipped) return run.sparsity.add_skipped_layer(int64_t(layer));
-  // A metric, not policy work: counted by the backend where the mask lives.
-  const DeviceTensor& mask = run.visible[layer];
-  run.visible_counts.resize(size_t(mask.dim(0)));
-  backend_.count_nonzero_rows(mask, cols, run.visible_counts);
-  run.sparsity.add_layer(int64_t(layer), run.visible_counts, cols);
 }
 
 std::vector<float> DecoderSession::step(int32_t token) {

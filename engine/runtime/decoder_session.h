@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -132,6 +133,40 @@ class DecoderSession {
   // sums of every run in one call (runs that see everything with run 0's logits copy the first
   // such run's output).
   void attend_alike(size_t layer, int64_t shared);
+  // Sets run r's RunAttention at `layer` to its own query, caches, output row and logits (those
+  // of logits_source_[r]); nothing masked yet.
+  void prepare_attention(int64_t r, size_t layer);
+  // Run r's whole attention at `layer` as one piece of work: append, its logits before or after
+  // its observation of the previous layer and its selection, softmax over the visible set, value
+  // sums; then await_observe.
+  void attend_alone(int64_t r, size_t layer, int64_t shared);
+  // Marks run r's probabilities of `layer` for its policy's observe (pending_observe).
+  void await_observe(int64_t r, size_t layer);
+  // Whether a lockstep step, once its rows differ, goes on in groups of runs, one per task the
+  // backend runs at once (split_runs).
+  bool splits_runs() const;
+  // The step's groups of runs (one per concurrent task of the backend where splits_runs, else
+  // one) and the rows that hold them: the costliest runs of the last step spread so that the
+  // groups cost about the same, each group's runs in consecutive rows.
+  void plan_groups();
+  bool in_run_order() const;  // whether row r holds run r
+  // Rows [first, first + count) of the step's logits to their runs' rows of run_logits_ (where
+  // the rows are not in run order).
+  void to_run_order(int64_t first, int64_t count);
+  // Calls work(g) for each group g of plan_groups (its rows group_bounds_[g] ..
+  // group_bounds_[g + 1] - 1) as the backend's concurrent tasks. Each group finishes the step
+  // alone: rows no longer depend on each other, so the threads need not meet at every op, and a
+  // group's matmuls over its rows give the bits of the whole batch (the kernels' fixed order per
+  // row). No logits are shared meanwhile.
+  void split_runs(const std::function<void(int64_t group)>& work);
+  // The attention of a group's runs at `layer` on the calling thread, op by op over all of them
+  // (`batch`: the calls' arguments): each KV head's keys and values are then read from memory
+  // once for the whole group. Each run's results are those of attend_alone: the ops' arithmetic
+  // is per run.
+  void attend_group(std::span<const int64_t> group, size_t layer,
+                    std::vector<Backend::RunAttention>& batch);
+  // Runs work() and shares its seconds out evenly to the group's runs (run_seconds_).
+  void shared_work(std::span<const int64_t> group, const std::function<void()>& work);
   // Appends run r's key and value rows of the layer's scratch to its caches.
   void append_run(int64_t r, size_t layer);
   // Whether run r chooses before its logits (its policy does not read them and nothing records
@@ -173,6 +208,11 @@ class DecoderSession {
   // attention and policy work in the step (longest first: the threads then finish together).
   std::vector<int64_t> run_order_;
   std::vector<double> run_seconds_;
+  std::vector<double> last_run_seconds_;  // run_seconds_ of the step before
+  double row_seconds_ = 0.0;  // a split step's projections per row (split_runs' estimate)
+  // This step's rows: the run each row holds and back, and the groups' first rows (plan_groups).
+  std::vector<int64_t> run_of_slot_, slot_of_run_, group_bounds_;
+  DeviceTensor run_logits_;  // [runs, vocab]: the logits in run order when rows are not
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;
@@ -183,6 +223,10 @@ class DecoderSession {
   // them) and its backend calls' arguments.
   std::vector<DeviceTensor> input_rows_, q_rows_, out_rows_, k_rows_, v_rows_;
   std::vector<Backend::RunAttention> run_attention_, attention_batch_;
+  // attend_group's call arguments per group, and whether each run reads its logits before it
+  // selects (those select after the group's logits call).
+  std::vector<std::vector<Backend::RunAttention>> group_batches_;
+  std::vector<uint8_t> logits_first_;
 };
 
 }  // namespace kvlens

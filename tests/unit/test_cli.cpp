@@ -113,6 +113,36 @@ TEST_CASE("tokenize matches Hugging Face ids for the real vocabularies", "[cli][
   }
 }
 
+TEST_CASE("bench --policies times both sessions in blocks and reports the lockstep ratio",
+          "[cli]") {
+  const std::string dir = tiny_model();
+  const auto result = run_command(cli() + " bench --model " + dir +
+                                  " --context 8 --steps 6 --block 3 --copy-mb 1 --threads 2"
+                                  " --policies dense,h2o,streaming --json");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  const auto out = nlohmann::json::parse(result.out);
+  CHECK(out["steps"] == 6);
+  CHECK(out["step_seconds_median"].get<double>() > 0.0);
+  const auto& lockstep = out["lockstep"];
+  CHECK(lockstep["runs"] == 3);
+  CHECK(lockstep["block"] == 3);
+  CHECK(lockstep["step_seconds_median"].get<double>() > 0.0);
+  CHECK(lockstep["ratio_to_dense"].get<double>() ==
+        Approx(lockstep["step_seconds_median"].get<double>() /
+               out["step_seconds_median"].get<double>()));
+  REQUIRE(lockstep["run_tasks"].size() == 3);
+  CHECK(lockstep["run_tasks"][1]["policy"] == "h2o");
+
+  // Each block's first step is untimed, so it counts against the positions too: 8 + 2 + 6 + 3
+  // blocks of 3 (2 timed each) passes 18 positions.
+  test::TinyLlamaSpec short_spec;
+  short_spec.max_positions = 18;
+  require_failure("bench --model " + tiny_model(short_spec) +
+                      " --context 8 --steps 6 --block 3 --copy-mb 1 --policies dense,h2o",
+                  {"--block", "at most max_position_embeddings = 18", "19"});
+}
+
 TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
   SECTION("missing folder") {
     require_failure("info --model /nonexistent/model", {"/nonexistent/model", "config.json"});
