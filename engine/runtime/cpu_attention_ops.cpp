@@ -245,8 +245,7 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
           const DeviceTensor& common_cache = *runs[0].v_cache;
           const float* common = common_cache.as<const float>() + g * common_cache.dim(1) * head_dim;
           // The first values are on their way while the softmax runs.
-          constexpr int64_t ahead_blocks = 1;
-          prefetch_rows(common, std::min(ahead_blocks * block, shared), head_dim);
+          prefetch_rows(common, std::min(block, shared), head_dim);
           for (size_t r = 0; r < runs.size(); ++r) {
             const Backend::RunAttention& run = runs[r];
             weights_stride[r] = run.probs ? strides[r].probs : cols;
@@ -272,11 +271,7 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
           };
           for (int64_t j0 = 0; j0 < shared; j0 += block) {
             const int64_t j1 = std::min(j0 + block, shared);
-            {
-              const int64_t from = j0 + ahead_blocks * block;
-              if (from < shared)
-                prefetch_rows(common + from * head_dim, std::min(block, shared - from), head_dim);
-            }
+            prefetch_rows(common + j1 * head_dim, std::min(block, shared - j1), head_dim);
             for (size_t r = 0; r < runs.size(); ++r) accumulate(r, common, j0, j1);
           }
           for (size_t r = 0; r < runs.size(); ++r) {
