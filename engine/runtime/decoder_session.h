@@ -150,14 +150,11 @@ class DecoderSession {
   // groups cost about the same, each group's runs in consecutive rows.
   void plan_groups();
   bool in_run_order() const;  // whether row r holds run r
-  // Rows [first, first + count) of the step's logits to their runs' rows of run_logits_ (where
-  // the rows are not in run order).
-  void to_run_order(int64_t first, int64_t count);
   // Calls work(g) for each group g of plan_groups (its rows group_bounds_[g] ..
-  // group_bounds_[g + 1] - 1) as the backend's concurrent tasks. Each group finishes the step
-  // alone: rows no longer depend on each other, so the threads need not meet at every op, and a
-  // group's matmuls over its rows give the bits of the whole batch (the kernels' fixed order per
-  // row). No logits are shared meanwhile.
+  // group_bounds_[g + 1] - 1) as the backend's concurrent tasks. Each group goes through the
+  // layers left alone: rows no longer depend on each other, so the threads need not meet at
+  // every op, and a group's matmuls over its rows give the bits of the whole batch (the kernels'
+  // fixed order per row). No logits are shared meanwhile.
   void split_runs(const std::function<void(int64_t group)>& work);
   // The attention of a group's runs at `layer` on the calling thread, op by op over all of them
   // (`batch`: the calls' arguments): each KV head's keys and values are then read from memory
@@ -212,7 +209,6 @@ class DecoderSession {
   double row_seconds_ = 0.0;  // a split step's projections per row (split_runs' estimate)
   // This step's rows: the run each row holds and back, and the groups' first rows (plan_groups).
   std::vector<int64_t> run_of_slot_, slot_of_run_, group_bounds_;
-  DeviceTensor run_logits_;  // [runs, vocab]: the logits in run order when rows are not
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;

@@ -1,6 +1,7 @@
 // DecoderSession's lockstep groups: the order and the rows of the runs in a step, and the split
-// of a step, once its rows differ, into groups of runs of about equal cost that each finish the
-// step on one of the backend's threads. Rows: slot s of the scratch holds run run_of_slot_[s].
+// of a step, once its rows differ, into groups of runs of about equal cost that each go through
+// the layers left on one of the backend's threads. Rows: slot s of the scratch holds run
+// run_of_slot_[s].
 #include <algorithm>
 #include <functional>
 #include <utility>
@@ -64,21 +65,12 @@ void DecoderSession::plan_groups() {
   }
   slot_of_run_.resize(size_t(n));
   for (int64_t slot = 0; slot < n; ++slot) slot_of_run_[size_t(run_of_slot_[size_t(slot)])] = slot;
-  if (!in_run_order() && run_logits_.empty())
-    run_logits_ = backend_.alloc(DType::F32, {n, model_->config().vocab_size});
 }
 
 bool DecoderSession::in_run_order() const {
   for (size_t slot = 0; slot < run_of_slot_.size(); ++slot)
     if (run_of_slot_[slot] != int64_t(slot)) return false;
   return true;
-}
-
-void DecoderSession::to_run_order(int64_t first, int64_t count) {
-  if (in_run_order()) return;
-  const int64_t vocab = model_->config().vocab_size;
-  for (int64_t slot = first; slot < first + count; ++slot)
-    backend_.copy_rows(logits_view_, slot, run_logits_, run_of_slot_[size_t(slot)], 1, vocab);
 }
 
 void DecoderSession::split_runs(const std::function<void(int64_t group)>& work) {
