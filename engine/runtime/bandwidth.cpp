@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace kvlens {
@@ -41,7 +44,41 @@ double measure_copy_bandwidth_gbps(size_t bytes, int repeats) {
   return double(bytes) / median / 1e9;
 }
 
+size_t largest_cache_bytes(const char* cache_dir) {
+  size_t largest = 0;
+  int largest_level = 0;
+  for (int index = 0; index < 16; ++index) {
+    const std::string dir = std::string(cache_dir) + "/index" + std::to_string(index) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_file >> level) || !(type_file >> type) || !(size_file >> size)) continue;
+    if (type != "Data" && type != "Unified") continue;
+    // "32768K", "1M", or plain bytes.
+    size_t multiplier = 1, digits = 0;
+    while (digits < size.size() && std::isdigit(static_cast<unsigned char>(size[digits]))) ++digits;
+    if (digits == 0) continue;
+    const std::string unit = size.substr(digits);
+    if (unit == "K")
+      multiplier = size_t(1) << 10;
+    else if (unit == "M")
+      multiplier = size_t(1) << 20;
+    else if (unit == "G")
+      multiplier = size_t(1) << 30;
+    else if (!unit.empty())
+      continue;
+    const size_t bytes = size_t(std::stoull(size.substr(0, digits))) * multiplier;
+    if (level > largest_level || (level == largest_level && bytes > largest)) {
+      largest_level = level;
+      largest = bytes;
+    }
+  }
+  return largest;
+}
+
 size_t last_level_cache_bytes() {
+  const size_t from_topology = largest_cache_bytes("/sys/devices/system/cpu/cpu0/cache");
+  if (from_topology > 0) return from_topology;
   long bytes = -1;
 #if defined(_SC_LEVEL3_CACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
   bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
