@@ -154,7 +154,9 @@ class DecoderSession {
   // group_bounds_[g + 1] - 1) as the backend's concurrent tasks. Each group goes through the
   // layers left alone: rows no longer depend on each other, so the threads need not meet at
   // every op, and a group's matmuls over its rows give the bits of the whole batch (the kernels'
-  // fixed order per row). No logits are shared meanwhile.
+  // fixed order per row). No logits are shared meanwhile, and identical_rows_ of those layers
+  // stays where it was (their appended rows are not compared: the runs' rows differ, and a prefix
+  // that stops growing only means reading fewer rows once for all runs).
   void split_runs(const std::function<void(int64_t group)>& work);
   // The attention of a group's runs at `layer` on the calling thread, op by op over all of them
   // (`batch`: the calls' arguments): each KV head's keys and values are then read from memory
