@@ -101,9 +101,10 @@ class DecoderSession {
   // Run 0's state (the single-run API).
   const Policy* policy() const { return runs_[0].policy.get(); }
   // Each run's own work in the last single-token step, summed over the layers, in seconds, on
-  // whichever thread ran it (a benchmark's breakdown): its policy's select and observe, and in
-  // the layers where it computes its own logits also its attention (append, logits, softmax and
-  // value sums). Empty before the first step.
+  // whichever thread ran it (a benchmark's breakdown; the lockstep groups are planned from it):
+  // its policy's select and observe, and in the layers where it computes its own logits also its
+  // attention (append, logits, softmax and value sums; where a group of runs makes one call for
+  // all of them, an even share of it). Empty before the first step.
   const std::vector<double>& run_step_seconds() const { return run_seconds_; }
   const std::vector<DeviceTensor>& visible() const { return runs_[0].visible; }
   const std::vector<DeviceTensor>& policy_scores() const { return runs_[0].scores; }
