@@ -32,20 +32,6 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
-// Bytes one decode step reads from the weights: every matrix and norm once, one embedding row.
-int64_t weight_bytes_per_step(const BackendModel& model) {
-  int64_t bytes = 0;
-  for (const BackendModel::Layer& layer : model.layers) {
-    for (const DeviceTensor* t : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo,
-                                  &layer.mlp_norm, &layer.w_gate, &layer.w_up, &layer.w_down}) {
-      bytes += int64_t(t->bytes());
-    }
-  }
-  bytes += int64_t(model.final_norm.bytes()) + int64_t(model.lm_head.bytes());
-  if (model.embed.dim(0) > 0) bytes += int64_t(model.embed.bytes()) / model.embed.dim(0);
-  return bytes;
-}
-
 int64_t parameter_count(const Model& model) {
   const ModelWeights& w = model.weights;
   int64_t count = w.embed.numel() + w.final_norm.numel();
@@ -120,7 +106,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       }
       const auto backend = make_backend(common);
       const auto resident = BackendModel::upload(model, *backend);
-      const int64_t step_bytes = weight_bytes_per_step(*resident);
+      const int64_t step_bytes = resident->step_weight_bytes();
 
       // Measured after the upload, before decoding, in this process: same memory, same load.
       const size_t copy_bytes = copy_mb > 0 ? size_t(copy_mb) << 20 : default_copy_bytes();

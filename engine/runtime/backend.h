@@ -124,8 +124,13 @@ class Backend {
   virtual void run_tasks(int64_t count, const std::function<void(int64_t)>& task) {
     for (int64_t i = 0; i < count; ++i) task(i);
   }
-  // How many tasks of run_tasks run at the same time (1: one after another).
-  virtual int64_t concurrent_tasks() const { return 1; }
+  // How many groups of runs a lockstep step may split into once the runs' rows differ: each
+  // group then goes through the remaining layers as one task of run_tasks, with its own pass over
+  // the layers' `layer_weight_bytes` of weights. 1 (the default): no split, every op takes every
+  // run.
+  virtual int64_t lockstep_groups(int64_t /*runs*/, int64_t /*layer_weight_bytes*/) const {
+    return 1;
+  }
 
   // --- token-selection (policy) ops: one decode step (n == 1) of one layer ---
   // Row tensors are [rows, stride] row-major (F32 scores, U8 0/1 masks); only the first `cols`

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/common/error.h"
+#include "engine/runtime/bandwidth.h"
 #include "engine/runtime/cpu_checks.h"
 #include "engine/runtime/cpu_dot_kernels.h"
 #include "engine/runtime/cpu_policy_ops.h"
@@ -55,13 +56,16 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
       : pool_(options.threads),
-        kernels_(pick_dot_kernels(options.allow_simd, options.allow_avx512)) {}
+        kernels_(pick_dot_kernels(options.allow_simd, options.allow_avx512)),
+        cache_bytes_(options.cache_bytes > 0 ? options.cache_bytes : last_level_cache_bytes()) {}
 
   std::string name() const override { return "cpu"; }
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
     pool_.for_each(count, task);
   }
-  int64_t concurrent_tasks() const override { return pool_.size(); }
+  int64_t lockstep_groups(int64_t runs, int64_t layer_weight_bytes) const override {
+    return cpu_lockstep_groups(runs, pool_.size(), layer_weight_bytes, cache_bytes_);
+  }
   const char* isa() const { return kernels_.isa; }
   int threads() const { return pool_.size(); }
 
@@ -597,9 +601,19 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   DotKernels kernels_;
   PanelArena panels_;  // the weight panels upload_weight makes
+  size_t cache_bytes_;
 };
 
 }  // namespace
+
+int64_t cpu_lockstep_groups(int64_t runs, int64_t threads, int64_t layer_weight_bytes,
+                            size_t cache_bytes) {
+  const int64_t groups = std::min(runs, threads);
+  if (groups < 2 || layer_weight_bytes < 0 ||
+      size_t(layer_weight_bytes) * size_t(groups) > cache_bytes)
+    return 1;
+  return groups;
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
   return std::make_unique<CpuBackend>(options);

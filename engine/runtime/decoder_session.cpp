@@ -54,12 +54,30 @@ std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const M
   return result;
 }
 
+int64_t BackendModel::layer_weight_bytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers) {
+    for (const DeviceTensor* t : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo,
+                                  &layer.mlp_norm, &layer.w_gate, &layer.w_up, &layer.w_down}) {
+      bytes += int64_t(t->bytes());
+    }
+  }
+  return bytes;
+}
+
+int64_t BackendModel::step_weight_bytes() const {
+  int64_t bytes = layer_weight_bytes() + int64_t(final_norm.bytes()) + int64_t(lm_head.bytes());
+  if (embed.dim(0) > 0) bytes += int64_t(embed.bytes()) / embed.dim(0);
+  return bytes;
+}
+
 DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options,
                                int64_t runs)
     : model_(std::move(model)), backend_(*model_->backend), options_(options) {
   if (runs < 1) throw Error("session", "runs", "at least one run", std::to_string(runs));
   runs_.resize(size_t(runs));
   identical_rows_.assign(size_t(model_->config().num_layers), 0);
+  lockstep_groups_ = runs > 1 ? backend_.lockstep_groups(runs, model_->layer_weight_bytes()) : 1;
 }
 
 void DecoderSession::ensure_scratch(int64_t n) {

@@ -31,6 +31,10 @@ struct BackendModel {
   static std::shared_ptr<const BackendModel> upload(std::shared_ptr<const Model> model,
                                                     Backend& backend);
   const ModelConfig& config() const { return model->config; }
+  // Bytes of the layers' weights (norms and matrices), and what one decode step reads from the
+  // weights: those, the final norm, the lm_head and one embedding row.
+  int64_t layer_weight_bytes() const;
+  int64_t step_weight_bytes() const;
 };
 
 struct SessionOptions {
@@ -143,12 +147,12 @@ class DecoderSession {
   void attend_alone(int64_t r, size_t layer, int64_t shared);
   // Marks run r's probabilities of `layer` for its policy's observe (pending_observe).
   void await_observe(int64_t r, size_t layer);
-  // Whether a lockstep step, once its rows differ, goes on in groups of runs, one per task the
-  // backend runs at once (split_runs).
+  // Whether a lockstep step, once its rows differ, goes on in groups of runs (split_runs): where
+  // the backend's lockstep_groups for this session is above 1.
   bool splits_runs() const;
-  // The step's groups of runs (one per concurrent task of the backend where splits_runs, else
-  // one) and the rows that hold them: the costliest runs of the last step spread so that the
-  // groups cost about the same, each group's runs in consecutive rows.
+  // The step's groups of runs (lockstep_groups_ of them) and the rows that hold them: the
+  // costliest runs of the last step spread so that the groups cost about the same, each group's
+  // runs in consecutive rows.
   void plan_groups();
   bool in_run_order() const;  // whether row r holds run r
   // Calls work(g) for each group g of plan_groups (its rows group_bounds_[g] ..
@@ -212,6 +216,7 @@ class DecoderSession {
   double row_seconds_ = 0.0;  // a split step's projections per row (split_runs' estimate)
   // This step's rows: the run each row holds and back, and the groups' first rows (plan_groups).
   std::vector<int64_t> run_of_slot_, slot_of_run_, group_bounds_;
+  int64_t lockstep_groups_ = 1;  // the backend's lockstep_groups for this session's runs
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;

@@ -29,12 +29,11 @@ void DecoderSession::order_runs_by_cost() {
 }
 
 bool DecoderSession::splits_runs() const {
-  return runs() > 1 && backend_.concurrent_tasks() > 1;
+  return lockstep_groups_ > 1;
 }
 
 void DecoderSession::plan_groups() {
-  const int64_t n = runs();
-  const int64_t groups = splits_runs() ? std::min<int64_t>(n, backend_.concurrent_tasks()) : 1;
+  const int64_t n = runs(), groups = lockstep_groups_;
   // A run's cost: its row's share of the projections plus its own attention and policy work in
   // the last step (all alike before the first). The costliest go first, each to the group with
   // the least so far (longest processing time first: within a third of the best split).

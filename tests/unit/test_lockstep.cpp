@@ -7,6 +7,7 @@
 
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"
+#include "engine/runtime/cpu_backend.h"
 #include "engine/runtime/scoring.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
@@ -21,10 +22,13 @@ struct Loaded {
   std::shared_ptr<const BackendModel> model;
 };
 
-Loaded load_tiny(const std::string& tag, const test::TinyLlamaSpec& spec = {}) {
+Loaded load_tiny(const std::string& tag, const test::TinyLlamaSpec& spec = {}, int threads = 2) {
   const std::string dir = test::write_tiny_llama(test::make_temp_dir(tag), spec);
   Loaded loaded;
-  loaded.backend = make_cpu_backend(2);
+  CpuBackendOptions options;
+  options.threads = threads;
+  options.cache_bytes = size_t(32) << 20;  // the tiny weights' group passes fit: 2 threads split
+  loaded.backend = make_cpu_backend(options);
   loaded.model = BackendModel::upload(Model::load(dir), *loaded.backend);
   return loaded;
 }
@@ -55,7 +59,13 @@ std::vector<PolicyConfig> mixed_policies() {
 }  // namespace
 
 TEST_CASE("lockstep runs give each policy's logits of a run alone", "[lockstep]") {
-  Loaded loaded = load_tiny("lockstep");
+  // 2 threads split the step into groups of runs once the rows differ (the tiny weights fit in
+  // any cache); 1 thread takes every run through every op.
+  const int threads = GENERATE(1, 2);
+  INFO(threads << " threads");
+  Loaded loaded = load_tiny("lockstep", {}, threads);
+  REQUIRE(loaded.backend->lockstep_groups(10, loaded.model->layer_weight_bytes()) ==
+          (threads == 2 ? 2 : 1));
   const std::vector<PolicyConfig> policies = mixed_policies();
   REQUIRE(policies.size() >= 8);
 
@@ -77,6 +87,23 @@ TEST_CASE("lockstep runs give each policy's logits of a run alone", "[lockstep]"
   // The policies really differ from each other (the lockstep does not hand one run's state to
   // another): at s = 0.5 the streaming run's predictions are not the dense ones.
   CHECK(together[0].nll != together[3].nll);
+}
+
+TEST_CASE("the CPU backend splits a lockstep only while the groups' weight passes fit the cache",
+          "[lockstep]") {
+  constexpr size_t kMiB = size_t(1) << 20;
+  // The demo model (11.6 MB of layer weights) on this 2-core VM with 32 MiB of L3, and on 16
+  // threads with 300 MiB: one group per thread.
+  CHECK(cpu_lockstep_groups(10, 2, 11'600'000, 32 * kMiB) == 2);
+  CHECK(cpu_lockstep_groups(10, 16, 11'600'000, 300 * kMiB) == 10);  // at most one per run
+  // A 200 MB model: from memory, each group's pass would multiply the traffic.
+  CHECK(cpu_lockstep_groups(10, 2, 200'000'000, 32 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 4, 100'000'000, 300 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 2, 100'000'000, 300 * kMiB) == 2);
+  // One run or one thread: nothing to split; an unknown cache size: no split.
+  CHECK(cpu_lockstep_groups(1, 16, 1000, 32 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 1, 1000, 32 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 2, 1000, 0) == 1);
 }
 
 TEST_CASE("lockstep in prefill + decode copies the dense prompt into every run", "[lockstep]") {
