@@ -126,9 +126,10 @@ class Backend {
   }
   // How many groups of runs a lockstep step may split into once the runs' rows differ: each
   // group then goes through the remaining layers as one task of run_tasks, with its own pass over
-  // the layers' `layer_weight_bytes` of weights. 1 (the default): no split, every op takes every
-  // run.
-  virtual int64_t lockstep_groups(int64_t /*runs*/, int64_t /*layer_weight_bytes*/) const {
+  // the `layers` layers' `layer_weight_bytes` of weights. 1 (the default): no split, every op
+  // takes every run.
+  virtual int64_t lockstep_groups(int64_t /*runs*/, int64_t /*layer_weight_bytes*/,
+                                  int64_t /*layers*/) const {
     return 1;
   }
 

@@ -63,8 +63,8 @@ class CpuBackend final : public Backend {
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
     pool_.for_each(count, task);
   }
-  int64_t lockstep_groups(int64_t runs, int64_t layer_weight_bytes) const override {
-    return cpu_lockstep_groups(runs, pool_.size(), layer_weight_bytes, cache_bytes_);
+  int64_t lockstep_groups(int64_t runs, int64_t layer_weight_bytes, int64_t layers) const override {
+    return cpu_lockstep_groups(runs, pool_.size(), layer_weight_bytes, layers, cache_bytes_);
   }
   const char* isa() const { return kernels_.isa; }
   int threads() const { return pool_.size(); }
@@ -607,9 +607,10 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 int64_t cpu_lockstep_groups(int64_t runs, int64_t threads, int64_t layer_weight_bytes,
-                            size_t cache_bytes) {
+                            int64_t layers, size_t cache_bytes) {
   const int64_t groups = std::min(runs, threads);
-  if (groups < 2 || layer_weight_bytes < 0 ||
+  if (groups < 2 || layers < 1 || layer_weight_bytes < 0 ||
+      layer_weight_bytes > kSplitLayerBytes * layers ||
       size_t(layer_weight_bytes) * size_t(groups) > cache_bytes)
     return 1;
   return groups;

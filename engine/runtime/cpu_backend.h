@@ -22,14 +22,18 @@ struct CpuBackendOptions {
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
 
-// The CPU backend's lockstep_groups: one group per thread (at most one per run), when those
-// groups' passes over `layer_weight_bytes` of layer weights all fit in a last-level cache of
-// `cache_bytes` (0: unknown); otherwise 1. Each group streams every layer's weights: served from
-// the cache that is cheaper than the threads meeting at every op (10 runs of the 16 MB demo model:
-// 1.5 against 2.0 ms per step on 16 threads of a Xeon), but from memory it multiplies the
-// traffic (10 runs of an 800 MB model there: 75 against 26 ms).
+// The CPU backend's lockstep_groups: one group per thread (at most one per run) where the
+// layers are small (kSplitLayerBytes each at most) and the groups' passes over all of them fit
+// in a last-level cache of `cache_bytes` (0: unknown); otherwise 1. Each group streams every
+// layer's weights. For small layers that is cheaper than the threads meeting at every op, whose
+// ops are then short (10 runs of the 16 MB demo model, 1.45 MB a layer: 1.5 against 2.0 ms per
+// step on 16 threads of a Xeon with 300 MiB of L3; 1.21 against 1.40 ms on the 2-core dev VM).
+// For large layers the extra passes cost more than the meetings save, from the cache (10 runs of
+// a 200 MB model, 10 MB a layer, 2 threads of that Xeon: about 12% slower) and far more from
+// memory (an 800 MB model there: 3x slower on 16 threads).
+inline constexpr int64_t kSplitLayerBytes = int64_t(4) << 20;
 int64_t cpu_lockstep_groups(int64_t runs, int64_t threads, int64_t layer_weight_bytes,
-                            size_t cache_bytes);
+                            int64_t layers, size_t cache_bytes);
 
 // The matmul/dot kernels `backend` runs ("avx2+fma, avx512f matmul, logits, softmax, avx512bw
 // top-k", "avx2+fma" or "generic", say) and its thread count; empty and 0 when `backend` is not

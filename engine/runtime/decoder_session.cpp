@@ -77,7 +77,9 @@ DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, Sessio
   if (runs < 1) throw Error("session", "runs", "at least one run", std::to_string(runs));
   runs_.resize(size_t(runs));
   identical_rows_.assign(size_t(model_->config().num_layers), 0);
-  lockstep_groups_ = runs > 1 ? backend_.lockstep_groups(runs, model_->layer_weight_bytes()) : 1;
+  lockstep_groups_ = runs > 1 ? backend_.lockstep_groups(runs, model_->layer_weight_bytes(),
+                                                         int64_t(model_->layers.size()))
+                              : 1;
 }
 
 void DecoderSession::ensure_scratch(int64_t n) {

@@ -64,7 +64,8 @@ TEST_CASE("lockstep runs give each policy's logits of a run alone", "[lockstep]"
   const int threads = GENERATE(1, 2);
   INFO(threads << " threads");
   Loaded loaded = load_tiny("lockstep", {}, threads);
-  REQUIRE(loaded.backend->lockstep_groups(10, loaded.model->layer_weight_bytes()) ==
+  REQUIRE(loaded.backend->lockstep_groups(10, loaded.model->layer_weight_bytes(),
+                                          int64_t(loaded.model->layers.size())) ==
           (threads == 2 ? 2 : 1));
   const std::vector<PolicyConfig> policies = mixed_policies();
   REQUIRE(policies.size() >= 8);
@@ -89,21 +90,25 @@ TEST_CASE("lockstep runs give each policy's logits of a run alone", "[lockstep]"
   CHECK(together[0].nll != together[3].nll);
 }
 
-TEST_CASE("the CPU backend splits a lockstep only while the groups' weight passes fit the cache",
+TEST_CASE("the CPU backend splits a lockstep only for small layers whose passes fit the cache",
           "[lockstep]") {
   constexpr size_t kMiB = size_t(1) << 20;
-  // The demo model (11.6 MB of layer weights) on this 2-core VM with 32 MiB of L3, and on 16
-  // threads with 300 MiB: one group per thread.
-  CHECK(cpu_lockstep_groups(10, 2, 11'600'000, 32 * kMiB) == 2);
-  CHECK(cpu_lockstep_groups(10, 16, 11'600'000, 300 * kMiB) == 10);  // at most one per run
-  // A 200 MB model: from memory, each group's pass would multiply the traffic.
-  CHECK(cpu_lockstep_groups(10, 2, 200'000'000, 32 * kMiB) == 1);
-  CHECK(cpu_lockstep_groups(10, 4, 100'000'000, 300 * kMiB) == 1);
-  CHECK(cpu_lockstep_groups(10, 2, 100'000'000, 300 * kMiB) == 2);
-  // One run or one thread: nothing to split; an unknown cache size: no split.
-  CHECK(cpu_lockstep_groups(1, 16, 1000, 32 * kMiB) == 1);
-  CHECK(cpu_lockstep_groups(10, 1, 1000, 32 * kMiB) == 1);
-  CHECK(cpu_lockstep_groups(10, 2, 1000, 0) == 1);
+  // The demo model (8 layers, 11.6 MB of layer weights) on this 2-core VM with 32 MiB of L3,
+  // and on 16 threads with 300 MiB: one group per thread, at most one per run.
+  CHECK(cpu_lockstep_groups(10, 2, 11'600'000, 8, 32 * kMiB) == 2);
+  CHECK(cpu_lockstep_groups(10, 16, 11'600'000, 8, 300 * kMiB) == 10);
+  // Two groups' passes over 8 x 3 MB no longer fit 32 MiB; in 300 MiB they do.
+  CHECK(cpu_lockstep_groups(10, 2, 24'000'000, 8, 32 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 2, 24'000'000, 8, 300 * kMiB) == 2);
+  // A 200 MB model (12 layers of about 10 MB): large layers, no split even in a large cache.
+  CHECK(cpu_lockstep_groups(10, 2, 118'000'000, 12, 300 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 2, 4 * 12 * int64_t(kMiB), 12, 300 * kMiB) == 2);  // the limit
+  CHECK(cpu_lockstep_groups(10, 2, 4 * 12 * int64_t(kMiB) + 1, 12, 300 * kMiB) == 1);
+  // One run or one thread: nothing to split; an unknown cache size or no layers: no split.
+  CHECK(cpu_lockstep_groups(1, 16, 1000, 2, 32 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 1, 1000, 2, 32 * kMiB) == 1);
+  CHECK(cpu_lockstep_groups(10, 2, 1000, 2, 0) == 1);
+  CHECK(cpu_lockstep_groups(10, 2, 1000, 0, 32 * kMiB) == 1);
 }
 
 TEST_CASE("lockstep in prefill + decode copies the dense prompt into every run", "[lockstep]") {
