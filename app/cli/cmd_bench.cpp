@@ -77,7 +77,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_flag("--json", json, "Print the results as one JSON object");
   command->add_option("--policies", policies,
                       "Also step these policies in lockstep at the same context and report the "
-                      "time ratio to the dense run alone (comma-separated ids)");
+                      "time ratio to the dense session of this process (comma-separated ids)");
   command
       ->add_option("--block", block,
                    "With --policies: the dense and lockstep sessions take turns in blocks of this "
@@ -133,7 +133,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       // sessions take turns in blocks of steps, so both see the same machine load; the first step
       // of a block finds the caches full of the other session's data, which a session stepped
       // alone never does, so it is not timed (stepping them in turns step by step made the dense
-      // steps about 1.4x slower than alone: its ~20 MB of weights and cache no longer stayed in
+      // steps 1.2-1.4x slower than alone: its ~20 MB of weights and cache no longer stayed in
       // the last-level cache).
       std::optional<DecoderSession> lockstep;
       std::vector<PolicyConfig> runs;

@@ -203,7 +203,6 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     run.attention_logits.clear();
     run.pending_observe = -1;  // left over only by a step that threw
   }
-  std::vector<int32_t> slot_tokens;  // the tokens in row order, where rows are not in run order
   if (per_run) {
     order_runs_by_cost();
     plan_groups();
@@ -221,11 +220,11 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
       k_rows_[size_t(r)] = row_view(k_heads, slot);
       v_rows_[size_t(r)] = row_view(v_heads, slot);
     }
-    if (!in_run_order()) {
-      slot_tokens.resize(size_t(n));
+    if (!rows_in_run_order_) {
+      slot_tokens_.resize(size_t(n));
       for (int64_t r = 0; r < n; ++r)
-        slot_tokens[size_t(slot_of_run_[size_t(r)])] = tokens[size_t(r)];
-      tokens = slot_tokens;
+        slot_tokens_[size_t(slot_of_run_[size_t(r)])] = tokens[size_t(r)];
+      tokens = slot_tokens_;
     }
   }
   // Lockstep rows that hold the same bytes (every run's hidden state alike: the same token, and
@@ -359,7 +358,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     const int64_t m = alike ? 1 : n;
     DeviceTensor normed_m = row_range(normed, 0, m), logits_m = row_range(logits_view_, 0, m);
     backend_.rmsnorm(row_range(hidden, 0, m), model_->final_norm, eps, normed_m);
-    if (per_run && !alike && !in_run_order()) {
+    if (per_run && !alike && !rows_in_run_order_) {
       for (int64_t r = 0; r < n; ++r)
         backend_.copy_rows(normed, slot_of_run_[size_t(r)], proj, r, 1, E);
       normed_m = proj;

@@ -154,7 +154,6 @@ class DecoderSession {
   // costliest runs of the last step spread so that the groups cost about the same, each group's
   // runs in consecutive rows.
   void plan_groups();
-  bool in_run_order() const;  // whether row r holds run r
   // Calls work(g) for each group g of plan_groups (its rows group_bounds_[g] ..
   // group_bounds_[g + 1] - 1) as the backend's concurrent tasks. Each group goes through the
   // layers left alone: rows no longer depend on each other, so the threads need not meet at
@@ -216,7 +215,9 @@ class DecoderSession {
   double row_seconds_ = 0.0;  // a split step's projections per row (split_runs' estimate)
   // This step's rows: the run each row holds and back, and the groups' first rows (plan_groups).
   std::vector<int64_t> run_of_slot_, slot_of_run_, group_bounds_;
-  int64_t lockstep_groups_ = 1;  // the backend's lockstep_groups for this session's runs
+  bool rows_in_run_order_ = true;     // row r holds run r for every r
+  std::vector<int32_t> slot_tokens_;  // the step's tokens in row order (where not run order)
+  int64_t lockstep_groups_ = 1;       // the backend's lockstep_groups for this session's runs
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;

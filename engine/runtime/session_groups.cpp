@@ -34,6 +34,16 @@ bool DecoderSession::splits_runs() const {
 
 void DecoderSession::plan_groups() {
   const int64_t n = runs(), groups = lockstep_groups_;
+  if (groups == 1) {
+    // One group: every run in its own row, as laid out once.
+    if (int64_t(run_of_slot_.size()) == n) return;
+    run_of_slot_.resize(size_t(n));
+    for (int64_t r = 0; r < n; ++r) run_of_slot_[size_t(r)] = r;
+    slot_of_run_ = run_of_slot_;
+    group_bounds_ = {0, n};
+    rows_in_run_order_ = true;
+    return;
+  }
   // A run's cost: its row's share of the projections plus its own attention and policy work in
   // the last step (all alike before the first). The costliest go first, each to the group with
   // the least so far (longest processing time first: within a third of the best split).
@@ -63,13 +73,11 @@ void DecoderSession::plan_groups() {
     group_bounds_[size_t(g) + 1] = int64_t(run_of_slot_.size());
   }
   slot_of_run_.resize(size_t(n));
-  for (int64_t slot = 0; slot < n; ++slot) slot_of_run_[size_t(run_of_slot_[size_t(slot)])] = slot;
-}
-
-bool DecoderSession::in_run_order() const {
-  for (size_t slot = 0; slot < run_of_slot_.size(); ++slot)
-    if (run_of_slot_[slot] != int64_t(slot)) return false;
-  return true;
+  rows_in_run_order_ = true;
+  for (int64_t slot = 0; slot < n; ++slot) {
+    slot_of_run_[size_t(run_of_slot_[size_t(slot)])] = slot;
+    rows_in_run_order_ = rows_in_run_order_ && run_of_slot_[size_t(slot)] == slot;
+  }
 }
 
 void DecoderSession::split_runs(const std::function<void(int64_t group)>& work) {
