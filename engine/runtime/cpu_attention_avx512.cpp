@@ -1,10 +1,11 @@
-// The attention logits and softmax kernels in AVX-512 (cpu_attention_x86.h), with the AVX2
-// kernels' bits. Logits: one 16-lane accumulator holds a key's products with two query heads of
+// The attention logits, softmax and lockstep value-sum kernels in AVX-512 (cpu_attention_x86.h),
+// with the AVX2 kernels' bits. Logits: one 16-lane accumulator holds a key's products with two query heads of
 // a KV head (query i in 256-bit half i, lanes d mod 8 as in AVX2), so each key block is one
 // broadcast load and one FMA for both heads, and the fold of 8 such accumulators is AVX2's
 // transpose_sum8 run on both halves at once. Softmax: the exp of two 8-column blocks in one
 // register, the total still added block by block into 8 lanes. Odd query counts, head_dim not a
-// multiple of 8 and the cut edge blocks go to the AVX2 code.
+// multiple of 8 and the cut edge blocks go to the AVX2 code. Value sums of several runs' heads
+// over shared values: per key one load of the values and one masked FMA per row and 16 columns.
 #include <algorithm>
 #include <cstdint>
 
@@ -13,6 +14,7 @@
 #if KVLENS_HAVE_X86_KERNELS
 #define KVLENS_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define KVLENS_AVX512_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
+#define KVLENS_AVX512_LAMBDA __attribute__((target("avx512f,avx2,fma,f16c"), always_inline))
 
 // GCC 12's AVX-512 intrinsics pass an uninitialized vector as the unused merge operand, and
 // -Wmaybe-uninitialized reports it at every call (GCC bug 105593): a false alarm in the system
@@ -240,7 +242,91 @@ KVLENS_AVX512_INLINE float softmax_weights_avx512_t(const float* logits, const u
   return fold_total(total8);
 }
 
+// weighted_values_rows: each row's multiply-add is masked by its weight != 0 (true for NaN, as
+// the AVX2 test), which leaves its sums exactly as skipping the key does. kRows x kBlocks
+// accumulators: with two runs' heads or more, enough independent chains to keep both FMA pipes
+// busy (a row's sums wait on the FMA latency key after key). Each key's values are loaded once
+// for all rows.
+template <int kRows, int kBlocks>
+KVLENS_AVX512_INLINE void values_rows_chunk(const float* const* weights, const float* values,
+                                            float* const* sums, int64_t head_dim, int64_t d0,
+                                            int64_t begin, int64_t end) {
+  __m512 acc[kRows][kBlocks];
+  for (int i = 0; i < kRows; ++i)
+    for (int b = 0; b < kBlocks; ++b) acc[i][b] = _mm512_loadu_ps(sums[i] + d0 + 16 * b);
+  const __m512 zero = _mm512_setzero_ps();
+  auto add_key = [&](int64_t j) KVLENS_AVX512_LAMBDA {
+    __m512 v[kBlocks];
+    for (int b = 0; b < kBlocks; ++b) v[b] = _mm512_loadu_ps(values + j * head_dim + d0 + 16 * b);
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 w = _mm512_set1_ps(weights[i][j]);
+      const __mmask16 taken = _mm512_cmp_ps_mask(w, zero, _CMP_NEQ_UQ);
+      for (int b = 0; b < kBlocks; ++b)
+        acc[i][b] = _mm512_mask3_fmadd_ps(w, v[b], acc[i][b], taken);
+    }
+  };
+  int64_t j = begin;
+  for (; j + 8 <= end; j += 8) {
+    // A block of 8 keys that no row takes (hidden, evicted) is skipped unread.
+    int taken = 0;
+    for (int i = 0; i < kRows; ++i)
+      taken |= _mm256_movemask_ps(
+          _mm256_cmp_ps(_mm256_loadu_ps(weights[i] + j), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+    if (taken == 0) continue;
+    for (int64_t t = j; t < j + 8; ++t) add_key(t);
+  }
+  for (; j < end; ++j) add_key(j);
+  for (int i = 0; i < kRows; ++i)
+    for (int b = 0; b < kBlocks; ++b) _mm512_storeu_ps(sums[i] + d0 + 16 * b, acc[i][b]);
+}
+
+template <int kRows>
+KVLENS_AVX512_INLINE void values_rows(const float* const* weights, const float* values,
+                                      float* const* sums, int64_t head_dim, int64_t begin,
+                                      int64_t end) {
+  int64_t d0 = 0;
+  for (; d0 + 32 <= head_dim; d0 += 32)
+    values_rows_chunk<kRows, 2>(weights, values, sums, head_dim, d0, begin, end);
+  if (d0 < head_dim) values_rows_chunk<kRows, 1>(weights, values, sums, head_dim, d0, begin, end);
+}
+
+KVLENS_AVX512_INLINE void values_rows_share(int rows, const float* const* weights,
+                                            const float* values, float* const* sums,
+                                            int64_t head_dim, int64_t begin, int64_t end) {
+  switch (rows) {
+    case 1:
+      return values_rows<1>(weights, values, sums, head_dim, begin, end);
+    case 2:
+      return values_rows<2>(weights, values, sums, head_dim, begin, end);
+    case 3:
+      return values_rows<3>(weights, values, sums, head_dim, begin, end);
+    case 4:
+      return values_rows<4>(weights, values, sums, head_dim, begin, end);
+    case 5:
+      return values_rows<5>(weights, values, sums, head_dim, begin, end);
+    case 6:
+      return values_rows<6>(weights, values, sums, head_dim, begin, end);
+    case 7:
+      return values_rows<7>(weights, values, sums, head_dim, begin, end);
+    default:
+      return values_rows<8>(weights, values, sums, head_dim, begin, end);
+  }
+}
+
 }  // namespace
+
+KVLENS_AVX512 void weighted_values_rows_avx512(const float* const* weights, const float* values,
+                                               float* const* sums, int rows, int64_t head_dim,
+                                               int64_t begin, int64_t end) {
+  // Rows in even shares of at most kValuesRowsPerCall (10 as 5 + 5, not 8 + 2: a share of few
+  // rows has few accumulator chains and waits on the FMA latency).
+  const int calls = (rows + kValuesRowsPerCall - 1) / kValuesRowsPerCall;
+  for (int i = 0, call = 0; call < calls; ++call) {
+    const int share = (rows - i) / (calls - call);
+    values_rows_share(share, weights + i, values, sums + i, head_dim, begin, end);
+    i += share;
+  }
+}
 
 KVLENS_AVX512 void attention_logits_avx512(const float* q, int64_t q_stride, int nq,
                                            const float* keys, int64_t head_dim, int64_t lo,

@@ -37,6 +37,13 @@ void attention_logits_avx512(const float* q, int64_t q_stride, int nq, const flo
 float softmax_weights_avx512(const float* logits, const uint8_t* visible, int64_t begin,
                              int64_t end, float* weights);
 
+// The WeightedValuesRowsFn of cpu_dot_kernels.h (head_dim a multiple of 16), in calls of up to
+// kValuesRowsPerCall rows (8: 16 accumulators of 32 dimensions).
+inline constexpr int kValuesRowsPerCall = 8;
+void weighted_values_rows_avx512(const float* const* weights, const float* values,
+                                 float* const* sums, int rows, int64_t head_dim, int64_t begin,
+                                 int64_t end);
+
 inline constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
 // The helpers are forced inline: called per block, a call and its set-up would cost as much as

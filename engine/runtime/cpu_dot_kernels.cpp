@@ -682,14 +682,15 @@ DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512) {
     kernels.page_bounds = page_bounds_avx2;
     kernels.page_best = page_best_avx2;
     if (allow_avx512 && cpu_has_avx512f()) {
-      kernels.isa = "avx2+fma, avx512f matmul, logits, softmax";
+      kernels.isa = "avx2+fma, avx512f matmul, logits, softmax, values";
       kernels.matmul_f32 = panel_matmul_avx512_f32;
       kernels.matmul_bf16 = panel_matmul_avx512_bf16;
       kernels.matmul_limits = kAvx512PanelLimits;
       kernels.attention_logits = x86::attention_logits_avx512;
       kernels.softmax_weights = x86::softmax_weights_avx512;
+      kernels.weighted_values_rows = x86::weighted_values_rows_avx512;
       if (cpu_has_avx512_top_k()) {  // BW and VL too: the byte masks
-        kernels.isa = "avx2+fma, avx512f matmul, logits, softmax, avx512bw top-k";
+        kernels.isa = "avx2+fma, avx512f matmul, logits, softmax, values, avx512bw top-k";
         kernels.top_k = top_k_row_avx512;
       }
     }

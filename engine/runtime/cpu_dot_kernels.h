@@ -64,6 +64,15 @@ using WeightedValuesAccumulateFn = void (*)(const float* weights, int64_t weight
                                             const float* values, int64_t head_dim, int64_t begin,
                                             int64_t end, float* sums, int64_t sums_stride);
 
+// weighted_values_accumulate for `rows` weight rows over the same values, each with its own
+// sums (the query heads of several runs over their common cache rows: each key's values are
+// read once for all): sums[i][d] continued with weights[i][j] * values[j * head_dim + d] over j
+// in [begin, end), the same operations per output as weighted_values_accumulate, so the same
+// bits. Only in the AVX-512 set, for head_dim a multiple of 16 (null otherwise).
+using WeightedValuesRowsFn = void (*)(const float* const* weights, const float* values,
+                                      float* const* sums, int rows, int64_t head_dim, int64_t begin,
+                                      int64_t end);
+
 // out[j] = SiLU(gate[j]) * up[j] for j < n, as (g >= 0 ? g : g * e) / (1 + e) * up[j] with
 // e = exp(-|g|): g / (1 + exp(-g)) * up rearranged so that exp never overflows. The AVX2 kernel's
 // exp is the softmax's (about 1 ulp), the portable one's std::exp.
@@ -80,6 +89,7 @@ struct DotKernels {
   SoftmaxWeightsFn softmax_weights = nullptr;
   WeightedValuesFn weighted_values = nullptr;
   WeightedValuesAccumulateFn weighted_values_accumulate = nullptr;
+  WeightedValuesRowsFn weighted_values_rows = nullptr;
   SiluMulFn silu_mul = nullptr;
   AxpbyRowFn axpby = nullptr;  // the policy ops' element-wise row kernel (cpu_row_kernels.h)
   SquaredNormsFn squared_norms = nullptr;  // key_anchor_scores' lengths (cpu_row_kernels.h)

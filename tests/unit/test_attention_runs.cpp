@@ -24,46 +24,58 @@ using kvlens::test::read_u8;
 
 namespace {
 
-constexpr int64_t kHeads = 4, kGroups = 2, kDim = 40, kCapacity = 300, kRuns = 3;
+constexpr int64_t kHeads = 4, kGroups = 2, kCapacity = 300, kRuns = 3;
+
+// The masks' kinds: half the columns at random (the CPU backend computes such a run's logits
+// over spans of columns its heads see), one in twenty (at those columns only), and the first 4
+// and the last 40 columns (spans with a gap between them).
+enum class MaskKind { Half, Sparse, SinksAndRecent };
 
 // Three runs' caches: rows [0, shared) equal in all of them (the common prompt), the rest each
-// run's own; a random mask per run.
+// run's own; a mask of the kind per run.
 struct Runs {
   std::vector<DeviceTensor> k, v, q, logits, out, probs, visible;
 };
 
-Runs make_runs(Backend& backend, int64_t shared, int64_t cols) {
+Runs make_runs(Backend& backend, int64_t shared, int64_t cols, int64_t dim, MaskKind kind) {
   Runs runs;
-  const std::vector<float> common_k = random_values(size_t(kGroups * kCapacity * kDim), 11);
-  const std::vector<float> common_v = random_values(size_t(kGroups * kCapacity * kDim), 12);
+  const std::vector<float> common_k = random_values(size_t(kGroups * kCapacity * dim), 11);
+  const std::vector<float> common_v = random_values(size_t(kGroups * kCapacity * dim), 12);
   std::mt19937 rng(13);
   for (int64_t r = 0; r < kRuns; ++r) {
     std::vector<float> k = random_values(common_k.size(), uint32_t(20 + r));
     std::vector<float> v = random_values(common_v.size(), uint32_t(30 + r));
     for (int64_t g = 0; g < kGroups; ++g)
-      for (int64_t j = 0; j < shared * kDim; ++j) {
-        const size_t at = size_t(g * kCapacity * kDim + j);
+      for (int64_t j = 0; j < shared * dim; ++j) {
+        const size_t at = size_t(g * kCapacity * dim + j);
         k[at] = common_k[at];
         v[at] = common_v[at];
       }
-    runs.k.push_back(make_f32(backend, k, {kGroups, kCapacity, kDim}));
-    runs.v.push_back(make_f32(backend, v, {kGroups, kCapacity, kDim}));
-    runs.q.push_back(make_f32(backend, random_values(size_t(kHeads * kDim), uint32_t(40 + r)),
-                              {1, kHeads, kDim}));
+    runs.k.push_back(make_f32(backend, k, {kGroups, kCapacity, dim}));
+    runs.v.push_back(make_f32(backend, v, {kGroups, kCapacity, dim}));
+    runs.q.push_back(
+        make_f32(backend, random_values(size_t(kHeads * dim), uint32_t(40 + r)), {1, kHeads, dim}));
     runs.logits.push_back(backend.alloc(DType::F32, {kHeads, kCapacity}));
-    runs.out.push_back(backend.alloc(DType::F32, {1, kHeads, kDim}));
+    runs.out.push_back(backend.alloc(DType::F32, {1, kHeads, dim}));
     runs.probs.push_back(backend.alloc(DType::F32, {kHeads, kCapacity}));
     std::vector<uint8_t> mask(size_t(kHeads * kCapacity), 0);
     for (int64_t h = 0; h < kHeads; ++h)
-      for (int64_t j = 0; j < cols; ++j) mask[size_t(h * kCapacity + j)] = uint8_t(rng() % 2);
+      for (int64_t j = 0; j < cols; ++j) {
+        const bool shown = kind == MaskKind::Half     ? rng() % 2 == 0
+                           : kind == MaskKind::Sparse ? rng() % 20 == 0
+                                                      : j < 4 || j >= cols - 40;
+        mask[size_t(h * kCapacity + j)] = uint8_t(shown);
+      }
     runs.visible.push_back(make_u8(backend, mask, {kHeads, kCapacity}));
   }
   return runs;
 }
 
-void check_runs_equal_single(Backend& backend, int64_t shared, int64_t position, int64_t window) {
+void check_runs_equal_single(Backend& backend, int64_t shared, int64_t position, int64_t window,
+                             int64_t dim = 40, MaskKind kind = MaskKind::Half) {
   const int64_t cols = position + 1;
-  Runs together = make_runs(backend, shared, cols), alone = make_runs(backend, shared, cols);
+  Runs together = make_runs(backend, shared, cols, dim, kind);
+  Runs alone = make_runs(backend, shared, cols, dim, kind);
   // Run 0 dense without probs, run 1 masked with probs, run 2 masked without probs.
   auto item = [](Runs& runs, int64_t r) {
     Backend::RunAttention a;
@@ -84,8 +96,8 @@ void check_runs_equal_single(Backend& backend, int64_t shared, int64_t position,
     const Backend::RunAttention a = item(alone, r);
     backend.attention_logits(*a.q, *a.k_cache, position, window, *a.logits);
     backend.attention_visible(*a.logits, cols, a.visible, *a.v_cache, *a.out, a.probs);
-    INFO("run " << r << ", shared " << shared << ", position " << position << ", window "
-                << window);
+    INFO("run " << r << ", shared " << shared << ", position " << position << ", window " << window
+                << ", head_dim " << dim << ", mask kind " << int(kind));
     // A masked run's logits are computed at its visible columns only (backend.h): those, and
     // the -inf before the window, are the single-run op's bits.
     const std::vector<float> got = read_f32(backend, together.logits[size_t(r)]);
@@ -121,12 +133,23 @@ TEST_CASE("attention ops over several runs give each run's single-run bits", "[p
     check_runs_equal_single(*backend, 200, 259, 100);
     check_runs_equal_single(*backend, 200, 259, 50);
     check_runs_equal_single(*backend, 3, 4, 0);
+    // head_dim 32: the AVX-512 set's rows kernel sums the common rows' values for all runs at
+    // once; sparse masks: logits at the visible columns; sinks and recent: spans with a gap, one
+    // of them across the end of the common rows.
+    for (const MaskKind kind : {MaskKind::Half, MaskKind::Sparse, MaskKind::SinksAndRecent}) {
+      for (const int64_t dim : {int64_t(32), int64_t(40)}) {
+        check_runs_equal_single(*backend, 200, 259, 0, dim, kind);
+        check_runs_equal_single(*backend, 230, 259, 0, dim, kind);
+        check_runs_equal_single(*backend, 200, 259, 50, dim, kind);
+      }
+    }
   }
 }
 
 TEST_CASE("attention ops over several runs: bad arguments are clear errors", "[policy_ops]") {
   auto backend = make_cpu_backend(2);
-  Runs runs = make_runs(*backend, 10, 20);
+  constexpr int64_t kDim = 40;
+  Runs runs = make_runs(*backend, 10, 20, kDim, MaskKind::Half);
   Backend::RunAttention a;
   a.q = &runs.q[0];
   a.k_cache = &runs.k[0];

@@ -161,3 +161,61 @@ TEST_CASE("masked softmax: visible columns get the unmasked kernel's bits, hidde
     }
   }
 }
+
+TEST_CASE("the rows kernel's sums over shared values are each row's fma chain, bit for bit",
+          "[backend][attention_kernels]") {
+  const DotKernels kernels = pick_dot_kernels(true);
+  if (!kernels.weighted_values_rows) {
+    SUCCEED("this CPU has no AVX-512: the rows kernel is not in its set");
+    return;
+  }
+  // head_dim 32: whole 32-column chunks; 48 and 16: a 16-column chunk; 128: four chunks. Row
+  // counts up to 20 take calls of every share size (1 to 8 rows).
+  for (const int64_t head_dim : {32, 48, 16, 128}) {
+    for (const int rows : {1, 2, 3, 5, 8, 9, 10, 17, 20}) {
+      INFO("head_dim " << head_dim << ", rows " << rows);
+      const int64_t cols = 300, begin = 5, end = 291;  // off the 8-key grid at both ends
+      std::vector<float> weights = block_mix_weights(rows, cols, 31 + uint32_t(rows), 0.6);
+      std::vector<float> values = random_values(size_t(cols * head_dim), 33);
+      // Behind weight 0, NaN and inf must not reach the sums; a NaN weight must.
+      for (int i = 0; i < rows; ++i)
+        weights[size_t(i * cols + 17)] = weights[size_t(i * cols + 18)] = 0.0f;
+      for (int64_t d = 0; d < head_dim; ++d) {
+        values[size_t(17 * head_dim + d)] = std::numeric_limits<float>::quiet_NaN();
+        values[size_t(18 * head_dim + d)] = std::numeric_limits<float>::infinity();
+      }
+      if (rows > 2) weights[size_t(2 * cols + 100)] = std::numeric_limits<float>::quiet_NaN();
+      // Rows in separate buffers, their sums starting from their own values.
+      std::vector<const float*> row_weights;
+      std::vector<float*> row_sums;
+      std::vector<std::vector<float>> sums(static_cast<size_t>(rows));
+      for (int i = 0; i < rows; ++i) {
+        row_weights.push_back(weights.data() + i * cols);
+        sums[size_t(i)].resize(size_t(head_dim));
+        for (int64_t d = 0; d < head_dim; ++d) sums[size_t(i)][size_t(d)] = 0.125f * float(d - i);
+        row_sums.push_back(sums[size_t(i)].data());
+      }
+      const std::vector<std::vector<float>> starts = sums;
+      // Cut at an odd key and continued, as the blocks of the common rows are.
+      kernels.weighted_values_rows(row_weights.data(), values.data(), row_sums.data(), rows,
+                                   head_dim, begin, 133);
+      kernels.weighted_values_rows(row_weights.data(), values.data(), row_sums.data(), rows,
+                                   head_dim, 133, end);
+      int64_t mismatches = 0;
+      for (int i = 0; i < rows; ++i) {
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const float want = chained_sum(true, starts[size_t(i)][size_t(d)], row_weights[size_t(i)],
+                                         values.data(), head_dim, d, begin, end);
+          const float got = sums[size_t(i)][size_t(d)];
+          if (i == 2 && rows > 2) {
+            REQUIRE(std::isnan(got));
+          } else if (!same_bits(got, want)) {
+            ++mismatches;
+            UNSCOPED_INFO("row " << i << " column " << d << ": " << got << " vs " << want);
+          }
+        }
+      }
+      CHECK(mismatches == 0);
+    }
+  }
+}
