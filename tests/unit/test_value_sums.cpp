@@ -60,6 +60,18 @@ std::vector<float> block_mix_weights(int nq, int64_t cols, uint32_t seed, double
   return weights;
 }
 
+// Behind weight 0, NaN and inf must not reach the sums: every row hides keys 17 and 18, whose
+// values become NaN and inf.
+void hide_bad_values(std::vector<float>& weights, int rows, int64_t cols,
+                     std::vector<float>& values, int64_t head_dim) {
+  for (int i = 0; i < rows; ++i)
+    weights[size_t(i * cols + 17)] = weights[size_t(i * cols + 18)] = 0.0f;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    values[size_t(17 * head_dim + d)] = std::numeric_limits<float>::quiet_NaN();
+    values[size_t(18 * head_dim + d)] = std::numeric_limits<float>::infinity();
+  }
+}
+
 }  // namespace
 
 TEST_CASE("weighted value sums under scattered masks are the fma chain over the taken keys",
@@ -77,13 +89,7 @@ TEST_CASE("weighted value sums under scattered masks are the fma chain over the 
         const int64_t cols = 1500, begin = 3, end = 1497;
         std::vector<float> weights = block_mix_weights(nq, cols, 7 + uint32_t(nq), 0.8);
         std::vector<float> values = random_values(size_t(cols * head_dim), 9);
-        // Behind weight 0, NaN and inf must not reach the sums: every head hides keys 17 and 18.
-        for (int i = 0; i < nq; ++i)
-          weights[size_t(i * cols + 17)] = weights[size_t(i * cols + 18)] = 0.0f;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          values[size_t(17 * head_dim + d)] = std::numeric_limits<float>::quiet_NaN();
-          values[size_t(18 * head_dim + d)] = std::numeric_limits<float>::infinity();
-        }
+        hide_bad_values(weights, nq, cols, values, head_dim);
         INFO("head_dim " << head_dim << ", nq " << nq);
         std::vector<float> scales(static_cast<size_t>(nq));
         for (int i = 0; i < nq; ++i) scales[size_t(i)] = 0.5f + 0.125f * float(i);
@@ -177,13 +183,8 @@ TEST_CASE("the rows kernel's sums over shared values are each row's fma chain, b
       const int64_t cols = 300, begin = 5, end = 291;  // off the 8-key grid at both ends
       std::vector<float> weights = block_mix_weights(rows, cols, 31 + uint32_t(rows), 0.6);
       std::vector<float> values = random_values(size_t(cols * head_dim), 33);
-      // Behind weight 0, NaN and inf must not reach the sums; a NaN weight must.
-      for (int i = 0; i < rows; ++i)
-        weights[size_t(i * cols + 17)] = weights[size_t(i * cols + 18)] = 0.0f;
-      for (int64_t d = 0; d < head_dim; ++d) {
-        values[size_t(17 * head_dim + d)] = std::numeric_limits<float>::quiet_NaN();
-        values[size_t(18 * head_dim + d)] = std::numeric_limits<float>::infinity();
-      }
+      hide_bad_values(weights, rows, cols, values, head_dim);
+      // A NaN weight must reach its row's sums.
       if (rows > 2) weights[size_t(2 * cols + 100)] = std::numeric_limits<float>::quiet_NaN();
       // Rows in separate buffers, their sums starting from their own values.
       std::vector<const float*> row_weights;
