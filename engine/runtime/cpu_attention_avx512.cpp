@@ -1,7 +1,7 @@
 // The attention logits, softmax and lockstep value-sum kernels in AVX-512 (cpu_attention_x86.h),
-// with the AVX2 kernels' bits. Logits: one 16-lane accumulator holds a key's products with two query heads of
-// a KV head (query i in 256-bit half i, lanes d mod 8 as in AVX2), so each key block is one
-// broadcast load and one FMA for both heads, and the fold of 8 such accumulators is AVX2's
+// with the AVX2 kernels' bits. Logits: one 16-lane accumulator holds a key's products with two
+// query heads of a KV head (query i in 256-bit half i, lanes d mod 8 as in AVX2), so each key block
+// is one broadcast load and one FMA for both heads, and the fold of 8 such accumulators is AVX2's
 // transpose_sum8 run on both halves at once. Softmax: the exp of two 8-column blocks in one
 // register, the total still added block by block into 8 lanes. Odd query counts, head_dim not a
 // multiple of 8 and the cut edge blocks go to the AVX2 code. Value sums of several runs' heads

@@ -275,30 +275,26 @@ void attention_visible_runs(const Context& context, std::span<const Backend::Run
             kernels.weighted_values_accumulate(weights[r], weights_stride[r], int(per_group),
                                                values, head_dim, from, to, run_sums(r), head_dim);
           };
-          // The common rows, block by block, each block once for every run.
-          if (by_rows) {
-            // Every head of the runs with an output, in one rows call per block.
-            thread_local std::vector<const float*> row_weights;
-            thread_local std::vector<float*> row_sums;
-            row_weights.clear();
-            row_sums.clear();
-            for (size_t r = 0; r < runs.size(); ++r) {
-              if (runs[r].out->empty()) continue;
-              for (int64_t e = 0; e < per_group; ++e) {
-                row_weights.push_back(weights[r] + e * weights_stride[r]);
-                row_sums.push_back(run_sums(r) + e * head_dim);
-              }
+          // The common rows, block by block, each block once for every run: with the rows
+          // kernel every head of the runs with an output in one call per block.
+          thread_local std::vector<const float*> row_weights;
+          thread_local std::vector<float*> row_sums;
+          row_weights.clear();
+          row_sums.clear();
+          for (size_t r = 0; r < runs.size() && by_rows; ++r) {
+            if (runs[r].out->empty()) continue;
+            for (int64_t e = 0; e < per_group; ++e) {
+              row_weights.push_back(weights[r] + e * weights_stride[r]);
+              row_sums.push_back(run_sums(r) + e * head_dim);
             }
-            for (int64_t j0 = 0; j0 < shared; j0 += block) {
-              const int64_t j1 = std::min(j0 + block, shared);
-              prefetch_rows(common + j1 * head_dim, std::min(block, shared - j1), head_dim);
+          }
+          for (int64_t j0 = 0; j0 < shared; j0 += block) {
+            const int64_t j1 = std::min(j0 + block, shared);
+            prefetch_rows(common + j1 * head_dim, std::min(block, shared - j1), head_dim);
+            if (by_rows) {
               kernels.weighted_values_rows(row_weights.data(), common, row_sums.data(),
                                            int(row_weights.size()), head_dim, j0, j1);
-            }
-          } else {
-            for (int64_t j0 = 0; j0 < shared; j0 += block) {
-              const int64_t j1 = std::min(j0 + block, shared);
-              prefetch_rows(common + j1 * head_dim, std::min(block, shared - j1), head_dim);
+            } else {
               for (size_t r = 0; r < runs.size(); ++r) accumulate(r, common, j0, j1);
             }
           }

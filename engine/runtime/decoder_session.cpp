@@ -288,7 +288,8 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
         const std::span<const int64_t> group(run_of_slot_.data() + first, size_t(m));
         for (size_t own = l; own < model_->layers.size(); ++own) {
           project_input(model_->layers[own], first, m);
-          attend_group(group, own, group_batches_[size_t(group_index)]);
+          attend_group(group, own, std::min(identical_rows_[own], position_),
+                       attention_batches_[size_t(group_index)]);
           project_output(model_->layers[own], first, m);
         }
         for (const int64_t r : group) {

@@ -141,10 +141,6 @@ class DecoderSession {
   // Sets run r's RunAttention at `layer` to its own query, caches, output row and logits (those
   // of logits_source_[r]); nothing masked yet.
   void prepare_attention(int64_t r, size_t layer);
-  // Run r's whole attention at `layer` as one piece of work: append, its logits before or after
-  // its observation of the previous layer and its selection, softmax over the visible set, value
-  // sums; then await_observe.
-  void attend_alone(int64_t r, size_t layer, int64_t shared);
   // Marks run r's probabilities of `layer` for its policy's observe (pending_observe).
   void await_observe(int64_t r, size_t layer);
   // Whether a lockstep step, once its rows differ, goes on in groups of runs (split_runs): where
@@ -163,13 +159,17 @@ class DecoderSession {
   // that stops growing only means reading fewer rows once for all runs).
   void split_runs(const std::function<void(int64_t group)>& work);
   // The attention of a group's runs at `layer` on the calling thread, op by op over all of them
-  // (`batch`: the calls' arguments): each KV head's keys and values are then read from memory
-  // once for the whole group. Each run's results are those of attend_alone: the ops' arithmetic
-  // is per run.
-  void attend_group(std::span<const int64_t> group, size_t layer,
+  // (`batch`: the calls' arguments; rows [0, shared) of the caches are alike in every run): each
+  // KV head's keys and values are then read from memory once for the whole group. Each run's
+  // whole attention: prepare_attention, append, its selection before or after its logits (its
+  // observation of the previous layer first), softmax over the visible set, value sums, then
+  // await_observe. The results do not depend on the group (the ops' arithmetic is per run).
+  void attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                     std::vector<Backend::RunAttention>& batch);
-  // Runs work() and shares its seconds out evenly to the group's runs (run_seconds_).
-  void shared_work(std::span<const int64_t> group, const std::function<void()>& work);
+  // Runs work() and shares its seconds out evenly to the group's runs (run_seconds_). A template
+  // (defined where attend_group uses it): no std::function to build twice per run and layer.
+  template <typename Work>
+  void shared_work(std::span<const int64_t> group, Work&& work);
   // Appends run r's key and value rows of the layer's scratch to its caches.
   void append_run(int64_t r, size_t layer);
   // Whether run r chooses before its logits (its policy does not read them and nothing records
@@ -228,9 +228,9 @@ class DecoderSession {
   // them) and its backend calls' arguments.
   std::vector<DeviceTensor> input_rows_, q_rows_, out_rows_, k_rows_, v_rows_;
   std::vector<Backend::RunAttention> run_attention_, attention_batch_;
-  // attend_group's call arguments per group, and whether each run reads its logits before it
-  // selects (those select after the group's logits call).
-  std::vector<std::vector<Backend::RunAttention>> group_batches_;
+  // attend_group's call arguments per group (per run where each run is a task of its own), and
+  // whether each run reads its logits before it selects (those select after the logits call).
+  std::vector<std::vector<Backend::RunAttention>> attention_batches_;
   std::vector<uint8_t> logits_first_;
 };
 

@@ -1,11 +1,10 @@
 // DecoderSession's single-token step, per run: each run appends its key and value, its policy
 // observes the previous layer and selects, and its attention goes through the backend's policy
-// ops (logits, softmax over the visible set, value sums), run by run as the backend's tasks, op
-// by op over a group of runs on one thread (attend_group), or phase by phase while the runs
-// share run 0's logits (attend_alike). Row buffers: logits / probs / scores F32 and masks U8
-// [H, stride].
+// ops (logits, softmax over the visible set, value sums), op by op over a group of runs on one
+// thread (attend_group; each run alone as one of the backend's tasks, or the lockstep groups),
+// or phase by phase while the runs share run 0's logits (attend_alike). Row buffers: logits / probs
+// / scores F32 and masks U8 [H, stride].
 #include <algorithm>
-#include <functional>
 #include <span>
 #include <vector>
 
@@ -54,17 +53,20 @@ void DecoderSession::step_attention(size_t layer) {
                                                                                               : r;
     borrowed = borrowed || logits_source_[size_t(r)] != r;
   }
-  for (int64_t r = 0; r < n; ++r) prepare_attention(r, layer);
   if (!borrowed) {
-    // Every run computes its own logits: its whole attention is one backend task, the costliest
-    // runs of the last step first. One hand-over to the threads per layer instead of three, and
-    // each run's logits and mask are read back while still in its thread's cache; a run's results
-    // do not depend on the grouping (the ops' arithmetic is per run).
+    // Every run computes its own logits: its whole attention is one backend task (a group of one
+    // run), the costliest runs of the last step first. One hand-over to the threads per layer
+    // instead of three, and each run's logits and mask are read back while still in its thread's
+    // cache; a run's results do not depend on the grouping (the ops' arithmetic is per run).
+    // (grown only: a split step's groups use the first batches, and kept ones keep their storage)
+    attention_batches_.resize(std::max(attention_batches_.size(), size_t(n)));
+    logits_first_.resize(size_t(n));
     backend_.run_tasks(n, [&](int64_t task) {
-      const int64_t r = run_order_[size_t(task)];
-      timed_work(run_seconds_[size_t(r)], [&] { attend_alone(r, layer, shared); });
+      const std::span<const int64_t> alone(&run_order_[size_t(task)], 1);
+      attend_group(alone, layer, shared, attention_batches_[size_t(alone[0])]);
     });
   } else {
+    for (int64_t r = 0; r < n; ++r) prepare_attention(r, layer);
     attend_alike(layer, shared);
     for (int64_t r = 0; r < n; ++r) await_observe(r, layer);
   }
@@ -87,24 +89,6 @@ void DecoderSession::prepare_attention(int64_t r, size_t layer) {
   attention.out = &out_rows_[size_t(r)];
 }
 
-void DecoderSession::attend_alone(int64_t r, size_t layer, int64_t shared) {
-  const int64_t cols = position_ + 1, window = model_->config().sliding_window.value_or(0);
-  append_run(r, layer);
-  const std::span<const Backend::RunAttention> alone(&run_attention_[size_t(r)], 1);
-  if (chooses_first(r, layer)) {
-    // The logits at the chosen columns only (none for a skipped layer).
-    select_run(r, layer, cols);
-    if (!alone[0].out) return;
-    backend_.attention_logits_runs(alone, shared, position_, window);
-  } else {
-    backend_.attention_logits_runs(alone, shared, position_, window);
-    select_run(r, layer, cols);
-    if (!alone[0].out) return;
-  }
-  backend_.attention_visible_runs(alone, shared, cols);
-  await_observe(r, layer);
-}
-
 // The probabilities go to the policy, which accumulates them at the start of the run's work of
 // the next layer (or after the last layer): one parallel call fewer per layer, and the
 // observations share the threads with the selections. Nothing in between touches the run's
@@ -114,9 +98,16 @@ void DecoderSession::await_observe(int64_t r, size_t layer) {
   if (attention.out && attention.probs) runs_[size_t(r)].pending_observe = int64_t(layer);
 }
 
-void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer,
+template <typename Work>
+void DecoderSession::shared_work(std::span<const int64_t> group, Work&& work) {
+  double seconds = 0.0;
+  timed_work(seconds, work);
+  for (const int64_t r : group) run_seconds_[size_t(r)] += seconds / double(group.size());
+}
+
+void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                                   std::vector<Backend::RunAttention>& batch) {
-  const int64_t shared = std::min(identical_rows_[layer], position_), cols = position_ + 1;
+  const int64_t cols = position_ + 1;
   const int64_t window = model_->config().sliding_window.value_or(0);
   // The runs that choose first do so now; then the logits of every run that needs them, in one
   // call (each run's own: the caches differ by now) ...
@@ -140,13 +131,6 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer,
   }
   shared_work(group, [&] { backend_.attention_visible_runs(batch, shared, cols); });
   for (const int64_t r : group) await_observe(r, layer);
-}
-
-void DecoderSession::shared_work(std::span<const int64_t> group,
-                                 const std::function<void()>& work) {
-  double seconds = 0.0;
-  timed_work(seconds, work);
-  for (const int64_t r : group) run_seconds_[size_t(r)] += seconds / double(group.size());
 }
 
 bool DecoderSession::chooses_first(int64_t r, size_t layer) {

@@ -86,7 +86,7 @@ void DecoderSession::split_runs(const std::function<void(int64_t group)>& work) 
   for (int64_t r = 0; r < n; ++r) logits_source_[size_t(r)] = r;  // nothing is shared now
   run_attention_.resize(size_t(n));
   logits_first_.resize(size_t(n));
-  group_batches_.resize(size_t(groups));
+  attention_batches_.resize(std::max(attention_batches_.size(), size_t(groups)));
   std::vector<double> group_seconds(size_t(groups), 0.0);
   double outside = 0.0;  // the runs' own work before the split is not the groups'
   for (int64_t r = 0; r < n; ++r) outside += run_seconds_[size_t(r)];
