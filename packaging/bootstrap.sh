@@ -22,7 +22,11 @@ log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 # --- dependencies -----------------------------------------------------------------------------
 packages=(build-essential cmake pkg-config python3 zlib1g-dev libicu-dev nlohmann-json3-dev
-  libcli11-dev catch2)
+  libcli11-dev catch2
+  # the figures and the desktop app: Qt 6, Dear ImGui, the bundled font; Xvfb and Mesa to open
+  # the window without a display
+  qt6-base-dev qt6-svg-dev libqt6opengl6-dev libxkbcommon-dev libimgui-dev fonts-dejavu-core
+  xvfb xauth libgl1-mesa-dri)
 if [ "$mode" = test ]; then packages+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${packages[@]}"; do

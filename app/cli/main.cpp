@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   add_policies_command(app, common, run);
   add_eval_command(app, common, run);
   add_trace_command(app, common, run);
+  add_figure_command(app, common, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

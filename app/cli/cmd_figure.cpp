@@ -1,0 +1,163 @@
+// kvlens-cli figure: one of the app's views, built from a .kvtrace by the same figure code the
+// app draws, exported to PNG, SVG or PDF (viz/qt/painter_renderer), with the data behind it as CSV
+// or JSON. Without Qt 6 in the build the command exists and says so.
+#include <cstdio>
+#include <string>
+
+#include "app/cli/cli_common.h"
+#include "engine/common/error.h"
+
+#if KVLENS_HAVE_QT
+#include <QGuiApplication>
+
+#include "engine/trace/trace.h"
+#include "viz/qt/painter_renderer.h"
+#include "viz/views.h"
+#endif
+
+namespace kvlens::cli {
+namespace {
+
+struct FigureFlags {
+  std::string trace_path, view = "heads", out_path, data_path, runs = "0",
+                          quantity = "probabilities", consensus = "pearson", theme = "light";
+  int64_t step = -1, layer = 0, head = 0, retention_layer = -1, retention_head = -1;
+  bool detail = false, linear = false;
+  double width = 1280, scale = 2.0;
+};
+FigureFlags flags;
+
+#if KVLENS_HAVE_QT
+// "0,2" or "dense,h2o" (policy ids, the first run of each) -> run indices.
+std::vector<int64_t> parse_runs(const Trace& trace) {
+  std::vector<int64_t> runs;
+  for (const std::string& item : split_comma_list(flags.runs)) {
+    int64_t index = -1;
+    for (size_t r = 0; r < trace.runs.size() && index < 0; ++r)
+      if (trace.runs[r].policy == item) index = int64_t(r);
+    if (index < 0) {
+      char* end = nullptr;
+      const long long value = std::strtoll(item.c_str(), &end, 10);
+      if (!item.empty() && end && *end == 0 && value >= 0 && value < (long long)trace.runs.size()) {
+        index = value;
+      }
+    }
+    if (index < 0) {
+      std::string known;
+      for (size_t r = 0; r < trace.runs.size(); ++r)
+        known += (r ? ", " : "") + std::to_string(r) + " " + trace.runs[r].policy;
+      throw Error("--runs", "run", "a run index or policy id of the trace (" + known + ")",
+                  "'" + item + "'");
+    }
+    runs.push_back(index);
+  }
+  return runs;
+}
+
+HeadQuantity parse_quantity(const std::string& text) {
+  if (text == "logits") return HeadQuantity::Logits;
+  if (text == "probabilities") return HeadQuantity::Probabilities;
+  if (text == "scores") return HeadQuantity::Scores;
+  throw Error("--quantity", "quantity", "logits, probabilities or scores", "'" + text + "'");
+}
+
+// Qt's messages go to stderr as they come, except QStandardPaths' note that XDG_RUNTIME_DIR is
+// unset (a headless machine's normal state, and nothing the export uses).
+void quiet_messages(QtMsgType type, const QMessageLogContext& context, const QString& message) {
+  if (message.contains("XDG_RUNTIME_DIR")) return;
+  std::fprintf(stderr, "%s\n", qFormatLogMessage(type, context, message).toLocal8Bit().constData());
+}
+
+int run_figure() {
+  // Exports need fonts and painting, not a display.
+  if (qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM")) qputenv("QT_QPA_PLATFORM", "offscreen");
+  qInstallMessageHandler(quiet_messages);
+  int argc = 1;
+  char name[] = "kvlens-cli";
+  char* argv[] = {name, nullptr};
+  QGuiApplication application(argc, argv);
+  viz::export_format_of(flags.out_path);  // a bad extension fails before the trace is read
+  if (!flags.data_path.empty() && !flags.data_path.ends_with(".csv") &&
+      !flags.data_path.ends_with(".json")) {
+    throw Error("--data", "extension", ".csv or .json", "'" + flags.data_path + "'");
+  }
+  if (flags.theme != "light" && flags.theme != "dark")
+    throw Error("--theme", "theme", "light or dark", "'" + flags.theme + "'");
+  if (flags.consensus != "pearson" && flags.consensus != "jaccard")
+    throw Error("--consensus", "metric", "pearson or jaccard", "'" + flags.consensus + "'");
+  const Trace trace = load_trace(flags.trace_path);
+  viz::ViewOptions options;
+  options.runs = parse_runs(trace);
+  options.step = flags.step;
+  options.layer = flags.layer;
+  options.head = flags.head;
+  options.head_detail = flags.detail;
+  options.quantity = parse_quantity(flags.quantity);
+  options.log_scale = !flags.linear;
+  options.consensus =
+      flags.consensus == "jaccard" ? ConsensusMetric::Jaccard : ConsensusMetric::Pearson;
+  options.retention_layer = flags.retention_layer;
+  options.retention_head = flags.retention_head;
+  options.dark = flags.theme == "dark";
+  options.width = float(flags.width);
+  const viz::View view = viz::build_view(trace, viz::parse_view(flags.view), options);
+  viz::export_figure(view.figure, flags.out_path, flags.scale);
+  if (!flags.data_path.empty()) {
+    AtomicOutputFile data(flags.data_path, "--data");
+    data.stream() << (flags.data_path.ends_with(".csv") ? view.data.to_csv() : view.data.to_json());
+    data.commit();
+  }
+  std::printf("figure %s: %s view, %.0fx%.0f, step %lld of %s", flags.out_path.c_str(),
+              flags.view.c_str(), view.figure.width, view.figure.height,
+              (long long)viz::resolved_step(trace, options), flags.trace_path.c_str());
+  if (!flags.data_path.empty()) std::printf("; data %s", flags.data_path.c_str());
+  std::printf("\n");
+  return 0;
+}
+#else
+int run_figure() {
+  throw Error("figure", "build", "a kvlens-cli built with Qt 6 (QtGui, QtSvg)",
+              "one built without it");
+}
+#endif
+
+}  // namespace
+
+void add_figure_command(CLI::App& app, CommonOptions&, CommandFn& run) {
+  auto* command = app.add_subcommand(
+      "figure", "Export one of the app's views of a .kvtrace as PNG, SVG or PDF");
+  command->add_option("--trace", flags.trace_path, "The .kvtrace file")->required();
+  command->add_option("--view", flags.view, "heads, predicted, retention, consensus or logits")
+      ->capture_default_str();
+  command->add_option("--out", flags.out_path, "Output .png, .svg or .pdf")->required();
+  command->add_option("--data", flags.data_path, "Also write the data behind it (.csv or .json)");
+  command
+      ->add_option("--runs", flags.runs,
+                   "Runs to show, by index or policy id; 2-4 runs compare side by side")
+      ->capture_default_str();
+  command->add_option("--step", flags.step, "Step to show (default: the last)");
+  command->add_option("--layer", flags.layer, "Selected layer (heads --detail, predicted)")
+      ->capture_default_str();
+  command->add_option("--head", flags.head, "Selected head (heads --detail, predicted)")
+      ->capture_default_str();
+  command->add_flag("--detail", flags.detail, "heads: the selected head alone, with token labels");
+  command->add_option("--quantity", flags.quantity, "heads: logits, probabilities or scores")
+      ->capture_default_str();
+  command->add_flag("--linear", flags.linear, "heads: probabilities on a linear scale");
+  command->add_option("--consensus", flags.consensus, "consensus: pearson or jaccard")
+      ->capture_default_str();
+  command->add_option("--retention-layer", flags.retention_layer,
+                      "retention: count the heads of this layer only");
+  command->add_option("--retention-head", flags.retention_head,
+                      "retention: count this head of each layer in scope only");
+  command->add_option("--theme", flags.theme, "light or dark")->capture_default_str();
+  command->add_option("--width", flags.width, "Canvas width in figure units (CSS pixels)")
+      ->capture_default_str()
+      ->check(CLI::Range(320.0, 8000.0));
+  command->add_option("--scale", flags.scale, "PNG pixels per unit")
+      ->capture_default_str()
+      ->check(CLI::Range(0.25, 8.0));
+  command->callback([&run] { run = [] { return run_figure(); }; });
+}
+
+}  // namespace kvlens::cli

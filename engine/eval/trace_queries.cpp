@@ -1,0 +1,196 @@
+// The views' reads of a Trace (trace_queries.h): head matrices, consensus, predicted vs true,
+// retention counts, built from the kept rows with the metric functions of step_metrics.
+#include "engine/eval/trace_queries.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "engine/common/error.h"
+#include "engine/eval/step_metrics.h"
+
+namespace kvlens {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr float kNaNf = std::numeric_limits<float>::quiet_NaN();
+
+void require_index(int64_t value, int64_t limit, const char* field) {
+  if (value < 0 || value >= limit) {
+    throw Error("trace", field, "an index in [0, " + std::to_string(limit) + ")",
+                std::to_string(value));
+  }
+}
+
+const StepRecord& record_at(const Trace& trace, int64_t run, int64_t step) {
+  require_index(run, int64_t(trace.runs.size()), "run");
+  require_index(step, trace.step_count(), "step");
+  return trace.steps()[size_t(step)][size_t(run)];
+}
+
+void require_head(const Trace& trace, int64_t layer, int64_t head) {
+  require_index(layer, trace.model.layers, "layer");
+  require_index(head, trace.model.heads, "head");
+}
+
+// Average ranks (1-based) of the values, ties sharing the mean of their positions.
+std::vector<double> average_ranks(const std::vector<double>& values) {
+  std::vector<size_t> order(values.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return values[a] < values[b]; });
+  std::vector<double> ranks(values.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i + 1;
+    while (j < order.size() && values[order[j]] == values[order[i]]) ++j;
+    const double rank = 0.5 * double(i + 1 + j);  // mean of positions i + 1 .. j
+    for (size_t k = i; k < j; ++k) ranks[order[k]] = rank;
+    i = j;
+  }
+  return ranks;
+}
+
+}  // namespace
+
+double spearman(std::span<const float> x, std::span<const float> y) {
+  if (x.size() != y.size()) {
+    throw Error("trace", "spearman", "rows of equal length",
+                std::to_string(x.size()) + " and " + std::to_string(y.size()));
+  }
+  std::vector<double> a, b;
+  for (size_t j = 0; j < x.size(); ++j) {
+    if (std::isfinite(x[j]) && std::isfinite(y[j])) a.push_back(x[j]), b.push_back(y[j]);
+  }
+  if (a.size() < 2) return kNaN;
+  const std::vector<double> ra = average_ranks(a), rb = average_ranks(b);
+  std::vector<float> fa(ra.begin(), ra.end()), fb(rb.begin(), rb.end());
+  return pearson(fa, fb);  // ranks are small integers or halves: exact in float
+}
+
+HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
+                       HeadQuantity quantity, int64_t last_step) {
+  require_index(run, int64_t(trace.runs.size()), "run");
+  require_index(last_step, trace.step_count(), "step");
+  require_head(trace, layer, head);
+  HeadMatrix m;
+  m.rows = last_step + 1;
+  m.cols = last_step + 1;
+  m.values.assign(size_t(m.rows * m.cols), kNaNf);
+  m.visible.assign(size_t(m.rows * m.cols), 2);
+  const int64_t heads = trace.model.heads;
+  for (int64_t t = 0; t <= last_step; ++t) {
+    const StepRecord& record = trace.steps()[size_t(t)][size_t(run)];
+    const float* logits = record.logits_row(layer, head, heads);
+    if (!logits) {
+      ++m.missing_rows;
+      continue;
+    }
+    const int64_t cols = record.columns;
+    float* out = m.values.data() + t * m.cols;
+    const uint8_t* shown = record.visible_row(layer, head, heads);
+    std::copy_n(shown, cols, m.visible.data() + t * m.cols);
+    if (quantity == HeadQuantity::Scores) {
+      std::copy_n(record.scores_row(layer, head, heads), cols, out);
+    } else if (quantity == HeadQuantity::Logits) {
+      std::copy_n(logits, cols, out);
+    } else {
+      double top = -std::numeric_limits<double>::infinity(), total = 0.0;
+      for (int64_t j = 0; j < cols; ++j)
+        if (std::isfinite(logits[j])) top = std::max(top, double(logits[j]));
+      for (int64_t j = 0; j < cols; ++j)
+        if (std::isfinite(logits[j])) total += std::exp(double(logits[j]) - top);
+      for (int64_t j = 0; j < cols; ++j)
+        out[j] =
+            std::isfinite(logits[j]) ? float(std::exp(double(logits[j]) - top) / total) : kNaNf;
+    }
+    for (int64_t j = 0; j < cols; ++j)
+      if (!std::isfinite(out[j])) out[j] = kNaNf;  // -inf outside a window: no value
+  }
+  return m;
+}
+
+ConsensusMatrix consensus_matrix(const Trace& trace, int64_t run, int64_t step,
+                                 ConsensusMetric metric) {
+  const StepRecord& record = record_at(trace, run, step);
+  ConsensusMatrix c;
+  c.heads = record.kept_heads;
+  const size_t cols = size_t(record.columns);
+  if (metric == ConsensusMetric::Pearson) {
+    std::vector<std::span<const float>> rows;
+    for (size_t i = 0; i < c.heads.size(); ++i)
+      rows.emplace_back(record.logits.data() + i * cols, cols);
+    c.values = pearson_matrix(rows);
+  } else {
+    std::vector<std::span<const uint8_t>> masks;
+    for (size_t i = 0; i < c.heads.size(); ++i)
+      masks.emplace_back(record.visible.data() + i * cols, cols);
+    c.values = jaccard_matrix(masks);
+  }
+  c.mean = c.heads.size() >= 2 ? mean_upper_triangle(c.values, int64_t(c.heads.size())) : kNaN;
+  return c;
+}
+
+PredictedVsTrue predicted_vs_true(const Trace& trace, int64_t run, int64_t step, int64_t layer,
+                                  int64_t head) {
+  const StepRecord& record = record_at(trace, run, step);
+  require_head(trace, layer, head);
+  PredictedVsTrue p;
+  p.pearson = p.spearman = p.accuracy = kNaN;
+  const float* logits = record.logits_row(layer, head, trace.model.heads);
+  if (!logits) return p;
+  const float* scores = record.scores_row(layer, head, trace.model.heads);
+  p.logits.assign(logits, logits + record.columns);
+  p.scores.assign(scores, scores + record.columns);
+  p.pearson = pearson(p.scores, p.logits);
+  p.spearman = spearman(p.scores, p.logits);
+  if (record.decisions[size_t(layer)] == LayerDecision::Masked)
+    p.accuracy = top_half_agreement(p.scores, p.logits);
+  return p;
+}
+
+std::vector<double> head_accuracy_grid(const Trace& trace, int64_t run, int64_t step) {
+  const StepRecord& record = record_at(trace, run, step);
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  std::vector<double> grid(size_t(L * H), kNaN);
+  for (int64_t l = 0; l < L; ++l) {
+    if (record.decisions[size_t(l)] != LayerDecision::Masked) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      const float* logits = record.logits_row(l, h, H);
+      if (!logits) continue;
+      const size_t cols = size_t(record.columns);
+      grid[size_t(l * H + h)] =
+          top_half_agreement({record.scores_row(l, h, H), cols}, {logits, cols});
+    }
+  }
+  return grid;
+}
+
+RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, int64_t layer,
+                                 int64_t head) {
+  const StepRecord& record = record_at(trace, run, step);
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  if (layer >= 0) require_index(layer, L, "layer");
+  if (head >= 0) require_index(head, H, "head");
+  RetentionCounts counts;
+  counts.seen_by.assign(trace.tokens.size(), -1);
+  for (int64_t j = 0; j < record.columns && j < int64_t(counts.seen_by.size()); ++j)
+    counts.seen_by[size_t(j)] = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (layer >= 0 && l != layer) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      if (head >= 0 && h != head) continue;
+      ++counts.heads_in_scope;
+      const uint8_t* shown = record.visible_row(l, h, H);
+      if (!shown) {
+        counts.known = false;
+        continue;
+      }
+      for (int64_t j = 0; j < record.columns && j < int64_t(counts.seen_by.size()); ++j)
+        counts.seen_by[size_t(j)] += shown[j];
+    }
+  }
+  return counts;
+}
+
+}  // namespace kvlens

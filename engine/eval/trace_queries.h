@@ -1,0 +1,73 @@
+// What the app's views and `kvlens-cli figure` read from a Trace, computed here (views never
+// compute): a head's steps x tokens matrix of logits, probabilities or scores with its visible
+// set, the cross-head consensus matrix at a step, a head's predicted-vs-true agreement, and the
+// per-token retention counts. Matrices are row-major [rows][cols]; NaN marks "no value" (a token
+// after the step, a row the trace did not keep, -inf outside a sliding window).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/trace/trace.h"
+
+namespace kvlens {
+
+enum class HeadQuantity { Logits, Probabilities, Scores };
+
+struct HeadMatrix {
+  int64_t rows = 0, cols = 0;  // steps [0, rows), tokens [0, cols) (cols = rows: step t has t + 1)
+  std::vector<float> values;   // [rows][cols], NaN where there is no value
+  std::vector<uint8_t> visible;  // [rows][cols]: 1 seen, 0 hidden, 2 unknown (row not kept / j > t)
+  int64_t missing_rows = 0;      // steps whose rows the trace did not keep for this head
+};
+
+// Steps [0, last_step] of run `run`, (layer, head). Probabilities are the softmax of the row's
+// finite logits over every candidate (what dense attention gives), not renormalised to the
+// visible set. Throws kvlens::Error (file "trace") for a run, layer, head or step out of range.
+HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
+                       HeadQuantity quantity, int64_t last_step);
+
+enum class ConsensusMetric { Pearson, Jaccard };
+
+// The [M, M] matrix over the (layer, head) rows kept at `step` for `run`, in increasing
+// layer * heads + head order (`heads` lists them), and the mean of its strict upper triangle.
+struct ConsensusMatrix {
+  std::vector<int32_t> heads;
+  std::vector<double> values;  // [M][M]
+  double mean = 0.0;
+};
+ConsensusMatrix consensus_matrix(const Trace& trace, int64_t run, int64_t step,
+                                 ConsensusMetric metric);
+
+// A head's policy scores against its true logits at one step: the candidates' pairs (for a
+// scatter), Pearson and Spearman over the pairs where both are finite, and the top-50%
+// classification agreement of POLICIES.md. NaN (and no pairs) when the row was not kept.
+struct PredictedVsTrue {
+  std::vector<float> scores, logits;  // [t + 1]
+  double pearson = 0.0, spearman = 0.0, accuracy = 0.0;
+};
+PredictedVsTrue predicted_vs_true(const Trace& trace, int64_t run, int64_t step, int64_t layer,
+                                  int64_t head);
+
+// The top-50% agreement of every (layer, head) at a step: [layers][heads], NaN where not kept
+// or where the policy set no scores (a dense layer).
+std::vector<double> head_accuracy_grid(const Trace& trace, int64_t run, int64_t step);
+
+// How many of the heads in scope see each token at `step`: scope layer = -1 (every layer) or one
+// layer, head = -1 (every head of the scope) or one head. `heads_in_scope` is the count the
+// tokens can reach; tokens after the step get -1; `known` is false when a head in scope has no
+// rows at this step (a degraded trace).
+struct RetentionCounts {
+  std::vector<int32_t> seen_by;  // [tokens]
+  int32_t heads_in_scope = 0;
+  bool known = true;
+};
+RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, int64_t layer,
+                                 int64_t head);
+
+// Spearman's rank correlation over the columns where both are finite (average ranks for ties);
+// NaN with fewer than 2 such columns or zero variance.
+double spearman(std::span<const float> x, std::span<const float> y);
+
+}  // namespace kvlens

@@ -1,0 +1,129 @@
+// The views' reads of a trace (engine/eval/trace_queries): head matrices, consensus, predicted vs
+// true, retention counts and Spearman, against values computed by hand from small_trace's rules.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "engine/common/error.h"
+#include "engine/eval/trace_queries.h"
+#include "tests/support/small_trace.h"
+
+using namespace kvlens;
+
+TEST_CASE("spearman ranks with average ties and skips non-finite pairs", "[trace_queries]") {
+  const float nan = std::nanf("");
+  const float inf = INFINITY;
+  CHECK(spearman(std::vector<float>{1, 5, 9, 20}, std::vector<float>{0, 1, 2, 3}) == Approx(1.0));
+  CHECK(spearman(std::vector<float>{1, 5, 9, 20}, std::vector<float>{3, 2, 1, 0}) == Approx(-1.0));
+  // Ranks x = {1, 2.5, 2.5, 4}, y = {1, 2, 3, 4}: r = 4.5 / sqrt(4.5 * 5).
+  CHECK(spearman(std::vector<float>{1, 2, 2, 3, nan, inf}, std::vector<float>{1, 2, 3, 4, 5, 6}) ==
+        Approx(4.5 / std::sqrt(4.5 * 5.0)).epsilon(1e-12));
+  CHECK(std::isnan(spearman(std::vector<float>{1, nan}, std::vector<float>{1, 2})));
+  CHECK(std::isnan(spearman(std::vector<float>{2, 2, 2}, std::vector<float>{1, 2, 3})));
+  CHECK_THROWS_AS(spearman(std::vector<float>{1}, std::vector<float>{1, 2}), Error);
+}
+
+TEST_CASE("head_matrix lays out steps x tokens with visibility and softmax rows",
+          "[trace_queries]") {
+  const Trace trace = test::make_small_trace(5);
+  const HeadMatrix logits = head_matrix(trace, 1, 1, 1, HeadQuantity::Logits, 3);
+  REQUIRE(logits.rows == 4);
+  REQUIRE(logits.cols == 4);
+  CHECK(logits.missing_rows == 0);
+  // Head 3 (layer 1, head 1), run 1: logit = 0.5 c * 4 - 0.25 c = 1.75 c; column 0 is -inf.
+  CHECK(std::isnan(logits.values[2 * 4 + 0]));
+  CHECK(logits.values[2 * 4 + 1] == 1.75f);
+  CHECK(logits.values[2 * 4 + 2] == 3.5f);
+  CHECK(std::isnan(logits.values[2 * 4 + 3]));  // after step 2: not a candidate
+  CHECK(logits.visible[2 * 4 + 3] == 2);
+  // Visible where (c + 3) % 2 == 0 or c == step.
+  CHECK(logits.visible[3 * 4 + 0] == 0);
+  CHECK(logits.visible[3 * 4 + 1] == 1);
+  CHECK(logits.visible[3 * 4 + 2] == 0);
+  CHECK(logits.visible[3 * 4 + 3] == 1);
+
+  const HeadMatrix probs = head_matrix(trace, 0, 0, 1, HeadQuantity::Probabilities, 4);
+  for (int64_t t = 0; t < probs.rows; ++t) {
+    double total = 0;
+    for (int64_t c = 0; c <= t; ++c) total += probs.values[size_t(t * probs.cols + c)];
+    CHECK(total == Approx(1.0).epsilon(1e-6));  // float rows of at most 5 terms
+  }
+  // Row 1: logits {0, 1} -> softmax {1 / (1 + e), e / (1 + e)}.
+  CHECK(probs.values[1 * 5 + 1] == Approx(std::exp(1.0) / (1 + std::exp(1.0))).epsilon(1e-6));
+
+  const HeadMatrix scores = head_matrix(trace, 1, 0, 0, HeadQuantity::Scores, 2);
+  CHECK(std::isnan(scores.values[2 * 3 + 1]));  // layer 0 is dense: no scores
+
+  CHECK_THROWS_AS(head_matrix(trace, 2, 0, 0, HeadQuantity::Logits, 1), Error);
+  CHECK_THROWS_AS(head_matrix(trace, 0, 2, 0, HeadQuantity::Logits, 1), Error);
+  CHECK_THROWS_AS(head_matrix(trace, 0, 0, 2, HeadQuantity::Logits, 1), Error);
+  CHECK_THROWS_AS(head_matrix(trace, 0, 0, 0, HeadQuantity::Logits, 5), Error);
+}
+
+TEST_CASE("head_matrix counts the rows a degraded trace did not keep", "[trace_queries]") {
+  Trace trace = test::make_small_trace(1);
+  trace.memory_budget = trace.row_bytes() + 1;  // the next step goes past it
+  trace.selected_heads = {0};
+  const Trace full = test::make_small_trace(3);
+  trace.add_step(std::vector<StepRecord>(full.steps()[1]));
+  trace.add_step(std::vector<StepRecord>(full.steps()[2]));
+  REQUIRE(trace.degraded_from_step() == 1);
+  const HeadMatrix kept = head_matrix(trace, 0, 0, 0, HeadQuantity::Logits, 2);
+  CHECK(kept.missing_rows == 0);
+  const HeadMatrix lost = head_matrix(trace, 0, 1, 0, HeadQuantity::Logits, 2);
+  CHECK(lost.missing_rows == 2);
+  CHECK(lost.visible[2 * 3 + 0] == 2);
+  const RetentionCounts counts = retention_counts(trace, 0, 2, -1, -1);
+  CHECK_FALSE(counts.known);
+}
+
+TEST_CASE("consensus_matrix gives Pearson and Jaccard over the kept heads", "[trace_queries]") {
+  const Trace trace = test::make_small_trace(4);
+  const ConsensusMatrix pearson = consensus_matrix(trace, 0, 3, ConsensusMetric::Pearson);
+  REQUIRE(pearson.heads.size() == 4);
+  // Dense rows of heads 0-2 are multiples of c: perfectly correlated.
+  CHECK(pearson.values[0 * 4 + 1] == Approx(1.0));
+  CHECK(pearson.values[1 * 4 + 2] == Approx(1.0));
+  const ConsensusMatrix jaccard = consensus_matrix(trace, 1, 3, ConsensusMetric::Jaccard);
+  // Run 1 at step 3: heads 0, 1 see {0..3}; head 2 sees {0, 2, 3}; head 3 sees {1, 3}.
+  CHECK(jaccard.values[0 * 4 + 1] == Approx(1.0));
+  CHECK(jaccard.values[0 * 4 + 2] == Approx(3.0 / 4.0));
+  CHECK(jaccard.values[2 * 4 + 3] == Approx(1.0 / 4.0));
+  CHECK(jaccard.values[3 * 4 + 2] == Approx(1.0 / 4.0));
+  const double mean = (1.0 + 0.75 + 0.5 + 0.75 + 0.5 + 0.25) / 6.0;
+  CHECK(jaccard.mean == Approx(mean));
+}
+
+TEST_CASE("predicted_vs_true pairs scores with logits where the policy ranked", "[trace_queries]") {
+  const Trace trace = test::make_small_trace(5);
+  const PredictedVsTrue dense_layer = predicted_vs_true(trace, 1, 4, 0, 0);
+  CHECK(std::isnan(dense_layer.pearson));
+  CHECK(std::isnan(dense_layer.accuracy));
+  // Layer 1 head 0 (h = 2): scores = logits / 2 + 1, an increasing map.
+  const PredictedVsTrue ranked = predicted_vs_true(trace, 1, 4, 1, 0);
+  REQUIRE(ranked.scores.size() == 5);
+  CHECK(ranked.pearson == Approx(1.0));
+  CHECK(ranked.spearman == Approx(1.0));
+  CHECK(ranked.accuracy == Approx(1.0));
+  const std::vector<double> grid = head_accuracy_grid(trace, 1, 4);
+  REQUIRE(grid.size() == 4);
+  CHECK(std::isnan(grid[0]));
+  CHECK(grid[2] == Approx(1.0));
+  CHECK(grid[3] == Approx(1.0));
+}
+
+TEST_CASE("retention_counts counts the heads in scope that see each token", "[trace_queries]") {
+  const Trace trace = test::make_small_trace(5);
+  // Run 1 at step 3: layer 0 heads see {0..3}; head 2 sees {0, 2, 3}; head 3 sees {1, 3}.
+  const RetentionCounts all = retention_counts(trace, 1, 3, -1, -1);
+  CHECK(all.heads_in_scope == 4);
+  CHECK(all.known);
+  CHECK(all.seen_by == std::vector<int32_t>{3, 3, 3, 4, -1, -1});
+  const RetentionCounts layer = retention_counts(trace, 1, 3, 1, -1);
+  CHECK(layer.heads_in_scope == 2);
+  CHECK(layer.seen_by == std::vector<int32_t>{1, 1, 1, 2, -1, -1});
+  const RetentionCounts head = retention_counts(trace, 1, 3, 1, 1);
+  CHECK(head.heads_in_scope == 1);
+  CHECK(head.seen_by == std::vector<int32_t>{0, 1, 0, 1, -1, -1});
+  CHECK_THROWS_AS(retention_counts(trace, 1, 3, 2, -1), Error);
+  CHECK_THROWS_AS(retention_counts(trace, 1, 5, -1, -1), Error);
+}

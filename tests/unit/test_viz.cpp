@@ -1,0 +1,251 @@
+// viz without Qt: the colormaps' perceptual properties, heatmap level of detail and dimming, the
+// views built from a hand-made trace (items, hover text, data) and their option errors, and the
+// data tables' CSV / JSON.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "engine/common/error.h"
+#include "tests/support/small_trace.h"
+#include "viz/colormap.h"
+#include "viz/layout.h"
+#include "viz/views.h"
+
+using namespace kvlens;
+using namespace kvlens::viz;
+
+namespace {
+
+template <class T>
+int64_t count_items(const Figure& figure) {
+  int64_t n = 0;
+  for (const Item& item : figure.items) n += std::holds_alternative<T>(item);
+  return n;
+}
+
+bool has_text(const Figure& figure, const std::string& part) {
+  for (const Item& item : figure.items) {
+    if (const auto* text = std::get_if<TextItem>(&item))
+      if (text->text.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("the sequential map is perceptually uniform with monotone lightness", "[viz]") {
+  const Colormap& map = sequential_colormap();
+  // 8-bit rounding can give neighbouring entries the same colour, so lightness is checked to
+  // never fall, and the steps are compared over strides of 8 entries (about 0.02 in OKLab, the
+  // rounding's 0.003 a small part of it).
+  std::vector<double> steps;
+  for (size_t i = 1; i < 256; ++i) {
+    CHECK(to_oklab(map.table()[i]).L >= to_oklab(map.table()[i - 1]).L);
+    if (i % 8 == 7) steps.push_back(oklab_distance(map.table()[i - 7], map.table()[i]));
+  }
+  const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
+  CHECK(*lo > 0.015);
+  CHECK(*hi / *lo < 1.25);
+  CHECK(to_oklab(map.table()[255]).L - to_oklab(map.table()[0]).L > 0.6);
+}
+
+TEST_CASE("the maps stay ordered and distinct for red-green dichromats", "[viz]") {
+  for (const Colormap* map : {&sequential_colormap(), &diverging_colormap()}) {
+    for (const Dichromacy kind : {Dichromacy::Protanopia, Dichromacy::Deuteranopia}) {
+      // Every 16th entry stays distinguishable from the next under the simulation.
+      for (size_t i = 16; i < 256; i += 16) {
+        const Color a = simulate_dichromacy(map->table()[i - 16], kind);
+        const Color b = simulate_dichromacy(map->table()[i], kind);
+        CHECK(oklab_distance(a, b) > 0.03);
+      }
+    }
+  }
+  // The diverging map is symmetric in lightness about its light middle.
+  const Colormap& div = diverging_colormap();
+  for (size_t i = 0; i < 128; i += 8) {
+    CHECK(to_oklab(div.table()[i]).L == Approx(to_oklab(div.table()[255 - i]).L).margin(0.01));
+  }
+  CHECK(to_oklab(div.table()[128]).L > 0.9);
+  // Okabe-Ito run colours stay pairwise distinct for dichromats.
+  for (int64_t a = 0; a < 4; ++a)
+    for (int64_t b = a + 1; b < 4; ++b)
+      CHECK(oklab_distance(simulate_dichromacy(run_color(a), Dichromacy::Deuteranopia),
+                           simulate_dichromacy(run_color(b), Dichromacy::Deuteranopia)) > 0.05);
+}
+
+TEST_CASE("OKLab round-trips sRGB and NaN maps to the transparent missing colour", "[viz]") {
+  for (const Color c : {Color{0, 0, 0}, Color{255, 255, 255}, Color{12, 200, 99}}) {
+    bool clipped = true;
+    CHECK(from_oklab(to_oklab(c), &clipped) == c);
+    CHECK_FALSE(clipped);
+  }
+  CHECK(to_oklab({255, 255, 255}).L == Approx(1.0).margin(1e-4));
+  CHECK(sequential_colormap().at(std::nan("")).a == 0);
+  CHECK(sequential_colormap().at(-3) == sequential_colormap().table()[0]);
+  CHECK(hex({255, 16, 0}) == "#ff1000");
+}
+
+TEST_CASE("heatmaps pool blocks by their largest value and dim hidden cells", "[viz]") {
+  // 4 x 4 cells into 2 x 2 pixels: each pixel takes its block's maximum.
+  std::vector<float> values(16, 0.0f);
+  values[0 * 4 + 1] = 1.0f;  // block (0, 0)
+  values[3 * 4 + 3] = 0.5f;  // block (1, 1)
+  values[2 * 4 + 0] = std::nanf("");
+  std::vector<uint8_t> visible(16, 1);
+  for (int c = 0; c < 2; ++c)
+    for (int r = 0; r < 2; ++r) visible[size_t(r * 4 + 2 + c)] = 0;  // block (0, 1) all hidden
+  const Theme& theme = light_theme();
+  const ImageItem image = heatmap({0, 0, 40, 40}, values, &visible, 4, 4, {0.0, 1.0, false},
+                                  sequential_colormap(), theme, 2);
+  REQUIRE(image.width == 2);
+  REQUIRE(image.height == 2);
+  CHECK(image.pixels[0] == sequential_colormap().at(1.0));
+  CHECK(image.pixels[3] == sequential_colormap().at(0.5));
+  CHECK(image.pixels[1] == mix(sequential_colormap().at(0.0), theme.dimmed, 0.72));
+  // Full resolution where it fits.
+  CHECK(heatmap({}, values, nullptr, 4, 4, {0, 1, false}, sequential_colormap(), theme, 64).width ==
+        4);
+  ValueScale log{1e-4, 1.0, true};
+  CHECK(log.normalise(1e-2) == Approx(0.5));
+  CHECK(log.normalise(0.0) == Approx(0.0));
+}
+
+TEST_CASE("every view builds from a trace, alone and in compare mode", "[viz]") {
+  const Trace trace = test::make_small_trace(5);
+  for (const ViewKind kind : {ViewKind::Heads, ViewKind::Predicted, ViewKind::Retention,
+                              ViewKind::Consensus, ViewKind::Logits}) {
+    for (const std::vector<int64_t>& runs : {std::vector<int64_t>{1}, {0, 1}}) {
+      ViewOptions options;
+      options.runs = runs;
+      options.layer = 1;
+      options.dark = runs.size() == 2;
+      const View view = build_view(trace, kind, options);
+      INFO(view_name(kind) << " with " << runs.size() << " runs");
+      CHECK(view.figure.width == options.width);
+      CHECK(view.figure.height > 100);
+      CHECK(view.figure.items.size() > 10);
+      CHECK_FALSE(view.figure.hover.empty());
+      CHECK_FALSE(view.data.rows.empty());
+      CHECK(view.figure.background == (options.dark ? dark_theme() : light_theme()).background);
+      CHECK(has_text(view.figure, runs.size() == 2 ? "dense" : "h2o"));
+      for (const HoverGrid& grid : view.figure.hover) CHECK_FALSE(grid.describe(0, 0).empty());
+    }
+  }
+}
+
+TEST_CASE("the heads view shows every head's map and describes cells on hover", "[viz]") {
+  const Trace trace = test::make_small_trace(5);
+  ViewOptions options;
+  options.runs = {1};
+  options.quantity = HeadQuantity::Logits;
+  const View grid = build_view(trace, ViewKind::Heads, options);
+  CHECK(count_items<ImageItem>(grid.figure) == 4 + 1);  // 4 heads and the colour bar
+  CHECK(grid.data.rows.size() == 4 * 5);                // each head's row at step 4
+  const HoverGrid* head3 = nullptr;
+  for (const HoverGrid& g : grid.figure.hover)
+    if (g.id == "head 1:1:1") head3 = &g;
+  REQUIRE(head3 != nullptr);
+  // Step 4, token 2 of head 3 (run 1): logit 3.5, hidden ((2 + 3) % 2 != 0).
+  const std::string text = head3->describe(4, 2);
+  CHECK(text.find("logit 3.5") != std::string::npos);
+  CHECK(text.find("hidden") != std::string::npos);
+  CHECK(text.find("' key'") == std::string::npos);  // token labels show spaces as a dot
+  CHECK(text.find("\u00b7key") != std::string::npos);
+  CHECK(head3->describe(1, 3).find("not yet a candidate") != std::string::npos);
+  int64_t row = -1, col = -1;
+  CHECK(head3->cell_at({head3->box.x + 1, head3->box.bottom() - 1}, row, col));
+  CHECK(row == 4);
+  CHECK(col == 0);
+
+  options.head_detail = true;
+  options.layer = 1;
+  options.head = 1;
+  const View detail = build_view(trace, ViewKind::Heads, options);
+  CHECK(has_text(detail.figure, "Layer 1, head 1 at step 4"));
+  // The outlined visible set at step 4: tokens 1 and 3, 4 (consecutive) -> two outlines.
+  int64_t outlines = 0;
+  for (const Item& item : detail.figure.items) {
+    const auto* rect = std::get_if<RectItem>(&item);
+    if (rect && rect->stroke == light_theme().accent && rect->stroke_width == 1.5f) ++outlines;
+  }
+  CHECK(outlines == 2);
+}
+
+TEST_CASE("retention colours tokens by heads and diffs two runs", "[viz]") {
+  const Trace trace = test::make_small_trace(4);
+  ViewOptions options;
+  options.runs = {1};
+  options.retention_layer = 1;
+  options.retention_head = 1;
+  const View one = build_view(trace, ViewKind::Retention, options);
+  // Step 3, head 3 of run 1 sees {1, 3}: tokens 0 and 2 struck through.
+  std::vector<bool> struck;
+  for (const Item& item : one.figure.items) {
+    const auto* text = std::get_if<TextItem>(&item);
+    if (text && text->size == 13) struck.push_back(text->strike);
+  }
+  REQUIRE(struck.size() == 6);
+  CHECK(struck == std::vector<bool>{true, false, true, false, false, false});
+  REQUIRE(one.data.rows.size() == 6);
+  CHECK(std::get<double>(one.data.rows[1][2]) == 1.0);
+  CHECK(std::isnan(std::get<double>(one.data.rows[5][2])));  // not read at step 3
+
+  options.runs = {0, 1};
+  const View diff = build_view(trace, ViewKind::Retention, options);
+  std::vector<Color> chips;
+  for (const Item& item : diff.figure.items) {
+    const auto* text = std::get_if<TextItem>(&item);
+    if (text && text->size == 13) chips.push_back(text->background);
+  }
+  REQUIRE(chips.size() == 6);
+  CHECK(chips[0] == run_color(0));  // only A (dense) sees token 0
+  CHECK(chips[1] != run_color(0));  // both
+  CHECK(chips[1].a == 255);
+  CHECK(has_text(diff.figure, "only B"));
+}
+
+TEST_CASE("views reject options the trace cannot satisfy", "[viz]") {
+  const Trace trace = test::make_small_trace(3);
+  ViewOptions options;
+  options.step = 3;
+  CHECK_THROWS_AS(build_view(trace, ViewKind::Heads, options), Error);
+  options.step = -1;
+  options.runs = {0, 1, 0, 1, 0};
+  CHECK_THROWS_AS(build_view(trace, ViewKind::Heads, options), Error);
+  options.runs = {2};
+  CHECK_THROWS_AS(build_view(trace, ViewKind::Logits, options), Error);
+  options.runs = {0};
+  options.head = 2;
+  CHECK_THROWS_AS(build_view(trace, ViewKind::Predicted, options), Error);
+  CHECK_THROWS_AS(parse_view("attention"), Error);
+  CHECK(parse_view("consensus") == ViewKind::Consensus);
+  Trace empty = test::make_small_trace(1);
+  empty.truncate_steps(0);
+  CHECK_THROWS_AS(build_view(empty, ViewKind::Heads, ViewOptions{}), Error);
+}
+
+TEST_CASE("data tables write CSV with quoting and JSON with nulls", "[viz]") {
+  DataTable table;
+  table.columns = {"token", "text", "value"};
+  table.rows.push_back({1.0, std::string("a, \"b\""), std::nan("")});
+  table.rows.push_back({2.0, std::string("plain"), 0.125});
+  CHECK(table.to_csv() == "token,text,value\n1,\"a, \"\"b\"\"\",\n2,plain,0.125\n");
+  const nlohmann::json json = nlohmann::json::parse(table.to_json());
+  CHECK(json["columns"].size() == 3);
+  CHECK(json["rows"][0]["value"].is_null());
+  CHECK(json["rows"][1]["value"] == 0.125);
+  CHECK(json["rows"][0]["text"] == "a, \"b\"");
+}
+
+TEST_CASE("labels format values and tokens readably", "[viz]") {
+  CHECK(format_value(std::nan("")) == "-");
+  CHECK(format_value(0.123456) == "0.123");
+  CHECK(token_label(" key") == "\u00b7key");
+  CHECK(token_label("a\nb") == "a\u21b5b");
+  CHECK(token_label("abcdefghijklmnop", 4) == "abcd\u2026");
+  CHECK(token_label("\xc3\xa9\xc3\xa9\xc3\xa9", 2) == "\xc3\xa9\xc3\xa9\u2026");
+  const std::vector<double> ticks = nice_ticks(0, 9, 4);
+  CHECK(ticks.front() == 0);
+  CHECK(ticks.back() <= 9);
+  CHECK(ticks.size() >= 3);
+}

@@ -1,0 +1,191 @@
+// Heatmap rasters, colour bars, ticks, axes and label formatting (layout.h).
+#include "viz/layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace kvlens::viz {
+
+double ValueScale::normalise(double value) const {
+  if (!std::isfinite(value)) return std::numeric_limits<double>::quiet_NaN();
+  if (log) {
+    const double l = std::log10(std::max(value, lo));
+    return (l - std::log10(lo)) / (std::log10(hi) - std::log10(lo));
+  }
+  return hi > lo ? (value - lo) / (hi - lo) : 0.5;
+}
+
+ValueScale ValueScale::fitted(const std::vector<float>& values) {
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (const float v : values) {
+    if (std::isfinite(v)) lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
+  }
+  if (!(lo <= hi)) return {0.0, 1.0, false};
+  if (lo == hi) return {lo - 1.0, hi + 1.0, false};
+  return {lo, hi, false};
+}
+
+ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
+                  int64_t rows, int64_t cols, const ValueScale& scale, const Colormap& map,
+                  const Theme& theme, int64_t max_pixels) {
+  ImageItem image;
+  image.box = box;
+  const int64_t block_rows = std::max<int64_t>(1, (rows + max_pixels - 1) / max_pixels);
+  const int64_t block_cols = std::max<int64_t>(1, (cols + max_pixels - 1) / max_pixels);
+  image.height = int32_t((rows + block_rows - 1) / block_rows);
+  image.width = int32_t((cols + block_cols - 1) / block_cols);
+  image.pixels.assign(size_t(image.width) * size_t(image.height), Color{0, 0, 0, 0});
+  for (int64_t py = 0; py < image.height; ++py) {
+    for (int64_t px = 0; px < image.width; ++px) {
+      double best = -std::numeric_limits<double>::infinity();
+      int64_t seen = 0, hidden = 0;
+      for (int64_t r = py * block_rows; r < std::min(rows, (py + 1) * block_rows); ++r) {
+        for (int64_t c = px * block_cols; c < std::min(cols, (px + 1) * block_cols); ++c) {
+          const size_t at = size_t(r * cols + c);
+          if (!std::isfinite(values[at])) continue;
+          best = std::max(best, double(values[at]));
+          const uint8_t v = visible ? (*visible)[at] : 1;
+          seen += v == 1;
+          hidden += v == 0;
+        }
+      }
+      if (!std::isfinite(best)) continue;
+      Color color = map.at(scale.normalise(best));
+      // A block counts as hidden only when none of its cells was seen.
+      if (hidden > 0 && seen == 0) color = mix(color, theme.dimmed, 0.72);
+      image.pixels[size_t(py * image.width + px)] = color;
+    }
+  }
+  return image;
+}
+
+std::vector<double> nice_ticks(double lo, double hi, int count) {
+  std::vector<double> ticks;
+  if (!(hi > lo) || count < 1) {
+    if (std::isfinite(lo)) ticks.push_back(lo);
+    return ticks;
+  }
+  const double raw = (hi - lo) / count;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = magnitude;
+  for (const double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+    step = m * magnitude;
+    if (step >= raw) break;
+  }
+  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step)
+    ticks.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  return ticks;
+}
+
+std::string format_value(double value) {
+  if (std::isnan(value)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", value);
+  return text;
+}
+
+std::string token_label(const std::string& text, size_t max_chars) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '\n') {
+      out += "\u21b5";  // ↵
+    } else if (c == '\t') {
+      out += "\u21e5";
+    } else if (c == '\r') {
+      continue;
+    } else if ((unsigned char)c < 0x20 || c == 0x7f) {
+      out += "\u00bf";
+    } else {
+      out += c;
+    }
+  }
+  if (!out.empty() && out.front() == ' ') out = "\u00b7" + out.substr(1);
+  if (out.size() > 1 && out.back() == ' ') out = out.substr(0, out.size() - 1) + "\u00b7";
+  // Cut at a character boundary.
+  size_t chars = 0, cut = out.size();
+  for (size_t i = 0; i < out.size(); ++i) {
+    if ((static_cast<unsigned char>(out[i]) & 0xC0) == 0x80) continue;
+    if (chars == max_chars) {
+      cut = i;
+      break;
+    }
+    ++chars;
+  }
+  if (cut < out.size()) out = out.substr(0, cut) + "\u2026";
+  return out;
+}
+
+float title_block(Figure& figure, const std::string& title, const std::string& subtitle,
+                  const Theme& theme) {
+  figure.text({16, 26}, title, 17, theme.foreground, HAlign::Left, VAlign::Baseline, true);
+  if (subtitle.empty()) return 40;
+  figure.text({16, 46}, subtitle, 12, theme.muted);
+  return 60;
+}
+
+void colorbar(Figure& figure, Box box, const Colormap& map, const ValueScale& scale,
+              const std::string& label, const Theme& theme) {
+  ImageItem bar;
+  bar.box = box;
+  bar.width = 1;
+  bar.height = 256;
+  for (int i = 0; i < 256; ++i) bar.pixels.push_back(map.table()[size_t(255 - i)]);
+  figure.add(std::move(bar));
+  figure.rect(box, {0, 0, 0, 0}, theme.grid);
+  figure.text({box.x, box.y - 8}, label, 11, theme.foreground);
+  std::vector<double> ticks;
+  if (scale.log) {
+    for (double p = std::ceil(std::log10(scale.lo)); p <= std::log10(scale.hi) + 1e-9; p += 1.0)
+      ticks.push_back(std::pow(10.0, p));
+  } else {
+    ticks = nice_ticks(scale.lo, scale.hi, 5);
+  }
+  for (const double v : ticks) {
+    const float y = box.bottom() - float(scale.normalise(v)) * box.h;
+    figure.line({box.right(), y}, {box.right() + 4, y}, theme.foreground);
+    std::string text = format_value(v);
+    if (scale.log) {
+      char exponent[16];
+      std::snprintf(exponent, sizeof exponent, "1e%d", int(std::lround(std::log10(v))));
+      text = v == 1.0 ? "1" : exponent;
+    }
+    figure.text({box.right() + 7, y}, text, 10, theme.foreground, HAlign::Left, VAlign::Middle);
+  }
+}
+
+void axes(Figure& figure, Box plot, const std::vector<double>& x_ticks, double x_lo, double x_hi,
+          const std::vector<double>& y_ticks, double y_lo, double y_hi, const std::string& x_label,
+          const std::string& y_label, const Theme& theme) {
+  figure.rect(plot, {0, 0, 0, 0}, theme.muted);
+  auto x_at = [&](double v) { return plot.x + float((v - x_lo) / (x_hi - x_lo)) * plot.w; };
+  auto y_at = [&](double v) { return plot.bottom() - float((v - y_lo) / (y_hi - y_lo)) * plot.h; };
+  for (const double v : x_ticks) {
+    if (v < x_lo || v > x_hi) continue;
+    const float x = x_at(v);
+    figure.line({x, plot.bottom()}, {x, plot.bottom() + 4}, theme.foreground);
+    figure.text({x, plot.bottom() + 6}, format_value(v), 10, theme.foreground, HAlign::Center,
+                VAlign::Top);
+  }
+  for (const double v : y_ticks) {
+    if (v < y_lo || v > y_hi) continue;
+    const float y = y_at(v);
+    figure.line({plot.x - 4, y}, {plot.x, y}, theme.foreground);
+    figure.text({plot.x - 6, y}, format_value(v), 10, theme.foreground, HAlign::Right,
+                VAlign::Middle);
+  }
+  figure.text({plot.x + plot.w / 2, plot.bottom() + 30}, x_label, 11, theme.foreground,
+              HAlign::Center, VAlign::Baseline);
+  TextItem y_title;
+  y_title.anchor = {plot.x - 38, plot.y + plot.h / 2};
+  y_title.text = y_label;
+  y_title.size = 11;
+  y_title.color = theme.foreground;
+  y_title.h = HAlign::Center;
+  y_title.v = VAlign::Baseline;
+  y_title.rotation = 90.0f;
+  figure.add(std::move(y_title));
+}
+
+}  // namespace kvlens::viz

@@ -1,0 +1,53 @@
+// Building blocks the views share: heatmap rasters (with level of detail and hidden-token
+// dimming), colour bars, axes with ticks, titles and number / token text formatting.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "viz/colormap.h"
+#include "viz/figure.h"
+
+namespace kvlens::viz {
+
+// How values map to [0, 1] on a colormap: linear over [lo, hi], or log10 over [lo, hi] (both
+// > 0; values below lo clamp to lo).
+struct ValueScale {
+  double lo = 0.0, hi = 1.0;
+  bool log = false;
+  double normalise(double value) const;
+  // The finite range of `values` (a degenerate range is widened by 1 on each side; none: [0, 1]).
+  static ValueScale fitted(const std::vector<float>& values);
+};
+
+// A rows x cols matrix as an image of at most max_pixels x max_pixels: blocks of cells become one
+// pixel holding the block's largest value (peaks stay visible when zoomed out). Cells with
+// visible == 0 (when given) are dimmed toward theme.dimmed; visible == 2 or NaN values are
+// transparent. The image fills `box`.
+ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
+                  int64_t rows, int64_t cols, const ValueScale& scale, const Colormap& map,
+                  const Theme& theme, int64_t max_pixels);
+
+// A vertical colour bar in `box` with tick labels to its right and `label` above.
+void colorbar(Figure& figure, Box box, const Colormap& map, const ValueScale& scale,
+              const std::string& label, const Theme& theme);
+
+// Up to about `count` round tick values covering [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi, int count);
+// A value for a label: 3 significant digits, "-" for NaN.
+std::string format_value(double value);
+// A token's text for a label: control characters and newlines shown visibly, spaces as "·" at the
+// ends, at most max_chars characters (UTF-8 aware, "…" when cut).
+std::string token_label(const std::string& text, size_t max_chars = 12);
+
+// A figure title and subtitle at the top; returns the y where content may start.
+float title_block(Figure& figure, const std::string& title, const std::string& subtitle,
+                  const Theme& theme);
+
+// Axis frame of a plot box with tick marks and labels (x below, y left) and axis titles.
+void axes(Figure& figure, Box plot, const std::vector<double>& x_ticks, double x_lo, double x_hi,
+          const std::vector<double>& y_ticks, double y_lo, double y_hi, const std::string& x_label,
+          const std::string& y_label, const Theme& theme);
+
+}  // namespace kvlens::viz

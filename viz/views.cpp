@@ -1,0 +1,91 @@
+// build_view: option checks and dispatch to the per-view builders.
+#include "viz/views.h"
+
+#include <cstdio>
+
+#include "engine/common/error.h"
+
+namespace kvlens::viz {
+
+ViewKind parse_view(const std::string& name) {
+  for (const ViewKind kind : {ViewKind::Heads, ViewKind::Predicted, ViewKind::Retention,
+                              ViewKind::Consensus, ViewKind::Logits}) {
+    if (name == view_name(kind)) return kind;
+  }
+  throw Error("view", "name", "one of heads, predicted, retention, consensus, logits",
+              "'" + name + "'");
+}
+
+const char* view_name(ViewKind kind) {
+  switch (kind) {
+    case ViewKind::Heads:
+      return "heads";
+    case ViewKind::Predicted:
+      return "predicted";
+    case ViewKind::Retention:
+      return "retention";
+    case ViewKind::Consensus:
+      return "consensus";
+    case ViewKind::Logits:
+      return "logits";
+  }
+  return "heads";
+}
+
+const Theme& theme_of(const ViewOptions& options) {
+  return options.dark ? dark_theme() : light_theme();
+}
+
+std::string run_title(const Trace& trace, int64_t run) {
+  const TraceRun& r = trace.runs[size_t(run)];
+  if (r.policy == "dense") return "dense";
+  char text[64];
+  std::snprintf(text, sizeof text, " s=%.2g", r.sparsity);
+  return r.policy + text;
+}
+
+int64_t resolved_step(const Trace& trace, const ViewOptions& options) {
+  if (trace.step_count() == 0) throw Error("view", "trace", "at least one recorded step", "none");
+  const int64_t step = options.step < 0 ? trace.step_count() - 1 : options.step;
+  if (step >= trace.step_count()) {
+    throw Error("view", "step", "a step in [0, " + std::to_string(trace.step_count()) + ")",
+                std::to_string(options.step));
+  }
+  return step;
+}
+
+View build_view(const Trace& trace, ViewKind kind, const ViewOptions& options) {
+  const int64_t step = resolved_step(trace, options);
+  if (options.runs.empty() || options.runs.size() > 4) {
+    throw Error("view", "runs", "1 to 4 runs", std::to_string(options.runs.size()));
+  }
+  for (const int64_t run : options.runs) {
+    if (run < 0 || run >= int64_t(trace.runs.size())) {
+      throw Error("view", "run", "a run in [0, " + std::to_string(trace.runs.size()) + ")",
+                  std::to_string(run));
+    }
+  }
+  if (options.layer < 0 || options.layer >= trace.model.layers) {
+    throw Error("view", "layer", "a layer in [0, " + std::to_string(trace.model.layers) + ")",
+                std::to_string(options.layer));
+  }
+  if (options.head < 0 || options.head >= trace.model.heads) {
+    throw Error("view", "head", "a head in [0, " + std::to_string(trace.model.heads) + ")",
+                std::to_string(options.head));
+  }
+  switch (kind) {
+    case ViewKind::Heads:
+      return heads_view(trace, options, step);
+    case ViewKind::Predicted:
+      return predicted_view(trace, options, step);
+    case ViewKind::Retention:
+      return retention_view(trace, options, step);
+    case ViewKind::Consensus:
+      return consensus_view(trace, options, step);
+    case ViewKind::Logits:
+      return logits_view(trace, options, step);
+  }
+  return heads_view(trace, options, step);
+}
+
+}  // namespace kvlens::viz

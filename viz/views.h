@@ -1,0 +1,60 @@
+// The five views of the app as figures built from a Trace (through engine/eval/trace_queries):
+// heads (per-(layer, head) attention maps, or one head in detail), predicted vs true, retention,
+// consensus and logits. One to four runs: more than one is compare mode (panels side by side,
+// the retention view's diff of the first two). Each view also returns the data it shows.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/eval/trace_queries.h"
+#include "engine/trace/trace.h"
+#include "viz/figure.h"
+
+namespace kvlens::viz {
+
+enum class ViewKind { Heads, Predicted, Retention, Consensus, Logits };
+
+// "heads", "predicted", "retention", "consensus", "logits"; throws kvlens::Error otherwise.
+ViewKind parse_view(const std::string& name);
+const char* view_name(ViewKind kind);
+
+struct ViewOptions {
+  std::vector<int64_t> runs{0};  // 1 to 4 run indices (compare mode with more than one)
+  int64_t step = -1;             // -1: the last recorded step
+  int64_t layer = 0, head = 0;   // the selected head (heads detail, predicted)
+  bool head_detail = false;      // heads view: the selected head alone, with token labels
+  HeadQuantity quantity = HeadQuantity::Probabilities;
+  bool log_scale = true;  // probabilities on a log10 scale
+  ConsensusMetric consensus = ConsensusMetric::Pearson;
+  int64_t retention_layer = -1, retention_head = -1;  // retention scope (-1: all)
+  bool dark = false;
+  float width = 1280;            // canvas width; heights follow the content
+  int64_t max_map_pixels = 128;  // level of detail: pixels per head map side in the grid
+};
+
+struct View {
+  Figure figure;
+  DataTable data;
+};
+
+// Throws kvlens::Error (file "view") for options the trace cannot satisfy: no steps, a run,
+// step, layer or head out of range, more than 4 runs.
+View build_view(const Trace& trace, ViewKind kind, const ViewOptions& options);
+
+// The step the options select (the last one for -1), checked against the trace.
+int64_t resolved_step(const Trace& trace, const ViewOptions& options);
+
+// Per view (views_*.cpp); build_view checks the options first.
+View heads_view(const Trace& trace, const ViewOptions& options, int64_t step);
+View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step);
+View retention_view(const Trace& trace, const ViewOptions& options, int64_t step);
+View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step);
+View logits_view(const Trace& trace, const ViewOptions& options, int64_t step);
+
+// "policy s=0.5" for a run, as the panels title it.
+std::string run_title(const Trace& trace, int64_t run);
+const Theme& theme_of(const ViewOptions& options);
+
+}  // namespace kvlens::viz

@@ -1,0 +1,233 @@
+// The heads view: a grid of per-(layer, head) attention maps (rows: steps, columns: tokens) per
+// run, hidden tokens dimmed; or one head in detail with token labels and its visible set at the
+// current step outlined. Data: every shown head's row at the current step.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "viz/layout.h"
+#include "viz/views.h"
+
+namespace kvlens::viz {
+namespace {
+
+const char* quantity_name(HeadQuantity q) {
+  switch (q) {
+    case HeadQuantity::Logits:
+      return "logit";
+    case HeadQuantity::Probabilities:
+      return "probability";
+    case HeadQuantity::Scores:
+      return "policy score";
+  }
+  return "value";
+}
+
+ValueScale scale_for(const ViewOptions& options, const std::vector<const HeadMatrix*>& maps) {
+  if (options.quantity == HeadQuantity::Probabilities && options.log_scale)
+    return {1e-4, 1.0, true};
+  if (options.quantity == HeadQuantity::Probabilities) return {0.0, 1.0, false};
+  std::vector<float> all;
+  for (const HeadMatrix* m : maps) all.insert(all.end(), m->values.begin(), m->values.end());
+  return ValueScale::fitted(all);
+}
+
+std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::string& where,
+                          int64_t row, int64_t col, HeadQuantity quantity) {
+  std::string text = where + "\nstep " + std::to_string(row) + ", token " + std::to_string(col);
+  if (col < int64_t(trace.tokens.size()))
+    text += " '" + token_label(trace.tokens[size_t(col)].text, 24) + "'";
+  const size_t at = size_t(row * m.cols + col);
+  if (col > row) return text + "\n(not yet a candidate)";
+  if (m.visible[at] == 2) return text + "\n(row not kept)";
+  text += std::string("\n") + quantity_name(quantity) + " " + format_value(m.values[at]);
+  text += m.visible[at] ? "\nseen" : "\nhidden";
+  return text;
+}
+
+void add_rows(DataTable& data, const Trace& trace, int64_t run, int64_t layer, int64_t head,
+              const HeadMatrix& m, int64_t step) {
+  for (int64_t j = 0; j <= step; ++j) {
+    const size_t at = size_t(step * m.cols + j);
+    data.rows.push_back(
+        {trace.runs[size_t(run)].policy, double(run), double(layer), double(head), double(step),
+         double(j), double(m.values[at]),
+         m.visible[at] == 2 ? std::numeric_limits<double>::quiet_NaN() : double(m.visible[at])});
+  }
+}
+
+View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
+  const Theme& theme = theme_of(options);
+  View view;
+  Figure& f = view.figure;
+  f.background = theme.background;
+  f.width = options.width;
+  const float top = title_block(
+      f,
+      "Layer " + std::to_string(options.layer) + ", head " + std::to_string(options.head) +
+          " at step " + std::to_string(step),
+      std::string(quantity_name(options.quantity)) +
+          (options.log_scale && options.quantity == HeadQuantity::Probabilities ? " (log scale)"
+                                                                                : "") +
+          "; rows are steps, columns tokens; hidden tokens dimmed, the visible set at this step "
+          "outlined",
+      theme);
+  std::vector<HeadMatrix> maps;
+  std::vector<const HeadMatrix*> pointers;
+  for (const int64_t run : options.runs) {
+    maps.push_back(head_matrix(trace, run, options.layer, options.head, options.quantity, step));
+  }
+  for (const HeadMatrix& m : maps) pointers.push_back(&m);
+  const ValueScale scale = scale_for(options, pointers);
+  const int64_t n = int64_t(maps.size());
+  const float left = 56, gap = 28, bar = 90;
+  const float panel = (options.width - left - bar - gap * float(n - 1)) / float(n);
+  const float side = std::min(panel, 720.0f);
+  const float y0 = top + 24;
+  view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
+  for (int64_t i = 0; i < n; ++i) {
+    const HeadMatrix& m = maps[size_t(i)];
+    const int64_t run = options.runs[size_t(i)];
+    const Box box{left + float(i) * (panel + gap), y0, side, side};
+    f.text({box.x, box.y - 8}, run_title(trace, run), 13, run_color(i), HAlign::Left,
+           VAlign::Baseline, true);
+    f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, scale, sequential_colormap(), theme,
+                  1024));
+    f.rect(box, {0, 0, 0, 0}, theme.grid);
+    const float cell = side / float(m.cols);
+    // The current step's visible set: one outline per run of consecutive seen tokens.
+    for (int64_t j = 0; j <= step;) {
+      if (m.visible[size_t(step * m.cols + j)] != 1) {
+        ++j;
+        continue;
+      }
+      int64_t k = j;
+      while (k <= step && m.visible[size_t(step * m.cols + k)] == 1) ++k;
+      f.rect({box.x + float(j) * cell, box.y + float(step) * cell, float(k - j) * cell, cell},
+             {0, 0, 0, 0}, theme.accent, 1.5f);
+      j = k;
+    }
+    // Token labels under the map, as many as fit.
+    const int64_t every = std::max<int64_t>(1, int64_t(std::ceil(11.0f / cell)));
+    for (int64_t j = 0; j <= step && j < int64_t(trace.tokens.size()); j += every) {
+      TextItem label;
+      label.anchor = {box.x + (float(j) + 0.5f) * cell, box.bottom() + 4};
+      label.text = token_label(trace.tokens[size_t(j)].text, 10);
+      label.size = std::min(10.0f, std::max(7.0f, cell * 0.9f));
+      label.color = theme.foreground;
+      label.h = HAlign::Right;
+      label.v = VAlign::Middle;
+      label.rotation = 90.0f;
+      f.add(std::move(label));
+    }
+    const std::vector<double> ticks = nice_ticks(0, double(step), 6);
+    for (const double t : ticks) {
+      const float y = box.y + (float(t) + 0.5f) * cell;
+      f.text({box.x - 6, y}, format_value(t), 10, theme.foreground, HAlign::Right, VAlign::Middle);
+    }
+    f.text({box.x - 40, box.y - 8}, "step", 10, theme.muted);
+    auto shared = std::make_shared<HeadMatrix>(m);
+    const std::string where = run_title(trace, run) + ", L" + std::to_string(options.layer) + " H" +
+                              std::to_string(options.head);
+    const HeadQuantity quantity = options.quantity;
+    f.hover.push_back({box, m.rows, m.cols, "head " + std::to_string(run),
+                       [&trace, shared, where, quantity](int64_t r, int64_t c) {
+                         return describe_cell(trace, *shared, where, r, c, quantity);
+                       }});
+    add_rows(view.data, trace, run, options.layer, options.head, m, step);
+  }
+  colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(side, 300.0f)},
+           sequential_colormap(), scale, quantity_name(options.quantity), theme);
+  f.height = y0 + side + 90;
+  return view;
+}
+
+}  // namespace
+
+View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
+  if (options.head_detail) return detail(trace, options, step);
+  const Theme& theme = theme_of(options);
+  View view;
+  Figure& f = view.figure;
+  f.background = theme.background;
+  f.width = options.width;
+  const int64_t L = trace.model.layers, H = trace.model.heads, n = int64_t(options.runs.size());
+  std::string token;
+  if (step < int64_t(trace.tokens.size()))
+    token = " (token '" + token_label(trace.tokens[size_t(step)].text, 20) + "')";
+  const float top = title_block(
+      f, "Attention of every head at step " + std::to_string(step) + token,
+      std::string(quantity_name(options.quantity)) +
+          (options.log_scale && options.quantity == HeadQuantity::Probabilities ? " (log scale)"
+                                                                                : "") +
+          "; each map: rows are steps 0-" + std::to_string(step) +
+          ", columns tokens; hidden tokens dimmed",
+      theme);
+  // Every map first: the colour scale spans all of them.
+  std::vector<HeadMatrix> maps;
+  maps.reserve(size_t(n * L * H));
+  for (const int64_t run : options.runs)
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < H; ++h)
+        maps.push_back(head_matrix(trace, run, l, h, options.quantity, step));
+  std::vector<const HeadMatrix*> pointers;
+  for (const HeadMatrix& m : maps) pointers.push_back(&m);
+  const ValueScale scale = scale_for(options, pointers);
+
+  const float left = 34, gap = 24, bar = 90, label_h = 16;
+  const float panel = (options.width - left - bar - gap * float(n - 1)) / float(n);
+  const float cell = std::min(120.0f, std::floor((panel - 2.0f * float(H)) / float(H)));
+  const float pitch = cell + 2.0f;
+  const float y0 = top + 20 + label_h;
+  view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
+  int64_t missing = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t run = options.runs[size_t(i)];
+    const float x0 = left + float(i) * (panel + gap);
+    f.text({x0, y0 - label_h - 4}, run_title(trace, run), 13, run_color(i), HAlign::Left,
+           VAlign::Baseline, true);
+    for (int64_t h = 0; h < H; h += std::max<int64_t>(1, H / 8)) {
+      f.text({x0 + float(h) * pitch + cell / 2, y0 - 4}, "H" + std::to_string(h), 9, theme.muted,
+             HAlign::Center, VAlign::Baseline);
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      if (i == 0) {
+        f.text({x0 - 6, y0 + float(l) * pitch + cell / 2}, "L" + std::to_string(l), 9, theme.muted,
+               HAlign::Right, VAlign::Middle);
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const HeadMatrix& m = maps[size_t((i * L + l) * H + h)];
+        missing += m.missing_rows;
+        const Box box{x0 + float(h) * pitch, y0 + float(l) * pitch, cell, cell};
+        f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, scale, sequential_colormap(),
+                      theme, options.max_map_pixels));
+        const bool selected = l == options.layer && h == options.head;
+        f.rect(box, {0, 0, 0, 0}, selected ? theme.accent : theme.grid, selected ? 2.0f : 0.5f);
+        auto shared = std::make_shared<HeadMatrix>(m);
+        const std::string where =
+            run_title(trace, run) + ", L" + std::to_string(l) + " H" + std::to_string(h);
+        const HeadQuantity quantity = options.quantity;
+        f.hover.push_back(
+            {box, m.rows, m.cols,
+             "head " + std::to_string(run) + ":" + std::to_string(l) + ":" + std::to_string(h),
+             [&trace, shared, where, quantity](int64_t r, int64_t c) {
+               return describe_cell(trace, *shared, where, r, c, quantity);
+             }});
+        add_rows(view.data, trace, run, l, h, m, step);
+      }
+    }
+  }
+  const float grid_h = float(L) * pitch;
+  colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(grid_h - 20, 260.0f)},
+           sequential_colormap(), scale, quantity_name(options.quantity), theme);
+  f.height = y0 + grid_h + 24;
+  if (missing > 0) {
+    f.text({left, f.height - 6},
+           "Some rows were not kept (the trace's memory budget): those steps are blank.", 11,
+           theme.accent);
+    f.height += 12;
+  }
+  return view;
+}
+
+}  // namespace kvlens::viz

@@ -1,0 +1,155 @@
+// The logits view: the dense reference's and each run's next-token top-k at the current step
+// (probabilities as bars, the true next token marked), KL against dense and the true token's rank
+// under both, and a strip of the per-step KL and NLL over every step (a click picks a step).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "viz/layout.h"
+#include "viz/views.h"
+
+namespace kvlens::viz {
+namespace {
+
+int64_t dense_run(const Trace& trace) {
+  for (size_t r = 0; r < trace.runs.size(); ++r)
+    if (trace.runs[r].policy == "dense") return int64_t(r);
+  return -1;
+}
+
+std::string token_text(const Trace& trace, int32_t id) {
+  // Token texts are known for the text's own tokens; other ids show as their number.
+  for (const TraceToken& t : trace.tokens)
+    if (t.id == id) return token_label(t.text, 14);
+  return "#" + std::to_string(id);
+}
+
+// One column of top-k bars; returns its height.
+float top_k_bars(Figure& f, const Trace& trace, Box area, const StepRecord& record,
+                 const std::string& title, Color color, int32_t true_token, const Theme& theme) {
+  f.text({area.x, area.y}, title, 12, color, HAlign::Left, VAlign::Baseline, true);
+  const float row_h = 18, label_w = 110;
+  const float bar_w = area.w - label_w - 60;
+  float y = area.y + 12;
+  for (size_t k = 0; k < record.top.ids.size(); ++k) {
+    const double p = std::exp(double(record.top.log_probs[k]));
+    const bool truth = record.top.ids[k] == true_token;
+    f.text({area.x + label_w - 6, y + row_h / 2}, token_text(trace, record.top.ids[k]), 11,
+           truth ? theme.accent : theme.foreground, HAlign::Right, VAlign::Middle, truth);
+    f.rect({area.x + label_w, y + 3, std::max(1.0f, float(p) * bar_w), row_h - 6}, color);
+    f.text({area.x + label_w + float(p) * bar_w + 4, y + row_h / 2}, format_value(p), 10,
+           theme.muted, HAlign::Left, VAlign::Middle);
+    y += row_h;
+  }
+  return y - area.y;
+}
+
+}  // namespace
+
+View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
+  const Theme& theme = theme_of(options);
+  View view;
+  Figure& f = view.figure;
+  f.background = theme.background;
+  f.width = options.width;
+  const int32_t true_token =
+      step + 1 < int64_t(trace.tokens.size()) ? trace.tokens[size_t(step + 1)].id : -1;
+  const float top =
+      title_block(f, "Next token at step " + std::to_string(step),
+                  true_token >= 0 ? "true next token '" + token_text(trace, true_token) +
+                                        "' (highlighted); bars: probability"
+                                  : "the text ends here: no true next token",
+                  theme);
+  const int64_t dense = dense_run(trace);
+  std::vector<int64_t> columns;
+  if (dense >= 0) columns.push_back(dense);
+  for (const int64_t run : options.runs)
+    if (run != dense) columns.push_back(run);
+  const float margin = 20;
+  const float col_w = (options.width - 2 * margin) / float(std::max<size_t>(columns.size(), 2));
+  float tallest = 0;
+  view.data.columns = {"policy", "run", "step", "rank", "token", "text", "probability"};
+  for (size_t c = 0; c < columns.size(); ++c) {
+    const int64_t run = columns[c];
+    const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
+    const auto found = std::find(options.runs.begin(), options.runs.end(), run);
+    const Color color = found == options.runs.end()
+                            ? theme.muted
+                            : run_color(int64_t(found - options.runs.begin()));
+    const Box area{margin + float(c) * col_w, top + 18, col_w - 16, 0};
+    float h = top_k_bars(f, trace, area, record, run_title(trace, run), color, true_token, theme);
+    const StepMetrics& m = record.metrics;
+    std::string line =
+        "true rank " + (m.true_rank < 0 ? std::string("-") : std::to_string(m.true_rank));
+    if (run != dense) {
+      line += "  (dense " +
+              (m.dense_true_rank < 0 ? std::string("-") : std::to_string(m.dense_true_rank)) +
+              ")  KL " + format_value(m.kl_vs_dense);
+    }
+    f.text({area.x, area.y + h + 14}, line, 11, theme.foreground);
+    tallest = std::max(tallest, h + 24);
+    for (size_t k = 0; k < record.top.ids.size(); ++k) {
+      view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run), double(step),
+                                double(k), double(record.top.ids[k]),
+                                token_text(trace, record.top.ids[k]),
+                                std::exp(double(record.top.log_probs[k]))});
+    }
+  }
+
+  // The step strip: KL against dense (or NLL where there is no dense run) of every step.
+  const float strip_y = top + 18 + tallest + 40, strip_h = 120;
+  const Box plot{margin + 50, strip_y, options.width - 2 * margin - 70, strip_h};
+  const int64_t steps = trace.step_count();
+  const bool use_kl = dense >= 0 && std::any_of(options.runs.begin(), options.runs.end(),
+                                                [&](int64_t r) { return r != dense; });
+  double hi = 0;
+  for (const int64_t run : options.runs) {
+    for (int64_t t = 0; t < steps; ++t) {
+      const StepMetrics& m = trace.steps()[size_t(t)][size_t(run)].metrics;
+      const double v = use_kl ? m.kl_vs_dense : m.nll;
+      if (std::isfinite(v)) hi = std::max(hi, v);
+    }
+  }
+  if (hi <= 0) hi = 1;
+  axes(f, plot, nice_ticks(0, double(std::max<int64_t>(steps - 1, 1)), 8), 0,
+       double(std::max<int64_t>(steps - 1, 1)), nice_ticks(0, hi, 3), 0, hi, "step",
+       use_kl ? "KL vs dense" : "NLL", theme);
+  auto x_at = [&](int64_t t) {
+    return plot.x + float(t) / float(std::max<int64_t>(steps - 1, 1)) * plot.w;
+  };
+  for (size_t i = 0; i < options.runs.size(); ++i) {
+    const int64_t run = options.runs[i];
+    if (use_kl && run == dense) continue;
+    LineItem series;
+    series.color = run_color(int64_t(i));
+    series.width = 1.5f;
+    for (int64_t t = 0; t < steps; ++t) {
+      const StepMetrics& m = trace.steps()[size_t(t)][size_t(run)].metrics;
+      const double v = use_kl ? m.kl_vs_dense : m.nll;
+      if (!std::isfinite(v)) {
+        if (series.points.size() >= 2) f.add(series);
+        series.points.clear();
+        continue;
+      }
+      series.points.push_back({x_at(t), plot.bottom() - float(std::min(v, hi) / hi) * plot.h});
+    }
+    if (series.points.size() >= 2) f.add(series);
+  }
+  f.line({x_at(step), plot.y}, {x_at(step), plot.bottom()}, theme.accent, 1.5f, true);
+  f.text({plot.x, plot.y - 6}, "per step (click to go to a step)", 10, theme.muted);
+  f.hover.push_back({plot, 1, std::max<int64_t>(steps, 1), "steps",
+                     [&trace, runs = options.runs, use_kl](int64_t, int64_t t) {
+                       std::string text = "step " + std::to_string(t);
+                       for (const int64_t run : runs) {
+                         const StepMetrics& m = trace.steps()[size_t(t)][size_t(run)].metrics;
+                         text += "\n" + run_title(trace, run) + ": " +
+                                 (use_kl ? "KL " + format_value(m.kl_vs_dense) : "") + " NLL " +
+                                 format_value(m.nll);
+                       }
+                       return text;
+                     }});
+  f.height = strip_y + strip_h + 44;
+  return view;
+}
+
+}  // namespace kvlens::viz

@@ -1,0 +1,138 @@
+// The predicted-vs-true view: for the selected head, the policy's importance scores and the true
+// logits over steps x tokens side by side, a scatter of the two at the current step (Pearson,
+// Spearman, top-50% classification accuracy), and every head's accuracy at this step.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "viz/layout.h"
+#include "viz/views.h"
+
+namespace kvlens::viz {
+namespace {
+
+void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, const char* what,
+               const Theme& theme, const std::string& where) {
+  const ValueScale scale = ValueScale::fitted(m.values);
+  f.add(
+      heatmap(box, m.values, &m.visible, m.rows, m.cols, scale, sequential_colormap(), theme, 512));
+  f.rect(box, {0, 0, 0, 0}, theme.grid);
+  f.text({box.x, box.y - 6}, what, 11, theme.foreground);
+  f.text({box.x, box.bottom() + 14}, "tokens \u2192", 10, theme.muted);
+  f.text({box.right(), box.bottom() + 14},
+         "range " + format_value(scale.lo) + " to " + format_value(scale.hi), 10, theme.muted,
+         HAlign::Right);
+  auto shared = std::make_shared<HeadMatrix>(m);
+  const std::string label = where + ", " + what;
+  f.hover.push_back(
+      {box, m.rows, m.cols, std::string("predicted ") + what,
+       [&trace, shared, label](int64_t r, int64_t c) {
+         std::string text = label + "\nstep " + std::to_string(r) + ", token " + std::to_string(c);
+         if (c < int64_t(trace.tokens.size()))
+           text += " '" + token_label(trace.tokens[size_t(c)].text, 24) + "'";
+         if (c > r) return text;
+         return text + "\n" + format_value(shared->values[size_t(r * shared->cols + c)]);
+       }});
+}
+
+}  // namespace
+
+View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step) {
+  const Theme& theme = theme_of(options);
+  View view;
+  Figure& f = view.figure;
+  f.background = theme.background;
+  f.width = options.width;
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  const float top = title_block(
+      f,
+      "Predicted vs true: layer " + std::to_string(options.layer) + ", head " +
+          std::to_string(options.head) + " at step " + std::to_string(step),
+      "the policy's importance scores against the true attention logits; accuracy: agreement "
+      "of the top-50% token sets",
+      theme);
+  const float margin = 40, gap = 36;
+  const float panel = std::min(300.0f, (options.width - 2 * margin - 3 * gap) / 4.0f);
+  view.data.columns = {"policy", "run",   "layer", "head",   "step",
+                       "token",  "score", "logit", "visible"};
+  float y = top + 26;
+  for (size_t i = 0; i < options.runs.size(); ++i) {
+    const int64_t run = options.runs[i];
+    const std::string where = run_title(trace, run) + ", L" + std::to_string(options.layer) + " H" +
+                              std::to_string(options.head);
+    f.text({margin, y}, run_title(trace, run), 13, run_color(int64_t(i)), HAlign::Left,
+           VAlign::Baseline, true);
+    y += 22;
+    const HeadMatrix scores =
+        head_matrix(trace, run, options.layer, options.head, HeadQuantity::Scores, step);
+    const HeadMatrix logits =
+        head_matrix(trace, run, options.layer, options.head, HeadQuantity::Logits, step);
+    map_panel(f, trace, {margin, y, panel, panel}, scores, "policy scores", theme, where);
+    map_panel(f, trace, {margin + panel + gap, y, panel, panel}, logits, "true logits", theme,
+              where);
+
+    // The scatter at this step.
+    const PredictedVsTrue p = predicted_vs_true(trace, run, step, options.layer, options.head);
+    const Box plot{margin + 2 * (panel + gap) + 20, y, panel - 20, panel};
+    const ValueScale xs = ValueScale::fitted(p.logits), ys = ValueScale::fitted(p.scores);
+    axes(f, plot, nice_ticks(xs.lo, xs.hi, 4), xs.lo, xs.hi, nice_ticks(ys.lo, ys.hi, 4), ys.lo,
+         ys.hi, "true logit", "score", theme);
+    const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
+    const uint8_t* shown = record.visible_row(options.layer, options.head, H);
+    int64_t points = 0;
+    for (size_t j = 0; j < p.scores.size(); ++j) {
+      const bool seen = shown && shown[j];
+      view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run), double(options.layer),
+                                double(options.head), double(step), double(j), double(p.scores[j]),
+                                double(p.logits[j]), double(seen)});
+      if (!std::isfinite(p.scores[j]) || !std::isfinite(p.logits[j])) continue;
+      CircleItem dot;
+      dot.center = {plot.x + float(xs.normalise(p.logits[j])) * plot.w,
+                    plot.bottom() - float(ys.normalise(p.scores[j])) * plot.h};
+      dot.radius = 2.6f;
+      dot.fill = seen ? run_color(int64_t(i)) : Color{0, 0, 0, 0};
+      dot.stroke = seen ? Color{0, 0, 0, 0} : theme.muted;
+      f.add(dot);
+      ++points;
+    }
+    f.text({plot.x, plot.y - 6},
+           "Pearson " + format_value(p.pearson) + "  Spearman " + format_value(p.spearman) +
+               "  accuracy " + format_value(p.accuracy),
+           10, theme.foreground);
+    if (points == 0) {
+      f.text({plot.x + plot.w / 2, plot.y + plot.h / 2}, "no scores at this layer (dense)", 11,
+             theme.muted, HAlign::Center, VAlign::Middle);
+    }
+
+    // Every head's accuracy at this step.
+    const std::vector<double> grid = head_accuracy_grid(trace, run, step);
+    const float gx = margin + 3 * (panel + gap) + 10;
+    const float cell = std::min((panel - 10) / float(H), (panel - 10) / float(L));
+    f.text({gx, y - 6}, "top-50% accuracy per head", 11, theme.foreground);
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t h = 0; h < H; ++h) {
+        const double a = grid[size_t(l * H + h)];
+        const Box box{gx + float(h) * cell, y + float(l) * cell, cell - 1, cell - 1};
+        f.rect(box, std::isnan(a) ? theme.grid : sequential_colormap().at(a));
+        if (l == options.layer && h == options.head) f.rect(box, {0, 0, 0, 0}, theme.accent, 2);
+      }
+    }
+    f.text({gx, y + float(L) * cell + 14}, "rows: layers, columns: heads; 0 (dark) to 1 (light)", 9,
+           theme.muted);
+    auto shared_grid = std::make_shared<std::vector<double>>(grid);
+    f.hover.push_back({{gx, y, cell * float(H), cell * float(L)},
+                       L,
+                       H,
+                       "accuracy grid",
+                       [shared_grid, H](int64_t r, int64_t c) {
+                         return "L" + std::to_string(r) + " H" + std::to_string(c) +
+                                "\ntop-50% accuracy " +
+                                format_value((*shared_grid)[size_t(r * H + c)]);
+                       }});
+    y += panel + 48;
+  }
+  f.height = y;
+  return view;
+}
+
+}  // namespace kvlens::viz

@@ -1,0 +1,149 @@
+// The retention view: the text with each token coloured by how many heads (in the chosen layer /
+// head scope) see it at the current step, tokens no head sees struck through; in compare mode the
+// three-colour diff of the first two runs: seen by both, only by A, only by B.
+#include <algorithm>
+#include <cmath>
+
+#include "viz/layout.h"
+#include "viz/views.h"
+
+namespace kvlens::viz {
+namespace {
+
+// Readable text on a chip: dark on light backgrounds, light on dark ones.
+Color text_on(Color background, const Theme& theme) {
+  if (background.a == 0) return theme.foreground;
+  return to_oklab(background).L > 0.62 ? Color{20, 20, 24, 255} : Color{250, 250, 252, 255};
+}
+
+std::string scope_text(const ViewOptions& o) {
+  if (o.retention_layer < 0 && o.retention_head < 0) return "all heads";
+  if (o.retention_head < 0) return "the heads of layer " + std::to_string(o.retention_layer);
+  if (o.retention_layer < 0) return "head " + std::to_string(o.retention_head) + " of each layer";
+  return "layer " + std::to_string(o.retention_layer) + ", head " +
+         std::to_string(o.retention_head);
+}
+
+}  // namespace
+
+View retention_view(const Trace& trace, const ViewOptions& options, int64_t step) {
+  const Theme& theme = theme_of(options);
+  View view;
+  Figure& f = view.figure;
+  f.background = theme.background;
+  f.width = options.width;
+  const bool diff = options.runs.size() >= 2;
+  std::vector<RetentionCounts> counts;
+  for (const int64_t run : options.runs) {
+    counts.push_back(
+        retention_counts(trace, run, step, options.retention_layer, options.retention_head));
+  }
+  const float top = title_block(
+      f, "Retention at step " + std::to_string(step),
+      diff ? "which tokens " + scope_text(options) + " see: " + run_title(trace, options.runs[0]) +
+                 " (A) against " + run_title(trace, options.runs[1]) + " (B)"
+           : "tokens coloured by how many of " + scope_text(options) + " (" +
+                 std::to_string(counts[0].heads_in_scope) + ") see them under " +
+                 run_title(trace, options.runs[0]) + "; struck through: seen by none",
+      theme);
+  const Color both{120, 132, 150, 255};
+  float y = top + 8;
+  // Legend.
+  if (diff) {
+    float x = 16;
+    for (const auto& [label, color] : std::vector<std::pair<std::string, Color>>{
+             {"seen by both", both}, {"only A", run_color(0)}, {"only B", run_color(1)}}) {
+      f.rect({x, y, 14, 14}, color);
+      f.text({x + 20, y + 7}, label, 11, theme.foreground, HAlign::Left, VAlign::Middle);
+      x += 40 + text_width(label, 11);
+    }
+    f.text({x, y + 7}, "struck through: seen by neither", 11, theme.muted, HAlign::Left,
+           VAlign::Middle);
+  } else {
+    ImageItem bar;
+    bar.box = {16, y + 2, 160, 10};
+    bar.width = 256;
+    bar.height = 1;
+    bar.pixels.assign(sequential_colormap().table().begin(), sequential_colormap().table().end());
+    f.add(std::move(bar));
+    f.text({16, y + 24}, "0", 10, theme.foreground, HAlign::Center);
+    f.text({176, y + 24}, std::to_string(counts[0].heads_in_scope), 10, theme.foreground,
+           HAlign::Center);
+    f.text({190, y + 11}, "heads that see the token", 11, theme.foreground);
+  }
+  y += 44;
+  if (!counts[0].known || (diff && !counts[1].known)) {
+    f.text({16, y},
+           "Some heads in scope have no rows at this step (memory budget): counts are "
+           "lower bounds.",
+           11, theme.accent);
+    y += 20;
+  }
+
+  const float size = 13, line_h = 24, left = 16, right = options.width - 16;
+  float x = left;
+  view.data.columns = {"token", "text"};
+  for (const int64_t run : options.runs) view.data.columns.push_back(run_title(trace, run));
+  const int64_t answer_begin = trace.coref.present ? trace.coref.answer_token_begin : -1;
+  const int64_t answer_end = trace.coref.present ? trace.coref.answer_token_end : -1;
+  for (size_t j = 0; j < trace.tokens.size(); ++j) {
+    std::string label = token_label(trace.tokens[j].text, 40);
+    if (label.empty()) label = "\u2205";
+    const float w = text_width(label, size) + 6;
+    if (x + w > right && x > left) x = left, y += line_h;
+    const bool newline = trace.tokens[j].text.find('\n') != std::string::npos;
+    TextItem chip;
+    chip.anchor = {x + 3, y};
+    chip.text = label;
+    chip.size = size;
+    const int32_t a = counts[0].seen_by[j];
+    if (a < 0) {
+      chip.color = theme.muted;  // not yet read at this step
+    } else if (diff) {
+      const int32_t b = counts[1].seen_by[j];
+      const bool sa = a > 0, sb = b > 0;
+      chip.background = sa && sb ? both : sa ? run_color(0) : sb ? run_color(1) : Color{0, 0, 0, 0};
+      chip.strike = !sa && !sb;
+      chip.color = text_on(chip.background, theme);
+    } else {
+      const double fraction =
+          counts[0].heads_in_scope > 0 ? double(a) / double(counts[0].heads_in_scope) : 0.0;
+      chip.background = a > 0 ? sequential_colormap().at(fraction) : Color{0, 0, 0, 0};
+      chip.strike = a == 0;
+      chip.color = a == 0 ? theme.muted : text_on(chip.background, theme);
+    }
+    f.add(chip);
+    if (int64_t(j) >= answer_begin && int64_t(j) < answer_end) {
+      f.rect({x, y - size - 3, w, size + 8}, {0, 0, 0, 0}, theme.accent, 1.5f);
+    }
+    if (int64_t(j) == step) f.line({x, y + 5}, {x + w, y + 5}, theme.accent, 2.0f);
+    std::vector<std::variant<double, std::string>> row{double(j), trace.tokens[j].text};
+    std::string hover =
+        "token " + std::to_string(j) + " '" + token_label(trace.tokens[j].text, 30) + "'";
+    for (size_t r = 0; r < counts.size(); ++r) {
+      const int32_t seen = counts[r].seen_by[j];
+      row.push_back(seen < 0 ? std::numeric_limits<double>::quiet_NaN() : double(seen));
+      hover += "\n" + run_title(trace, options.runs[r]) + ": " +
+               (seen < 0 ? std::string("not read yet")
+                         : "seen by " + std::to_string(seen) + " of " +
+                               std::to_string(counts[r].heads_in_scope));
+    }
+    view.data.rows.push_back(std::move(row));
+    f.hover.push_back({{x, y - size - 2, w, line_h},
+                       1,
+                       1,
+                       "token " + std::to_string(j),
+                       [hover](int64_t, int64_t) { return hover; }});
+    x += w + 2;
+    if (newline) x = left, y += line_h;
+  }
+  if (trace.coref.present) {
+    y += line_h + 4;
+    f.text({left, y}, "boxed: the final mention's answer tokens ('" + trace.coref.answer + "')", 11,
+           theme.muted);
+  }
+  f.height = y + 20;
+  return view;
+}
+
+}  // namespace kvlens::viz
