@@ -12,6 +12,7 @@
 
 #include "engine/trace/trace.h"
 #include "viz/qt/painter_renderer.h"
+#include "viz/qt/qt_messages.h"
 #include "viz/views.h"
 #endif
 
@@ -61,17 +62,10 @@ HeadQuantity parse_quantity(const std::string& text) {
   throw Error("--quantity", "quantity", "logits, probabilities or scores", "'" + text + "'");
 }
 
-// Qt's messages go to stderr as they come, except QStandardPaths' note that XDG_RUNTIME_DIR is
-// unset (a headless machine's normal state, and nothing the export uses).
-void quiet_messages(QtMsgType type, const QMessageLogContext& context, const QString& message) {
-  if (message.contains("XDG_RUNTIME_DIR")) return;
-  std::fprintf(stderr, "%s\n", qFormatLogMessage(type, context, message).toLocal8Bit().constData());
-}
-
 int run_figure() {
   // Exports need fonts and painting, not a display.
   if (qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM")) qputenv("QT_QPA_PLATFORM", "offscreen");
-  qInstallMessageHandler(quiet_messages);
+  viz::install_headless_message_filter();
   int argc = 1;
   char name[] = "kvlens-cli";
   char* argv[] = {name, nullptr};

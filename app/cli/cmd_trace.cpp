@@ -4,16 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "app/cli/cli_common.h"
-#include "app/cli/model_input.h"
 #include "app/cli/policy_runs.h"
+#include "app/cli/recording.h"
 #include "engine/common/error.h"
-#include "engine/eval/coref_benchmark.h"
-#include "engine/eval/coref_pools.h"
 #include "engine/trace/trace_recorder.h"
 
 namespace kvlens::cli {
@@ -75,38 +72,21 @@ int run_trace(const CommonOptions& common, bool from_prompt) {
   }
   { AtomicOutputFile probe(flags.out_path, "--out"); }  // an unwritable path fails before the run
 
-  const auto model = Model::load(flags.model_dir);
-  const Tokenizer& tokenizer = model->require_tokenizer();
+  const std::shared_ptr<const Model> model = Model::load(flags.model_dir);
   TraceOptions options;
   options.top_k = flags.top_k;
   options.memory_budget = uint64_t(flags.memory_mb) << 20;
   options.selected_heads = parse_heads(flags.selected_heads, model->config);
   options.prefill = flags.prefill;
-  std::vector<int32_t> tokens;
-  std::optional<CorefSample> sample;
-  std::optional<CorefTokens> marked;
-  if (from_prompt) {
-    tokens = resolve_input_tokens(*model, flags.prompt, "", "--prompt", flags.max_tokens);
-  } else {
-    const CorefPools pools =
-        flags.pools_path.empty() ? load_bundled_coref_pools() : load_coref_pools(flags.pools_path);
-    sample = generate_coref_sample(pools, flags.seed, flags.coref_index, flags.hard);
-    marked = mark_answer_tokens(*sample, tokenizer);
-    tokens = marked->tokens;
-    check_input_tokens(*model, tokens, "--coref-sample");
-  }
-  const auto backend = make_backend(common);
-  const auto resident = BackendModel::upload(model, *backend);
-  TraceRecorder recorder(resident, &tokenizer, tokens, runs, options);
-  if (sample) {
-    TraceCorefInfo& coref = recorder.trace().coref;
-    coref = {true,
-             sample->index,
-             sample->seed,
-             sample->answer,
-             marked->answer_token_begin,
-             marked->answer_token_end};
-  }
+  RecordingSource source;
+  source.prompt = flags.prompt;
+  source.coref_index = from_prompt ? -1 : flags.coref_index;
+  source.seed = flags.seed;
+  source.hard = flags.hard;
+  source.pools_path = flags.pools_path;
+  source.max_tokens = flags.max_tokens;
+  Recording recording = open_recording(common, model, source, runs, options);
+  TraceRecorder& recorder = *recording.recorder;
   const auto start = std::chrono::steady_clock::now();
   {
     ProgressBar bar(common.progress, "trace");

@@ -193,4 +193,20 @@ RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, 
   return counts;
 }
 
+std::vector<AnswerPrediction> answer_predictions(const Trace& trace, int64_t run) {
+  require_index(run, int64_t(trace.runs.size()), "run");
+  std::vector<AnswerPrediction> predictions;
+  if (!trace.coref.present) return predictions;
+  for (int64_t p = std::max<int64_t>(0, trace.coref.answer_token_begin - 1);
+       p + 1 < trace.coref.answer_token_end && p < trace.step_count(); ++p) {
+    AnswerPrediction a;
+    a.position = p;
+    a.predicted = trace.steps()[size_t(p)][size_t(run)].argmax;
+    a.truth = trace.tokens[size_t(p + 1)].id;
+    a.correct = a.predicted == a.truth;
+    predictions.push_back(a);
+  }
+  return predictions;
+}
+
 }  // namespace kvlens

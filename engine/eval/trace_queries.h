@@ -66,6 +66,16 @@ struct RetentionCounts {
 RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, int64_t layer,
                                  int64_t head);
 
+// A co-reference sample's answer as a run predicted it so far: for each answer token (positions
+// p = answer_token_begin - 1 .. answer_token_end - 2 predict token p + 1), the run's argmax at step
+// p against the true token, for the steps recorded. Empty when the trace is not a sample.
+struct AnswerPrediction {
+  int64_t position = 0;  // the step that predicts tokens[position + 1]
+  int32_t predicted = -1, truth = -1;
+  bool correct = false;
+};
+std::vector<AnswerPrediction> answer_predictions(const Trace& trace, int64_t run);
+
 // Spearman's rank correlation over the columns where both are finite (average ranks for ties);
 // NaN with fewer than 2 such columns or zero variance.
 double spearman(std::span<const float> x, std::span<const float> y);

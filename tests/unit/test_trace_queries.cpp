@@ -127,3 +127,30 @@ TEST_CASE("retention_counts counts the heads in scope that see each token", "[tr
   CHECK_THROWS_AS(retention_counts(trace, 1, 3, 2, -1), Error);
   CHECK_THROWS_AS(retention_counts(trace, 1, 5, -1, -1), Error);
 }
+
+TEST_CASE("answer_predictions compares each answer token with the run's argmax",
+          "[trace_queries]") {
+  // Answer tokens [4, 6): positions 3 and 4 predict tokens 4 (id 14) and 5 (id 15). Run 1
+  // gets the first right (argmax 14 at step 3) and the second wrong (11 at step 4).
+  Trace trace = test::make_small_trace(3);
+  const Trace full = test::make_small_trace(5);
+  for (const int64_t t : {3, 4}) {
+    std::vector<StepRecord> records = full.steps()[size_t(t)];
+    records[1].argmax = t == 3 ? 14 : 11;
+    trace.add_step(std::move(records));
+  }
+  const std::vector<AnswerPrediction> p = answer_predictions(trace, 1);
+  REQUIRE(p.size() == 2);
+  CHECK(p[0].position == 3);
+  CHECK(p[0].truth == 14);
+  CHECK(p[0].predicted == 14);
+  CHECK(p[0].correct);
+  CHECK(p[1].position == 4);
+  CHECK(p[1].truth == 15);
+  CHECK(p[1].predicted == 11);
+  CHECK_FALSE(p[1].correct);
+  CHECK(answer_predictions(test::make_small_trace(4), 0).size() == 1);  // step 4 not yet run
+  Trace plain = test::make_small_trace(2);
+  plain.coref.present = false;
+  CHECK(answer_predictions(plain, 0).empty());
+}

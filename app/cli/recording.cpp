@@ -1,0 +1,48 @@
+// open_recording (recording.h).
+#include "app/cli/recording.h"
+
+#include <optional>
+
+#include "app/cli/model_input.h"
+#include "engine/common/error.h"
+#include "engine/eval/coref_benchmark.h"
+#include "engine/eval/coref_pools.h"
+
+namespace kvlens::cli {
+
+Recording open_recording(const CommonOptions& common, std::shared_ptr<const Model> model_ptr,
+                         const RecordingSource& source, const std::vector<PolicyConfig>& runs,
+                         const TraceOptions& options, const std::string& prompt_flag) {
+  Recording recording;
+  recording.model = std::move(model_ptr);
+  const Model& model = *recording.model;
+  const Tokenizer& tokenizer = model.require_tokenizer();
+  std::vector<int32_t> tokens;
+  std::optional<CorefSample> sample;
+  std::optional<CorefTokens> marked;
+  if (source.coref_index < 0) {
+    tokens = resolve_input_tokens(model, source.prompt, "", prompt_flag, source.max_tokens);
+  } else {
+    const CorefPools pools = source.pools_path.empty() ? load_bundled_coref_pools()
+                                                       : load_coref_pools(source.pools_path);
+    sample = generate_coref_sample(pools, source.seed, source.coref_index, source.hard);
+    marked = mark_answer_tokens(*sample, tokenizer);
+    tokens = marked->tokens;
+    check_input_tokens(model, tokens, "--coref-sample");
+  }
+  recording.backend = make_backend(common);
+  recording.resident = BackendModel::upload(recording.model, *recording.backend);
+  recording.recorder =
+      std::make_unique<TraceRecorder>(recording.resident, &tokenizer, tokens, runs, options);
+  if (sample) {
+    recording.recorder->trace().coref = {true,
+                                         sample->index,
+                                         sample->seed,
+                                         sample->answer,
+                                         marked->answer_token_begin,
+                                         marked->answer_token_end};
+  }
+  return recording;
+}
+
+}  // namespace kvlens::cli

@@ -1,0 +1,68 @@
+// render_dashboard (headless.h): the recording runs on this thread, then the views are exported.
+#include "app/gui/headless.h"
+
+#include <QDir>
+#include <cstdio>
+
+#include "app/cli/policy_runs.h"
+#include "app/cli/recording.h"
+#include "app/gui/bundled_paths.h"
+#include "engine/model/model.h"
+#include "viz/qt/painter_renderer.h"
+#include "viz/views.h"
+
+namespace kvlens::app {
+
+int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
+  try {
+    cli::CommonOptions common;
+    common.backend = options.backend == "cuda" ? "cuda" : "cpu";
+    cli::RecordingSource source;
+    if (options.prompt.isEmpty()) {
+      source.coref_index = options.coref_sample;
+    } else {
+      source.prompt = options.prompt.toStdString();
+    }
+    const QString model_dir = options.model_dir.isEmpty() ? bundled_model_dir() : options.model_dir;
+    cli::Recording recording =
+        cli::open_recording(common, Model::load(model_dir.toStdString()), source,
+                            cli::resolve_policy_runs(options.policies.toStdString(),
+                                                     options.sparsity.toStdString(), {}),
+                            TraceOptions{}, "--prompt");
+    TraceRecorder& recorder = *recording.recorder;
+    // Up to the step that predicts the answer's last token (a sample), else the whole text.
+    const Trace& trace = recorder.trace();
+    const int64_t last =
+        trace.coref.present ? trace.coref.answer_token_end - 2 : recorder.steps_total() - 1;
+    while (trace.step_count() <= last && recorder.step()) {
+    }
+    if (!QDir().mkpath(out_dir)) {
+      std::fprintf(stderr, "kvlens: error: %s: cannot create the folder\n",
+                   out_dir.toLocal8Bit().constData());
+      return 1;
+    }
+    viz::ViewOptions view_options;
+    for (int64_t r = 0; r < int64_t(trace.runs.size()) && view_options.runs.size() < 3; ++r)
+      view_options.runs.push_back(r);
+    view_options.dark = options.dark;
+    view_options.layer = std::min<int64_t>(2, trace.model.layers - 1);  // past the dense layers
+    std::printf("kvlens: no display; the dashboard of %s (step %lld) is in %s:\n",
+                model_dir.toLocal8Bit().constData(), (long long)(trace.step_count() - 1),
+                QDir(out_dir).absolutePath().toLocal8Bit().constData());
+    for (const viz::ViewKind kind :
+         {viz::ViewKind::Heads, viz::ViewKind::Predicted, viz::ViewKind::Retention,
+          viz::ViewKind::Consensus, viz::ViewKind::Logits}) {
+      const viz::View view = viz::build_view(trace, kind, view_options);
+      const QString path =
+          QDir(out_dir).filePath(QString("kvlens-%1.png").arg(viz::view_name(kind)));
+      viz::export_figure(view.figure, path.toStdString());
+      std::printf("  %s\n", QDir(path).absolutePath().toLocal8Bit().constData());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvlens: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvlens::app

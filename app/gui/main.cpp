@@ -1,0 +1,76 @@
+// kvlens: the desktop app. With a display it opens the window on the bundled demo model, a
+// co-reference sample and three policies ready to step (or on --model / --trace); --script drives
+// the window from a file (tests); without a display (or with --headless) it renders the default
+// dashboard to PNG files and prints where.
+#include <CLI/CLI.hpp>
+#include <QApplication>
+#include <QGuiApplication>
+#include <QSurfaceFormat>
+#include <cstdio>
+
+#include "app/gui/headless.h"
+#include "app/gui/main_window.h"
+#include "app/gui/script_runner.h"
+#include "viz/qt/qt_messages.h"
+
+namespace {
+
+bool has_display() {
+  return !qEnvironmentVariableIsEmpty("DISPLAY") || !qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using kvlens::app::LaunchOptions;
+  CLI::App cli{"kvlens: step a decode under KV-cache policies and see what every head saw"};
+  std::string model, trace, prompt, policies = "dense,h2o,quest", sparsity = "0.5",
+                                    backend = "auto", script, out_dir = "kvlens-dashboard";
+  int64_t sample = 0;
+  bool headless = false, dark = false;
+  cli.add_option("--model", model, "Hugging Face checkpoint folder (default: the bundled demo)");
+  cli.add_option("--trace", trace, "Open a saved .kvtrace instead of recording");
+  cli.add_option("--coref-sample", sample, "Co-reference sample to record")->capture_default_str();
+  cli.add_option("--prompt", prompt, "Record this text instead of a sample");
+  cli.add_option("--policies", policies, "Comma-separated policy ids")->capture_default_str();
+  cli.add_option("--sparsity", sparsity, "Sparsity of the policies")->capture_default_str();
+  cli.add_option("--backend", backend, "auto, cpu or cuda")->capture_default_str();
+  cli.add_option("--script", script, "Drive the window from a script file (see script_runner.h)");
+  cli.add_flag("--headless", headless, "Render the dashboard to PNG files instead of a window");
+  cli.add_option("--out", out_dir, "Headless: the folder for the PNG files")->capture_default_str();
+  cli.add_flag("--dark", dark, "Dark theme");
+  cli.allow_extras();  // Qt's own options (-platform, ...)
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return cli.exit(error);
+  }
+  LaunchOptions options;
+  options.model_dir = QString::fromStdString(model);
+  options.trace_path = QString::fromStdString(trace);
+  options.coref_sample = sample;
+  options.prompt = QString::fromStdString(prompt);
+  options.policies = QString::fromStdString(policies);
+  options.sparsity = QString::fromStdString(sparsity);
+  options.backend = QString::fromStdString(backend);
+  options.script_path = QString::fromStdString(script);
+  options.dark = dark;
+
+  QCoreApplication::setOrganizationName("kvlens");
+  QCoreApplication::setApplicationName("kvlens");
+  if (headless || (!has_display() && qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM"))) {
+    qputenv("QT_QPA_PLATFORM", "offscreen");
+    kvlens::viz::install_headless_message_filter();
+    QGuiApplication application(argc, argv);
+    return kvlens::app::render_dashboard(options, QString::fromStdString(out_dir));
+  }
+  QSurfaceFormat format;
+  format.setVersion(3, 3);
+  format.setProfile(QSurfaceFormat::CoreProfile);
+  QSurfaceFormat::setDefaultFormat(format);
+  QApplication application(argc, argv);
+  kvlens::app::MainWindow window(options);
+  window.show();
+  if (!options.script_path.isEmpty()) new kvlens::app::ScriptRunner(window, options.script_path);
+  return application.exec();
+}

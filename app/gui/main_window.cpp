@@ -1,0 +1,337 @@
+// MainWindow: menus, status bar, settings, file operations and error dialogs.
+#include "app/gui/main_window.h"
+
+#include <QAction>
+#include <QActionGroup>
+#include <QApplication>
+#include <QCloseEvent>
+#include <QDir>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QKeyEvent>
+#include <QMenuBar>
+#include <QMessageBox>
+#include <QSaveFile>
+#include <QSettings>
+#include <QStatusBar>
+#include <QTimer>
+#include <cmath>
+
+#include "app/gui/bundled_paths.h"
+#include "engine/common/error.h"
+#include "viz/qt/painter_renderer.h"
+
+namespace kvlens::app {
+
+MainWindow::MainWindow(const LaunchOptions& options) {
+  setWindowTitle("kvlens");
+  canvas_ = new ImGuiCanvas(this);
+  setCentralWidget(canvas_);
+  dashboard_ = std::make_unique<Dashboard>(*canvas_, engine_);
+  canvas_->set_frame([this] { dashboard_->frame(); });
+  dashboard_->on_error = [this](const std::string& message) {
+    show_error("kvlens", QString::fromStdString(message));
+  };
+  connect(canvas_, &ImGuiCanvas::unhandled_key, this, &MainWindow::on_key);
+  connect(&engine_, &EngineController::opened, this, [this] {
+    dashboard_->on_opened();
+    if (engine_.trace()->step_count() > 0)
+      dashboard_->on_stepped(engine_.trace()->step_count() - 1);
+    update_status();
+  });
+  connect(&engine_, &EngineController::stepped, this,
+          [this](qint64 step) { dashboard_->on_stepped(step); });
+  connect(&engine_, &EngineController::idle, this, &MainWindow::update_status);
+  connect(&engine_, &EngineController::failed, this,
+          [this](const QString& message) { show_error("kvlens: could not run", message); });
+
+  build_menus();
+  step_label_ = new QLabel(this);
+  sparsity_label_ = new QLabel(this);
+  backend_label_ = new QLabel(this);
+  memory_label_ = new QLabel(this);
+  fps_label_ = new QLabel(this);
+  for (QLabel* label : {step_label_, sparsity_label_, backend_label_, memory_label_})
+    statusBar()->addWidget(label);
+  statusBar()->addPermanentWidget(fps_label_);
+  auto* status_timer = new QTimer(this);
+  connect(status_timer, &QTimer::timeout, this, &MainWindow::update_status);
+  status_timer->start(250);
+
+  QSettings settings;
+  restoreGeometry(settings.value("window/geometry").toByteArray());
+  if (!settings.contains("window/geometry")) resize(1480, 920);
+  // A script starts from the defaults, whatever the last session left in the settings.
+  const bool restore = options.script_path.isEmpty();
+  set_dark(options.dark || (restore && settings.value("view/dark", false).toBool()));
+  if (restore)
+    dashboard_->set_view(viz::ViewKind(std::clamp(settings.value("view/kind", 0).toInt(), 0, 4)));
+
+  SessionConfig& config = dashboard_->pending_config();
+  model_dir_ = options.model_dir.isEmpty() ? bundled_model_dir() : options.model_dir;
+  config.model_dir = model_dir_.toStdString();
+  config.policies = options.policies.toStdString();
+  config.sparsities = options.sparsity.toStdString();
+  config.backend = options.backend.toStdString();
+  if (options.prompt.isEmpty()) {
+    config.source.coref_index = options.coref_sample;
+  } else {
+    config.source.coref_index = -1;
+    config.source.prompt = options.prompt.toStdString();
+  }
+  if (!options.trace_path.isEmpty()) {
+    QTimer::singleShot(0, this, [this, path = options.trace_path] { open_trace(path); });
+  } else {
+    QTimer::singleShot(0, this, [this] { engine_.open(dashboard_->pending_config()); });
+  }
+}
+
+MainWindow::~MainWindow() = default;
+
+void MainWindow::build_menus() {
+  QMenu* file = menuBar()->addMenu("&File");
+  file->addAction("Open &model folder...", QKeySequence::Open, this, [this] {
+    const QString dir =
+        QFileDialog::getExistingDirectory(this, "Open a Hugging Face model folder", model_dir_);
+    if (!dir.isEmpty()) open_model(dir);
+  });
+  file->addAction("Open &trace...", QKeySequence("Ctrl+Shift+O"), this, [this] {
+    const QString path = QFileDialog::getOpenFileName(this, "Open a recording", QString(),
+                                                      "kvlens traces (*.kvtrace)");
+    if (!path.isEmpty()) open_trace(path);
+  });
+  recent_menu_ = file->addMenu("Open &recent");
+  rebuild_recent_menu();
+  file->addAction("&Save trace as...", QKeySequence::Save, this, [this] {
+    const QString path = QFileDialog::getSaveFileName(this, "Save the recording", "run.kvtrace",
+                                                      "kvlens traces (*.kvtrace)");
+    if (!path.isEmpty()) save_trace(path);
+  });
+  file->addAction("&Export view...", QKeySequence("Ctrl+E"), this, [this] {
+    const QString path = QFileDialog::getSaveFileName(
+        this, "Export the view", QString("kvlens-%1.png").arg(viz::view_name(dashboard_->view())),
+        "PNG image (*.png);;SVG vector (*.svg);;PDF vector (*.pdf);;CSV data (*.csv);;"
+        "JSON data (*.json)");
+    if (!path.isEmpty()) export_view(path);
+  });
+  file->addSeparator();
+  file->addAction("&Quit", QKeySequence::Quit, this, &QWidget::close);
+
+  QMenu* view = menuBar()->addMenu("&View");
+  auto* views = new QActionGroup(this);
+  const char* const titles[] = {"&Heads", "&Predicted vs true", "&Retention", "&Consensus",
+                                "&Logits"};
+  for (int v = 0; v < 5; ++v) {
+    QAction* action = view->addAction(titles[v], QKeySequence(QString("Ctrl+%1").arg(v + 1)), this,
+                                      [this, v] { dashboard_->set_view(viz::ViewKind(v)); });
+    action->setCheckable(true);
+    views->addAction(action);
+  }
+  view->addSeparator();
+  QAction* dark = view->addAction("&Dark theme");
+  dark->setCheckable(true);
+  connect(dark, &QAction::toggled, this, &MainWindow::set_dark);
+  connect(view, &QMenu::aboutToShow, this, [this, views, dark] {
+    views->actions()[int(dashboard_->view())]->setChecked(true);
+    dark->setChecked(dashboard_->options().dark);
+  });
+
+  QMenu* run = menuBar()->addMenu("&Run");
+  run->addAction("&Step  (Right)", this, [this] { dashboard_->step_forward(1); });
+  run->addAction("Step &x10  (Shift+Right)", this, [this] { dashboard_->step_forward(10); });
+  run->addAction("Step &back  (Left)", this, [this] { dashboard_->step_back(1); });
+  run->addAction("&Play / pause  (Space)", this,
+                 [this] { dashboard_->set_playing(!dashboard_->playing()); });
+  run->addAction("&Restart the recording", this, [this] { dashboard_->restart(); });
+
+  QMenu* help = menuBar()->addMenu("&Help");
+  help->addAction("&About kvlens", this, [this] {
+    QMessageBox::about(
+        this, "About kvlens",
+        "kvlens: which cached tokens does an LLM really need?\n\nStep a decode under "
+        "KV-cache token-selection policies and see what every head saw.\n\nKeys: "
+        "Right/Left step, Shift+Right steps 10, Space plays, Home/End go to the "
+        "first/last step, Ctrl+E exports the view, Ctrl+1..5 switch views.");
+  });
+}
+
+void MainWindow::on_key(int key, Qt::KeyboardModifiers modifiers) {
+  const int count = modifiers & Qt::ShiftModifier ? 10 : 1;
+  switch (key) {
+    case Qt::Key_Right:
+      dashboard_->step_forward(count);
+      break;
+    case Qt::Key_Left:
+      dashboard_->step_back(count);
+      break;
+    case Qt::Key_Space:
+      dashboard_->set_playing(!dashboard_->playing());
+      break;
+    case Qt::Key_Home:
+      dashboard_->go_to_step(0);
+      break;
+    case Qt::Key_End:
+      if (engine_.trace()) dashboard_->go_to_step(engine_.trace()->step_count() - 1);
+      break;
+    default:
+      break;
+  }
+}
+
+void MainWindow::set_dark(bool dark) {
+  dashboard_->options().dark = dark;
+  QSettings().setValue("view/dark", dark);
+}
+
+void MainWindow::update_status() {
+  const Trace* trace = engine_.trace();
+  fps_label_->setText(QString("%1 fps").arg(canvas_->frames_per_second(), 0, 'f', 0));
+  if (!trace) {
+    step_label_->setText(engine_.busy() ? "opening..." : "no recording");
+    return;
+  }
+  const int64_t cursor = dashboard_->cursor();
+  step_label_->setText(QString("step %1 of %2%3")
+                           .arg(cursor < 0 ? QString("-") : QString::number(cursor))
+                           .arg(engine_.steps_total())
+                           .arg(engine_.busy() ? " (stepping)" : ""));
+  QString sparsity;
+  if (cursor >= 0 && cursor < trace->step_count()) {
+    for (const int64_t r : dashboard_->options().runs) {
+      const double s = trace->steps()[size_t(cursor)][size_t(r)].metrics.effective_sparsity;
+      sparsity += QString("%1%2 %3")
+                      .arg(sparsity.isEmpty() ? "effective sparsity: " : ", ")
+                      .arg(QString::fromStdString(trace->runs[size_t(r)].policy))
+                      .arg(std::isnan(s) ? QString("-") : QString::number(s, 'f', 2));
+    }
+  }
+  sparsity_label_->setText(sparsity);
+  backend_label_->setText("backend: " + engine_.backend_name());
+  QString memory = QString("trace rows %1 of %2 MiB")
+                       .arg(double(trace->row_bytes()) / double(1 << 20), 0, 'f', 1)
+                       .arg(double(trace->memory_budget) / double(1 << 20), 0, 'f', 0);
+  if (trace->degraded_from_step() >= 0)
+    memory += QString(" (budget reached at step %1: selected heads only)")
+                  .arg(trace->degraded_from_step());
+  memory_label_->setText(memory);
+}
+
+void MainWindow::show_error(const QString& title, const QString& message) {
+  errors_shown_ << message;
+  auto* box = new QMessageBox(QMessageBox::Critical, title, message, QMessageBox::Ok, this);
+  box->setAttribute(Qt::WA_DeleteOnClose);
+  if (script_mode_) {
+    box->setObjectName("kvlens-error");
+    box->open();  // not modal for the event loop: the script goes on and closes it
+  } else {
+    box->exec();
+  }
+}
+
+void MainWindow::close_dialogs() {
+  for (QMessageBox* box : findChildren<QMessageBox*>()) box->close();
+}
+
+bool MainWindow::open_model(const QString& dir) {
+  // Checked here first so that a bad folder reports at once and the session stays.
+  try {
+    Model::load(dir.toStdString());
+  } catch (const std::exception& e) {
+    show_error("kvlens: cannot open the model", QString::fromUtf8(e.what()));
+    return false;
+  }
+  model_dir_ = dir;
+  dashboard_->pending_config().model_dir = dir.toStdString();
+  dashboard_->restart();
+  add_recent(dir);
+  return true;
+}
+
+bool MainWindow::open_trace(const QString& path) {
+  try {
+    auto trace = std::make_shared<Trace>(load_trace(path.toStdString()));
+    engine_.show_trace(std::move(trace));
+  } catch (const std::exception& e) {
+    show_error("kvlens: cannot open the trace", QString::fromUtf8(e.what()));
+    return false;
+  }
+  add_recent(path);
+  return true;
+}
+
+bool MainWindow::save_trace(const QString& path) {
+  if (!engine_.trace()) {
+    show_error("kvlens", "Nothing recorded yet to save.");
+    return false;
+  }
+  try {
+    kvlens::save_trace(*engine_.trace(), path.toStdString());
+  } catch (const std::exception& e) {
+    show_error("kvlens: cannot save the trace", QString::fromUtf8(e.what()));
+    return false;
+  }
+  add_recent(path);
+  return true;
+}
+
+bool MainWindow::export_view(const QString& path) {
+  const std::shared_ptr<const viz::View> view = dashboard_->current_view();
+  if (!view) {
+    show_error("kvlens", "No view to export yet: record a step first.");
+    return false;
+  }
+  const QString suffix = QFileInfo(path).suffix().toLower();
+  try {
+    if (suffix == "csv" || suffix == "json") {
+      const std::string text = suffix == "csv" ? view->data.to_csv() : view->data.to_json();
+      QSaveFile file(path);
+      if (!file.open(QIODevice::WriteOnly) ||
+          file.write(text.data(), qint64(text.size())) != qint64(text.size()) || !file.commit()) {
+        throw Error(path.toStdString(), "file", "a writable path",
+                    file.errorString().toStdString());
+      }
+    } else {
+      viz::export_figure(view->figure, path.toStdString());
+    }
+  } catch (const std::exception& e) {
+    show_error("kvlens: cannot export", QString::fromUtf8(e.what()));
+    return false;
+  }
+  statusBar()->showMessage("exported " + path, 4000);
+  return true;
+}
+
+void MainWindow::add_recent(const QString& path) {
+  QSettings settings;
+  QStringList recent = settings.value("files/recent").toStringList();
+  recent.removeAll(path);
+  recent.prepend(path);
+  while (recent.size() > 8) recent.removeLast();
+  settings.setValue("files/recent", recent);
+  rebuild_recent_menu();
+}
+
+void MainWindow::rebuild_recent_menu() {
+  recent_menu_->clear();
+  const QStringList recent = QSettings().value("files/recent").toStringList();
+  for (const QString& path : recent) {
+    recent_menu_->addAction(path, this, [this, path] {
+      if (path.endsWith(".kvtrace")) {
+        open_trace(path);
+      } else {
+        open_model(path);
+      }
+    });
+  }
+  recent_menu_->setEnabled(!recent.isEmpty());
+}
+
+void MainWindow::closeEvent(QCloseEvent* event) {
+  QSettings settings;
+  settings.setValue("window/geometry", saveGeometry());
+  settings.setValue("view/kind", int(dashboard_->view()));
+  engine_.cancel();
+  QMainWindow::closeEvent(event);
+}
+
+}  // namespace kvlens::app

@@ -1,0 +1,192 @@
+// ScriptRunner: one command per tick once the window has settled (engine idle, two frames drawn).
+#include "app/gui/script_runner.h"
+
+#include <QApplication>
+#include <QDateTime>
+#include <QFile>
+#include <QScreen>
+#include <QTextStream>
+#include <cstdio>
+
+#include "app/gui/main_window.h"
+
+namespace kvlens::app {
+namespace {
+
+qint64 now_ms() {
+  return QDateTime::currentMSecsSinceEpoch();
+}
+
+}  // namespace
+
+ScriptRunner::ScriptRunner(MainWindow& window, const QString& path)
+    : QObject(&window), window_(window) {
+  QFile file(path);
+  if (!file.open(QIODevice::ReadOnly | QIODevice::Text)) {
+    load_error_ = path + ": cannot read the script: " + file.errorString();
+  } else {
+    QTextStream in(&file);
+    while (!in.atEnd()) lines_ << in.readLine();
+  }
+  window_.set_script_mode(true);
+  connect(&timer_, &QTimer::timeout, this, &ScriptRunner::tick);
+  timer_.start(20);
+}
+
+void ScriptRunner::fail(const QString& message) {
+  std::fprintf(stderr, "script: line %d: %s\n", line_ + 1, message.toLocal8Bit().constData());
+  timer_.stop();
+  QApplication::exit(1);
+}
+
+bool ScriptRunner::settled() const {
+  return !window_.engine().busy();
+}
+
+void ScriptRunner::tick() {
+  if (!load_error_.isEmpty()) return fail(load_error_);
+  if (now_ms() < wait_until_ms_) return;
+  // Settled: the engine idle, then two more frames drawn, so the screen shows the result.
+  if (!settled()) {
+    settle_frames_ = -1;
+    return;
+  }
+  if (settle_frames_ < 0) settle_frames_ = window_.canvas().frames();
+  if (window_.canvas().frames() < settle_frames_ + 2) return;
+  if (line_ >= lines_.size()) {
+    timer_.stop();
+    QApplication::exit(0);
+    return;
+  }
+  const QString text = lines_[line_].trimmed();
+  if (text.isEmpty() || text.startsWith('#')) {
+    ++line_;
+    return;
+  }
+  const int space = text.indexOf(' ');
+  const QString command = space < 0 ? text : text.left(space);
+  const QString rest = space < 0 ? QString() : text.mid(space + 1).trimmed();
+  if (started_line_ != line_) {
+    started_line_ = line_;
+    line_start_ms_ = now_ms();
+    std::printf("script: %s\n", text.toLocal8Bit().constData());
+    std::fflush(stdout);
+  }
+  try {
+    if (!run(command, rest.isEmpty() ? QStringList() : rest.split(' ', Qt::SkipEmptyParts)))
+      return;  // retry at the next tick
+  } catch (const std::exception& e) {
+    return fail(QString::fromUtf8(e.what()));
+  }
+  ++line_;
+  settle_frames_ = -1;
+}
+
+bool ScriptRunner::run(const QString& command, const QStringList& args) {
+  Dashboard& dashboard = window_.dashboard();
+  const QString joined = args.join(' ');
+  auto number = [&](int index) {
+    bool ok = false;
+    const long long value = index < args.size() ? args[index].toLongLong(&ok) : 0;
+    if (!ok) throw std::runtime_error(("'" + command + "' needs a number").toStdString());
+    return value;
+  };
+  if (command == "open-sample") {
+    dashboard.pending_config().source.coref_index = number(0);
+    dashboard.restart();
+  } else if (command == "open-prompt") {
+    dashboard.pending_config().source.coref_index = -1;
+    dashboard.pending_config().source.prompt = joined.toStdString();
+    dashboard.restart();
+  } else if (command == "policies") {
+    dashboard.pending_config().policies = joined.toStdString();
+  } else if (command == "sparsity") {
+    dashboard.pending_config().sparsities = joined.toStdString();
+  } else if (command == "restart") {
+    dashboard.restart();
+  } else if (command == "open-model") {
+    window_.open_model(joined);
+  } else if (command == "open-trace") {
+    window_.open_trace(joined);
+  } else if (command == "save-trace") {
+    if (!window_.save_trace(joined)) throw std::runtime_error("save-trace failed");
+  } else if (command == "step") {
+    dashboard.step_forward(int(number(0)));
+  } else if (command == "back") {
+    dashboard.step_back(int(number(0)));
+  } else if (command == "goto") {
+    dashboard.go_to_step(number(0));
+  } else if (command == "play") {
+    dashboard.set_playing(true);
+  } else if (command == "pause") {
+    dashboard.set_playing(false);
+  } else if (command == "wait") {
+    wait_until_ms_ = now_ms() + number(0);
+  } else if (command == "wait-idle") {
+    // settled() already holds when a command runs
+  } else if (command == "view") {
+    dashboard.set_view(viz::parse_view(joined.toStdString()));
+  } else if (command == "compare") {
+    const Trace* trace = window_.engine().trace();
+    if (!trace) throw std::runtime_error("compare: nothing recorded");
+    std::vector<int64_t> runs;
+    for (const QString& item : joined.split(',', Qt::SkipEmptyParts)) {
+      int64_t index = -1;
+      for (size_t r = 0; r < trace->runs.size() && index < 0; ++r)
+        if (QString::fromStdString(trace->runs[r].policy) == item) index = int64_t(r);
+      bool ok = false;
+      if (index < 0) index = item.toLongLong(&ok);
+      if (index < 0 || index >= int64_t(trace->runs.size()))
+        throw std::runtime_error(("compare: no run '" + item + "'").toStdString());
+      runs.push_back(index);
+    }
+    if (runs.empty() || runs.size() > 4) throw std::runtime_error("compare: 1 to 4 runs");
+    dashboard.options().runs = runs;
+  } else if (command == "head") {
+    dashboard.options().layer = number(0);
+    dashboard.options().head = number(1);
+  } else if (command == "detail") {
+    dashboard.options().head_detail = joined == "on";
+  } else if (command == "quantity") {
+    dashboard.options().quantity = joined == "logits"   ? HeadQuantity::Logits
+                                   : joined == "scores" ? HeadQuantity::Scores
+                                                        : HeadQuantity::Probabilities;
+  } else if (command == "consensus") {
+    dashboard.options().consensus =
+        joined == "jaccard" ? ConsensusMetric::Jaccard : ConsensusMetric::Pearson;
+  } else if (command == "theme") {
+    window_.set_dark(joined == "dark");
+  } else if (command == "export") {
+    if (!window_.export_view(joined)) throw std::runtime_error("export failed");
+  } else if (command == "screenshot") {
+    // The screen under the window, so that open dialogs are in the picture too.
+    window_.update_status();
+    const QRect frame = window_.frameGeometry();
+    QScreen* screen = window_.screen();
+    if (!screen->grabWindow(0, frame.x(), frame.y(), frame.width(), frame.height()).save(joined))
+      throw std::runtime_error(("screenshot: cannot write " + joined).toStdString());
+  } else if (command == "expect-error") {
+    const QStringList& errors = window_.errors_shown();
+    for (int i = errors_seen_; i < errors.size(); ++i) {
+      if (errors[i].contains(joined)) {
+        errors_seen_ = i + 1;
+        return true;
+      }
+    }
+    if (now_ms() - line_start_ms_ < 10000) return false;  // errors arrive from the engine
+    throw std::runtime_error(("expect-error: no error dialog saying '" + joined +
+                              "' (shown: " + errors.mid(errors_seen_).join(" | ") + ")")
+                                 .toStdString());
+  } else if (command == "close-dialogs") {
+    window_.close_dialogs();
+  } else if (command == "quit") {
+    timer_.stop();
+    window_.close();
+    QApplication::exit(0);
+  } else {
+    throw std::runtime_error(("unknown command '" + command + "'").toStdString());
+  }
+  return true;
+}
+
+}  // namespace kvlens::app
