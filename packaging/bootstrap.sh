@@ -2,7 +2,7 @@
 # kvlens set-up in one command, for a fresh Debian 12 / Ubuntu machine: installs the Debian
 # packages kvlens builds with (apt; idempotent; as root or through sudo), configures and builds,
 # then runs the demo (default) or the whole test suite (--test).
-#   packaging/bootstrap.sh          install, build, run the demo on the bundled model
+#   packaging/bootstrap.sh          install, build, open the app on the bundled demo model
 #   packaging/bootstrap.sh --test   install, build, run every test (ctest; sanitizer build; fuzzers)
 set -euo pipefail
 
@@ -53,26 +53,16 @@ cmake --build "$build" -j"$jobs"
 cli="$build/app/kvlens-cli"
 
 if [ "$mode" = demo ]; then
-  model="$root/assets/models/demo"
-  log "kvlens-cli info --model assets/models/demo"
-  "$cli" info --model "$model"
-  prompt="It was a dark and stormy night, and"
-  log "kvlens-cli generate --model assets/models/demo --prompt '$prompt' --max-new 60"
-  "$cli" generate --model "$model" --prompt "$prompt" --max-new 60
-  policies=dense,oracle,quest,keydiff,h2o,streaming
-  log "kvlens-cli eval --model assets/models/demo --task coref --policies $policies --sparsity 0.5 --samples 30"
-  "$cli" eval --model "$model" --task coref --policies "$policies" --sparsity 0.5 --samples 30 --progress
-  log "kvlens-cli trace --model assets/models/demo --coref-sample 0 --policies dense,h2o,quest --out $build/demo.kvtrace"
-  "$cli" trace --model "$model" --coref-sample 0 --policies dense,h2o,quest --sparsity 0.5 \
-    --out "$build/demo.kvtrace"
-  log "kvlens-cli score --model assets/models/demo --text-file assets/models/demo/sample.txt"
-  "$cli" score --model "$model" --text-file "$model/sample.txt" --progress
-  log "Done. kvlens-cli is at $cli (try: $cli --help)"
-  exit 0
+  app="$build/app/kvlens"
+  log "kvlens: the desktop app on the bundled demo model (co-reference sample 0; dense, h2o, quest)"
+  echo "Keys: Right/Left step, Shift+Right steps 10, Space plays, Ctrl+E exports the view."
+  echo "The headless interface is $cli (try: $cli --help)."
+  # Without a display the app renders its dashboard to PNG files and prints where.
+  exec "$app" --out "$build/dashboard"
 fi
 
 # --- tests ------------------------------------------------------------------------------------
-log "Running the test suite (ctest: unit, parity, cuda)"
+log "Running the test suite (ctest: unit, parity, ui, cuda)"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
 
 log "Sanitizer build (ASan + UBSan) and its unit tests"

@@ -8,6 +8,7 @@
 #include <QGuiApplication>
 #include <QKeyEvent>
 #include <QMouseEvent>
+#include <QOpenGLContext>
 #include <QWheelEvent>
 #include <algorithm>
 #include <cstdio>
@@ -143,10 +144,12 @@ ImGuiCanvas::ImGuiCanvas(QWidget* parent) : QOpenGLWidget(parent) {
 }
 
 ImGuiCanvas::~ImGuiCanvas() {
-  makeCurrent();
-  release_textures();
-  destroy_device_objects();
-  doneCurrent();
+  if (gl_ready_) {
+    makeCurrent();
+    release_textures();
+    destroy_device_objects();
+    doneCurrent();
+  }
   ImGui::DestroyContext(context_);
 }
 
@@ -198,7 +201,9 @@ void ImGuiCanvas::build_fonts() {
 }
 
 void ImGuiCanvas::initializeGL() {
+  if (!context() || !context()->isValid()) return;  // paintGL then draws nothing
   initializeOpenGLFunctions();
+  gl_ready_ = true;
   create_device_objects();
   build_fonts();
 }
@@ -277,6 +282,7 @@ void ImGuiCanvas::release_textures() {
 void ImGuiCanvas::resizeGL(int, int) {}
 
 void ImGuiCanvas::paintGL() {
+  if (!gl_ready_) return;
   make_current_context();
   if (devicePixelRatioF() != font_ratio_) build_fonts();
   ImGuiIO& io = ImGui::GetIO();

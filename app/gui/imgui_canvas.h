@@ -69,6 +69,7 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
   void key_event(QKeyEvent* event, bool down);
 
   ImGuiContext* context_ = nullptr;
+  bool gl_ready_ = false;  // an OpenGL context was made (not on platforms without one)
   ImFont* ui_font_ = nullptr;
   ImFont* figure_font_ = nullptr;
   std::function<void()> frame_;

@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
 
   QCoreApplication::setOrganizationName("kvlens");
   QCoreApplication::setApplicationName("kvlens");
-  if (headless || (!has_display() && qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM"))) {
+  // The offscreen platform has no OpenGL for the window: it renders the dashboard like a
+  // machine without a display.
+  const QString platform = qEnvironmentVariable("QT_QPA_PLATFORM");
+  if (headless || platform == "offscreen" || (!has_display() && platform.isEmpty())) {
     qputenv("QT_QPA_PLATFORM", "offscreen");
     kvlens::viz::install_headless_message_filter();
     QGuiApplication application(argc, argv);

@@ -1,0 +1,180 @@
+// The desktop app as a user drives it: the real window under Xvfb (Mesa), steered by --script
+// through loading, stepping, switching views, comparing, exporting and quitting; bad model folders
+// and traces give an error dialog and leave the session; without a display the dashboard is
+// rendered to PNG files. Needs xvfb-run (Debian's xvfb), which bootstrap.sh installs.
+#ifdef KVLENS_APP_PATH
+#include <QImage>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "engine/trace/trace.h"
+#include "tests/support/small_trace.h"
+#include "tests/support/test_paths.h"
+
+using namespace kvlens;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Distinct colours on a grid of samples: a blank or black window has a handful.
+size_t distinct_colors(const std::string& path) {
+  QImage image;
+  if (!image.load(QString::fromStdString(path))) return 0;
+  std::set<QRgb> colors;
+  for (int y = 0; y < image.height(); y += 3)
+    for (int x = 0; x < image.width(); x += 3) colors.insert(image.pixel(x, y));
+  return colors.size();
+}
+
+// Runs the app on a script in a fresh settings folder, under its own X server.
+test::CommandResult run_app(const std::string& dir, const std::string& script,
+                            const std::string& args = "") {
+  std::ofstream(dir + "/script.txt") << script;
+  // (this suite's own QT_QPA_PLATFORM=offscreen must not reach the app: it draws with OpenGL)
+  return test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir +
+                           "/config timeout 120 xvfb-run -a -s "
+                           "'-screen 0 1600x1000x24' " KVLENS_APP_PATH " --script " +
+                           dir + "/script.txt " + args);
+}
+
+bool have_xvfb() {
+  return test::run_command("command -v xvfb-run").exit_code == 0;
+}
+
+}  // namespace
+
+TEST_CASE("the window loads, steps, switches views, compares, exports and quits", "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  const test::CommandResult result = run_app(dir,
+                                             "step 30\n"
+                                             "view heads\n"
+                                             "screenshot " +
+                                                 dir +
+                                                 "/heads.png\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/heads.svg\n"
+                                                 "view retention\n"
+                                                 "compare h2o,quest\n"
+                                                 "screenshot " +
+                                                 dir +
+                                                 "/retention.png\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/retention.png\n"
+                                                 "view consensus\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/consensus.pdf\n"
+                                                 "view logits\n"
+                                                 "back 10\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/logits.json\n"
+                                                 "compare dense\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/logits-dense.png\n"
+                                                 "compare quest\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/logits-quest.png\n"
+                                                 "save-trace " +
+                                                 dir +
+                                                 "/run.kvtrace\n"
+                                                 "quit\n");
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  // The screenshots show the dashboard, not a blank window.
+  CHECK(distinct_colors(dir + "/heads.png") > 200);
+  CHECK(distinct_colors(dir + "/retention.png") > 50);
+  CHECK(read_file(dir + "/heads.svg").find("Attention of every head at step 29") !=
+        std::string::npos);
+  CHECK(read_file(dir + "/retention.png").substr(1, 3) == "PNG");
+  CHECK(read_file(dir + "/consensus.pdf").substr(0, 5) == "%PDF-");
+  // Step back moved the view to step 19; the data behind the logits view says so.
+  CHECK(read_file(dir + "/logits.json").find("\"step\": 19.0") != std::string::npos);
+  CHECK(read_file(dir + "/logits-dense.png") != read_file(dir + "/logits-quest.png"));
+  // The recording saved from the window loads without the model, with its 30 steps.
+  const Trace saved = load_trace(dir + "/run.kvtrace");
+  CHECK(saved.step_count() == 30);
+  CHECK(saved.runs.size() == 3);
+  CHECK(saved.coref.present);
+}
+
+TEST_CASE("bad model folders and traces show an error dialog and keep the session", "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  fs::create_directories(dir + "/not-a-model");
+  std::ofstream(dir + "/not-a-model/config.json") << "{\"model_type\": \"llama\"";
+  std::ofstream(dir + "/bad.kvtrace") << "KVTRACE1 truncated";
+  save_trace(test::make_small_trace(4), dir + "/good.kvtrace");
+  const test::CommandResult result = run_app(dir,
+                                             "step 5\n"
+                                             "open-model " +
+                                                 dir +
+                                                 "/not-a-model\n"
+                                                 "expect-error config.json\n"
+                                                 "screenshot " +
+                                                 dir +
+                                                 "/dialog.png\n"
+                                                 "close-dialogs\n"
+                                                 "open-trace " +
+                                                 dir +
+                                                 "/bad.kvtrace\n"
+                                                 "expect-error bad.kvtrace\n"
+                                                 "close-dialogs\n"
+                                                 "view logits\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/kept.json\n"
+                                                 "open-trace " +
+                                                 dir +
+                                                 "/good.kvtrace\n"
+                                                 "export " +
+                                                 dir +
+                                                 "/small.json\n"
+                                                 "quit\n");
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(distinct_colors(dir + "/dialog.png") > 50);
+  // After both failures the demo recording was still there (step 4 of three runs)...
+  const std::string kept = read_file(dir + "/kept.json");
+  CHECK(kept.find("\"step\": 4.0") != std::string::npos);
+  CHECK(kept.find("quest") != std::string::npos);
+  // ... and a good trace then replaced it.
+  CHECK(read_file(dir + "/small.json").find("\"step\": 3.0") != std::string::npos);
+}
+
+TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  const test::CommandResult result = run_app(dir, "step 2\nview nowhere\nquit\n");
+  CHECK(result.exit_code == 1);
+  CHECK(result.err.find("script: line 2") != std::string::npos);
+  CHECK(result.err.find("nowhere") != std::string::npos);
+}
+
+TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]") {
+  const std::string dir = test::make_temp_dir("app");
+  const test::CommandResult result = test::run_command(
+      "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + dir +
+      "/dashboard --policies dense,streaming");
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.out.find("no display") != std::string::npos);
+  for (const char* view : {"heads", "predicted", "retention", "consensus", "logits"}) {
+    const std::string path = dir + "/dashboard/kvlens-" + view + ".png";
+    CHECK(result.out.find(path) != std::string::npos);
+    CHECK(distinct_colors(path) > 20);
+  }
+}
+#endif  // KVLENS_APP_PATH
