@@ -78,6 +78,9 @@ struct HoverGrid {
   int64_t rows = 1, cols = 1;
   std::string id;  // what the region is ("head 3.5", "consensus"), for linking selections
   std::function<std::string(int64_t row, int64_t col)> describe;
+  // Regions with the same non-empty link show the same data cell (one head in each compared
+  // run): hovering one marks the cell in all of them.
+  std::string link;
   // The cell under p, or false when p is outside.
   bool cell_at(Point p, int64_t& row, int64_t& col) const;
 };

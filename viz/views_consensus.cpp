@@ -81,7 +81,8 @@ View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step
                          return "L" + std::to_string(a / H) + " H" + std::to_string(a % H) +
                                 " \u00d7 L" + std::to_string(b / H) + " H" + std::to_string(b % H) +
                                 "\n" + metric + format_value(shared->values[size_t(r * m + col)]);
-                       }});
+                       },
+                       "consensus"});
   }
   colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(panel - 20, 260.0f)}, map, scale,
            pearson ? "Pearson r" : "Jaccard", theme);

@@ -133,7 +133,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
     f.hover.push_back({box, m.rows, m.cols, "head " + std::to_string(run),
                        [&trace, shared, where, quantity](int64_t r, int64_t c) {
                          return describe_cell(trace, *shared, where, r, c, quantity);
-                       }});
+                       },
+                       "detail"});
     add_rows(view.data, trace, run, options.layer, options.head, m, step);
   }
   colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(side, 300.0f)},
@@ -212,7 +213,8 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
              "head " + std::to_string(run) + ":" + std::to_string(l) + ":" + std::to_string(h),
              [&trace, shared, where, quantity](int64_t r, int64_t c) {
                return describe_cell(trace, *shared, where, r, c, quantity);
-             }});
+             },
+             "head " + std::to_string(l) + ":" + std::to_string(h)});
         add_rows(view.data, trace, run, l, h, m, step);
       }
     }

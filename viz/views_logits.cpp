@@ -17,8 +17,11 @@ int64_t dense_run(const Trace& trace) {
   return -1;
 }
 
-std::string token_text(const Trace& trace, int32_t id) {
-  // Token texts are known for the text's own tokens; other ids show as their number.
+// The k-th top token's text: from the record (recorded with a tokenizer), else from the text's
+// own tokens, else its id.
+std::string top_text(const Trace& trace, const StepRecord& record, size_t k) {
+  if (k < record.top.texts.size()) return token_label(record.top.texts[k], 14);
+  const int32_t id = record.top.ids[k];
   for (const TraceToken& t : trace.tokens)
     if (t.id == id) return token_label(t.text, 14);
   return "#" + std::to_string(id);
@@ -34,7 +37,7 @@ float top_k_bars(Figure& f, const Trace& trace, Box area, const StepRecord& reco
   for (size_t k = 0; k < record.top.ids.size(); ++k) {
     const double p = std::exp(double(record.top.log_probs[k]));
     const bool truth = record.top.ids[k] == true_token;
-    f.text({area.x + label_w - 6, y + row_h / 2}, token_text(trace, record.top.ids[k]), 11,
+    f.text({area.x + label_w - 6, y + row_h / 2}, top_text(trace, record, k), 11,
            truth ? theme.accent : theme.foreground, HAlign::Right, VAlign::Middle, truth);
     f.rect({area.x + label_w, y + 3, std::max(1.0f, float(p) * bar_w), row_h - 6}, color);
     f.text({area.x + label_w + float(p) * bar_w + 4, y + row_h / 2}, format_value(p), 10,
@@ -54,12 +57,12 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   f.width = options.width;
   const int32_t true_token =
       step + 1 < int64_t(trace.tokens.size()) ? trace.tokens[size_t(step + 1)].id : -1;
-  const float top =
-      title_block(f, "Next token at step " + std::to_string(step),
-                  true_token >= 0 ? "true next token '" + token_text(trace, true_token) +
-                                        "' (highlighted); bars: probability"
-                                  : "the text ends here: no true next token",
-                  theme);
+  const float top = title_block(
+      f, "Next token at step " + std::to_string(step),
+      true_token >= 0 ? "true next token '" + token_label(trace.tokens[size_t(step + 1)].text, 14) +
+                            "' (highlighted); bars: probability"
+                      : "the text ends here: no true next token",
+      theme);
   const int64_t dense = dense_run(trace);
   std::vector<int64_t> columns;
   if (dense >= 0) columns.push_back(dense);
@@ -90,8 +93,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     tallest = std::max(tallest, h + 24);
     for (size_t k = 0; k < record.top.ids.size(); ++k) {
       view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run), double(step),
-                                double(k), double(record.top.ids[k]),
-                                token_text(trace, record.top.ids[k]),
+                                double(k), double(record.top.ids[k]), top_text(trace, record, k),
                                 std::exp(double(record.top.log_probs[k]))});
     }
   }

@@ -32,7 +32,8 @@ void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, cons
            text += " '" + token_label(trace.tokens[size_t(c)].text, 24) + "'";
          if (c > r) return text;
          return text + "\n" + format_value(shared->values[size_t(r * shared->cols + c)]);
-       }});
+       },
+       "predicted map"});
 }
 
 }  // namespace
@@ -128,7 +129,8 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
                          return "L" + std::to_string(r) + " H" + std::to_string(c) +
                                 "\ntop-50% accuracy " +
                                 format_value((*shared_grid)[size_t(r * H + c)]);
-                       }});
+                       },
+                       "accuracy grid"});
     y += panel + 48;
   }
   f.height = y;

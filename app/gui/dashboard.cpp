@@ -157,6 +157,14 @@ void Dashboard::apply_hit(const FigureHit& hit) {
 
 void Dashboard::frame() {
   playback();
+  if (style_dark_ != int(options_.dark)) {  // the window's chrome follows the figures' theme
+    style_dark_ = int(options_.dark);
+    if (options_.dark) {
+      ImGui::StyleColorsDark();
+    } else {
+      ImGui::StyleColorsLight();
+    }
+  }
   const ImGuiViewport* viewport = ImGui::GetMainViewport();
   ImGui::SetNextWindowPos(viewport->WorkPos);
   ImGui::SetNextWindowSize(viewport->WorkSize);

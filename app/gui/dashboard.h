@@ -30,6 +30,7 @@ class Dashboard {
   void go_to_step(int64_t step);
   void set_playing(bool playing);
   bool playing() const { return playing_; }
+  void set_play_rate(float steps_per_second) { play_rate_ = steps_per_second; }
   // A new recording from the sidebar's settings (the model folder from the session config).
   void restart();
 
@@ -66,8 +67,9 @@ class Dashboard {
   bool playing_ = false;
   float play_rate_ = 8.0f;  // steps per second
   double last_play_seconds_ = 0.0;
-  float zoom_ = 0.0f;   // 0: fit the width
-  int shown_tab_ = -1;  // the view tab the tab bar last showed
+  float zoom_ = 0.0f;    // 0: fit the width
+  int shown_tab_ = -1;   // the view tab the tab bar last showed
+  int style_dark_ = -1;  // the ImGui style in use (-1: not set yet)
   std::string key_;
   std::shared_ptr<const viz::View> built_;
   std::string build_error_;

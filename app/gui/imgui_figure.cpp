@@ -155,6 +155,18 @@ std::optional<FigureHit> FigureDrawer::draw(float zoom) {
     ImGui::TextUnformatted(grid->describe(row, col).c_str());
     ImGui::EndTooltip();
     if (ImGui::IsMouseClicked(0)) hit = FigureHit{grid->id, row, col};
+    // Linked hover: the same cell outlined in every region showing the same data (each run).
+    if (!grid->link.empty()) {
+      for (const viz::HoverGrid& other : f.hover) {
+        if (other.link != grid->link || other.rows != grid->rows || other.cols != grid->cols)
+          continue;
+        const float cw = other.box.w / float(other.cols), ch = other.box.h / float(other.rows);
+        const ImVec2 a(origin.x + (other.box.x + float(col) * cw) * zoom,
+                       origin.y + (other.box.y + float(row) * ch) * zoom);
+        list->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(a.x + cw * zoom + 1, a.y + ch * zoom + 1),
+                      IM_COL32(230, 159, 0, 255), 0, 0, 2.0f);
+      }
+    }
     break;
   }
   return hit;

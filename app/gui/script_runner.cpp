@@ -177,6 +177,15 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     throw std::runtime_error(("expect-error: no error dialog saying '" + joined +
                               "' (shown: " + errors.mid(errors_seen_).join(" | ") + ")")
                                  .toStdString());
+  } else if (command == "report") {
+    // For benchmarks (tools/bench_app.sh): frames drawn so far, the frame rate over the last
+    // second, and the steps recorded.
+    const Trace* trace = window_.engine().trace();
+    std::printf("report: frames %lld fps %.1f steps %lld\n", (long long)window_.canvas().frames(),
+                window_.canvas().frames_per_second(), (long long)(trace ? trace->step_count() : 0));
+    std::fflush(stdout);
+  } else if (command == "speed") {
+    dashboard.set_play_rate(float(number(0)));
   } else if (command == "close-dialogs") {
     window_.close_dialogs();
   } else if (command == "quit") {

@@ -6,6 +6,7 @@
 //   view heads|predicted|retention|consensus|logits | compare ID|I,... | head L H
 //   detail on|off | quantity logits|probabilities|scores | consensus pearson|jaccard
 //   theme dark|light | export FILE | screenshot FILE | expect-error TEXT | close-dialogs | quit
+//   speed STEPS_PER_SECOND | report (frames drawn, frame rate, steps recorded, on stdout)
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.
 #pragma once
 

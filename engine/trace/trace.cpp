@@ -113,6 +113,10 @@ void check_record(const Trace& trace, const StepRecord& record, int64_t step, si
                   "a token id in [0, " + n(vocab) + ")", n(id));
     }
   }
+  if (!record.top.texts.empty() && int64_t(record.top.texts.size()) != top) {
+    throw Error(kSource, where + "top.texts", "none or " + n(top) + " entries (one per top id)",
+                n(int64_t(record.top.texts.size())));
+  }
   if (record.argmax < -1 || (vocab > 0 && record.argmax >= vocab)) {
     throw Error(kSource, where + "argmax", "-1 or a token id in [0, " + n(vocab) + ")",
                 n(record.argmax));

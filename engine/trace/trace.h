@@ -32,6 +32,9 @@ struct TraceRun {
 struct NextTokenTopK {
   std::vector<int32_t> ids;
   std::vector<float> log_probs;  // natural-log probabilities, same length as ids
+  // Each id's text as decoded alone, same length as ids; empty when the recorder had no
+  // tokenizer (or the file is version 1).
+  std::vector<std::string> texts;
 };
 
 // Per-step metrics of one run (POLICIES.md, Metrics). NaN where a metric does not apply (no next
@@ -139,7 +142,7 @@ class Trace {
 };
 
 // The .kvtrace format version this build writes and reads.
-inline constexpr uint32_t kTraceFileVersion = 1;
+inline constexpr uint32_t kTraceFileVersion = 2;
 
 // .kvtrace files (layout documented in trace_file.cpp). save_trace check()s the trace, writes
 // `<path>.partial`, syncs it and renames it into place: a failure (a kvlens::Error naming the

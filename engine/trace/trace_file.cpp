@@ -2,14 +2,15 @@
 // model or a GPU. The reader checks every count against the bytes left before allocating, so a
 // hostile file costs at most a few times its own size in memory and never crashes.
 //
-// Layout, version 1. Integers are little-endian two's complement; f32/f64 are IEEE 754 binary32/
-// binary64 bit patterns, little-endian (NaN and +-inf allowed); str = u32 byte length, then that
-// many bytes of UTF-8 (token texts may hold a partial UTF-8 sequence: a token decoded alone);
-// T[n] = n values of T back to back, no padding anywhere.
+// Layout, version 2 (version 1, still read, lacks the top-k texts). Integers are little-endian
+// two's complement; f32/f64 are IEEE 754 binary32/ binary64 bit patterns, little-endian (NaN and
+// +-inf allowed); str = u32 byte length, then that many bytes of UTF-8 (token texts may hold a
+// partial UTF-8 sequence: a token decoded alone); T[n] = n values of T back to back, no padding
+// anywhere.
 //
 //   offset 0   u8[8]  magic "KVTRACE\0" (4B 56 54 52 41 43 45 00)
-//   offset 8   u32    version = 1
-//   offset 12  u32    flags = 0 (none defined in version 1; readers reject others)
+//   offset 8   u32    version = 2 (1 is read too)
+//   offset 12  u32    flags = 0 (none defined; readers reject others)
 //   offset 16  u64    B = body bytes
 //   offset 24  u8[B]  body, below
 //   offset 24+B u32   CRC-32 (zlib / IEEE 802.3, as zlib's crc32()) of bytes [0, 24 + B)
@@ -28,6 +29,7 @@
 //     u8[L]      decisions (0 dense, 1 masked, 2 skipped)
 //     i32[L*H]   visible_counts (tokens each head saw, in [0, t + 1])
 //     u32 K; i32[K] top ids; f32[K] top natural-log probabilities (K <= top_k)
+//     u8 texts (0 or 1; version 2 only); when 1, str[K]: each top id's text as decoded alone
 //     i32        argmax (-1: none)
 //     f64 nll; i64 true_rank; i64 dense_true_rank; f64 kl_vs_dense; f64 recall_vs_oracle;
 //     f64 classification_accuracy; f64 consensus; f64 effective_sparsity (NaN: not applicable)
@@ -188,6 +190,8 @@ void write_body(const Trace& trace, Writer& out) {
       out.put(uint32_t(record.top.ids.size()));
       out.array(record.top.ids);
       out.array(record.top.log_probs);
+      out.put(uint8_t(!record.top.texts.empty()));
+      for (const std::string& text : record.top.texts) out.str(text);
       out.put(record.argmax);
       const StepMetrics& s = record.metrics;
       out.put(s.nll);
@@ -307,7 +311,7 @@ bool read_bool(Reader& in, const std::string& field) {
   return value == 1;
 }
 
-StepRecord read_record(Reader& in, const TraceModelInfo& model, int64_t step) {
+StepRecord read_record(Reader& in, const TraceModelInfo& model, int64_t step, uint32_t version) {
   const int64_t layers = model.layers, heads = model.layers * model.heads;
   StepRecord record;
   std::vector<uint8_t> decisions;
@@ -324,6 +328,10 @@ StepRecord read_record(Reader& in, const TraceModelInfo& model, int64_t step) {
   const size_t top = in.count(in.get<uint32_t>("top count"), 8, "top count");
   in.array(record.top.ids, top, "top.ids");
   in.array(record.top.log_probs, top, "top.log_probs");
+  if (version >= 2 && read_bool(in, "top.texts present")) {
+    record.top.texts.resize(top);
+    for (size_t k = 0; k < top; ++k) record.top.texts[k] = in.str("top.texts");
+  }
   record.argmax = in.get<int32_t>("argmax");
   StepMetrics& s = record.metrics;
   s.nll = in.get<double>("metrics.nll");
@@ -410,12 +418,12 @@ Trace parse_trace(const uint8_t* data, size_t size, const std::string& source) {
   }
   Reader header(data + sizeof(kMagic), kHeaderBytes - sizeof(kMagic), source);
   const auto version = header.get<uint32_t>("version");
-  if (version != kTraceFileVersion) {
-    throw Error(source, "version", "version " + n(uint64_t(kTraceFileVersion)),
+  if (version < 1 || version > kTraceFileVersion) {
+    throw Error(source, "version", "version 1 to " + n(uint64_t(kTraceFileVersion)),
                 n(uint64_t(version)));
   }
   const auto flags = header.get<uint32_t>("flags");
-  if (flags != 0) throw Error(source, "flags", "0 (none defined in version 1)", n(uint64_t(flags)));
+  if (flags != 0) throw Error(source, "flags", "0 (none defined)", n(uint64_t(flags)));
   const auto body_size = header.get<uint64_t>("body size");
   const size_t body_room = size - kHeaderBytes - kChecksumBytes;
   if (body_size > body_room) {
@@ -504,7 +512,7 @@ Trace parse_trace(const uint8_t* data, size_t size, const std::string& source) {
     std::vector<StepRecord>& records = trace.steps_.emplace_back();
     for (uint64_t r = 0; r < runs; ++r) {
       in.scope("step " + n(t) + " run " + n(r));
-      records.push_back(read_record(in, m, int64_t(t)));
+      records.push_back(read_record(in, m, int64_t(t), version));
       trace.row_bytes_ += records.back().row_bytes();
     }
   }

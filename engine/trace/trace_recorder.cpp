@@ -37,6 +37,7 @@ TraceRecorder::TraceRecorder(std::shared_ptr<const BackendModel> model, const To
                              std::vector<int32_t> tokens, std::vector<PolicyConfig> policies,
                              TraceOptions options)
     : model_(std::move(model)),
+      tokenizer_(tokenizer),
       tokens_(std::move(tokens)),
       policies_(std::move(policies)),
       options_(std::move(options)),
@@ -187,6 +188,7 @@ StepRecord TraceRecorder::record_run(int64_t run_index, int64_t t,
   for (const TokenLogProb& entry : top_k_tokens(logits_row, options_.top_k)) {
     record.top.ids.push_back(entry.token);
     record.top.log_probs.push_back(float(entry.log_prob));
+    if (tokenizer_) record.top.texts.push_back(tokenizer_->token_text(entry.token));
   }
   record.argmax = record.top.ids.empty() ? -1 : record.top.ids.front();
   if (t + 1 < int64_t(tokens_.size())) {

@@ -43,6 +43,7 @@ class TraceRecorder {
                         const std::vector<float>& dense_row);
 
   std::shared_ptr<const BackendModel> model_;
+  const Tokenizer* tokenizer_;  // may be null: ids without text
   std::vector<int32_t> tokens_;
   std::vector<PolicyConfig> policies_;
   std::vector<CommonKnobs> knobs_;  // per traced run (the oracle of recall uses its sinks, window)

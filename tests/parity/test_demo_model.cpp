@@ -18,6 +18,7 @@
 #include "engine/model/tokenizer.h"
 #include "engine/runtime/backend.h"
 #include "engine/runtime/scoring.h"
+#include "engine/trace/trace.h"
 #include "tests/support/test_paths.h"
 
 using namespace kvlens;
@@ -130,4 +131,25 @@ TEST_CASE("demo model: the README's demo commands run", "[parity][demo]") {
   CHECK(out["ppl"].get<double>() > 5.0);
   CHECK(out["ppl"].get<double>() < 25.0);
   CHECK(out["tokens"].size() == 145);  // BOS + 144 BPE tokens
+}
+
+TEST_CASE("demo model: a recording keeps the text of every top-k token", "[parity][demo]") {
+  // kvlens-cli trace on a prompt, read back: each step's top-k ids come with the tokenizer's text
+  // of each id, so the logits view can label tokens that are not in the text.
+  const std::string dir = test::make_temp_dir("demo-trace");
+  const auto result = test::run_command(
+      test::cli_path() + " trace --model " + test::source_path("assets/models/demo") +
+      " --prompt 'Once upon a time' --policies dense,h2o --out " + dir + "/run.kvtrace");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  const Trace trace = load_trace(dir + "/run.kvtrace");
+  const Tokenizer& tokenizer = demo().model->require_tokenizer();
+  REQUIRE(trace.step_count() > 2);
+  for (const auto& step : trace.steps()) {
+    for (const StepRecord& record : step) {
+      REQUIRE(record.top.texts.size() == record.top.ids.size());
+      for (size_t k = 0; k < record.top.ids.size(); ++k)
+        CHECK(record.top.texts[k] == tokenizer.token_text(record.top.ids[k]));
+    }
+  }
 }

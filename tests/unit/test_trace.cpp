@@ -15,6 +15,7 @@
 #include "engine/common/error.h"
 #include "engine/trace/trace.h"
 #include "tests/support/error_message.h"
+#include "tests/support/small_trace.h"
 #include "tests/support/test_paths.h"
 
 using Catch::Matchers::Contains;
@@ -52,6 +53,8 @@ StepRecord make_record(int64_t step, int run, std::vector<int32_t> kept = {0, 1,
   }
   record.top.ids = {int32_t(step + run), int32_t(10 + step), int32_t(20 + run)};
   record.top.log_probs = {-0.1f * float(step + 1), -1.5f - float(run), -kInf};
+  // Run 1's top ids come with their text (a partial UTF-8 sequence too); run 0's without.
+  if (run == 1) record.top.texts = {"a", " b" + std::to_string(step), "\xe2\x82"};
   record.argmax = record.top.ids[0];
   record.metrics.nll = step == 2 ? kNaN : 0.5 + double(step);
   record.metrics.true_rank = step;
@@ -92,6 +95,7 @@ void check_same(const StepRecord& a, const StepRecord& b) {
   CHECK(a.decisions == b.decisions);
   CHECK(a.visible_counts == b.visible_counts);
   CHECK(a.top.ids == b.top.ids);
+  CHECK(a.top.texts == b.top.texts);
   CHECK(same_bits(a.top.log_probs, b.top.log_probs));
   CHECK(a.argmax == b.argmax);
   const kvlens::StepMetrics &x = a.metrics, &y = b.metrics;
@@ -187,10 +191,20 @@ size_t first_record_offset() {
   return serialize_trace(make_trace()).size() - 4;
 }
 // A record's size by the documented layout.
+size_t texts_size(const StepRecord& r) {
+  size_t bytes = 1;  // the texts flag
+  for (const std::string& text : r.top.texts) bytes += 4 + text.size();
+  return bytes;
+}
+// Where a record's column count is: after decisions, visible counts, the top-k with its texts,
+// argmax and the metrics.
+size_t columns_offset(const StepRecord& r) {
+  return size_t(kLayers) + 4 * size_t(kHeadCount) + 4 + 8 * r.top.ids.size() + texts_size(r) + 4 +
+         64;
+}
 size_t record_size(const StepRecord& r) {
   const size_t kept = r.kept_heads.size(), cells = kept * size_t(r.columns);
-  return size_t(kLayers) + 4 * size_t(kHeadCount) + 4 + 8 * r.top.ids.size() + 4 + 64 + 8 + 4 +
-         4 * kept + 9 * cells;
+  return columns_offset(r) + 8 + 4 + 4 * kept + 9 * cells;
 }
 
 }  // namespace
@@ -359,6 +373,8 @@ TEST_CASE("trace: add_step rejects records that do not fit the trace", "[trace]"
              Contains("run 1: visible: expected 0 or 1"));
   CHECK_THAT(add_error([](StepRecord& r) { r.top.log_probs.pop_back(); }),
              Contains("top.log_probs: expected 3 entries"));
+  CHECK_THAT(add_error([](StepRecord& r) { r.top.texts = {"only one"}; }),
+             Contains("top.texts: expected none or 3 entries (one per top id), found 1"));
   CHECK_THAT(add_error([](StepRecord& r) {
                r.top.ids.push_back(1);
                r.top.log_probs.push_back(-9);
@@ -437,8 +453,10 @@ TEST_CASE("trace: bad magic, version and flags are named", "[trace]") {
                  Contains("50 4b 03 04"));
   CHECK_THAT(parse_error({'{', '}'}), Contains("magic"));
   other = bytes;
-  poke(other, 8, uint32_t(2));
-  CHECK_THAT(parse_error(other), Contains("version: expected version 1, found 2"));
+  poke(other, 8, uint32_t(3));
+  CHECK_THAT(parse_error(other), Contains("version: expected version 1 to 2, found 3"));
+  poke(other, 8, uint32_t(0));
+  CHECK_THAT(parse_error(other), Contains("version: expected version 1 to 2, found 0"));
   other = bytes;
   poke(other, 12, uint32_t(1));
   CHECK_THAT(parse_error(other), Contains("flags: expected 0"));
@@ -451,7 +469,7 @@ TEST_CASE("trace: hostile bodies with a valid checksum name the field", "[trace]
   const size_t record1 = record0 + record_size(trace.steps()[0][0]);
   const size_t step1 = record1 + record_size(trace.steps()[0][1]);
   const size_t step1_run1 = step1 + record_size(trace.steps()[1][0]);
-  const size_t columns_at = 2 + 16 + 4 + 24 + 4 + 64;  // within a record with 3 top entries
+  const size_t columns_at = columns_offset(trace.steps()[1][1]);
   const auto edited = [&](auto&& edit) {
     std::vector<uint8_t> copy = bytes;
     edit(copy);
@@ -538,4 +556,27 @@ TEST_CASE("trace: the fuzz seed corpus holds valid traces", "[trace]") {
     check_same(*trace, kvlens::load_trace(dir + "/" + name));
   }
   CHECK(kvlens::load_trace(dir + "/empty.kvtrace").step_count() == 0);
+}
+
+TEST_CASE("trace: version 1 files, without top-k texts, still load", "[trace]") {
+  // Written by the version 1 writer from the small view-test trace (3 steps, 2 runs).
+  const Trace old =
+      kvlens::load_trace(kvlens::test::source_path("tests/fixtures/trace_v1_small.kvtrace"));
+  const Trace now = kvlens::test::make_small_trace(3);
+  REQUIRE(old.step_count() == 3);
+  REQUIRE(old.runs.size() == 2);
+  CHECK(old.tokens.size() == now.tokens.size());
+  for (int64_t t = 0; t < 3; ++t) {
+    for (size_t r = 0; r < 2; ++r) {
+      const StepRecord &a = old.steps()[size_t(t)][r], &b = now.steps()[size_t(t)][r];
+      CHECK(a.top.ids == b.top.ids);
+      CHECK(a.top.texts.empty());
+      CHECK(same_bits(a.logits, b.logits));
+      CHECK(a.visible == b.visible);
+    }
+  }
+  // Written again, it is a version 2 file with the same content.
+  const std::vector<uint8_t> bytes = serialize_trace(old);
+  CHECK(peek<uint32_t>(bytes, 8) == 2);
+  check_same(old, parse(bytes));
 }
