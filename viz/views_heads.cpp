@@ -34,25 +34,32 @@ ValueScale scale_for(const ViewOptions& options, const std::vector<const HeadMat
 
 std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::string& where,
                           int64_t row, int64_t col, HeadQuantity quantity) {
-  std::string text = where + "\nstep " + std::to_string(row) + ", token " + std::to_string(col);
-  if (col < int64_t(trace.tokens.size()))
-    text += " '" + token_label(trace.tokens[size_t(col)].text, 24) + "'";
+  const int64_t b = m.block;
+  std::string text = where + "\n";
+  if (b == 1) {
+    text += "step " + std::to_string(row) + ", token " + std::to_string(col);
+    if (col < int64_t(trace.tokens.size()))
+      text += " '" + token_label(trace.tokens[size_t(col)].text, 24) + "'";
+  } else {
+    text += "steps " + std::to_string(row * b) + "-" + std::to_string(row * b + b - 1) +
+            ", tokens " + std::to_string(col * b) + "-" + std::to_string(col * b + b - 1);
+  }
   const size_t at = size_t(row * m.cols + col);
   if (col > row) return text + "\n(not yet a candidate)";
-  if (m.visible[at] == 2) return text + "\n(row not kept)";
-  text += std::string("\n") + quantity_name(quantity) + " " + format_value(m.values[at]);
-  text += m.visible[at] ? "\nseen" : "\nhidden";
+  if (m.visible[at] == 2) return text + "\n(no value: row not kept)";
+  text += std::string("\n") + (b > 1 ? "largest " : "") + quantity_name(quantity) + " " +
+          format_value(m.values[at]);
+  text += m.visible[at] ? (b > 1 ? "\nsome seen" : "\nseen") : "\nhidden";
   return text;
 }
 
 void add_rows(DataTable& data, const Trace& trace, int64_t run, int64_t layer, int64_t head,
-              const HeadMatrix& m, int64_t step) {
-  for (int64_t j = 0; j <= step; ++j) {
-    const size_t at = size_t(step * m.cols + j);
-    data.rows.push_back(
-        {trace.runs[size_t(run)].policy, double(run), double(layer), double(head), double(step),
-         double(j), double(m.values[at]),
-         m.visible[at] == 2 ? std::numeric_limits<double>::quiet_NaN() : double(m.visible[at])});
+              HeadQuantity quantity, int64_t step) {
+  const HeadRow row = head_row_at(trace, run, step, layer, head, quantity);
+  if (!row.kept) return;
+  for (size_t j = 0; j < row.values.size(); ++j) {
+    data.rows.push_back({trace.runs[size_t(run)].policy, double(run), double(layer), double(head),
+                         double(step), double(j), double(row.values[j]), double(row.visible[j])});
   }
 }
 
@@ -135,7 +142,7 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
                          return describe_cell(trace, *shared, where, r, c, quantity);
                        },
                        "detail"});
-    add_rows(view.data, trace, run, options.layer, options.head, m, step);
+    add_rows(view.data, trace, run, options.layer, options.head, options.quantity, step);
   }
   colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(side, 300.0f)},
            sequential_colormap(), scale, quantity_name(options.quantity), theme);
@@ -170,7 +177,8 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   for (const int64_t run : options.runs)
     for (int64_t l = 0; l < L; ++l)
       for (int64_t h = 0; h < H; ++h)
-        maps.push_back(head_matrix(trace, run, l, h, options.quantity, step));
+        maps.push_back(
+            head_matrix(trace, run, l, h, options.quantity, step, options.max_map_pixels));
   std::vector<const HeadMatrix*> pointers;
   for (const HeadMatrix& m : maps) pointers.push_back(&m);
   const ValueScale scale = scale_for(options, pointers);
@@ -201,7 +209,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
         missing += m.missing_rows;
         const Box box{x0 + float(h) * pitch, y0 + float(l) * pitch, cell, cell};
         f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, scale, sequential_colormap(),
-                      theme, options.max_map_pixels));
+                      theme, m.rows));
         const bool selected = l == options.layer && h == options.head;
         f.rect(box, {0, 0, 0, 0}, selected ? theme.accent : theme.grid, selected ? 2.0f : 0.5f);
         auto shared = std::make_shared<HeadMatrix>(m);
@@ -215,7 +223,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
                return describe_cell(trace, *shared, where, r, c, quantity);
              },
              "head " + std::to_string(l) + ":" + std::to_string(h)});
-        add_rows(view.data, trace, run, l, h, m, step);
+        add_rows(view.data, trace, run, l, h, options.quantity, step);
       }
     }
   }

@@ -348,6 +348,13 @@ void Dashboard::view_area() {
                          0.25f, 8.0f);
     const std::optional<FigureHit> hit = drawer_.draw(zoom_ > 0 ? zoom_ : 1.0f);
     if (hit) apply_hit(*hit);
+    // Pan: drag with the right or middle button.
+    if (ImGui::IsWindowHovered() && (ImGui::IsMouseDragging(ImGuiMouseButton_Right) ||
+                                     ImGui::IsMouseDragging(ImGuiMouseButton_Middle))) {
+      const ImVec2 delta = ImGui::GetIO().MouseDelta;
+      ImGui::SetScrollX(ImGui::GetScrollX() - delta.x);
+      ImGui::SetScrollY(ImGui::GetScrollY() - delta.y);
+    }
   }
   ImGui::EndChild();
 }

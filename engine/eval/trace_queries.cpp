@@ -68,46 +68,82 @@ double spearman(std::span<const float> x, std::span<const float> y) {
   return pearson(fa, fb);  // ranks are small integers or halves: exact in float
 }
 
+namespace {
+
+// One step's row of a head: `out` [cols] gets the quantity (NaN where there is no value) and
+// `shown` the visible flags; false when the trace did not keep the row.
+bool head_row(const StepRecord& record, int64_t layer, int64_t head, int64_t heads,
+              HeadQuantity quantity, float* out, uint8_t* shown) {
+  const float* logits = record.logits_row(layer, head, heads);
+  if (!logits) return false;
+  const int64_t cols = record.columns;
+  std::copy_n(record.visible_row(layer, head, heads), cols, shown);
+  if (quantity == HeadQuantity::Scores) {
+    std::copy_n(record.scores_row(layer, head, heads), cols, out);
+  } else if (quantity == HeadQuantity::Logits) {
+    std::copy_n(logits, cols, out);
+  } else {
+    double top = -std::numeric_limits<double>::infinity(), total = 0.0;
+    for (int64_t j = 0; j < cols; ++j)
+      if (std::isfinite(logits[j])) top = std::max(top, double(logits[j]));
+    for (int64_t j = 0; j < cols; ++j)
+      if (std::isfinite(logits[j])) total += std::exp(double(logits[j]) - top);
+    for (int64_t j = 0; j < cols; ++j)
+      out[j] = std::isfinite(logits[j]) ? float(std::exp(double(logits[j]) - top) / total) : kNaNf;
+  }
+  for (int64_t j = 0; j < cols; ++j)
+    if (!std::isfinite(out[j])) out[j] = kNaNf;  // -inf outside a window: no value
+  return true;
+}
+
+}  // namespace
+
 HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
-                       HeadQuantity quantity, int64_t last_step) {
+                       HeadQuantity quantity, int64_t last_step, int64_t max_side) {
   require_index(run, int64_t(trace.runs.size()), "run");
   require_index(last_step, trace.step_count(), "step");
   require_head(trace, layer, head);
+  const int64_t n = last_step + 1;
   HeadMatrix m;
-  m.rows = last_step + 1;
-  m.cols = last_step + 1;
+  m.block = max_side > 0 ? std::max<int64_t>(1, (n + max_side - 1) / max_side) : 1;
+  m.rows = m.cols = (n + m.block - 1) / m.block;
   m.values.assign(size_t(m.rows * m.cols), kNaNf);
+  // While pooling: 1 once a cell of the block was seen, 0 for hidden cells only, 2 for none.
   m.visible.assign(size_t(m.rows * m.cols), 2);
-  const int64_t heads = trace.model.heads;
+  std::vector<float> row(static_cast<size_t>(n));
+  std::vector<uint8_t> shown(static_cast<size_t>(n));
   for (int64_t t = 0; t <= last_step; ++t) {
     const StepRecord& record = trace.steps()[size_t(t)][size_t(run)];
-    const float* logits = record.logits_row(layer, head, heads);
-    if (!logits) {
+    if (!head_row(record, layer, head, trace.model.heads, quantity, row.data(), shown.data())) {
       ++m.missing_rows;
       continue;
     }
-    const int64_t cols = record.columns;
-    float* out = m.values.data() + t * m.cols;
-    const uint8_t* shown = record.visible_row(layer, head, heads);
-    std::copy_n(shown, cols, m.visible.data() + t * m.cols);
-    if (quantity == HeadQuantity::Scores) {
-      std::copy_n(record.scores_row(layer, head, heads), cols, out);
-    } else if (quantity == HeadQuantity::Logits) {
-      std::copy_n(logits, cols, out);
-    } else {
-      double top = -std::numeric_limits<double>::infinity(), total = 0.0;
-      for (int64_t j = 0; j < cols; ++j)
-        if (std::isfinite(logits[j])) top = std::max(top, double(logits[j]));
-      for (int64_t j = 0; j < cols; ++j)
-        if (std::isfinite(logits[j])) total += std::exp(double(logits[j]) - top);
-      for (int64_t j = 0; j < cols; ++j)
-        out[j] =
-            std::isfinite(logits[j]) ? float(std::exp(double(logits[j]) - top) / total) : kNaNf;
+    float* values = m.values.data() + (t / m.block) * m.cols;
+    uint8_t* visible = m.visible.data() + (t / m.block) * m.cols;
+    for (int64_t j = 0; j < record.columns; ++j) {
+      const int64_t c = j / m.block;
+      if (!std::isnan(row[size_t(j)]) && !(values[c] >= row[size_t(j)])) values[c] = row[size_t(j)];
+      if (shown[size_t(j)]) {
+        visible[c] = 1;
+      } else if (visible[c] == 2) {
+        visible[c] = 0;
+      }
     }
-    for (int64_t j = 0; j < cols; ++j)
-      if (!std::isfinite(out[j])) out[j] = kNaNf;  // -inf outside a window: no value
   }
   return m;
+}
+
+HeadRow head_row_at(const Trace& trace, int64_t run, int64_t step, int64_t layer, int64_t head,
+                    HeadQuantity quantity) {
+  const StepRecord& record = record_at(trace, run, step);
+  require_head(trace, layer, head);
+  HeadRow row;
+  row.values.resize(size_t(record.columns));
+  row.visible.resize(size_t(record.columns));
+  row.kept = head_row(record, layer, head, trace.model.heads, quantity, row.values.data(),
+                      row.visible.data());
+  if (!row.kept) row.values.clear(), row.visible.clear();
+  return row;
 }
 
 ConsensusMatrix consensus_matrix(const Trace& trace, int64_t run, int64_t step,

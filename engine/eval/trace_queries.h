@@ -18,15 +18,30 @@ enum class HeadQuantity { Logits, Probabilities, Scores };
 struct HeadMatrix {
   int64_t rows = 0, cols = 0;  // steps [0, rows), tokens [0, cols) (cols = rows: step t has t + 1)
   std::vector<float> values;   // [rows][cols], NaN where there is no value
-  std::vector<uint8_t> visible;  // [rows][cols]: 1 seen, 0 hidden, 2 unknown (row not kept / j > t)
+  std::vector<uint8_t> visible;  // [rows][cols]: 1 seen, 0 hidden, 2 unknown (not kept / j > t)
   int64_t missing_rows = 0;      // steps whose rows the trace did not keep for this head
+  int64_t block = 1;             // steps and tokens per cell (level of detail, see below)
 };
 
 // Steps [0, last_step] of run `run`, (layer, head). Probabilities are the softmax of the row's
 // finite logits over every candidate (what dense attention gives), not renormalised to the
-// visible set. Throws kvlens::Error (file "trace") for a run, layer, head or step out of range.
+// visible set. With max_side > 0 the matrix is pooled to at most max_side cells a side, each cell
+// a block x block square of (steps, tokens) holding its largest value (peaks stay visible) and
+// visible 1 when the head saw any of its tokens, 0 when it hid some and saw none: a grid of many
+// heads over a long text stays small. Throws kvlens::Error (file "trace") for a run, layer, head
+// or step out of range.
 HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
-                       HeadQuantity quantity, int64_t last_step);
+                       HeadQuantity quantity, int64_t last_step, int64_t max_side = 0);
+
+// One step's row of a head at full resolution: values [t + 1] and visible flags; `kept` is false
+// (and the vectors empty) when the trace did not keep the row.
+struct HeadRow {
+  std::vector<float> values;
+  std::vector<uint8_t> visible;
+  bool kept = false;
+};
+HeadRow head_row_at(const Trace& trace, int64_t run, int64_t step, int64_t layer, int64_t head,
+                    HeadQuantity quantity);
 
 enum class ConsensusMetric { Pearson, Jaccard };
 

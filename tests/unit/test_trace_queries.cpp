@@ -154,3 +154,24 @@ TEST_CASE("answer_predictions compares each answer token with the run's argmax",
   plain.coref.present = false;
   CHECK(answer_predictions(plain, 0).empty());
 }
+
+TEST_CASE("head_matrix pools long texts to a bounded size by block maxima", "[trace_queries]") {
+  // 5 steps at most 2 cells a side: blocks of 3 steps x 3 tokens. Run 0, head 0: logit 0.5 c.
+  const Trace trace = test::make_small_trace(5);
+  const HeadMatrix m = head_matrix(trace, 0, 0, 0, HeadQuantity::Logits, 4, 2);
+  REQUIRE(m.block == 3);
+  REQUIRE(m.rows == 2);
+  REQUIRE(m.cols == 2);
+  CHECK(m.values[0] == 1.0f);      // steps 0-2, tokens 0-2: the largest is c = 2
+  CHECK(std::isnan(m.values[1]));  // steps 0-2, tokens 3-5: none is a candidate yet
+  CHECK(m.visible[1] == 2);
+  CHECK(m.values[2] == 1.0f);  // steps 3-4, tokens 0-2
+  CHECK(m.values[3] == 2.0f);  // steps 3-4, tokens 3-4
+  CHECK(m.visible[3] == 1);
+  // No pooling where the text fits.
+  CHECK(head_matrix(trace, 0, 0, 0, HeadQuantity::Logits, 4, 8).block == 1);
+  const HeadRow row = head_row_at(trace, 1, 3, 1, 1, HeadQuantity::Logits);
+  REQUIRE(row.kept);
+  CHECK(row.values.size() == 4);
+  CHECK(row.visible == std::vector<uint8_t>{0, 1, 0, 1});
+}
