@@ -36,6 +36,13 @@ const Theme& theme_of(const ViewOptions& options) {
   return options.dark ? dark_theme() : light_theme();
 }
 
+View empty_view(const ViewOptions& options) {
+  View view;
+  view.figure.width = options.width;
+  view.figure.background = theme_of(options).background;
+  return view;
+}
+
 std::string run_title(const Trace& trace, int64_t run) {
   const TraceRun& r = trace.runs[size_t(run)];
   if (r.policy == "dense") return "dense";

@@ -56,5 +56,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step);
 // "policy s=0.5" for a run, as the panels title it.
 std::string run_title(const Trace& trace, int64_t run);
 const Theme& theme_of(const ViewOptions& options);
+// A view with an empty figure of the options' width and theme background (each view's start).
+View empty_view(const ViewOptions& options);
 
 }  // namespace kvlens::viz

@@ -12,10 +12,8 @@ namespace kvlens::viz {
 
 View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   const Theme& theme = theme_of(options);
-  View view;
+  View view = empty_view(options);
   Figure& f = view.figure;
-  f.background = theme.background;
-  f.width = options.width;
   const bool pearson = options.consensus == ConsensusMetric::Pearson;
   const int64_t H = trace.model.heads;
   const float top =

@@ -65,10 +65,8 @@ void add_rows(DataTable& data, const Trace& trace, int64_t run, int64_t layer, i
 
 View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
   const Theme& theme = theme_of(options);
-  View view;
+  View view = empty_view(options);
   Figure& f = view.figure;
-  f.background = theme.background;
-  f.width = options.width;
   const float top = title_block(
       f,
       "Layer " + std::to_string(options.layer) + ", head " + std::to_string(options.head) +
@@ -155,10 +153,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
 View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   if (options.head_detail) return detail(trace, options, step);
   const Theme& theme = theme_of(options);
-  View view;
+  View view = empty_view(options);
   Figure& f = view.figure;
-  f.background = theme.background;
-  f.width = options.width;
   const int64_t L = trace.model.layers, H = trace.model.heads, n = int64_t(options.runs.size());
   std::string token;
   if (step < int64_t(trace.tokens.size()))

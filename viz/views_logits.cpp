@@ -51,10 +51,8 @@ float top_k_bars(Figure& f, const Trace& trace, Box area, const StepRecord& reco
 
 View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   const Theme& theme = theme_of(options);
-  View view;
+  View view = empty_view(options);
   Figure& f = view.figure;
-  f.background = theme.background;
-  f.width = options.width;
   const int32_t true_token =
       step + 1 < int64_t(trace.tokens.size()) ? trace.tokens[size_t(step + 1)].id : -1;
   const float top = title_block(

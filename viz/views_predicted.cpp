@@ -40,10 +40,8 @@ void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, cons
 
 View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   const Theme& theme = theme_of(options);
-  View view;
+  View view = empty_view(options);
   Figure& f = view.figure;
-  f.background = theme.background;
-  f.width = options.width;
   const int64_t L = trace.model.layers, H = trace.model.heads;
   const float top = title_block(
       f,

@@ -28,10 +28,8 @@ std::string scope_text(const ViewOptions& o) {
 
 View retention_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   const Theme& theme = theme_of(options);
-  View view;
+  View view = empty_view(options);
   Figure& f = view.figure;
-  f.background = theme.background;
-  f.width = options.width;
   const bool diff = options.runs.size() >= 2;
   std::vector<RetentionCounts> counts;
   for (const int64_t run : options.runs) {

@@ -44,6 +44,16 @@ test::CommandResult run_app(const std::string& dir, const std::string& script,
                            dir + "/script.txt " + args);
 }
 
+// Script lines, "$DIR" standing for the test's folder.
+std::string script(std::initializer_list<std::string> lines, const std::string& dir) {
+  std::string text;
+  for (std::string line : lines) {
+    for (size_t at; (at = line.find("$DIR")) != std::string::npos;) line.replace(at, 4, dir);
+    text += line + "\n";
+  }
+  return text;
+}
+
 bool have_xvfb() {
   return test::run_command("command -v xvfb-run").exit_code == 0;
 }
@@ -53,44 +63,14 @@ bool have_xvfb() {
 TEST_CASE("the window loads, steps, switches views, compares, exports and quits", "[ui][app]") {
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");
-  const test::CommandResult result = run_app(dir,
-                                             "step 30\n"
-                                             "view heads\n"
-                                             "screenshot " +
-                                                 dir +
-                                                 "/heads.png\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/heads.svg\n"
-                                                 "view retention\n"
-                                                 "compare h2o,quest\n"
-                                                 "screenshot " +
-                                                 dir +
-                                                 "/retention.png\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/retention.png\n"
-                                                 "view consensus\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/consensus.pdf\n"
-                                                 "view logits\n"
-                                                 "back 10\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/logits.json\n"
-                                                 "compare dense\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/logits-dense.png\n"
-                                                 "compare quest\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/logits-quest.png\n"
-                                                 "save-trace " +
-                                                 dir +
-                                                 "/run.kvtrace\n"
-                                                 "quit\n");
+  const test::CommandResult result = run_app(
+      dir, script({"step 30", "view heads", "screenshot $DIR/heads.png", "export $DIR/heads.svg",
+                   "view retention", "compare h2o,quest", "screenshot $DIR/retention.png",
+                   "export $DIR/retention.png", "view consensus", "export $DIR/consensus.pdf",
+                   "view logits", "back 10", "export $DIR/logits.json", "compare dense",
+                   "export $DIR/logits-dense.png", "compare quest", "export $DIR/logits-quest.png",
+                   "save-trace $DIR/run.kvtrace", "quit"},
+                  dir));
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   // The screenshots show the dashboard, not a blank window.
@@ -117,32 +97,13 @@ TEST_CASE("bad model folders and traces show an error dialog and keep the sessio
   std::ofstream(dir + "/not-a-model/config.json") << "{\"model_type\": \"llama\"";
   std::ofstream(dir + "/bad.kvtrace") << "KVTRACE1 truncated";
   save_trace(test::make_small_trace(4), dir + "/good.kvtrace");
-  const test::CommandResult result = run_app(dir,
-                                             "step 5\n"
-                                             "open-model " +
-                                                 dir +
-                                                 "/not-a-model\n"
-                                                 "expect-error config.json\n"
-                                                 "screenshot " +
-                                                 dir +
-                                                 "/dialog.png\n"
-                                                 "close-dialogs\n"
-                                                 "open-trace " +
-                                                 dir +
-                                                 "/bad.kvtrace\n"
-                                                 "expect-error bad.kvtrace\n"
-                                                 "close-dialogs\n"
-                                                 "view logits\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/kept.json\n"
-                                                 "open-trace " +
-                                                 dir +
-                                                 "/good.kvtrace\n"
-                                                 "export " +
-                                                 dir +
-                                                 "/small.json\n"
-                                                 "quit\n");
+  const test::CommandResult result = run_app(
+      dir,
+      script({"step 5", "open-model $DIR/not-a-model", "expect-error config.json",
+              "screenshot $DIR/dialog.png", "close-dialogs", "open-trace $DIR/bad.kvtrace",
+              "expect-error bad.kvtrace", "close-dialogs", "view logits", "export $DIR/kept.json",
+              "open-trace $DIR/good.kvtrace", "export $DIR/small.json", "quit"},
+             dir));
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   CHECK(distinct_colors(dir + "/dialog.png") > 50);
