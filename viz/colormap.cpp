@@ -94,7 +94,7 @@ Colormap::Colormap(ColormapKind kind) : kind_(kind) {
 Color Colormap::at(double t) const {
   if (std::isnan(t)) return missing_;
   const double index = std::clamp(t, 0.0, 1.0) * double(table_.size() - 1);
-  return table_[size_t(std::lround(index))];
+  return table_[size_t(index + 0.5)];  // round to nearest (index >= 0)
 }
 
 const Colormap& sequential_colormap() {

@@ -11,8 +11,8 @@ namespace kvlens::viz {
 double ValueScale::normalise(double value) const {
   if (!std::isfinite(value)) return std::numeric_limits<double>::quiet_NaN();
   if (log) {
-    const double l = std::log10(std::max(value, lo));
-    return (l - std::log10(lo)) / (std::log10(hi) - std::log10(lo));
+    // log10(value / lo) / log10(hi / lo): one logarithm per value.
+    return std::log10(std::max(value, lo) / lo) / std::log10(hi / lo);
   }
   return hi > lo ? (value - lo) / (hi - lo) : 0.5;
 }
@@ -37,6 +37,23 @@ ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<u
   image.height = int32_t((rows + block_rows - 1) / block_rows);
   image.width = int32_t((cols + block_cols - 1) / block_cols);
   image.pixels.assign(size_t(image.width) * size_t(image.height), Color{0, 0, 0, 0});
+  // The colour of a value without a logarithm per pixel (a grid of many maps has millions): on a
+  // log scale, the 255 values where the map's entry changes (entry k from normalise = (k - 0.5)
+  // / 255 on, as Colormap::at rounds) are found once and each pixel's entry by binary search.
+  const size_t entries = map.table().size();
+  std::vector<double> boundaries;
+  if (scale.log) {
+    for (size_t k = 1; k < entries; ++k) {
+      const double t = (double(k) - 0.5) / double(entries - 1);
+      boundaries.push_back(scale.lo * std::pow(scale.hi / scale.lo, t));
+    }
+  }
+  auto color_of = [&](double value) {
+    if (!scale.log) return map.at(scale.normalise(value));
+    const size_t k =
+        size_t(std::upper_bound(boundaries.begin(), boundaries.end(), value) - boundaries.begin());
+    return map.table()[k];
+  };
   for (int64_t py = 0; py < image.height; ++py) {
     for (int64_t px = 0; px < image.width; ++px) {
       double best = -std::numeric_limits<double>::infinity();
@@ -52,7 +69,7 @@ ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<u
         }
       }
       if (!std::isfinite(best)) continue;
-      Color color = map.at(scale.normalise(best));
+      Color color = color_of(best);
       // A block counts as hidden only when none of its cells was seen.
       if (hidden > 0 && seen == 0) color = mix(color, theme.dimmed, 0.72);
       image.pixels[size_t(py * image.width + px)] = color;

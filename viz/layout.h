@@ -16,6 +16,7 @@ namespace kvlens::viz {
 struct ValueScale {
   double lo = 0.0, hi = 1.0;
   bool log = false;
+  // (a heatmap normalises every pixel: the log scale's end points are taken once per scale)
   double normalise(double value) const;
   // The finite range of `values` (a degenerate range is widened by 1 on each side; none: [0, 1]).
   static ValueScale fitted(const std::vector<float>& values);

@@ -5,6 +5,7 @@
 #include <imgui_stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -128,8 +129,18 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
   if (!trace || cursor_ < 0 || cursor_ >= trace->step_count()) return nullptr;
   const std::string key = view_key();
   if (key == key_) return built_;
+  // While playing or recording, the figure follows the steps at most every kRebuildSeconds: a
+  // rebuild of a large grid costs frames, and the window keeps drawing (and stays responsive)
+  // between rebuilds. Explicit steps and option changes rebuild at once.
+  // (adaptive: at least 80 ms apart and at most a third of the time spent rebuilding, so a big
+  // grid over a long text slows the figure's updates, not the window)
+  const double now = now_seconds();
+  const double interval = std::max(0.08, 3.0 * build_seconds_);
+  if (built_ && (playing_ || engine_.busy()) && now - built_seconds_ < interval) return built_;
+  built_seconds_ = now;
   key_ = key;
   options_.step = cursor_;
+  const auto start = std::chrono::steady_clock::now();
   try {
     built_ = std::make_shared<viz::View>(viz::build_view(*trace, view_, options_));
     build_error_.clear();
@@ -137,6 +148,7 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
     built_.reset();
     build_error_ = e.what();
   }
+  build_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   drawer_.set_figure(built_ ? std::shared_ptr<const viz::Figure>(built_, &built_->figure)
                             : nullptr);
   return built_;
@@ -169,9 +181,12 @@ void Dashboard::frame() {
   ImGui::SetNextWindowPos(viewport->WorkPos);
   ImGui::SetNextWindowSize(viewport->WorkSize);
   ImGui::PushStyleVar(ImGuiStyleVar_WindowRounding, 0.0f);
+  // No background: the renderer clears to the window colour, which on a software renderer is a
+  // memset instead of a full-window blended quad.
   ImGui::Begin("kvlens", nullptr,
                ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
-                   ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_NoSavedSettings);
+                   ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_NoSavedSettings |
+                   ImGuiWindowFlags_NoBackground);
   ImGui::PushFont(canvas_.ui_font());
   ImGui::BeginChild("sidebar", ImVec2(310, 0), true);
   sidebar();

@@ -72,6 +72,8 @@ class Dashboard {
   int style_dark_ = -1;  // the ImGui style in use (-1: not set yet)
   std::string key_;
   std::shared_ptr<const viz::View> built_;
+  double built_seconds_ = -1.0;  // when built_ was made (ImGui time)
+  double build_seconds_ = 0.0;   // how long making it took
   std::string build_error_;
   std::vector<char> policy_checked_;
 };

@@ -327,7 +327,8 @@ void ImGuiCanvas::render_draw_data(ImDrawData* draw) {
   const int fb_height = int(draw->DisplaySize.y * draw->FramebufferScale.y);
   if (fb_width <= 0 || fb_height <= 0) return;
   glViewport(0, 0, fb_width, fb_height);
-  glClearColor(0.1f, 0.1f, 0.12f, 1.0f);
+  const ImVec4 background = ImGui::GetStyle().Colors[ImGuiCol_WindowBg];
+  glClearColor(background.x, background.y, background.z, 1.0f);
   glClear(GL_COLOR_BUFFER_BIT);
   glEnable(GL_BLEND);
   glBlendEquation(GL_FUNC_ADD);

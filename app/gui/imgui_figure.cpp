@@ -4,6 +4,7 @@
 #include <imgui.h>
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 
@@ -93,6 +94,68 @@ void draw_polyline(ImDrawList* list, const viz::LineItem& line, ImVec2 origin, f
 
 }  // namespace
 
+void FigureDrawer::upload() {
+  canvas_.release_textures();
+  const viz::Figure& f = *figure_;
+  placements_.assign(f.items.size(), {});
+  // Shelf packing into pages up to kPage pixels a side; each image keeps a 1-pixel gap so that
+  // nearest sampling at the edges never reads a neighbour.
+  constexpr int kPage = 4096;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    const auto* image = std::get_if<viz::ImageItem>(&f.items[i]);
+    if (image && image->width > 0 && image->height > 0 && image->width <= kPage &&
+        image->height <= kPage)
+      order.push_back(i);
+  }
+  // First where each image goes (pages of kPage x kPage at most), then each page's pixels.
+  struct Slot {
+    size_t item;
+    int page, x, y;
+  };
+  std::vector<Slot> placed;
+  std::vector<std::array<int, 2>> pages;  // width, used height
+  int x = 0, y = 0, shelf = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const auto& image = std::get<viz::ImageItem>(f.items[order[k]]);
+    if (pages.empty() || x + image.width > pages.back()[0]) x = 0, y += shelf, shelf = 0;
+    if (pages.empty() || y + image.height > kPage) {
+      int widest = 0;
+      for (size_t j = k; j < order.size(); ++j)
+        widest = std::max(widest, std::get<viz::ImageItem>(f.items[order[j]]).width + 1);
+      pages.push_back({std::min(kPage, std::max(1024, widest)), 0});
+      x = y = shelf = 0;
+    }
+    placed.push_back({order[k], int(pages.size()) - 1, x, y});
+    x += image.width + 1;
+    shelf = std::max(shelf, image.height + 1);
+    pages.back()[1] = std::max(pages.back()[1], y + shelf);
+  }
+  std::vector<viz::Color> pixels;
+  for (int p = 0; p < int(pages.size()); ++p) {
+    const int width = pages[size_t(p)][0], height = pages[size_t(p)][1];
+    pixels.assign(size_t(width) * size_t(height), viz::Color{0, 0, 0, 0});
+    for (const Slot& slot : placed) {
+      if (slot.page != p) continue;
+      const auto& image = std::get<viz::ImageItem>(f.items[slot.item]);
+      for (int32_t row = 0; row < image.height; ++row) {
+        std::copy_n(image.pixels.data() + size_t(row) * size_t(image.width), image.width,
+                    pixels.data() + size_t(slot.y + row) * size_t(width) + size_t(slot.x));
+      }
+    }
+    void* texture =
+        canvas_.make_texture(reinterpret_cast<const uint8_t*>(pixels.data()), width, height);
+    for (const Slot& slot : placed) {
+      if (slot.page != p) continue;
+      const auto& image = std::get<viz::ImageItem>(f.items[slot.item]);
+      placements_[slot.item] = {
+          texture, float(slot.x) / float(width), float(slot.y) / float(height),
+          float(slot.x + image.width) / float(width), float(slot.y + image.height) / float(height)};
+    }
+  }
+  uploaded_ = true;
+}
+
 void FigureDrawer::set_figure(std::shared_ptr<const viz::Figure> figure) {
   figure_ = std::move(figure);
   uploaded_ = false;
@@ -101,32 +164,27 @@ void FigureDrawer::set_figure(std::shared_ptr<const viz::Figure> figure) {
 std::optional<FigureHit> FigureDrawer::draw(float zoom) {
   if (!figure_) return std::nullopt;
   const viz::Figure& f = *figure_;
-  if (!uploaded_) {
-    canvas_.release_textures();
-    textures_.assign(f.items.size(), nullptr);
-    for (size_t i = 0; i < f.items.size(); ++i) {
-      if (const auto* image = std::get_if<viz::ImageItem>(&f.items[i])) {
-        if (image->width > 0 && image->height > 0) {
-          textures_[i] = canvas_.make_texture(
-              reinterpret_cast<const uint8_t*>(image->pixels.data()), image->width, image->height);
-        }
-      }
-    }
-    uploaded_ = true;
-  }
+  if (!uploaded_) upload();
   ImDrawList* list = ImGui::GetWindowDrawList();
   const ImVec2 origin = ImGui::GetCursorScreenPos();
   ImFont* font = canvas_.figure_font();
   list->AddRectFilled(origin, ImVec2(origin.x + f.width * zoom, origin.y + f.height * zoom),
                       color32(f.background));
   auto at = [&](float x, float y) { return ImVec2(origin.x + x * zoom, origin.y + y * zoom); };
+  // Images first (no view draws anything under an image but the background), so that they
+  // share their atlas page's draw call; then the rest in order.
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    const auto* image = std::get_if<viz::ImageItem>(&f.items[i]);
+    const Placement& place = placements_[i];
+    if (!image || !place.texture) continue;
+    list->AddImage(place.texture, at(image->box.x, image->box.y),
+                   at(image->box.right(), image->box.bottom()), ImVec2(place.u0, place.v0),
+                   ImVec2(place.u1, place.v1));
+  }
   for (size_t i = 0; i < f.items.size(); ++i) {
     const viz::Item& item = f.items[i];
-    if (const auto* image = std::get_if<viz::ImageItem>(&item)) {
-      if (textures_[i]) {
-        list->AddImage(textures_[i], at(image->box.x, image->box.y),
-                       at(image->box.right(), image->box.bottom()));
-      }
+    if (std::holds_alternative<viz::ImageItem>(item)) {
+      continue;
     } else if (const auto* rect = std::get_if<viz::RectItem>(&item)) {
       const ImVec2 a = at(rect->box.x, rect->box.y), b = at(rect->box.right(), rect->box.bottom());
       if (rect->fill.a > 0) list->AddRectFilled(a, b, color32(rect->fill));

@@ -34,8 +34,15 @@ class FigureDrawer {
  private:
   ImGuiCanvas& canvas_;
   std::shared_ptr<const viz::Figure> figure_;
-  std::vector<void*> textures_;  // per item (null for non-images)
+  // The figure's images packed into atlas pages (one texture and one draw call for many maps:
+  // a software renderer pays per call); per item, its page texture and UV rectangle.
+  struct Placement {
+    void* texture = nullptr;
+    float u0 = 0, v0 = 0, u1 = 0, v1 = 0;
+  };
+  std::vector<Placement> placements_;
   bool uploaded_ = false;
+  void upload();
 };
 
 }  // namespace kvlens::app

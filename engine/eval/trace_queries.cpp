@@ -86,10 +86,13 @@ bool head_row(const StepRecord& record, int64_t layer, int64_t head, int64_t hea
     double top = -std::numeric_limits<double>::infinity(), total = 0.0;
     for (int64_t j = 0; j < cols; ++j)
       if (std::isfinite(logits[j])) top = std::max(top, double(logits[j]));
-    for (int64_t j = 0; j < cols; ++j)
-      if (std::isfinite(logits[j])) total += std::exp(double(logits[j]) - top);
-    for (int64_t j = 0; j < cols; ++j)
-      out[j] = std::isfinite(logits[j]) ? float(std::exp(double(logits[j]) - top) / total) : kNaNf;
+    for (int64_t j = 0; j < cols; ++j) {
+      // (float exp: a display value, computed for every cell of a grid of maps)
+      const double e = std::isfinite(logits[j]) ? std::exp(float(double(logits[j]) - top)) : -1.0;
+      out[j] = float(e);
+      if (e >= 0) total += e;
+    }
+    for (int64_t j = 0; j < cols; ++j) out[j] = out[j] >= 0 ? float(out[j] / total) : kNaNf;
   }
   for (int64_t j = 0; j < cols; ++j)
     if (!std::isfinite(out[j])) out[j] = kNaNf;  // -inf outside a window: no value

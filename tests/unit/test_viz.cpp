@@ -105,7 +105,13 @@ TEST_CASE("heatmaps pool blocks by their largest value and dim hidden cells", "[
   // Full resolution where it fits.
   CHECK(heatmap({}, values, nullptr, 4, 4, {0, 1, false}, sequential_colormap(), theme, 64).width ==
         4);
-  ValueScale log{1e-4, 1.0, true};
+  // On a log scale each pixel gets the entry normalise() would give (found by binary search).
+  std::vector<float> probabilities = {1e-6f, 1e-4f, 3e-3f, 0.01f, 0.2f, 1.0f};
+  const ValueScale log{1e-4, 1.0, true};
+  const ImageItem logs =
+      heatmap({}, probabilities, nullptr, 1, 6, log, sequential_colormap(), theme, 64);
+  for (size_t i = 0; i < probabilities.size(); ++i)
+    CHECK(logs.pixels[i] == sequential_colormap().at(log.normalise(probabilities[i])));
   CHECK(log.normalise(1e-2) == Approx(0.5));
   CHECK(log.normalise(0.0) == Approx(0.0));
 }
