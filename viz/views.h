@@ -32,6 +32,9 @@ struct ViewOptions {
   bool dark = false;
   float width = 1280;            // canvas width; heights follow the content
   int64_t max_map_pixels = 128;  // level of detail: pixels per head map side in the grid
+  // The app's maps kept between frames (null: computed afresh); used when its max_side is
+  // max_map_pixels.
+  HeadMapCache* head_maps = nullptr;
 };
 
 struct View {

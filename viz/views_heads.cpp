@@ -23,12 +23,14 @@ const char* quantity_name(HeadQuantity q) {
   return "value";
 }
 
-ValueScale scale_for(const ViewOptions& options, const std::vector<const HeadMatrix*>& maps) {
+using MapPointer = std::shared_ptr<const HeadMatrix>;
+
+ValueScale scale_for(const ViewOptions& options, const std::vector<MapPointer>& maps) {
   if (options.quantity == HeadQuantity::Probabilities && options.log_scale)
     return {1e-4, 1.0, true};
   if (options.quantity == HeadQuantity::Probabilities) return {0.0, 1.0, false};
   std::vector<float> all;
-  for (const HeadMatrix* m : maps) all.insert(all.end(), m->values.begin(), m->values.end());
+  for (const MapPointer& m : maps) all.insert(all.end(), m->values.begin(), m->values.end());
   return ValueScale::fitted(all);
 }
 
@@ -77,13 +79,12 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
           "; rows are steps, columns tokens; hidden tokens dimmed, the visible set at this step "
           "outlined",
       theme);
-  std::vector<HeadMatrix> maps;
-  std::vector<const HeadMatrix*> pointers;
+  std::vector<MapPointer> maps;
   for (const int64_t run : options.runs) {
-    maps.push_back(head_matrix(trace, run, options.layer, options.head, options.quantity, step));
+    maps.push_back(std::make_shared<HeadMatrix>(
+        head_matrix(trace, run, options.layer, options.head, options.quantity, step)));
   }
-  for (const HeadMatrix& m : maps) pointers.push_back(&m);
-  const ValueScale scale = scale_for(options, pointers);
+  const ValueScale scale = scale_for(options, maps);
   const int64_t n = int64_t(maps.size());
   const float left = 56, gap = 28, bar = 90;
   const float panel = (options.width - left - bar - gap * float(n - 1)) / float(n);
@@ -91,7 +92,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
   const float y0 = top + 24;
   view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
   for (int64_t i = 0; i < n; ++i) {
-    const HeadMatrix& m = maps[size_t(i)];
+    const MapPointer& shared = maps[size_t(i)];
+    const HeadMatrix& m = *shared;
     const int64_t run = options.runs[size_t(i)];
     const Box box{left + float(i) * (panel + gap), y0, side, side};
     f.text({box.x, box.y - 8}, run_title(trace, run), 13, run_color(i), HAlign::Left,
@@ -131,7 +133,6 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
       f.text({box.x - 6, y}, format_value(t), 10, theme.foreground, HAlign::Right, VAlign::Middle);
     }
     f.text({box.x - 40, box.y - 8}, "step", 10, theme.muted);
-    auto shared = std::make_shared<HeadMatrix>(m);
     const std::string where = run_title(trace, run) + ", L" + std::to_string(options.layer) + " H" +
                               std::to_string(options.head);
     const HeadQuantity quantity = options.quantity;
@@ -168,16 +169,21 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
           ", columns tokens; hidden tokens dimmed",
       theme);
   // Every map first: the colour scale spans all of them.
-  std::vector<HeadMatrix> maps;
+  // (from the view's cache when it pools as this view does: only new steps are read)
+  std::vector<MapPointer> maps;
   maps.reserve(size_t(n * L * H));
-  for (const int64_t run : options.runs)
-    for (int64_t l = 0; l < L; ++l)
-      for (int64_t h = 0; h < H; ++h)
+  const bool cached = options.head_maps && options.head_maps->max_side() == options.max_map_pixels;
+  for (const int64_t run : options.runs) {
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t h = 0; h < H; ++h) {
         maps.push_back(
-            head_matrix(trace, run, l, h, options.quantity, step, options.max_map_pixels));
-  std::vector<const HeadMatrix*> pointers;
-  for (const HeadMatrix& m : maps) pointers.push_back(&m);
-  const ValueScale scale = scale_for(options, pointers);
+            cached ? options.head_maps->get(trace, run, l, h, options.quantity, step)
+                   : std::make_shared<HeadMatrix>(head_matrix(trace, run, l, h, options.quantity,
+                                                              step, options.max_map_pixels)));
+      }
+    }
+  }
+  const ValueScale scale = scale_for(options, maps);
 
   const float left = 34, gap = 24, bar = 90, label_h = 16;
   const float panel = (options.width - left - bar - gap * float(n - 1)) / float(n);
@@ -201,14 +207,14 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
                HAlign::Right, VAlign::Middle);
       }
       for (int64_t h = 0; h < H; ++h) {
-        const HeadMatrix& m = maps[size_t((i * L + l) * H + h)];
+        const MapPointer& shared = maps[size_t((i * L + l) * H + h)];
+        const HeadMatrix& m = *shared;
         missing += m.missing_rows;
         const Box box{x0 + float(h) * pitch, y0 + float(l) * pitch, cell, cell};
         f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, scale, sequential_colormap(),
                       theme, m.rows));
         const bool selected = l == options.layer && h == options.head;
         f.rect(box, {0, 0, 0, 0}, selected ? theme.accent : theme.grid, selected ? 2.0f : 0.5f);
-        auto shared = std::make_shared<HeadMatrix>(m);
         const std::string where =
             run_title(trace, run) + ", L" + std::to_string(l) + " H" + std::to_string(h);
         const HeadQuantity quantity = options.quantity;

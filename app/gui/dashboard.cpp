@@ -36,6 +36,8 @@ Dashboard::Dashboard(ImGuiCanvas& canvas, EngineController& engine)
     : canvas_(canvas), engine_(engine), drawer_(canvas) {}
 
 void Dashboard::on_opened() {
+  head_maps_.clear();  // a new trace
+  options_.head_maps = &head_maps_;
   cursor_ = -1;
   follow_ = true;
   key_.clear();

@@ -44,6 +44,8 @@ class Dashboard {
 
   // The figure and data of the current view (null before a step is recorded).
   std::shared_ptr<const viz::View> current_view();
+  // How long the last figure took to build (for the status bar and benchmarks).
+  double last_build_seconds() const { return build_seconds_; }
   // Token text and the runs to compare for a fresh recording.
   SessionConfig& pending_config() { return pending_; }
 
@@ -62,6 +64,7 @@ class Dashboard {
   SessionConfig pending_;
   viz::ViewKind view_ = viz::ViewKind::Heads;
   viz::ViewOptions options_;
+  HeadMapCache head_maps_{128};  // the heads grid's maps, grown step by step
   int64_t cursor_ = -1;
   bool follow_ = true;  // the cursor follows newly recorded steps
   bool playing_ = false;

@@ -179,10 +179,11 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
                                  .toStdString());
   } else if (command == "report") {
     // For benchmarks (tools/bench_app.sh): frames drawn so far, the frame rate over the last
-    // second, and the steps recorded.
+    // second, the steps recorded and how long the last figure took to build.
     const Trace* trace = window_.engine().trace();
-    std::printf("report: frames %lld fps %.1f steps %lld\n", (long long)window_.canvas().frames(),
-                window_.canvas().frames_per_second(), (long long)(trace ? trace->step_count() : 0));
+    std::printf("report: frames %lld fps %.1f steps %lld build %.1f ms\n",
+                (long long)window_.canvas().frames(), window_.canvas().frames_per_second(),
+                (long long)(trace ? trace->step_count() : 0), dashboard.last_build_seconds() * 1e3);
     std::fflush(stdout);
   } else if (command == "speed") {
     dashboard.set_play_rate(float(number(0)));

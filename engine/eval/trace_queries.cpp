@@ -101,21 +101,64 @@ bool head_row(const StepRecord& record, int64_t layer, int64_t head, int64_t hea
 
 }  // namespace
 
-HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
-                       HeadQuantity quantity, int64_t last_step, int64_t max_side) {
-  require_index(run, int64_t(trace.runs.size()), "run");
-  require_index(last_step, trace.step_count(), "step");
-  require_head(trace, layer, head);
-  const int64_t n = last_step + 1;
-  HeadMatrix m;
-  m.block = max_side > 0 ? std::max<int64_t>(1, (n + max_side - 1) / max_side) : 1;
-  m.rows = m.cols = (n + m.block - 1) / m.block;
-  m.values.assign(size_t(m.rows * m.cols), kNaNf);
-  // While pooling: 1 once a cell of the block was seen, 0 for hidden cells only, 2 for none.
-  m.visible.assign(size_t(m.rows * m.cols), 2);
-  std::vector<float> row(static_cast<size_t>(n));
-  std::vector<uint8_t> shown(static_cast<size_t>(n));
-  for (int64_t t = 0; t <= last_step; ++t) {
+namespace {
+
+// A map of `cells` x `cells` empty cells (NaN, unknown).
+void reset_cells(HeadMatrix& m, int64_t cells) {
+  m.rows = m.cols = cells;
+  m.values.assign(size_t(cells * cells), kNaNf);
+  m.visible.assign(size_t(cells * cells), 2);
+}
+
+// The larger value (NaN counts as none) and the visibility of a merged block: seen if any cell
+// was, hidden if some cell was hidden and none seen, unknown otherwise.
+void merge_cell(float& value, uint8_t& visible, float other_value, uint8_t other_visible) {
+  if (!std::isnan(other_value) && !(value >= other_value)) value = other_value;
+  if (other_visible == 1) {
+    visible = 1;
+  } else if (other_visible == 0 && visible == 2) {
+    visible = 0;
+  }
+}
+
+// Grows m to hold steps [0, steps) at block m.block (cells are square: rows = cols).
+void grow_cells(HeadMatrix& m, int64_t steps) {
+  const int64_t cells = (steps + m.block - 1) / m.block;
+  if (cells <= m.rows) return;
+  HeadMatrix grown;
+  reset_cells(grown, cells);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    std::copy_n(m.values.data() + r * m.cols, m.cols, grown.values.data() + r * cells);
+    std::copy_n(m.visible.data() + r * m.cols, m.cols, grown.visible.data() + r * cells);
+  }
+  m.values.swap(grown.values);
+  m.visible.swap(grown.visible);
+  m.rows = m.cols = cells;
+}
+
+// Doubles m's block, merging 2 x 2 cells.
+void double_block(HeadMatrix& m) {
+  HeadMatrix merged;
+  reset_cells(merged, (m.rows + 1) / 2);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) {
+      const size_t to = size_t((r / 2) * merged.cols + c / 2), from = size_t(r * m.cols + c);
+      merge_cell(merged.values[to], merged.visible[to], m.values[from], m.visible[from]);
+    }
+  }
+  m.values.swap(merged.values);
+  m.visible.swap(merged.visible);
+  m.rows = m.cols = merged.rows;
+  m.block *= 2;
+}
+
+// Folds steps [m.steps, last_step] of the head into m (its block already fits them).
+void fold_steps(const Trace& trace, int64_t run, int64_t layer, int64_t head, HeadQuantity quantity,
+                int64_t last_step, HeadMatrix& m) {
+  grow_cells(m, last_step + 1);
+  std::vector<float> row(static_cast<size_t>(last_step + 1));
+  std::vector<uint8_t> shown(static_cast<size_t>(last_step + 1));
+  for (int64_t t = m.steps; t <= last_step; ++t) {
     const StepRecord& record = trace.steps()[size_t(t)][size_t(run)];
     if (!head_row(record, layer, head, trace.model.heads, quantity, row.data(), shown.data())) {
       ++m.missing_rows;
@@ -125,15 +168,53 @@ HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t h
     uint8_t* visible = m.visible.data() + (t / m.block) * m.cols;
     for (int64_t j = 0; j < record.columns; ++j) {
       const int64_t c = j / m.block;
-      if (!std::isnan(row[size_t(j)]) && !(values[c] >= row[size_t(j)])) values[c] = row[size_t(j)];
-      if (shown[size_t(j)]) {
-        visible[c] = 1;
-      } else if (visible[c] == 2) {
-        visible[c] = 0;
-      }
+      merge_cell(values[c], visible[c], row[size_t(j)], shown[size_t(j)] ? 1 : 0);
     }
   }
+  m.steps = last_step + 1;
+}
+
+}  // namespace
+
+int64_t map_block(int64_t steps, int64_t max_side) {
+  int64_t block = 1;
+  while (max_side > 0 && (steps + block - 1) / block > max_side) block *= 2;
+  return block;
+}
+
+HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
+                       HeadQuantity quantity, int64_t last_step, int64_t max_side) {
+  require_index(run, int64_t(trace.runs.size()), "run");
+  require_index(last_step, trace.step_count(), "step");
+  require_head(trace, layer, head);
+  HeadMatrix m;
+  m.block = map_block(last_step + 1, max_side);
+  fold_steps(trace, run, layer, head, quantity, last_step, m);
   return m;
+}
+
+std::shared_ptr<const HeadMatrix> HeadMapCache::get(const Trace& trace, int64_t run, int64_t layer,
+                                                    int64_t head, HeadQuantity quantity,
+                                                    int64_t last_step) {
+  require_index(run, int64_t(trace.runs.size()), "run");
+  require_index(last_step, trace.step_count(), "step");
+  require_head(trace, layer, head);
+  const uint64_t key = ((uint64_t(run) * uint64_t(trace.model.layers) + uint64_t(layer)) *
+                            uint64_t(trace.model.heads) +
+                        uint64_t(head)) *
+                           3 +
+                       uint64_t(quantity);
+  std::shared_ptr<HeadMatrix>& kept = maps_[key];
+  if (kept && kept->steps == last_step + 1) return kept;
+  if (!kept || kept->steps > last_step + 1) {
+    kept = std::make_shared<HeadMatrix>();
+    kept->block = map_block(last_step + 1, max_side_);
+  } else if (kept.use_count() > 1) {
+    kept = std::make_shared<HeadMatrix>(*kept);  // a figure still shows the kept one
+  }
+  while (kept->block < map_block(last_step + 1, max_side_)) double_block(*kept);
+  fold_steps(trace, run, layer, head, quantity, last_step, *kept);
+  return kept;
 }
 
 HeadRow head_row_at(const Trace& trace, int64_t run, int64_t step, int64_t layer, int64_t head,

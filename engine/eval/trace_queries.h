@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/trace/trace.h"
@@ -21,6 +23,7 @@ struct HeadMatrix {
   std::vector<uint8_t> visible;  // [rows][cols]: 1 seen, 0 hidden, 2 unknown (not kept / j > t)
   int64_t missing_rows = 0;      // steps whose rows the trace did not keep for this head
   int64_t block = 1;             // steps and tokens per cell (level of detail, see below)
+  int64_t steps = 0;             // steps folded in: [0, steps)
 };
 
 // Steps [0, last_step] of run `run`, (layer, head). Probabilities are the softmax of the row's
@@ -32,6 +35,29 @@ struct HeadMatrix {
 // or step out of range.
 HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
                        HeadQuantity quantity, int64_t last_step, int64_t max_side = 0);
+
+// The pooling block of a map of `steps` steps at most max_side cells a side: the smallest power
+// of two with ceil(steps / block) <= max_side (1 for max_side 0). Powers of two let a map that
+// grows step by step re-pool by merging 2 x 2 cells.
+int64_t map_block(int64_t steps, int64_t max_side);
+
+// head_matrix(..., max_side) for views redrawn as a recording grows: each (run, layer, head,
+// quantity) keeps its last map and reads only the steps added since (merging cells when the block
+// doubles); a map for fewer steps than the kept one is made afresh. Maps are shared with the
+// figures that show them (a kept map still in use is copied before it changes). Clear it when
+// the trace is replaced; the trace may only grow between calls.
+class HeadMapCache {
+ public:
+  explicit HeadMapCache(int64_t max_side) : max_side_(max_side) {}
+  std::shared_ptr<const HeadMatrix> get(const Trace& trace, int64_t run, int64_t layer,
+                                        int64_t head, HeadQuantity quantity, int64_t last_step);
+  void clear() { maps_.clear(); }
+  int64_t max_side() const { return max_side_; }
+
+ private:
+  int64_t max_side_;
+  std::unordered_map<uint64_t, std::shared_ptr<HeadMatrix>> maps_;
+};
 
 // One step's row of a head at full resolution: values [t + 1] and visible flags; `kept` is false
 // (and the vectors empty) when the trace did not keep the row.

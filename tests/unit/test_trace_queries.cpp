@@ -2,6 +2,7 @@
 // true, retention counts and Spearman, against values computed by hand from small_trace's rules.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 
 #include "engine/common/error.h"
 #include "engine/eval/trace_queries.h"
@@ -156,22 +157,58 @@ TEST_CASE("answer_predictions compares each answer token with the run's argmax",
 }
 
 TEST_CASE("head_matrix pools long texts to a bounded size by block maxima", "[trace_queries]") {
-  // 5 steps at most 2 cells a side: blocks of 3 steps x 3 tokens. Run 0, head 0: logit 0.5 c.
+  // 5 steps at most 2 cells a side: blocks of 4 steps x 4 tokens (the smallest power of two).
   const Trace trace = test::make_small_trace(5);
   const HeadMatrix m = head_matrix(trace, 0, 0, 0, HeadQuantity::Logits, 4, 2);
-  REQUIRE(m.block == 3);
+  REQUIRE(m.block == 4);
   REQUIRE(m.rows == 2);
   REQUIRE(m.cols == 2);
-  CHECK(m.values[0] == 1.0f);      // steps 0-2, tokens 0-2: the largest is c = 2
-  CHECK(std::isnan(m.values[1]));  // steps 0-2, tokens 3-5: none is a candidate yet
+  CHECK(m.values[0] == 1.5f);      // steps 0-3, tokens 0-3: the largest is c = 3
+  CHECK(std::isnan(m.values[1]));  // steps 0-3, tokens 4-7: none is a candidate yet
   CHECK(m.visible[1] == 2);
-  CHECK(m.values[2] == 1.0f);  // steps 3-4, tokens 0-2
-  CHECK(m.values[3] == 2.0f);  // steps 3-4, tokens 3-4
+  CHECK(m.values[2] == 1.5f);  // step 4, tokens 0-3
+  CHECK(m.values[3] == 2.0f);  // step 4, token 4
   CHECK(m.visible[3] == 1);
+  CHECK(map_block(5, 2) == 4);
+  CHECK(map_block(256, 128) == 2);
+  CHECK(map_block(257, 128) == 4);
+  CHECK(map_block(1000, 0) == 1);
   // No pooling where the text fits.
   CHECK(head_matrix(trace, 0, 0, 0, HeadQuantity::Logits, 4, 8).block == 1);
   const HeadRow row = head_row_at(trace, 1, 3, 1, 1, HeadQuantity::Logits);
   REQUIRE(row.kept);
   CHECK(row.values.size() == 4);
   CHECK(row.visible == std::vector<uint8_t>{0, 1, 0, 1});
+}
+
+TEST_CASE("the head map cache grows maps step by step to what head_matrix gives",
+          "[trace_queries]") {
+  // Every map the cache hands out, step after step (blocks doubling on the way) and after a step
+  // back, equals the one made from scratch.
+  const Trace trace = test::make_small_trace(6);
+  HeadMapCache cache(2);
+  for (const HeadQuantity q : {HeadQuantity::Logits, HeadQuantity::Probabilities}) {
+    for (const int64_t step : {0, 1, 2, 3, 4, 5, 2, 5}) {
+      for (int64_t l = 0; l < test::kSmallLayers; ++l) {
+        for (int64_t h = 0; h < test::kSmallHeads; ++h) {
+          const auto kept = cache.get(trace, 1, l, h, q, step);
+          const HeadMatrix fresh = head_matrix(trace, 1, l, h, q, step, 2);
+          INFO("step " << step << " head " << l << "." << h);
+          CHECK(kept->block == fresh.block);
+          REQUIRE(kept->rows == fresh.rows);
+          CHECK(kept->visible == fresh.visible);
+          for (size_t i = 0; i < fresh.values.size(); ++i)
+            CHECK((kept->values[i] == fresh.values[i] ||
+                   (std::isnan(kept->values[i]) && std::isnan(fresh.values[i]))));
+        }
+      }
+    }
+  }
+  // A map a figure still holds is not changed under it.
+  const auto held = cache.get(trace, 0, 0, 0, HeadQuantity::Logits, 1);
+  const std::vector<float> before = held->values;
+  cache.get(trace, 0, 0, 0, HeadQuantity::Logits, 5);
+  REQUIRE(held->values.size() == before.size());
+  CHECK(std::memcmp(held->values.data(), before.data(), before.size() * sizeof(float)) == 0);
+  CHECK(held->steps == 2);
 }
