@@ -208,6 +208,19 @@ TEST_CASE("retention colours tokens by heads and diffs two runs", "[viz]") {
   CHECK(chips[1] != run_color(0));  // both
   CHECK(chips[1].a == 255);
   CHECK(has_text(diff.figure, "only B"));
+
+  // Three runs: each run's own text, titled, one row of data per token with three counts.
+  options.runs = {0, 1, 0};
+  const View three = build_view(trace, ViewKind::Retention, options);
+  int64_t token_chips = 0;
+  for (const Item& item : three.figure.items) {
+    const auto* text = std::get_if<TextItem>(&item);
+    token_chips += text && text->size == 13 && !text->bold;
+  }
+  CHECK(token_chips == 3 * 6);
+  CHECK(has_text(three.figure, "h2o s=0.5"));
+  REQUIRE(three.data.rows.size() == 6);
+  CHECK(three.data.rows[0].size() == 2 + 3);
 }
 
 TEST_CASE("views reject options the trace cannot satisfy", "[viz]") {
