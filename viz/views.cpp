@@ -1,7 +1,9 @@
 // build_view: option checks and dispatch to the per-view builders.
 #include "viz/views.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "engine/common/error.h"
 
@@ -30,6 +32,50 @@ const char* view_name(ViewKind kind) {
       return "logits";
   }
   return "heads";
+}
+
+HeadQuantity parse_quantity(const std::string& text, const std::string& flag) {
+  if (text == "logits") return HeadQuantity::Logits;
+  if (text == "probabilities") return HeadQuantity::Probabilities;
+  if (text == "scores") return HeadQuantity::Scores;
+  throw Error(flag, "quantity", "logits, probabilities or scores", "'" + text + "'");
+}
+
+ConsensusMetric parse_consensus(const std::string& text, const std::string& flag) {
+  if (text == "pearson") return ConsensusMetric::Pearson;
+  if (text == "jaccard") return ConsensusMetric::Jaccard;
+  throw Error(flag, "metric", "pearson or jaccard", "'" + text + "'");
+}
+
+std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
+                                const std::string& flag) {
+  std::vector<int64_t> runs;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    std::string item = list.substr(start, comma - start);
+    start = comma + 1;
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    int64_t index = -1;
+    for (size_t r = 0; r < trace.runs.size() && index < 0; ++r)
+      if (trace.runs[r].policy == item) index = int64_t(r);
+    if (index < 0) {
+      char* end = nullptr;
+      const long long value = std::strtoll(item.c_str(), &end, 10);
+      if (!item.empty() && end && *end == 0 && value >= 0 && value < (long long)trace.runs.size())
+        index = value;
+    }
+    if (index < 0) {
+      std::string known;
+      for (size_t r = 0; r < trace.runs.size(); ++r)
+        known += (r ? ", " : "") + std::to_string(r) + " " + trace.runs[r].policy;
+      throw Error(flag, "run", "a run index or policy id of the trace (" + known + ")",
+                  "'" + item + "'");
+    }
+    runs.push_back(index);
+  }
+  return runs;
 }
 
 const Theme& theme_of(const ViewOptions& options) {
@@ -80,19 +126,27 @@ View build_view(const Trace& trace, ViewKind kind, const ViewOptions& options) {
     throw Error("view", "head", "a head in [0, " + std::to_string(trace.model.heads) + ")",
                 std::to_string(options.head));
   }
+  View view;
   switch (kind) {
     case ViewKind::Heads:
-      return heads_view(trace, options, step);
+      view = heads_view(trace, options, step);
+      break;
     case ViewKind::Predicted:
-      return predicted_view(trace, options, step);
+      view = predicted_view(trace, options, step);
+      break;
     case ViewKind::Retention:
-      return retention_view(trace, options, step);
+      view = retention_view(trace, options, step);
+      break;
     case ViewKind::Consensus:
-      return consensus_view(trace, options, step);
+      view = consensus_view(trace, options, step);
+      break;
     case ViewKind::Logits:
-      return logits_view(trace, options, step);
+      view = logits_view(trace, options, step);
+      break;
   }
-  return heads_view(trace, options, step);
+  // (the grid-sized tables are skipped as they are built; the small ones are dropped here)
+  if (!options.with_data) view.data = DataTable{};
+  return view;
 }
 
 }  // namespace kvlens::viz

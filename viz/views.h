@@ -19,6 +19,13 @@ enum class ViewKind { Heads, Predicted, Retention, Consensus, Logits };
 // "heads", "predicted", "retention", "consensus", "logits"; throws kvlens::Error otherwise.
 ViewKind parse_view(const std::string& name);
 const char* view_name(ViewKind kind);
+// "logits", "probabilities", "scores" / "pearson", "jaccard"; throws kvlens::Error naming `flag`.
+HeadQuantity parse_quantity(const std::string& text, const std::string& flag);
+ConsensusMetric parse_consensus(const std::string& text, const std::string& flag);
+// "0,2" or "dense,h2o" (a policy id names its first run) -> run indices of the trace; throws
+// kvlens::Error naming `flag` and listing the trace's runs for an item that is neither.
+std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
+                                const std::string& flag);
 
 struct ViewOptions {
   std::vector<int64_t> runs{0};  // 1 to 4 run indices (compare mode with more than one)
@@ -30,7 +37,10 @@ struct ViewOptions {
   ConsensusMetric consensus = ConsensusMetric::Pearson;
   int64_t retention_layer = -1, retention_head = -1;  // retention scope (-1: all)
   bool dark = false;
-  float width = 1280;            // canvas width; heights follow the content
+  float width = 1280;  // canvas width; heights follow the content
+  // The data behind the figure (View::data). Its tables grow with heads x tokens, so the app
+  // builds the figure it redraws without them and asks again with them to export.
+  bool with_data = true;
   int64_t max_map_pixels = 128;  // level of detail: pixels per head map side in the grid
   // The app's maps kept between frames (null: computed afresh); used when its max_side is
   // max_map_pixels.
@@ -39,7 +49,7 @@ struct ViewOptions {
 
 struct View {
   Figure figure;
-  DataTable data;
+  DataTable data;  // empty unless ViewOptions::with_data
 };
 
 // Throws kvlens::Error (file "view") for options the trace cannot satisfy: no steps, a run,

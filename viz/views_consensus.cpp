@@ -63,7 +63,7 @@ View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step
       f.text({box.x + float(k) * cell + 2, box.bottom() + 4}, label, 9, theme.muted, HAlign::Left,
              VAlign::Top);
     }
-    for (int64_t a = 0; a < m; ++a) {
+    for (int64_t a = 0; a < m && options.with_data; ++a) {
       for (int64_t b = a + 1; b < m; ++b) {
         view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run), double(step),
                                   double(c.heads[size_t(a)] / H), double(c.heads[size_t(a)] % H),

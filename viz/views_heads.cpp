@@ -29,9 +29,14 @@ ValueScale scale_for(const ViewOptions& options, const std::vector<MapPointer>& 
   if (options.quantity == HeadQuantity::Probabilities && options.log_scale)
     return {1e-4, 1.0, true};
   if (options.quantity == HeadQuantity::Probabilities) return {0.0, 1.0, false};
-  std::vector<float> all;
-  for (const MapPointer& m : maps) all.insert(all.end(), m->values.begin(), m->values.end());
-  return ValueScale::fitted(all);
+  // The finite range over every map (as fitted over all values, without gathering them).
+  float lo = INFINITY, hi = -INFINITY;
+  for (const MapPointer& m : maps) {
+    for (const float v : m->values) {
+      if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    }
+  }
+  return ValueScale::fitted(lo <= hi ? std::vector<float>{lo, hi} : std::vector<float>{});
 }
 
 std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::string& where,
@@ -141,7 +146,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
                          return describe_cell(trace, *shared, where, r, c, quantity);
                        },
                        "detail"});
-    add_rows(view.data, trace, run, options.layer, options.head, options.quantity, step);
+    if (options.with_data)
+      add_rows(view.data, trace, run, options.layer, options.head, options.quantity, step);
   }
   colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(side, 300.0f)},
            sequential_colormap(), scale, quantity_name(options.quantity), theme);
@@ -225,7 +231,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
                return describe_cell(trace, *shared, where, r, c, quantity);
              },
              "head " + std::to_string(l) + ":" + std::to_string(h)});
-        add_rows(view.data, trace, run, l, h, options.quantity, step);
+        if (options.with_data) add_rows(view.data, trace, run, l, h, options.quantity, step);
       }
     }
   }

@@ -29,39 +29,6 @@ struct FigureFlags {
 FigureFlags flags;
 
 #if KVLENS_HAVE_QT
-// "0,2" or "dense,h2o" (policy ids, the first run of each) -> run indices.
-std::vector<int64_t> parse_runs(const Trace& trace) {
-  std::vector<int64_t> runs;
-  for (const std::string& item : split_comma_list(flags.runs)) {
-    int64_t index = -1;
-    for (size_t r = 0; r < trace.runs.size() && index < 0; ++r)
-      if (trace.runs[r].policy == item) index = int64_t(r);
-    if (index < 0) {
-      char* end = nullptr;
-      const long long value = std::strtoll(item.c_str(), &end, 10);
-      if (!item.empty() && end && *end == 0 && value >= 0 && value < (long long)trace.runs.size()) {
-        index = value;
-      }
-    }
-    if (index < 0) {
-      std::string known;
-      for (size_t r = 0; r < trace.runs.size(); ++r)
-        known += (r ? ", " : "") + std::to_string(r) + " " + trace.runs[r].policy;
-      throw Error("--runs", "run", "a run index or policy id of the trace (" + known + ")",
-                  "'" + item + "'");
-    }
-    runs.push_back(index);
-  }
-  return runs;
-}
-
-HeadQuantity parse_quantity(const std::string& text) {
-  if (text == "logits") return HeadQuantity::Logits;
-  if (text == "probabilities") return HeadQuantity::Probabilities;
-  if (text == "scores") return HeadQuantity::Scores;
-  throw Error("--quantity", "quantity", "logits, probabilities or scores", "'" + text + "'");
-}
-
 int run_figure() {
   // Exports need fonts and painting, not a display.
   if (qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM")) qputenv("QT_QPA_PLATFORM", "offscreen");
@@ -77,24 +44,24 @@ int run_figure() {
   }
   if (flags.theme != "light" && flags.theme != "dark")
     throw Error("--theme", "theme", "light or dark", "'" + flags.theme + "'");
-  if (flags.consensus != "pearson" && flags.consensus != "jaccard")
-    throw Error("--consensus", "metric", "pearson or jaccard", "'" + flags.consensus + "'");
-  const Trace trace = load_trace(flags.trace_path);
+  // Every flag is checked before the trace (possibly gigabytes) is read.
+  const viz::ViewKind kind = viz::parse_view(flags.view);
   viz::ViewOptions options;
-  options.runs = parse_runs(trace);
   options.step = flags.step;
   options.layer = flags.layer;
   options.head = flags.head;
   options.head_detail = flags.detail;
-  options.quantity = parse_quantity(flags.quantity);
+  options.quantity = viz::parse_quantity(flags.quantity, "--quantity");
   options.log_scale = !flags.linear;
-  options.consensus =
-      flags.consensus == "jaccard" ? ConsensusMetric::Jaccard : ConsensusMetric::Pearson;
+  options.consensus = viz::parse_consensus(flags.consensus, "--consensus");
   options.retention_layer = flags.retention_layer;
   options.retention_head = flags.retention_head;
   options.dark = flags.theme == "dark";
   options.width = float(flags.width);
-  const viz::View view = viz::build_view(trace, viz::parse_view(flags.view), options);
+  options.with_data = !flags.data_path.empty();
+  const Trace trace = load_trace(flags.trace_path);
+  options.runs = viz::parse_runs(trace, flags.runs, "--runs");
+  const viz::View view = viz::build_view(trace, kind, options);
   viz::export_figure(view.figure, flags.out_path, flags.scale);
   if (!flags.data_path.empty()) {
     AtomicOutputFile data(flags.data_path, "--data");

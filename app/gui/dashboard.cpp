@@ -24,12 +24,6 @@ double now_seconds() {
 const char* const kViewTitles[] = {"Heads", "Predicted vs true", "Retention", "Consensus",
                                    "Logits"};
 
-std::string token_text(const Trace& trace, int32_t id) {
-  for (const TraceToken& t : trace.tokens)
-    if (t.id == id) return viz::token_label(t.text, 16);
-  return "#" + std::to_string(id);
-}
-
 }  // namespace
 
 Dashboard::Dashboard(ImGuiCanvas& canvas, EngineController& engine)
@@ -38,6 +32,7 @@ Dashboard::Dashboard(ImGuiCanvas& canvas, EngineController& engine)
 void Dashboard::on_opened() {
   head_maps_.clear();  // a new trace
   options_.head_maps = &head_maps_;
+  options_.with_data = false;  // drawn each step; view_with_data() for exports
   cursor_ = -1;
   follow_ = true;
   key_.clear();
@@ -131,11 +126,10 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
   if (!trace || cursor_ < 0 || cursor_ >= trace->step_count()) return nullptr;
   const std::string key = view_key();
   if (key == key_) return built_;
-  // While playing or recording, the figure follows the steps at most every kRebuildSeconds: a
-  // rebuild of a large grid costs frames, and the window keeps drawing (and stays responsive)
-  // between rebuilds. Explicit steps and option changes rebuild at once.
-  // (adaptive: at least 80 ms apart and at most a third of the time spent rebuilding, so a big
-  // grid over a long text slows the figure's updates, not the window)
+  // While playing or recording, the figure follows the steps at most every max(80 ms, 3x the
+  // last build's time): a big grid over a long text then slows the figure's updates, not the
+  // window, which keeps drawing between rebuilds. Explicit steps and option changes rebuild at
+  // once.
   const double now = now_seconds();
   const double interval = std::max(0.08, 3.0 * build_seconds_);
   if (built_ && (playing_ || engine_.busy()) && now - built_seconds_ < interval) return built_;
@@ -154,6 +148,15 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
   drawer_.set_figure(built_ ? std::shared_ptr<const viz::Figure>(built_, &built_->figure)
                             : nullptr);
   return built_;
+}
+
+std::shared_ptr<const viz::View> Dashboard::view_with_data() {
+  const std::shared_ptr<const viz::View> shown = current_view();
+  if (!shown) return nullptr;
+  viz::ViewOptions options = options_;
+  options.step = cursor_;
+  options.with_data = true;
+  return std::make_shared<viz::View>(viz::build_view(*engine_.trace(), view_, options));
 }
 
 void Dashboard::apply_hit(const FigureHit& hit) {
@@ -313,7 +316,9 @@ void Dashboard::sidebar() {
       std::string line = viz::run_title(*trace, r) + ":";
       if (predictions.empty()) line += " not reached yet";
       for (const AnswerPrediction& p : predictions) {
-        line += std::string(" ") + (p.correct ? "[ok] " : "[x] ") + token_text(*trace, p.predicted);
+        line += std::string(" ") + (p.correct ? "[ok] " : "[x] ") +
+                (p.predicted_text.empty() ? "#" + std::to_string(p.predicted)
+                                          : viz::token_label(p.predicted_text, 16));
       }
       ImGui::TextWrapped("%s", line.c_str());
     }

@@ -53,7 +53,8 @@ EngineController::~EngineController() {
 void EngineController::open(const SessionConfig& config) {
   if (busy_) cancel_ = true;
   busy_ = true;
-  QMetaObject::invokeMethod(worker_, [this, config] {
+  const uint64_t generation = ++generation_;
+  QMetaObject::invokeMethod(worker_, [this, config, generation] {
     QString backend;
     std::unique_ptr<cli::Recording> recording;
     std::shared_ptr<Trace> header;
@@ -73,7 +74,8 @@ void EngineController::open(const SessionConfig& config) {
       error = QString::fromUtf8(e.what());
     }
     if (error.isEmpty()) worker_->recording = std::move(recording);
-    QMetaObject::invokeMethod(this, [this, config, header, total, backend, error] {
+    QMetaObject::invokeMethod(this, [this, config, header, total, backend, error, generation] {
+      if (generation != generation_) return;  // a later open or saved trace replaced it
       busy_ = false;
       cancel_ = false;
       if (!error.isEmpty()) {
@@ -91,6 +93,8 @@ void EngineController::open(const SessionConfig& config) {
 
 void EngineController::show_trace(std::shared_ptr<Trace> trace) {
   cancel_ = true;
+  ++generation_;  // steps of the recording still on their way are dropped
+  busy_ = false;  // (their end is dropped too: nothing is left to step)
   QMetaObject::invokeMethod(worker_, [this] { worker_->recording.reset(); });
   trace_ = std::move(trace);
   steps_total_ = trace_->step_count();
@@ -103,7 +107,8 @@ void EngineController::step(int count) {
   if (busy_ || !trace_ || done() || count <= 0) return;
   busy_ = true;
   cancel_ = false;
-  QMetaObject::invokeMethod(worker_, [this, count] {
+  const uint64_t generation = generation_;
+  QMetaObject::invokeMethod(worker_, [this, count, generation] {
     QString error;
     for (int i = 0; i < count && !cancel_; ++i) {
       TraceRecorder& recorder = *worker_->recording->recorder;
@@ -116,7 +121,8 @@ void EngineController::step(int count) {
       }
       if (!more) break;
       auto records = std::make_shared<std::vector<StepRecord>>(recorder.trace().steps().back());
-      QMetaObject::invokeMethod(this, [this, records] {
+      QMetaObject::invokeMethod(this, [this, records, generation] {
+        if (generation != generation_) return;  // the trace was replaced meanwhile
         try {
           trace_->add_step(std::move(*records));
         } catch (const std::exception& e) {
@@ -126,7 +132,8 @@ void EngineController::step(int count) {
         emit stepped(trace_->step_count() - 1);
       });
     }
-    QMetaObject::invokeMethod(this, [this, error] {
+    QMetaObject::invokeMethod(this, [this, error, generation] {
+      if (generation != generation_) return;  // an open now in progress keeps busy_
       busy_ = false;
       if (!error.isEmpty()) emit failed(error);
       emit idle();

@@ -69,6 +69,9 @@ class EngineController : public QObject {
   QString backend_name_;
   bool busy_ = false;
   std::atomic<bool> cancel_{false};
+  // Counts opens and saved traces shown (UI thread only): results posted back for an earlier
+  // one are dropped instead of landing in the trace that replaced it.
+  uint64_t generation_ = 0;
 };
 
 }  // namespace kvlens::app

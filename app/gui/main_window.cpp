@@ -275,14 +275,21 @@ bool MainWindow::save_trace(const QString& path) {
 }
 
 bool MainWindow::export_view(const QString& path) {
-  const std::shared_ptr<const viz::View> view = dashboard_->current_view();
+  const QString suffix = QFileInfo(path).suffix().toLower();
+  const bool wants_data = suffix == "csv" || suffix == "json";
+  std::shared_ptr<const viz::View> view;
+  try {
+    view = wants_data ? dashboard_->view_with_data() : dashboard_->current_view();
+  } catch (const std::exception& e) {
+    show_error("kvlens: cannot export", QString::fromUtf8(e.what()));
+    return false;
+  }
   if (!view) {
     show_error("kvlens", "No view to export yet: record a step first.");
     return false;
   }
-  const QString suffix = QFileInfo(path).suffix().toLower();
   try {
-    if (suffix == "csv" || suffix == "json") {
+    if (wants_data) {
       const std::string text = suffix == "csv" ? view->data.to_csv() : view->data.to_json();
       QSaveFile file(path);
       if (!file.open(QIODevice::WriteOnly) ||

@@ -129,32 +129,21 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
   } else if (command == "compare") {
     const Trace* trace = window_.engine().trace();
     if (!trace) throw std::runtime_error("compare: nothing recorded");
-    std::vector<int64_t> runs;
-    for (const QString& item : joined.split(',', Qt::SkipEmptyParts)) {
-      int64_t index = -1;
-      for (size_t r = 0; r < trace->runs.size() && index < 0; ++r)
-        if (QString::fromStdString(trace->runs[r].policy) == item) index = int64_t(r);
-      bool ok = false;
-      if (index < 0) index = item.toLongLong(&ok);
-      if (index < 0 || index >= int64_t(trace->runs.size()))
-        throw std::runtime_error(("compare: no run '" + item + "'").toStdString());
-      runs.push_back(index);
-    }
-    if (runs.empty() || runs.size() > 4) throw std::runtime_error("compare: 1 to 4 runs");
+    const std::vector<int64_t> runs = viz::parse_runs(*trace, joined.toStdString(), "compare");
+    if (runs.size() > 4) throw std::runtime_error("compare: 1 to 4 runs");
     dashboard.options().runs = runs;
   } else if (command == "head") {
     dashboard.options().layer = number(0);
     dashboard.options().head = number(1);
   } else if (command == "detail") {
+    if (joined != "on" && joined != "off") throw std::runtime_error("detail: on or off");
     dashboard.options().head_detail = joined == "on";
   } else if (command == "quantity") {
-    dashboard.options().quantity = joined == "logits"   ? HeadQuantity::Logits
-                                   : joined == "scores" ? HeadQuantity::Scores
-                                                        : HeadQuantity::Probabilities;
+    dashboard.options().quantity = viz::parse_quantity(joined.toStdString(), "quantity");
   } else if (command == "consensus") {
-    dashboard.options().consensus =
-        joined == "jaccard" ? ConsensusMetric::Jaccard : ConsensusMetric::Pearson;
+    dashboard.options().consensus = viz::parse_consensus(joined.toStdString(), "consensus");
   } else if (command == "theme") {
+    if (joined != "dark" && joined != "light") throw std::runtime_error("theme: dark or light");
     window_.set_dark(joined == "dark");
   } else if (command == "export") {
     if (!window_.export_view(joined)) throw std::runtime_error("export failed");

@@ -35,6 +35,13 @@ void require_head(const Trace& trace, int64_t layer, int64_t head) {
   require_index(head, trace.model.heads, "head");
 }
 
+// A head's map of steps [0, last_step] of a run.
+void require_map(const Trace& trace, int64_t run, int64_t layer, int64_t head, int64_t last_step) {
+  require_index(run, int64_t(trace.runs.size()), "run");
+  require_index(last_step, trace.step_count(), "step");
+  require_head(trace, layer, head);
+}
+
 // Average ranks (1-based) of the values, ties sharing the mean of their positions.
 std::vector<double> average_ranks(const std::vector<double>& values) {
   std::vector<size_t> order(values.size());
@@ -98,10 +105,6 @@ bool head_row(const StepRecord& record, int64_t layer, int64_t head, int64_t hea
     if (!std::isfinite(out[j])) out[j] = kNaNf;  // -inf outside a window: no value
   return true;
 }
-
-}  // namespace
-
-namespace {
 
 // A map of `cells` x `cells` empty cells (NaN, unknown).
 void reset_cells(HeadMatrix& m, int64_t cells) {
@@ -184,9 +187,7 @@ int64_t map_block(int64_t steps, int64_t max_side) {
 
 HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
                        HeadQuantity quantity, int64_t last_step, int64_t max_side) {
-  require_index(run, int64_t(trace.runs.size()), "run");
-  require_index(last_step, trace.step_count(), "step");
-  require_head(trace, layer, head);
+  require_map(trace, run, layer, head, last_step);
   HeadMatrix m;
   m.block = map_block(last_step + 1, max_side);
   fold_steps(trace, run, layer, head, quantity, last_step, m);
@@ -196,9 +197,7 @@ HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t h
 std::shared_ptr<const HeadMatrix> HeadMapCache::get(const Trace& trace, int64_t run, int64_t layer,
                                                     int64_t head, HeadQuantity quantity,
                                                     int64_t last_step) {
-  require_index(run, int64_t(trace.runs.size()), "run");
-  require_index(last_step, trace.step_count(), "step");
-  require_head(trace, layer, head);
+  require_map(trace, run, layer, head, last_step);
   const uint64_t key = ((uint64_t(run) * uint64_t(trace.model.layers) + uint64_t(layer)) *
                             uint64_t(trace.model.heads) +
                         uint64_t(head)) *
@@ -321,7 +320,10 @@ std::vector<AnswerPrediction> answer_predictions(const Trace& trace, int64_t run
        p + 1 < trace.coref.answer_token_end && p < trace.step_count(); ++p) {
     AnswerPrediction a;
     a.position = p;
-    a.predicted = trace.steps()[size_t(p)][size_t(run)].argmax;
+    const StepRecord& record = trace.steps()[size_t(p)][size_t(run)];
+    a.predicted = record.argmax;
+    for (size_t k = 0; k < record.top.texts.size(); ++k)
+      if (record.top.ids[k] == a.predicted) a.predicted_text = record.top.texts[k];
     a.truth = trace.tokens[size_t(p + 1)].id;
     a.correct = a.predicted == a.truth;
     predictions.push_back(a);

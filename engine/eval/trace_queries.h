@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -114,6 +115,7 @@ struct AnswerPrediction {
   int64_t position = 0;  // the step that predicts tokens[position + 1]
   int32_t predicted = -1, truth = -1;
   bool correct = false;
+  std::string predicted_text;  // the prediction's text (from the step's top-k; empty if unknown)
 };
 std::vector<AnswerPrediction> answer_predictions(const Trace& trace, int64_t run);
 

@@ -138,6 +138,10 @@ TEST_CASE("answer_predictions compares each answer token with the run's argmax",
   for (const int64_t t : {3, 4}) {
     std::vector<StepRecord> records = full.steps()[size_t(t)];
     records[1].argmax = t == 3 ? 14 : 11;
+    if (t == 3) {  // step 3's top-k with texts: the prediction's text comes from there
+      records[1].top.ids[0] = 14;
+      records[1].top.texts = {" A", "<s>"};
+    }
     trace.add_step(std::move(records));
   }
   const std::vector<AnswerPrediction> p = answer_predictions(trace, 1);
@@ -150,6 +154,8 @@ TEST_CASE("answer_predictions compares each answer token with the run's argmax",
   CHECK(p[1].truth == 15);
   CHECK(p[1].predicted == 11);
   CHECK_FALSE(p[1].correct);
+  CHECK(p[0].predicted_text == " A");
+  CHECK(p[1].predicted_text.empty());  // step 4's record has no top-k texts
   CHECK(answer_predictions(test::make_small_trace(4), 0).size() == 1);  // step 4 not yet run
   Trace plain = test::make_small_trace(2);
   plain.coref.present = false;

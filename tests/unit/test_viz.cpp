@@ -223,6 +223,28 @@ TEST_CASE("retention colours tokens by heads and diffs two runs", "[viz]") {
   CHECK(three.data.rows[0].size() == 2 + 3);
 }
 
+TEST_CASE("views built without data draw the same figure", "[viz]") {
+  // The app redraws figures without their tables (heads x tokens rows) and builds them to export.
+  const Trace trace = test::make_small_trace(5);
+  for (const ViewKind kind : {ViewKind::Heads, ViewKind::Consensus, ViewKind::Retention}) {
+    ViewOptions options;
+    options.runs = {0, 1};
+    const View full = build_view(trace, kind, options);
+    options.with_data = false;
+    const View bare = build_view(trace, kind, options);
+    INFO(view_name(kind));
+    CHECK_FALSE(full.data.rows.empty());
+    CHECK(bare.data.rows.empty());
+    CHECK(bare.data.columns.empty());
+    CHECK(bare.figure.items.size() == full.figure.items.size());
+    CHECK(bare.figure.hover.size() == full.figure.hover.size());
+  }
+  CHECK(parse_runs(trace, "h2o, 0", "--runs") == std::vector<int64_t>{1, 0});
+  CHECK_THROWS_AS(parse_runs(trace, "0,,1", "--runs"), Error);
+  CHECK(parse_consensus("jaccard", "--consensus") == ConsensusMetric::Jaccard);
+  CHECK_THROWS_AS(parse_consensus("spearman", "--consensus"), Error);
+}
+
 TEST_CASE("views reject options the trace cannot satisfy", "[viz]") {
   const Trace trace = test::make_small_trace(3);
   ViewOptions options;
