@@ -41,9 +41,12 @@ struct ViewOptions {
   // The data behind the figure (View::data). Its tables grow with heads x tokens, so the app
   // builds the figure it redraws without them and asks again with them to export.
   bool with_data = true;
-  int64_t max_map_pixels = 128;  // level of detail: pixels per head map side in the grid
-  // The app's maps kept between frames (null: computed afresh); used when its max_side is
-  // max_map_pixels.
+  // Level of detail of the heads grid: at most max_map_pixels pixels a map side; where the figure
+  // is shown on a screen (pixel_scale > 0: device pixels per canvas unit, zoom included), no more
+  // than about the pixels a map covers there (exports, pixel_scale 0, keep max_map_pixels).
+  int64_t max_map_pixels = 128;
+  float pixel_scale = 0.0f;
+  // The app's maps kept between frames (null: computed afresh).
   HeadMapCache* head_maps = nullptr;
 };
 

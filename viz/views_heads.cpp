@@ -2,6 +2,7 @@
 // run, hidden tokens dimmed; or one head in detail with token labels and its visible set at the
 // current step outlined. Data: every shown head's row at the current step.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <memory>
 
@@ -37,6 +38,16 @@ ValueScale scale_for(const ViewOptions& options, const std::vector<MapPointer>& 
     }
   }
   return ValueScale::fitted(lo <= hi ? std::vector<float>{lo, hi} : std::vector<float>{});
+}
+
+// The side a grid map is pooled to: max_map_pixels, or on a screen twice the power of two at or
+// above the device pixels the map covers (map_block pools to more than half the side, so a map
+// keeps at least a data row per screen pixel): a 16 x 32 grid at 1024 tokens colours and uploads
+// about what it shows, not 128 x 128 a map.
+int64_t map_side(float cell, const ViewOptions& options) {
+  if (options.pixel_scale <= 0.0f) return options.max_map_pixels;
+  const auto shown = uint64_t(std::max(4.0f, std::ceil(cell * options.pixel_scale)));
+  return std::min(options.max_map_pixels, 2 * int64_t(std::bit_ceil(shown)));
 }
 
 std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::string& where,
@@ -174,27 +185,29 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
           "; each map: rows are steps 0-" + std::to_string(step) +
           ", columns tokens; hidden tokens dimmed",
       theme);
-  // Every map first: the colour scale spans all of them.
-  // (from the view's cache when it pools as this view does: only new steps are read)
-  std::vector<MapPointer> maps;
-  maps.reserve(size_t(n * L * H));
-  const bool cached = options.head_maps && options.head_maps->max_side() == options.max_map_pixels;
-  for (const int64_t run : options.runs) {
-    for (int64_t l = 0; l < L; ++l) {
-      for (int64_t h = 0; h < H; ++h) {
-        maps.push_back(
-            cached ? options.head_maps->get(trace, run, l, h, options.quantity, step)
-                   : std::make_shared<HeadMatrix>(head_matrix(trace, run, l, h, options.quantity,
-                                                              step, options.max_map_pixels)));
-      }
-    }
-  }
-  const ValueScale scale = scale_for(options, maps);
-
   const float left = 34, gap = 24, bar = 90, label_h = 16;
   const float panel = (options.width - left - bar - gap * float(n - 1)) / float(n);
   const float cell = std::min(120.0f, std::floor((panel - 2.0f * float(H)) / float(H)));
   const float pitch = cell + 2.0f;
+
+  // Every map first: the colour scale spans all of them.
+  // (from the app's cache when given: only the steps added since its last call are read)
+  std::vector<MapPointer> maps;
+  maps.reserve(size_t(n * L * H));
+  const int64_t side = map_side(cell, options);
+  if (options.head_maps)
+    options.head_maps->update(trace, options.runs, options.quantity, step, side);
+  for (const int64_t run : options.runs) {
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t h = 0; h < H; ++h) {
+        maps.push_back(options.head_maps
+                           ? options.head_maps->get(trace, run, l, h, options.quantity, step, side)
+                           : std::make_shared<HeadMatrix>(
+                                 head_matrix(trace, run, l, h, options.quantity, step, side)));
+      }
+    }
+  }
+  const ValueScale scale = scale_for(options, maps);
   const float y0 = top + 20 + label_h;
   view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
   int64_t missing = 0;

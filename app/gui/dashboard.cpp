@@ -113,11 +113,11 @@ std::string Dashboard::view_key() const {
                     std::to_string(reinterpret_cast<uintptr_t>(trace));
   for (const int64_t r : options_.runs) key += "," + std::to_string(r);
   char tail[160];
-  std::snprintf(tail, sizeof tail, "|%lld|%lld|%d|%d|%d|%d|%lld|%lld|%d|%.0f",
+  std::snprintf(tail, sizeof tail, "|%lld|%lld|%d|%d|%d|%d|%lld|%lld|%d|%.0f|%g",
                 (long long)options_.layer, (long long)options_.head, int(options_.head_detail),
                 int(options_.quantity), int(options_.log_scale), int(options_.consensus),
                 (long long)options_.retention_layer, (long long)options_.retention_head,
-                int(options_.dark), double(options_.width));
+                int(options_.dark), double(options_.width), double(options_.pixel_scale));
   return key + tail;
 }
 
@@ -126,13 +126,14 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
   if (!trace || cursor_ < 0 || cursor_ >= trace->step_count()) return nullptr;
   const std::string key = view_key();
   if (key == key_) return built_;
-  // While playing or recording, the figure follows the steps at most every max(80 ms, 3x the
-  // last build's time): a big grid over a long text then slows the figure's updates, not the
-  // window, which keeps drawing between rebuilds. Explicit steps and option changes rebuild at
-  // once.
+  // While playing, recording or dragging the step slider, the figure follows the steps at most
+  // every max(80 ms, 3x the last build's time): a big grid over a long text then slows the
+  // figure's updates, not the window, which keeps drawing between rebuilds (a step back rebuilds
+  // every map afresh). Explicit steps and option changes rebuild at once.
   const double now = now_seconds();
   const double interval = std::max(0.08, 3.0 * build_seconds_);
-  if (built_ && (playing_ || engine_.busy()) && now - built_seconds_ < interval) return built_;
+  if (built_ && (playing_ || engine_.busy() || scrubbing_) && now - built_seconds_ < interval)
+    return built_;
   built_seconds_ = now;
   key_ = key;
   options_.step = cursor_;
@@ -156,6 +157,9 @@ std::shared_ptr<const viz::View> Dashboard::view_with_data() {
   viz::ViewOptions options = options_;
   options.step = cursor_;
   options.with_data = true;
+  // An export at full detail (not the screen's), without disturbing the screen's kept maps.
+  options.pixel_scale = 0.0f;
+  options.head_maps = nullptr;
   return std::make_shared<viz::View>(viz::build_view(*engine_.trace(), view_, options));
 }
 
@@ -258,6 +262,7 @@ void Dashboard::sidebar() {
     if (recorded > 0) {
       int step = int(std::max<int64_t>(cursor_, 0));
       if (ImGui::SliderInt("step", &step, 0, int(recorded - 1))) go_to_step(step);
+      scrubbing_ = ImGui::IsItemActive();
       ImGui::Text("recorded %lld of %lld%s", (long long)recorded, (long long)engine_.steps_total(),
                   engine_.busy() ? "  (stepping...)" : "");
       if (cursor_ >= 0 && cursor_ < int64_t(trace->tokens.size()))
@@ -355,6 +360,10 @@ void Dashboard::view_area() {
   // zoomed: at the default width, scaled.
   const float available = ImGui::GetContentRegionAvail().x - ImGui::GetStyle().ScrollbarSize;
   options_.width = zoom_ > 0 ? 1280.0f : std::max(640.0f, std::floor(available));
+  // Grid maps pooled to the pixels they cover; the scale rounded up to a power of two so that a
+  // zoom rebuilds the maps only when it crosses one.
+  const float pixels = (zoom_ > 0 ? zoom_ : 1.0f) * ImGui::GetIO().DisplayFramebufferScale.x;
+  options_.pixel_scale = std::exp2(std::ceil(std::log2(std::max(pixels, 0.25f))));
   const std::shared_ptr<const viz::View> view = current_view();
   ImGui::BeginChild("figure", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
   if (!view) {

@@ -66,10 +66,11 @@ class Dashboard {
   SessionConfig pending_;
   viz::ViewKind view_ = viz::ViewKind::Heads;
   viz::ViewOptions options_;
-  HeadMapCache head_maps_{128};  // the heads grid's maps, grown step by step
+  HeadMapCache head_maps_;  // the heads grid's maps, grown step by step
   int64_t cursor_ = -1;
   bool follow_ = true;  // the cursor follows newly recorded steps
   bool playing_ = false;
+  bool scrubbing_ = false;  // the step slider is being dragged
   float play_rate_ = 8.0f;  // steps per second
   double last_play_seconds_ = 0.0;
   float zoom_ = 0.0f;    // 0: fit the width

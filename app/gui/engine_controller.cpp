@@ -120,7 +120,9 @@ void EngineController::step(int count) {
         break;
       }
       if (!more) break;
-      auto records = std::make_shared<std::vector<StepRecord>>(recorder.trace().steps().back());
+      // The window's trace takes the rows; the recorder keeps the summaries (rows held once).
+      auto records = std::make_shared<std::vector<StepRecord>>(
+          recorder.trace().hand_over_step(recorder.trace().step_count() - 1));
       QMetaObject::invokeMethod(this, [this, records, generation] {
         if (generation != generation_) return;  // the trace was replaced meanwhile
         try {

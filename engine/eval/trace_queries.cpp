@@ -3,10 +3,14 @@
 #include "engine/eval/trace_queries.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 
 #include "engine/common/error.h"
 #include "engine/eval/step_metrics.h"
@@ -194,10 +198,11 @@ HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t h
   return m;
 }
 
-std::shared_ptr<const HeadMatrix> HeadMapCache::get(const Trace& trace, int64_t run, int64_t layer,
-                                                    int64_t head, HeadQuantity quantity,
-                                                    int64_t last_step) {
+std::shared_ptr<HeadMatrix>& HeadMapCache::prepare(const Trace& trace, int64_t run, int64_t layer,
+                                                   int64_t head, HeadQuantity quantity,
+                                                   int64_t last_step, int64_t max_side) {
   require_map(trace, run, layer, head, last_step);
+  if (max_side != max_side_) maps_.clear(), max_side_ = max_side;
   const uint64_t key = ((uint64_t(run) * uint64_t(trace.model.layers) + uint64_t(layer)) *
                             uint64_t(trace.model.heads) +
                         uint64_t(head)) *
@@ -212,8 +217,61 @@ std::shared_ptr<const HeadMatrix> HeadMapCache::get(const Trace& trace, int64_t 
     kept = std::make_shared<HeadMatrix>(*kept);  // a figure still shows the kept one
   }
   while (kept->block < map_block(last_step + 1, max_side_)) double_block(*kept);
+  return kept;
+}
+
+std::shared_ptr<const HeadMatrix> HeadMapCache::get(const Trace& trace, int64_t run, int64_t layer,
+                                                    int64_t head, HeadQuantity quantity,
+                                                    int64_t last_step, int64_t max_side) {
+  std::shared_ptr<HeadMatrix>& kept =
+      prepare(trace, run, layer, head, quantity, last_step, max_side);
   fold_steps(trace, run, layer, head, quantity, last_step, *kept);
   return kept;
+}
+
+void HeadMapCache::update(const Trace& trace, const std::vector<int64_t>& runs,
+                          HeadQuantity quantity, int64_t last_step, int64_t max_side, int threads) {
+  struct Pending {
+    HeadMatrix* map;
+    int64_t run, layer, head;
+  };
+  std::vector<Pending> pending;
+  for (const int64_t run : runs) {
+    for (int64_t l = 0; l < trace.model.layers; ++l) {
+      for (int64_t h = 0; h < trace.model.heads; ++h) {
+        HeadMatrix& m = *prepare(trace, run, l, h, quantity, last_step, max_side);
+        if (m.steps <= last_step) pending.push_back({&m, run, l, h});
+      }
+    }
+  }
+  // Each map is folded by one thread; the trace is only read.
+  const int64_t count = int64_t(pending.size());
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  threads = int(std::min<int64_t>(threads, count));
+  std::atomic<int64_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  auto work = [&] {
+    try {
+      for (int64_t i = next++; i < count; i = next++) {
+        const Pending& p = pending[size_t(i)];
+        fold_steps(trace, p.run, p.layer, p.head, quantity, last_step, *p.map);
+      }
+    } catch (...) {
+      next = count;
+      const std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  {
+    std::vector<std::jthread> helpers;
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+    work();
+  }
+  if (error) {
+    maps_.clear();  // maps left half folded
+    std::rethrow_exception(error);
+  }
 }
 
 HeadRow head_row_at(const Trace& trace, int64_t run, int64_t step, int64_t layer, int64_t head,

@@ -45,18 +45,27 @@ int64_t map_block(int64_t steps, int64_t max_side);
 // head_matrix(..., max_side) for views redrawn as a recording grows: each (run, layer, head,
 // quantity) keeps its last map and reads only the steps added since (merging cells when the block
 // doubles); a map for fewer steps than the kept one is made afresh. Maps are shared with the
-// figures that show them (a kept map still in use is copied before it changes). Clear it when
-// the trace is replaced; the trace may only grow between calls.
+// figures that show them (a kept map still in use is copied before it changes). A call with
+// another max_side than the kept maps' (the view zoomed: another level of detail) drops them all.
+// Clear it when the trace is replaced; the trace may only grow between calls.
 class HeadMapCache {
  public:
-  explicit HeadMapCache(int64_t max_side) : max_side_(max_side) {}
   std::shared_ptr<const HeadMatrix> get(const Trace& trace, int64_t run, int64_t layer,
-                                        int64_t head, HeadQuantity quantity, int64_t last_step);
+                                        int64_t head, HeadQuantity quantity, int64_t last_step,
+                                        int64_t max_side);
+  // get() for every layer and head of `runs` at once, the maps folded on up to `threads` threads
+  // (0: one per core): a grid's first build, or one after a step back, reads every kept row.
+  void update(const Trace& trace, const std::vector<int64_t>& runs, HeadQuantity quantity,
+              int64_t last_step, int64_t max_side, int threads = 0);
   void clear() { maps_.clear(); }
-  int64_t max_side() const { return max_side_; }
 
  private:
-  int64_t max_side_;
+  // The kept map of a head, made afresh, copied or re-pooled as it must be to fold in steps up to
+  // last_step (which get() then folds).
+  std::shared_ptr<HeadMatrix>& prepare(const Trace& trace, int64_t run, int64_t layer, int64_t head,
+                                       HeadQuantity quantity, int64_t last_step, int64_t max_side);
+
+  int64_t max_side_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<HeadMatrix>> maps_;
 };
 

@@ -266,9 +266,37 @@ void Trace::truncate_steps(int64_t count) {
   if (count < 0) throw Error(kSource, "truncate_steps", "a step count >= 0", n(count));
   while (step_count() > count) {
     for (const StepRecord& record : steps_.back()) row_bytes_ -= record.row_bytes();
+    const size_t last = steps_.size() - 1;
+    if (last < handed_over_bytes_.size()) {
+      row_bytes_ -= handed_over_bytes_[last];
+      handed_over_bytes_.resize(last);
+    }
     steps_.pop_back();
   }
   if (degraded_from_step_ >= count) degraded_from_step_ = -1;
+}
+
+std::vector<StepRecord> Trace::hand_over_step(int64_t t) {
+  if (t < 0 || t >= step_count()) {
+    throw Error(kSource, "hand_over_step", "a recorded step in [0, " + n(step_count()) + ")", n(t));
+  }
+  handed_over_bytes_.resize(steps_.size(), 0);
+  std::vector<StepRecord> handed;
+  for (StepRecord& record : steps_[size_t(t)]) {
+    handed_over_bytes_[size_t(t)] += record.row_bytes();
+    // The rows move; the summaries are copied (a few hundred bytes).
+    std::vector<float> logits = std::move(record.logits), scores = std::move(record.scores);
+    std::vector<uint8_t> visible = std::move(record.visible);
+    std::vector<int32_t> kept_heads = std::move(record.kept_heads);
+    record.logits.clear(), record.scores.clear(), record.visible.clear();
+    record.kept_heads.clear();
+    StepRecord& out = handed.emplace_back(record);
+    out.logits = std::move(logits);
+    out.scores = std::move(scores);
+    out.visible = std::move(visible);
+    out.kept_heads = std::move(kept_heads);
+  }
+  return handed;
 }
 
 }  // namespace kvlens

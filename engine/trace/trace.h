@@ -126,6 +126,12 @@ class Trace {
   // Drops every step after the first `count` (step back and re-run, or a truncated recording);
   // a trace degraded only in the dropped steps is whole again.
   void truncate_steps(int64_t count);
+  // Step t's records, rows and all, for a reader that keeps its own trace of the recording (the
+  // app's window), so that rows are held once, not twice. This trace keeps the records without
+  // rows (kept_heads empty) but still counts the rows' bytes toward memory_budget: later steps
+  // are trimmed as they would have been, and a trace adding the handed records sees the same.
+  // Throws kvlens::Error (file "trace") for a step outside [0, step_count()).
+  std::vector<StepRecord> hand_over_step(int64_t t);
   // Throws kvlens::Error (file "trace") unless the whole trace is consistent: what add_step checks
   // for every step, plus non-negative model sizes with layers * heads < 2^31, top_k >= 0, token
   // ids in [0, vocab_size), the co-reference answer range within the tokens, runs' first_step >= 0
@@ -138,6 +144,7 @@ class Trace {
   friend Trace parse_trace(const uint8_t* data, size_t size, const std::string& source);
   std::vector<std::vector<StepRecord>> steps_;
   uint64_t row_bytes_ = 0;
+  std::vector<uint64_t> handed_over_bytes_;  // [steps] row bytes given away by hand_over_step
   int64_t degraded_from_step_ = -1;
 };
 

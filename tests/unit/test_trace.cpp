@@ -343,6 +343,40 @@ TEST_CASE("trace: past the memory budget only the selected heads keep rows", "[t
   CHECK(none.steps()[0][1].top.ids == make_record(0, 1).top.ids);
 }
 
+TEST_CASE("trace: steps handed over keep the budget's decisions in both traces", "[trace]") {
+  // A recording that hands every step to a reader's trace (the app) holds the rows once: the
+  // reader's trace equals the one recorded without hand-over, budget trimming included.
+  Trace whole = make_trace(), recorded = make_trace(), reader = make_trace();
+  for (Trace* trace : {&whole, &recorded, &reader}) trace->memory_budget = 432;
+  for (int64_t t = 0; t < 5; ++t) {
+    whole.add_step({make_record(t, 0), make_record(t, 1)});
+    recorded.add_step({make_record(t, 0), make_record(t, 1)});
+    reader.add_step(recorded.hand_over_step(t));
+  }
+  CHECK(reader.row_bytes() == whole.row_bytes());
+  CHECK(reader.degraded_from_step() == 3);
+  CHECK(recorded.row_bytes() == whole.row_bytes());
+  CHECK(recorded.degraded_from_step() == 3);
+  for (size_t t = 0; t < 5; ++t) {
+    for (size_t r = 0; r < 2; ++r) {
+      check_same(whole.steps()[t][r], reader.steps()[t][r]);
+      const StepRecord& record = recorded.steps()[t][r];
+      CHECK(record.kept_heads.empty());
+      CHECK(record.logits.empty());
+      CHECK(record.visible_counts == whole.steps()[t][r].visible_counts);
+    }
+  }
+  recorded.check();  // still a consistent trace (summaries only)
+  recorded.truncate_steps(3);
+  CHECK(recorded.row_bytes() == 432);
+  CHECK(recorded.degraded_from_step() == -1);
+  recorded.add_step({make_record(3, 0), make_record(3, 1)});
+  CHECK(recorded.degraded_from_step() == 3);  // the handed rows still count
+  CHECK(error_message([&] { recorded.hand_over_step(4); }).find("hand_over_step") !=
+        std::string::npos);
+  CHECK(error_message([&] { recorded.hand_over_step(-1); }).find("[0, 4)") != std::string::npos);
+}
+
 TEST_CASE("trace: add_step rejects records that do not fit the trace", "[trace]") {
   Trace trace = make_trace_with_steps(1);
   const auto add_error = [&](auto&& edit, int run = 1) {

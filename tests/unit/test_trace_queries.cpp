@@ -192,12 +192,12 @@ TEST_CASE("the head map cache grows maps step by step to what head_matrix gives"
   // Every map the cache hands out, step after step (blocks doubling on the way) and after a step
   // back, equals the one made from scratch.
   const Trace trace = test::make_small_trace(6);
-  HeadMapCache cache(2);
+  HeadMapCache cache;
   for (const HeadQuantity q : {HeadQuantity::Logits, HeadQuantity::Probabilities}) {
     for (const int64_t step : {0, 1, 2, 3, 4, 5, 2, 5}) {
       for (int64_t l = 0; l < test::kSmallLayers; ++l) {
         for (int64_t h = 0; h < test::kSmallHeads; ++h) {
-          const auto kept = cache.get(trace, 1, l, h, q, step);
+          const auto kept = cache.get(trace, 1, l, h, q, step, 2);
           const HeadMatrix fresh = head_matrix(trace, 1, l, h, q, step, 2);
           INFO("step " << step << " head " << l << "." << h);
           CHECK(kept->block == fresh.block);
@@ -211,10 +211,36 @@ TEST_CASE("the head map cache grows maps step by step to what head_matrix gives"
     }
   }
   // A map a figure still holds is not changed under it.
-  const auto held = cache.get(trace, 0, 0, 0, HeadQuantity::Logits, 1);
+  const auto held = cache.get(trace, 0, 0, 0, HeadQuantity::Logits, 1, 2);
   const std::vector<float> before = held->values;
-  cache.get(trace, 0, 0, 0, HeadQuantity::Logits, 5);
+  cache.get(trace, 0, 0, 0, HeadQuantity::Logits, 5, 2);
   REQUIRE(held->values.size() == before.size());
   CHECK(std::memcmp(held->values.data(), before.data(), before.size() * sizeof(float)) == 0);
   CHECK(held->steps == 2);
+  // update() folds every head of the runs on several threads to the same maps.
+  HeadMapCache grid;
+  for (const int64_t step : {3, 5, 1}) {
+    grid.update(trace, {0, 1}, HeadQuantity::Probabilities, step, 2, 3);
+    for (const int64_t run : {0, 1}) {
+      for (int64_t l = 0; l < test::kSmallLayers; ++l) {
+        for (int64_t h = 0; h < test::kSmallHeads; ++h) {
+          const HeadMatrix fresh =
+              head_matrix(trace, run, l, h, HeadQuantity::Probabilities, step, 2);
+          const auto kept = grid.get(trace, run, l, h, HeadQuantity::Probabilities, step, 2);
+          INFO("update to step " << step << ", run " << run << " head " << l << "." << h);
+          CHECK(kept->steps == step + 1);
+          CHECK(kept->visible == fresh.visible);
+          CHECK(std::memcmp(kept->values.data(), fresh.values.data(),
+                            fresh.values.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+  CHECK_THROWS_AS(grid.update(trace, {7}, HeadQuantity::Logits, 1, 2), Error);
+  // Another level of detail (the view zoomed) gives that level's map, not the kept one.
+  const auto finer = cache.get(trace, 0, 0, 0, HeadQuantity::Logits, 5, 4);
+  const HeadMatrix fresh = head_matrix(trace, 0, 0, 0, HeadQuantity::Logits, 5, 4);
+  CHECK(finer->block == fresh.block);
+  CHECK(finer->rows == fresh.rows);
+  CHECK(finer->visible == fresh.visible);
 }

@@ -177,6 +177,51 @@ TEST_CASE("the heads view shows every head's map and describes cells on hover", 
   CHECK(outlines == 2);
 }
 
+TEST_CASE("the heads grid pools maps to the pixels they cover on screen", "[viz]") {
+  // One head over 64 steps (logit = column, every token seen): 120-unit maps at width 640.
+  constexpr int64_t kSteps = 64;
+  Trace trace;
+  trace.model = {"long", 1, 1, 1, 4, 0};
+  trace.runs.push_back({});
+  for (int64_t t = 0; t < kSteps; ++t) trace.tokens.push_back({0, "t"});
+  for (int64_t t = 0; t < kSteps; ++t) {
+    StepRecord record;
+    record.decisions = {LayerDecision::Dense};
+    record.visible_counts = {int32_t(t + 1)};
+    record.columns = t + 1;
+    record.kept_heads = {0};
+    for (int64_t c = 0; c <= t; ++c) {
+      record.logits.push_back(float(c));
+      record.scores.push_back(NAN);
+      record.visible.push_back(1);
+    }
+    trace.add_step({std::move(record)});
+  }
+  ViewOptions options;
+  options.width = 640;
+  options.quantity = HeadQuantity::Logits;
+  auto map_rows = [&](const View& view) {
+    for (const Item& item : view.figure.items) {
+      const auto* image = std::get_if<ImageItem>(&item);
+      if (image && image->width > 1) return image->height;  // (the colour bar is 1 wide)
+    }
+    return 0;
+  };
+  // Exports (pixel_scale 0) keep max_map_pixels: every step of 64.
+  CHECK(map_rows(build_view(trace, ViewKind::Heads, options)) == kSteps);
+  // On a screen: the map covers 120 * 0.0625 = 7.5 device pixels, so it is pooled to at most
+  // 2 * 8 rows (blocks of 4 steps), with or without the app's cache.
+  options.pixel_scale = 0.0625f;
+  CHECK(map_rows(build_view(trace, ViewKind::Heads, options)) == 16);
+  HeadMapCache cache;
+  options.head_maps = &cache;
+  const View cached = build_view(trace, ViewKind::Heads, options);
+  CHECK(map_rows(cached) == 16);
+  // Zoomed in 4x: 30 pixels, 64 rows; the cache follows the new level of detail.
+  options.pixel_scale = 0.25f;
+  CHECK(map_rows(build_view(trace, ViewKind::Heads, options)) == kSteps);
+}
+
 TEST_CASE("retention colours tokens by heads and diffs two runs", "[viz]") {
   const Trace trace = test::make_small_trace(4);
   ViewOptions options;
