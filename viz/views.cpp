@@ -89,6 +89,12 @@ View empty_view(const ViewOptions& options) {
   return view;
 }
 
+std::vector<int64_t> default_runs(const Trace& trace) {
+  std::vector<int64_t> runs;
+  for (int64_t r = 0; r < std::min<int64_t>(3, int64_t(trace.runs.size())); ++r) runs.push_back(r);
+  return runs;
+}
+
 std::string run_title(const Trace& trace, int64_t run) {
   const TraceRun& r = trace.runs[size_t(run)];
   if (r.policy == "dense") return "dense";

@@ -69,6 +69,10 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
 View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step);
 View logits_view(const Trace& trace, const ViewOptions& options, int64_t step);
 
+// The runs a dashboard shows side by side when a trace opens: the first three (fewer when the
+// trace has fewer).
+std::vector<int64_t> default_runs(const Trace& trace);
+
 // "policy s=0.5" for a run, as the panels title it.
 std::string run_title(const Trace& trace, int64_t run);
 const Theme& theme_of(const ViewOptions& options);

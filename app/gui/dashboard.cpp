@@ -38,10 +38,7 @@ void Dashboard::on_opened() {
   key_.clear();
   built_.reset();
   const Trace& trace = *engine_.trace();
-  // The first (up to three) runs side by side, skipping the reference when others exist.
-  options_.runs.clear();
-  for (int64_t r = 0; r < int64_t(trace.runs.size()) && options_.runs.size() < 3; ++r)
-    options_.runs.push_back(r);
+  options_.runs = viz::default_runs(trace);
   options_.layer = std::min<int64_t>(options_.layer, trace.model.layers - 1);
   options_.head = std::min<int64_t>(options_.head, trace.model.heads - 1);
 }

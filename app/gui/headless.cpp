@@ -42,13 +42,15 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
       return 1;
     }
     viz::ViewOptions view_options;
-    for (int64_t r = 0; r < int64_t(trace.runs.size()) && view_options.runs.size() < 3; ++r)
-      view_options.runs.push_back(r);
+    view_options.runs = viz::default_runs(trace);
     view_options.dark = options.dark;
     view_options.layer = std::min<int64_t>(2, trace.model.layers - 1);  // past the dense layers
-    std::printf("kvlens: no display; the dashboard of %s (step %lld) is in %s:\n",
+    std::string shown;
+    for (const int64_t run : view_options.runs)
+      shown += (shown.empty() ? "" : ", ") + viz::run_title(trace, run);
+    std::printf("kvlens: no display; the dashboard of %s (step %lld; %s) is in %s:\n",
                 model_dir.toLocal8Bit().constData(), (long long)(trace.step_count() - 1),
-                QDir(out_dir).absolutePath().toLocal8Bit().constData());
+                shown.c_str(), QDir(out_dir).absolutePath().toLocal8Bit().constData());
     for (const viz::ViewKind kind :
          {viz::ViewKind::Heads, viz::ViewKind::Predicted, viz::ViewKind::Retention,
           viz::ViewKind::Consensus, viz::ViewKind::Logits}) {

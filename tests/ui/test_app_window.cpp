@@ -128,10 +128,12 @@ TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]
   const std::string dir = test::make_temp_dir("app");
   const test::CommandResult result = test::run_command(
       "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + dir +
-      "/dashboard --policies dense,streaming");
+      "/dashboard --policies dense,streaming,h2o,quest");
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   CHECK(result.out.find("no display") != std::string::npos);
+  // The first three runs, each once (the default run list used to be kept in front of them).
+  CHECK(result.out.find("; dense, streaming s=0.5, h2o s=0.5) is in") != std::string::npos);
   for (const char* view : {"heads", "predicted", "retention", "consensus", "logits"}) {
     const std::string path = dir + "/dashboard/kvlens-" + view + ".png";
     CHECK(result.out.find(path) != std::string::npos);

@@ -286,6 +286,10 @@ TEST_CASE("views built without data draw the same figure", "[viz]") {
   }
   CHECK(parse_runs(trace, "h2o, 0", "--runs") == std::vector<int64_t>{1, 0});
   CHECK_THROWS_AS(parse_runs(trace, "0,,1", "--runs"), Error);
+  CHECK(default_runs(trace) == std::vector<int64_t>{0, 1});
+  Trace more = trace;
+  more.runs.resize(5);
+  CHECK(default_runs(more) == std::vector<int64_t>{0, 1, 2});
   CHECK(parse_consensus("jaccard", "--consensus") == ConsensusMetric::Jaccard);
   CHECK_THROWS_AS(parse_consensus("spearman", "--consensus"), Error);
 }
