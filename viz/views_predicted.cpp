@@ -19,9 +19,33 @@ void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, cons
   f.rect(box, {0, 0, 0, 0}, theme.grid);
   f.text({box.x, box.y - 6}, what, 11, theme.foreground);
   f.text({box.x, box.bottom() + 14}, "tokens \u2192", 10, theme.muted);
-  f.text({box.right(), box.bottom() + 14},
-         "range " + format_value(scale.lo) + " to " + format_value(scale.hi), 10, theme.muted,
+  TextItem steps;
+  steps.anchor = {box.x - 5, box.y};
+  steps.text = "\u2190 steps";
+  steps.size = 10;
+  steps.color = theme.muted;
+  steps.h = HAlign::Right;
+  steps.rotation = 90.0f;
+  f.add(std::move(steps));
+  const bool any =
+      std::any_of(m.values.begin(), m.values.end(), [](float v) { return std::isfinite(v); });
+  if (!any) {
+    f.text({box.x + box.w / 2, box.y + box.h / 2}, "no values (dense layer)", 11, theme.muted,
+           HAlign::Center, VAlign::Middle);
+    return;
+  }
+  // Each map has its own range: a small colour bar from its low to its high end.
+  const float bar_w = 56, right = box.right();
+  ImageItem bar;
+  bar.box = {right - bar_w - text_width(format_value(scale.hi), 10) - 4, box.bottom() + 6, bar_w,
+             8};
+  bar.width = 256;
+  bar.height = 1;
+  bar.pixels.assign(sequential_colormap().table().begin(), sequential_colormap().table().end());
+  f.text({bar.box.x - 4, box.bottom() + 14}, format_value(scale.lo), 10, theme.muted,
          HAlign::Right);
+  f.text({right, box.bottom() + 14}, format_value(scale.hi), 10, theme.muted, HAlign::Right);
+  f.add(std::move(bar));
   auto shared = std::make_shared<HeadMatrix>(m);
   const std::string label = where + ", " + what;
   f.hover.push_back(
@@ -73,7 +97,12 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
     // The scatter at this step.
     const PredictedVsTrue p = predicted_vs_true(trace, run, step, options.layer, options.head);
     const Box plot{margin + 2 * (panel + gap) + 20, y, panel - 20, panel};
-    const ValueScale xs = ValueScale::fitted(p.logits), ys = ValueScale::fitted(p.scores);
+    // The ranges padded by 5% so that the extreme points are drawn whole.
+    ValueScale xs = ValueScale::fitted(p.logits), ys = ValueScale::fitted(p.scores);
+    for (ValueScale* s : {&xs, &ys}) {
+      const double pad = 0.05 * (s->hi - s->lo);
+      s->lo -= pad, s->hi += pad;
+    }
     axes(f, plot, nice_ticks(xs.lo, xs.hi, 4), xs.lo, xs.hi, nice_ticks(ys.lo, ys.hi, 4), ys.lo,
          ys.hi, "true logit", "score", theme);
     const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
@@ -101,6 +130,14 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
     if (points == 0) {
       f.text({plot.x + plot.w / 2, plot.y + plot.h / 2}, "no scores at this layer (dense)", 11,
              theme.muted, HAlign::Center, VAlign::Middle);
+    } else {  // the legend of the two kinds of points
+      const float ly = plot.bottom() + 46;
+      CircleItem seen_dot{{plot.x + 4, ly - 3}, 2.6f, run_color(int64_t(i)), {0, 0, 0, 0}};
+      CircleItem hidden_dot{{plot.x + 64, ly - 3}, 2.6f, {0, 0, 0, 0}, theme.muted};
+      f.add(seen_dot);
+      f.text({plot.x + 10, ly}, "seen", 10, theme.muted);
+      f.add(hidden_dot);
+      f.text({plot.x + 70, ly}, "hidden (this step)", 10, theme.muted);
     }
 
     // Every head's accuracy at this step.
@@ -129,7 +166,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
                                 format_value((*shared_grid)[size_t(r * H + c)]);
                        },
                        "accuracy grid"});
-    y += panel + 48;
+    y += panel + 62;
   }
   f.height = y;
   return view;
