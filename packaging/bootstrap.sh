@@ -71,6 +71,14 @@ cmake -S "$root" -B "$san" -DCMAKE_BUILD_TYPE=Debug -DKVLENS_SANITIZE=ON -DKVLEN
 cmake --build "$san" -j"$jobs" --target kvlens_unit_tests
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir "$san" --output-on-failure -j"$jobs" -L unit
+if [ -x "$build/app/kvlens" ]; then
+  log "The window and kvlens-cli figure under the sanitizers (ui tests)"
+  cmake --build "$san" -j"$jobs" --target kvlens kvlens-cli kvlens_ui_tests
+  # Leaks are checked by the unit tests: the window's run ends with the X, D-Bus and GL
+  # libraries' own allocations, which are not ours to free.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "$san" --output-on-failure -j"$jobs" -L ui
+fi
 
 if command -v clang++ >/dev/null; then
   log "Fuzzing the parsers (libFuzzer, bounded time)"

@@ -110,6 +110,10 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     window_.open_trace(joined);
   } else if (command == "save-trace") {
     if (!window_.save_trace(joined)) throw std::runtime_error("save-trace failed");
+  } else if ((command == "step" || command == "back" || command == "goto" || command == "play") &&
+             !window_.engine().trace()) {
+    // (a test stepping nothing would go on to check an empty window)
+    throw std::runtime_error(("'" + command + "': no recording or trace is open").toStdString());
   } else if (command == "step") {
     dashboard.step_forward(int(number(0)));
   } else if (command == "back") {

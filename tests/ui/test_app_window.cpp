@@ -122,6 +122,12 @@ TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
   CHECK(result.exit_code == 1);
   CHECK(result.err.find("script: line 2") != std::string::npos);
   CHECK(result.err.find("nowhere") != std::string::npos);
+  // Stepping with nothing open fails instead of going on to check an empty window.
+  const test::CommandResult none =
+      run_app(dir, "close-dialogs\nstep 1\nquit\n", "--model " + dir + "/missing");
+  CHECK(none.exit_code == 1);
+  CHECK(none.err.find("script: line 2: 'step': no recording or trace is open") !=
+        std::string::npos);
 }
 
 TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]") {
