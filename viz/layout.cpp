@@ -172,6 +172,20 @@ void colorbar(Figure& figure, Box box, const Colormap& map, const ValueScale& sc
   }
 }
 
+void inline_colorbar(Figure& figure, Point right_baseline, double lo, double hi,
+                     const Colormap& map, const Theme& theme) {
+  const float bar_w = 56;
+  const std::string high = format_value(hi);
+  ImageItem bar;
+  bar.box = {right_baseline.x - bar_w - text_width(high, 10) - 4, right_baseline.y - 8, bar_w, 8};
+  bar.width = int32_t(map.table().size());
+  bar.height = 1;
+  bar.pixels.assign(map.table().begin(), map.table().end());
+  figure.text({bar.box.x - 4, right_baseline.y}, format_value(lo), 10, theme.muted, HAlign::Right);
+  figure.text(right_baseline, high, 10, theme.muted, HAlign::Right);
+  figure.add(std::move(bar));
+}
+
 void axes(Figure& figure, Box plot, const std::vector<double>& x_ticks, double x_lo, double x_hi,
           const std::vector<double>& y_ticks, double y_lo, double y_hi, const std::string& x_label,
           const std::string& y_label, const Theme& theme) {

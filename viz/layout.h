@@ -34,6 +34,11 @@ ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<u
 void colorbar(Figure& figure, Box box, const Colormap& map, const ValueScale& scale,
               const std::string& label, const Theme& theme);
 
+// A small horizontal colour bar with its end values, in one line of 10-unit text ending at
+// `right_baseline` (the right end of the line, on its baseline): "lo [bar] hi".
+void inline_colorbar(Figure& figure, Point right_baseline, double lo, double hi,
+                     const Colormap& map, const Theme& theme);
+
 // Up to about `count` round tick values covering [lo, hi].
 std::vector<double> nice_ticks(double lo, double hi, int count);
 // A value for a label: 3 significant digits, "-" for NaN.

@@ -35,17 +35,8 @@ void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, cons
     return;
   }
   // Each map has its own range: a small colour bar from its low to its high end.
-  const float bar_w = 56, right = box.right();
-  ImageItem bar;
-  bar.box = {right - bar_w - text_width(format_value(scale.hi), 10) - 4, box.bottom() + 6, bar_w,
-             8};
-  bar.width = 256;
-  bar.height = 1;
-  bar.pixels.assign(sequential_colormap().table().begin(), sequential_colormap().table().end());
-  f.text({bar.box.x - 4, box.bottom() + 14}, format_value(scale.lo), 10, theme.muted,
-         HAlign::Right);
-  f.text({right, box.bottom() + 14}, format_value(scale.hi), 10, theme.muted, HAlign::Right);
-  f.add(std::move(bar));
+  inline_colorbar(f, {box.right(), box.bottom() + 14}, scale.lo, scale.hi, sequential_colormap(),
+                  theme);
   auto shared = std::make_shared<HeadMatrix>(m);
   const std::string label = where + ", " + what;
   f.hover.push_back(
@@ -153,8 +144,9 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
         if (l == options.layer && h == options.head) f.rect(box, {0, 0, 0, 0}, theme.accent, 2);
       }
     }
-    f.text({gx, y + float(L) * cell + 14}, "rows: layers, columns: heads; 0 (dark) to 1 (light)", 9,
-           theme.muted);
+    f.text({gx, y + float(L) * cell + 14}, "layers x heads; grey: no scores", 9, theme.muted);
+    inline_colorbar(f, {gx + float(H) * cell, y + float(L) * cell + 14}, 0.0, 1.0,
+                    sequential_colormap(), theme);
     auto shared_grid = std::make_shared<std::vector<double>>(grid);
     f.hover.push_back({{gx, y, cell * float(H), cell * float(L)},
                        L,
