@@ -12,6 +12,7 @@
 #include <QMenuBar>
 #include <QMessageBox>
 #include <QSaveFile>
+#include <QScreen>
 #include <QSettings>
 #include <QStatusBar>
 #include <QTimer>
@@ -60,7 +61,12 @@ MainWindow::MainWindow(const LaunchOptions& options) {
 
   QSettings settings;
   restoreGeometry(settings.value("window/geometry").toByteArray());
-  if (!settings.contains("window/geometry")) resize(1480, 920);
+  if (!settings.contains("window/geometry")) {
+    // 1480 x 920, or what fits the screen (a laptop, or a high-DPI scale that leaves fewer
+    // logical pixels).
+    const QSize room = screen() ? screen()->availableGeometry().size() * 0.95 : QSize(1480, 920);
+    resize(std::min(1480, room.width()), std::min(920, room.height()));
+  }
   // A script starts from the defaults, whatever the last session left in the settings.
   const bool restore = options.script_path.isEmpty();
   set_dark(options.dark || (restore && settings.value("view/dark", false).toBool()));

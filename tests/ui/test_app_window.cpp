@@ -33,15 +33,20 @@ size_t distinct_colors(const std::string& path) {
   return colors.size();
 }
 
+std::pair<int, int> png_size(const std::string& path) {
+  const QImage image(QString::fromStdString(path));
+  return {image.width(), image.height()};
+}
+
 // Runs the app on a script in a fresh settings folder, under its own X server.
 test::CommandResult run_app(const std::string& dir, const std::string& script,
-                            const std::string& args = "") {
+                            const std::string& args = "", const std::string& screen = "1600x1000",
+                            const std::string& env = "") {
   std::ofstream(dir + "/script.txt") << script;
   // (this suite's own QT_QPA_PLATFORM=offscreen must not reach the app: it draws with OpenGL)
-  return test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir +
-                           "/config timeout 120 xvfb-run -a -s "
-                           "'-screen 0 1600x1000x24' " KVLENS_APP_PATH " --script " +
-                           dir + "/script.txt " + args);
+  return test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir + "/config " + env +
+                           " timeout 120 xvfb-run -a -s '-screen 0 " + screen + "x24' " +
+                           KVLENS_APP_PATH " --script " + dir + "/script.txt " + args);
 }
 
 // Script lines, "$DIR" standing for the test's folder.
@@ -113,6 +118,23 @@ TEST_CASE("bad model folders and traces show an error dialog and keep the sessio
   CHECK(kept.find("quest") != std::string::npos);
   // ... and a good trace then replaced it.
   CHECK(read_file(dir + "/small.json").find("\"step\": 3.0") != std::string::npos);
+}
+
+TEST_CASE("at a high-DPI scale the window fits the screen and draws sharp", "[ui][app]") {
+  // Device pixel ratio 2 on a 2200 x 1600 screen (1100 x 800 logical): the window's first size
+  // fits the screen, and the screenshot has the device pixels of a whole dashboard.
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  const test::CommandResult result =
+      run_app(dir, script({"step 5", "view heads", "screenshot $DIR/dpi.png", "quit"}, dir), "",
+              "2200x1600", "QT_SCALE_FACTOR=2");
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  const auto [width, height] = png_size(dir + "/dpi.png");
+  CHECK(width <= 2200);
+  CHECK(height <= 1600);
+  CHECK(width > 1600);  // device pixels, not logical ones
+  CHECK(distinct_colors(dir + "/dpi.png") > 200);
 }
 
 TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
