@@ -344,7 +344,13 @@ void Dashboard::view_area() {
     ImGui::EndTabBar();
   }
   if (!forcing) shown_tab_ = int(view_);
-  ImGui::SameLine(ImGui::GetWindowWidth() - 220);
+  ImGui::SameLine(ImGui::GetWindowWidth() - 270);
+  if (zoom_ > 0) {
+    ImGui::TextDisabled("%4.0f%%", double(zoom_) * 100.0);
+  } else {
+    ImGui::TextDisabled(" fit ");
+  }
+  ImGui::SameLine();
   if (ImGui::SmallButton("Fit")) zoom_ = 0.0f;
   ImGui::SameLine();
   if (ImGui::SmallButton("100%")) zoom_ = 1.0f;

@@ -5,6 +5,8 @@
 // here is what the menus, the shortcuts and the script mode drive.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +37,8 @@ class Dashboard {
   void restart();
 
   void set_view(viz::ViewKind kind) { view_ = kind; }
+  // 0: the figure fits the width; else a scale in [0.25, 8] of the figure laid out at 1280 units.
+  void set_zoom(float zoom) { zoom_ = zoom <= 0.0f ? 0.0f : std::clamp(zoom, 0.25f, 8.0f); }
   viz::ViewKind view() const { return view_; }
   viz::ViewOptions& options() { return options_; }
   int64_t cursor() const { return cursor_; }

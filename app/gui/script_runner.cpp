@@ -146,6 +146,8 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     dashboard.options().quantity = viz::parse_quantity(joined.toStdString(), "quantity");
   } else if (command == "consensus") {
     dashboard.options().consensus = viz::parse_consensus(joined.toStdString(), "consensus");
+  } else if (command == "zoom") {
+    dashboard.set_zoom(joined == "fit" ? 0.0f : float(number(0)) / 100.0f);
   } else if (command == "theme") {
     if (joined != "dark" && joined != "light") throw std::runtime_error("theme: dark or light");
     window_.set_dark(joined == "dark");

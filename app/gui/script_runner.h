@@ -5,6 +5,7 @@
 //   step N | back N | goto T | play | pause | wait-idle | wait MS
 //   view heads|predicted|retention|consensus|logits | compare ID|I,... | head L H
 //   detail on|off | quantity logits|probabilities|scores | consensus pearson|jaccard
+//   zoom fit|PERCENT
 //   theme dark|light | export FILE | screenshot FILE | expect-error TEXT | close-dialogs | quit
 //   speed STEPS_PER_SECOND | report (frames drawn, frame rate, steps recorded, on stdout)
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.

@@ -126,8 +126,11 @@ TEST_CASE("at a high-DPI scale the window fits the screen and draws sharp", "[ui
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");
   const test::CommandResult result =
-      run_app(dir, script({"step 5", "view heads", "screenshot $DIR/dpi.png", "quit"}, dir), "",
-              "2200x1600", "QT_SCALE_FACTOR=2");
+      run_app(dir,
+              script({"step 5", "view heads", "screenshot $DIR/dpi.png", "zoom 300",
+                      "screenshot $DIR/zoomed.png", "quit"},
+                     dir),
+              "", "2200x1600", "QT_SCALE_FACTOR=2");
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   const auto [width, height] = png_size(dir + "/dpi.png");
@@ -135,6 +138,9 @@ TEST_CASE("at a high-DPI scale the window fits the screen and draws sharp", "[ui
   CHECK(height <= 1600);
   CHECK(width > 1600);  // device pixels, not logical ones
   CHECK(distinct_colors(dir + "/dpi.png") > 200);
+  // Zoomed in 3x the maps are drawn from finer maps and larger: another picture, still a full one.
+  CHECK(read_file(dir + "/zoomed.png") != read_file(dir + "/dpi.png"));
+  CHECK(distinct_colors(dir + "/zoomed.png") > 200);
 }
 
 TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
