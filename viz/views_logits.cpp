@@ -1,6 +1,8 @@
 // The logits view: the dense reference's and each run's next-token top-k at the current step
 // (probabilities as bars, the true next token marked), KL against dense and the true token's rank
-// under both, and a strip of the per-step KL and NLL over every step (a click picks a step).
+// under both, and a strip of the per-step KL and NLL over every step (a click picks a step); on a
+// co-reference sample the steps predicting the answer are shaded and each run's predictions there
+// marked right or wrong.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -55,12 +57,19 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   Figure& f = view.figure;
   const int32_t true_token =
       step + 1 < int64_t(trace.tokens.size()) ? trace.tokens[size_t(step + 1)].id : -1;
-  const float top = title_block(
-      f, "Next token at step " + std::to_string(step),
+  // On a co-reference sample, the steps that predict the final mention's answer tokens.
+  const int64_t answer_first = trace.coref.present ? trace.coref.answer_token_begin - 1 : -1;
+  const int64_t answer_last = trace.coref.present ? trace.coref.answer_token_end - 2 : -2;
+  const bool answer_step = step >= answer_first && step <= answer_last;
+  std::string subtitle =
       true_token >= 0 ? "true next token '" + token_label(trace.tokens[size_t(step + 1)].text, 14) +
                             "' (highlighted); bars: probability"
-                      : "the text ends here: no true next token",
-      theme);
+                      : "the text ends here: no true next token";
+  if (answer_step) {
+    subtitle += "; predicting answer token " + std::to_string(step - answer_first + 1) + " of " +
+                std::to_string(answer_last - answer_first + 1) + " ('" + trace.coref.answer + "')";
+  }
+  const float top = title_block(f, "Next token at step " + std::to_string(step), subtitle, theme);
   const int64_t dense = dense_run(trace);
   std::vector<int64_t> columns;
   if (dense >= 0) columns.push_back(dense);
@@ -88,6 +97,12 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
               ")  KL " + format_value(m.kl_vs_dense);
     }
     f.text({area.x, area.y + h + 14}, line, 11, theme.foreground);
+    if (answer_step && true_token >= 0) {
+      const bool right = record.argmax == true_token;
+      f.text({area.x + text_width(line, 11) + 12, area.y + h + 14},
+             right ? "answer token right" : "answer token wrong", 11,
+             right ? theme.foreground : theme.accent, HAlign::Left, VAlign::Baseline, true);
+    }
     tallest = std::max(tallest, h + 24);
     for (size_t k = 0; k < record.top.ids.size(); ++k) {
       view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run), double(step),
@@ -117,6 +132,30 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   auto x_at = [&](int64_t t) {
     return plot.x + float(t) / float(std::max<int64_t>(steps - 1, 1)) * plot.w;
   };
+  if (answer_first >= 0 && answer_first < steps) {
+    // The answer's steps shaded; each run's prediction there marked (dot: right, cross: wrong).
+    const float x0 = x_at(answer_first) - 2, x1 = x_at(std::min(answer_last, steps - 1)) + 2;
+    f.rect({x0, plot.y, x1 - x0, plot.h}, mix(theme.grid, theme.background, 0.5));
+    f.text({x1, plot.y - 6}, "answer", 10, theme.muted, HAlign::Right);
+    for (size_t i = 0; i < options.runs.size(); ++i) {
+      const Color color = run_color(int64_t(i));
+      for (const AnswerPrediction& a : answer_predictions(trace, options.runs[i])) {
+        const Point at{x_at(a.position), plot.y + 8 + float(i) * 9};
+        if (a.correct) {
+          f.add(CircleItem{at, 3.0f, color, {0, 0, 0, 0}});
+        } else {
+          f.line({at.x - 3, at.y - 3}, {at.x + 3, at.y + 3}, color, 1.5f);
+          f.line({at.x - 3, at.y + 3}, {at.x + 3, at.y - 3}, color, 1.5f);
+        }
+      }
+    }
+    const float lx = plot.right() - 160, ly = plot.bottom() + 30;
+    f.add(CircleItem{{lx, ly - 3}, 3.0f, theme.foreground, {0, 0, 0, 0}});
+    f.text({lx + 7, ly}, "answer token right", 10, theme.muted);
+    f.line({lx + 110, ly - 6}, {lx + 116, ly}, theme.foreground, 1.5f);
+    f.line({lx + 110, ly}, {lx + 116, ly - 6}, theme.foreground, 1.5f);
+    f.text({lx + 121, ly}, "wrong", 10, theme.muted);
+  }
   for (size_t i = 0; i < options.runs.size(); ++i) {
     const int64_t run = options.runs[i];
     if (use_kl && run == dense) continue;

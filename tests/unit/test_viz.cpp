@@ -222,6 +222,33 @@ TEST_CASE("the heads grid pools maps to the pixels they cover on screen", "[viz]
   CHECK(map_rows(build_view(trace, ViewKind::Heads, options)) == kSteps);
 }
 
+TEST_CASE("the logits view marks the answer's steps right or wrong per run", "[viz]") {
+  // Answer tokens [4, 6) are predicted at steps 3 and 4. The small trace's argmax is wrong at
+  // both; run 1 is made right at step 4.
+  Trace trace = test::make_small_trace(4);
+  std::vector<StepRecord> last = test::make_small_trace(5).steps()[4];
+  last[1].argmax = 15;
+  trace.add_step(std::move(last));
+  ViewOptions options;
+  options.runs = {0, 1};
+  options.step = 4;
+  const View view = build_view(trace, ViewKind::Logits, options);
+  CHECK(has_text(view.figure, "predicting answer token 2 of 2 ('Ann')"));
+  CHECK(has_text(view.figure, "answer token right"));  // run 1 at step 4 (and the legend)
+  CHECK(has_text(view.figure, "answer token wrong"));  // dense at step 4
+  int64_t dots = 0, crosses = 0;
+  for (const Item& item : view.figure.items) {
+    if (const auto* c = std::get_if<CircleItem>(&item); c && c->radius == 3.0f) ++dots;
+    if (const auto* l = std::get_if<LineItem>(&item);
+        l && l->width == 1.5f && l->points.size() == 2 && l->points[1].x - l->points[0].x == 6)
+      ++crosses;
+  }
+  CHECK(dots == 1 + 1);           // run 1 at step 4, and the legend's
+  CHECK(crosses == 2 * (3 + 1));  // two lines each: dense twice, run 1 once, the legend
+  options.step = 1;               // not an answer step: no verdict above the strip
+  CHECK_FALSE(has_text(build_view(trace, ViewKind::Logits, options).figure, "answer token wrong"));
+}
+
 TEST_CASE("retention colours tokens by heads and diffs two runs", "[viz]") {
   const Trace trace = test::make_small_trace(4);
   ViewOptions options;
