@@ -93,7 +93,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
           (options.log_scale && options.quantity == HeadQuantity::Probabilities ? " (log scale)"
                                                                                 : "") +
           "; rows are steps, columns tokens; hidden tokens dimmed, the visible set at this step "
-          "outlined",
+          "outlined" +
+          (trace.coref.present ? "; the answer's tokens labelled in bold" : ""),
       theme);
   std::vector<MapPointer> maps;
   for (const int64_t run : options.runs) {
@@ -137,7 +138,11 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
       label.anchor = {box.x + (float(j) + 0.5f) * cell, box.bottom() + 4};
       label.text = token_label(trace.tokens[size_t(j)].text, 10);
       label.size = std::min(10.0f, std::max(7.0f, cell * 0.9f));
-      label.color = theme.foreground;
+      // The final mention's answer tokens of a co-reference sample stand out.
+      const bool answer = trace.coref.present && j >= trace.coref.answer_token_begin &&
+                          j < trace.coref.answer_token_end;
+      label.color = answer ? theme.accent : theme.foreground;
+      label.bold = answer;
       label.h = HAlign::Right;
       label.v = VAlign::Middle;
       label.rotation = 90.0f;
