@@ -30,7 +30,7 @@ const Theme& dark_theme() {
                            .foreground = {228, 228, 232, 255},
                            .muted = {150, 150, 160, 255},
                            .grid = {70, 72, 82, 255},
-                           .accent = {230, 159, 0, 255},
+                           .accent = {213, 94, 0, 255},  // Okabe-Ito vermillion: no run's colour
                            .dimmed = {24, 25, 30, 255},
                            .dark = true};
   return theme;

@@ -71,6 +71,17 @@ TEST_CASE("the maps stay ordered and distinct for red-green dichromats", "[viz]"
     for (int64_t b = a + 1; b < 4; ++b)
       CHECK(oklab_distance(simulate_dichromacy(run_color(a), Dichromacy::Deuteranopia),
                            simulate_dichromacy(run_color(b), Dichromacy::Deuteranopia)) > 0.05);
+  // Each theme's accent (the selected head, the current step, the true token) is none of the
+  // run colours it marks things beside (the dark theme's used to be run 0's orange).
+  for (const Theme* theme : {&light_theme(), &dark_theme()}) {
+    for (int64_t run = 0; run < 4; ++run) {
+      INFO("dark " << theme->dark << ", run " << run);
+      CHECK(oklab_distance(theme->accent, run_color(run)) > 0.1);
+      for (const Dichromacy kind : {Dichromacy::Protanopia, Dichromacy::Deuteranopia})
+        CHECK(oklab_distance(simulate_dichromacy(theme->accent, kind),
+                             simulate_dichromacy(run_color(run), kind)) > 0.04);
+    }
+  }
 }
 
 TEST_CASE("OKLab round-trips sRGB and NaN maps to the transparent missing colour", "[viz]") {
