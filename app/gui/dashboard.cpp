@@ -32,7 +32,7 @@ Dashboard::Dashboard(ImGuiCanvas& canvas, EngineController& engine)
 void Dashboard::on_opened() {
   head_maps_.clear();  // a new trace
   options_.head_maps = &head_maps_;
-  options_.with_data = false;  // drawn each step; view_with_data() for exports
+  options_.with_data = false;  // drawn each step; view_for_export() for exports
   cursor_ = -1;
   follow_ = true;
   key_.clear();
@@ -148,16 +148,16 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
   return built_;
 }
 
-std::shared_ptr<const viz::View> Dashboard::view_with_data() {
-  const std::shared_ptr<const viz::View> shown = current_view();
-  if (!shown) return nullptr;
+std::shared_ptr<const viz::View> Dashboard::view_for_export(bool with_data) {
+  const Trace* trace = engine_.trace();
+  if (!trace || cursor_ < 0 || cursor_ >= trace->step_count()) return nullptr;
   viz::ViewOptions options = options_;
   options.step = cursor_;
-  options.with_data = true;
-  // An export at full detail (not the screen's), without disturbing the screen's kept maps.
+  options.with_data = with_data;
+  // Full detail (not the screen's), without disturbing the screen's kept maps.
   options.pixel_scale = 0.0f;
   options.head_maps = nullptr;
-  return std::make_shared<viz::View>(viz::build_view(*engine_.trace(), view_, options));
+  return std::make_shared<viz::View>(viz::build_view(*trace, view_, options));
 }
 
 void Dashboard::apply_hit(const FigureHit& hit) {

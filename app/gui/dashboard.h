@@ -46,10 +46,12 @@ class Dashboard {
   void on_opened();
   void on_stepped(int64_t step);
 
-  // The figure of the current view, without its data (null before a step is recorded).
+  // The figure of the current view as the screen shows it: without its data, its head maps
+  // pooled to the screen's pixels (null before a step is recorded).
   std::shared_ptr<const viz::View> current_view();
-  // The same view with the data behind it, built for an export.
-  std::shared_ptr<const viz::View> view_with_data();
+  // The same view built for an export: full detail whatever the zoom, with the data behind it
+  // when asked (null before a step is recorded).
+  std::shared_ptr<const viz::View> view_for_export(bool with_data);
   // How long the last figure took to build (for the status bar and benchmarks).
   double last_build_seconds() const { return build_seconds_; }
   // Token text and the runs to compare for a fresh recording.

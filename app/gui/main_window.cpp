@@ -285,7 +285,7 @@ bool MainWindow::export_view(const QString& path) {
   const bool wants_data = suffix == "csv" || suffix == "json";
   std::shared_ptr<const viz::View> view;
   try {
-    view = wants_data ? dashboard_->view_with_data() : dashboard_->current_view();
+    view = dashboard_->view_for_export(wants_data);
   } catch (const std::exception& e) {
     show_error("kvlens: cannot export", QString::fromUtf8(e.what()));
     return false;

@@ -68,14 +68,33 @@ bool have_xvfb() {
 TEST_CASE("the window loads, steps, switches views, compares, exports and quits", "[ui][app]") {
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");
-  const test::CommandResult result = run_app(
-      dir, script({"step 30", "view heads", "screenshot $DIR/heads.png", "export $DIR/heads.svg",
-                   "view retention", "compare h2o,quest", "screenshot $DIR/retention.png",
-                   "export $DIR/retention.png", "view consensus", "export $DIR/consensus.pdf",
-                   "view logits", "back 10", "export $DIR/logits.json", "compare dense",
-                   "export $DIR/logits-dense.png", "compare quest", "export $DIR/logits-quest.png",
-                   "save-trace $DIR/run.kvtrace", "quit"},
-                  dir));
+  const test::CommandResult result = run_app(dir, script({"step 30",
+                                                          "view heads",
+                                                          "screenshot $DIR/heads.png",
+                                                          "export $DIR/heads.svg",
+                                                          "view retention",
+                                                          "compare h2o,quest",
+                                                          "screenshot $DIR/retention.png",
+                                                          "export $DIR/retention.png",
+                                                          "view consensus",
+                                                          "export $DIR/consensus.pdf",
+                                                          "view logits",
+                                                          "back 10",
+                                                          "export $DIR/logits.json",
+                                                          "compare dense",
+                                                          "export $DIR/logits-dense.png",
+                                                          "compare quest",
+                                                          "export $DIR/logits-quest.png",
+                                                          "save-trace $DIR/run.kvtrace",
+                                                          "step 20",
+                                                          "view heads",
+                                                          "compare dense,h2o,quest",
+                                                          "zoom 100",
+                                                          "export $DIR/heads-100.png",
+                                                          "zoom 25",
+                                                          "export $DIR/heads-25.png",
+                                                          "quit"},
+                                                         dir));
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   // The screenshots show the dashboard, not a blank window.
@@ -93,6 +112,9 @@ TEST_CASE("the window loads, steps, switches views, compares, exports and quits"
   CHECK(saved.step_count() == 30);
   CHECK(saved.runs.size() == 3);
   CHECK(saved.coref.present);
+  // An export has the figure's full detail whatever the zoom on screen (at 25% the window pools
+  // the 40 steps' maps to 20 rows, an export keeps all 40).
+  CHECK(read_file(dir + "/heads-25.png") == read_file(dir + "/heads-100.png"));
 }
 
 TEST_CASE("bad model folders and traces show an error dialog and keep the session", "[ui][app]") {
