@@ -95,6 +95,7 @@ const Theme& dark_theme();
 struct Figure {
   float width = 0, height = 0;
   Color background;
+  Color highlight;  // what a live renderer outlines hovered cells with (the theme's accent)
   std::vector<Item> items;
   std::vector<HoverGrid> hover;
 

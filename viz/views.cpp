@@ -86,6 +86,7 @@ View empty_view(const ViewOptions& options) {
   View view;
   view.figure.width = options.width;
   view.figure.background = theme_of(options).background;
+  view.figure.highlight = theme_of(options).accent;
   return view;
 }
 

@@ -222,7 +222,7 @@ std::optional<FigureHit> FigureDrawer::draw(float zoom) {
         const ImVec2 a(origin.x + (other.box.x + float(col) * cw) * zoom,
                        origin.y + (other.box.y + float(row) * ch) * zoom);
         list->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(a.x + cw * zoom + 1, a.y + ch * zoom + 1),
-                      IM_COL32(230, 159, 0, 255), 0, 0, 2.0f);
+                      color32(f.highlight), 0, 0, 2.0f);
       }
     }
     break;

@@ -144,6 +144,8 @@ TEST_CASE("every view builds from a trace, alone and in compare mode", "[viz]") 
       CHECK_FALSE(view.figure.hover.empty());
       CHECK_FALSE(view.data.rows.empty());
       CHECK(view.figure.background == (options.dark ? dark_theme() : light_theme()).background);
+      // (hovered cells are outlined in the accent, which no run colour shares)
+      CHECK(view.figure.highlight == (options.dark ? dark_theme() : light_theme()).accent);
       CHECK(has_text(view.figure, runs.size() == 2 ? "dense" : "h2o"));
       for (const HoverGrid& grid : view.figure.hover) CHECK_FALSE(grid.describe(0, 0).empty());
     }
