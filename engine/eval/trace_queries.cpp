@@ -3,17 +3,14 @@
 #include "engine/eval/trace_queries.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
 #include <limits>
-#include <mutex>
 #include <numeric>
 #include <string>
-#include <thread>
 
 #include "engine/common/error.h"
 #include "engine/eval/step_metrics.h"
+#include "engine/runtime/thread_pool.h"
 
 namespace kvlens {
 namespace {
@@ -245,32 +242,16 @@ void HeadMapCache::update(const Trace& trace, const std::vector<int64_t>& runs,
     }
   }
   // Each map is folded by one thread; the trace is only read.
-  const int64_t count = int64_t(pending.size());
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  threads = int(std::min<int64_t>(threads, count));
-  std::atomic<int64_t> next{0};
-  std::mutex error_mutex;
-  std::exception_ptr error;
-  auto work = [&] {
-    try {
-      for (int64_t i = next++; i < count; i = next++) {
-        const Pending& p = pending[size_t(i)];
-        fold_steps(trace, p.run, p.layer, p.head, quantity, last_step, *p.map);
-      }
-    } catch (...) {
-      next = count;
-      const std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
-  {
-    std::vector<std::jthread> helpers;
-    for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
-    work();
-  }
-  if (error) {
+  if (!pool_ || (threads > 0 && pool_->size() != threads))
+    pool_ = std::make_shared<ThreadPool>(threads);
+  try {
+    pool_->for_each(int64_t(pending.size()), [&](int64_t i) {
+      const Pending& p = pending[size_t(i)];
+      fold_steps(trace, p.run, p.layer, p.head, quantity, last_step, *p.map);
+    });
+  } catch (...) {
     maps_.clear();  // maps left half folded
-    std::rethrow_exception(error);
+    throw;
   }
 }
 

@@ -16,6 +16,8 @@
 
 namespace kvlens {
 
+class ThreadPool;
+
 enum class HeadQuantity { Logits, Probabilities, Scores };
 
 struct HeadMatrix {
@@ -67,6 +69,7 @@ class HeadMapCache {
 
   int64_t max_side_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<HeadMatrix>> maps_;
+  std::shared_ptr<ThreadPool> pool_;  // update()'s threads, made on its first call
 };
 
 // One step's row of a head at full resolution: values [t + 1] and visible flags; `kept` is false
