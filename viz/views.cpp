@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "engine/common/comma_list.h"
 #include "engine/common/error.h"
 
 namespace kvlens::viz {
@@ -50,13 +51,7 @@ ConsensusMetric parse_consensus(const std::string& text, const std::string& flag
 std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
                                 const std::string& flag) {
   std::vector<int64_t> runs;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    std::string item = list.substr(start, comma - start);
-    start = comma + 1;
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
+  for (const std::string& item : split_comma_list(list)) {
     int64_t index = -1;
     for (size_t r = 0; r < trace.runs.size() && index < 0; ++r)
       if (trace.runs[r].policy == item) index = int64_t(r);

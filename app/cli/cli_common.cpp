@@ -58,21 +58,6 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
 }
 
-std::vector<std::string> split_comma_list(const std::string& text) {
-  std::vector<std::string> items;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    size_t end = text.find(',', begin);
-    if (end == std::string::npos) end = text.size();
-    std::string item = text.substr(begin, end - begin);
-    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
-    while (!item.empty() && item.back() == ' ') item.pop_back();
-    items.push_back(std::move(item));
-    begin = end + 1;
-  }
-  return items;
-}
-
 std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag) {
   std::vector<int32_t> ids;
   for (const std::string& item : split_comma_list(text)) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/common/comma_list.h"
 #include "engine/runtime/backend.h"
 
 namespace kvlens::cli {
@@ -69,10 +70,6 @@ class AtomicOutputFile {
 
 // Adds --backend, --threads and --progress to a subcommand.
 void add_common_options(CLI::App& command, CommonOptions& common);
-
-// "a, b,c" -> {"a", "b", "c"}: split at commas, spaces around items trimmed, empty items kept
-// (callers reject them with their own flag's message).
-std::vector<std::string> split_comma_list(const std::string& text);
 
 // "1,2,3" -> ids; throws kvlens::Error naming `flag` for anything that is not a comma-separated
 // list of non-negative integers.

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "app/gui/imgui_canvas.h"
+#include "engine/common/comma_list.h"
 #include "engine/eval/trace_queries.h"
 #include "engine/policy/registry.h"
 #include "viz/layout.h"
@@ -222,11 +223,10 @@ void Dashboard::sidebar() {
     }
     const auto& infos = policy_infos();
     if (policy_checked_.size() != infos.size()) {
+      const std::vector<std::string> chosen = split_comma_list(pending_.policies);
       policy_checked_.assign(infos.size(), 0);
-      for (size_t i = 0; i < infos.size(); ++i) {
-        policy_checked_[i] =
-            ("," + pending_.policies + ",").find("," + infos[i].id + ",") != std::string::npos;
-      }
+      for (size_t i = 0; i < infos.size(); ++i)
+        policy_checked_[i] = std::find(chosen.begin(), chosen.end(), infos[i].id) != chosen.end();
     }
     ImGui::TextUnformatted("Policies");
     for (size_t i = 0; i < infos.size(); ++i) {
