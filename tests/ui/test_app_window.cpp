@@ -165,6 +165,16 @@ TEST_CASE("at a high-DPI scale the window fits the screen and draws sharp", "[ui
   CHECK(distinct_colors(dir + "/zoomed.png") > 200);
 }
 
+TEST_CASE("a policy list with spaces keeps every policy across a restart", "[ui][app]") {
+  // The sidebar's check boxes come from --policies; a restart records what they say.
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  const test::CommandResult result =
+      run_app(dir, "restart\nstep 2\ncompare dense,h2o\nquit\n", "--policies 'dense, h2o'");
+  INFO(result.out << result.err);
+  CHECK(result.exit_code == 0);
+}
+
 TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");
