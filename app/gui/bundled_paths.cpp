@@ -1,19 +1,15 @@
 // bundled_model_dir (bundled_paths.h).
 #include "app/gui/bundled_paths.h"
 
-#include <QCoreApplication>
-#include <QDir>
 #include <QFileInfo>
+
+#include "engine/common/bundled_assets.h"
 
 namespace kvlens::app {
 
 QString bundled_model_dir() {
-  const QString from_env = qEnvironmentVariable("KVLENS_DEMO_MODEL");
-  if (!from_env.isEmpty()) return from_env;
-  const QString installed =
-      QDir(QCoreApplication::applicationDirPath()).filePath("../share/kvlens/models/demo");
-  if (QFileInfo::exists(installed + "/config.json")) return QDir::cleanPath(installed);
-  return QString(KVLENS_SOURCE_ASSETS) + "/models/demo";
+  const std::string config = bundled_asset_path("models/demo/config.json", "bundled demo model");
+  return QFileInfo(QString::fromStdString(config)).absolutePath();
 }
 
 }  // namespace kvlens::app

@@ -74,7 +74,12 @@ MainWindow::MainWindow(const LaunchOptions& options) {
     dashboard_->set_view(viz::ViewKind(std::clamp(settings.value("view/kind", 0).toInt(), 0, 4)));
 
   SessionConfig& config = dashboard_->pending_config();
-  model_dir_ = options.model_dir.isEmpty() ? bundled_model_dir() : options.model_dir;
+  QString no_model;  // why there is no model to open (the bundled one missing)
+  try {
+    model_dir_ = options.model_dir.isEmpty() ? bundled_model_dir() : options.model_dir;
+  } catch (const std::exception& e) {
+    no_model = QString::fromUtf8(e.what());
+  }
   config.model_dir = model_dir_.toStdString();
   config.policies = options.policies.toStdString();
   config.sparsities = options.sparsity.toStdString();
@@ -87,6 +92,8 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   }
   if (!options.trace_path.isEmpty()) {
     QTimer::singleShot(0, this, [this, path = options.trace_path] { open_trace(path); });
+  } else if (!no_model.isEmpty()) {
+    QTimer::singleShot(0, this, [this, no_model] { show_error("kvlens: no model", no_model); });
   } else {
     QTimer::singleShot(0, this, [this] { engine_.open(dashboard_->pending_config()); });
   }

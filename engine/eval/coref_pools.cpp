@@ -3,12 +3,11 @@
 #include "engine/eval/coref_pools.h"
 
 #include <cctype>
-#include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
 
+#include "engine/common/bundled_assets.h"
 #include "engine/common/error.h"
 #include "engine/common/json_describe.h"
 #include "engine/common/mapped_file.h"
@@ -18,7 +17,6 @@ namespace kvlens {
 namespace {
 
 using Json = nlohmann::json;
-namespace fs = std::filesystem;
 
 std::string indexed(const std::string& key, size_t index) {
   return key + "[" + std::to_string(index) + "]";
@@ -124,29 +122,7 @@ CorefPools load_coref_pools(const std::string& path) {
 }
 
 std::string bundled_coref_pools_path() {
-  const fs::path relative = fs::path("benchmarks") / "coref" / "pools.json";
-  std::vector<fs::path> tried;
-  if (const char* dir = std::getenv("KVLENS_ASSETS_DIR"); dir && *dir) {
-    tried.push_back(fs::path(dir) / relative);
-  }
-  // The executable's own path, so the lookup does not depend on the working directory.
-  std::error_code error;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
-  if (!error) {
-    for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
-      tried.push_back(dir / "assets" / relative);
-      tried.push_back(dir / "share" / "kvlens" / relative);
-      if (dir == dir.root_path()) break;
-    }
-  }
-  std::string listed;
-  for (const fs::path& candidate : tried) {
-    if (fs::is_regular_file(candidate, error)) return candidate.string();
-    if (listed.size() < 400) listed += (listed.empty() ? "" : ", ") + candidate.string();
-  }
-  throw Error("assets/benchmarks/coref/pools.json", "(bundled pools)",
-              "the file under $KVLENS_ASSETS_DIR or above the executable",
-              listed.empty() ? "no place to look" : "none of " + listed);
+  return bundled_asset_path("benchmarks/coref/pools.json", "bundled pools");
 }
 
 CorefPools load_bundled_coref_pools() {

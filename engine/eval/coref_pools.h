@@ -34,10 +34,8 @@ inline constexpr const char* kCorefPlaceMarker = "The place is:";
 CorefPools parse_coref_pools(const std::string& json_text, const std::string& source);
 CorefPools load_coref_pools(const std::string& path);
 
-// The bundled pools file (assets/benchmarks/coref/pools.json). Looked up, in order, under
-// $KVLENS_ASSETS_DIR, then from the running executable's directory upwards (a build tree inside
-// the source tree), then <prefix>/share/kvlens next to an installed binary. Throws kvlens::Error
-// listing where it looked when none exists.
+// The bundled pools file (assets/benchmarks/coref/pools.json, found by bundled_asset_path).
+// Throws kvlens::Error listing where it looked when none exists.
 std::string bundled_coref_pools_path();
 CorefPools load_bundled_coref_pools();
 

@@ -175,6 +175,20 @@ TEST_CASE("a policy list with spaces keeps every policy across a restart", "[ui]
   CHECK(result.exit_code == 0);
 }
 
+TEST_CASE("without its bundled model the window says where it looked", "[ui][app]") {
+  // The app copied out of the build tree finds no assets/ above it: an error dialog, no crash.
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  fs::copy_file(KVLENS_APP_PATH, dir + "/kvlens");
+  std::ofstream(dir + "/script.txt") << "expect-error assets/models/demo/config.json\nquit\n";
+  const test::CommandResult result =
+      test::run_command("env -u QT_QPA_PLATFORM -u KVLENS_ASSETS_DIR XDG_CONFIG_HOME=" + dir +
+                        "/config timeout 120 xvfb-run -a -s '-screen 0 1600x1000x24' " + dir +
+                        "/kvlens --script " + dir + "/script.txt");
+  INFO(result.out << result.err);
+  CHECK(result.exit_code == 0);
+}
+
 TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");

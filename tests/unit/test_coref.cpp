@@ -2,6 +2,7 @@
 // (determinism, template, hard variant) and answer-token marking on the real GPT-2 tokenizer.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/common/bundled_assets.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_benchmark.h"
@@ -19,6 +21,7 @@
 
 using namespace kvlens;
 using Json = nlohmann::json;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -89,6 +92,23 @@ TEST_CASE("bundled pools load, are large enough and pass integrity with GPT-2", 
 
 TEST_CASE("the bundled pools are found from the executable", "[coref]") {
   CHECK(load_bundled_coref_pools().location_names == bundled().location_names);
+}
+
+TEST_CASE("bundled assets: $KVLENS_ASSETS_DIR first, then above the executable", "[coref]") {
+  // The demo model the app opens is found like the pools (the test binary sits in the build tree
+  // inside the source tree).
+  CHECK(fs::equivalent(bundled_asset_path("models/demo/config.json", "demo"),
+                       test::source_path("assets/models/demo/config.json")));
+  const std::string dir = test::make_temp_dir("assets");
+  fs::create_directories(dir + "/models/demo");
+  std::ofstream(dir + "/models/demo/config.json") << "{}";
+  ::setenv("KVLENS_ASSETS_DIR", dir.c_str(), 1);
+  CHECK(bundled_asset_path("models/demo/config.json", "demo") == dir + "/models/demo/config.json");
+  const std::string missing =
+      test::error_message([] { bundled_asset_path("models/none/config.json", "a model"); });
+  ::unsetenv("KVLENS_ASSETS_DIR");
+  CHECK(contains(missing, "assets/models/none/config.json: (a model): expected the file under"));
+  CHECK(contains(missing, dir + "/models/none/config.json"));  // where it looked, first
 }
 
 TEST_CASE("content words skip short and stop words", "[coref]") {
