@@ -27,9 +27,31 @@ ValueScale ValueScale::fitted(const std::vector<float>& values) {
   return {lo, hi, false};
 }
 
+ValueColors::ValueColors(const ValueScale& scale, const Colormap& map) : scale_(scale), map_(&map) {
+  // Entry k from normalise = (k - 0.5) / 255 on, as Colormap::at rounds.
+  const size_t entries = map.table().size();
+  for (size_t k = 1; k < entries && scale.log; ++k) {
+    const double t = (double(k) - 0.5) / double(entries - 1);
+    boundaries_.push_back(scale.lo * std::pow(scale.hi / scale.lo, t));
+  }
+}
+
+Color ValueColors::operator()(double value) const {
+  if (!scale_.log) return map_->at(scale_.normalise(value));
+  const auto k =
+      size_t(std::upper_bound(boundaries_.begin(), boundaries_.end(), value) - boundaries_.begin());
+  return map_->table()[k];
+}
+
 ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
                   int64_t rows, int64_t cols, const ValueScale& scale, const Colormap& map,
                   const Theme& theme, int64_t max_pixels) {
+  return heatmap(box, values, visible, rows, cols, ValueColors(scale, map), theme, max_pixels);
+}
+
+ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
+                  int64_t rows, int64_t cols, const ValueColors& color_of, const Theme& theme,
+                  int64_t max_pixels) {
   ImageItem image;
   image.box = box;
   const int64_t block_rows = std::max<int64_t>(1, (rows + max_pixels - 1) / max_pixels);
@@ -37,23 +59,6 @@ ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<u
   image.height = int32_t((rows + block_rows - 1) / block_rows);
   image.width = int32_t((cols + block_cols - 1) / block_cols);
   image.pixels.assign(size_t(image.width) * size_t(image.height), Color{0, 0, 0, 0});
-  // The colour of a value without a logarithm per pixel (a grid of many maps has millions): on a
-  // log scale, the 255 values where the map's entry changes (entry k from normalise = (k - 0.5)
-  // / 255 on, as Colormap::at rounds) are found once and each pixel's entry by binary search.
-  const size_t entries = map.table().size();
-  std::vector<double> boundaries;
-  if (scale.log) {
-    for (size_t k = 1; k < entries; ++k) {
-      const double t = (double(k) - 0.5) / double(entries - 1);
-      boundaries.push_back(scale.lo * std::pow(scale.hi / scale.lo, t));
-    }
-  }
-  auto color_of = [&](double value) {
-    if (!scale.log) return map.at(scale.normalise(value));
-    const size_t k =
-        size_t(std::upper_bound(boundaries.begin(), boundaries.end(), value) - boundaries.begin());
-    return map.table()[k];
-  };
   for (int64_t py = 0; py < image.height; ++py) {
     for (int64_t px = 0; px < image.width; ++px) {
       double best = -std::numeric_limits<double>::infinity();

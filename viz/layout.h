@@ -22,10 +22,27 @@ struct ValueScale {
   static ValueScale fitted(const std::vector<float>& values);
 };
 
+// The colour of a value on a scale and colormap, without a logarithm per value on a log scale
+// (a grid of many maps has millions): the 255 values where the map's entry changes are found once
+// and each value's entry by binary search. Build one per figure and share it between its maps.
+class ValueColors {
+ public:
+  ValueColors(const ValueScale& scale, const Colormap& map);
+  Color operator()(double value) const;
+
+ private:
+  ValueScale scale_;
+  const Colormap* map_;
+  std::vector<double> boundaries_;  // log scale: entry k from boundaries_[k - 1] on
+};
+
 // A rows x cols matrix as an image of at most max_pixels x max_pixels: blocks of cells become one
 // pixel holding the block's largest value (peaks stay visible when zoomed out). Cells with
 // visible == 0 (when given) are dimmed toward theme.dimmed; visible == 2 or NaN values are
 // transparent. The image fills `box`.
+ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
+                  int64_t rows, int64_t cols, const ValueColors& colors, const Theme& theme,
+                  int64_t max_pixels);
 ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
                   int64_t rows, int64_t cols, const ValueScale& scale, const Colormap& map,
                   const Theme& theme, int64_t max_pixels);

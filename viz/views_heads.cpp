@@ -213,6 +213,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     }
   }
   const ValueScale scale = scale_for(options, maps);
+  const ValueColors colors(scale, sequential_colormap());  // once for every map
   const float y0 = top + 20 + label_h;
   view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
   int64_t missing = 0;
@@ -235,8 +236,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
         const HeadMatrix& m = *shared;
         missing += m.missing_rows;
         const Box box{x0 + float(h) * pitch, y0 + float(l) * pitch, cell, cell};
-        f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, scale, sequential_colormap(),
-                      theme, m.rows));
+        f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, colors, theme, m.rows));
         const bool selected = l == options.layer && h == options.head;
         f.rect(box, {0, 0, 0, 0}, selected ? theme.accent : theme.grid, selected ? 2.0f : 0.5f);
         const std::string where =
