@@ -11,13 +11,13 @@
 #include <QKeyEvent>
 #include <QMenuBar>
 #include <QMessageBox>
-#include <QSaveFile>
 #include <QScreen>
 #include <QSettings>
 #include <QStatusBar>
 #include <QTimer>
 #include <cmath>
 
+#include "app/cli/cli_common.h"
 #include "app/gui/bundled_paths.h"
 #include "engine/common/error.h"
 #include "viz/qt/painter_renderer.h"
@@ -303,13 +303,9 @@ bool MainWindow::export_view(const QString& path) {
   }
   try {
     if (wants_data) {
-      const std::string text = suffix == "csv" ? view->data.to_csv() : view->data.to_json();
-      QSaveFile file(path);
-      if (!file.open(QIODevice::WriteOnly) ||
-          file.write(text.data(), qint64(text.size())) != qint64(text.size()) || !file.commit()) {
-        throw Error(path.toStdString(), "file", "a writable path",
-                    file.errorString().toStdString());
-      }
+      cli::AtomicOutputFile file(path.toStdString(), "export");
+      file.stream() << (suffix == "csv" ? view->data.to_csv() : view->data.to_json());
+      file.commit();
     } else {
       viz::export_figure(view->figure, path.toStdString());
     }
