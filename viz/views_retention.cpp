@@ -25,10 +25,6 @@ std::string scope_text(const ViewOptions& o) {
          std::to_string(o.retention_head);
 }
 
-}  // namespace
-
-namespace {
-
 struct Chip {
   Color background{0, 0, 0, 0};
   Color color;
@@ -108,16 +104,14 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
     f.text({x, y + 7}, "struck through: seen by neither", 11, theme.muted, HAlign::Left,
            VAlign::Middle);
   } else {
-    ImageItem bar;
-    bar.box = {16, y + 2, 160, 10};
-    bar.width = 256;
-    bar.height = 1;
-    bar.pixels.assign(sequential_colormap().table().begin(), sequential_colormap().table().end());
-    f.add(std::move(bar));
-    f.text({16, y + 24}, "0", 10, theme.foreground, HAlign::Center);
-    f.text({176, y + 24}, std::to_string(counts[0].heads_in_scope), 10, theme.foreground,
-           HAlign::Center);
-    f.text({190, y + 11}, "heads that see the token", 11, theme.foreground);
+    const std::string label = "heads that see the token:";
+    const double most = counts[0].heads_in_scope;
+    f.text({16, y + 11}, label, 11, theme.foreground);
+    inline_colorbar(f,
+                    {16 + text_width(label, 11) + 8 + text_width(format_value(0), 10) + 64 +
+                         text_width(format_value(most), 10),
+                     y + 11},
+                    0, most, sequential_colormap(), theme);
   }
   y += 44;
   bool known = true;
