@@ -391,18 +391,19 @@ void ImGuiCanvas::render_draw_data(ImDrawData* draw) {
   glDisable(GL_SCISSOR_TEST);
 }
 
-void ImGuiCanvas::mousePressEvent(QMouseEvent* event) {
+void ImGuiCanvas::mouse_button(QMouseEvent* event, bool down) {
   make_current_context();
   const int button = imgui_button(event->button());
-  if (button >= 0) ImGui::GetIO().MouseDown[button] = true;
+  if (button >= 0) ImGui::GetIO().MouseDown[button] = down;
   update();
 }
 
+void ImGuiCanvas::mousePressEvent(QMouseEvent* event) {
+  mouse_button(event, true);
+}
+
 void ImGuiCanvas::mouseReleaseEvent(QMouseEvent* event) {
-  make_current_context();
-  const int button = imgui_button(event->button());
-  if (button >= 0) ImGui::GetIO().MouseDown[button] = false;
-  update();
+  mouse_button(event, false);
 }
 
 void ImGuiCanvas::mouseMoveEvent(QMouseEvent* event) {

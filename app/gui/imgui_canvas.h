@@ -67,6 +67,7 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
   void destroy_device_objects();
   void render_draw_data(ImDrawData* draw);
   void key_event(QKeyEvent* event, bool down);
+  void mouse_button(QMouseEvent* event, bool down);
 
   ImGuiContext* context_ = nullptr;
   bool gl_ready_ = false;  // an OpenGL context was made (not on platforms without one)

@@ -71,7 +71,8 @@ void draw_text(ImDrawList* list, ImFont* font, const viz::TextItem& item, ImVec2
 }
 
 void draw_polyline(ImDrawList* list, const viz::LineItem& line, ImVec2 origin, float zoom) {
-  std::vector<ImVec2> points;
+  static std::vector<ImVec2> points;  // drawn every frame on the UI thread: kept, not reallocated
+  points.clear();
   for (const viz::Point& p : line.points)
     points.emplace_back(origin.x + p.x * zoom, origin.y + p.y * zoom);
   const ImU32 color = color32(line.color);
