@@ -24,7 +24,7 @@ __global__ void kv_append_kernel(const float* k, const float* v, float* k_cache,
     const int64_t r = i / (head_dim * kv_heads);
     const int64_t dst = (g * capacity + first_position + r) * head_dim + d;
     k_cache[dst] = k[i];
-    v_cache[dst] = v[i];
+    if (v_cache != nullptr) v_cache[dst] = v[i];
   }
 }
 

@@ -406,6 +406,43 @@ class CudaBackend final : public Backend {
     check_launch("silu_mul");
   }
 
+  void layer_norm(const DeviceTensor& x, const DeviceTensor& weight, const DeviceTensor& bias,
+                  float eps, DeviceTensor& y) override {
+    const std::string op = "layer_norm";
+    require(x, DType::F32, op, "x");
+    require_weight(weight, op, "weight");
+    require_weight(bias, op, "bias");
+    require(y, DType::F32, op, "y");
+    const int64_t width = elements(weight);
+    if (width == 0 || elements(bias) != width || elements(x) % width != 0)
+      bad_argument(op + ": x", cat({"rows of ", std::to_string(width), " and a bias as wide"}),
+                   describe(x) + ", bias " + describe(bias));
+    require_elements(y, elements(x), op, "y");
+    if (weight.dtype != bias.dtype)
+      bad_argument(op + ": bias", "the weight's dtype", describe(bias));
+    activate();
+    cuda::launch_layer_norm(x.as<float>(), weight.data, bias.data, weight.dtype,
+                            elements(x) / width, width, eps, y.as<float>(), stream());
+    check_launch("layer_norm");
+  }
+
+  void bias_activation(DeviceTensor& x, const DeviceTensor* bias, Activation act) override {
+    const std::string op = "bias_activation";
+    require(x, DType::F32, op, "x");
+    int64_t width = elements(x);
+    if (bias != nullptr) {
+      require_weight(*bias, op, "bias");
+      width = elements(*bias);
+      if (width == 0 || elements(x) % width != 0)
+        bad_argument(op + ": x", cat({"rows of ", std::to_string(width)}), describe(x));
+    }
+    activate();
+    const int kind = act == Activation::Gelu ? 1 : act == Activation::Silu ? 2 : 0;
+    cuda::launch_bias_activation(x.as<float>(), elements(x), bias ? bias->data : nullptr,
+                                 bias ? bias->dtype : DType::F32, width, kind, stream());
+    check_launch("bias_activation");
+  }
+
   void add_inplace(DeviceTensor& x, const DeviceTensor& y) override {
     const std::string op = "add_inplace";
     require(x, DType::F32, op, "x");
@@ -419,25 +456,28 @@ class CudaBackend final : public Backend {
   void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
                  DeviceTensor& v_cache, int64_t first_position) override {
     const std::string op = "kv_append";
-    const CacheShape cache = cache_shape(k_cache, v_cache, op);
+    // An empty v_cache: keys alone (Backend::kv_append).
+    const bool keys_only = v_cache.empty();
+    const CacheShape cache =
+        keys_only ? cache_shape(k_cache, op, "k_cache") : cache_shape(k_cache, v_cache, op);
     require(k, DType::F32, op, "k");
-    require(v, DType::F32, op, "v");
+    if (!keys_only) require(v, DType::F32, op, "v");
     const int64_t row_elements = cache.kv_heads * cache.head_dim;
     if (row_elements == 0 || elements(k) % row_elements != 0)
       bad_argument(
           op + ": k",
           cat({"[n, ", std::to_string(cache.kv_heads), ", ", std::to_string(cache.head_dim), "]"}),
           describe(k));
-    require_elements(v, elements(k), op, "v");
+    if (!keys_only) require_elements(v, elements(k), op, "v");
     const int64_t rows = elements(k) / row_elements;
     if (first_position < 0 || first_position + rows > cache.capacity)
       bad_argument(op,
                    cat({"positions inside the cache capacity ", std::to_string(cache.capacity)}),
                    cat({std::to_string(first_position), " + ", std::to_string(rows), " rows"}));
     activate();
-    cuda::launch_kv_append(k.as<float>(), v.as<float>(), k_cache.as<float>(), v_cache.as<float>(),
-                           rows, cache.kv_heads, cache.head_dim, cache.capacity, first_position,
-                           stream());
+    cuda::launch_kv_append(k.as<float>(), keys_only ? nullptr : v.as<float>(), k_cache.as<float>(),
+                           keys_only ? nullptr : v_cache.as<float>(), rows, cache.kv_heads,
+                           cache.head_dim, cache.capacity, first_position, stream());
     check_launch("kv_append");
   }
 

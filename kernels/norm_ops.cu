@@ -42,6 +42,43 @@ __global__ void rmsnorm_kernel(const float* x, const T* weight, int64_t width, f
     yr[i] = (xr[i] * inv) * to_f32(weight[i]);
 }
 
+// One block per row: the mean, then the variance around it, in double (two passes, as the CPU
+// reference), the inverse deviation rounded to F32 once. y may alias x (each thread rewrites
+// only the elements it read, after both reductions).
+template <typename T>
+__global__ void layer_norm_kernel(const float* x, const T* weight, const T* bias, int64_t width,
+                                  float eps, float* y) {
+  __shared__ double scratch[32];
+  const float* xr = x + int64_t(blockIdx.x) * width;
+  float* yr = y + int64_t(blockIdx.x) * width;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += double(xr[i]);
+  const double mean = block_reduce(sum, SumOp{}, 0.0, scratch) / double(width);
+  __syncthreads();  // scratch is reused by the second reduction
+  double squares = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+    squares += (double(xr[i]) - mean) * (double(xr[i]) - mean);
+  squares = block_reduce(squares, SumOp{}, 0.0, scratch);
+  const float inv = float(1.0 / sqrt(squares / double(width) + double(eps)));
+  const float mean_f = float(mean);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+    yr[i] = (xr[i] - mean_f) * inv * to_f32(weight[i]) + to_f32(bias[i]);
+}
+
+template <typename T>
+__global__ void bias_activation_kernel(float* x, int64_t count, const T* bias, int64_t width,
+                                       int act) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    // The sum rounded to F32, the activation in double rounded once: the CPU reference's steps.
+    const double value = double(x[i] + (bias != nullptr ? to_f32(bias[i % width]) : 0.0f));
+    double result = value;
+    if (act == 1) result = 0.5 * value * (1.0 + erf(value * 0.70710678118654752440));
+    if (act == 2) result = value / (1.0 + exp(-value));
+    x[i] = float(result);
+  }
+}
+
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t count, float* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -87,6 +124,26 @@ void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int6
     using T = decltype(tag);
     rmsnorm_kernel<T>
         <<<unsigned(rows), kThreads, 0, stream>>>(x, static_cast<const T*>(weight), width, eps, y);
+  });
+}
+
+void launch_layer_norm(const float* x, const void* weight, const void* bias, DType dtype,
+                       int64_t rows, int64_t width, float eps, float* y, cudaStream_t stream) {
+  if (rows <= 0 || width <= 0) return;
+  dispatch_weight(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    layer_norm_kernel<T><<<unsigned(rows), kThreads, 0, stream>>>(
+        x, static_cast<const T*>(weight), static_cast<const T*>(bias), width, eps, y);
+  });
+}
+
+void launch_bias_activation(float* x, int64_t count, const void* bias, DType bias_dtype,
+                            int64_t width, int act, cudaStream_t stream) {
+  if (count <= 0) return;
+  dispatch_weight(bias_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    bias_activation_kernel<T><<<grid_for(count, kThreads), kThreads, 0, stream>>>(
+        x, count, static_cast<const T*>(bias), width, act);
   });
 }
 

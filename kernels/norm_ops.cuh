@@ -22,6 +22,14 @@ void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* 
 // y may alias x.
 void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t rows,
                     int64_t width, float eps, float* y, cudaStream_t stream);
+// y[r, :] = (x[r, :] - mean) * rsqrt(var + eps) * weight + bias (LayerNorm, biased variance;
+// weight and bias [width] of one dtype F32/BF16/F16). y may alias x.
+void launch_layer_norm(const float* x, const void* weight, const void* bias, DType dtype,
+                       int64_t rows, int64_t width, float eps, float* y, cudaStream_t stream);
+// x[i] = act(x[i] + bias[i % width]) (bias F32/BF16/F16 or null); act 0 none, 1 GELU (erf),
+// 2 SiLU.
+void launch_bias_activation(float* x, int64_t count, const void* bias, DType bias_dtype,
+                            int64_t width, int act, cudaStream_t stream);
 // out[i] = silu(gate[i]) * up[i]
 void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out,
                      cudaStream_t stream);

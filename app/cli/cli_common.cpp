@@ -42,6 +42,16 @@ std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
   throw Error("--backend", "backend", "cpu or cuda", common.backend);
 }
 
+void add_predictor_option(CLI::App& command, CommonOptions& common) {
+  command.add_option("--predictor", common.predictor,
+                     "TokenButler predictor.safetensors (predictor.json beside it) instead of the "
+                     "model folder's own");
+}
+
+std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir) {
+  return Model::load(model_dir, common.predictor);
+}
+
 void add_common_options(CLI::App& command, CommonOptions& common) {
   command.add_option("--backend", common.backend, "Compute backend: cpu or cuda")
       ->capture_default_str();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/common/comma_list.h"
+#include "engine/model/model.h"
 #include "engine/runtime/backend.h"
 
 namespace kvlens::cli {
@@ -21,6 +22,9 @@ struct CommonOptions {
   // loops); auto and avx2 give the same bits, generic differs in the attention's last bits.
   std::string cpu_kernels = "auto";
   bool progress = false;  // progress bar on stderr
+  // --predictor: a predictor.safetensors (predictor.json beside it) overriding the model
+  // folder's own TokenButler predictor (commands that open a model).
+  std::string predictor;
 };
 
 // Every command's run function; exceptions (kvlens::Error and others) are reported by main().
@@ -70,6 +74,10 @@ class AtomicOutputFile {
 
 // Adds --backend, --threads and --progress to a subcommand.
 void add_common_options(CLI::App& command, CommonOptions& common);
+// Adds --predictor to a subcommand that opens a model.
+void add_predictor_option(CLI::App& command, CommonOptions& common);
+// Model::load with the --predictor override.
+std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir);
 
 // "1,2,3" -> ids; throws kvlens::Error naming `flag` for anything that is not a comma-separated
 // list of non-negative integers.

@@ -89,9 +89,10 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_option("--policy-arg", policy_args,
                       "Policy parameter key=value or policy.key=value (repeatable)");
   add_common_options(*command, common);
+  add_predictor_option(*command, common);
   command->callback([&run, &common] {
     run = [&common] {
-      const auto model = Model::load(model_dir);
+      const auto model = load_model(common, model_dir);
       const ModelConfig& config = model->config;
       // With --policies every block of steps starts with one untimed step.
       const int64_t blocks = (steps + block - 2) / (block - 1);

@@ -168,7 +168,7 @@ int run_eval(const CommonOptions& common) {
     csv_out->stream() << kCsvHeader << '\n';
   }
 
-  const auto model = Model::load(flags.model_dir);
+  const auto model = load_model(common, flags.model_dir);
   const Tokenizer& tokenizer = model->require_tokenizer();
   std::optional<CorefPools> pools;
   std::vector<int32_t> text_tokens;
@@ -304,6 +304,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                                         "ppl: use only the first N tokens of the file (0 = all)")
                            ->check(CLI::NonNegativeNumber);
   add_common_options(*command, common);
+  add_predictor_option(*command, common);
   command->callback([&run, &common] { run = [&common] { return run_eval(common); }; });
 }
 

@@ -26,13 +26,14 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
   command->add_flag("--ids", print_ids, "Print the generated token ids instead of text");
   add_policy_options(*command, policy);
   add_common_options(*command, common);
+  add_predictor_option(*command, common);
   command->callback([&run, &common, prompt_option, tokens_option] {
     run = [&common, prompt_option, tokens_option] {
       if (!*prompt_option && !*tokens_option) {
         throw Error("generate", "--prompt or --tokens", "one of them");
       }
       const PolicyConfig policy_config = resolve_policy(policy);
-      const auto model = Model::load(model_dir);
+      const auto model = load_model(common, model_dir);
       const std::optional<std::string> text =
           *prompt_option ? std::optional<std::string>(prompt) : std::nullopt;
       const std::vector<int32_t> prompt_ids =

@@ -60,6 +60,17 @@ nlohmann::json model_info(const Model& model) {
       {"weight_bytes", weight_bytes},
       {"tensor_dtypes", dtype_counts},
   };
+  if (const auto& predictor = model.predictor.predictor) {
+    const PredictorConfig& sizes = predictor->config;
+    info["predictor"] = {{"path", predictor->path},
+                         {"variant", PredictorConfig::variant_name(sizes.variant)},
+                         {"attn_reduce_factor", sizes.attn_reduce_factor},
+                         {"dDash", sizes.importance_dim},
+                         {"intdim", sizes.intermediate},
+                         {"parameters", sizes.parameter_count()}};
+  } else {
+    info["predictor"] = nullptr;
+  }
   if (model.tokenizer) {
     info["tokenizer"] = {
         {"vocab_size", model.tokenizer->vocab_size()},
@@ -79,9 +90,10 @@ void add_info_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   static std::string model_dir;
   command->add_option("--model", model_dir, "Hugging Face checkpoint folder")->required();
   add_common_options(*command, common);
-  command->callback([&run] {
-    run = [] {
-      const auto model = Model::load(model_dir);
+  add_predictor_option(*command, common);
+  command->callback([&run, &common] {
+    run = [&common] {
+      const auto model = load_model(common, model_dir);
       std::printf("%s\n", model_info(*model).dump(2).c_str());
       return 0;
     };

@@ -36,13 +36,14 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       ->check(CLI::NonNegativeNumber);
   add_policy_options(*command, policy);
   add_common_options(*command, common);
+  add_predictor_option(*command, common);
   command->callback([&run, &common, file_option, tokens_option] {
     run = [&common, file_option, tokens_option] {
       if (!*file_option && !*tokens_option) {
         throw Error("score", "--text-file or --tokens", "one of them");
       }
       const PolicyConfig policy_config = resolve_policy(policy);
-      const auto model = Model::load(model_dir);
+      const auto model = load_model(common, model_dir);
       std::optional<std::string> text;
       if (*file_option) text = read_text_file(text_file);
       const std::vector<int32_t> ids = resolve_input_tokens(

@@ -72,7 +72,7 @@ int run_trace(const CommonOptions& common, bool from_prompt) {
   }
   { AtomicOutputFile probe(flags.out_path, "--out"); }  // an unwritable path fails before the run
 
-  const std::shared_ptr<const Model> model = Model::load(flags.model_dir);
+  const std::shared_ptr<const Model> model = load_model(common, flags.model_dir);
   TraceOptions options;
   options.top_k = flags.top_k;
   options.memory_budget = uint64_t(flags.memory_mb) << 20;
@@ -159,6 +159,7 @@ void add_trace_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_option("--select-heads", flags.selected_heads,
                       "layer:head,... whose rows are kept past the memory budget");
   add_common_options(*command, common);
+  add_predictor_option(*command, common);
   command->callback([&run, &common, prompt] {
     run = [&common, prompt] { return run_trace(common, bool(*prompt)); };
   });

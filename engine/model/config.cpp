@@ -180,9 +180,12 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   config.source = source;
 
   const std::optional<std::string> model_type = reader.optional_string("model_type");
-  if (!model_type) throw Error(source, "model_type", "\"llama\" or \"mistral\"", "missing");
-  if (*model_type != "llama" && *model_type != "mistral") {
-    throw Error(source, "model_type", "\"llama\" or \"mistral\"", "\"" + *model_type + "\"");
+  // llama_butler: a TokenButler release, a Llama whose layer-0 attention also holds the
+  // predictor (Predictor::from_butler reads its fields).
+  const char* expected_types = "\"llama\", \"mistral\" or \"llama_butler\"";
+  if (!model_type) throw Error(source, "model_type", expected_types, "missing");
+  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "llama_butler") {
+    throw Error(source, "model_type", expected_types, "\"" + *model_type + "\"");
   }
   config.model_type = *model_type;
   const bool mistral = config.model_type == "mistral";

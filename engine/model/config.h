@@ -22,7 +22,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "llama" or "mistral"
+  std::string model_type;  // "llama", "mistral" or "llama_butler"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;

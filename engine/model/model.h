@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/model/config.h"
+#include "engine/model/predictor.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/weights.h"
 
@@ -17,8 +18,15 @@ struct Model {
   ModelConfig config;
   ModelWeights weights;
   std::shared_ptr<const Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
+  // The TokenButler predictor, when one was found (predictor.predictor non-null), and where the
+  // lookup looked (PredictorLookup).
+  PredictorLookup predictor;
 
-  static std::shared_ptr<const Model> load(const std::string& model_dir);
+  // `predictor_file` (a predictor.safetensors, with its predictor.json beside it) overrides the
+  // lookup; empty: a llama_butler checkpoint's own predictor, else predictor.safetensors in the
+  // folder, else none.
+  static std::shared_ptr<const Model> load(const std::string& model_dir,
+                                           const std::string& predictor_file = {});
   // The tokenizer, or an Error naming the folder when there is none.
   const Tokenizer& require_tokenizer() const;
 };

@@ -67,10 +67,16 @@ enum class LayerDecision {
   Skipped,  // the layer's attention output is zero for this token (tokenfilter)
 };
 
+struct BackendPredictor;
+
 // The model shape and buffer geometry a policy instance is created for.
 struct PolicyShape {
   int64_t layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int64_t stride = 0;  // columns of every row buffer: the most positions a run may reach
+  // The model's TokenButler predictor on the session's backend (null: none), and where the
+  // model's lookup looked when it found none (for the tokenbutler policy's error).
+  std::shared_ptr<const BackendPredictor> predictor;
+  std::vector<std::string> predictor_searched;
 };
 
 class Policy {
@@ -94,6 +100,11 @@ class Policy {
   // and compute the logits at the chosen columns only (about half the work at s = 0.5). True
   // unless a policy says otherwise: the answer that is never wrong.
   virtual bool reads_logits(const LayerStep& /*step*/) const { return true; }
+  // The layer-0 attention inputs [n, E] of tokens at positions first_position .. + n - 1 that
+  // the policy does not select for (a dense prompt chunk, or steps before its first step): a
+  // learned predictor reads them to keep its own cache complete. Called in position order, once
+  // per token, before the policy's first select at a later position. The default ignores them.
+  virtual void observe_inputs(const DeviceTensor& /*layer_input*/, int64_t /*first_position*/) {}
 };
 
 // A registered policy: its id, family, one-line rule and parameters (common knobs included).

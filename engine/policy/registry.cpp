@@ -29,6 +29,7 @@ const std::vector<Entry>& entries() {
       {keydiff_policy_info(), make_keydiff_policy},
       {tokenfilter_policy_info(), make_tokenfilter_policy},
       {lazyllm_policy_info(), make_lazyllm_policy},
+      {tokenbutler_policy_info(), make_tokenbutler_policy},
   };
   return table;
 }

@@ -96,10 +96,19 @@ class Backend {
                     const DeviceTensor& inv_freq) = 0;
   // out[n, F] = silu(gate) * up
   virtual void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) = 0;
+  // y[n, E] = (x - mean) / sqrt(var + eps) * weight + bias per row (LayerNorm, biased variance,
+  // as torch; weight and bias [E] in any weight dtype). y may be x.
+  virtual void layer_norm(const DeviceTensor& x, const DeviceTensor& weight,
+                          const DeviceTensor& bias, float eps, DeviceTensor& y) = 0;
+  // In place on x[n, F]: x = act(x + bias), bias [F] in any weight dtype or null (none). Gelu is
+  // the exact erf form (torch's nn.GELU default); Silu is x * sigmoid(x).
+  enum class Activation { None, Gelu, Silu };
+  virtual void bias_activation(DeviceTensor& x, const DeviceTensor* bias, Activation act) = 0;
   // x += y (same shape)
   virtual void add_inplace(DeviceTensor& x, const DeviceTensor& y) = 0;
   // Writes k[n, G, D] and v[n, G, D] into cache rows [G, capacity, D] at positions
-  // first_position .. first_position + n - 1.
+  // first_position .. first_position + n - 1. An empty v_cache (no storage) writes the keys only
+  // (v is then not read): caches of keys alone, as a learned predictor's importance keys.
   virtual void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
                          DeviceTensor& v_cache, int64_t first_position) = 0;
   // Causal attention of q[n, H, D] (positions first_position..+n-1) over the cache

@@ -337,6 +337,66 @@ class CpuBackend final : public Backend {
         kSiluBlocksPerTask);
   }
 
+  void layer_norm(const DeviceTensor& x, const DeviceTensor& weight, const DeviceTensor& bias,
+                  float eps, DeviceTensor& y) override {
+    require_f32(x, "layer_norm: x");
+    require_f32(y, "layer_norm: y");
+    for (const DeviceTensor* t : {&weight, &bias}) {
+      KVLENS_REQUIRE(is_weight_dtype(t->dtype), "layer_norm: weight, bias",
+                     "F32/BF16/F16 [E] tensors", describe(*t));
+      require_data(*t, "layer_norm: weight, bias");
+    }
+    const int64_t width = weight.numel();
+    KVLENS_REQUIRE(width > 0 && bias.numel() == width && x.numel() % width == 0, "layer_norm: x",
+                   cat("[n, ", width, "] with a [", width, "] bias"),
+                   describe(x) + ", bias " + describe(bias));
+    KVLENS_REQUIRE(y.numel() == x.numel(), "layer_norm: y", describe(x), describe(y));
+    std::vector<float> gain(static_cast<size_t>(width)), shift(static_cast<size_t>(width));
+    widen(weight, 0, width, gain.data());
+    widen(bias, 0, width, shift.data());
+    for (int64_t i = 0, n = x.numel() / width; i < n; ++i) {
+      const float* row = x.as<const float>() + i * width;
+      float* dst = y.as<float>() + i * width;
+      // Two passes in double: the mean first, then the variance around it (no cancellation),
+      // rounded to float where torch keeps its statistics.
+      double sum = 0.0;
+      for (int64_t e = 0; e < width; ++e) sum += row[e];
+      const double mean = sum / double(width);
+      double squares = 0.0;
+      for (int64_t e = 0; e < width; ++e) squares += (row[e] - mean) * (row[e] - mean);
+      const float inv = float(1.0 / std::sqrt(squares / double(width) + double(eps)));
+      const float mean_f = float(mean);
+      for (int64_t e = 0; e < width; ++e)
+        dst[e] = (row[e] - mean_f) * inv * gain[size_t(e)] + shift[size_t(e)];
+    }
+  }
+
+  void bias_activation(DeviceTensor& x, const DeviceTensor* bias, Activation act) override {
+    require_f32(x, "bias_activation: x");
+    std::vector<float> shift;
+    int64_t width = x.numel();
+    if (bias != nullptr) {
+      KVLENS_REQUIRE(is_weight_dtype(bias->dtype), "bias_activation: bias",
+                     "an F32/BF16/F16 [F] tensor", describe(*bias));
+      require_data(*bias, "bias_activation: bias");
+      width = bias->numel();
+      KVLENS_REQUIRE(width > 0 && x.numel() % width == 0, "bias_activation: x",
+                     cat("[n, ", width, "]"), describe(x));
+      shift.resize(size_t(width));
+      widen(*bias, 0, width, shift.data());
+    }
+    float* v = x.as<float>();
+    for (int64_t i = 0, count = x.numel(); i < count; ++i) {
+      float value = v[i] + (bias != nullptr ? shift[size_t(i % width)] : 0.0f);
+      if (act == Activation::Gelu) {
+        value = float(0.5 * double(value) * (1.0 + std::erf(double(value) * M_SQRT1_2)));
+      } else if (act == Activation::Silu) {
+        value = float(double(value) / (1.0 + std::exp(-double(value))));
+      }
+      v[i] = value;
+    }
+  }
+
   void add_inplace(DeviceTensor& x, const DeviceTensor& y) override {
     require_f32(x, "add_inplace: x");
     require_f32(y, "add_inplace: y");
@@ -348,13 +408,21 @@ class CpuBackend final : public Backend {
 
   void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
                  DeviceTensor& v_cache, int64_t first_position) override {
+    const bool keys_only = v_cache.empty();
     require_f32(k, "kv_append: k");
-    require_f32(v, "kv_append: v");
-    require_kv_caches(k_cache, v_cache, "kv_append");
+    if (keys_only) {
+      require_f32(k_cache, "kv_append: k_cache");
+      KVLENS_REQUIRE(k_cache.shape.size() == 3, "kv_append: k_cache", "a [G, capacity, D] tensor",
+                     describe(k_cache));
+    } else {
+      require_f32(v, "kv_append: v");
+      require_kv_caches(k_cache, v_cache, "kv_append");
+    }
     const int64_t groups = k_cache.dim(0), capacity = k_cache.dim(1), head_dim = k_cache.dim(2);
     const int64_t row = groups * head_dim;
-    KVLENS_REQUIRE(row > 0 && k.numel() % row == 0 && v.numel() == k.numel(), "kv_append: k, v",
-                   cat("[n, ", groups, ", ", head_dim, "] each"), describe(k) + ", " + describe(v));
+    KVLENS_REQUIRE(row > 0 && k.numel() % row == 0 && (keys_only || v.numel() == k.numel()),
+                   "kv_append: k, v", cat("[n, ", groups, ", ", head_dim, "] each"),
+                   describe(k) + ", " + describe(v));
     const int64_t n = k.numel() / row;
     KVLENS_REQUIRE(first_position >= 0 && first_position + n <= capacity, "kv_append: positions",
                    cat("positions below the capacity ", capacity),
@@ -365,6 +433,7 @@ class CpuBackend final : public Backend {
         const size_t dst = size_t((g * capacity + first_position + i) * head_dim);
         std::memcpy(k_cache.as<float>() + dst, k.as<const float>() + src,
                     size_t(head_dim) * sizeof(float));
+        if (keys_only) continue;
         std::memcpy(v_cache.as<float>() + dst, v.as<const float>() + src,
                     size_t(head_dim) * sizeof(float));
       }

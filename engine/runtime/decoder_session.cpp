@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "engine/common/error.h"
+#include "engine/runtime/predictor_runtime.h"
 #include "engine/runtime/session_tensors.h"
 
 namespace kvlens {
@@ -51,6 +52,8 @@ std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const M
   const std::vector<float> inv_freq = model->config.rope_inv_freq();
   result->inv_freq = backend.alloc(DType::F32, {int64_t(inv_freq.size())});
   backend.from_host(result->inv_freq, inv_freq.data(), inv_freq.size() * sizeof(float));
+  if (model->predictor.predictor)
+    result->predictor = BackendPredictor::upload(model->predictor.predictor, backend);
   return result;
 }
 
@@ -304,6 +307,13 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
       // The runs' layer inputs, queries, keys and values (their policies read them).
       for (DeviceTensor* rows : {&normed, &q, &k, &v}) copy_first_row(*rows);
     }
+    if (!per_run && l == 0) {
+      // A dense chunk is not selected for: policies that keep state of their own over the
+      // layer-0 inputs (a learned predictor) read them here.
+      for (SessionRun& run : runs_) {
+        if (run.policy) run.policy->observe_inputs(normed, position_);
+      }
+    }
     if (per_run) {
       step_attention(l);
     } else {
@@ -385,8 +395,13 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
 
 PolicyShape DecoderSession::policy_shape() const {
   const ModelConfig& c = model_->config();
-  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim,
-          options_.capacity > 0 ? options_.capacity : c.max_position_embeddings};
+  return {c.num_layers,
+          c.num_heads,
+          c.num_kv_heads,
+          c.head_dim,
+          options_.capacity > 0 ? options_.capacity : c.max_position_embeddings,
+          model_->predictor,
+          model_->model->predictor.searched};
 }
 
 void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, int64_t first_step) {

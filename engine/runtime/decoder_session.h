@@ -27,6 +27,8 @@ struct BackendModel {
   };
   DeviceTensor embed, final_norm, lm_head, inv_freq;
   std::vector<Layer> layers;
+  // The model's TokenButler predictor on this backend (null when the model has none).
+  std::shared_ptr<const BackendPredictor> predictor;
 
   static std::shared_ptr<const BackendModel> upload(std::shared_ptr<const Model> model,
                                                     Backend& backend);

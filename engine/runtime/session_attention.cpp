@@ -214,7 +214,10 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
     for (int64_t h = 0; h < H; ++h)
       backend_.copy_rows(row_prefix(*attention.logits, h, cols), 0, recorded, h, 1, cols);
   }
-  if (!policy_step(run)) return;
+  if (!policy_step(run)) {
+    if (run.policy && layer == 0) run.policy->observe_inputs(input_rows_[size_t(r)], position_);
+    return;
+  }
   const LayerStep step = layer_step(run, layer, size_t(r));
   const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
   run.decisions[layer] = decision;

@@ -1,0 +1,93 @@
+// tokenbutler (POLICIES.md, "The TokenButler predictor"): per (layer, head), the top B(t)
+// candidates by the learned predictor's logits for this step, chosen afresh every step; nothing
+// is evicted. The predictor reads the layer-0 attention input of each token once (at layer 0 of
+// its step, or through observe_inputs for a dense prompt) and caches its state, so each step
+// costs O(t). Layer 0 is never predicted and stays dense whatever dense_layers says (the
+// predictor sits on its input). The scores it writes are the predicted logits, so the trace
+// holds them for the "predicted vs true" view. It never reads the true logits.
+#include "engine/common/error.h"
+#include "engine/policy/budgeted_policy.h"
+#include "engine/policy/policy_factories.h"
+#include "engine/runtime/predictor_runtime.h"
+
+namespace kvlens {
+namespace {
+
+class TokenButlerPolicy final : public BudgetedPolicy {
+ public:
+  TokenButlerPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs)
+      : BudgetedPolicy(shape, backend, knobs), predictor_(shape.predictor) {}
+
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
+  void observe_inputs(const DeviceTensor& layer_input, int64_t first_position) override {
+    feed(layer_input, first_position);
+  }
+
+  LayerDecision select(const LayerStep& step, DeviceTensor& visible,
+                       DeviceTensor& scores) override {
+    if (step.layer == 0) {
+      feed(*step.layer_input, step.step);
+      return LayerDecision::Dense;
+    }
+    if (predictor_.position() != step.step + 1) {
+      throw Error("policy tokenbutler", "step",
+                  "layer 0 of step " + std::to_string(step.step) + " before its later layers",
+                  "the predictor at position " + std::to_string(predictor_.position()));
+    }
+    if (dense_layer(step)) return LayerDecision::Dense;
+    predictor_.predicted_logits(step.layer, scores);
+    select_budgeted(step, 1, at_selection_rows(scores, step.cols()), nullptr, visible);
+    return LayerDecision::Masked;
+  }
+
+ private:
+  // Feeds the predictor the tokens at first_position.. (a new text starts over at 0).
+  void feed(const DeviceTensor& layer_input, int64_t first_position) {
+    if (first_position == 0) predictor_.reset();
+    if (first_position != predictor_.position()) {
+      throw Error("policy tokenbutler", "position",
+                  "the next token " + std::to_string(predictor_.position()) +
+                      " (every token's layer-0 input, in order)",
+                  std::to_string(first_position));
+    }
+    predictor_.append(layer_input);
+  }
+
+  PredictorState predictor_;
+};
+
+std::string searched_text(const std::vector<std::string>& searched) {
+  std::string text;
+  for (const std::string& place : searched) text += (text.empty() ? "" : "; ") + place;
+  return text.empty() ? "no predictor given" : "looked at " + text;
+}
+
+}  // namespace
+
+PolicyInfo tokenbutler_policy_info() {
+  return {"tokenbutler", "learned predictor (TokenButler)",
+          "Top-B(t) tokens per (layer, head) by the TokenButler predictor's logits for this "
+          "step, chosen afresh every step; nothing evicted.",
+          with_common_specs({})};
+}
+
+std::unique_ptr<Policy> make_tokenbutler_policy(const PolicyShape& shape, Backend& backend,
+                                                const ParamValues& params, double sparsity) {
+  if (!shape.predictor) {
+    throw Error("policy tokenbutler", "predictor",
+                "a TokenButler predictor: predictor.safetensors + predictor.json in the model "
+                "folder, a llama_butler checkpoint, or --predictor FILE",
+                "none (" + searched_text(shape.predictor_searched) + ")");
+  }
+  const PredictorConfig& c = shape.predictor->config();
+  if (c.layers != shape.layers || c.heads != shape.heads) {
+    throw Error(c.source, "layers, heads",
+                "the model's " + std::to_string(shape.layers) + " layers and " +
+                    std::to_string(shape.heads) + " heads",
+                std::to_string(c.layers) + " and " + std::to_string(c.heads));
+  }
+  return std::make_unique<TokenButlerPolicy>(shape, backend, read_common_knobs(params, sparsity));
+}
+
+}  // namespace kvlens
