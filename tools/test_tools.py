@@ -1,0 +1,430 @@
+#!/usr/bin/env python3
+"""CPU tests of the TokenButler tools (tokenbutler.py, train_predictor.py, convert_tokenbutler.py,
+make_butler_checkpoint.py, the committed fixtures), at toy sizes. Plain Python: exits non-zero when
+a check fails. Text for training: $KVLENS_SHARED_DIR/data/corpus (or --shared-dir), else the
+repository's Markdown files.    python3 tools/test_tools.py [--shared-dir ../shared] [-k NAME]
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TOOLS)
+sys.path.insert(0, TOOLS)
+import convert_tokenbutler as ctb  # noqa: E402
+import make_butler_checkpoint as mbc  # noqa: E402
+import tokenbutler as tb  # noqa: E402
+import train_predictor as tp  # noqa: E402
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tokenbutler")
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def close(a, b, tol, what):
+    err = (a - b).abs().max().item()
+    check(err <= tol, f"{what}: max |diff| {err:.3g} > {tol:g}")
+    return err
+
+
+def tiny_llama(folder, seed=0, std=0.1, vocab=512, tokenizer=None):
+    """A random Llama folder (GQA, llama3 RoPE) written without transformers' initialisation."""
+    sizes = dict(mbc.SIZES["tiny"], hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16,
+                 intermediate=128, vocab=vocab, max_position=128)
+    os.makedirs(folder, exist_ok=True)
+    config = mbc.llama_config(sizes, torch.float32)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    from safetensors.torch import save_file
+    save_file(mbc.random_llama_state(sizes, torch.float32, seed, std),
+              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer:
+        shutil.copy(tokenizer, os.path.join(folder, "tokenizer.json"))
+    return folder
+
+
+def small_predictor(variant, seed=0, dtype=torch.float32):
+    return mbc.random_predictor(64, 8, 3, 2, 8, 32, variant, 500000.0, seed).to(dtype)
+
+
+# ----------------------------------------------------------------------------- the module
+
+@test
+def parameter_counts():
+    v1 = tb.parameter_count(2048, 8, 32, 16, 16, 512, "v1")
+    hf = tb.parameter_count(2048, 8, 32, 16, 16, 512, "hf")
+    check(v1 == 12_393_472, f"v1 at Llama-3.2-1B sizes: {v1}")
+    check(hf - v1 == 4096, f"hf adds {hf - v1}, expected 4096")
+    for variant, want in (("v1", v1), ("hf", hf)):
+        with torch.device("meta"):
+            module = tb.TokenButlerPredictor(2048, 32, 16, 8, 16, 512, variant, 500000.0)
+        got = sum(p.numel() for p in module.parameters())
+        check(got == want, f"{variant} module on the meta device: {got} != {want}")
+        small = small_predictor(variant)
+        got = sum(t.numel() for t in small.state_dict().values())
+        check(got == tb.parameter_count(64, 2, 8, 3, 8, 32, variant), f"{variant} small: {got}")
+    names = set(small_predictor("v1").state_dict())
+    check("norm2.weight" in names and "norm_importance.weight" not in names, "v1 names")
+    check({"norm_importance.weight", "norm_importance.bias"} <= set(small_predictor("hf").state_dict()),
+          "hf names")
+
+
+@test
+def rope_matches_transformers():
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    for dim, theta in ((4, 500000.0), (16, 500000.0), (8, 10000.0), (64, 500000.0)):
+        cfg = transformers.LlamaConfig(hidden_size=dim * 4, num_attention_heads=4, head_dim=dim,
+                                       max_position_embeddings=131072, rope_theta=theta,
+                                       rope_scaling=dict(mbc.LLAMA3_SCALING))
+        ours = torch.tensor(tb.llama3_inv_freq(dim, theta), dtype=torch.float32)
+        theirs = LlamaRotaryEmbedding(config=cfg).inv_freq.float()
+        close(ours / theirs, torch.ones_like(ours), 1e-6, f"inv_freq dim {dim} theta {theta}")
+
+
+@test
+def slot_mapping_matches_reference_reshape():
+    """The reference views the [B, L, N*H*d'] projection as [B, L, N, H, d'], permutes to
+    [B, N, H, L, d'], flattens and re-views it [B*H, N, L, d']: entry (h, l) is slot h*N + l."""
+    m = small_predictor("hf").double()
+    x = torch.randn(1, 5, 64, dtype=torch.float64)
+    with torch.no_grad():
+        q, _ = m(x)
+        hidden = m.norm_importance(m.norm2(x + m.ffn(m.norm1(_attention(m, x)))))
+        raw = m.q_proj_importance(hidden)
+    B, L, N, H, D = 1, 5, m.layers, m.heads, m.dDash
+    ref = raw.view(B, L, N, H, D).permute(0, 2, 3, 1, 4).reshape(B * N * H, L, D).view(B * H, N, L, D)
+    cos, sin = tb.rope_cos_sin(torch.arange(L)[None], m.importance_inv_freq, torch.float64, "cpu")
+    ref = tb.apply_rope(ref, cos, sin)
+    close(q[0].permute(1, 0, 2, 3), ref, 1e-12, "slot mapping")
+
+
+def _attention(m, x):
+    B, L, _ = x.shape
+    r = m.input_proj(x)
+    q, k, v = (p(r).view(B, L, m.heads, -1).transpose(1, 2)
+               for p in (m.q_proj_attn, m.k_proj_attn, m.v_proj_attn))
+    cos, sin = tb.rope_cos_sin(torch.arange(L)[None], m.attn_inv_freq, x.dtype, "cpu")
+    q, k = tb.apply_rope(q, cos[:, None], sin[:, None]), tb.apply_rope(k, cos[:, None], sin[:, None])
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2).reshape(B, L, -1)
+
+
+@test
+def incremental_equals_full_sequence():
+    torch.manual_seed(1)
+    for variant in tb.VARIANTS:
+        m = small_predictor(variant, seed=3)
+        x = torch.randn(2, 32, 64)
+        with torch.no_grad():
+            full = tb.predicted_logits(*m(x))
+            cache = tb.PredictorCache()
+            for t in range(x.shape[1]):
+                q, k = m(x[:, t:t + 1], cache=cache)
+                close(tb.predicted_logits(q, k)[..., 0, :], full[..., t, :t + 1], 1e-5,
+                      f"{variant} step {t}")
+            cache = tb.PredictorCache()  # chunks of 5 (prefill then steps)
+            for s in range(0, x.shape[1], 5):
+                q, k = m(x[:, s:s + 5], cache=cache)
+                got = tb.predicted_logits(q, k)
+                close(got, full[..., s:s + q.shape[3], :k.shape[3]], 1e-5, f"{variant} chunk {s}")
+
+
+@test
+def true_logits_match_eager_attention():
+    import transformers
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tiny_llama(os.path.join(tmp, "m"), seed=4, std=0.2)
+        model = tb.load_base_model(folder, attn_implementation="eager")
+        ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            out = model(ids, output_attentions=True)
+            x0, logits = tb.true_logits(model, ids)
+        check(tuple(logits.shape) == (2, 2, 4, 40, 40), f"shape {tuple(logits.shape)}")
+        check(tuple(x0.shape) == (2, 40, 64), f"layer-0 input shape {tuple(x0.shape)}")
+        layer0 = model.model.layers[0].input_layernorm(model.model.embed_tokens(ids))
+        close(x0, layer0, 0, "layer-0 input")
+        mask = torch.triu(torch.ones(40, 40, dtype=torch.bool), 1)
+        probs = torch.softmax(logits.masked_fill(mask, float("-inf")), dim=-1)
+        for l in (1, 2):
+            close(probs[:, l - 1], out.attentions[l], 1e-5, f"layer {l} attention")
+        check(logits[0, 0, 0].std() > 0.05, "attention not degenerate")
+        del transformers
+
+
+# ----------------------------------------------------------------------------- files
+
+@test
+def save_load_round_trip():
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in tb.VARIANTS:
+            m = small_predictor(variant, seed=6)
+            info = tb.save_predictor(m, os.path.join(tmp, variant), {"name": "x"}, {"seed": 6})
+            back = tb.load_predictor(os.path.join(tmp, variant, "predictor.safetensors"))
+            for k, v in m.state_dict().items():
+                check(torch.equal(v, back.state_dict()[k]), f"{variant} {k}")
+            check(info["parameters"] == tb.parameter_count(64, 2, 8, 3, 8, 32, variant), "count")
+            with open(os.path.join(tmp, variant, "predictor.json")) as f:
+                doc = json.load(f)
+            for key in ("format", "version", "variant", "hidden_size", "attn_reduce_factor",
+                        "heads", "layers", "dDash", "intdim", "layer_norm_eps", "rope_theta",
+                        "rope_scaling", "parameters", "base_model", "training"):
+                check(key in doc, f"predictor.json lacks {key}")
+            check(doc["format"] == tb.FORMAT and doc["version"] == 1, "format/version")
+            from safetensors import safe_open
+            with safe_open(os.path.join(tmp, variant, "predictor.safetensors"), "pt") as f:
+                check(all(f.get_tensor(k).dtype == torch.float32 for k in f.keys()), "F32")
+
+
+@test
+def fixtures_match_the_code():
+    model_cache = {}
+    for name in ("predictor-v1", "predictor-hf", "butler-bf16"):
+        folder = os.path.join(FIXTURES, name)
+        with open(os.path.join(folder, "reference.json")) as f:
+            ref = json.load(f)
+        if name.startswith("butler"):
+            base = folder
+            state, _ = ctb.load_butler_state(folder)
+            predictor = ctb.build_predictor(state, folder, tb.BUTLER_PREFIX, tb.read_config(folder))
+        else:
+            base = os.path.join(ROOT, "tests", "fixtures", "llama-gqa-f32")
+            predictor = tb.load_predictor(folder)
+        check(predictor.variant == ref["variant"], f"{name} variant")
+        if base not in model_cache:
+            model_cache[base] = tb.load_base_model(base)
+        model = model_cache[base]
+        ids = torch.tensor([ref["tokens"]])
+        with torch.no_grad():
+            hidden = tb.layer_hidden_states(model, ids)
+            x0 = tb.layer0_input(model, hidden)
+            logits = tb.predicted_logits(*predictor.double()(x0.double()))[0]
+        close(x0[0, 0].double(), torch.tensor(ref["layer0_input_first_row"], dtype=torch.float64),
+              1e-6, f"{name} layer-0 input")
+        for i, layer in enumerate(ref["layers"]):
+            for h in range(ref["heads"]):
+                for t, row in enumerate(ref["predicted"][i][h]):
+                    want = torch.tensor(row, dtype=torch.float64)
+                    close(logits[layer, h, t, :t + 1], want, 1e-8 + 1e-7 * want.abs().max().item(),
+                          f"{name} layer {layer} head {h} row {t}")
+        if "last_logits" in ref:
+            with torch.no_grad():
+                last = model(ids).logits[0, -1].double()
+            close(last, torch.tensor(ref["last_logits"], dtype=torch.float64), 1e-5,
+                  f"{name} last_logits")
+
+
+@test
+def convert_v1_pt_and_butler():
+    import transformers
+    base = os.path.join(ROOT, "tests", "fixtures", "llama-gqa-f32")
+    with tempfile.TemporaryDirectory() as tmp:
+        pt = os.path.join(tmp, "v1.pt")
+        made = mbc.write_v1_pt(pt, base, dDash=8, intdim=32, attn_reduce_factor=2, seed=7)
+        info = ctb.convert_v1_pt(pt, base, os.path.join(tmp, "conv"))
+        back = tb.load_predictor(os.path.join(tmp, "conv"))
+        check(info["variant"] == "v1" and back.variant == "v1", "v1 variant")
+        for k, v in made.state_dict().items():
+            check(torch.equal(v, back.state_dict()[k]), f"v1 .pt {k}")
+        # errors name the file and the key
+        state = torch.load(pt, weights_only=True)
+        del state[0]["sparse_token_predictor.ffn.2.bias"]
+        torch.save(state, pt)
+        try:
+            ctb.convert_v1_pt(pt, base, os.path.join(tmp, "bad"))
+            check(False, "a missing key was accepted")
+        except ctb.ConversionError as error:
+            check(pt in str(error) and "sparse_token_predictor.ffn.2.bias" in str(error), str(error))
+        state[0]["sparse_token_predictor.ffn.2.bias"] = torch.zeros(63)
+        torch.save(state, pt)
+        try:
+            ctb.convert_v1_pt(pt, base, os.path.join(tmp, "bad"))
+            check(False, "a mis-shaped tensor was accepted")
+        except ctb.ConversionError as error:
+            check("ffn.2.bias" in str(error) and "[63]" in str(error), str(error))
+
+        butler = os.path.join(tmp, "butler")
+        config, made = mbc.make_butler(butler, sizes="tiny", dtype=torch.bfloat16, seed=8)
+        info = ctb.extract_butler(butler, os.path.join(tmp, "extracted"))
+        back = tb.load_predictor(os.path.join(tmp, "extracted"))
+        check(info["variant"] == "hf", "butler variant")
+        for k, v in made.state_dict().items():
+            check(torch.equal(v, back.state_dict()[k]), f"butler {k}")
+        cfg = transformers.LlamaConfig.from_json_file(os.path.join(butler, "config.json"))
+        check(cfg.dDash == 4 and cfg.num_hidden_layers == 3, "LlamaConfig.from_json_file")
+        with open(os.path.join(butler, "model.safetensors.index.json")) as f:
+            weight_map = json.load(f)["weight_map"]
+        from safetensors import safe_open
+        for key, shard in weight_map.items():
+            with safe_open(os.path.join(butler, shard), "pt") as f:
+                dtype = f.get_tensor(key).dtype
+            want = torch.float32 if "_predictor." in key else torch.bfloat16
+            check(dtype == want, f"{key}: {dtype}")
+        del transformers
+
+
+# ----------------------------------------------------------------------------- training
+
+def training_data(tmp, shared):
+    """Small text files: slices of the shared corpus, else the repository's Markdown."""
+    corpus = os.path.join(shared, "data", "corpus") if shared else ""
+    paths = []
+    if os.path.isdir(corpus):
+        with open(os.path.join(corpus, "c4-realnewslike-sample.jsonl"), encoding="utf-8") as f:
+            lines = [next(f) for _ in range(60)]
+        paths.append(os.path.join(tmp, "c4.jsonl"))
+        with open(paths[-1], "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        with open(os.path.join(corpus, "tinyshakespeare.txt"), encoding="utf-8") as f:
+            text = f.read(60000)
+    else:
+        print(f"  (no {corpus or 'shared dir'}: training on the repository's Markdown)")
+        text = ""
+        for d, _, files in sorted(os.walk(ROOT)):
+            if "/build" in d or "/." in d:
+                continue
+            for name in sorted(files):
+                if name.endswith(".md"):
+                    with open(os.path.join(d, name), encoding="utf-8", errors="replace") as f:
+                        text += f.read() + "\n\n"
+    paths.append(os.path.join(tmp, "text.txt"))
+    with open(paths[-1], "w", encoding="utf-8") as f:
+        f.write(text)
+    return paths
+
+
+@test
+def training_runs_and_is_deterministic():
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = os.path.join(ROOT, "assets", "models", "demo", "tokenizer.json")
+        model = tiny_llama(os.path.join(tmp, "model"), seed=9, vocab=8192, tokenizer=tokenizer)
+        data = training_data(tmp, ARGS.shared_dir)
+        outs = []
+        for run in ("a", "b"):
+            out = os.path.join(tmp, run)
+            cmd = [sys.executable, os.path.join(TOOLS, "train_predictor.py"), "--model", model,
+                   "--data", *data, "--out", out, "--seq-len", "64", "--steps", "6",
+                   "--eval-every", "3", "--eval-sequences", "2", "--intdim", "32",
+                   "--attn-reduce-factor", "2", "--dDash", "8", "--seed", "3", "--device", "cpu",
+                   "--doc-chars", "2000"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            check(proc.returncode == 0, f"train_predictor.py failed:\n{proc.stderr[-3000:]}")
+            outs.append(out)
+        for name in ("predictor.safetensors", "predictor.json", "train_log.json"):
+            check(os.path.exists(os.path.join(outs[0], name)), f"missing {name}")
+        try:
+            import matplotlib  # noqa: F401
+            check(os.path.exists(os.path.join(outs[0], "curves.png")), "missing curves.png")
+        except ImportError:
+            pass
+        with open(os.path.join(outs[0], "predictor.safetensors"), "rb") as f:
+            a = f.read()
+        with open(os.path.join(outs[1], "predictor.safetensors"), "rb") as f:
+            check(a == f.read(), "two runs with one seed wrote different predictors")
+        with open(os.path.join(outs[0], "predictor.json")) as f:
+            doc = json.load(f)
+        check(doc["variant"] == "hf" and doc["layers"] == 3 and doc["heads"] == 4, "sizes")
+        check(doc["parameters"] == tb.parameter_count(64, 2, 4, 3, 8, 32, "hf"), "parameters")
+        train = doc["training"]
+        for key in ("data", "steps", "seed", "recipe", "best_step", "heldout", "seconds",
+                    "versions"):
+            check(key in train, f"training lacks {key}")
+        check(train["steps"] == 6 and train["seed"] == 3, "steps/seed")
+        check(all(d["train_tokens"] > 0 and d["heldout_tokens"] > 0 for d in train["data"]),
+              "token counts")
+        held = train["heldout"]
+        check(set(held["hit_rate_per_layer"]) == {"1", "2"}, "per-layer keys")
+        check(0 < held["hit_rate"] <= 1 and held["mse"] > 0, "held-out metrics")
+        with open(os.path.join(outs[0], "train_log.json")) as f:
+            log = json.load(f)
+        check([e["step"] for e in log["evals"]] == [0, 3, 6], "eval steps")
+        check(len(log["train_loss"]) == 6, "loss curve")
+        with contextlib.redirect_stdout(io.StringIO()):
+            report = tp.report(tp.parse_args(
+                ["--report-only", "--predictor", outs[0], "--model", model, "--data", *data,
+                 "--seq-len", "64", "--eval-sequences", "2", "--doc-chars", "2000",
+                 "--device", "cpu"]))
+        check(abs(report["hit_rate"] - held["hit_rate"]) < 1e-9,
+              f"report {report['hit_rate']} != training's {held['hit_rate']}")
+
+
+@test
+def loss_goes_down_on_one_batch():
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tb.load_base_model(tiny_llama(os.path.join(tmp, "m"), seed=10, std=0.1))
+        torch.manual_seed(0)
+        predictor = tb.TokenButlerPredictor(64, 4, 3, 2, 8, 32, "hf", 500000.0)
+        ids = torch.randint(0, 512, (1, 64), generator=torch.Generator().manual_seed(11))
+        opt = torch.optim.AdamW(predictor.parameters(), lr=1e-3)
+        losses = []
+        for _ in range(30):
+            loss = tp.step_loss(model, predictor, ids)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(predictor.parameters(), 20.0)
+            opt.step()
+            losses.append(loss.item())
+        windows = [sum(losses[i:i + 5]) / 5 for i in range(0, 30, 5)]
+        check(losses[-1] < 0.85 * losses[0] and windows == sorted(windows, reverse=True),
+              f"loss {[round(v, 4) for v in losses]}")
+
+
+@test
+def hit_rate_definition():
+    pred = torch.tensor([[[0.0, 0, 0], [1, 2, 0], [3, 1, 2]]])
+    true = torch.tensor([[[0.0, 0, 0], [1, 1, 0], [3, 2, 1]]])
+    # row 1: keep 1; pred picks key 1, true ties -> the more recent key 1: agree 2/2.
+    # row 2: keep 2; pred {0, 2}, true {0, 1}: keys 0 agree, 1 and 2 differ: 1/3.
+    got = tb.top_half_agreement(pred, true, min_row=1)
+    check(abs(got.item() - (1 + 1 / 3) / 2) < 1e-12, f"hit rate {got.item()}")
+    x = torch.randn(2, 20, 20)
+    check(torch.all(tb.top_half_agreement(x, x, 8) == 1), "self agreement")
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shared-dir", default=os.environ.get("KVLENS_SHARED_DIR",
+                                                          os.path.join(ROOT, "..", "shared")))
+    p.add_argument("-k", default="", help="run the tests whose name contains this")
+    ARGS = p.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    failed = 0
+    for fn in TESTS:
+        if ARGS.k not in fn.__name__:
+            continue
+        start = time.time()
+        try:
+            fn()
+            print(f"ok    {fn.__name__} ({time.time() - start:.1f}s)", flush=True)
+        except Exception:  # noqa: BLE001 - report every failure
+            failed += 1
+            print(f"FAIL  {fn.__name__} ({time.time() - start:.1f}s)", flush=True)
+            traceback.print_exc()
+    print(f"{failed} failed" if failed else "all passed")
+    sys.exit(1 if failed else 0)
+
+
+ARGS = None
+if __name__ == "__main__":
+    main()
