@@ -27,7 +27,8 @@ packages=(build-essential cmake pkg-config python3 zlib1g-dev libicu-dev nlohman
   # the window without a display
   qt6-base-dev qt6-svg-dev libqt6opengl6-dev libxkbcommon-dev libimgui-dev fonts-dejavu-core
   xvfb xauth libgl1-mesa-dri)
-if [ "$mode" = test ]; then packages+=(clang libclang-rt-dev); fi
+# test mode also makes a Python venv for the tools' tests (python3 -m venv needs python3-venv)
+if [ "$mode" = test ]; then packages+=(clang libclang-rt-dev python3-venv); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -46,9 +47,32 @@ else
   log "Debian packages already installed"
 fi
 
+# --- Python tools venv (test mode) --------------------------------------------------------------
+# tools/requirements.txt in $build/tools-venv for the unit:tools test; reinstalled only when the
+# requirements change (their hash is kept in a stamp file). Without it unit:tools is skipped.
+tools_cmake=()
+if [ "$mode" = test ]; then
+  venv="$build/tools-venv"
+  requirements="$root/tools/requirements.txt"
+  want=$(sha256sum "$requirements" | cut -d' ' -f1)
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" = "$want" ]; then
+    log "Python tools venv up to date ($venv)"
+    tools_cmake=(-DKVLENS_TOOLS_PYTHON="$venv/bin/python")
+  else
+    log "Installing tools/requirements.txt into $venv (PyTorch: a large download)"
+    mkdir -p "$build"
+    if python3 -m venv "$venv" && "$venv/bin/python" -m pip install --quiet -r "$requirements"; then
+      echo "$want" >"$venv/requirements.sha256"
+      tools_cmake=(-DKVLENS_TOOLS_PYTHON="$venv/bin/python")
+    else
+      echo "bootstrap.sh: warning: the tools venv could not be made; unit:tools will be skipped" >&2
+    fi
+  fi
+fi
+
 # --- build ------------------------------------------------------------------------------------
 log "Configuring and building kvlens in $build"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${tools_cmake[@]+"${tools_cmake[@]}"} >/dev/null
 cmake --build "$build" -j"$jobs"
 cli="$build/app/kvlens-cli"
 
