@@ -1,9 +1,16 @@
-// The retention view: the text with each token coloured by how many heads (in the chosen layer /
-// head scope) see it at the current step, tokens no head sees struck through; with two runs the
-// three-colour diff (seen by both, only by A, only by B), with three or four each run's text.
+// The retention view: the text with each token shaded by the fraction of the heads in scope (the
+// chosen layer / head, or all of them) that see it at the current step, on the sequential map
+// from 0 to 1; tokens no head sees are struck through. A fraction, not "seen by any head": with
+// every head in scope at 50% nearly every token is seen by some head under every policy, so a
+// seen / not seen reading tells runs apart only at one head. With two runs the text first shows
+// their difference (fraction under A minus fraction under B on the diverging map: A's end orange
+// like A's run colour, B's blue like B's, equal fractions neutral), then each run's own text; with
+// one, three or four runs each run's own text. Hover gives every run's count and fraction.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <limits>
 
 #include "viz/layout.h"
 #include "viz/views.h"
@@ -23,6 +30,15 @@ std::string scope_text(const ViewOptions& o) {
   if (o.retention_layer < 0) return "head " + std::to_string(o.retention_head) + " of each layer";
   return "layer " + std::to_string(o.retention_layer) + ", head " +
          std::to_string(o.retention_head);
+}
+
+// "+0.25", "-1", "0": a difference of fractions with its sign.
+std::string signed_value(double value) {
+  if (std::isnan(value)) return "-";
+  if (value == 0.0) return "0";
+  char text[32];
+  std::snprintf(text, sizeof text, "%+.3g", value);
+  return text;
 }
 
 struct Chip {
@@ -68,123 +84,159 @@ float token_flow(Figure& f, const Trace& trace, int64_t step, float y, const The
   return y + line_h;
 }
 
+// A legend line's piece of text from x on (baseline y); returns the x after it.
+float legend_text(Figure& f, float x, float y, const std::string& text, Color color,
+                  bool bold = false) {
+  f.text({x, y}, text, 11, color, HAlign::Left, VAlign::Baseline, bold);
+  return x + text_width(text, 11) + 8;
+}
+
+// inline_colorbar's "lo [bar] hi" from x on (baseline y); returns the x after it.
+float legend_bar(Figure& f, float x, float y, double lo, double hi, const Colormap& map,
+                 const Theme& theme) {
+  const float right =
+      x + text_width(format_value(lo), 10) + 4 + 56 + 4 + text_width(format_value(hi), 10);
+  inline_colorbar(f, {right, y}, lo, hi, map, theme);
+  return right + 10;
+}
+
 }  // namespace
 
 View retention_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   const Theme& theme = theme_of(options);
   View view = empty_view(options);
   Figure& f = view.figure;
-  // Two runs: the diff. One, three or four: each run's text coloured by its head counts.
-  const bool diff = options.runs.size() == 2;
+  const size_t n = options.runs.size();
+  const bool diff = n == 2;
   std::vector<RetentionCounts> counts;
   for (const int64_t run : options.runs) {
     counts.push_back(
         retention_counts(trace, run, step, options.retention_layer, options.retention_head));
   }
+  // (the scope is the same for every run: so is its head count)
+  const int32_t heads = counts[0].heads_in_scope;
+  const std::string heads_text = std::to_string(heads) + (heads == 1 ? " head" : " heads");
+  // Run r's fraction of the heads in scope that see token j; NaN before the step reads it.
+  auto fraction = [&](size_t r, size_t j) {
+    const int32_t seen = counts[r].seen_by[j];
+    if (seen < 0) return std::numeric_limits<double>::quiet_NaN();
+    return heads > 0 ? double(seen) / double(heads) : 0.0;
+  };
+  std::vector<std::string> titles;
+  for (const int64_t run : options.runs) titles.push_back(run_title(trace, run));
+
+  const std::string scope = scope_text(options) + " (" + heads_text + ")";
   const float top = title_block(
       f, "Retention at step " + std::to_string(step),
-      diff ? "which tokens " + scope_text(options) + " see: " + run_title(trace, options.runs[0]) +
-                 " (A) against " + run_title(trace, options.runs[1]) + " (B)"
-           : "tokens coloured by how many of " + scope_text(options) + " (" +
-                 std::to_string(counts[0].heads_in_scope) + ") see them" +
-                 (options.runs.size() == 1 ? " under " + run_title(trace, options.runs[0]) : "") +
-                 "; struck through: seen by none",
+      diff ? "how many more of " + scope + " see each token under " + titles[0] +
+                 " (A) than under " + titles[1] + " (B), then each run's own text"
+      : n == 1 ? "tokens shaded by the fraction of " + scope + " that see them under " + titles[0]
+               : "each run's text shaded by the fraction of " + scope + " that see a token",
       theme);
-  const Color both{120, 132, 150, 255};
-  float y = top + 8;
-  // Legend.
+
+  // Legend: the difference's map (two runs) and the fraction's, their bars in one column.
+  float y = top + 14;
+  const std::string diff_label = "A \u2212 B, the difference of the fractions:";
+  const std::string fraction_label = std::string(diff ? "each run's text: " : "") +
+                                     "the fraction of the heads in scope that see the token:";
+  const float bars =
+      16 + std::max(diff ? text_width(diff_label, 11) : 0.0f, text_width(fraction_label, 11)) + 8;
   if (diff) {
-    float x = 16;
-    for (const auto& [label, color] : std::vector<std::pair<std::string, Color>>{
-             {"seen by both", both}, {"only A", run_color(0)}, {"only B", run_color(1)}}) {
-      f.rect({x, y, 14, 14}, color);
-      f.text({x + 20, y + 7}, label, 11, theme.foreground, HAlign::Left, VAlign::Middle);
-      x += 40 + text_width(label, 11);
-    }
-    f.text({x, y + 7}, "struck through: seen by neither", 11, theme.muted, HAlign::Left,
-           VAlign::Middle);
-  } else {
-    const std::string label = "heads that see the token:";
-    const double most = counts[0].heads_in_scope;
-    f.text({16, y + 11}, label, 11, theme.foreground);
-    inline_colorbar(f,
-                    {16 + text_width(label, 11) + 8 + text_width(format_value(0), 10) + 64 +
-                         text_width(format_value(most), 10),
-                     y + 11},
-                    0, most, sequential_colormap(), theme);
+    legend_text(f, 16, y, diff_label, theme.foreground);
+    float x = legend_text(f, bars, y, "B sees more", run_color(1), true);
+    x = legend_bar(f, x, y, -1.0, 1.0, diverging_colormap(), theme);
+    x = legend_text(f, x, y, "A sees more", run_color(0), true);
+    legend_text(f, x + 8, y, "neutral: the same share of heads in both", theme.muted);
+    y += 22;
   }
-  y += 44;
+  {
+    legend_text(f, 16, y, fraction_label, theme.foreground);
+    // (under the difference's bar when there is one)
+    float x = diff ? bars + text_width("B sees more", 11) + 8 : bars;
+    x = legend_bar(f, x, y, 0.0, 1.0, sequential_colormap(), theme);
+    legend_text(f, x + 8, y,
+                std::string("struck through: seen by no head") + (diff ? " (in either run)" : ""),
+                theme.muted);
+  }
+  y += 34;
   bool known = true;
   for (const RetentionCounts& c : counts) known = known && c.known;
   if (!known) {
     f.text({16, y},
-           "Some heads in scope have no rows at this step (memory budget): counts are lower "
-           "bounds.",
+           "Some heads in scope have no rows at this step (memory budget): the fractions are "
+           "lower bounds.",
            11, theme.accent);
     y += 20;
   }
 
-  // The data and the hover text: every run's count per token.
+  // The data and the hover text: every run's count and fraction per token (and A - B).
   view.data.columns = {"token", "text"};
-  for (const int64_t run : options.runs) view.data.columns.push_back(run_title(trace, run));
+  for (const std::string& title : titles) {
+    view.data.columns.push_back(title + " heads");
+    view.data.columns.push_back(title + " fraction");
+  }
+  if (diff) view.data.columns.push_back("fraction A - B");
+  view.data.columns.push_back("heads in scope");
   std::vector<std::string> hovers;
   for (size_t j = 0; j < trace.tokens.size(); ++j) {
     std::vector<std::variant<double, std::string>> row{double(j), trace.tokens[j].text};
     std::string hover =
         "token " + std::to_string(j) + " '" + token_label(trace.tokens[j].text, 30) + "'";
-    for (size_t r = 0; r < counts.size(); ++r) {
+    for (size_t r = 0; r < n; ++r) {
       const int32_t seen = counts[r].seen_by[j];
       row.push_back(seen < 0 ? std::numeric_limits<double>::quiet_NaN() : double(seen));
-      hover += "\n" + run_title(trace, options.runs[r]) + ": " +
+      row.push_back(fraction(r, j));
+      hover += "\n" + std::string(diff ? (r == 0 ? "A " : "B ") : "") + titles[r] + ": " +
                (seen < 0 ? std::string("not read yet")
-                         : "seen by " + std::to_string(seen) + " of " +
-                               std::to_string(counts[r].heads_in_scope));
+                         : "seen by " + std::to_string(seen) + " of " + heads_text + " (" +
+                               format_value(fraction(r, j)) + ")");
     }
+    if (diff) {
+      const double d = fraction(0, j) - fraction(1, j);
+      row.push_back(d);
+      if (!std::isnan(d)) hover += "\nA \u2212 B: " + signed_value(d);
+    }
+    row.push_back(double(heads));
     view.data.rows.push_back(std::move(row));
     hovers.push_back(std::move(hover));
   }
 
+  auto section = [&](const std::string& title, Color color) {
+    f.text({16, y}, title, 13, color, HAlign::Left, VAlign::Baseline, true);
+    y += 24;
+  };
   if (diff) {
+    section("A \u2212 B: " + titles[0] + " against " + titles[1], theme.foreground);
     y = token_flow(
         f, trace, step, y, theme,
         [&](size_t j) {
+          const double a = fraction(0, j), b = fraction(1, j);
+          if (std::isnan(a) || std::isnan(b)) return Chip{{0, 0, 0, 0}, theme.muted, false};
           Chip chip;
-          const int32_t a = counts[0].seen_by[j], b = counts[1].seen_by[j];
-          if (a < 0) return Chip{{0, 0, 0, 0}, theme.muted, false};  // not yet read at this step
-          const bool sa = a > 0, sb = b > 0;
-          chip.background = sa && sb ? both
-                            : sa     ? run_color(0)
-                            : sb     ? run_color(1)
-                                     : Color{0, 0, 0, 0};
-          chip.strike = !sa && !sb;
-          chip.color = text_on(chip.background, theme);
+          chip.strike = a == 0.0 && b == 0.0;
+          // (A's end of the diverging map is its orange, B's its blue)
+          if (!chip.strike) chip.background = diverging_colormap().at(0.5 + 0.5 * (a - b));
+          chip.color = chip.strike ? theme.muted : text_on(chip.background, theme);
           return chip;
         },
         hovers);
-  } else {
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts.size() > 1) {
-        f.text({16, y}, run_title(trace, options.runs[r]), 13, run_color(int64_t(r)), HAlign::Left,
-               VAlign::Baseline, true);
-        y += 24;
-      }
-      const RetentionCounts& c = counts[r];
-      y = token_flow(
-          f, trace, step, y, theme,
-          [&](size_t j) {
-            const int32_t a = c.seen_by[j];
-            if (a < 0) return Chip{{0, 0, 0, 0}, theme.muted, false};
-            const double fraction =
-                c.heads_in_scope > 0 ? double(a) / double(c.heads_in_scope) : 0.0;
-            Chip chip;
-            chip.background = a > 0 ? sequential_colormap().at(fraction) : Color{0, 0, 0, 0};
-            chip.strike = a == 0;
-            chip.color = a == 0 ? theme.muted : text_on(chip.background, theme);
-            return chip;
-          },
-          hovers);
-      y += 8;
-    }
+    y += 8;
+  }
+  for (size_t r = 0; r < n; ++r) {
+    if (n > 1) section((diff ? (r == 0 ? "A: " : "B: ") : "") + titles[r], run_color(int64_t(r)));
+    y = token_flow(
+        f, trace, step, y, theme,
+        [&](size_t j) {
+          const double a = fraction(r, j);
+          if (std::isnan(a)) return Chip{{0, 0, 0, 0}, theme.muted, false};
+          Chip chip;
+          chip.strike = counts[r].seen_by[j] == 0;
+          if (!chip.strike) chip.background = sequential_colormap().at(a);
+          chip.color = chip.strike ? theme.muted : text_on(chip.background, theme);
+          return chip;
+        },
+        hovers);
+    y += 8;
   }
   if (trace.coref.present) {
     y += 4;

@@ -31,6 +31,16 @@ bool has_text(const Figure& figure, const std::string& part) {
   return false;
 }
 
+// The token chips of a retention figure (13-unit text that is not a section title), in order.
+std::vector<const TextItem*> token_chips(const Figure& figure) {
+  std::vector<const TextItem*> chips;
+  for (const Item& item : figure.items) {
+    const auto* text = std::get_if<TextItem>(&item);
+    if (text && text->size == 13 && !text->bold) chips.push_back(text);
+  }
+  return chips;
+}
+
 }  // namespace
 
 TEST_CASE("the sequential map is perceptually uniform with monotone lightness", "[viz]") {
@@ -262,50 +272,94 @@ TEST_CASE("the logits view marks the answer's steps right or wrong per run", "[v
   CHECK_FALSE(has_text(build_view(trace, ViewKind::Logits, options).figure, "answer token wrong"));
 }
 
-TEST_CASE("retention colours tokens by heads and diffs two runs", "[viz]") {
+TEST_CASE("retention shades tokens by the fraction of heads that see them", "[viz]") {
   const Trace trace = test::make_small_trace(4);
   ViewOptions options;
   options.runs = {1};
   options.retention_layer = 1;
   options.retention_head = 1;
   const View one = build_view(trace, ViewKind::Retention, options);
-  // Step 3, head 3 of run 1 sees {1, 3}: tokens 0 and 2 struck through.
+  // Step 3, head 3 of run 1 sees {1, 3}: tokens 0 and 2 struck through; 5 is not read yet.
+  const std::vector<const TextItem*> chips = token_chips(one.figure);
+  REQUIRE(chips.size() == 6);
   std::vector<bool> struck;
-  for (const Item& item : one.figure.items) {
-    const auto* text = std::get_if<TextItem>(&item);
-    if (text && text->size == 13) struck.push_back(text->strike);
-  }
-  REQUIRE(struck.size() == 6);
+  for (const TextItem* chip : chips) struck.push_back(chip->strike);
   CHECK(struck == std::vector<bool>{true, false, true, false, false, false});
+  CHECK(chips[1]->background == sequential_colormap().at(1.0));
+  CHECK(chips[5]->background.a == 0);
+  // Data per token: the run's count, its fraction, the heads in scope.
   REQUIRE(one.data.rows.size() == 6);
+  REQUIRE(one.data.columns.size() == 5);
+  CHECK(one.data.columns[3] == "h2o s=0.5 fraction");
   CHECK(std::get<double>(one.data.rows[1][2]) == 1.0);
-  CHECK(std::isnan(std::get<double>(one.data.rows[5][2])));  // not read at step 3
+  CHECK(std::get<double>(one.data.rows[1][3]) == 1.0);
+  CHECK(std::get<double>(one.data.rows[1][4]) == 1.0);
+  CHECK(std::isnan(std::get<double>(one.data.rows[5][3])));  // not read at step 3
 
+  // All heads in scope: run 1 sees tokens 0-2 with 3 of its 4 heads and token 3 with all 4.
+  options.retention_layer = options.retention_head = -1;
+  const std::vector<const TextItem*> all =
+      token_chips(build_view(trace, ViewKind::Retention, options).figure);
+  CHECK(all[0]->background == sequential_colormap().at(0.75));
+  CHECK(all[3]->background == sequential_colormap().at(1.0));
+}
+
+TEST_CASE("retention with two runs shows the difference of their fractions", "[viz]") {
+  // Every head in scope: dense sees every token with its 4 heads, h2o tokens 0-2 with 3 and
+  // token 3 with 4. Each token is seen by some head of both runs (the old diff read "seen by
+  // both" for all of them alike): the difference tells tokens 0-2 from token 3.
+  const Trace trace = test::make_small_trace(4);
+  ViewOptions options;
   options.runs = {0, 1};
   const View diff = build_view(trace, ViewKind::Retention, options);
-  std::vector<Color> chips;
-  for (const Item& item : diff.figure.items) {
-    const auto* text = std::get_if<TextItem>(&item);
-    if (text && text->size == 13) chips.push_back(text->background);
-  }
-  REQUIRE(chips.size() == 6);
-  CHECK(chips[0] == run_color(0));  // only A (dense) sees token 0
-  CHECK(chips[1] != run_color(0));  // both
-  CHECK(chips[1].a == 255);
-  CHECK(has_text(diff.figure, "only B"));
+  // The difference's text, then A's and B's own.
+  const std::vector<const TextItem*> chips = token_chips(diff.figure);
+  REQUIRE(chips.size() == 3 * 6);
+  const Colormap& div = diverging_colormap();
+  CHECK(chips[0]->background == div.at(0.5 + 0.5 * 0.25));  // dense 1 - h2o 0.75
+  CHECK(chips[3]->background == div.at(0.5));               // the same share in both
+  CHECK(chips[0]->background != chips[3]->background);
+  CHECK_FALSE(chips[0]->strike);
+  CHECK(chips[5]->background.a == 0);                                  // not read yet
+  CHECK(chips[6 + 0]->background == sequential_colormap().at(1.0));    // A: dense
+  CHECK(chips[12 + 0]->background == sequential_colormap().at(0.75));  // B: h2o
+  CHECK(chips[12 + 3]->background == sequential_colormap().at(1.0));
+  // The map's A end is on A's side of the neutral middle (orange, as A's run colour), B's blue.
+  CHECK(to_oklab(div.at(1.0)).b > 0.05);
+  CHECK(to_oklab(run_color(0)).b > 0.05);
+  CHECK(to_oklab(div.at(0.0)).b < -0.05);
+  CHECK(to_oklab(run_color(1)).b < -0.05);
+  CHECK(has_text(diff.figure, "B sees more"));
+  CHECK(has_text(diff.figure, "A sees more"));
+  // Hover gives both runs' counts and fractions and the difference.
+  std::string hover;
+  for (const HoverGrid& grid : diff.figure.hover)
+    if (grid.id == "token 0") hover = grid.describe(0, 0);
+  CHECK(hover.find("dense: seen by 4 of 4 heads (1)") != std::string::npos);
+  CHECK(hover.find("h2o s=0.5: seen by 3 of 4 heads (0.75)") != std::string::npos);
+  CHECK(hover.find("A \u2212 B: +0.25") != std::string::npos);
+  // Data: each run's count and fraction, their difference, the heads in scope.
+  REQUIRE(diff.data.columns.size() == 2 + 2 * 2 + 2);
+  CHECK(diff.data.columns[6] == "fraction A - B");
+  CHECK(std::get<double>(diff.data.rows[0][5]) == 0.75);
+  CHECK(std::get<double>(diff.data.rows[0][6]) == 0.25);
+  CHECK(std::get<double>(diff.data.rows[3][6]) == 0.0);
+  CHECK(std::get<double>(diff.data.rows[0][7]) == 4.0);
 
-  // Three runs: each run's own text, titled, one row of data per token with three counts.
+  // One head in scope: token 0 is seen by dense only (the A end), token 1 by both.
+  options.retention_layer = options.retention_head = 1;
+  const std::vector<const TextItem*> one =
+      token_chips(build_view(trace, ViewKind::Retention, options).figure);
+  CHECK(one[0]->background == div.at(1.0));
+  CHECK(one[1]->background == div.at(0.5));
+  // Three runs: each run's own text, titled, one row of data per token with three of each.
   options.runs = {0, 1, 0};
   const View three = build_view(trace, ViewKind::Retention, options);
-  int64_t token_chips = 0;
-  for (const Item& item : three.figure.items) {
-    const auto* text = std::get_if<TextItem>(&item);
-    token_chips += text && text->size == 13 && !text->bold;
-  }
-  CHECK(token_chips == 3 * 6);
+  CHECK(token_chips(three.figure).size() == 3 * 6);
   CHECK(has_text(three.figure, "h2o s=0.5"));
+  CHECK_FALSE(has_text(three.figure, "A sees more"));
   REQUIRE(three.data.rows.size() == 6);
-  CHECK(three.data.rows[0].size() == 2 + 3);
+  CHECK(three.data.rows[0].size() == 2 + 3 * 2 + 1);
 }
 
 TEST_CASE("views built without data draw the same figure", "[viz]") {
