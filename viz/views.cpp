@@ -7,6 +7,7 @@
 
 #include "engine/common/comma_list.h"
 #include "engine/common/error.h"
+#include "engine/policy/registry.h"
 
 namespace kvlens::viz {
 
@@ -97,6 +98,13 @@ std::string run_title(const Trace& trace, int64_t run) {
   char text[64];
   std::snprintf(text, sizeof text, " s=%.2g", r.sparsity);
   return r.policy + text;
+}
+
+bool run_predicts_logits(const Trace& trace, int64_t run) {
+  const std::string& id = trace.runs[size_t(run)].policy;
+  for (const PolicyInfo& info : policy_infos())
+    if (info.id == id) return info.family.rfind("learned predictor", 0) == 0;
+  return id == "tokenbutler";
 }
 
 int64_t resolved_step(const Trace& trace, const ViewOptions& options) {

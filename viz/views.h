@@ -75,6 +75,10 @@ std::vector<int64_t> default_runs(const Trace& trace);
 
 // "policy s=0.5" for a run, as the panels title it.
 std::string run_title(const Trace& trace, int64_t run);
+// True when the run's policy scores are a learned predictor's predicted attention logits (the
+// registry's family "learned predictor ...", as tokenbutler; a trace's policy this build does not
+// know counts by its id): the views then call them so.
+bool run_predicts_logits(const Trace& trace, int64_t run);
 const Theme& theme_of(const ViewOptions& options);
 // A view with an empty figure of the options' width and theme background (each view's start).
 View empty_view(const ViewOptions& options);

@@ -1,17 +1,49 @@
-// The predicted-vs-true view: for the selected head, the policy's importance scores and the true
-// logits over steps x tokens side by side, a scatter of the two at the current step (Pearson,
-// Spearman, top-50% classification accuracy), and every head's accuracy at this step.
+// The predicted-vs-true view: for the selected head, the policy's importance scores (a learned
+// predictor's predicted logits, for tokenbutler) and the true logits over steps x tokens side by
+// side, a scatter of the two at the current step (Pearson, Spearman, top-50% hit rate), and every
+// head's top-50% hit rate at this step.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
+#include <span>
 
+#include "engine/eval/step_metrics.h"
+#include "engine/policy/registry.h"
 #include "viz/layout.h"
 #include "viz/views.h"
 
 namespace kvlens::viz {
 namespace {
 
-void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, const char* what,
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The top-50% hit rate (POLICIES.md, the TokenButler paper's published predictor figure): of the
+// true top 50% of the candidates by logit, the share the scores also rank in their top 50%.
+double hit_rate(std::span<const float> scores, std::span<const float> logits) {
+  if (scores.empty() || scores.size() != logits.size()) return kNaN;
+  return recall(top_half(scores), top_half(logits));
+}
+
+// Every (layer, head)'s hit rate at a step, [layers][heads]: NaN where the row was not kept or
+// the policy chose no set at the layer (a dense layer has no scores), as head_accuracy_grid.
+std::vector<double> head_hit_rate_grid(const Trace& trace, int64_t run, int64_t step) {
+  const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  const size_t cols = size_t(record.columns);
+  std::vector<double> grid(size_t(L * H), kNaN);
+  for (int64_t l = 0; l < L; ++l) {
+    if (record.decisions[size_t(l)] != LayerDecision::Masked) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      const float* logits = record.logits_row(l, h, H);
+      const float* scores = record.scores_row(l, h, H);
+      if (logits && scores) grid[size_t(l * H + h)] = hit_rate({scores, cols}, {logits, cols});
+    }
+  }
+  return grid;
+}
+
+void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, const std::string& what,
                const Theme& theme, const std::string& where) {
   const ValueScale scale = ValueScale::fitted(m.values);
   f.add(
@@ -40,7 +72,7 @@ void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, cons
   auto shared = std::make_shared<HeadMatrix>(m);
   const std::string label = where + ", " + what;
   f.hover.push_back(
-      {box, m.rows, m.cols, std::string("predicted ") + what,
+      {box, m.rows, m.cols, "predicted view: " + what,
        [&trace, shared, label](int64_t r, int64_t c) {
          std::string text = label + "\nstep " + std::to_string(r) + ", token " + std::to_string(c);
          if (c < int64_t(trace.tokens.size()))
@@ -58,12 +90,19 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
   View view = empty_view(options);
   Figure& f = view.figure;
   const int64_t L = trace.model.layers, H = trace.model.heads;
+  // A learned predictor's scores are its predicted logits: named so wherever they are shown.
+  size_t predictors = 0;
+  for (const int64_t run : options.runs) predictors += run_predicts_logits(trace, run);
+  const std::string compared = predictors == options.runs.size() ? "the predictor's logits"
+                               : predictors > 0 ? "policy scores and a predictor's logits"
+                                                : "the policy's importance scores";
   const float top = title_block(
       f,
       "Predicted vs true: layer " + std::to_string(options.layer) + ", head " +
           std::to_string(options.head) + " at step " + std::to_string(step),
-      "the policy's importance scores against the true attention logits; accuracy: agreement "
-      "of the top-50% token sets",
+      compared +
+          " against the true attention logits; top-50% hit rate: the share of the true top 50% "
+          "of tokens also in the predicted top 50%",
       theme);
   const float margin = 40, gap = 36;
   const float panel = std::min(300.0f, (options.width - 2 * margin - 3 * gap) / 4.0f);
@@ -74,6 +113,8 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
     const int64_t run = options.runs[i];
     const std::string where = run_title(trace, run) + ", L" + std::to_string(options.layer) + " H" +
                               std::to_string(options.head);
+    const bool predicted = run_predicts_logits(trace, run);
+    const std::string scores_name = predicted ? "predicted logits" : "policy scores";
     f.text({margin, y}, run_title(trace, run), 13, run_color(int64_t(i)), HAlign::Left,
            VAlign::Baseline, true);
     y += 22;
@@ -81,7 +122,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
         head_matrix(trace, run, options.layer, options.head, HeadQuantity::Scores, step);
     const HeadMatrix logits =
         head_matrix(trace, run, options.layer, options.head, HeadQuantity::Logits, step);
-    map_panel(f, trace, {margin, y, panel, panel}, scores, "policy scores", theme, where);
+    map_panel(f, trace, {margin, y, panel, panel}, scores, scores_name, theme, where);
     map_panel(f, trace, {margin + panel + gap, y, panel, panel}, logits, "true logits", theme,
               where);
 
@@ -95,7 +136,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
       s->lo -= pad, s->hi += pad;
     }
     axes(f, plot, nice_ticks(xs.lo, xs.hi, 4), xs.lo, xs.hi, nice_ticks(ys.lo, ys.hi, 4), ys.lo,
-         ys.hi, "true logit", "score", theme);
+         ys.hi, "true logit", predicted ? "predicted logit" : "score", theme);
     const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
     const uint8_t* shown = record.visible_row(options.layer, options.head, H);
     int64_t points = 0;
@@ -114,9 +155,11 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
       f.add(dot);
       ++points;
     }
+    // (as p.accuracy: only where the policy chose a set at the layer)
+    const double hits = std::isnan(p.accuracy) ? kNaN : hit_rate(p.scores, p.logits);
     f.text({plot.x, plot.y - 6},
            "Pearson " + format_value(p.pearson) + "  Spearman " + format_value(p.spearman) +
-               "  accuracy " + format_value(p.accuracy),
+               "  top-50% hit rate " + format_value(hits),
            10, theme.foreground);
     if (points == 0) {
       f.text({plot.x + plot.w / 2, plot.y + plot.h / 2}, "no scores at this layer (dense)", 11,
@@ -131,11 +174,11 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
       f.text({plot.x + 70, ly}, "hidden (this step)", 10, theme.muted);
     }
 
-    // Every head's accuracy at this step.
-    const std::vector<double> grid = head_accuracy_grid(trace, run, step);
+    // Every head's hit rate at this step.
+    const std::vector<double> grid = head_hit_rate_grid(trace, run, step);
     const float gx = margin + 3 * (panel + gap) + 10;
     const float cell = std::min((panel - 10) / float(H), (panel - 10) / float(L));
-    f.text({gx, y - 6}, "top-50% accuracy per head", 11, theme.foreground);
+    f.text({gx, y - 6}, "top-50% hit rate per head", 11, theme.foreground);
     for (int64_t l = 0; l < L; ++l) {
       for (int64_t h = 0; h < H; ++h) {
         const double a = grid[size_t(l * H + h)];
@@ -151,13 +194,13 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
     f.hover.push_back({{gx, y, cell * float(H), cell * float(L)},
                        L,
                        H,
-                       "accuracy grid",
+                       "hit rate grid",
                        [shared_grid, H](int64_t r, int64_t c) {
                          return "L" + std::to_string(r) + " H" + std::to_string(c) +
-                                "\ntop-50% accuracy " +
+                                "\ntop-50% hit rate " +
                                 format_value((*shared_grid)[size_t(r * H + c)]);
                        },
-                       "accuracy grid"});
+                       "hit rate grid"});
     y += panel + 62;
   }
   f.height = y;

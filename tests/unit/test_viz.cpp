@@ -362,6 +362,46 @@ TEST_CASE("retention with two runs shows the difference of their fractions", "[v
   CHECK(three.data.rows[0].size() == 2 + 3 * 2 + 1);
 }
 
+TEST_CASE("the predicted view names a predictor's scores and shows each head's hit rate", "[viz]") {
+  // Step 4 of run 1 with L1 H0's scores reversed: of the true top 3 of 5 tokens {2, 3, 4} the
+  // scores rank only token 2 in their top 3 {0, 1, 2}, a hit rate of 1/3 (the top-50%
+  // agreement would be 1/5). Elsewhere the scores order tokens as the logits do: 1.
+  Trace trace = test::make_small_trace(4);
+  std::vector<StepRecord> last = test::make_small_trace(5).steps()[4];
+  for (int64_t c = 0; c < 5; ++c) last[1].scores[size_t(2 * 5 + c)] = -float(c);
+  trace.add_step(std::move(last));
+  ViewOptions options;
+  options.runs = {1};
+  options.layer = 1;
+  const auto grid_text = [](const View& view, int64_t row, int64_t col) {
+    for (const HoverGrid& grid : view.figure.hover)
+      if (grid.id == "hit rate grid") return grid.describe(row, col);
+    return std::string();
+  };
+  const View h2o = build_view(trace, ViewKind::Predicted, options);
+  CHECK(has_text(h2o.figure, "top-50% hit rate per head"));
+  CHECK(has_text(h2o.figure, "policy scores"));
+  CHECK_FALSE(has_text(h2o.figure, "predicted logits"));
+  CHECK(grid_text(h2o, 1, 0).find("top-50% hit rate 0.333") != std::string::npos);
+  CHECK(grid_text(h2o, 1, 1).find("top-50% hit rate 1") != std::string::npos);
+  CHECK(grid_text(h2o, 0, 0).find("top-50% hit rate -") != std::string::npos);  // dense layer
+  CHECK(has_text(h2o.figure, "top-50% hit rate 0.333"));  // the scatter's, L1 H0
+
+  // A learned predictor's run: its scores are called predicted logits.
+  trace.runs[1].policy = "tokenbutler";
+  CHECK(run_predicts_logits(trace, 1));
+  CHECK_FALSE(run_predicts_logits(trace, 0));
+  const View butler = build_view(trace, ViewKind::Predicted, options);
+  CHECK(has_text(butler.figure, "predicted logits"));
+  CHECK(has_text(butler.figure, "predicted logit"));  // the scatter's axis
+  CHECK(has_text(butler.figure, "the predictor's logits against the true attention logits"));
+  CHECK_FALSE(has_text(butler.figure, "policy scores"));
+  options.runs = {0, 1};
+  const View both = build_view(trace, ViewKind::Predicted, options);
+  CHECK(has_text(both.figure, "policy scores"));
+  CHECK(has_text(both.figure, "predicted logits"));
+}
+
 TEST_CASE("views built without data draw the same figure", "[viz]") {
   // The app redraws figures without their tables (heads x tokens rows) and builds them to export.
   const Trace trace = test::make_small_trace(5);
