@@ -86,8 +86,21 @@ void Dashboard::restart() {
   const auto& infos = policy_infos();
   for (size_t i = 0; i < infos.size() && i < policy_checked_.size(); ++i)
     if (policy_checked_[i]) policies += (policies.empty() ? "" : ",") + infos[i].id;
+  // Ids without a check box (not in this build's registry) stay: the recording reports them
+  // (or, in the default list, leaves tokenbutler out with a note).
+  for (const std::string& id : split_comma_list(pending_.policies)) {
+    bool known = false;
+    for (const PolicyInfo& info : infos) known = known || info.id == id;
+    if (!known && !policy_checked_.empty()) policies += (policies.empty() ? "" : ",") + id;
+  }
   if (!policies.empty()) pending_.policies = policies;
   engine_.open(pending_);
+}
+
+void Dashboard::set_policies(const std::string& policies) {
+  pending_.policies = policies;
+  pending_.policies_asked = true;
+  policy_checked_.clear();  // the check boxes are set from the list at the next frame
 }
 
 void Dashboard::playback() {
@@ -168,7 +181,7 @@ void Dashboard::apply_hit(const FigureHit& hit) {
     options_.head = h;
   } else if (hit.id == "steps") {
     go_to_step(hit.col);
-  } else if (hit.id == "accuracy grid") {
+  } else if (hit.id == "hit rate grid") {
     options_.layer = hit.row;
     options_.head = hit.col;
   }
@@ -210,6 +223,18 @@ void Dashboard::frame() {
 void Dashboard::sidebar() {
   const Trace* trace = engine_.trace();
   if (ImGui::CollapsingHeader("Text and policies", ImGuiTreeNodeFlags_DefaultOpen)) {
+    // What the open recording runs on: the model folder and its TokenButler predictor.
+    if (trace && !engine_.config().model_dir.empty()) {
+      ImGui::TextWrapped("model: %s", engine_.config().model_dir.c_str());
+      ImGui::TextWrapped("predictor: %s", engine_.predictor().toUtf8().constData());
+      if (!engine_.note().isEmpty()) {
+        ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+        ImGui::TextWrapped("(%s)", engine_.note().toUtf8().constData());
+        ImGui::PopStyleColor();
+      }
+    } else if (trace) {
+      ImGui::TextDisabled("a saved trace: no model or predictor loaded");
+    }
     bool sample = pending_.source.coref_index >= 0;
     if (ImGui::RadioButton("Co-reference sample", sample)) pending_.source.coref_index = 0;
     ImGui::SameLine();
@@ -232,7 +257,10 @@ void Dashboard::sidebar() {
     for (size_t i = 0; i < infos.size(); ++i) {
       bool checked = policy_checked_[i];
       if (i % 2) ImGui::SameLine(150);
-      if (ImGui::Checkbox(infos[i].id.c_str(), &checked)) policy_checked_[i] = checked;
+      if (ImGui::Checkbox(infos[i].id.c_str(), &checked)) {
+        policy_checked_[i] = checked;
+        pending_.policies_asked = true;  // the user's own list from now on
+      }
       if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", infos[i].description.c_str());
     }
     float sparsity = float(std::atof(pending_.sparsities.c_str()));
@@ -293,7 +321,8 @@ void Dashboard::sidebar() {
     if (ImGui::SliderInt("head", &head, 0, int(trace->model.heads - 1))) options_.head = head;
     ImGui::Checkbox("selected head in detail", &options_.head_detail);
     int quantity = int(options_.quantity);
-    if (ImGui::Combo("show", &quantity, "logits\0probabilities\0policy scores\0"))
+    if (ImGui::Combo("show", &quantity,
+                     "logits\0probabilities\0policy scores (tokenbutler: predicted logits)\0"))
       options_.quantity = HeadQuantity(quantity);
     ImGui::Checkbox("log scale", &options_.log_scale);
     int metric = int(options_.consensus);

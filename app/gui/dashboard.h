@@ -35,6 +35,8 @@ class Dashboard {
   void set_play_rate(float steps_per_second) { play_rate_ = steps_per_second; }
   // A new recording from the sidebar's settings (the model folder from the session config).
   void restart();
+  // The policies to record next, as the user names them (the sidebar's check boxes follow).
+  void set_policies(const std::string& policies);
 
   void set_view(viz::ViewKind kind) { view_ = kind; }
   // 0: the figure fits the width; else a scale in [0.25, 8] of the figure laid out at 1280 units.

@@ -55,39 +55,47 @@ void EngineController::open(const SessionConfig& config) {
   busy_ = true;
   const uint64_t generation = ++generation_;
   QMetaObject::invokeMethod(worker_, [this, config, generation] {
-    QString backend;
+    QString backend, predictor, note;
     std::unique_ptr<cli::Recording> recording;
     std::shared_ptr<Trace> header;
     int64_t total = 0;
     QString error;
     try {
       const cli::CommonOptions common = backend_options(config, backend);
+      const std::shared_ptr<const Model> model =
+          Model::load(config.model_dir, config.predictor_file);
+      const PolicyChoice choice = choose_policies(config.policies, config.policies_asked, *model);
       const std::vector<PolicyConfig> runs =
-          cli::resolve_policy_runs(config.policies, config.sparsities, config.policy_args);
+          cli::resolve_policy_runs(choice.policies, config.sparsities, config.policy_args);
       TraceOptions options;
       options.memory_budget = config.memory_budget;
-      recording = std::make_unique<cli::Recording>(cli::open_recording(
-          common, Model::load(config.model_dir), config.source, runs, options, "prompt"));
+      recording = std::make_unique<cli::Recording>(
+          cli::open_recording(common, model, config.source, runs, options, "prompt"));
+      predictor = QString::fromStdString(predictor_summary(*model));
+      note = QString::fromStdString(choice.note);
       header = std::make_shared<Trace>(recording->recorder->trace());
       total = recording->recorder->steps_total();
     } catch (const std::exception& e) {
       error = QString::fromUtf8(e.what());
     }
     if (error.isEmpty()) worker_->recording = std::move(recording);
-    QMetaObject::invokeMethod(this, [this, config, header, total, backend, error, generation] {
-      if (generation != generation_) return;  // a later open or saved trace replaced it
-      busy_ = false;
-      cancel_ = false;
-      if (!error.isEmpty()) {
-        emit failed(error);
-        return;
-      }
-      trace_ = header;
-      config_ = config;
-      steps_total_ = total;
-      backend_name_ = backend;
-      emit opened();
-    });
+    QMetaObject::invokeMethod(
+        this, [this, config, header, total, backend, predictor, note, error, generation] {
+          if (generation != generation_) return;  // a later open or saved trace replaced it
+          busy_ = false;
+          cancel_ = false;
+          if (!error.isEmpty()) {
+            emit failed(error);
+            return;
+          }
+          trace_ = header;
+          config_ = config;
+          steps_total_ = total;
+          backend_name_ = backend;
+          predictor_ = predictor;
+          note_ = note;
+          emit opened();
+        });
   });
 }
 
@@ -99,6 +107,8 @@ void EngineController::show_trace(std::shared_ptr<Trace> trace) {
   trace_ = std::move(trace);
   steps_total_ = trace_->step_count();
   backend_name_ = "saved trace";
+  predictor_.clear();
+  note_.clear();
   config_ = SessionConfig{};
   emit opened();
 }

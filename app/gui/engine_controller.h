@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "app/cli/recording.h"
+#include "app/gui/policy_defaults.h"
 #include "engine/trace/trace.h"
 
 namespace kvlens::app {
@@ -19,7 +20,11 @@ namespace kvlens::app {
 struct SessionConfig {
   std::string model_dir;
   cli::RecordingSource source;
-  std::string policies = "dense,h2o,quest";
+  std::string policies = kDefaultPolicies;
+  // The user named the policies (--policies, the sidebar, a script): tokenbutler is then kept
+  // without a predictor (and fails); the default list leaves it out (policy_defaults.h).
+  bool policies_asked = false;
+  std::string predictor_file;  // --predictor: overrides the model folder's own (empty: none)
   std::string sparsities = "0.5";
   std::vector<std::string> policy_args;
   std::string backend = "auto";  // auto (CUDA when a GPU is present), cpu or cuda
@@ -51,6 +56,10 @@ class EngineController : public QObject {
   std::shared_ptr<const Trace> shared_trace() const { return trace_; }
   int64_t steps_total() const { return steps_total_; }
   const QString& backend_name() const { return backend_name_; }
+  // The open recording's predictor (predictor_summary), and why a default policy was left out
+  // (empty when none was); a saved trace has neither.
+  const QString& predictor() const { return predictor_; }
+  const QString& note() const { return note_; }
   const SessionConfig& config() const { return config_; }
 
  signals:
@@ -67,6 +76,7 @@ class EngineController : public QObject {
   SessionConfig config_;
   int64_t steps_total_ = 0;
   QString backend_name_;
+  QString predictor_, note_;
   bool busy_ = false;
   std::atomic<bool> cancel_{false};
   // Counts opens and saved traces shown (UI thread only): results posted back for an earlier

@@ -7,6 +7,7 @@
 #include "app/cli/policy_runs.h"
 #include "app/cli/recording.h"
 #include "app/gui/bundled_paths.h"
+#include "app/gui/policy_defaults.h"
 #include "engine/model/model.h"
 #include "viz/qt/painter_renderer.h"
 #include "viz/views.h"
@@ -24,11 +25,16 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
       source.prompt = options.prompt.toStdString();
     }
     const QString model_dir = options.model_dir.isEmpty() ? bundled_model_dir() : options.model_dir;
-    cli::Recording recording =
-        cli::open_recording(common, Model::load(model_dir.toStdString()), source,
-                            cli::resolve_policy_runs(options.policies.toStdString(),
-                                                     options.sparsity.toStdString(), {}),
-                            TraceOptions{}, "--prompt");
+    const std::shared_ptr<const Model> model =
+        Model::load(model_dir.toStdString(), options.predictor_file.toStdString());
+    const PolicyChoice choice =
+        choose_policies(options.policies.toStdString(), options.policies_asked, *model);
+    if (!choice.note.empty()) std::printf("kvlens: note: %s\n", choice.note.c_str());
+    std::printf("kvlens: predictor: %s\n", predictor_summary(*model).c_str());
+    cli::Recording recording = cli::open_recording(
+        common, model, source,
+        cli::resolve_policy_runs(choice.policies, options.sparsity.toStdString(), {}),
+        TraceOptions{}, "--prompt");
     TraceRecorder& recorder = *recording.recorder;
     // Up to the step that predicts the answer's last token (a sample), else the whole text.
     const Trace& trace = recorder.trace();

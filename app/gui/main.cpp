@@ -1,5 +1,5 @@
 // kvlens: the desktop app. With a display it opens the window on the bundled demo model, a
-// co-reference sample and three policies ready to step (or on --model / --trace); --script drives
+// co-reference sample and four policies ready to step (or on --model / --trace); --script drives
 // the window from a file (tests); without a display (or with --headless) it renders the default
 // dashboard to PNG files and prints where.
 #include <CLI/CLI.hpp>
@@ -24,15 +24,22 @@ bool has_display() {
 int main(int argc, char** argv) {
   using kvlens::app::LaunchOptions;
   CLI::App cli{"kvlens: step a decode under KV-cache policies and see what every head saw"};
-  std::string model, trace, prompt, policies = "dense,h2o,quest", sparsity = "0.5",
-                                    backend = "auto", script, out_dir = "kvlens-dashboard";
+  std::string model, trace, prompt, policies = kvlens::app::kDefaultPolicies, predictor,
+                                    sparsity = "0.5", backend = "auto", script,
+                                    out_dir = "kvlens-dashboard";
   int64_t sample = 0;
   bool headless = false, dark = false;
   cli.add_option("--model", model, "Hugging Face checkpoint folder (default: the bundled demo)");
   cli.add_option("--trace", trace, "Open a saved .kvtrace instead of recording");
   cli.add_option("--coref-sample", sample, "Co-reference sample to record")->capture_default_str();
   cli.add_option("--prompt", prompt, "Record this text instead of a sample");
-  cli.add_option("--policies", policies, "Comma-separated policy ids")->capture_default_str();
+  cli.add_option("--policies", policies,
+                 "Comma-separated policy ids (by default tokenbutler is left out when the model "
+                 "has no predictor)")
+      ->capture_default_str();
+  cli.add_option("--predictor", predictor,
+                 "TokenButler predictor.safetensors to load with the model (default: the model "
+                 "folder's own)");
   cli.add_option("--sparsity", sparsity, "Sparsity of the policies")->capture_default_str();
   cli.add_option("--backend", backend, "auto, cpu or cuda")->capture_default_str();
   cli.add_option("--script", script, "Drive the window from a script file (see script_runner.h)");
@@ -51,6 +58,8 @@ int main(int argc, char** argv) {
   options.coref_sample = sample;
   options.prompt = QString::fromStdString(prompt);
   options.policies = QString::fromStdString(policies);
+  options.policies_asked = cli.count("--policies") > 0;
+  options.predictor_file = QString::fromStdString(predictor);
   options.sparsity = QString::fromStdString(sparsity);
   options.backend = QString::fromStdString(backend);
   options.script_path = QString::fromStdString(script);

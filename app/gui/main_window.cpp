@@ -39,6 +39,10 @@ MainWindow::MainWindow(const LaunchOptions& options) {
     if (engine_.trace()->step_count() > 0)
       dashboard_->on_stepped(engine_.trace()->step_count() - 1);
     update_status();
+    if (!engine_.note().isEmpty()) {
+      notes_shown_ << engine_.note();
+      statusBar()->showMessage(engine_.note(), 15000);
+    }
   });
   connect(&engine_, &EngineController::stepped, this,
           [this](qint64 step) { dashboard_->on_stepped(step); });
@@ -82,6 +86,8 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   }
   config.model_dir = model_dir_.toStdString();
   config.policies = options.policies.toStdString();
+  config.policies_asked = options.policies_asked;
+  config.predictor_file = options.predictor_file.toStdString();
   config.sparsities = options.sparsity.toStdString();
   config.backend = options.backend.toStdString();
   if (options.prompt.isEmpty()) {
@@ -246,7 +252,8 @@ void MainWindow::close_dialogs() {
 }
 
 bool MainWindow::open_model(const QString& dir) {
-  // Checked here first so that a bad folder reports at once and the session stays.
+  // Checked here first so that a bad folder reports at once and the session stays. (A
+  // --predictor file belongs to the model it came with: another folder uses its own.)
   try {
     Model::load(dir.toStdString());
   } catch (const std::exception& e) {
@@ -255,6 +262,7 @@ bool MainWindow::open_model(const QString& dir) {
   }
   model_dir_ = dir;
   dashboard_->pending_config().model_dir = dir.toStdString();
+  dashboard_->pending_config().predictor_file.clear();
   dashboard_->restart();
   add_recent(dir);
   return true;

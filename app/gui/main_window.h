@@ -13,6 +13,7 @@
 #include "app/gui/dashboard.h"
 #include "app/gui/engine_controller.h"
 #include "app/gui/imgui_canvas.h"
+#include "app/gui/policy_defaults.h"
 
 namespace kvlens::app {
 
@@ -21,7 +22,9 @@ struct LaunchOptions {
   QString trace_path;
   int64_t coref_sample = 0;
   QString prompt;  // used instead of the sample when set
-  QString policies = "dense,h2o,quest";
+  QString policies = kDefaultPolicies;
+  bool policies_asked = false;  // --policies was given (policy_defaults.h)
+  QString predictor_file;       // --predictor: the TokenButler predictor to load with the model
   QString sparsity = "0.5";
   QString backend = "auto";
   QString script_path;
@@ -49,6 +52,8 @@ class MainWindow : public QMainWindow {
   // Script mode: dialogs open without blocking and are recorded (and closed by the script).
   void set_script_mode(bool on) { script_mode_ = on; }
   const QStringList& errors_shown() const { return errors_shown_; }
+  // The notes shown in the status bar (a default policy left out), oldest first.
+  const QStringList& notes_shown() const { return notes_shown_; }
   void close_dialogs();
   void set_dark(bool dark);
   void update_status();
@@ -75,6 +80,7 @@ class MainWindow : public QMainWindow {
   QString model_dir_;
   bool script_mode_ = false;
   QStringList errors_shown_;
+  QStringList notes_shown_;
 };
 
 }  // namespace kvlens::app

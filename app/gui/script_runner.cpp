@@ -99,7 +99,7 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     dashboard.pending_config().source.prompt = joined.toStdString();
     dashboard.restart();
   } else if (command == "policies") {
-    dashboard.pending_config().policies = joined.toStdString();
+    dashboard.set_policies(joined.toStdString());
   } else if (command == "sparsity") {
     dashboard.pending_config().sparsities = joined.toStdString();
   } else if (command == "restart") {
@@ -172,6 +172,20 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     throw std::runtime_error(("expect-error: no error dialog saying '" + joined +
                               "' (shown: " + errors.mid(errors_seen_).join(" | ") + ")")
                                  .toStdString());
+  } else if (command == "expect-note") {
+    const QStringList& notes = window_.notes_shown();
+    for (const QString& note : notes)
+      if (note.contains(joined)) return true;
+    throw std::runtime_error(("expect-note: no status bar note saying '" + joined +
+                              "' (shown: " + notes.join(" | ") + ")")
+                                 .toStdString());
+  } else if (command == "expect-predictor") {
+    // The sidebar's predictor line for the open recording ("no predictor" or the file).
+    const QString shown = window_.engine().predictor();
+    if (!shown.contains(joined))
+      throw std::runtime_error(
+          ("expect-predictor: the sidebar says '" + shown + "', not '" + joined + "'")
+              .toStdString());
   } else if (command == "report") {
     // For benchmarks (tools/bench_app.sh): frames drawn so far, the frame rate over the last
     // second, the steps recorded and how long the last figure took to build.

@@ -7,6 +7,7 @@
 //   detail on|off | quantity logits|probabilities|scores | consensus pearson|jaccard
 //   zoom fit|PERCENT
 //   theme dark|light | export FILE | screenshot FILE | expect-error TEXT | close-dialogs | quit
+//   expect-note TEXT (a status bar note said it) | expect-predictor TEXT (the sidebar's predictor)
 //   speed STEPS_PER_SECOND | report (frames drawn, frame rate, steps recorded, on stdout)
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.
 #pragma once

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 
+#include "engine/policy/registry.h"
 #include "engine/trace/trace.h"
 #include "tests/support/small_trace.h"
 #include "tests/support/test_paths.h"
@@ -63,6 +64,17 @@ bool have_xvfb() {
   return test::run_command("command -v xvfb-run").exit_code == 0;
 }
 
+// The default session runs tokenbutler when this build has the policy and the bundled demo model
+// has a predictor beside it; otherwise it leaves it out with a note (dense, h2o, quest).
+bool demo_has_predictor() {
+  return fs::exists(test::source_path("assets/models/demo/predictor.safetensors"));
+}
+bool default_runs_tokenbutler() {
+  bool registered = false;
+  for (const PolicyInfo& info : policy_infos()) registered = registered || info.id == "tokenbutler";
+  return registered && demo_has_predictor();
+}
+
 }  // namespace
 
 TEST_CASE("the window loads, steps, switches views, compares, exports and quits", "[ui][app]") {
@@ -110,7 +122,7 @@ TEST_CASE("the window loads, steps, switches views, compares, exports and quits"
   // The recording saved from the window loads without the model, with its 30 steps.
   const Trace saved = load_trace(dir + "/run.kvtrace");
   CHECK(saved.step_count() == 30);
-  CHECK(saved.runs.size() == 3);
+  CHECK(saved.runs.size() == (default_runs_tokenbutler() ? 4 : 3));
   CHECK(saved.coref.present);
   // An export has the figure's full detail whatever the zoom on screen (at 25% the window pools
   // the 40 steps' maps to 20 rows, an export keeps all 40).
@@ -134,10 +146,10 @@ TEST_CASE("bad model folders and traces show an error dialog and keep the sessio
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   CHECK(distinct_colors(dir + "/dialog.png") > 50);
-  // After both failures the demo recording was still there (step 4 of three runs)...
+  // After both failures the demo recording was still there (step 4 of the default runs)...
   const std::string kept = read_file(dir + "/kept.json");
   CHECK(kept.find("\"step\": 4.0") != std::string::npos);
-  CHECK(kept.find("quest") != std::string::npos);
+  CHECK(kept.find("h2o") != std::string::npos);
   // ... and a good trace then replaced it.
   CHECK(read_file(dir + "/small.json").find("\"step\": 3.0") != std::string::npos);
 }
@@ -204,6 +216,54 @@ TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
         std::string::npos);
 }
 
+TEST_CASE("the default session runs tokenbutler when the model has a predictor", "[ui][app]") {
+  // dense, tokenbutler, h2o, quest; without a predictor (or the policy) tokenbutler is left out
+  // with a status bar note, and the sidebar says "no predictor".
+  REQUIRE(have_xvfb());
+  const bool butler = default_runs_tokenbutler();
+  const std::string dir = test::make_temp_dir("app");
+  const std::string checks =
+      butler ? "expect-predictor predictor.safetensors (variant\n"
+             : "expect-predictor no predictor\nexpect-note tokenbutler left out\n";
+  const test::CommandResult result =
+      run_app(dir, script({"step 3", checks, "view predicted", "export $DIR/predicted.json",
+                           "save-trace $DIR/run.kvtrace", "quit"},
+                          dir));
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  const Trace saved = load_trace(dir + "/run.kvtrace");
+  std::vector<std::string> policies;
+  for (const TraceRun& run : saved.runs) policies.push_back(run.policy);
+  CHECK(policies == (butler ? std::vector<std::string>{"dense", "tokenbutler", "h2o", "quest"}
+                            : std::vector<std::string>{"dense", "h2o", "quest"}));
+  CHECK(read_file(dir + "/predicted.json").find(butler ? "tokenbutler" : "h2o") !=
+        std::string::npos);
+}
+
+TEST_CASE("an asked-for tokenbutler without a predictor is an error that keeps the session",
+          "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  if (!demo_has_predictor()) {
+    // Restarting with tokenbutler named: an error dialog, and the recording before it stays.
+    const test::CommandResult result = run_app(
+        dir, script({"step 3", "policies dense,tokenbutler", "restart", "expect-error tokenbutler",
+                     "close-dialogs", "view logits", "export $DIR/kept.json", "quit"},
+                    dir));
+    INFO(result.out << result.err);
+    REQUIRE(result.exit_code == 0);
+    const std::string kept = read_file(dir + "/kept.json");
+    CHECK(kept.find("\"step\": 2.0") != std::string::npos);
+    CHECK(kept.find("h2o") != std::string::npos);
+  }
+  // --predictor names the file to load with the model: a missing one is an error dialog.
+  const test::CommandResult missing =
+      run_app(dir, "expect-error " + dir + "/none/predictor.safetensors\nclose-dialogs\nquit\n",
+              "--predictor " + dir + "/none/predictor.safetensors");
+  INFO(missing.out << missing.err);
+  CHECK(missing.exit_code == 0);
+}
+
 TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]") {
   const std::string dir = test::make_temp_dir("app");
   const test::CommandResult result = test::run_command(
@@ -218,6 +278,33 @@ TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]
     const std::string path = dir + "/dashboard/kvlens-" + view + ".png";
     CHECK(result.out.find(path) != std::string::npos);
     CHECK(distinct_colors(path) > 20);
+  }
+}
+
+TEST_CASE("the headless dashboard's default policies follow the model's predictor", "[ui][app]") {
+  const std::string dir = test::make_temp_dir("app");
+  const test::CommandResult result = test::run_command(
+      "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + dir +
+      "/dashboard");
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  // Recorded up to the answer's last token; the first three of the default runs shown.
+  if (default_runs_tokenbutler()) {
+    CHECK(result.out.find("kvlens: predictor: ") != std::string::npos);
+    CHECK(result.out.find("predictor.safetensors (variant ") != std::string::npos);
+    CHECK(result.out.find("; dense, tokenbutler s=0.5, h2o s=0.5) is in") != std::string::npos);
+  } else {
+    CHECK(result.out.find("kvlens: note: tokenbutler left out") != std::string::npos);
+    CHECK(result.out.find("kvlens: predictor: no predictor") != std::string::npos);
+    CHECK(result.out.find("; dense, h2o s=0.5, quest s=0.5) is in") != std::string::npos);
+  }
+  if (!demo_has_predictor()) {
+    // Asked for by name, tokenbutler without a predictor is an error.
+    const test::CommandResult asked = test::run_command(
+        "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + dir +
+        "/asked --policies dense,tokenbutler");
+    CHECK(asked.exit_code == 1);
+    CHECK(asked.err.find("tokenbutler") != std::string::npos);
   }
 }
 #endif  // KVLENS_APP_PATH
