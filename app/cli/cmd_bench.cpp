@@ -17,6 +17,7 @@
 #include "engine/runtime/bandwidth.h"
 #include "engine/runtime/cpu_backend.h"
 #include "engine/runtime/decoder_session.h"
+#include "engine/runtime/predictor_runtime.h"
 
 namespace kvlens::cli {
 namespace {
@@ -43,6 +44,39 @@ int64_t parameter_count(const Model& model) {
     }
   }
   return count;
+}
+
+// The TokenButler predictor's own work per decode step at `context` tokens: its forward for
+// the new token (from a layer-0 input row) and the predicted logits of every predicted layer,
+// synchronized, median over `steps` (after `warmup`). Input values do not change the work, so
+// the context is fed as one chunk of fixed rows.
+double predictor_step_seconds(const BackendModel& resident, Backend& backend, int64_t context,
+                              int64_t warmup, int64_t steps) {
+  const ModelConfig& config = resident.config();
+  PredictorState predictor(resident.predictor);
+  const int64_t E = config.hidden_size, positions = context + warmup + steps;
+  std::vector<float> rows(size_t(std::max<int64_t>(context, 1) * E));
+  for (size_t i = 0; i < rows.size(); ++i)
+    rows[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  DeviceTensor input = backend.alloc(DType::F32, {std::max<int64_t>(context, 1), E});
+  backend.from_host(input, rows.data(), rows.size() * sizeof(float));
+  if (context > 0) predictor.append(input);
+  const DeviceTensor one_row = [&] {
+    DeviceTensor row = input;
+    row.shape = {1, E};
+    return row;
+  }();
+  DeviceTensor scores = backend.alloc(DType::F32, {config.num_heads, positions});
+  std::vector<double> seconds;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    backend.synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    predictor.append(one_row);
+    for (int64_t l = 1; l < config.num_layers; ++l) predictor.predicted_logits(l, scores);
+    backend.synchronize();
+    if (i >= warmup) seconds.push_back(seconds_since(start));
+  }
+  return median(seconds);
 }
 
 }  // namespace
@@ -204,6 +238,14 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       }
 
       const double step_median = median(step_seconds);
+      // The predictor's share of a step, where a tokenbutler run is listed.
+      const bool with_predictor =
+          resident->predictor && std::any_of(runs.begin(), runs.end(), [](const PolicyConfig& run) {
+            return run.id == "tokenbutler";
+          });
+      const double predictor_median =
+          with_predictor ? predictor_step_seconds(*resident, *backend, context, warmup, steps)
+                         : 0.0;
       const double step_min = *std::min_element(step_seconds.begin(), step_seconds.end());
       const double step_max = *std::max_element(step_seconds.begin(), step_seconds.end());
       const double read_gbps = double(step_bytes) / step_median / 1e9;
@@ -258,6 +300,14 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                              {"ratio_to_dense", lockstep_median / step_median},
                              {"run_tasks", run_tasks}};
         }
+        if (with_predictor) {
+          const PredictorConfig& pc = resident->predictor->config();
+          out["predictor"] = {{"path", resident->predictor->predictor->path},
+                              {"parameters", pc.parameter_count()},
+                              {"parameter_fraction", double(pc.parameter_count()) / double(params)},
+                              {"step_seconds_median", predictor_median},
+                              {"share_of_dense_step", predictor_median / step_median}};
+        }
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
       }
@@ -295,6 +345,16 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
               "  run %-3zu %-12s %.3f ms per step (own attention and policy work, median)\n", r,
               runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
         }
+      }
+      if (with_predictor) {
+        const PredictorConfig& pc = resident->predictor->config();
+        std::printf(
+            "predictor       %.3f ms per step median (%.2f%% of a dense step): its forward "
+            "and the predicted logits of %lld layers; %.2fM parameters (%.2f%% of the "
+            "model)\n",
+            predictor_median * 1e3, 100.0 * predictor_median / step_median,
+            (long long)(config.num_layers - 1), double(pc.parameter_count()) / 1e6,
+            100.0 * double(pc.parameter_count()) / double(params));
       }
       if (cache_resident) {
         std::printf(
