@@ -226,8 +226,59 @@ void write_checkpoint(const std::string& dir, const std::string& config_json,
   write_file(dir + "/model.safetensors.index.json", index.dump(2));
 }
 
+void write_tiny_predictor(const std::string& dir, const TinyLlamaSpec& spec,
+                          const std::string& variant, int64_t reduce, int64_t d, int64_t m) {
+  NormalSource random(spec.seed + 1000);
+  std::vector<TestTensor> tensors;
+  const auto add = [&](const std::string& name, const std::vector<int64_t>& shape, double mean,
+                       double deviation) {
+    std::vector<float> values(size_t(product(shape)));
+    for (float& v : values) v = random.next(mean, deviation);
+    tensors.push_back(make_tensor(name, "F32", shape, values));
+  };
+  const int64_t e = spec.hidden, er = spec.hidden / reduce, slots = spec.layers * spec.heads * d;
+  add("input_proj.weight", {er, e}, 0.0, 0.2);
+  for (const char* name : {"q_proj_attn.weight", "k_proj_attn.weight", "v_proj_attn.weight"})
+    add(name, {er, er}, 0.0, 0.2);
+  add("norm1.weight", {er}, 1.0, 0.1);
+  add("norm1.bias", {er}, 0.0, 0.1);
+  add("ffn.0.weight", {2 * er, er}, 0.0, 0.2);
+  add("ffn.0.bias", {2 * er}, 0.0, 0.1);
+  add("ffn.2.weight", {e, 2 * er}, 0.0, 0.2);
+  add("ffn.2.bias", {e}, 0.0, 0.1);
+  add("norm2.weight", {e}, 1.0, 0.1);
+  add("norm2.bias", {e}, 0.0, 0.1);
+  if (variant == "hf") {
+    add("norm_importance.weight", {e}, 1.0, 0.1);
+    add("norm_importance.bias", {e}, 0.0, 0.1);
+  }
+  for (const char* side : {"q", "k"}) {
+    add(std::string(side) + "_proj_importance.0.weight", {m, e}, 0.0, 0.2);
+    add(std::string(side) + "_proj_importance.2.weight", {slots, m}, 0.0, 0.2);
+  }
+  std::filesystem::create_directories(dir);
+  write_safetensors(dir + "/predictor.safetensors", tensors);
+  const Json config = {{"format", "kvlens-tokenbutler-predictor"},
+                       {"version", 1},
+                       {"variant", variant},
+                       {"hidden_size", e},
+                       {"attn_reduce_factor", reduce},
+                       {"heads", spec.heads},
+                       {"layers", spec.layers},
+                       {"dDash", d},
+                       {"intdim", m},
+                       {"layer_norm_eps", 1e-5},
+                       {"rope_theta", spec.rope_theta},
+                       {"training", {{"random", true}, {"seed", spec.seed}}}};
+  write_file(dir + "/predictor.json", config.dump(2));
+}
+
 std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec) {
   write_checkpoint(dir, tiny_llama_config(spec), tiny_llama_tensors(spec), spec.sharded);
+  // Sizes the predictor cannot take (its rotary attention needs hidden / 2 split into heads of
+  // an even width, and a layer to predict) get none.
+  const bool fits = spec.layers >= 2 && (spec.hidden / 2) % (2 * spec.heads) == 0;
+  if (spec.predictor && fits) write_tiny_predictor(dir, spec);
   return dir;
 }
 

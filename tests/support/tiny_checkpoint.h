@@ -53,7 +53,16 @@ struct TinyLlamaSpec {
   // Extra top-level config.json entries as a JSON object text (e.g. "{\"rope_scaling\": ...}");
   // they override the generated ones.
   std::string extra_config = "{}";
+  // Also write a random TokenButler predictor (predictor.safetensors + predictor.json, variant
+  // hf, r = 2, d' = 4, m = 8) beside the model, so the tokenbutler policy runs on it.
+  bool predictor = true;
 };
+
+// A random predictor for `spec`'s model (F32, weights ~ N(0, 0.2), LayerNorms ~ 1 / 0 + noise),
+// written into `dir` as predictor.safetensors + predictor.json (engine/model/predictor.h).
+void write_tiny_predictor(const std::string& dir, const TinyLlamaSpec& spec,
+                          const std::string& variant = "hf", int64_t reduce = 2, int64_t d = 4,
+                          int64_t m = 8);
 
 // config.json text for `spec` (bos 1, eos 2, torch_dtype from spec.dtype).
 std::string tiny_llama_config(const TinyLlamaSpec& spec);
@@ -65,8 +74,8 @@ std::vector<TestTensor> tiny_llama_tensors(const TinyLlamaSpec& spec);
 // plus model.safetensors.index.json.
 void write_checkpoint(const std::string& dir, const std::string& config_json,
                       const std::vector<TestTensor>& tensors, bool sharded);
-// write_checkpoint(dir, tiny_llama_config(spec), tiny_llama_tensors(spec), spec.sharded);
-// returns dir.
+// write_checkpoint(dir, tiny_llama_config(spec), tiny_llama_tensors(spec), spec.sharded), plus
+// write_tiny_predictor where spec.predictor; returns dir.
 std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec);
 
 }  // namespace kvlens::test
