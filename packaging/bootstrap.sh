@@ -78,7 +78,7 @@ cli="$build/app/kvlens-cli"
 
 if [ "$mode" = demo ]; then
   app="$build/app/kvlens"
-  log "kvlens: the desktop app on the bundled demo model (co-reference sample 0; dense, h2o, quest)"
+  log "kvlens: the desktop app on the bundled demo model (co-reference sample 0; dense, tokenbutler, h2o, quest)"
   echo "Keys: Right/Left step, Shift+Right steps 10, Space plays, Ctrl+E exports the view."
   echo "The headless interface is $cli (try: $cli --help)."
   # Without a display the app renders its dashboard to PNG files and prints where.

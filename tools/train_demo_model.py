@@ -52,13 +52,15 @@ import math
 import os
 import platform
 import random
-import re
 import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus_text import group_blocks, split_blocks  # noqa: E402
 
 T0 = time.time()
 
@@ -68,31 +70,6 @@ def log(msg):
 
 
 # ----------------------------------------------------------------------------- data
-
-def split_blocks(text):
-    """Blocks separated by blank lines (lines holding only whitespace count as blank)."""
-    blocks = re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n"))
-    out = []
-    for b in blocks:
-        b = "\n".join(line.rstrip() for line in b.strip("\n").split("\n"))
-        if b.strip():
-            out.append(b)
-    return out
-
-
-def group_blocks(blocks, max_chars):
-    """Join consecutive blocks (paragraphs) into documents of at most ~max_chars characters."""
-    docs, cur, n = [], [], 0
-    for b in blocks:
-        if cur and n + len(b) > max_chars:
-            docs.append("\n\n".join(cur))
-            cur, n = [], 0
-        cur.append(b)
-        n += len(b) + 2
-    if cur:
-        docs.append("\n\n".join(cur))
-    return docs
-
 
 def holdout_tail(docs, frac):
     """Split docs into (train, val): val = the trailing docs holding >= frac of the characters."""

@@ -58,6 +58,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tokenbutler as tb  # noqa: E402
+from corpus_text import group_blocks, split_blocks  # noqa: E402
 
 T0 = time.time()
 
@@ -67,29 +68,6 @@ def log(msg):
 
 
 # ----------------------------------------------------------------------------- data
-
-def split_blocks(text):
-    """Blank-line-separated blocks of a text file, trailing spaces stripped, empty ones dropped."""
-    blocks = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        block = "\n".join(line.rstrip() for line in block.strip("\n").split("\n"))
-        if block.strip():
-            blocks.append(block)
-    return blocks
-
-
-def group_blocks(blocks, max_chars):
-    docs, current, size = [], [], 0
-    for block in blocks:
-        if current and size + len(block) > max_chars:
-            docs.append("\n\n".join(current))
-            current, size = [], 0
-        current.append(block)
-        size += len(block) + 2
-    if current:
-        docs.append("\n\n".join(current))
-    return docs
-
 
 def read_documents(path, doc_chars):
     with open(path, encoding="utf-8") as f:
@@ -331,14 +309,20 @@ def train(args, model, config, device, train_seqs, eval_seqs, data_stats):
     return predictor, train_log, best, steps
 
 
-def run_training(args):
+def setup(args):
+    """The device (seeded), the model's config, the training and held-out sequences, the scored
+    held-out sequences and the data statistics, shared by training and --report-only."""
     device = torch.device(args.device)
     set_determinism(args.seed, device)
     config = tb.read_config(args.model)
     if args.seq_len is None:
         args.seq_len = min(1024, config.get("max_position_embeddings") or 1024)
     train_seqs, held_seqs, stats = prepare_data(args, args.model, config)
-    eval_seqs = pick_eval(held_seqs, args.eval_sequences)
+    return device, config, train_seqs, held_seqs, pick_eval(held_seqs, args.eval_sequences), stats
+
+
+def run_training(args):
+    device, config, train_seqs, held_seqs, eval_seqs, stats = setup(args)
     log(f"{train_seqs.shape[0]} training sequences, {held_seqs.shape[0]} held out "
         f"({eval_seqs.shape[0]} scored) of {args.seq_len} tokens")
     model = tb.load_base_model(args.model, device)
@@ -376,13 +360,7 @@ def run_training(args):
 
 def report(args):
     """Held-out hit rate and MSE of an existing predictor, per layer, as JSON on stdout."""
-    device = torch.device(args.device)
-    set_determinism(args.seed, device)
-    config = tb.read_config(args.model)
-    if args.seq_len is None:
-        args.seq_len = min(1024, config.get("max_position_embeddings") or 1024)
-    _, held_seqs, stats = prepare_data(args, args.model, config)
-    eval_seqs = pick_eval(held_seqs, args.eval_sequences)
+    device, config, _, held_seqs, eval_seqs, stats = setup(args)
     model = tb.load_base_model(args.model, device)
     predictor = tb.load_predictor(args.predictor).to(device)
     result = evaluate(model, predictor, eval_seqs, device, args.min_row)

@@ -11,7 +11,7 @@
 
 #include "engine/common/error.h"
 #include "engine/common/json_describe.h"
-#include "engine/common/mapped_file.h"
+#include "engine/common/json_file.h"
 
 namespace kvlens {
 namespace {
@@ -172,12 +172,7 @@ std::shared_ptr<const Predictor> Predictor::load_file(const std::string& safeten
                 "the predictor's sizes beside " + fs::path(safetensors_path).filename().string(),
                 "no such file");
   }
-  Json root;
-  try {
-    root = Json::parse(read_text_file(source));
-  } catch (const Json::exception& error) {
-    throw Error(source, "JSON", "a valid JSON document", error.what());
-  }
+  const Json root = read_json_file(source);
   if (!root.is_object()) throw Error(source, "JSON", "an object", describe_json(root));
   const auto format = root.find("format");
   if (format == root.end() || !format->is_string() || format->get<std::string>() != kFormat) {
@@ -227,12 +222,7 @@ std::shared_ptr<const Predictor> Predictor::from_butler(const std::string& model
                                                         std::shared_ptr<SafetensorsSet> files,
                                                         const ModelConfig& model) {
   const std::string source = model.source;
-  Json root;
-  try {
-    root = Json::parse(read_text_file(source));
-  } catch (const Json::exception& error) {
-    throw Error(source, "JSON", "a valid JSON document", error.what());
-  }
+  const Json root = read_json_file(source);
   PredictorConfig c;
   c.source = source;
   c.hidden_size = model.hidden_size;

@@ -10,6 +10,7 @@
 
 #include "engine/common/error.h"
 #include "engine/common/json_describe.h"
+#include "engine/common/json_file.h"
 
 namespace kvlens {
 namespace {
@@ -283,12 +284,7 @@ SafetensorsSet SafetensorsSet::open_folder(const std::string& model_dir) {
 
   if (fs::exists(index_path, ec)) {
     const std::string index_file = index_path.string();
-    Json index;
-    try {
-      index = Json::parse(read_text_file(index_file));
-    } catch (const Json::exception& error) {
-      throw Error(index_file, "JSON", "a valid JSON document", error.what());
-    }
+    const Json index = read_json_file(index_file);
     if (!index.is_object()) throw Error(index_file, "JSON", "an object", describe_json(index));
     const auto map_it = index.find("weight_map");
     if (map_it == index.end() || !map_it->is_object() || map_it->empty()) {
