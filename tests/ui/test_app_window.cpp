@@ -75,6 +75,13 @@ bool default_runs_tokenbutler() {
   return registered && demo_has_predictor();
 }
 
+// The app without a display (it renders the dashboard to PNGs in `out`), with extra arguments.
+test::CommandResult run_headless(const std::string& out, const std::string& args) {
+  return test::run_command("env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH
+                           " --out " +
+                           out + " " + args);
+}
+
 }  // namespace
 
 TEST_CASE("the window loads, steps, switches views, compares, exports and quits", "[ui][app]") {
@@ -266,9 +273,8 @@ TEST_CASE("an asked-for tokenbutler without a predictor is an error that keeps t
 
 TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]") {
   const std::string dir = test::make_temp_dir("app");
-  const test::CommandResult result = test::run_command(
-      "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + dir +
-      "/dashboard --policies dense,streaming,h2o,quest");
+  const test::CommandResult result =
+      run_headless(dir + "/dashboard", "--policies dense,streaming,h2o,quest");
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   CHECK(result.out.find("no display") != std::string::npos);
@@ -283,28 +289,34 @@ TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]
 
 TEST_CASE("the headless dashboard's default policies follow the model's predictor", "[ui][app]") {
   const std::string dir = test::make_temp_dir("app");
-  const test::CommandResult result = test::run_command(
-      "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + dir +
-      "/dashboard");
-  INFO(result.out << result.err);
-  REQUIRE(result.exit_code == 0);
   // Recorded up to the answer's last token; the first three of the default runs shown.
   if (default_runs_tokenbutler()) {
+    const test::CommandResult result = run_headless(dir + "/dashboard", "");
+    INFO(result.out << result.err);
+    REQUIRE(result.exit_code == 0);
     CHECK(result.out.find("kvlens: predictor: ") != std::string::npos);
     CHECK(result.out.find("predictor.safetensors (variant ") != std::string::npos);
     CHECK(result.out.find("; dense, tokenbutler s=0.5, h2o s=0.5) is in") != std::string::npos);
-  } else {
-    CHECK(result.out.find("kvlens: note: tokenbutler left out") != std::string::npos);
-    CHECK(result.out.find("kvlens: predictor: no predictor") != std::string::npos);
-    CHECK(result.out.find("; dense, h2o s=0.5, quest s=0.5) is in") != std::string::npos);
   }
-  if (!demo_has_predictor()) {
-    // Asked for by name, tokenbutler without a predictor is an error.
-    const test::CommandResult asked = test::run_command(
-        "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + dir +
-        "/asked --policies dense,tokenbutler");
-    CHECK(asked.exit_code == 1);
-    CHECK(asked.err.find("tokenbutler") != std::string::npos);
-  }
+  // The demo model without its predictor: the default list leaves tokenbutler out with a note,
+  // while a list that names it is an error.
+  const std::string bare = dir + "/bare-model";
+  fs::create_directories(bare);
+  for (const char* name :
+       {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
+    fs::create_symlink(test::source_path(std::string("assets/models/demo/") + name),
+                       bare + "/" + name);
+  const test::CommandResult left_out = run_headless(dir + "/bare", "--model " + bare);
+  INFO(left_out.out << left_out.err);
+  REQUIRE(left_out.exit_code == 0);
+  CHECK(left_out.out.find("kvlens: note: tokenbutler left out") != std::string::npos);
+  CHECK(left_out.out.find("kvlens: predictor: no predictor") != std::string::npos);
+  CHECK(left_out.out.find("; dense, h2o s=0.5, quest s=0.5) is in") != std::string::npos);
+  const test::CommandResult asked =
+      run_headless(dir + "/asked", "--model " + bare + " --policies dense,tokenbutler");
+  INFO(asked.out << asked.err);
+  CHECK(asked.exit_code == 1);
+  CHECK(asked.err.find("tokenbutler") != std::string::npos);
+  CHECK(asked.err.find(bare + "/predictor.safetensors (none)") != std::string::npos);
 }
 #endif  // KVLENS_APP_PATH
