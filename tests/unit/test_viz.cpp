@@ -298,8 +298,9 @@ TEST_CASE("retention shades tokens by the fraction of heads that see them", "[vi
 
   // All heads in scope: run 1 sees tokens 0-2 with 3 of its 4 heads and token 3 with all 4.
   options.retention_layer = options.retention_head = -1;
-  const std::vector<const TextItem*> all =
-      token_chips(build_view(trace, ViewKind::Retention, options).figure);
+  // The view outlives the chips: they point into its figure.
+  const View all_heads = build_view(trace, ViewKind::Retention, options);
+  const std::vector<const TextItem*> all = token_chips(all_heads.figure);
   CHECK(all[0]->background == sequential_colormap().at(0.75));
   CHECK(all[3]->background == sequential_colormap().at(1.0));
 }
@@ -348,8 +349,8 @@ TEST_CASE("retention with two runs shows the difference of their fractions", "[v
 
   // One head in scope: token 0 is seen by dense only (the A end), token 1 by both.
   options.retention_layer = options.retention_head = 1;
-  const std::vector<const TextItem*> one =
-      token_chips(build_view(trace, ViewKind::Retention, options).figure);
+  const View one_head = build_view(trace, ViewKind::Retention, options);
+  const std::vector<const TextItem*> one = token_chips(one_head.figure);
   CHECK(one[0]->background == div.at(1.0));
   CHECK(one[1]->background == div.at(0.5));
   // Three runs: each run's own text, titled, one row of data per token with three of each.
