@@ -12,14 +12,15 @@
 namespace kvlens::viz {
 namespace {
 
-const char* quantity_name(HeadQuantity q) {
+// `predicted`: the run's scores are a learned predictor's logits (run_predicts_logits).
+const char* quantity_name(HeadQuantity q, bool predicted = false) {
   switch (q) {
     case HeadQuantity::Logits:
       return "logit";
     case HeadQuantity::Probabilities:
       return "probability";
     case HeadQuantity::Scores:
-      return "policy score";
+      return predicted ? "predicted logit" : "policy score";
   }
   return "value";
 }
@@ -51,7 +52,7 @@ int64_t map_side(float cell, const ViewOptions& options) {
 }
 
 std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::string& where,
-                          int64_t row, int64_t col, HeadQuantity quantity) {
+                          int64_t row, int64_t col, HeadQuantity quantity, bool predicted) {
   const int64_t b = m.block;
   std::string text = where + "\n";
   if (b == 1) {
@@ -65,7 +66,7 @@ std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::st
   const size_t at = size_t(row * m.cols + col);
   if (col > row) return text + "\n(not yet a candidate)";
   if (m.visible[at] == 2) return text + "\n(no value: row not kept)";
-  text += std::string("\n") + (b > 1 ? "largest " : "") + quantity_name(quantity) + " " +
+  text += std::string("\n") + (b > 1 ? "largest " : "") + quantity_name(quantity, predicted) + " " +
           format_value(m.values[at]);
   text += m.visible[at] ? (b > 1 ? "\nsome seen" : "\nseen") : "\nhidden";
   return text;
@@ -157,9 +158,10 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
     const std::string where = run_title(trace, run) + ", L" + std::to_string(options.layer) + " H" +
                               std::to_string(options.head);
     const HeadQuantity quantity = options.quantity;
+    const bool predicted = run_predicts_logits(trace, run);
     f.hover.push_back({box, m.rows, m.cols, "head " + std::to_string(run),
-                       [&trace, shared, where, quantity](int64_t r, int64_t c) {
-                         return describe_cell(trace, *shared, where, r, c, quantity);
+                       [&trace, shared, where, quantity, predicted](int64_t r, int64_t c) {
+                         return describe_cell(trace, *shared, where, r, c, quantity, predicted);
                        },
                        "detail"});
     if (options.with_data)
@@ -219,6 +221,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   int64_t missing = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t run = options.runs[size_t(i)];
+    const bool predicted = run_predicts_logits(trace, run);
     const float x0 = left + float(i) * (panel + gap);
     f.text({x0, y0 - label_h - 4}, run_title(trace, run), 13, run_color(i), HAlign::Left,
            VAlign::Baseline, true);
@@ -245,8 +248,8 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
         f.hover.push_back(
             {box, m.rows, m.cols,
              "head " + std::to_string(run) + ":" + std::to_string(l) + ":" + std::to_string(h),
-             [&trace, shared, where, quantity](int64_t r, int64_t c) {
-               return describe_cell(trace, *shared, where, r, c, quantity);
+             [&trace, shared, where, quantity, predicted](int64_t r, int64_t c) {
+               return describe_cell(trace, *shared, where, r, c, quantity, predicted);
              },
              "head " + std::to_string(l) + ":" + std::to_string(h)});
         if (options.with_data) add_rows(view.data, trace, run, l, h, options.quantity, step);

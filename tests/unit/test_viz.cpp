@@ -181,6 +181,21 @@ TEST_CASE("the heads view shows every head's map and describes cells on hover", 
   CHECK(text.find("' key'") == std::string::npos);  // token labels show spaces as a dot
   CHECK(text.find("\u00b7key") != std::string::npos);
   CHECK(head3->describe(1, 3).find("not yet a candidate") != std::string::npos);
+  // A learned predictor's scores are named as what they are: predicted logits.
+  {
+    Trace butler = trace;
+    butler.runs[1].policy = "tokenbutler";
+    ViewOptions scores = options;
+    scores.quantity = HeadQuantity::Scores;
+    const Trace* const traces[] = {&trace, &butler};
+    for (const Trace* t : traces) {
+      const View view = build_view(*t, ViewKind::Heads, scores);
+      std::string described;
+      for (const HoverGrid& g : view.figure.hover)
+        if (g.id == "head 1:1:1") described = g.describe(4, 2);
+      CHECK(described.find(t == &butler ? "predicted logit" : "policy score") != std::string::npos);
+    }
+  }
   int64_t row = -1, col = -1;
   CHECK(head3->cell_at({head3->box.x + 1, head3->box.bottom() - 1}, row, col));
   CHECK(row == 4);
