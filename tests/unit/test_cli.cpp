@@ -143,6 +143,47 @@ TEST_CASE("bench --policies times both sessions in blocks and reports the lockst
                   {"--block", "at most max_position_embeddings = 18", "19"});
 }
 
+TEST_CASE("the TokenButler predictor through the CLI: info, eval, bench and their errors",
+          "[cli][predictor]") {
+  const std::string dir = tiny_model();  // a random predictor beside the model
+  auto result = run_command(cli() + " info --model " + dir);
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  auto info = nlohmann::json::parse(result.out);
+  CHECK(info["predictor"]["path"] == dir + "/predictor.safetensors");
+  CHECK(info["predictor"]["variant"] == "hf");
+  CHECK(info["predictor"]["parameters"].get<int64_t>() > 0);
+
+  result = run_command(cli() + " eval --model " + dir +
+                       " --task ppl --text-file /dev/null --policies tokenbutler --sparsity 0.5");
+  // (an empty text is an error of its own; the policy list itself was accepted)
+  CHECK(result.err.find("tokenbutler") == std::string::npos);
+
+  result =
+      run_command(cli() + " bench --model " + dir +
+                  " --context 8 --steps 4 --block 3 --copy-mb 1 --policies tokenbutler --json");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  const auto bench = nlohmann::json::parse(result.out);
+  CHECK(bench["predictor"]["step_seconds_median"].get<double>() > 0.0);
+  CHECK(bench["predictor"]["share_of_dense_step"].get<double>() > 0.0);
+
+  // No predictor: tokenbutler fails naming where kvlens looked; --predictor brings one.
+  test::TinyLlamaSpec bare;
+  bare.predictor = false;
+  const std::string bare_dir = tiny_model(bare);
+  require_failure(
+      "score --model " + bare_dir + " --tokens 1,2,3 --policy tokenbutler --sparsity 0.5",
+      {"policy tokenbutler", bare_dir + "/predictor.safetensors (none)", "--predictor"});
+  result = run_command(cli() + " score --model " + bare_dir + " --predictor " + dir +
+                       "/predictor.safetensors --tokens 1,2,3,4 --policy tokenbutler --sparsity 0.5"
+                       " --json");
+  INFO(result.err);
+  CHECK(result.exit_code == 0);
+  require_failure("info --model " + bare_dir + " --predictor " + bare_dir + "/none.safetensors",
+                  {bare_dir + "/none.safetensors", "no such file"});
+}
+
 TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
   SECTION("missing folder") {
     require_failure("info --model /nonexistent/model", {"/nonexistent/model", "config.json"});
