@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include "app/cli/cli_common.h"
+#include "app/cli/model_input.h"
 #include "engine/common/error.h"
 #include "engine/eval/coref_benchmark.h"
 #include "engine/eval/coref_pools.h"
@@ -65,11 +66,10 @@ void add_coref_samples_command(CLI::App& app, CommonOptions& common, CommandFn& 
         throw Error("coref-samples", "--first-index", "a non-negative index",
                     std::to_string(first_index));
       }
-      const CorefPools pools =
-          pools_path.empty() ? load_bundled_coref_pools() : load_coref_pools(pools_path);
       std::optional<Tokenizer> tokenizer;
       if (!tokenizer_path.empty()) tokenizer.emplace(Tokenizer::load(tokenizer_path));
-      validate_pool_integrity(pools, tokenizer ? &*tokenizer : nullptr);
+      const CorefPools pools =
+          load_coref_pools_option(pools_path, tokenizer ? &*tokenizer : nullptr);
       AtomicOutputFile out(out_path, "--out");
       write_samples(out.stream(), pools, tokenizer ? &*tokenizer : nullptr);
       out.commit();

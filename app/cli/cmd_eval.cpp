@@ -174,9 +174,7 @@ int run_eval(const CommonOptions& common) {
   std::vector<int32_t> text_tokens;
   int64_t window = 0;
   if (flags.task == "coref") {
-    pools =
-        flags.pools_path.empty() ? load_bundled_coref_pools() : load_coref_pools(flags.pools_path);
-    validate_pool_integrity(*pools, nullptr);
+    pools = load_coref_pools_option(flags.pools_path);
   } else {
     text_tokens = tokenizer.encode(read_text_file(flags.text_file), true);
     if (flags.max_tokens > 0 && int64_t(text_tokens.size()) > flags.max_tokens) {

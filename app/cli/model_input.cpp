@@ -1,6 +1,8 @@
 // Policy flags and input-token resolution shared by kvlens-cli generate, score and eval.
 #include "app/cli/model_input.h"
 
+#include <cstdio>
+
 #include "app/cli/cli_common.h"
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
@@ -64,6 +66,19 @@ void check_input_tokens(const Model& model, const std::vector<int32_t>& ids,
         "an input of at most " + std::to_string(model.config.max_position_embeddings) + " tokens",
         std::to_string(ids.size()) + " tokens");
   }
+}
+
+CorefPools load_coref_pools_option(const std::string& pools_path, const Tokenizer* tokenizer) {
+  if (pools_path.empty()) {
+    CorefPools pools = load_bundled_coref_pools();
+    validate_pool_integrity(pools, tokenizer);
+    return pools;
+  }
+  CorefPools pools = load_coref_pools(pools_path);
+  validate_pool_integrity(pools, tokenizer, true);
+  const std::string warning = repeated_entries_warning(pools);
+  if (!warning.empty()) std::fprintf(stderr, "kvlens: warning: %s\n", warning.c_str());
+  return pools;
 }
 
 }  // namespace kvlens::cli

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/eval/coref_pools.h"
 #include "engine/model/model.h"
 #include "engine/policy/policy.h"
 
@@ -34,5 +35,11 @@ std::vector<int32_t> resolve_input_tokens(const Model& model,
 // Every id inside the vocabulary, at least one, at most max_position_embeddings of them.
 void check_input_tokens(const Model& model, const std::vector<int32_t>& ids,
                         const std::string& flag_name);
+
+// The co-reference pools of --coref-pools (empty: the bundled ones). The bundled pools must pass
+// validate_pool_integrity as they are; a user's file may repeat entries (the TokenButler
+// repository's does): they are kept, and one warning on stderr names them.
+CorefPools load_coref_pools_option(const std::string& pools_path,
+                                   const Tokenizer* tokenizer = nullptr);
 
 }  // namespace kvlens::cli

@@ -23,8 +23,7 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
   if (source.coref_index < 0) {
     tokens = resolve_input_tokens(model, source.prompt, "", prompt_flag, source.max_tokens);
   } else {
-    const CorefPools pools = source.pools_path.empty() ? load_bundled_coref_pools()
-                                                       : load_coref_pools(source.pools_path);
+    const CorefPools pools = load_coref_pools_option(source.pools_path);
     sample = generate_coref_sample(pools, source.seed, source.coref_index, source.hard);
     marked = mark_answer_tokens(*sample, tokenizer);
     tokens = marked->tokens;

@@ -3,6 +3,7 @@
 #include "engine/eval/coref_pools.h"
 
 #include <cctype>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
@@ -77,6 +78,19 @@ void check_unique_names(const std::vector<std::string>& names, const std::string
   }
 }
 
+// Appends "key[i] "text" (as [j])" to `repeated` for each entry equal to an earlier one.
+void note_repeats(const std::vector<std::string>& entries, const std::string& key,
+                  std::vector<std::string>& repeated) {
+  std::map<std::string, size_t> first;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto [it, inserted] = first.emplace(entries[i], i);
+    if (inserted) continue;
+    std::string text = entries[i].size() > 40 ? entries[i].substr(0, 37) + "..." : entries[i];
+    repeated.push_back(indexed(key, i) + " \"" + text + "\" (as [" + std::to_string(it->second) +
+                       "])");
+  }
+}
+
 }  // namespace
 
 CorefPools parse_coref_pools(const std::string& json_text, const std::string& source) {
@@ -90,7 +104,6 @@ CorefPools parse_coref_pools(const std::string& json_text, const std::string& so
   CorefPools pools;
   pools.source = source;
   pools.location_names = string_list(root, source, "location_names");
-  check_unique_names(pools.location_names, source);
   const Json& intros = require_list(root, source, "loc_intro_tieback_list");
   for (size_t i = 0; i < intros.size(); ++i) {
     const std::string field = indexed("loc_intro_tieback_list", i);
@@ -114,6 +127,14 @@ CorefPools parse_coref_pools(const std::string& json_text, const std::string& so
   pools.philosophy_statements = string_list(root, source, "philosophy_statements");
   pools.food_descriptions = string_list(root, source, "food_descriptions");
   pools.math_problems = string_list(root, source, "math_problems");
+  note_repeats(pools.location_names, "location_names", pools.repeated);
+  std::vector<std::string> intro_texts;
+  for (const CorefIntro& intro : pools.intros)
+    intro_texts.push_back(intro.location_intro + "\n" + intro.tieback_question);
+  note_repeats(intro_texts, "loc_intro_tieback_list", pools.repeated);
+  note_repeats(pools.philosophy_statements, "philosophy_statements", pools.repeated);
+  note_repeats(pools.food_descriptions, "food_descriptions", pools.repeated);
+  note_repeats(pools.math_problems, "math_problems", pools.repeated);
   return pools;
 }
 
@@ -152,8 +173,17 @@ std::vector<std::string> coref_content_words(const std::string& text) {
   return words;
 }
 
-void validate_pool_integrity(const CorefPools& pools, const Tokenizer* tokenizer) {
-  check_unique_names(pools.location_names, pools.source);
+std::string repeated_entries_warning(const CorefPools& pools) {
+  if (pools.repeated.empty()) return {};
+  std::string text = pools.source + " repeats " + std::to_string(pools.repeated.size()) +
+                     " entries (kept as they are):";
+  for (size_t i = 0; i < pools.repeated.size(); ++i) text += (i ? "; " : " ") + pools.repeated[i];
+  return text;
+}
+
+void validate_pool_integrity(const CorefPools& pools, const Tokenizer* tokenizer,
+                             bool allow_repeats) {
+  if (!allow_repeats) check_unique_names(pools.location_names, pools.source);
   if (tokenizer) {
     for (size_t i = 0; i < pools.location_names.size(); ++i) {
       // Encoded as it appears in samples, after a space, since that is the text the model sees.

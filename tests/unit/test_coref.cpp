@@ -18,6 +18,7 @@
 #include "engine/model/tokenizer.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/tiny_checkpoint.h"
 
 using namespace kvlens;
 using Json = nlohmann::json;
@@ -262,9 +263,6 @@ TEST_CASE("pool schema errors name the file, key, index and expectation", "[core
       {"intro ending",
        [](Json& j) { j["loc_intro_tieback_list"][1]["location_intro"] = "A town. The place:"; },
        {"loc_intro_tieback_list[1].location_intro", "The place is:"}},
-      {"duplicate name",
-       [](Json& j) { j["location_names"][9] = j["location_names"][0]; },
-       {"location_names[9]", "duplicate"}},
       {"not an object", [](Json& j) { j = Json::array(); }, {"a JSON object"}},
   };
   for (const Case& c : cases) {
@@ -336,4 +334,42 @@ TEST_CASE("coref-samples reports a bad --coref-pools file and writes nothing", "
   CHECK(contains(result.err, "loc_intro_tieback_list[7].location_intro"));
   CHECK(contains(result.err, "The place is:"));
   CHECK_FALSE(std::ifstream(out).good());
+}
+
+TEST_CASE("published pools that repeat entries load, are listed once and run", "[coref]") {
+  // The TokenButler repository's pools repeat three location names and three math problems.
+  Json j = bundled_json();
+  j["location_names"][9] = j["location_names"][0];
+  j["math_problems"][7] = j["math_problems"][2];
+  const CorefPools pools = parse_coref_pools(j.dump(), "published-pools.json");
+  CHECK(pools.location_names.size() == j["location_names"].size());  // kept as they are
+  REQUIRE(pools.repeated.size() == 2);
+  CHECK(contains(pools.repeated[0], "location_names[9]"));
+  CHECK(contains(pools.repeated[0], "(as [0])"));
+  CHECK(contains(pools.repeated[1], "math_problems[7]"));
+  const std::string warning = repeated_entries_warning(pools);
+  CHECK(contains(warning, "published-pools.json repeats 2 entries (kept as they are)"));
+  CHECK(contains(warning, "location_names[9]"));
+  // Strict for the bundled pools (tools/make_coref_pools.py keeps them free of repeats), lenient
+  // for a published file.
+  CHECK(contains(test::error_message([&] { validate_pool_integrity(pools, nullptr); }),
+                 "location_names[9]"));
+  REQUIRE_NOTHROW(validate_pool_integrity(pools, nullptr, true));
+  REQUIRE_NOTHROW(generate_coref_sample(pools, 0, 3, true));
+  CHECK(repeated_entries_warning(load_coref_pools(bundled_path())).empty());
+
+  // Through kvlens-cli: one warning naming the repeats, and results.
+  const std::string dir = test::make_temp_dir("published_pools");
+  test::write_file(dir + "/pools.json", j.dump());
+  const test::CommandResult result =
+      test::run_command(test::cli_path() + " coref-samples --count 3 --coref-pools " + dir +
+                        "/pools.json --out " + dir + "/samples.jsonl");
+  INFO(result.err);
+  CHECK(result.exit_code == 0);
+  CHECK(contains(result.err, "kvlens: warning: " + dir + "/pools.json repeats 2 entries"));
+  size_t warnings = 0;
+  for (size_t at = result.err.find("warning:"); at != std::string::npos;
+       at = result.err.find("warning:", at + 1))
+    ++warnings;
+  CHECK(warnings == 1);
 }
