@@ -240,9 +240,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       const double step_median = median(step_seconds);
       // The predictor's share of a step, where a tokenbutler run is listed.
       const bool with_predictor =
-          resident->predictor && std::any_of(runs.begin(), runs.end(), [](const PolicyConfig& run) {
-            return run.id == "tokenbutler";
-          });
+          resident->predictor &&
+          std::any_of(runs.begin(), runs.end(),
+                      [](const PolicyConfig& listed) { return listed.id == "tokenbutler"; });
       const double predictor_median =
           with_predictor ? predictor_step_seconds(*resident, *backend, context, warmup, steps)
                          : 0.0;

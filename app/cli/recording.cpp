@@ -1,6 +1,7 @@
 // open_recording (recording.h).
 #include "app/cli/recording.h"
 
+#include <cstdio>
 #include <optional>
 
 #include "app/cli/model_input.h"
@@ -28,6 +29,14 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
     marked = mark_answer_tokens(*sample, tokenizer);
     tokens = marked->tokens;
     check_input_tokens(model, tokens, "--coref-sample");
+  }
+  if (tokenizer.vocab_size() < model.config.vocab_size) {
+    // Said once per recording; every label of an id the tokenizer lacks reads "<id N>".
+    std::fprintf(stderr,
+                 "kvlens: note: the tokenizer has %lld ids, the model %lld: tokens the tokenizer "
+                 "lacks are shown as <id N>\n",
+                 static_cast<long long>(tokenizer.vocab_size()),
+                 static_cast<long long>(model.config.vocab_size));
   }
   recording.backend = make_backend(common);
   recording.resident = BackendModel::upload(recording.model, *recording.backend);

@@ -208,6 +208,11 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
 }
 
 std::string Tokenizer::token_text(int32_t id) const {
+  const bool known = id >= 0 && static_cast<size_t>(id) < impl_->by_id.size() &&
+                     impl_->by_id[static_cast<size_t>(id)].text;
+  // A model may predict ids its tokenizer lacks (research and random checkpoints often pair a
+  // tokenizer smaller than the model's vocabulary): a label names the id instead of failing.
+  if (!known) return "<id " + std::to_string(id) + ">";
   return decode({id}, false);
 }
 

@@ -29,7 +29,8 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
   // Like HF decode(ids, skip_special_tokens). Throws kvlens::Error for ids out of range.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
-  // The text of one token as a user would read it (for labels): decode of that id alone.
+  // The text of one token as a user would read it (for labels): decode of that id alone, or
+  // "<id N>" for an id the vocabulary has no token for (never throws).
   std::string token_text(int32_t id) const;
 
   int64_t vocab_size() const;  // including added tokens (max id + 1)

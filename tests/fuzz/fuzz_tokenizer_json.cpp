@@ -44,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
-  // Every id (gaps throw kvlens::Error), plus ids outside the vocabulary.
+  // Every label (gaps and ids outside the vocabulary read "<id N>"), plus those outside.
   const int64_t limit = std::min<int64_t>(tok->vocab_size(), 512);
   for (int64_t id = -1; id <= limit; ++id) {
     try {

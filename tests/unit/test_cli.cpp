@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine/runtime/scoring.h"
+#include "engine/trace/trace.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -177,6 +178,35 @@ TEST_CASE("the TokenButler predictor through the CLI: info, score, bench and the
   CHECK(result.exit_code == 0);
   require_failure("info --model " + bare_dir + " --predictor " + bare_dir + "/none.safetensors",
                   {bare_dir + "/none.safetensors", "no such file"});
+}
+
+TEST_CASE("trace with a tokenizer smaller than the model's vocabulary labels ids as <id N>",
+          "[cli][tokenizer]") {
+  // 64 model ids, 4 tokenizer ids: the random model's top-k holds ids the tokenizer lacks (this
+  // used to abort the trace).
+  const std::string dir = tiny_model();
+  test::write_file(dir + "/tokenizer.json",
+                   R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "c": 3},)"
+                   R"( "merges": ["a b"]}})");
+  const auto result =
+      run_command(cli() + " trace --model " + dir +
+                  " --prompt abcab --policies dense --top-k 8 --out " + dir + "/run.kvtrace");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.err.find("the tokenizer has 4 ids, the model 64") != std::string::npos);
+  CHECK(result.err.find("<id N>") != std::string::npos);
+  const Trace trace = load_trace(dir + "/run.kvtrace");
+  bool labelled = false;
+  for (const std::vector<StepRecord>& step : trace.steps()) {
+    const StepRecord& record = step[0];
+    for (size_t k = 0; k < record.top.ids.size(); ++k) {
+      if (record.top.ids[k] >= 4) {
+        CHECK(record.top.texts[k] == "<id " + std::to_string(record.top.ids[k]) + ">");
+        labelled = true;
+      }
+    }
+  }
+  CHECK(labelled);
 }
 
 TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
