@@ -60,26 +60,29 @@ std::shared_ptr<const BackendPredictor> BackendPredictor::upload(
   result->backend = &backend;
   // The predictor (and the mapped files behind its views) outlive every uploaded tensor.
   const std::shared_ptr<void> keep_alive = std::const_pointer_cast<Predictor>(predictor);
-  auto up = [&](const TensorView& v) { return backend.upload_weight(v, keep_alive); };
   const PredictorWeights& w = predictor->weights;
-  result->input_proj = up(w.input_proj);
-  result->q_proj_attn = up(w.q_proj_attn);
-  result->k_proj_attn = up(w.k_proj_attn);
-  result->v_proj_attn = up(w.v_proj_attn);
-  result->norm1_weight = up(w.norm1_weight);
-  result->norm1_bias = up(w.norm1_bias);
-  result->ffn_in_weight = up(w.ffn_in_weight);
-  result->ffn_in_bias = up(w.ffn_in_bias);
-  result->ffn_out_weight = up(w.ffn_out_weight);
-  result->ffn_out_bias = up(w.ffn_out_bias);
+  // The tensors uploaded as stored (the hf-only norms are left empty in v1, which never applies
+  // them); the importance outputs are reordered below.
+  using Pair = std::pair<DeviceTensor BackendPredictor::*, TensorView PredictorWeights::*>;
+  using B = BackendPredictor;
+  using W = PredictorWeights;
+  static constexpr Pair kEveryVariant[] = {
+      {&B::input_proj, &W::input_proj},           {&B::q_proj_attn, &W::q_proj_attn},
+      {&B::k_proj_attn, &W::k_proj_attn},         {&B::v_proj_attn, &W::v_proj_attn},
+      {&B::norm1_weight, &W::norm1_weight},       {&B::norm1_bias, &W::norm1_bias},
+      {&B::ffn_in_weight, &W::ffn_in_weight},     {&B::ffn_in_bias, &W::ffn_in_bias},
+      {&B::ffn_out_weight, &W::ffn_out_weight},   {&B::ffn_out_bias, &W::ffn_out_bias},
+      {&B::q_importance_in, &W::q_importance_in}, {&B::k_importance_in, &W::k_importance_in}};
+  static constexpr Pair kHfOnly[] = {{&B::norm2_weight, &W::norm2_weight},
+                                     {&B::norm2_bias, &W::norm2_bias},
+                                     {&B::norm_importance_weight, &W::norm_importance_weight},
+                                     {&B::norm_importance_bias, &W::norm_importance_bias}};
+  for (const auto& [target, source] : kEveryVariant)
+    (*result).*target = backend.upload_weight(w.*source, keep_alive);
   if (c.variant == PredictorConfig::Variant::kHf) {
-    result->norm2_weight = up(w.norm2_weight);
-    result->norm2_bias = up(w.norm2_bias);
-    result->norm_importance_weight = up(w.norm_importance_weight);
-    result->norm_importance_bias = up(w.norm_importance_bias);
+    for (const auto& [target, source] : kHfOnly)
+      (*result).*target = backend.upload_weight(w.*source, keep_alive);
   }
-  result->q_importance_in = up(w.q_importance_in);
-  result->k_importance_in = up(w.k_importance_in);
   for (auto [source, target] : {std::pair{&w.q_importance_out, &result->q_importance_out},
                                 std::pair{&w.k_importance_out, &result->k_importance_out}}) {
     std::shared_ptr<std::vector<std::byte>> storage;
