@@ -11,6 +11,7 @@
 
 #include "engine/common/error.h"
 #include "engine/common/json_describe.h"
+#include "engine/common/json_fields.h"
 #include "engine/common/json_file.h"
 
 namespace kvlens {
@@ -18,6 +19,8 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Sizes are bounded like config.json's, so products of them cannot overflow int64.
+constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
 constexpr const char* kFormat = "kvlens-tokenbutler-predictor";
 constexpr const char* kButlerPrefix = "model.layers.0.self_attn.sparse_token_predictor.";
 
@@ -25,31 +28,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
-}
-
-int64_t json_integer(const Json& root, const std::string& key, const std::string& source,
-                     int64_t min_value, std::optional<int64_t> fallback = std::nullopt) {
-  const auto it = root.find(key);
-  if (it == root.end() || it->is_null()) {
-    if (fallback) return *fallback;
-    throw Error(source, key, "an integer", "missing");
-  }
-  if (!it->is_number_integer()) throw Error(source, key, "an integer", describe_json(*it));
-  const int64_t value = it->get<int64_t>();
-  if (value < min_value || value > std::numeric_limits<int32_t>::max()) {
-    throw Error(source, key, "an integer in [" + std::to_string(min_value) + ", 2^31)",
-                std::to_string(value));
-  }
-  return value;
-}
-
-double json_number(const Json& root, const std::string& key, const std::string& source,
-                   double fallback) {
-  const auto it = root.find(key);
-  if (it == root.end() || it->is_null()) return fallback;
-  if (!it->is_number() || !(it->get<double>() > 0.0))
-    throw Error(source, key, "a positive number", describe_json(*it));
-  return it->get<double>();
 }
 
 // The sizes every predictor must agree on with its base model, and the divisibility the
@@ -179,8 +157,8 @@ std::shared_ptr<const Predictor> Predictor::load_file(const std::string& safeten
     throw Error(source, "format", std::string("\"") + kFormat + "\"",
                 format == root.end() ? "missing" : describe_json(*format));
   }
-  if (json_integer(root, "version", source, 0) != 1)
-    throw Error(source, "version", "1", root["version"].dump());
+  const FieldReader fields(root, source);
+  fields.integer("version", 1, 1);
 
   PredictorConfig c;
   c.source = source;
@@ -193,14 +171,14 @@ std::shared_ptr<const Predictor> Predictor::load_file(const std::string& safeten
     throw Error(source, "variant", "\"v1\" or \"hf\"",
                 variant == root.end() ? "missing" : describe_json(*variant));
   }
-  c.hidden_size = json_integer(root, "hidden_size", source, 1);
-  c.attn_reduce_factor = json_integer(root, "attn_reduce_factor", source, 1);
-  c.heads = json_integer(root, "heads", source, 1);
-  c.layers = json_integer(root, "layers", source, 1);
-  c.importance_dim = json_integer(root, "dDash", source, 1);
-  c.intermediate = json_integer(root, "intdim", source, 1);
-  c.layer_norm_eps = json_number(root, "layer_norm_eps", source, 1e-5);
-  c.rope_theta = json_number(root, "rope_theta", source, model.rope_theta);
+  c.hidden_size = fields.integer("hidden_size", 1, kMaxSize);
+  c.attn_reduce_factor = fields.integer("attn_reduce_factor", 1, kMaxSize);
+  c.heads = fields.integer("heads", 1, kMaxSize);
+  c.layers = fields.integer("layers", 1, kMaxSize);
+  c.importance_dim = fields.integer("dDash", 1, kMaxSize);
+  c.intermediate = fields.integer("intdim", 1, kMaxSize);
+  c.layer_norm_eps = fields.number_or("layer_norm_eps", 1e-5, 0.0);
+  c.rope_theta = fields.number_or("rope_theta", model.rope_theta, 0.0);
   c.rope_scaling = forced_llama3();
   check_against_model(c, model, source);
 
@@ -228,9 +206,10 @@ std::shared_ptr<const Predictor> Predictor::from_butler(const std::string& model
   c.hidden_size = model.hidden_size;
   c.heads = model.num_heads;
   c.layers = model.num_layers;
-  c.attn_reduce_factor = json_integer(root, "attn_reduce_factor", source, 1, 8);
-  c.importance_dim = json_integer(root, "dDash", source, 1, 16);
-  c.intermediate = json_integer(root, "intdim", source, 1, 512);
+  const FieldReader fields(root, source);
+  c.attn_reduce_factor = fields.integer_or("attn_reduce_factor", 8, 1, kMaxSize);
+  c.importance_dim = fields.integer_or("dDash", 16, 1, kMaxSize);
+  c.intermediate = fields.integer_or("intdim", 512, 1, kMaxSize);
   c.rope_theta = model.rope_theta;
   c.rope_scaling = forced_llama3();
   // The Hugging Face release code (the "hf" variant) normalises before the importance
