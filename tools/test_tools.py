@@ -401,6 +401,43 @@ def hit_rate_definition():
     check(torch.all(tb.top_half_agreement(x, x, 8) == 1), "self agreement")
 
 
+# ----------------------------------------------------------------------------- benchmarks
+
+@test
+def bench_transformers_toy_cpu():
+    """tools/bench_transformers.py (the transformers side of tools/bench_gpu.sh) at toy size on
+    the CPU, on a make_random_model.py checkpoint: every (mode, context) timed, one past the
+    model's positions skipped with a reason rather than aborting the run."""
+    import bench_transformers as btf
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "m")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "make_random_model.py"),
+                               "--out", model, "--hidden", "64", "--layers", "2", "--heads", "4",
+                               "--kv-heads", "2", "--intermediate", "128", "--vocab", "256",
+                               "--max-positions", "64"], capture_output=True, text=True)
+        check(proc.returncode == 0, f"make_random_model.py failed:\n{proc.stderr[-2000:]}")
+        out = os.path.join(tmp, "bench.json")
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            btf.main(["--model", model, "--device", "cpu", "--dtype", "f32", "--contexts",
+                      "16,40,100", "--modes", "sdpa,eager", "--steps", "3", "--warmup", "1",
+                      "--prefill-chunk", "16", "--out", out])
+        with open(out) as f:
+            doc = json.load(f)
+        for key in ("torch", "transformers", "device"):
+            check(key in doc["machine"], f"machine lacks {key}")
+        check(list(doc["modes"]) == ["eager", "sdpa"], f"modes {list(doc['modes'])}")
+        for mode, per_context in doc["modes"].items():
+            for context in ("16", "40"):
+                e = per_context[context]
+                check("skipped" not in e, f"{mode} {context}: {e.get('skipped')}")
+                check(e["steps"] == 3 and 0 < e["min_ms"] <= e["median_ms"] <= e["max_ms"],
+                      f"{mode} {context}: {e}")
+                check(e["attn_implementation"] == mode and e["cache"] == "DynamicCache",
+                      f"{mode} {context}: {e}")
+            skipped = per_context["100"].get("skipped", "")
+            check("max_position_embeddings" in skipped, f"{mode} 100: {per_context['100']}")
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -1,0 +1,652 @@
+#!/usr/bin/env bash
+# GPU benchmark users can rerun (issue 26 item 6): kvlens against Hugging Face transformers on the
+# same random checkpoints, on one GPU, with the issue's targets marked met or missed.
+#
+# usage: tools/bench_gpu.sh BUILD_DIR [--part NAME ...] [--work DIR] [--tiny]
+#   BUILD_DIR   a kvlens build with the CUDA backend (BUILD_DIR/app/kvlens-cli)
+#   --part      one or more of the parts below (repeatable, or comma-separated);
+#               default: 1b lockstep trace coref
+#   --work      where checkpoints and results go (default /tmp/kvlens-bench); a part's checkpoint
+#               is made once there and reused by later parts and later runs
+#   --tiny      toy sizes (tiny random models, short contexts): the whole flow in a minute, on
+#               the CPU with KVLENS_BENCH_BACKEND=cpu; its numbers mean nothing
+# environment: PYTHON (python3 with torch + transformers, for bench_transformers.py; default
+#   python3), KVLENS_BENCH_BACKEND (cuda; cpu for a toy run), KVLENS_BENCH_REPEATS (lockstep,
+#   trace and coref runs per figure, default 3), KVLENS_BENCH_1B_CONTEXTS (part 1b's contexts,
+#   default 512,4096,16384; static-compiled runs at those up to 4096),
+#   KVLENS_BENCH_COMPILE_TIMEOUT (seconds one context's torch.compile may take, default 150)
+#
+# Parts (each sized to take well under 10 minutes on an H100, so each can be its own job):
+#   1b        the Llama-3.2-1B shape (random BF16): kvlens-cli bench at 512, 4096 and 16384 tokens
+#             of context, then tools/bench_transformers.py (eager and sdpa at the same contexts,
+#             static-compiled at 512 and 4096); step time against the weight-read time (targets
+#             1.5x, 2x, 3x) and the speedups over transformers eager (>= 10x) and static-compiled
+#             (>= 2x). It is 1b-kvlens then 1b-hf, which can also be run separately (each prints
+#             the table from whatever results WORK holds).
+#   lockstep  the same checkpoint, 8 policies in lockstep at 512 against dense (target <= 2x)
+#   trace     a vocab-8192 variant with the demo model's tokenizer: `trace` of 512 decode steps
+#             against `generate` of the same number, each less a load-only run (target <= 1.3x)
+#   coref     wall time of a 50-sample, 10-policy coref eval of the demo model (target < 5 s)
+#   8b        the Llama-3.1-8B shape (about 16 GB): step time at 8192 against the weight-read
+#             time (target <= 1.5x)
+# Every part writes its raw results to WORK/raw/, its summary to WORK/<part>.json, and prints
+# each number with the command that measured it. The exit status is non-zero only when a command
+# fails, never for a missed target.
+#
+# On the GPU machine, from the repository root (a CUDA build in build-cuda):
+#   cmake -B build-cuda -DKVLENS_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build build-cuda -j
+#   tools/bench_gpu.sh build-cuda --part 1b        # and --part lockstep, trace, coref, 8b
+# Toy run on a CPU:
+#   KVLENS_BENCH_BACKEND=cpu PYTHON=/path/to/venv/bin/python tools/bench_gpu.sh build --tiny
+set -euo pipefail
+
+usage() {
+  sed -n '4,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  exit 2
+}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ $# -ge 1 ] || usage
+case $1 in -h | --help) usage ;; esac
+build=$(cd "$1" && pwd)
+shift
+work=/tmp/kvlens-bench
+tiny=0
+parts=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --part)
+      [ $# -ge 2 ] || usage
+      IFS=, read -r -a more <<<"$2"
+      parts+=("${more[@]}")
+      shift 2
+      ;;
+    --work)
+      [ $# -ge 2 ] || usage
+      work=$2
+      shift 2
+      ;;
+    --tiny)
+      tiny=1
+      shift
+      ;;
+    -h | --help) usage ;;
+    *)
+      echo "bench_gpu.sh: unknown argument $1" >&2
+      usage
+      ;;
+  esac
+done
+[ ${#parts[@]} -gt 0 ] || parts=(1b lockstep trace coref)
+for part in "${parts[@]}"; do
+  case $part in
+    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b) ;;
+    *)
+      echo "bench_gpu.sh: unknown part '$part'" \
+        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+cli=$build/app/kvlens-cli
+[ -x "$cli" ] || {
+  echo "bench_gpu.sh: no $cli (build kvlens first)" >&2
+  exit 1
+}
+backend=${KVLENS_BENCH_BACKEND:-cuda}
+python=${PYTHON:-python3}
+repeats=${KVLENS_BENCH_REPEATS:-3}
+mkdir -p "$work/raw"
+work=$(cd "$work" && pwd)
+raw=$work/raw
+demo=$root/assets/models/demo
+policies10=dense,oracle,tokenbutler,h2o,snapkv,streaming,quest,keydiff,tokenfilter,lazyllm
+policies8=dense,h2o,quest,snapkv,streaming,keydiff,tokenfilter,lazyllm
+
+# Sizes. The 1B shape: Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256,
+# tied embeddings); the 8B shape: Llama-3.1-8B (hidden 4096, 32 layers, 32/8 heads, MLP 14336,
+# untied). Positions: enough for the longest context plus the timed steps.
+if [ "$tiny" = 1 ]; then
+  shape_1b=(--hidden 256 --layers 2 --heads 4 --kv-heads 2 --intermediate 512 --vocab 1024
+    --tie-embeddings --dtype BF16 --max-positions 1024)
+  shape_trace=(--hidden 256 --layers 2 --heads 4 --kv-heads 2 --intermediate 512 --vocab 8192
+    --tie-embeddings --dtype BF16 --max-positions 1024)
+  shape_8b=(--hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 640 --vocab 2048
+    --dtype BF16 --max-positions 1024)
+  contexts_1b=(32 64 128)
+  hf_contexts=32,64
+  hf_compiled_contexts=32,64
+  steps_1b=8 warmup=2 lockstep_context=64 trace_tokens=64 coref_samples=2 context_8b=128 steps_8b=8
+  name_1b=tiny-1b name_trace=tiny-1b-v8k name_8b=tiny-8b
+else
+  shape_1b=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --vocab 128256
+    --tie-embeddings --dtype BF16 --max-positions 32768)
+  shape_trace=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --vocab 8192
+    --tie-embeddings --dtype BF16 --max-positions 32768)
+  shape_8b=(--hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256
+    --dtype BF16 --max-positions 16384)
+  contexts_1b=(512 4096 16384)
+  hf_contexts=512,4096,16384
+  hf_compiled_contexts=512,4096
+  # KVLENS_BENCH_1B_CONTEXTS=512,4096 (say) narrows part 1b to fewer contexts.
+  if [ -n "${KVLENS_BENCH_1B_CONTEXTS:-}" ]; then
+    IFS=, read -r -a contexts_1b <<<"$KVLENS_BENCH_1B_CONTEXTS"
+    hf_contexts=$KVLENS_BENCH_1B_CONTEXTS
+    hf_compiled_contexts=$(printf '%s\n' "${contexts_1b[@]}" | awk '$1 <= 4096' | paste -sd, -)
+  fi
+  steps_1b=64 warmup=4 lockstep_context=512 trace_tokens=512 coref_samples=50 context_8b=8192
+  steps_8b=32
+  name_1b=llama-1b name_trace=llama-1b-v8k name_8b=llama-8b
+fi
+# transformers' modes: static-compiled needs a GPU (torch.compile with CUDA graphs); on the CPU
+# only the toy flow is checked.
+if [ "$backend" = cuda ]; then
+  hf_device=(--device cuda --dtype bf16)
+  hf_compiled=1
+else
+  hf_device=(--device cpu --dtype f32)
+  hf_compiled=${KVLENS_BENCH_CPU_COMPILE:-0}
+fi
+
+# ------------------------------------------------------------------------------------------ helpers
+
+# The command line as printed: shell-quoted, a long --prompt shown as the file it came from.
+show() {
+  local out="" arg
+  for arg in "$@"; do
+    if [ -n "${prompt_text:-}" ] && [ "$arg" = "$prompt_text" ]; then
+      out+="\"\$(cat $prompt_file)\" "
+    else
+      out+="$(printf '%q' "$arg") "
+    fi
+  done
+  printf '%s' "${out% }"
+}
+
+# run NAME CMD...: runs CMD with stdout in $raw/NAME.out and stderr in $raw/NAME.err; writes its
+# command line to $raw/NAME.cmd and its wall seconds to $raw/NAME.seconds. A failing CMD fails the
+# part, with the end of its stderr.
+run() {
+  local name=$1
+  shift
+  local cmd start end rc=0
+  cmd=$(show "$@")
+  printf '%s\n' "$cmd" >"$raw/$name.cmd"
+  printf '  $ %s\n' "$cmd"
+  rm -f "$raw/$name.seconds"
+  start=$(date +%s.%N)
+  "$@" >"$raw/$name.out" 2>"$raw/$name.err" || rc=$?
+  end=$(date +%s.%N)
+  if [ "$rc" != 0 ]; then
+    echo "bench_gpu.sh: FAILED (exit $rc): $cmd" >&2
+    tail -n 20 "$raw/$name.err" >&2
+    return "$rc"
+  fi
+  awk -v a="$start" -v b="$end" 'BEGIN { printf "%.6f\n", b - a }' >"$raw/$name.seconds"
+  awk '{ printf "    (%.2f s)\n", $1 }' "$raw/$name.seconds"
+}
+
+# make_model DIR ARGS...: a make_random_model.py checkpoint in DIR, made once: reused when DIR
+# holds one made with the same ARGS.
+make_model() {
+  local dir=$1
+  shift
+  local stamp="$*"
+  if [ -f "$dir/model.safetensors" ] && [ -f "$dir/.bench-args" ] &&
+    [ "$(cat "$dir/.bench-args")" = "$stamp" ]; then
+    echo "  checkpoint $dir (made earlier with: make_random_model.py $stamp)"
+    return 0
+  fi
+  rm -rf "$dir" "$dir.partial"
+  run "make-$(basename "$dir")" python3 "$root/tools/make_random_model.py" --out "$dir.partial" "$@"
+  cat "$raw/make-$(basename "$dir").out"
+  mv "$dir.partial" "$dir"
+  printf '%s\n' "$stamp" >"$dir/.bench-args"
+}
+
+# The report: reads $raw and prints one part's numbers, each with its command, and the targets;
+# writes WORK/<part>.json. Standard library only.
+report() {
+  python3 - "$work" "$backend" "$@" <<'PY'
+import json, os, re, statistics, sys
+
+work, backend, part = sys.argv[1], sys.argv[2], sys.argv[3]
+args = sys.argv[4:]
+raw = os.path.join(work, "raw")
+
+
+def text(name, ext):
+    path = os.path.join(raw, f"{name}.{ext}")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read()
+
+
+def result(name):
+    """(parsed JSON stdout, command) of a run, or (None, None) if it has not run."""
+    out, cmd = text(name, "out"), text(name, "cmd")
+    if out is None or text(name, "seconds") is None:
+        return None, None
+    # The JSON object, should anything else have been printed around it.
+    return json.loads(out[out.index("{"):out.rindex("}") + 1]), cmd.strip()
+
+
+def seconds(name):
+    s = text(name, "seconds")
+    return float(s) if s is not None else None
+
+
+targets, summary = [], {"part": part, "backend": backend}
+
+
+def target(what, value, op, bar, unit="x"):
+    if value is None:
+        state = "not measured"
+    else:
+        state = "met" if (value <= bar if op == "<=" else value >= bar if op == ">=" else
+                          value < bar) else "MISSED"
+    targets.append({"what": what, "value": value, "target": f"{op} {bar:g}{unit}", "state": state})
+    shown = "n/a" if value is None else f"{value:.2f}{unit}"
+    return f"{shown:>10}   target {op} {bar:g}{unit}: {state}"
+
+
+def line(label, value, cmd=None):
+    print(f"  {label:<34} {value}")
+    if cmd:
+        print(f"      $ {cmd}")
+
+
+def weight_read(r):
+    """Seconds to read one step's weights at the device's bandwidth, and where that came from.
+    Fields, first found wins: weight_read_seconds; device_bandwidth_gbps (bytes read + written
+    per second, 1e9 B/s); device_copy_gbps or memcpy_gbps (bytes copied per second: a copy reads
+    and writes each byte, so the traffic is twice that)."""
+    b = r.get("weight_bytes_per_step")
+    if r.get("weight_read_seconds"):
+        return r["weight_read_seconds"], "the JSON's weight_read_seconds"
+    if b and r.get("device_bandwidth_gbps"):
+        gbps = r["device_bandwidth_gbps"]
+        return b / (gbps * 1e9), (f"weight_bytes_per_step {b / 1e9:.3f} GB / "
+                                  f"device_bandwidth_gbps {gbps:.0f} GB/s (read + written)")
+    for field in ("device_copy_gbps", "memcpy_gbps"):
+        if b and r.get(field):
+            gbps = 2 * r[field]
+            note = ""
+            if r.get("backend") == "cuda" and gbps < 400:
+                note = " -- NB: too slow for GPU memory, likely a host memcpy: not a GPU figure"
+            return b / (gbps * 1e9), (f"weight_bytes_per_step {b / 1e9:.3f} GB / (2 x {field} "
+                                      f"{r[field]:.1f}) {gbps:.1f} GB/s{note}")
+    return None, "no bandwidth figure in the JSON"
+
+
+def ms(value):
+    return "n/a" if value is None else f"{value * 1e3:.3f} ms"
+
+
+def hf_entry(hf, mode, context):
+    for doc, cmd in hf:
+        e = doc.get("modes", {}).get(mode, {}).get(str(context))
+        if e is not None:
+            return e, cmd, doc
+    return None, None, None
+
+
+def hf_text(e):
+    if e is None:
+        return "not run"
+    if "skipped" in e:
+        return "skipped: " + e["skipped"][:200]
+    extra = f", compile {e['compile_seconds']:.1f} s" if "compile_seconds" in e else ""
+    if e.get("fullgraph") is False:
+        extra += ", fullgraph=False fallback"
+    return f"{e['median_ms']:.3f} ms median (min {e['min_ms']:.3f}, {e['steps']} steps{extra})"
+
+
+def kvlens_text(r):
+    return (f"{r['step_seconds_median'] * 1e3:.3f} ms median "
+            f"(min {r['step_seconds_min'] * 1e3:.3f}, {r['steps']} steps)")
+
+
+if part == "1b":
+    contexts = [int(c) for c in args[0].split(",")]
+    step_targets = [1.5, 2.0, 3.0]
+    hf = [result(n) for n in ("1b-hf", "1b-hf-compiled")]
+    hf = [(d, c) for d, c in hf if d is not None]
+    if hf:
+        m = hf[0][0]["machine"]
+        print(f"  transformers {m['transformers']}, torch {m['torch']}"
+              f"{', ' + m['gpu'] if 'gpu' in m else ''}")
+    rows = []
+    for i, context in enumerate(contexts):
+        # The issue's contexts (toy runs: by position): 512 and 4096 have every target, 16384
+        # only the step / weight-read one.
+        tier = {512: 0, 4096: 1, 16384: 2}.get(context, min(i, 2))
+        print(f"-- context {context}")
+        r, cmd = result(f"1b-kvlens-{context}")
+        row = {"context": context}
+        if r is None:
+            line("kvlens step", "not run (part 1b-kvlens)")
+            step = None
+        else:
+            step = r["step_seconds_median"]
+            line("kvlens step", kvlens_text(r), cmd)
+            read, source = weight_read(r)
+            line("weight-read time", f"{ms(read)}  ({source})")
+            ratio = step / read if read else None
+            line("kvlens step / weight read",
+                 target(f"1b context {context}: step / weight read", ratio, "<=",
+                        step_targets[tier]))
+            row.update(kvlens_ms=step * 1e3, weight_read_ms=read * 1e3 if read else None,
+                       weight_read_source=source, step_over_read=ratio, kvlens_command=cmd,
+                       kvlens=r)
+        for mode in ("eager", "sdpa", "static-compiled"):
+            e, hcmd, _ = hf_entry(hf, mode, context)
+            if e is None and mode == "static-compiled" and tier >= 2:
+                continue
+            line(f"transformers {mode}", hf_text(e), hcmd)
+            speedup = (e["median_ms"] / 1e3 / step) if (e and "median_ms" in e and step) else None
+            row[f"hf_{mode}_ms"] = e.get("median_ms") if e else None
+            row[f"speedup_vs_{mode}"] = speedup
+            if mode == "eager" and tier < 2:
+                shown = target(f"1b context {context}: speedup vs transformers eager", speedup,
+                               ">=", 10)
+            elif mode == "static-compiled" and tier < 2:
+                shown = target(f"1b context {context}: speedup vs transformers static-compiled",
+                               speedup, ">=", 2)
+            else:
+                shown = f"{'n/a':>10}" if speedup is None else f"{speedup:>9.2f}x   (no target)"
+            line(f"kvlens speedup vs {mode}", shown)
+        rows.append(row)
+    print("-- summary (ms; speedup = transformers median / kvlens median)")
+    print(f"  {'context':>7} {'kvlens':>9} {'wt-read':>9} {'ratio':>6} {'eager':>9} {'x':>6}"
+          f" {'sdpa':>9} {'x':>6} {'compiled':>9} {'x':>6}")
+    f = lambda v, w=9, p=3: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
+    for row in rows:
+        print(f"  {row['context']:>7} {f(row.get('kvlens_ms'))} {f(row.get('weight_read_ms'))}"
+              f" {f(row.get('step_over_read'), 6, 2)} {f(row.get('hf_eager_ms'))}"
+              f" {f(row.get('speedup_vs_eager'), 6, 1)} {f(row.get('hf_sdpa_ms'))}"
+              f" {f(row.get('speedup_vs_sdpa'), 6, 1)} {f(row.get('hf_static-compiled_ms'))}"
+              f" {f(row.get('speedup_vs_static-compiled'), 6, 1)}")
+    summary["rows"] = rows
+    summary["transformers"] = [dict(d, command=c) for d, c in hf]
+
+elif part == "lockstep":
+    runs = [result(f"lockstep-{i}") for i in range(int(args[0]))]
+    runs = [(d, c) for d, c in runs if d is not None]
+    ratios = [d["lockstep"]["ratio_to_dense"] for d, _ in runs]
+    for d, c in runs:
+        lk = d["lockstep"]
+        line("dense / lockstep step", f"{d['step_seconds_median'] * 1e3:.3f} ms / "
+             f"{lk['step_seconds_median'] * 1e3:.3f} ms ({lk['runs']} runs), ratio "
+             f"{lk['ratio_to_dense']:.2f}", c)
+    med = statistics.median(ratios) if ratios else None
+    line(f"lockstep ratio_to_dense (median of {len(ratios)})",
+         target(f"lockstep: 8 policies / dense at context {args[1]}", med, "<=", 2))
+    if runs and runs[0][0]["lockstep"].get("run_tasks"):
+        print("  per-run work (attention + policy select/observe, median over the runs, ms):")
+        for j, task in enumerate(runs[0][0]["lockstep"]["run_tasks"]):
+            value = statistics.median(d["lockstep"]["run_tasks"][j]["task_seconds_median"]
+                                      for d, _ in runs)
+            print(f"    {task['policy']:<12} {task['sparsity']:.2f}  {value * 1e3:.3f}")
+    summary["runs"] = [dict(d, command=c) for d, c in runs]
+
+elif part == "trace":
+    n, count = int(args[0]), int(args[1])
+
+    def med(name):
+        values = [seconds(f"{name}-{i}") for i in range(count)]
+        values = [v for v in values if v is not None]
+        return (statistics.median(values) if values else None), values
+
+    load, load_all = med("trace-load")
+    gen, gen_all = med("trace-generate")
+    rec, rec_all = med("trace-record")
+    for label, name, value, values in (("load only", "trace-load", load, load_all),
+                                       ("generate", "trace-generate", gen, gen_all),
+                                       ("trace (record)", "trace-record", rec, rec_all)):
+        cmd = text(f"{name}-0", "cmd")
+        shown = "n/a" if value is None else (f"{value:.3f} s wall (median of "
+                                             f"{', '.join(f'{v:.3f}' for v in values)})")
+        line(label, shown, cmd.strip() if cmd else None)
+    per_gen = (gen - load) / n if gen is not None and load is not None else None
+    per_rec = (rec - load) / n if rec is not None and load is not None else None
+    line("generate: per step", "n/a" if per_gen is None else f"{per_gen * 1e3:.3f} ms "
+         f"((generate - load only) / {n})")
+    line("trace: per step", "n/a" if per_rec is None else f"{per_rec * 1e3:.3f} ms "
+         f"((trace - load only) / {n}, saving the file included)")
+    ratio = per_rec / per_gen if per_rec and per_gen and per_gen > 0 else None
+    line("trace / generate per step (wall)",
+         target("trace: recording cost per step (wall, file saved)", ratio, "<=", 1.3))
+    # Stepping alone, in process: trace's own figure (stdout, 0.1 s resolution) against bench's
+    # median step over the same N steps from an empty cache.
+    own = []
+    for i in range(count):
+        out = text(f"trace-record-{i}", "out") or ""
+        found = re.search(r"steps x \d+ runs in ([0-9.]+) s", out)
+        if found:
+            own.append(float(found.group(1)) / n)
+    benches = [result(f"trace-bench-{i}") for i in range(count)]
+    benches = [(d, c) for d, c in benches if d is not None]
+    step = statistics.median(d["step_seconds_median"] for d, _ in benches) if benches else None
+    line("bench: median step over the same N", ms(step), benches[0][1] if benches else None)
+    rec_step = statistics.median(own) if own else None
+    line("trace: stepping only, per step", "n/a" if rec_step is None else
+         f"{rec_step * 1e3:.3f} ms (its printed stepping seconds / {n}; 0.1 s resolution)")
+    inproc = rec_step / step if rec_step and step else None
+    line("trace / bench per step (in process)", "n/a" if inproc is None else
+         f"{inproc:>9.2f}x   (no target: stepping only, file not saved)")
+    summary["commands"] = {k: (text(f"{k}-0", "cmd") or "").strip()
+                           for k in ("trace-load", "trace-generate", "trace-record", "trace-bench")}
+    summary.update(steps=n, load_seconds=load_all, generate_seconds=gen_all,
+                   trace_seconds=rec_all, ratio=ratio, trace_step_seconds=own,
+                   bench_step_seconds=step, ratio_in_process=inproc)
+
+elif part == "coref":
+    count = int(args[0])
+    values = [seconds(f"coref-{i}") for i in range(count)]
+    values = [v for v in values if v is not None]
+    for i in range(count):
+        out = text(f"coref-{i}", "out") or ""
+        found = re.search(r"([0-9.]+) s for \d+ runs", out)
+        own = f" (its own figure {found.group(1)} s)" if found else ""
+        line(f"eval wall time, run {i + 1}", "n/a" if seconds(f"coref-{i}") is None else
+             f"{seconds(f'coref-{i}'):.3f} s{own}", (text(f"coref-{i}", "cmd") or "").strip())
+    med = statistics.median(values) if values else None
+    line(f"median of {len(values)}",
+         target(f"coref: {args[1]} samples x 10 policies, wall time", med, "<", 5, " s"))
+    summary["seconds"] = values
+    summary["command"] = (text("coref-0", "cmd") or "").strip()
+
+elif part == "8b":
+    r, cmd = result("8b-kvlens")
+    if r is None:
+        line("kvlens step", "not run")
+        ratio = None
+    else:
+        line("kvlens step", kvlens_text(r), cmd)
+        read, source = weight_read(r)
+        line("weight-read time", f"{ms(read)}  ({source})")
+        ratio = r["step_seconds_median"] / read if read else None
+        summary["kvlens"] = dict(r, command=cmd)
+    line("kvlens step / weight read",
+         target(f"8b context {args[0]}: step / weight read", ratio, "<=", 1.5))
+
+summary["targets"] = targets
+with open(os.path.join(work, f"{part}.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+    f.write("\n")
+PY
+}
+
+# ------------------------------------------------------------------------------------------ parts
+
+part_1b_kvlens() {
+  make_model "$work/$name_1b" "${shape_1b[@]}"
+  local context
+  for context in "${contexts_1b[@]}"; do
+    run "1b-kvlens-$context" "$cli" bench --model "$work/$name_1b" --backend "$backend" \
+      --context "$context" --steps "$steps_1b" --warmup "$warmup" --json
+  done
+}
+
+part_1b_hf() {
+  make_model "$work/$name_1b" "${shape_1b[@]}"
+  # eager and sdpa at every context (eager at the longest one if it fits: else it says skipped),
+  # then static-compiled at the first two (each context compiles afresh).
+  run 1b-hf "$python" "$root/tools/bench_transformers.py" --model "$work/$name_1b" \
+    "${hf_device[@]}" --contexts "$hf_contexts" --modes eager,sdpa --steps "$steps_1b" \
+    --warmup "$warmup"
+  if [ "$hf_compiled" = 1 ]; then
+    # Each context compiles afresh; a compile past the timeout is reported as skipped, which
+    # keeps the part inside a 10-minute job.
+    run 1b-hf-compiled "$python" "$root/tools/bench_transformers.py" --model "$work/$name_1b" \
+      "${hf_device[@]}" --contexts "$hf_compiled_contexts" --modes static-compiled \
+      --steps "$steps_1b" --warmup "$warmup" \
+      --compile-timeout "${KVLENS_BENCH_COMPILE_TIMEOUT:-150}"
+  else
+    rm -f "$raw"/1b-hf-compiled.*
+    echo "  (transformers static-compiled: not run on backend $backend)"
+  fi
+}
+
+part_1b() {
+  part_1b_kvlens
+  part_1b_hf
+}
+
+part_lockstep() {
+  make_model "$work/$name_1b" "${shape_1b[@]}"
+  local i
+  rm -f "$raw"/lockstep-*
+  for i in $(seq 0 $((repeats - 1))); do
+    run "lockstep-$i" "$cli" bench --model "$work/$name_1b" --backend "$backend" \
+      --context "$lockstep_context" --steps "$steps_1b" --warmup "$warmup" \
+      --policies "$policies8" --sparsity 0.5 --json
+  done
+}
+
+part_trace() {
+  make_model "$work/$name_trace" "${shape_trace[@]}"
+  # The demo model's tokenizer (8192 ids) turns the prompt into ids of this vocabulary.
+  cp "$demo/tokenizer.json" "$work/$name_trace/tokenizer.json"
+  prompt_file=$work/trace-prompt.txt
+  # Text of many tokens (this repository's README, repeated); --max-tokens keeps the first N.
+  for _ in 1 2 3; do cat "$root/README.md"; done | head -c 60000 >"$prompt_file"
+  prompt_text=$(cat "$prompt_file")
+  local i model=$work/$name_trace
+  rm -f "$raw"/trace-*
+  for i in $(seq 0 $((repeats - 1))); do
+    # load + upload + one token; generate's N forwards (one prompt token, N-1 new); trace's N
+    # recorded decode steps (--prefill 0: every token a decode step) and saving the file.
+    run "trace-load-$i" "$cli" generate --model "$model" --backend "$backend" --tokens 1 \
+      --max-new 0 --ids
+    run "trace-generate-$i" "$cli" generate --model "$model" --backend "$backend" --tokens 1 \
+      --max-new $((trace_tokens - 1)) --ids
+    run "trace-record-$i" "$cli" trace --model "$model" --backend "$backend" \
+      --prompt "$prompt_text" --max-tokens "$trace_tokens" --prefill 0 --policies dense \
+      --out "$work/t.kvtrace"
+    # In-process figure of plain decoding: the same N steps from an empty cache, each timed.
+    run "trace-bench-$i" "$cli" bench --model "$model" --backend "$backend" --context 0 \
+      --steps "$trace_tokens" --warmup 0 --json
+  done
+  # Both sides stepped the same number of tokens.
+  if ! grep -q "^trace .*: $trace_tokens steps" "$raw/trace-record-0.out"; then
+    echo "bench_gpu.sh: the trace did not record $trace_tokens steps:" >&2
+    head -n 1 "$raw/trace-record-0.out" >&2
+    return 1
+  fi
+  if [ "$(wc -w <"$raw/trace-generate-0.out")" != $((trace_tokens - 1)) ]; then
+    echo "bench_gpu.sh: generate did not print $((trace_tokens - 1)) ids" >&2
+    return 1
+  fi
+  unset prompt_text
+}
+
+part_coref() {
+  local i
+  rm -f "$raw"/coref-*
+  for i in $(seq 0 $((repeats - 1))); do
+    run "coref-$i" "$cli" eval --backend "$backend" --model "$demo" --task coref \
+      --samples "$coref_samples" --policies "$policies10" --sparsity 0.5 \
+      --json "$work/coref-eval.json"
+  done
+}
+
+part_8b() {
+  make_model "$work/$name_8b" "${shape_8b[@]}"
+  run 8b-kvlens "$cli" bench --model "$work/$name_8b" --backend "$backend" \
+    --context "$context_8b" --steps "$steps_8b" --warmup "$warmup" --json
+}
+
+report_part() {
+  case $1 in
+    1b | 1b-kvlens | 1b-hf) report 1b "$(
+      IFS=,
+      echo "${contexts_1b[*]}"
+    )" ;;
+    lockstep) report lockstep "$repeats" "$lockstep_context" ;;
+    trace) report trace "$trace_tokens" "$repeats" ;;
+    coref) report coref "$repeats" "$coref_samples" ;;
+    8b) report 8b "$context_8b" ;;
+  esac
+}
+
+# ------------------------------------------------------------------------------------------ main
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+fi
+echo "GPU: ${gpu:-none found (no nvidia-smi)}"
+echo "backend: $backend$([ "$tiny" = 1 ] && echo ', --tiny: toy sizes, the numbers mean nothing')"
+echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+commit=unknown
+if git -C "$root" rev-parse --short HEAD >/dev/null 2>&1; then
+  commit=$(git -C "$root" rev-parse --short HEAD)
+  git -C "$root" diff --quiet HEAD 2>/dev/null || commit+=" + local changes"
+fi
+echo "kvlens: $("$cli" --version 2>&1) ($cli), commit $commit"
+echo "work: $work; parts: ${parts[*]}; $(date -u '+%Y-%m-%d %H:%M UTC')"
+
+failed=()
+for part in "${parts[@]}"; do
+  echo
+  echo "== part $part"
+  start=$(date +%s)
+  set +e
+  (
+    set -e
+    "part_${part//-/_}"
+  )
+  rc=$?
+  set -e
+  state="done"
+  [ $rc = 0 ] || state="FAILED (exit $rc)"
+  echo "-- part $part: $state in $(($(date +%s) - start)) s"
+  [ $rc = 0 ] || failed+=("$part")
+  # The table, from whatever results WORK holds (a failed part reports what it measured).
+  report_part "$part" || failed+=("$part (report)")
+done
+
+echo
+echo "== targets"
+python3 - "$work" "${parts[@]}" <<'PY'
+import json, os, sys
+work, parts = sys.argv[1], sys.argv[2:]
+seen = set()
+for part in parts:
+    name = "1b" if part.startswith("1b") else part
+    path = os.path.join(work, f"{name}.json")
+    if name in seen or not os.path.exists(path):
+        continue
+    seen.add(name)
+    with open(path) as f:
+        for t in json.load(f)["targets"]:
+            value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+            print(f"  {t['state']:<12} {t['what']}: {value} (target {t['target']})")
+PY
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "bench_gpu.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi
