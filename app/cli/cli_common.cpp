@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "engine/common/error.h"
-#include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/cpu/cpu_backend.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #endif

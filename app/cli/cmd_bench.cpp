@@ -15,7 +15,7 @@
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"
 #include "engine/runtime/bandwidth.h"
-#include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/cpu/cpu_backend.h"
 #include "engine/runtime/decoder_session.h"
 #include "engine/runtime/predictor_runtime.h"
 

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "engine/runtime/cpu_checks.h"
+#include "engine/runtime/cpu/cpu_checks.h"
 #include "engine/runtime/policy_op_math.h"
 
 namespace kvlens {

@@ -1,4 +1,5 @@
-// ThreadPool: a small persistent pool for the CPU backend. parallel_for(begin, end, fn) splits
+// ThreadPool: a small persistent pool for the CPU backend (engine/runtime/cpu/) and the trace
+// queries' updates (engine/eval/trace_queries). parallel_for(begin, end, fn) splits
 // [begin, end) into chunks that the workers and the calling thread take in turn; no thread is
 // created per call, and a call from inside a task runs inline (no nested parallelism).
 #pragma once

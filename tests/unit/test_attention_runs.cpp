@@ -11,7 +11,7 @@
 
 #include "engine/common/error.h"
 #include "engine/runtime/backend.h"
-#include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/cpu/cpu_backend.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "engine/common/error.h"
-#include "engine/runtime/cpu_backend.h"
-#include "engine/runtime/cpu_dot_kernels.h"
-#include "engine/runtime/cpu_matmul.h"
+#include "engine/runtime/cpu/cpu_backend.h"
+#include "engine/runtime/cpu/cpu_dot_kernels.h"
+#include "engine/runtime/cpu/cpu_matmul.h"
 #include "engine/runtime/thread_pool.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"

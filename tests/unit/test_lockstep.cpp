@@ -7,7 +7,7 @@
 
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/cpu_backend.h"
+#include "engine/runtime/cpu/cpu_backend.h"
 #include "engine/runtime/scoring.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"

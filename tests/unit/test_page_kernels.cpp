@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/cpu/cpu_dot_kernels.h"
 #include "engine/runtime/policy_op_math.h"
 #include "tests/support/random_values.h"
 

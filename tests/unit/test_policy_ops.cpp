@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "engine/common/error.h"
-#include "engine/runtime/cpu_backend.h"
-#include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/cpu/cpu_backend.h"
+#include "engine/runtime/cpu/cpu_dot_kernels.h"
 #include "engine/runtime/policy_op_math.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"

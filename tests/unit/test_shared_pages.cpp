@@ -12,8 +12,8 @@
 #endif
 
 #include "engine/common/error.h"
-#include "engine/runtime/cpu_backend.h"
-#include "engine/runtime/cpu_shared_pages.h"
+#include "engine/runtime/cpu/cpu_backend.h"
+#include "engine/runtime/cpu/cpu_shared_pages.h"
 
 using namespace kvlens;
 

@@ -1,5 +1,6 @@
-// CPU reference backend extras beyond make_cpu_backend() in backend.h: kernel selection (tests
-// run both the SIMD and the portable kernels) and what a given backend ended up using.
+// CPU reference backend extras beyond make_cpu_backend() in engine/runtime/backend.h: kernel
+// selection (tests run both the SIMD and the portable kernels) and what a given backend ended up
+// using. engine/runtime/cpu/ holds the CPU backend: this entry point, its ops and its kernels.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,7 @@
 // Argument checks shared by the CPU backend's source files (cpu_backend.cpp, cpu_policy_ops.cpp,
-// cpu_attention_ops.cpp, cpu_matmul.cpp) and by Backend's default ops (backend.cpp: the checks
-// read only shapes and dtypes, so they hold for any backend), and the weight widening they share.
+// cpu_attention_ops.cpp, cpu_matmul.cpp) and by Backend's default ops (engine/runtime/backend.cpp:
+// the checks read only shapes and dtypes, so they hold for any backend), and the weight widening
+// they share.
 // Shape/dtype mistakes are programming errors in the caller, but they still surface as a
 // kvlens::Error naming the op and argument rather than as memory corruption. Internal header.
 #pragma once

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "engine/runtime/cpu_attention_x86.h"
+#include "engine/runtime/cpu/cpu_attention_x86.h"
 
 #if KVLENS_HAVE_X86_KERNELS
 #define KVLENS_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))

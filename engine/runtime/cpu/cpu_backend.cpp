@@ -1,7 +1,7 @@
 // CPU reference backend: plain loops, a persistent thread pool for matmul (over output rows) and
-// attention (over query rows x heads), and AVX2/FMA dot kernels chosen at run time.
-// Shapes follow backend.h: x [n, in] * w[out, in]^T; caches [G, capacity, D]; q/out [n, H, D].
-#include "engine/runtime/cpu_backend.h"
+// attention (over query rows x heads), and AVX2/FMA dot kernels chosen at run time. Shapes follow
+// engine/runtime/backend.h: x [n, in] * w[out, in]^T; caches [G, capacity, D]; q/out [n, H, D].
+#include "engine/runtime/cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,10 +14,10 @@
 
 #include "engine/common/error.h"
 #include "engine/runtime/bandwidth.h"
-#include "engine/runtime/cpu_checks.h"
-#include "engine/runtime/cpu_dot_kernels.h"
-#include "engine/runtime/cpu_policy_ops.h"
-#include "engine/runtime/cpu_shared_pages.h"
+#include "engine/runtime/cpu/cpu_checks.h"
+#include "engine/runtime/cpu/cpu_dot_kernels.h"
+#include "engine/runtime/cpu/cpu_policy_ops.h"
+#include "engine/runtime/cpu/cpu_shared_pages.h"
 #include "engine/runtime/thread_pool.h"
 
 namespace kvlens {

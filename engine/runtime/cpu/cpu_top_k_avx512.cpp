@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/runtime/cpu_top_k.h"
+#include "engine/runtime/cpu/cpu_top_k.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>

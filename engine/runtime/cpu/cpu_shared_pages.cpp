@@ -3,7 +3,7 @@
 // then mremap moves that mapping over the target's pages in one step (the old pages go, and a
 // failed move leaves them as they were, so the bytes are then copied instead). Closing the file
 // leaves it alive as long as some target still maps one of its pages.
-#include "engine/runtime/cpu_shared_pages.h"
+#include "engine/runtime/cpu/cpu_shared_pages.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -7,7 +7,7 @@
 #include <span>
 
 #include "engine/runtime/backend.h"
-#include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/cpu/cpu_dot_kernels.h"
 #include "engine/runtime/thread_pool.h"
 
 // A policy op's loop compiled twice, for AVX2 (without FMA) and for the baseline, the copy

@@ -3,7 +3,7 @@
 // count and between decode and prefill. The AVX2 kernels use fused multiply-adds, the portable
 // ones do not, so the two sets differ in the last bits (both far inside test tolerances); the
 // portable set mirrors the AVX2 set's summation trees with std::exp and separate roundings.
-#include "engine/runtime/cpu_dot_kernels.h"
+#include "engine/runtime/cpu/cpu_dot_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "engine/runtime/cpu_attention_x86.h"
+#include "engine/runtime/cpu/cpu_attention_x86.h"
 
 #if KVLENS_HAVE_X86_KERNELS
 #include <cpuid.h>

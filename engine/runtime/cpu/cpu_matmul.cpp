@@ -5,7 +5,7 @@
 // this runs at 80-100% of the FMA peak (the previous dot-product kernels, which folded 16 lanes
 // per output, ran at about 60%). Each call prefetches the panels its task reads next: in the
 // lockstep benchmark that took the 128-token ratio from about 4.05 to 3.5.
-#include "engine/runtime/cpu_matmul.h"
+#include "engine/runtime/cpu/cpu_matmul.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "engine/runtime/backend.h"
-#include "engine/runtime/cpu_checks.h"
-#include "engine/runtime/cpu_shared_pages.h"
+#include "engine/runtime/cpu/cpu_checks.h"
+#include "engine/runtime/cpu/cpu_shared_pages.h"
 #include "engine/runtime/thread_pool.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)

@@ -10,8 +10,8 @@
 #include <limits>
 #include <vector>
 
-#include "engine/runtime/cpu_checks.h"
-#include "engine/runtime/cpu_policy_ops.h"
+#include "engine/runtime/cpu/cpu_checks.h"
+#include "engine/runtime/cpu/cpu_policy_ops.h"
 
 namespace kvlens::cpu_policy {
 

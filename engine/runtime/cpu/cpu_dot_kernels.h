@@ -9,10 +9,10 @@
 #include <cstdint>
 
 #include "engine/common/dtype.h"
-#include "engine/runtime/cpu_matmul.h"
-#include "engine/runtime/cpu_page_kernels.h"
-#include "engine/runtime/cpu_row_kernels.h"
-#include "engine/runtime/cpu_top_k.h"
+#include "engine/runtime/cpu/cpu_matmul.h"
+#include "engine/runtime/cpu/cpu_page_kernels.h"
+#include "engine/runtime/cpu/cpu_row_kernels.h"
+#include "engine/runtime/cpu/cpu_top_k.h"
 
 namespace kvlens {
 

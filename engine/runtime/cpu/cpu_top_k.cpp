@@ -4,7 +4,7 @@
 // ranks the whole row in vectors, takes the first digit from a histogram of the ranks, marks
 // every column above the pivot digit in vectors, and hands only the pivot digit's few keys on to
 // the same narrowing: about three times faster on rows of a few hundred columns.
-#include "engine/runtime/cpu_top_k.h"
+#include "engine/runtime/cpu/cpu_top_k.h"
 
 #include <algorithm>
 #include <array>

@@ -3,7 +3,7 @@
 // up to kAvx512PanelLimits.pairs accumulators. Each output is still the fused multiply-add chain
 // over k = 0, 1, ..., in - 1 from 0, so the bits are those of the AVX2 and portable kernels; on a
 // core with full-width AVX-512 FMA units the lockstep products run about twice as fast.
-#include "engine/runtime/cpu_matmul.h"
+#include "engine/runtime/cpu/cpu_matmul.h"
 
 #include <array>
 #include <utility>

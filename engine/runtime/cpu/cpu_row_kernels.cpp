@@ -3,7 +3,7 @@
 // 8 lanes of the same fused multiply-add, so the bits agree. The AVX2 squared lengths take 8 rows
 // at a time: each row's 8 lanes are independent of the other rows' (no add chain per row holds
 // the loop up) and one transpose folds the 8 rows' lanes in the portable fold's order.
-#include "engine/runtime/cpu_row_kernels.h"
+#include "engine/runtime/cpu/cpu_row_kernels.h"
 
 #include <cmath>
 

@@ -2,7 +2,7 @@
 // is cpu_attention_ops.cpp); contracts in backend.h. Row tensors are [rows, stride] with
 // stride >= cols; each operand may have its own stride. The per-head ops run on the thread pool;
 // the element-wise ones are single loops (a few KB per call).
-#include "engine/runtime/cpu_policy_ops.h"
+#include "engine/runtime/cpu/cpu_policy_ops.h"
 
 #include <algorithm>
 #include <bit>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/cpu_checks.h"
+#include "engine/runtime/cpu/cpu_checks.h"
 #include "engine/runtime/policy_op_math.h"
 
 namespace kvlens::cpu_policy {

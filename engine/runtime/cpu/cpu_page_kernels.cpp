@@ -3,7 +3,7 @@
 // still adds its channels in order (the bits of page_bound), but 8 pages' sums advance per
 // instruction instead of one strided scalar chain each. AVX2 without FMA: no product is fused
 // into a sum.
-#include "engine/runtime/cpu_page_kernels.h"
+#include "engine/runtime/cpu/cpu_page_kernels.h"
 
 #include <algorithm>
 #include <bit>
