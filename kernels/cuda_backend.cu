@@ -4,16 +4,20 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "engine/common/error.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_backend.h"
+#include "kernels/decode_attention.cuh"
+#include "kernels/gemv.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/norm_ops.cuh"
 #include "kernels/policy_ops.cuh"
@@ -188,6 +192,8 @@ class CudaBackend final : public Backend {
     // Plain F32 math, no TF32 tensor cores: TF32 rounds the inputs to 10 mantissa bits, far
     // outside the F32 tolerance that parity with the CPU reference needs.
     check_cublas(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
+               "cudaDeviceGetAttribute");
   }
 
   ~CudaBackend() override {
@@ -201,9 +207,9 @@ class CudaBackend final : public Backend {
 
   // --- memory ---
 
-  // F16 and BF16 weights are widened to F32 at upload for now (exact, but twice the memory of
-  // BF16): the ops then run on F32 through cuBLAS SGEMM. Kernels reading BF16 directly come with
-  // the fast-kernel work. Other dtypes are copied as they are.
+  // Weights stay in their checkpoint dtype (F32, BF16 or F16): the products widen them in
+  // registers (gemv.cu) or in bounded slices (large-row GEMMs), so a BF16 model reads half the
+  // bytes of its F32 copy per step.
   DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) override {
     const std::string op = "upload_weight " + view.name;
     const int64_t count = element_count(view.shape, op);
@@ -213,24 +219,14 @@ class CudaBackend final : public Backend {
                         dtype_name(view.dtype), " ", shape_string(view.shape)}),
                    cat({std::to_string(view.bytes), " bytes"}));
     activate();
-    const bool widen = view.dtype == DType::BF16 || view.dtype == DType::F16;
     DeviceTensor t;
-    t.dtype = widen ? DType::F32 : view.dtype;
+    t.dtype = view.dtype;
     t.shape = view.shape;
     if (count == 0) return t;
     t.storage = device_alloc(device_, byte_size(t));
     t.data = t.storage.get();
-    if (!widen) {
-      check_cuda(cudaMemcpyAsync(t.data, view.data, view.bytes, cudaMemcpyHostToDevice, stream()),
-                 "cudaMemcpyAsync");
-    } else {
-      const std::shared_ptr<void> raw = device_alloc(device_, view.bytes);
-      check_cuda(
-          cudaMemcpyAsync(raw.get(), view.data, view.bytes, cudaMemcpyHostToDevice, stream()),
-          "cudaMemcpyAsync");
-      cuda::launch_widen_to_f32(raw.get(), view.dtype, count, t.as<float>(), stream());
-      check_launch("widen_to_f32");
-    }
+    check_cuda(cudaMemcpyAsync(t.data, view.data, view.bytes, cudaMemcpyHostToDevice, stream()),
+               "cudaMemcpyAsync");
     // The host bytes (kept alive by `keep_alive` until now) must have been read before we let
     // go of them; weights upload once, so a synchronization here costs nothing that matters.
     check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
@@ -321,8 +317,13 @@ class CudaBackend final : public Backend {
                      std::to_string(ids[i]));
     if (rows == 0) return;
     activate();
-    const int32_t* device_ids = stage(ids);
-    cuda::launch_embed(table.data, table.dtype, width, device_ids, rows, out.as<float>(), stream());
+    // A step's few ids travel in the kernel's arguments (no copy to order before it).
+    cuda::SmallIds small;
+    const bool by_value = rows <= cuda::SmallIds::kCapacity;
+    if (by_value) std::copy(ids.begin(), ids.end(), small.ids);
+    const int32_t* device_ids = by_value ? nullptr : stage(ids);
+    cuda::launch_embed(table.data, table.dtype, width, device_ids, small, rows, out.as<float>(),
+                       stream());
     check_launch("embed");
   }
 
@@ -342,18 +343,36 @@ class CudaBackend final : public Backend {
       bad_argument(op, "dimensions below 2^31 (cuBLAS int API)", describe(x) + " x " + describe(w));
     if (rows == 0 || out_features == 0) return;
     activate();
-    const float* weights = static_cast<const float*>(w.data);
-    if (w.dtype != DType::F32) {
-      // Only tensors made by alloc() can be BF16/F16 here (uploads are widened already).
-      float* widened =
-          static_cast<float*>(widen_.get(device_, size_t(elements(w)) * sizeof(float)));
-      cuda::launch_widen_to_f32(w.data, w.dtype, elements(w), widened, stream());
-      check_launch("widen_to_f32");
-      weights = widened;
+    if (rows <= cuda::kMaxGemvRows) {
+      // Decode (one row per run): stream the weights once at memory bandwidth.
+      cuda::launch_gemv(x.as<float>(), w.data, w.dtype, y.as<float>(), rows, in_features,
+                        out_features, sm_count_, stream());
+      check_launch("gemv");
+      return;
     }
-    check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), weights, y.as<float>(), rows,
-                                  in_features, out_features),
-                 "cublasSgemm");
+    if (w.dtype == DType::F32) {
+      check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), w.as<float>(), y.as<float>(), rows,
+                                    in_features, out_features, out_features),
+                   "cublasSgemm");
+      return;
+    }
+    // Many rows (a prefill chunk): F32 SGEMM over slices of output features widened to F32 in a
+    // bounded scratch buffer (exact widening, the F32 products the CPU reference computes).
+    constexpr int64_t kWidenedElements = int64_t(1) << 24;  // 64 MiB of F32
+    const int64_t slice = std::max<int64_t>(1, kWidenedElements / in_features);
+    float* widened = static_cast<float*>(
+        widen_.get(device_, size_t(std::min(slice, out_features) * in_features) * sizeof(float)));
+    const size_t element_bytes = dtype_size(w.dtype);
+    for (int64_t first = 0; first < out_features; first += slice) {
+      const int64_t count = std::min(slice, out_features - first);
+      cuda::launch_widen_to_f32(
+          static_cast<const char*>(w.data) + size_t(first * in_features) * element_bytes, w.dtype,
+          count * in_features, widened, stream());
+      check_launch("widen_to_f32");
+      check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), widened, y.as<float>() + first,
+                                    rows, in_features, count, out_features),
+                   "cublasSgemm");
+    }
   }
 
   void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
@@ -387,9 +406,16 @@ class CudaBackend final : public Backend {
                    describe(x));
     if (rows == 0 || elements(x) == 0) return;
     activate();
-    const int64_t* device_positions = stage(positions);
+    // A step's rows share one position and a chunk's are consecutive: then the kernel derives
+    // them from two values passed by value, with no host-to-device copy to order first.
+    const int64_t first = positions[0];
+    const int64_t stride = rows > 1 ? positions[1] - positions[0] : 0;
+    bool arithmetic = stride == 0 || stride == 1;
+    for (int64_t i = 2; i < rows && arithmetic; ++i)
+      arithmetic = positions[size_t(i)] == first + i * stride;
+    const int64_t* device_positions = arithmetic ? nullptr : stage(positions);
     cuda::launch_rope(x.as<float>(), rows, elements(x) / (rows * head_dim), head_dim,
-                      device_positions, inv_freq.as<float>(), stream());
+                      device_positions, first, stride, inv_freq.as<float>(), stream());
     check_launch("rope");
   }
 
@@ -537,7 +563,13 @@ class CudaBackend final : public Backend {
     // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
     // float `scaling`.
     args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
-    cuda::launch_attention(args, stream());
+    if (cuda::decode_attention_fits(args, sm_count_)) {
+      float* parts = static_cast<float*>(attention_parts_.get(
+          device_, size_t(cuda::decode_attention_scratch_floats(args, sm_count_)) * sizeof(float)));
+      cuda::launch_decode_attention(args, parts, sm_count_, stream());
+    } else {
+      cuda::launch_attention(args, stream());
+    }
     check_launch("attention");
   }
 
@@ -648,7 +680,9 @@ class CudaBackend final : public Backend {
     args.head_dim = cache.head_dim;
     args.capacity = cache.capacity;
     args.cols = cols;
-    cuda::launch_attention_visible(args, stream());
+    float* parts = static_cast<float*>(attention_parts_.get(
+        device_, size_t(cuda::visible_attention_scratch_floats(args, sm_count_)) * sizeof(float)));
+    cuda::launch_attention_visible(args, parts, sm_count_, stream());
     check_launch("attention_visible");
   }
 
@@ -681,6 +715,23 @@ class CudaBackend final : public Backend {
     cuda::launch_fill_columns(rows_ref<uint8_t>(mask, shape), shape.rows, begin, end, value,
                               stream());
     check_launch("fill_columns");
+  }
+
+  // Counted where the mask lives: only the counts cross to the host (the default would copy the
+  // whole [rows, stride] mask, megabytes per layer for a long-context model).
+  void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
+                          std::span<int64_t> counts) override {
+    const std::string op = "count_nonzero_rows";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op, "mask");
+    if (shape.rows == 0) return;
+    activate();
+    auto* device_counts =
+        static_cast<int64_t*>(results_.get(device_, size_t(shape.rows) * sizeof(int64_t)));
+    cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
+                                    device_counts, stream());
+    check_launch("count_nonzero_rows");
+    copy_results(device_counts, counts.data(), size_t(shape.rows) * sizeof(int64_t));
   }
 
   void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) override {
@@ -931,6 +982,37 @@ class CudaBackend final : public Backend {
     check_launch("anchor_cosine_update");
   }
 
+  double copy_bandwidth_gbps(size_t bytes, int repeats) override {
+    if (bytes == 0 || repeats < 1)
+      bad_argument("copy_bandwidth_gbps", "a positive size and repeat count",
+                   cat({std::to_string(bytes), " bytes, ", std::to_string(repeats), " repeats"}));
+    activate();
+    const std::shared_ptr<void> from = device_alloc(device_, bytes);
+    const std::shared_ptr<void> to = device_alloc(device_, bytes);
+    check_cuda(cudaMemsetAsync(from.get(), 1, bytes, stream()), "cudaMemsetAsync");
+    cudaEvent_t start = nullptr, stop = nullptr;
+    check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+    std::vector<float> milliseconds;
+    for (int i = 0; i <= repeats; ++i) {  // the first copy is the untimed warm-up
+      check_cuda(cudaEventRecord(start, stream()), "cudaEventRecord");
+      check_cuda(cudaMemcpyAsync(to.get(), from.get(), bytes, cudaMemcpyDeviceToDevice, stream()),
+                 "cudaMemcpyAsync");
+      check_cuda(cudaEventRecord(stop, stream()), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float elapsed = 0.0f;
+      check_cuda(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+      if (i > 0) milliseconds.push_back(elapsed);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::sort(milliseconds.begin(), milliseconds.end());
+    const size_t n = milliseconds.size();
+    const double median =
+        n % 2 ? milliseconds[n / 2] : 0.5 * (double(milliseconds[n / 2 - 1]) + milliseconds[n / 2]);
+    return double(bytes) / (median * 1e-3) / 1e9;
+  }
+
   void synchronize() override {
     activate();
     check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
@@ -1016,10 +1098,12 @@ class CudaBackend final : public Backend {
   // Declaration order = reverse release order: buffers, then the cuBLAS handle, then its stream.
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> stream_;
   std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter> blas_;
-  Scratch staging_;  // host spans copied in
-  Scratch results_;  // argmax / log-prob values copied out
-  Scratch widen_;    // F32 copy of a BF16/F16 matmul weight made by alloc()
-  Scratch bounce_;   // overlapping copy_rows
+  Scratch staging_;          // host spans copied in
+  Scratch results_;          // argmax / log-prob values copied out
+  Scratch widen_;            // F32 slices of a BF16/F16 weight for many-row products
+  Scratch attention_parts_;  // the split attention kernels' per-slice softmax pieces
+  int sm_count_ = 0;         // streaming multiprocessors (kernel grid sizes)
+  Scratch bounce_;           // overlapping copy_rows
 };
 
 }  // namespace

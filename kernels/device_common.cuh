@@ -61,13 +61,38 @@ __device__ __forceinline__ T warp_reduce(T v, Op op) {
   return v;
 }
 
-// q . key over D elements by one warp (every lane gets the result): lane l sums d = l, l + 32, ...
-// in order, then the butterfly reduction. The attention and attention_logits kernels both use it,
-// so their logits agree bit for bit.
+// q . key over D elements by one warp (every lane gets the result): lane l sums the fused
+// products d = l, l + 32, ... in order, then the butterfly reduction. Every kernel that produces
+// attention logits uses this arithmetic (or group_dots, the same), so their logits agree bit for
+// bit.
 __device__ __forceinline__ float warp_dot(const float* q, const float* key, int64_t D, int lane) {
   float dot = 0.0f;
-  for (int64_t d = lane; d < D; d += 32) dot += q[d] * key[d];
+  for (int64_t d = lane; d < D; d += 32) dot = fmaf(q[d], key[d], dot);
   return warp_reduce(dot, SumOp{});
+}
+
+// warp_dot of one key with each of `group` query rows q[h * D ..] (a GQA group), the key read
+// from memory once into registers; emit(h, dot) on every lane. Same bits as warp_dot.
+constexpr int64_t kMaxGroupDotDim = 256;
+template <typename Emit>
+__device__ __forceinline__ void group_dots(const float* q, int64_t group, const float* key,
+                                           int64_t D, int lane, Emit&& emit) {
+  constexpr int kRegisters = int(kMaxGroupDotDim / 32);
+  float k[kRegisters];
+#pragma unroll
+  for (int i = 0; i < kRegisters; ++i) {
+    const int64_t d = lane + 32 * i;
+    k[i] = d < D ? key[d] : 0.0f;
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRegisters; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) dot = fmaf(q[h * D + d], k[i], dot);
+    }
+    emit(h, warp_reduce(dot, SumOp{}));
+  }
 }
 
 // Reduction over the whole block; every thread gets the result. blockDim.x must be a multiple

@@ -8,8 +8,9 @@
 
 namespace kvlens::cuda {
 
-// Dimensions must fit in int (the backend checks). Enqueued on the handle's stream.
+// Dimensions must fit in int (the backend checks). y's rows are y_stride floats apart (>= out).
+// Enqueued on the handle's stream.
 cublasStatus_t sgemm_x_wt(cublasHandle_t handle, const float* x, const float* w, float* y,
-                          int64_t n, int64_t in, int64_t out);
+                          int64_t n, int64_t in, int64_t out, int64_t y_stride);
 
 }  // namespace kvlens::cuda

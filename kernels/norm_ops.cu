@@ -17,9 +17,11 @@ __global__ void widen_kernel(const T* src, int64_t count, float* dst) {
 
 // One block per output row.
 template <typename T>
-__global__ void embed_kernel(const T* table, int64_t width, const int32_t* ids, float* out) {
+__global__ void embed_kernel(const T* table, int64_t width, const int32_t* ids, SmallIds small,
+                             float* out) {
   const int64_t row = blockIdx.x;
-  const T* src = table + int64_t(ids[row]) * width;
+  const int32_t id = ids != nullptr ? ids[row] : small.ids[row];
+  const T* src = table + int64_t(id) * width;
   float* dst = out + row * width;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = to_f32(src[i]);
 }
@@ -107,13 +109,13 @@ void launch_widen_to_f32(const void* src, DType dtype, int64_t count, float* dst
   });
 }
 
-void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* ids, int64_t rows,
-                  float* out, cudaStream_t stream) {
+void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* ids,
+                  const SmallIds& small, int64_t rows, float* out, cudaStream_t stream) {
   if (rows <= 0 || width <= 0) return;
   dispatch_weight(dtype, [&](auto tag) {
     using T = decltype(tag);
-    embed_kernel<T>
-        <<<unsigned(rows), kThreads, 0, stream>>>(static_cast<const T*>(table), width, ids, out);
+    embed_kernel<T><<<unsigned(rows), kThreads, 0, stream>>>(static_cast<const T*>(table), width,
+                                                             ids, small, out);
   });
 }
 

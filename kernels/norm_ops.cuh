@@ -14,10 +14,15 @@ namespace kvlens::cuda {
 // dst[i] = float(src[i]) for i < count (src F32/BF16/F16).
 void launch_widen_to_f32(const void* src, DType dtype, int64_t count, float* dst,
                          cudaStream_t stream);
+// A few token ids passed in a kernel's arguments.
+struct SmallIds {
+  static constexpr int64_t kCapacity = 64;
+  int32_t ids[kCapacity] = {};
+};
 // out[r, :] = table[ids[r], :] for r < rows; table [vocab, width] F32/BF16/F16; ids in device
-// memory, already checked against vocab.
-void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* ids, int64_t rows,
-                  float* out, cudaStream_t stream);
+// memory, or null: then small.ids (rows <= SmallIds::kCapacity). Already checked against vocab.
+void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* ids,
+                  const SmallIds& small, int64_t rows, float* out, cudaStream_t stream);
 // y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight (weight [width] F32/BF16/F16).
 // y may alias x.
 void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t rows,

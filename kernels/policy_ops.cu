@@ -9,13 +9,11 @@
 namespace kvlens::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // element-wise kernels, attention_visible and select_top_k
+constexpr int kThreads = 256;  // element-wise kernels and select_top_k
 constexpr int kLogitThreads = 128;
 constexpr int kLogitWarps = kLogitThreads / 32;
-constexpr int kLogitKeys = 64;  // keys per attention_logits block
-constexpr int kTile = 256;
-constexpr int kAnchorThreads =
-    256;  // keys per pass of attention_visible (weights in shared memory)
+constexpr int kLogitKeys = 32;  // keys per attention_logits block
+constexpr int kAnchorThreads = 256;
 
 // Grid-stride loop over the cells of a rows x cols region: f(r, j) for each.
 template <typename F>
@@ -25,84 +23,38 @@ __device__ __forceinline__ void for_each_cell(int64_t rows, int64_t cols, F f) {
     f(i / cols, i % cols);
 }
 
-// Grid: (key chunks, heads). q row in shared memory; one warp per key.
+// Grid: (key chunks, KV heads). The group's query rows in shared memory; one warp per key, which
+// it reads once for every query head of its group (group_dots: the attention kernels' bits).
 __global__ void attention_logits_kernel(LogitArgs a) {
   extern __shared__ float q[];
   const int64_t D = a.head_dim;
-  const int64_t h = blockIdx.y;
-  const int64_t g = h / (a.heads / a.kv_heads);
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) q[d] = a.q[h * D + d];
+  const int64_t group = a.heads / a.kv_heads;
+  const int64_t g = blockIdx.y;
+  for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t begin = int64_t(blockIdx.x) * kLogitKeys;
   const int64_t end = begin + kLogitKeys < a.cols ? begin + kLogitKeys : a.cols;
   const float* keys = a.k_cache + g * a.capacity * D;
-  float* row = a.logits.data + h * a.logits.stride;
+  float* rows = a.logits.data + g * group * a.logits.stride;
   for (int64_t j = begin + warp; j < end; j += kLogitWarps) {
-    float logit = -INFINITY;
-    if (j >= a.lo) logit = warp_dot(q, keys + j * D, D, lane) * a.scale;  // warp-uniform
-    if (lane == 0) row[j] = logit;
-  }
-}
-
-// One block per head. Shared memory (dynamic): acc[D] | weights[kTile]. The max and the sum are
-// block reductions, so the branches on them are block-uniform.
-__global__ void attention_visible_kernel(VisibleAttentionArgs a) {
-  extern __shared__ float shared[];
-  __shared__ float scratch[32];
-  const int64_t D = a.head_dim;
-  float* acc = shared;
-  float* weights = shared + D;
-  const int64_t h = blockIdx.x;
-  const int64_t g = h / (a.heads / a.kv_heads);
-  const float* row = a.logits.data + h * a.logits.stride;
-  const uint8_t* seen = a.visible.data ? a.visible.data + h * a.visible.stride : nullptr;
-  float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
-  float* out = a.out ? a.out + h * D : nullptr;  // null: probabilities only
-  const float* values = a.v_cache + g * a.capacity * D;
-
-  float m = -INFINITY;  // fmaxf skips NaN, as std::max(max, NaN) does on the CPU
-  for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x)
-    if (!seen || seen[j]) m = fmaxf(m, row[j]);
-  m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
-  if (m == -INFINITY) {  // nothing finite visible: zeros, as the attention op gives
-    if (out)
-      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = 0.0f;
-    if (probs)
-      for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] = 0.0f;
-    return;
-  }
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) acc[d] = 0.0f;
-  float partial = 0.0f;
-  for (int64_t start = 0; start < a.cols; start += kTile) {
-    const int count = int(a.cols - start < kTile ? a.cols - start : kTile);
-    __syncthreads();  // the previous tile's weights are used up (and acc is initialised)
-    for (int jj = threadIdx.x; jj < count; jj += blockDim.x) {
-      const int64_t j = start + jj;
-      const float logit = row[j];
-      const float e = ((!seen || seen[j]) && logit != -INFINITY) ? expf(logit - m) : 0.0f;
-      weights[jj] = e;
-      partial += e;
-      if (probs) probs[j] = e;  // scaled by 1 / sum below, by this same thread
+    if (j < a.lo) {  // warp-uniform
+      if (lane == 0)
+        for (int64_t h = 0; h < group; ++h) rows[h * a.logits.stride + j] = -INFINITY;
+      continue;
     }
-    __syncthreads();
-    if (!out) continue;
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-      float sum = acc[d];
-      for (int jj = 0; jj < count; ++jj) {
-        const float w = weights[jj];
-        if (w != 0.0f) sum += w * values[(start + jj) * D + d];  // hidden keys are not read
+    if (D <= kMaxGroupDotDim) {
+      group_dots(q, group, keys + j * D, D, lane, [&](int64_t h, float dot) {
+        if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
+      });
+    } else {
+      for (int64_t h = 0; h < group; ++h) {
+        const float dot = warp_dot(q + h * D, keys + j * D, D, lane);
+        if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
       }
-      acc[d] = sum;
     }
   }
-  const float total = block_reduce(partial, SumOp{}, 0.0f, scratch);
-  const float inv = 1.0f / total;
-  if (out)
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = acc[d] * inv;
-  if (probs)
-    for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] *= inv;
 }
 
 // The radix select both selections share: among items 0..items-1, each with a distinct 64-bit key
@@ -182,6 +134,15 @@ __global__ void fill_columns_kernel(RowsRef<uint8_t> mask, int64_t rows, int64_t
                                     int64_t width, uint8_t value) {
   for_each_cell(rows, width,
                 [&](int64_t r, int64_t j) { mask.data[r * mask.stride + begin + j] = value; });
+}
+
+__global__ void count_nonzero_kernel(RowsRef<const uint8_t> mask, int64_t cols, int64_t* counts) {
+  __shared__ int64_t scratch[32];
+  const uint8_t* row = mask.data + int64_t(blockIdx.x) * mask.stride;
+  int64_t count = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) count += row[j] != 0;
+  count = block_reduce(count, SumOp{}, int64_t(0), scratch);
+  if (threadIdx.x == 0) counts[blockIdx.x] = count;
 }
 
 __global__ void mask_and_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
@@ -407,15 +368,15 @@ __global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
 
 void launch_attention_logits(const LogitArgs& args, cudaStream_t stream) {
   if (args.heads <= 0 || args.cols <= 0) return;
-  const dim3 grid(unsigned((args.cols + kLogitKeys - 1) / kLogitKeys), unsigned(args.heads));
-  attention_logits_kernel<<<grid, kLogitThreads, size_t(args.head_dim) * sizeof(float), stream>>>(
-      args);
+  const dim3 grid(unsigned((args.cols + kLogitKeys - 1) / kLogitKeys), unsigned(args.kv_heads));
+  const size_t shared_bytes = size_t(args.heads / args.kv_heads * args.head_dim) * sizeof(float);
+  attention_logits_kernel<<<grid, kLogitThreads, shared_bytes, stream>>>(args);
 }
 
-void launch_attention_visible(const VisibleAttentionArgs& args, cudaStream_t stream) {
-  if (args.heads <= 0) return;
-  const size_t shared_bytes = size_t(args.head_dim + kTile) * sizeof(float);
-  attention_visible_kernel<<<unsigned(args.heads), kThreads, shared_bytes, stream>>>(args);
+void launch_count_nonzero_rows(RowsRef<const uint8_t> mask, int64_t rows, int64_t cols,
+                               int64_t* counts, cudaStream_t stream) {
+  if (rows <= 0) return;
+  count_nonzero_kernel<<<unsigned(rows), kThreads, 0, stream>>>(mask, cols, counts);
 }
 
 void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,

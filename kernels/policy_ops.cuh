@@ -29,7 +29,7 @@ struct LogitArgs {
 void launch_attention_logits(const LogitArgs& args, cudaStream_t stream);
 
 // Softmax of each logits row over its visible columns, the weighted sum of value rows, and the
-// probabilities (0 where hidden). One block per head.
+// probabilities (0 where hidden), split over slices of the context (visible_attention.cu).
 struct VisibleAttentionArgs {
   RowsRef<const float> logits;     // [heads, stride]
   RowsRef<const uint8_t> visible;  // optional [heads, stride]
@@ -38,7 +38,10 @@ struct VisibleAttentionArgs {
   RowsRef<float> probs;            // optional [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0, cols = 0;
 };
-void launch_attention_visible(const VisibleAttentionArgs& args, cudaStream_t stream);
+// Floats of scratch launch_attention_visible needs for `args` on a GPU of sm_count SMs.
+int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int sm_count);
+void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, int sm_count,
+                              cudaStream_t stream);
 
 // Per row: marks the k best unselected eligible columns under top_k_key's order (a radix select
 // of the k-th key, one block per row).
@@ -49,6 +52,9 @@ void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eli
 // mask[r, begin:end] = value (begin < end).
 void launch_fill_columns(RowsRef<uint8_t> mask, int64_t rows, int64_t begin, int64_t end,
                          uint8_t value, cudaStream_t stream);
+// counts[r] = the nonzero bytes of mask[r, 0:cols] (one block per row; counts in device memory).
+void launch_count_nonzero_rows(RowsRef<const uint8_t> mask, int64_t rows, int64_t cols,
+                               int64_t* counts, cudaStream_t stream);
 // mask[r, j] = mask[r, j] && other[r, j] (0/1).
 void launch_mask_and(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
                      int64_t cols, cudaStream_t stream);

@@ -8,8 +8,10 @@
 
 namespace kvlens::cuda {
 
-// positions[rows] in device memory.
+// Row r sits at positions[r] (device memory) or, with positions null, at first_position +
+// r * position_stride.
 void launch_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, const int64_t* positions,
-                 const float* inv_freq, cudaStream_t stream);
+                 int64_t first_position, int64_t position_stride, const float* inv_freq,
+                 cudaStream_t stream);
 
 }  // namespace kvlens::cuda

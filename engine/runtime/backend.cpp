@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "engine/runtime/bandwidth.h"
 #include "engine/runtime/cpu/cpu_checks.h"
 #include "engine/runtime/policy_op_math.h"
 
@@ -19,6 +20,10 @@ void Backend::count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
   to_host(mask, host.data(), host.size());
   for (int64_t r = 0; r < shape.rows; ++r)
     counts[size_t(r)] = count_nonzero(host.data() + r * shape.stride, cols);
+}
+
+double Backend::copy_bandwidth_gbps(size_t bytes, int repeats) {
+  return measure_copy_bandwidth_gbps(bytes, repeats);
 }
 
 }  // namespace kvlens

@@ -124,6 +124,11 @@ class Backend {
   // Row-wise log-softmax value of targets: out[i] = log softmax(x[i])[target[i]] (host spans).
   virtual void log_prob_rows(const DeviceTensor& x, std::span<const int32_t> targets,
                              std::span<double> out) = 0;
+  // The yardstick of `bench`: bytes per second (1e9 B/s) copied by a copy of `bytes` bytes
+  // within the backend's memory, median of `repeats` after an untimed one. Each byte is read once
+  // and written once, so the memory moves twice that. The default copies host memory
+  // (measure_copy_bandwidth_gbps); the CUDA backend copies device memory, timed by events.
+  virtual double copy_bandwidth_gbps(size_t bytes, int repeats);
   // Blocks until queued work is done (no-op on the CPU).
   virtual void synchronize() {}
   // Calls task(i) for i in [0, count): independent pieces of work that touch disjoint tensors and

@@ -111,7 +111,7 @@ TensorView view_of(const HostWeight& w) {
   return view;
 }
 
-// Uploaded the way checkpoints are (the CUDA backend widens BF16/F16 to F32 here).
+// Uploaded the way checkpoints are (the CUDA backend keeps the stored dtype).
 Pair upload(Backends& b, const HostWeight& w) {
   return {b.cpu->upload_weight(view_of(w), w.bytes), b.gpu->upload_weight(view_of(w), w.bytes)};
 }
@@ -167,14 +167,16 @@ TEST_CASE("cuda backend: memory, copies, uploads and errors", "[cuda]") {
   CHECK(read(*b.gpu, dst.gpu) == read(*b.cpu, dst.cpu));
   CHECK_THROWS_AS(b.gpu->copy_rows(src.gpu, 4, dst.gpu, 0, 3, 8), Error);
 
-  // Uploads widen BF16 and F16 to F32 (exactly); F32 is copied.
+  // Uploads keep the checkpoint's dtype and bytes (the kernels widen as they read).
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     INFO("dtype " << dtype_name(dtype));
     const HostWeight w = random_weight(dtype, {4, 9}, 4);
     const DeviceTensor up = b.gpu->upload_weight(view_of(w), w.bytes);
-    CHECK(up.dtype == DType::F32);
+    CHECK(up.dtype == dtype);
     CHECK(up.shape == w.shape);
-    CHECK(read(*b.gpu, up) == w.values);
+    std::vector<std::byte> stored(w.bytes->size());
+    b.gpu->to_host(up, stored.data(), stored.size());
+    CHECK(stored == *w.bytes);
   }
 
   CHECK_THROWS_AS(make_cuda_backend(-1), Error);
@@ -213,7 +215,12 @@ TEST_CASE("cuda backend: matmul", "[cuda]") {
     int64_t n, in, out;
   };
   uint32_t seed = 20;
-  for (const Shape& s : {Shape{1, 257, 131}, Shape{7, 96, 300}, Shape{3, 64, 1}}) {
+  // Few rows (the weight-streaming GEMV: vector loads where `in` allows them, scalar loads
+  // otherwise, 1..16 rows), and many rows (cuBLAS SGEMM; BF16/F16 weights widened in slices
+  // of 2^24 elements, so 20 x 4096 x 4100 takes two slices).
+  for (const Shape& s :
+       {Shape{1, 257, 131}, Shape{7, 96, 300}, Shape{3, 64, 1}, Shape{1, 2048, 333},
+        Shape{16, 520, 70}, Shape{12, 1000, 9}, Shape{17, 96, 40}, Shape{20, 4096, 4100}}) {
     for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       INFO("n " << s.n << " in " << s.in << " out " << s.out << " w " << dtype_name(dtype));
       const HostWeight w = random_weight(dtype, {s.out, s.in}, ++seed);
@@ -224,10 +231,11 @@ TEST_CASE("cuda backend: matmul", "[cuda]") {
       b.cpu->matmul(x.cpu, wt.cpu, y.cpu);
       b.gpu->matmul(x.gpu, wt.gpu, y.gpu);
       // Both sides sum the same `in` exact products in F32, in different orders (CPU: 16 lanes
-      // and a pairwise tree; cuBLAS: its own blocking). Any F32 dot product of `in` terms, FMA or
-      // not, is within about in * 2^-24 * sum_k |x_k w_k| of the exact value (the classic
-      // gamma_in bound; +2 terms of slack for its higher-order part), so the two differ by at most
-      // twice that. Uploaded BF16/F16 weights are widened exactly, so the bound holds for them.
+      // and a pairwise tree; GPU: 32 lanes and a butterfly, or cuBLAS's own blocking). Any F32 dot
+      // product of `in` terms, FMA or not, is within about in * 2^-24 * sum_k |x_k w_k| of the
+      // exact value (the classic gamma_in bound; +2 terms of slack for its higher-order part), so
+      // the two differ by at most twice that. Uploaded BF16/F16 weights are widened exactly, so the
+      // bound holds for them.
       std::vector<double> tolerance(size_t(s.n * s.out));
       for (int64_t i = 0; i < s.n; ++i)
         for (int64_t o = 0; o < s.out; ++o) {
@@ -239,7 +247,17 @@ TEST_CASE("cuda backend: matmul", "[cuda]") {
         }
       const std::vector<float> want = read(*b.cpu, y.cpu);
       check_within(want, read(*b.gpu, y.gpu), tolerance, "matmul (uploaded weight)");
-      // A weight left in its stored dtype is widened per call: same values, same bound.
+      // A decode row's result does not depend on how many rows share the product (lockstep
+      // runs get the bits of a single run): each row's sum has a fixed order.
+      if (s.n <= 16) {
+        DeviceTensor first_x = x.gpu, first_y = b.gpu->alloc(DType::F32, {1, s.out});
+        first_x.shape = {1, s.in};
+        b.gpu->matmul(first_x, wt.gpu, first_y);
+        const std::vector<float> batched = read(*b.gpu, y.gpu);
+        CHECK(read(*b.gpu, first_y) ==
+              std::vector<float>(batched.begin(), batched.begin() + s.out));
+      }
+      // A weight made by alloc + from_host: the same kernels, the same bound.
       DeviceTensor raw_y = b.gpu->alloc(DType::F32, {s.n, s.out});
       b.gpu->matmul(x.gpu, raw_on_gpu(b, w), raw_y);
       check_within(want, read(*b.gpu, raw_y), tolerance, "matmul (stored-dtype weight)");
@@ -290,7 +308,7 @@ TEST_CASE("cuda backend: rope", "[cuda]") {
     const Pair freq = make_f32(b, inv_freq, {head_dim / 2});
     for (const std::vector<int64_t>& positions :
          {std::vector<int64_t>{0, 1, 517, 4095}, std::vector<int64_t>{10, 11, 12, 13, 14},
-          std::vector<int64_t>{131071}}) {
+          std::vector<int64_t>{131071}, std::vector<int64_t>{77, 77, 77}}) {
       INFO("head_dim " << head_dim << " first position " << positions[0]);
       const int64_t n = int64_t(positions.size()), heads = 6;
       const std::vector<float> xs = random_values(size_t(n * heads * head_dim), ++seed);
@@ -407,8 +425,9 @@ void compare_attention(Backends& b, const Caches& c, const AttentionShape& s,
                    a.with_logits ? &logits.gpu : nullptr);
 
   // The output is a convex combination of value rows (|v| < ~5). A logit error d changes the
-  // softmax weights by a relative ~d, and the F32 sums over <= 600 keys add ~600 * 2^-24; the
-  // GPU also rescales partial sums per 256-key tile (online softmax). 1e-4 covers all of it.
+  // softmax weights by a relative ~d, and the F32 sums over <= 5123 keys add ~5123 * 2^-24
+  // (3e-4 worst case, ~1e-5 for random-sign terms); the GPU also rescales partial sums per tile
+  // or slice (online softmax). 1e-4 covers it.
   check_close(read(*b.cpu, out.cpu), read(*b.gpu, out.gpu), 1e-4, 1e-4, "attention out");
   if (!a.with_logits) return;
 
@@ -475,6 +494,17 @@ TEST_CASE("cuda backend: kv_append and attention", "[cuda]") {
              AttentionCase{0, 600, 0, false, false, 1.0f},
              AttentionCase{599, 1, 0, true, true, 4.0f},
              AttentionCase{599, 1, 513, true, true, 1.0f},
+         })
+      compare_attention(b, c, s, a, ++seed);
+  }
+
+  SECTION("decode over thousands of keys: many slices of the split kernel, GQA 4") {
+    const AttentionShape s{32, 8, 64, 5200, 5123};
+    const Caches c = make_caches(b, s, seed);
+    for (const AttentionCase& a : {
+             AttentionCase{5122, 1, 0, false, true, 2.0f},
+             AttentionCase{5122, 1, 1000, true, true, 2.0f},
+             AttentionCase{5122, 1, 0, true, false, 8.0f},
          })
       compare_attention(b, c, s, a, ++seed);
   }

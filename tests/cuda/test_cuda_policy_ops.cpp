@@ -291,6 +291,18 @@ TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
     CHECK(got == want);
   }
   CHECK_THROWS_AS(b.gpu->fill_columns(mask.gpu, 0, stride + 1, 1), Error);
+  // count_nonzero_rows (counted on the GPU; the default reads the mask back), columns past cols
+  // (set to 1 above) not counted.
+  for (const int64_t counted : {cols, int64_t(0), int64_t(1), stride}) {
+    std::vector<int64_t> want(static_cast<size_t>(H)), got(static_cast<size_t>(H));
+    b.cpu->count_nonzero_rows(mask.cpu, counted, want);
+    b.gpu->count_nonzero_rows(mask.gpu, counted, got);
+    CHECK(got == want);
+  }
+  {
+    std::vector<int64_t> wrong_rows(static_cast<size_t>(H + 1));
+    CHECK_THROWS_AS(b.gpu->count_nonzero_rows(mask.gpu, cols, wrong_rows), Error);
+  }
 
   // accumulate_rows: one F32 add per element (or a replacement), so bit-identical.
   std::vector<float> acc_values = random_values(size_t(H * stride), ++seed);

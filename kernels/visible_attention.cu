@@ -1,0 +1,166 @@
+// attention_visible on the GPU, split over the context so that every SM has work at any length
+// (see policy_ops.cuh). Three kernels per call: each head's max visible logit; per (slice, head)
+// the exponentials exp(logit - max) (the probabilities before normalisation, written in place),
+// their sum and the slice's weighted value sum; then per head the total, the output and the
+// probabilities scaled by 1 / total. Exponentials use the head's overall max, as the CPU
+// reference does, so the probabilities agree with it to rounding of the sums alone.
+// Scratch: max[H] | slice_sum[S, H] | slice_acc[S, H, D].
+#include "kernels/device_common.cuh"
+#include "kernels/policy_ops.cuh"
+
+namespace kvlens::cuda {
+namespace {
+
+constexpr int kMaxThreads = 256;
+constexpr int64_t kMinSliceKeys = 64;
+constexpr int64_t kMaxSliceKeys = 256;  // enough blocks to fill the GPU at long contexts
+
+struct Plan {
+  int64_t slice_keys = 0, slices = 0;
+};
+
+Plan plan(const VisibleAttentionArgs& a, int sm_count) {
+  // About eight blocks per SM over all heads.
+  const int64_t sms = sm_count > 0 ? sm_count : 132;
+  int64_t slices = (8 * sms + a.heads - 1) / a.heads;
+  const int64_t most = (a.cols + kMinSliceKeys - 1) / kMinSliceKeys;
+  if (slices > most) slices = most;
+  if (slices < 1) slices = 1;
+  int64_t keys = (a.cols + slices - 1) / slices;
+  keys = (keys + 31) / 32 * 32;
+  if (keys > kMaxSliceKeys) keys = kMaxSliceKeys;
+  if (keys < 32) keys = 32;
+  return {keys, (a.cols + keys - 1) / keys};
+}
+
+__device__ __forceinline__ bool seen_at(const VisibleAttentionArgs& a, int64_t h, int64_t j) {
+  return a.visible.data == nullptr || a.visible.data[h * a.visible.stride + j] != 0;
+}
+
+// One block per head. fmaxf skips NaN, as std::max(max, NaN) does on the CPU.
+__global__ void visible_max_kernel(VisibleAttentionArgs a, float* head_max) {
+  __shared__ float scratch[32];
+  const int64_t h = blockIdx.x;
+  const float* row = a.logits.data + h * a.logits.stride;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x)
+    if (seen_at(a, h, j)) m = fmaxf(m, row[j]);
+  m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
+  if (threadIdx.x == 0) head_max[h] = m;
+}
+
+// Grid (slices, heads); blockDim = key lanes x the head dimension rounded up to 32.
+__global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_max,
+                                     int64_t slice_keys, int64_t slices, float* slice_sum,
+                                     float* slice_acc) {
+  extern __shared__ float weights[];
+  __shared__ float scratch[32];
+  const int64_t h = blockIdx.y;
+  const int64_t slice = blockIdx.x;
+  const int64_t D = a.head_dim;
+  const int64_t g = h / (a.heads / a.kv_heads);
+  const int64_t start = slice * slice_keys;
+  const int count = int(a.cols - start < slice_keys ? a.cols - start : slice_keys);
+  const float m = head_max[h];
+  const float* row = a.logits.data + h * a.logits.stride;
+  float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
+  float partial = 0.0f;
+  for (int jj = threadIdx.x; jj < count; jj += blockDim.x) {
+    const int64_t j = start + jj;
+    const float logit = row[j];
+    // Nothing finite visible (m = -inf): every weight 0, and the merge writes zeros.
+    const float e =
+        (m != -INFINITY && seen_at(a, h, j) && logit != -INFINITY) ? expf(logit - m) : 0.0f;
+    weights[jj] = e;
+    partial += e;
+    if (probs) probs[j] = e;  // scaled by 1 / total in the merge
+  }
+  partial = block_reduce(partial, SumOp{}, 0.0f, scratch);  // also publishes `weights`
+  if (threadIdx.x == 0) slice_sum[slice * a.heads + h] = partial;
+  if (a.out == nullptr) return;
+  // Weighted values: threads are (key lane, dimension) pairs; key lane l sums the keys
+  // jj = l, l + lanes, ... of the slice, then the lanes' sums are added in lane order.
+  const int64_t dims = (D + 31) / 32 * 32;
+  const int64_t lanes = blockDim.x / dims;
+  const int64_t key_lane = threadIdx.x / dims;
+  const int64_t d = threadIdx.x % dims;
+  const float* values = a.v_cache + (g * a.capacity + start) * D;
+  float sum = 0.0f;
+  if (key_lane < lanes && d < D) {
+    for (int64_t jj = key_lane; jj < count; jj += lanes) {
+      const float w = weights[jj];
+      if (w != 0.0f) sum += w * values[jj * D + d];  // hidden keys are not read
+    }
+  }
+  __syncthreads();  // `weights` is reused for the lanes' sums
+  float* lane_sums = weights;
+  if (key_lane < lanes && d < D) lane_sums[key_lane * D + d] = sum;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float total = 0.0f;
+    for (int64_t l = 0; l < lanes; ++l) total += lane_sums[l * D + i];
+    slice_acc[(slice * a.heads + h) * D + i] = total;
+  }
+}
+
+// One block per head: the total over the slices (in slice order), the output, the probabilities.
+__global__ void visible_merge_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
+                                     const float* slice_sum, const float* slice_acc) {
+  const int64_t h = blockIdx.x;
+  const int64_t D = a.head_dim;
+  float total = 0.0f;
+  for (int64_t s = 0; s < slices; ++s) total += slice_sum[s * a.heads + h];
+  const bool none = head_max == nullptr || head_max[h] == -INFINITY;  // zeros, as attention gives
+  const float inv = none ? 0.0f : 1.0f / total;
+  if (a.out != nullptr) {
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int64_t s = 0; s < slices; ++s) acc += slice_acc[(s * a.heads + h) * D + d];
+      a.out[h * D + d] = acc * inv;
+    }
+  }
+  if (a.probs.data != nullptr) {
+    float* probs = a.probs.data + h * a.probs.stride;
+    for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] *= inv;
+  }
+}
+
+}  // namespace
+
+int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int sm_count) {
+  if (args.heads <= 0 || args.cols <= 0) return args.heads > 0 ? args.heads : 0;
+  const Plan p = plan(args, sm_count);
+  return args.heads + p.slices * args.heads * (1 + args.head_dim);
+}
+
+void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, int sm_count,
+                              cudaStream_t stream) {
+  if (args.heads <= 0) return;
+  float* head_max = scratch;
+  if (args.cols <= 0) {
+    // No column: every head sees nothing.
+    VisibleAttentionArgs empty = args;
+    empty.cols = 0;
+    visible_merge_kernel<<<unsigned(args.heads), 64, 0, stream>>>(empty, nullptr, 0, nullptr,
+                                                                  nullptr);
+    return;
+  }
+  const Plan p = plan(args, sm_count);
+  float* slice_sum = scratch + args.heads;
+  float* slice_acc = slice_sum + p.slices * args.heads;
+  visible_max_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max);
+  // Whole multiples of the 32-rounded head dimension, so that every thread has a (key lane,
+  // dimension) pair; shared memory holds the slice's weights, then the lanes' sums.
+  const int64_t dims = (args.head_dim + 31) / 32 * 32;
+  const int64_t lanes = dims >= kMaxThreads ? 1 : kMaxThreads / dims;
+  const int threads = int(lanes * dims);
+  const int64_t shared_floats =
+      p.slice_keys > lanes * args.head_dim ? p.slice_keys : lanes * args.head_dim;
+  const dim3 grid(unsigned(p.slices), unsigned(args.heads));
+  visible_slice_kernel<<<grid, threads, size_t(shared_floats) * sizeof(float), stream>>>(
+      args, head_max, p.slice_keys, p.slices, slice_sum, slice_acc);
+  visible_merge_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max, p.slices,
+                                                                         slice_sum, slice_acc);
+}
+
+}  // namespace kvlens::cuda
