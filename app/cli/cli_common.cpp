@@ -1,4 +1,4 @@
-// Shared kvlens-cli helpers: backend selection, common flags, token lists, the progress bar.
+// Shared kvlens-cli helpers: the common flags (CLI11) and the progress bar.
 #include "app/cli/cli_common.h"
 
 #include <unistd.h>
@@ -6,12 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <utility>
-
-#include "engine/common/error.h"
-#include "engine/runtime/cpu/cpu_backend.h"
-#if KVLENS_HAVE_CUDA
-#include "kernels/cuda_backend.h"
-#endif
 
 namespace kvlens::cli {
 namespace {
@@ -21,35 +15,10 @@ double now_seconds() {
 }
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
-  if (common.backend == "cpu") {
-    CpuBackendOptions options;
-    options.threads = common.threads;
-    options.allow_simd = common.cpu_kernels != "generic";
-    options.allow_avx512 = common.cpu_kernels == "auto";
-    return make_cpu_backend(options);
-  }
-  if (common.backend == "cuda") {
-#if KVLENS_HAVE_CUDA
-    if (!cuda_device_available()) {
-      throw Error("--backend", "cuda", "a CUDA device (none was found; use --backend cpu)");
-    }
-    return make_cuda_backend(0);
-#else
-    throw Error("--backend", "cuda", "a build with the CUDA backend (this one has cpu only)");
-#endif
-  }
-  throw Error("--backend", "backend", "cpu or cuda", common.backend);
-}
-
 void add_predictor_option(CLI::App& command, CommonOptions& common) {
   command.add_option("--predictor", common.predictor,
                      "TokenButler predictor.safetensors (predictor.json beside it) instead of the "
                      "model folder's own");
-}
-
-std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir) {
-  return Model::load(model_dir, common.predictor);
 }
 
 void add_common_options(CLI::App& command, CommonOptions& common) {
@@ -68,17 +37,14 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
 }
 
-std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag) {
-  std::vector<int32_t> ids;
-  for (const std::string& item : split_comma_list(text)) {
-    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
-        item.size() > 10 || std::stoll(item) > INT32_MAX) {
-      throw Error(flag, "token list", "comma-separated non-negative token ids like 1,2,3",
-                  "'" + item + "'");
-    }
-    ids.push_back(int32_t(std::stoll(item)));
-  }
-  return ids;
+void add_policy_options(CLI::App& command, PolicyOptions& options) {
+  command.add_option("--policy", options.policy, "Token-selection policy id")
+      ->capture_default_str();
+  command.add_option("--sparsity", options.sparsity, "Fraction of cached tokens hidden, in [0,1)")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  command.add_option("--policy-arg", options.policy_args,
+                     "Policy parameter key=value (repeatable)");
 }
 
 ProgressBar::ProgressBar(bool enabled, std::string label, std::string unit)
@@ -112,27 +78,6 @@ void ProgressBar::update(int64_t done, int64_t total) {
                bar, (long long)done, (long long)total, rate, unit_.c_str(), terminal ? "" : "\n");
   std::fflush(stderr);
   drawn_ = true;
-}
-
-AtomicOutputFile::AtomicOutputFile(std::string path, std::string flag)
-    : path_(std::move(path)), flag_(std::move(flag)), partial_(path_ + ".partial") {
-  out_.open(partial_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error(path_, flag_, "a writable file");
-}
-
-AtomicOutputFile::~AtomicOutputFile() {
-  if (committed_) return;
-  out_.close();
-  std::remove(partial_.c_str());
-}
-
-void AtomicOutputFile::commit() {
-  out_.close();
-  if (!out_) throw Error(path_, flag_, "a file the output could be written to");
-  if (std::rename(partial_.c_str(), path_.c_str()) != 0) {
-    throw Error(path_, flag_, "a path the output could be moved to");
-  }
-  committed_ = true;
 }
 
 }  // namespace kvlens::cli

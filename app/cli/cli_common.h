@@ -1,37 +1,38 @@
-// Shared pieces of kvlens-cli's commands: common flags, model/backend set-up, output helpers.
-// Each command lives in its own cmd_<name>.cpp and registers itself through add_<name>_command.
+// Shared pieces of kvlens-cli's commands: the common flags (CLI11), the progress bar, and the
+// session set-up they share with the desktop app (app/session/) under short names. Each command
+// lives in its own cmd_<name>.cpp and registers itself through add_<name>_command.
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <fstream>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "app/session/common_options.h"
+#include "app/session/model_input.h"
+#include "app/session/output_file.h"
+#include "app/session/policy_runs.h"
 #include "engine/common/comma_list.h"
-#include "engine/model/model.h"
-#include "engine/runtime/backend.h"
 
 namespace kvlens::cli {
 
-struct CommonOptions {
-  std::string backend = "cpu";  // cpu | cuda
-  int threads = 0;              // 0 = all cores
-  // CPU kernel set: auto (the fastest the CPU has), avx2 (no AVX-512) or generic (portable
-  // loops); auto and avx2 give the same bits, generic differs in the attention's last bits.
-  std::string cpu_kernels = "auto";
-  bool progress = false;  // progress bar on stderr
-  // --predictor: a predictor.safetensors (predictor.json beside it) overriding the model
-  // folder's own TokenButler predictor (commands that open a model).
-  std::string predictor;
-};
+// The session set-up (app/session/) the commands use.
+using session::AtomicOutputFile;
+using session::check_input_tokens;
+using session::CommonOptions;
+using session::load_coref_pools_option;
+using session::load_model;
+using session::make_backend;
+using session::parse_token_list;
+using session::PolicyOptions;
+using session::resolve_input_tokens;
+using session::resolve_policy;
+using session::resolve_policy_runs;
 
 // Every command's run function; exceptions (kvlens::Error and others) are reported by main().
 using CommandFn = std::function<int()>;
-
-// Backend by name; throws kvlens::Error when it is not available in this build or machine.
-std::unique_ptr<Backend> make_backend(const CommonOptions& common);
 
 // A progress bar on stderr: "label [=====>    ] done/total  rate unit/s"; no-op when disabled.
 class ProgressBar {
@@ -49,39 +50,12 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
-// An output file written under a temporary name ("<path>.partial") and renamed into place by
-// commit(), so a failed run never leaves half a file behind. Created by the constructor: an
-// unwritable path fails before a long run rather than after it.
-class AtomicOutputFile {
- public:
-  // Throws kvlens::Error naming `path` and `flag` (the option that gave it) when it cannot be
-  // created.
-  AtomicOutputFile(std::string path, std::string flag);
-  ~AtomicOutputFile();  // removes the temporary file unless commit() succeeded
-  AtomicOutputFile(const AtomicOutputFile&) = delete;
-  AtomicOutputFile& operator=(const AtomicOutputFile&) = delete;
-
-  std::ostream& stream() { return out_; }
-  // Flushes, closes and renames; throws kvlens::Error when the data could not be written or
-  // moved (the destructor then removes the temporary file).
-  void commit();
-
- private:
-  std::string path_, flag_, partial_;
-  std::ofstream out_;
-  bool committed_ = false;
-};
-
-// Adds --backend, --threads and --progress to a subcommand.
+// Adds --backend, --threads, --cpu-kernels and --progress to a subcommand.
 void add_common_options(CLI::App& command, CommonOptions& common);
 // Adds --predictor to a subcommand that opens a model.
 void add_predictor_option(CLI::App& command, CommonOptions& common);
-// Model::load with the --predictor override.
-std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir);
-
-// "1,2,3" -> ids; throws kvlens::Error naming `flag` for anything that is not a comma-separated
-// list of non-negative integers.
-std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag);
+// Adds --policy, --sparsity and --policy-arg (generate, score).
+void add_policy_options(CLI::App& command, PolicyOptions& options);
 
 // Registration of subcommands (one per cmd_*.cpp). Each returns the function main() runs when
 // that subcommand was chosen.

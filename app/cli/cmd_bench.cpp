@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "app/cli/cli_common.h"
-#include "app/cli/policy_runs.h"
+#include "app/session/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"

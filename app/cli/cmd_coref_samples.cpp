@@ -7,7 +7,7 @@
 #include <ostream>
 
 #include "app/cli/cli_common.h"
-#include "app/cli/model_input.h"
+#include "app/session/model_input.h"
 #include "engine/common/error.h"
 #include "engine/eval/coref_benchmark.h"
 #include "engine/eval/coref_pools.h"

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "app/cli/cli_common.h"
-#include "app/cli/model_input.h"
-#include "app/cli/policy_runs.h"
+#include "app/session/model_input.h"
+#include "app/session/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"

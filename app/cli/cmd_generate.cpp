@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "app/cli/cli_common.h"
-#include "app/cli/model_input.h"
+#include "app/session/model_input.h"
 #include "engine/common/error.h"
 #include "engine/runtime/scoring.h"
 

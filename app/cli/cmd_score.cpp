@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli/cli_common.h"
-#include "app/cli/model_input.h"
+#include "app/session/model_input.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/runtime/scoring.h"

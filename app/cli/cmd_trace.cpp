@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "app/cli/cli_common.h"
-#include "app/cli/policy_runs.h"
-#include "app/cli/recording.h"
+#include "app/session/policy_runs.h"
+#include "app/session/recording.h"
 #include "engine/common/error.h"
 #include "engine/trace/trace_recorder.h"
 
@@ -78,14 +78,14 @@ int run_trace(const CommonOptions& common, bool from_prompt) {
   options.memory_budget = uint64_t(flags.memory_mb) << 20;
   options.selected_heads = parse_heads(flags.selected_heads, model->config);
   options.prefill = flags.prefill;
-  RecordingSource source;
+  session::RecordingSource source;
   source.prompt = flags.prompt;
   source.coref_index = from_prompt ? -1 : flags.coref_index;
   source.seed = flags.seed;
   source.hard = flags.hard;
   source.pools_path = flags.pools_path;
   source.max_tokens = flags.max_tokens;
-  Recording recording = open_recording(common, model, source, runs, options);
+  session::Recording recording = session::open_recording(common, model, source, runs, options);
   TraceRecorder& recorder = *recording.recorder;
   const auto start = std::chrono::steady_clock::now();
   {

@@ -3,7 +3,7 @@
 
 #include <QMetaObject>
 
-#include "app/cli/policy_runs.h"
+#include "app/session/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
 #if KVLENS_HAVE_CUDA
@@ -14,13 +14,13 @@ namespace kvlens::app {
 
 class EngineController::Worker : public QObject {
  public:
-  std::unique_ptr<cli::Recording> recording;
+  std::unique_ptr<session::Recording> recording;
 };
 
 namespace {
 
-cli::CommonOptions backend_options(const SessionConfig& config, QString& name) {
-  cli::CommonOptions common;
+session::CommonOptions backend_options(const SessionConfig& config, QString& name) {
+  session::CommonOptions common;
   common.threads = config.threads;
   common.backend = config.backend == "auto" ? "cpu" : config.backend;
 #if KVLENS_HAVE_CUDA
@@ -56,21 +56,21 @@ void EngineController::open(const SessionConfig& config) {
   const uint64_t generation = ++generation_;
   QMetaObject::invokeMethod(worker_, [this, config, generation] {
     QString backend, predictor, note;
-    std::unique_ptr<cli::Recording> recording;
+    std::unique_ptr<session::Recording> recording;
     std::shared_ptr<Trace> header;
     int64_t total = 0;
     QString error;
     try {
-      const cli::CommonOptions common = backend_options(config, backend);
+      const session::CommonOptions common = backend_options(config, backend);
       const std::shared_ptr<const Model> model =
           Model::load(config.model_dir, config.predictor_file);
       const PolicyChoice choice = choose_policies(config.policies, config.policies_asked, *model);
       const std::vector<PolicyConfig> runs =
-          cli::resolve_policy_runs(choice.policies, config.sparsities, config.policy_args);
+          session::resolve_policy_runs(choice.policies, config.sparsities, config.policy_args);
       TraceOptions options;
       options.memory_budget = config.memory_budget;
-      recording = std::make_unique<cli::Recording>(
-          cli::open_recording(common, model, config.source, runs, options, "prompt"));
+      recording = std::make_unique<session::Recording>(
+          session::open_recording(common, model, config.source, runs, options, "prompt"));
       predictor = QString::fromStdString(predictor_summary(*model));
       note = QString::fromStdString(choice.note);
       header = std::make_shared<Trace>(recording->recorder->trace());

@@ -11,15 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "app/cli/recording.h"
 #include "app/gui/policy_defaults.h"
+#include "app/session/recording.h"
 #include "engine/trace/trace.h"
 
 namespace kvlens::app {
 
 struct SessionConfig {
   std::string model_dir;
-  cli::RecordingSource source;
+  session::RecordingSource source;
   std::string policies = kDefaultPolicies;
   // The user named the policies (--policies, the sidebar, a script): tokenbutler is then kept
   // without a predictor (and fails); the default list leaves it out (policy_defaults.h).

@@ -4,10 +4,10 @@
 #include <QDir>
 #include <cstdio>
 
-#include "app/cli/policy_runs.h"
-#include "app/cli/recording.h"
 #include "app/gui/bundled_paths.h"
 #include "app/gui/policy_defaults.h"
+#include "app/session/policy_runs.h"
+#include "app/session/recording.h"
 #include "engine/model/model.h"
 #include "viz/qt/painter_renderer.h"
 #include "viz/views.h"
@@ -16,9 +16,9 @@ namespace kvlens::app {
 
 int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
   try {
-    cli::CommonOptions common;
+    session::CommonOptions common;
     common.backend = options.backend == "cuda" ? "cuda" : "cpu";
-    cli::RecordingSource source;
+    session::RecordingSource source;
     if (options.prompt.isEmpty()) {
       source.coref_index = options.coref_sample;
     } else {
@@ -31,9 +31,9 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
         choose_policies(options.policies.toStdString(), options.policies_asked, *model);
     if (!choice.note.empty()) std::printf("kvlens: note: %s\n", choice.note.c_str());
     std::printf("kvlens: predictor: %s\n", predictor_summary(*model).c_str());
-    cli::Recording recording = cli::open_recording(
+    session::Recording recording = session::open_recording(
         common, model, source,
-        cli::resolve_policy_runs(choice.policies, options.sparsity.toStdString(), {}),
+        session::resolve_policy_runs(choice.policies, options.sparsity.toStdString(), {}),
         TraceOptions{}, "--prompt");
     TraceRecorder& recorder = *recording.recorder;
     // Up to the step that predicts the answer's last token (a sample), else the whole text.

@@ -17,8 +17,8 @@
 #include <QTimer>
 #include <cmath>
 
-#include "app/cli/cli_common.h"
 #include "app/gui/bundled_paths.h"
+#include "app/session/output_file.h"
 #include "engine/common/error.h"
 #include "viz/qt/painter_renderer.h"
 
@@ -311,7 +311,7 @@ bool MainWindow::export_view(const QString& path) {
   }
   try {
     if (wants_data) {
-      cli::AtomicOutputFile file(path.toStdString(), "export");
+      session::AtomicOutputFile file(path.toStdString(), "export");
       file.stream() << (suffix == "csv" ? view->data.to_csv() : view->data.to_json());
       file.commit();
     } else {

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "app/cli/cli_common.h"
+#include "app/session/common_options.h"
 #include "engine/model/model.h"
 #include "engine/trace/trace_recorder.h"
 
-namespace kvlens::cli {
+namespace kvlens::session {
 
 struct RecordingSource {
   std::string prompt;        // used when coref_index < 0
@@ -36,4 +36,4 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
                          const RecordingSource& source, const std::vector<PolicyConfig>& runs,
                          const TraceOptions& options, const std::string& prompt_flag = "--prompt");
 
-}  // namespace kvlens::cli
+}  // namespace kvlens::session

@@ -1,23 +1,15 @@
-// Policy flags and input-token resolution shared by kvlens-cli generate, score and eval.
-#include "app/cli/model_input.h"
+// Policy checks, input-token resolution and the --coref-pools option (model_input.h), shared by
+// kvlens-cli's commands and the app's recordings.
+#include "app/session/model_input.h"
 
+#include <cstdint>
 #include <cstdio>
 
-#include "app/cli/cli_common.h"
+#include "engine/common/comma_list.h"
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
 
-namespace kvlens::cli {
-
-void add_policy_options(CLI::App& command, PolicyOptions& options) {
-  command.add_option("--policy", options.policy, "Token-selection policy id")
-      ->capture_default_str();
-  command.add_option("--sparsity", options.sparsity, "Fraction of cached tokens hidden, in [0,1)")
-      ->check(CLI::Range(0.0, 0.999999))
-      ->capture_default_str();
-  command.add_option("--policy-arg", options.policy_args,
-                     "Policy parameter key=value (repeatable)");
-}
+namespace kvlens::session {
 
 PolicyConfig resolve_policy(const PolicyOptions& options) {
   // Dense hides nothing, so any other value would label a result with a sparsity it does not have.
@@ -36,6 +28,19 @@ PolicyConfig resolve_policy(const PolicyOptions& options) {
                 error.found().empty() ? options.policy : error.found());
   }
   return config;
+}
+
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag) {
+  std::vector<int32_t> ids;
+  for (const std::string& item : split_comma_list(text)) {
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
+        item.size() > 10 || std::stoll(item) > INT32_MAX) {
+      throw Error(flag, "token list", "comma-separated non-negative token ids like 1,2,3",
+                  "'" + item + "'");
+    }
+    ids.push_back(int32_t(std::stoll(item)));
+  }
+  return ids;
 }
 
 std::vector<int32_t> resolve_input_tokens(const Model& model,
@@ -81,4 +86,4 @@ CorefPools load_coref_pools_option(const std::string& pools_path, const Tokenize
   return pools;
 }
 
-}  // namespace kvlens::cli
+}  // namespace kvlens::session

@@ -1,15 +1,15 @@
-// The policy list of eval and trace: --policies ID,ID,... x --sparsity X,X,... with
-// --policy-arg [ID.]KEY=VALUE applied to the policies that declare KEY.
-#include "app/cli/policy_runs.h"
+// The policy list of eval, trace, bench and the app: --policies ID,ID,... x --sparsity X,X,...
+// with --policy-arg [ID.]KEY=VALUE applied to the policies that declare KEY.
+#include "app/session/policy_runs.h"
 
 #include <cstdlib>
 
-#include "app/cli/cli_common.h"
-#include "app/cli/model_input.h"
+#include "app/session/model_input.h"
+#include "engine/common/comma_list.h"
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
 
-namespace kvlens::cli {
+namespace kvlens::session {
 namespace {
 
 // Non-empty items of a comma-separated flag value.
@@ -101,4 +101,4 @@ std::vector<PolicyConfig> resolve_policy_runs(const std::string& policies,
   return runs;
 }
 
-}  // namespace kvlens::cli
+}  // namespace kvlens::session

@@ -1,8 +1,9 @@
-// Input handling shared by generate and score: the policy flags (only `dense` until the policy
-// engine lands) and turning --prompt/--text-file/--tokens into token ids.
+// Input handling of both front ends: a single policy checked against the registry (generate,
+// score), text or --tokens into token ids (generate, score, trace and the app's recordings), and
+// the co-reference pools of --coref-pools. Errors name the kvlens-cli flag at fault.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,18 +12,22 @@
 #include "engine/model/model.h"
 #include "engine/policy/policy.h"
 
-namespace kvlens::cli {
+namespace kvlens::session {
 
+// --policy, --sparsity and --policy-arg (kvlens-cli's add_policy_options registers them).
 struct PolicyOptions {
   std::string policy = "dense";
   double sparsity = 0.0;
   std::vector<std::string> policy_args;
 };
 
-void add_policy_options(CLI::App& command, PolicyOptions& options);
 // The policy config the flags describe, checked against the registry (id, sparsity, every
 // --policy-arg). Throws kvlens::Error naming the flag.
 PolicyConfig resolve_policy(const PolicyOptions& options);
+
+// "1,2,3" -> ids; throws kvlens::Error naming `flag` for anything that is not a comma-separated
+// list of non-negative integers.
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& flag);
 
 // Ids from --tokens when given, else the text encoded with the model's tokenizer (special tokens
 // added, e.g. BOS), cut to max_tokens when that is > 0, then checked by check_input_tokens.
@@ -42,4 +47,4 @@ void check_input_tokens(const Model& model, const std::vector<int32_t>& ids,
 CorefPools load_coref_pools_option(const std::string& pools_path,
                                    const Tokenizer* tokenizer = nullptr);
 
-}  // namespace kvlens::cli
+}  // namespace kvlens::session

@@ -1,15 +1,15 @@
 // open_recording (recording.h).
-#include "app/cli/recording.h"
+#include "app/session/recording.h"
 
 #include <cstdio>
 #include <optional>
 
-#include "app/cli/model_input.h"
+#include "app/session/model_input.h"
 #include "engine/common/error.h"
 #include "engine/eval/coref_benchmark.h"
 #include "engine/eval/coref_pools.h"
 
-namespace kvlens::cli {
+namespace kvlens::session {
 
 Recording open_recording(const CommonOptions& common, std::shared_ptr<const Model> model_ptr,
                          const RecordingSource& source, const std::vector<PolicyConfig>& runs,
@@ -53,4 +53,4 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
   return recording;
 }
 
-}  // namespace kvlens::cli
+}  // namespace kvlens::session

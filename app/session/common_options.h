@@ -1,0 +1,31 @@
+// The options both front ends open a model and a backend with (app/session/: the session set-up
+// kvlens-cli and the desktop app share; kvlens-cli's flags fill them in app/cli/cli_common.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/model/model.h"
+#include "engine/runtime/backend.h"
+
+namespace kvlens::session {
+
+struct CommonOptions {
+  std::string backend = "cpu";  // cpu | cuda
+  int threads = 0;              // 0 = all cores
+  // CPU kernel set: auto (the fastest the CPU has), avx2 (no AVX-512) or generic (portable
+  // loops); auto and avx2 give the same bits, generic differs in the attention's last bits.
+  std::string cpu_kernels = "auto";
+  bool progress = false;  // progress bar on stderr (kvlens-cli's --progress)
+  // --predictor: a predictor.safetensors (predictor.json beside it) overriding the model
+  // folder's own TokenButler predictor (commands that open a model).
+  std::string predictor;
+};
+
+// Backend by name; throws kvlens::Error when it is not available in this build or machine.
+std::unique_ptr<Backend> make_backend(const CommonOptions& common);
+
+// Model::load with the --predictor override.
+std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir);
+
+}  // namespace kvlens::session
