@@ -125,6 +125,16 @@ TEST_CASE("bench --policies times both sessions in blocks and reports the lockst
   const auto out = nlohmann::json::parse(result.out);
   CHECK(out["steps"] == 6);
   CHECK(out["step_seconds_median"].get<double>() > 0.0);
+  // The yardstick: the backend's copy rate (host memory here), the memory moving twice that, and
+  // the step against the time to read the weights once at that rate.
+  CHECK(out["memcpy_memory"] == "host");
+  CHECK(out["memory_gbps"].get<double>() == Approx(2.0 * out["memcpy_gbps"].get<double>()));
+  CHECK(out["weight_read_seconds"].get<double>() ==
+        Approx(out["weight_bytes_per_step"].get<double>() /
+               (out["memory_gbps"].get<double>() * 1e9)));
+  CHECK(
+      out["step_over_weight_read"].get<double>() ==
+      Approx(out["step_seconds_median"].get<double>() / out["weight_read_seconds"].get<double>()));
   const auto& lockstep = out["lockstep"];
   CHECK(lockstep["runs"] == 3);
   CHECK(lockstep["block"] == 3);
