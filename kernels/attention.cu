@@ -15,8 +15,9 @@ constexpr int kTile = 256;  // keys scored per pass; their weights live in share
 // One thread per element of k/v [rows, G, D]: element (r, g, d) goes to cache[g, p0 + r, d].
 __global__ void kv_append_kernel(const float* k, const float* v, float* k_cache, float* v_cache,
                                  int64_t rows, int64_t kv_heads, int64_t head_dim, int64_t capacity,
-                                 int64_t first_position) {
+                                 int64_t first_position, const int64_t* step_position) {
   const int64_t count = rows * kv_heads * head_dim;
+  if (step_position != nullptr) first_position = *step_position;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = i % head_dim;
@@ -113,11 +114,11 @@ __global__ void attention_kernel(AttentionArgs a) {
 
 void launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache, int64_t rows,
                       int64_t kv_heads, int64_t head_dim, int64_t capacity, int64_t first_position,
-                      cudaStream_t stream) {
+                      const int64_t* step_position, cudaStream_t stream) {
   const int64_t count = rows * kv_heads * head_dim;
   if (count <= 0) return;
   kv_append_kernel<<<grid_for(count, kAppendThreads), kAppendThreads, 0, stream>>>(
-      k, v, k_cache, v_cache, rows, kv_heads, head_dim, capacity, first_position);
+      k, v, k_cache, v_cache, rows, kv_heads, head_dim, capacity, first_position, step_position);
 }
 
 void launch_attention(const AttentionArgs& args, cudaStream_t stream) {

@@ -9,10 +9,11 @@
 
 namespace kvlens::cuda {
 
-// k, v [rows, G, D] -> caches [G, capacity, D] at positions first_position + r.
+// k, v [rows, G, D] -> caches [G, capacity, D] at positions first_position + r (first_position
+// read from *step_position, device memory, where that is set: a captured step).
 void launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache, int64_t rows,
                       int64_t kv_heads, int64_t head_dim, int64_t capacity, int64_t first_position,
-                      cudaStream_t stream);
+                      const int64_t* step_position, cudaStream_t stream);
 
 struct AttentionArgs {
   const float* q = nullptr;        // [rows, heads, head_dim]

@@ -23,6 +23,7 @@
 #include "kernels/policy_ops.cuh"
 #include "kernels/reductions.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/step_graph.cuh"
 
 namespace kvlens {
 namespace {
@@ -317,11 +318,21 @@ class CudaBackend final : public Backend {
                      std::to_string(ids[i]));
     if (rows == 0) return;
     activate();
-    // A step's few ids travel in the kernel's arguments (no copy to order before it).
+    // A step's few ids travel in the kernel's arguments (no copy to order before it); a
+    // recorded step reads the ids its replay sets.
     cuda::SmallIds small;
     const bool by_value = rows <= cuda::SmallIds::kCapacity;
     if (by_value) std::copy(ids.begin(), ids.end(), small.ids);
-    const int32_t* device_ids = by_value ? nullptr : stage(ids);
+    const int32_t* device_ids = nullptr;
+    if (capture_.active) {
+      if (rows != capture_.rows)
+        bad_argument(op + ": ids (recording a step)",
+                     cat({std::to_string(capture_.rows), " ids (the recorded rows)"}),
+                     std::to_string(rows));
+      device_ids = step_state()->ids;
+    } else if (!by_value) {
+      device_ids = stage(ids);
+    }
     cuda::launch_embed(table.data, table.dtype, width, device_ids, small, rows, out.as<float>(),
                        stream());
     check_launch("embed");
@@ -413,9 +424,16 @@ class CudaBackend final : public Backend {
     bool arithmetic = stride == 0 || stride == 1;
     for (int64_t i = 2; i < rows && arithmetic; ++i)
       arithmetic = positions[size_t(i)] == first + i * stride;
+    const int64_t* recorded = nullptr;
+    if (capture_.active) {
+      if (!arithmetic || stride != 0)
+        bad_argument(op + ": positions (recording a step)", "the recorded step's position",
+                     "several positions");
+      recorded = step_position(first, op);
+    }
     const int64_t* device_positions = arithmetic ? nullptr : stage(positions);
     cuda::launch_rope(x.as<float>(), rows, elements(x) / (rows * head_dim), head_dim,
-                      device_positions, first, stride, inv_freq.as<float>(), stream());
+                      device_positions, first, stride, recorded, inv_freq.as<float>(), stream());
     check_launch("rope");
   }
 
@@ -503,7 +521,8 @@ class CudaBackend final : public Backend {
     activate();
     cuda::launch_kv_append(k.as<float>(), keys_only ? nullptr : v.as<float>(), k_cache.as<float>(),
                            keys_only ? nullptr : v_cache.as<float>(), rows, cache.kv_heads,
-                           cache.head_dim, cache.capacity, first_position, stream());
+                           cache.head_dim, cache.capacity, first_position,
+                           step_position(first_position, op), stream());
     check_launch("kv_append");
   }
 
@@ -542,6 +561,9 @@ class CudaBackend final : public Backend {
                      cat({"U8 [", std::to_string(heads), ", ", std::to_string(context), "]"}),
                      describe(mask));
     }
+    if (capture_.active)
+      bad_argument(op, "an op of an unrecorded step (its kernels size their grids by the context)",
+                   "a step being recorded");
     if (rows == 0) return;
     activate();
     cuda::AttentionArgs args;
@@ -640,8 +662,10 @@ class CudaBackend final : public Backend {
     args.capacity = cache.capacity;
     args.cols = cols;
     args.lo = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+    args.window = window;
+    args.step_position = step_position(position, op);
     args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));  // as in attention()
-    cuda::launch_attention_logits(args, stream());
+    cuda::launch_attention_logits(args, sm_count_, stream());
     check_launch("attention_logits");
   }
 
@@ -680,6 +704,7 @@ class CudaBackend final : public Backend {
     args.head_dim = cache.head_dim;
     args.capacity = cache.capacity;
     args.cols = cols;
+    args.step_position = capture_.active ? step_position(cols - 1, op) : nullptr;
     float* parts = static_cast<float*>(attention_parts_.get(
         device_, size_t(cuda::visible_attention_scratch_floats(args, sm_count_)) * sizeof(float)));
     cuda::launch_attention_visible(args, parts, sm_count_, stream());
@@ -982,6 +1007,41 @@ class CudaBackend final : public Backend {
     check_launch("anchor_cosine_update");
   }
 
+  // Stream capture of the step's ops into a CUDA graph. Thread-local capture mode: only this
+  // thread's CUDA calls take part, and calls that cannot be captured (allocations, copies to the
+  // host) fail with an error, which the caller answers by running the step itself.
+  std::unique_ptr<StepGraph> record_step(int64_t position, int64_t rows,
+                                         const std::function<void()>& record) override {
+    if (rows < 1 || rows > cuda::SmallIds::kCapacity || capture_.active) return nullptr;
+    activate();
+    if (!step_state_) {
+      step_state_ = device_alloc(device_, sizeof(cuda::StepState));
+      check_cuda(cudaMemsetAsync(step_state_.get(), 0, sizeof(cuda::StepState), stream()),
+                 "cudaMemsetAsync");
+    }
+    check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal),
+               "cudaStreamBeginCapture");
+    capture_ = {true, position, rows};
+    cudaGraph_t graph = nullptr;
+    try {
+      record();
+    } catch (...) {
+      capture_.active = false;
+      cudaStreamEndCapture(stream(), &graph);  // ends the (possibly invalidated) capture
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    capture_.active = false;
+    check_cuda(cudaStreamEndCapture(stream(), &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check_cuda(instantiated, "cudaGraphInstantiate");
+    return std::make_unique<cuda::CudaStepGraph>(device_, stream(), exec, step_state(), rows,
+                                                 step_state_);
+  }
+
   double copy_bandwidth_gbps(size_t bytes, int repeats) override {
     if (bytes == 0 || repeats < 1)
       bad_argument("copy_bandwidth_gbps", "a positive size and repeat count",
@@ -1076,6 +1136,18 @@ class CudaBackend final : public Backend {
   }
 
   void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  cuda::StepState* step_state() const { return static_cast<cuda::StepState*>(step_state_.get()); }
+  // While a step is being recorded: the device copy of its position, which the recorded kernels
+  // read (`position` must be the recorded one); null otherwise.
+  const int64_t* step_position(int64_t position, const std::string& op) const {
+    if (!capture_.active) return nullptr;
+    if (position != capture_.position)
+      bad_argument(op + ": position (recording a step)",
+                   cat({"the recorded step's position ", std::to_string(capture_.position)}),
+                   std::to_string(position));
+    return &step_state()->position;
+  }
   cudaStream_t stream() const { return stream_.get(); }
 
   // Copies host values (ids, positions, targets) to device memory for the next kernel.
@@ -1103,7 +1175,13 @@ class CudaBackend final : public Backend {
   Scratch widen_;            // F32 slices of a BF16/F16 weight for many-row products
   Scratch attention_parts_;  // the split attention kernels' per-slice softmax pieces
   int sm_count_ = 0;         // streaming multiprocessors (kernel grid sizes)
-  Scratch bounce_;           // overlapping copy_rows
+  // A step being recorded (record_step) and the device state its replays set.
+  struct Capture {
+    bool active = false;
+    int64_t position = 0, rows = 0;
+  } capture_;
+  std::shared_ptr<void> step_state_;
+  Scratch bounce_;  // overlapping copy_rows
 };
 
 }  // namespace

@@ -34,24 +34,33 @@ __global__ void attention_logits_kernel(LogitArgs a) {
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int64_t begin = int64_t(blockIdx.x) * kLogitKeys;
-  const int64_t end = begin + kLogitKeys < a.cols ? begin + kLogitKeys : a.cols;
+  int64_t cols = a.cols, lo = a.lo;
+  if (a.step_position != nullptr) {
+    const int64_t position = *a.step_position;
+    cols = position + 1;
+    lo = a.window > 0 && position - a.window + 1 > 0 ? position - a.window + 1 : 0;
+  }
   const float* keys = a.k_cache + g * a.capacity * D;
   float* rows = a.logits.data + g * group * a.logits.stride;
-  for (int64_t j = begin + warp; j < end; j += kLogitWarps) {
-    if (j < a.lo) {  // warp-uniform
-      if (lane == 0)
-        for (int64_t h = 0; h < group; ++h) rows[h * a.logits.stride + j] = -INFINITY;
-      continue;
-    }
-    if (D <= kMaxGroupDotDim) {
-      group_dots(q, group, keys + j * D, D, lane, [&](int64_t h, float dot) {
-        if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
-      });
-    } else {
-      for (int64_t h = 0; h < group; ++h) {
-        const float dot = warp_dot(q + h * D, keys + j * D, D, lane);
-        if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
+  // Chunks of kLogitKeys keys, grid-stride (the grid of a captured step covers any context).
+  for (int64_t begin = int64_t(blockIdx.x) * kLogitKeys; begin < cols;
+       begin += int64_t(gridDim.x) * kLogitKeys) {
+    const int64_t end = begin + kLogitKeys < cols ? begin + kLogitKeys : cols;
+    for (int64_t j = begin + warp; j < end; j += kLogitWarps) {
+      if (j < lo) {  // warp-uniform
+        if (lane == 0)
+          for (int64_t h = 0; h < group; ++h) rows[h * a.logits.stride + j] = -INFINITY;
+        continue;
+      }
+      if (D <= kMaxGroupDotDim) {
+        group_dots(q, group, keys + j * D, D, lane, [&](int64_t h, float dot) {
+          if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
+        });
+      } else {
+        for (int64_t h = 0; h < group; ++h) {
+          const float dot = warp_dot(q + h * D, keys + j * D, D, lane);
+          if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
+        }
       }
     }
   }
@@ -366,9 +375,15 @@ __global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
 
 }  // namespace
 
-void launch_attention_logits(const LogitArgs& args, cudaStream_t stream) {
-  if (args.heads <= 0 || args.cols <= 0) return;
-  const dim3 grid(unsigned((args.cols + kLogitKeys - 1) / kLogitKeys), unsigned(args.kv_heads));
+void launch_attention_logits(const LogitArgs& args, int sm_count, cudaStream_t stream) {
+  if (args.heads <= 0 || (args.cols <= 0 && args.step_position == nullptr)) return;
+  // Enough key chunks to fill the GPU, strided beyond that; a captured step's grid is sized for
+  // the whole cache (its context is known only on the device).
+  const int64_t keys = args.step_position != nullptr ? args.capacity : args.cols;
+  const int64_t chunks = (keys + kLogitKeys - 1) / kLogitKeys;
+  const int64_t most =
+      (8 * int64_t(sm_count > 0 ? sm_count : 132) + args.kv_heads - 1) / args.kv_heads;
+  const dim3 grid(unsigned(chunks < most ? chunks : most), unsigned(args.kv_heads));
   const size_t shared_bytes = size_t(args.heads / args.kv_heads * args.head_dim) * sizeof(float);
   attention_logits_kernel<<<grid, kLogitThreads, shared_bytes, stream>>>(args);
 }

@@ -17,16 +17,19 @@ struct RowsRef {
 };
 
 // logits[h, j] = q[h, :] . k_cache[h / (H / G), j, :] * scale for lo <= j < cols, -inf for
-// j < lo. One warp per key, with the attention kernel's dot (bit-identical logits).
+// j < lo. One warp per key, with the attention kernel's dot (bit-identical logits). With
+// step_position set (a captured step), the position comes from device memory: cols = *p + 1 and
+// lo from `window`.
 struct LogitArgs {
   const float* q = nullptr;        // [heads, head_dim]
   const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
   RowsRef<float> logits;           // [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
-  int64_t cols = 0, lo = 0;
+  int64_t cols = 0, lo = 0, window = 0;
+  const int64_t* step_position = nullptr;
   float scale = 1.0f;
 };
-void launch_attention_logits(const LogitArgs& args, cudaStream_t stream);
+void launch_attention_logits(const LogitArgs& args, int sm_count, cudaStream_t stream);
 
 // Softmax of each logits row over its visible columns, the weighted sum of value rows, and the
 // probabilities (0 where hidden), split over slices of the context (visible_attention.cu).
@@ -37,6 +40,7 @@ struct VisibleAttentionArgs {
   float* out = nullptr;            // [heads, head_dim]; null: probabilities only
   RowsRef<float> probs;            // optional [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0, cols = 0;
+  const int64_t* step_position = nullptr;  // set: cols = *step_position + 1 (a captured step)
 };
 // Floats of scratch launch_attention_visible needs for `args` on a GPU of sm_count SMs.
 int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int sm_count);

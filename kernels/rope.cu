@@ -11,15 +11,16 @@ constexpr int kThreads = 64;
 // One block per (row, head); threads over the D/2 rotation pairs.
 __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, const int64_t* positions,
                             int64_t first_position, int64_t position_stride,
-                            const float* inv_freq) {
+                            const int64_t* step_position, const float* inv_freq) {
   const int64_t row = blockIdx.x / heads;
   float* v = x + int64_t(blockIdx.x) * head_dim;
   const int64_t half = head_dim / 2;
   // The angle is the F32 product of F32 position and inverse frequency, as Hugging Face computes
   // it (inv_freq.float() @ position_ids.float()); at large positions the F32 rounding of the
   // angle is visible in the output, so matching it matters more than a more exact angle.
-  const float position =
-      float(positions != nullptr ? positions[row] : first_position + row * position_stride);
+  const float position = float(positions != nullptr       ? positions[row]
+                               : step_position != nullptr ? *step_position
+                                                          : first_position + row * position_stride);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = position * inv_freq[i];
     // cos/sin of that F32 angle in double, rounded once to F32 (as the CPU reference does):
@@ -38,11 +39,11 @@ __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, const int
 }  // namespace
 
 void launch_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, const int64_t* positions,
-                 int64_t first_position, int64_t position_stride, const float* inv_freq,
-                 cudaStream_t stream) {
+                 int64_t first_position, int64_t position_stride, const int64_t* step_position,
+                 const float* inv_freq, cudaStream_t stream) {
   if (rows <= 0 || heads <= 0 || head_dim < 2) return;
   rope_kernel<<<unsigned(rows * heads), kThreads, 0, stream>>>(
-      x, heads, head_dim, positions, first_position, position_stride, inv_freq);
+      x, heads, head_dim, positions, first_position, position_stride, step_position, inv_freq);
 }
 
 }  // namespace kvlens::cuda

@@ -8,10 +8,11 @@
 
 namespace kvlens::cuda {
 
-// Row r sits at positions[r] (device memory) or, with positions null, at first_position +
-// r * position_stride.
+// Row r sits at positions[r] (device memory); with positions null at *step_position (device
+// memory: a captured step, every row at the step's position) or, with that null too, at
+// first_position + r * position_stride.
 void launch_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, const int64_t* positions,
-                 int64_t first_position, int64_t position_stride, const float* inv_freq,
-                 cudaStream_t stream);
+                 int64_t first_position, int64_t position_stride, const int64_t* step_position,
+                 const float* inv_freq, cudaStream_t stream);
 
 }  // namespace kvlens::cuda

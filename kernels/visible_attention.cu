@@ -4,7 +4,9 @@
 // their sum and the slice's weighted value sum; then per head the total, the output and the
 // probabilities scaled by 1 / total. Exponentials use the head's overall max, as the CPU
 // reference does, so the probabilities agree with it to rounding of the sums alone.
-// Scratch: max[H] | slice_sum[S, H] | slice_acc[S, H, D].
+// The slice count depends on the cache's capacity and the head count only, and each slice's
+// width on the context (known on the device), so a captured step replays at any position with
+// the arithmetic of an uncaptured one. Scratch: max[H] | slice_sum[S, H] | slice_acc[S, H, D].
 #include "kernels/device_common.cuh"
 #include "kernels/policy_ops.cuh"
 
@@ -13,24 +15,28 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int64_t kMinSliceKeys = 64;
-constexpr int64_t kMaxSliceKeys = 256;  // enough blocks to fill the GPU at long contexts
+constexpr int64_t kMaxSliceKeys = 8192;
 
-struct Plan {
-  int64_t slice_keys = 0, slices = 0;
-};
-
-Plan plan(const VisibleAttentionArgs& a, int sm_count) {
-  // About eight blocks per SM over all heads.
+// About eight blocks per SM over all heads, at most one per kMinSliceKeys keys of the cache and
+// at most kMaxSliceKeys keys a slice (its weights stay within the default shared memory).
+int64_t slice_count(const VisibleAttentionArgs& a, int sm_count) {
   const int64_t sms = sm_count > 0 ? sm_count : 132;
   int64_t slices = (8 * sms + a.heads - 1) / a.heads;
-  const int64_t most = (a.cols + kMinSliceKeys - 1) / kMinSliceKeys;
+  const int64_t most = (a.capacity + kMinSliceKeys - 1) / kMinSliceKeys;
   if (slices > most) slices = most;
-  if (slices < 1) slices = 1;
-  int64_t keys = (a.cols + slices - 1) / slices;
-  keys = (keys + 31) / 32 * 32;
-  if (keys > kMaxSliceKeys) keys = kMaxSliceKeys;
-  if (keys < 32) keys = 32;
-  return {keys, (a.cols + keys - 1) / keys};
+  const int64_t least = (a.capacity + kMaxSliceKeys - 1) / kMaxSliceKeys;
+  if (slices < least) slices = least;
+  return slices < 1 ? 1 : slices;
+}
+
+// Keys per slice for `cols` columns over `slices` slices: a multiple of 32.
+__host__ __device__ __forceinline__ int64_t slice_width(int64_t cols, int64_t slices) {
+  const int64_t keys = (cols + slices - 1) / slices;
+  return keys < 32 ? 32 : (keys + 31) / 32 * 32;
+}
+
+__device__ __forceinline__ int64_t column_count(const VisibleAttentionArgs& a) {
+  return a.step_position != nullptr ? *a.step_position + 1 : a.cols;
 }
 
 __device__ __forceinline__ bool seen_at(const VisibleAttentionArgs& a, int64_t h, int64_t j) {
@@ -41,26 +47,29 @@ __device__ __forceinline__ bool seen_at(const VisibleAttentionArgs& a, int64_t h
 __global__ void visible_max_kernel(VisibleAttentionArgs a, float* head_max) {
   __shared__ float scratch[32];
   const int64_t h = blockIdx.x;
+  const int64_t cols = column_count(a);
   const float* row = a.logits.data + h * a.logits.stride;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x)
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     if (seen_at(a, h, j)) m = fmaxf(m, row[j]);
   m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
   if (threadIdx.x == 0) head_max[h] = m;
 }
 
 // Grid (slices, heads); blockDim = key lanes x the head dimension rounded up to 32.
-__global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_max,
-                                     int64_t slice_keys, int64_t slices, float* slice_sum,
-                                     float* slice_acc) {
+__global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
+                                     float* slice_sum, float* slice_acc) {
   extern __shared__ float weights[];
   __shared__ float scratch[32];
   const int64_t h = blockIdx.y;
   const int64_t slice = blockIdx.x;
   const int64_t D = a.head_dim;
   const int64_t g = h / (a.heads / a.kv_heads);
+  const int64_t cols = column_count(a);
+  const int64_t slice_keys = slice_width(cols, slices);
   const int64_t start = slice * slice_keys;
-  const int count = int(a.cols - start < slice_keys ? a.cols - start : slice_keys);
+  if (start >= cols) return;  // past the context: the merge does not read this slice
+  const int count = int(cols - start < slice_keys ? cols - start : slice_keys);
   const float m = head_max[h];
   const float* row = a.logits.data + h * a.logits.stride;
   float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
@@ -103,63 +112,66 @@ __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_m
   }
 }
 
-// One block per head: the total over the slices (in slice order), the output, the probabilities.
+// One block per head: the total over the slices in use (in slice order), the output and the
+// probabilities. head_max null: no column at all (zeros).
 __global__ void visible_merge_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
                                      const float* slice_sum, const float* slice_acc) {
   const int64_t h = blockIdx.x;
   const int64_t D = a.head_dim;
+  const int64_t cols = head_max != nullptr ? column_count(a) : 0;
+  const int64_t used =
+      cols > 0 ? (cols + slice_width(cols, slices) - 1) / slice_width(cols, slices) : 0;
   float total = 0.0f;
-  for (int64_t s = 0; s < slices; ++s) total += slice_sum[s * a.heads + h];
+  for (int64_t s = 0; s < used; ++s) total += slice_sum[s * a.heads + h];
   const bool none = head_max == nullptr || head_max[h] == -INFINITY;  // zeros, as attention gives
   const float inv = none ? 0.0f : 1.0f / total;
   if (a.out != nullptr) {
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float acc = 0.0f;
-      for (int64_t s = 0; s < slices; ++s) acc += slice_acc[(s * a.heads + h) * D + d];
+      for (int64_t s = 0; s < used; ++s) acc += slice_acc[(s * a.heads + h) * D + d];
       a.out[h * D + d] = acc * inv;
     }
   }
   if (a.probs.data != nullptr) {
     float* probs = a.probs.data + h * a.probs.stride;
-    for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) probs[j] *= inv;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) probs[j] *= inv;
   }
 }
 
 }  // namespace
 
 int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int sm_count) {
-  if (args.heads <= 0 || args.cols <= 0) return args.heads > 0 ? args.heads : 0;
-  const Plan p = plan(args, sm_count);
-  return args.heads + p.slices * args.heads * (1 + args.head_dim);
+  if (args.heads <= 0) return 0;
+  return args.heads + slice_count(args, sm_count) * args.heads * (1 + args.head_dim);
 }
 
 void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, int sm_count,
                               cudaStream_t stream) {
   if (args.heads <= 0) return;
-  float* head_max = scratch;
-  if (args.cols <= 0) {
+  if (args.cols <= 0 && args.step_position == nullptr) {
     // No column: every head sees nothing.
-    VisibleAttentionArgs empty = args;
-    empty.cols = 0;
-    visible_merge_kernel<<<unsigned(args.heads), 64, 0, stream>>>(empty, nullptr, 0, nullptr,
+    visible_merge_kernel<<<unsigned(args.heads), 64, 0, stream>>>(args, nullptr, 0, nullptr,
                                                                   nullptr);
     return;
   }
-  const Plan p = plan(args, sm_count);
+  const int64_t slices = slice_count(args, sm_count);
+  float* head_max = scratch;
   float* slice_sum = scratch + args.heads;
-  float* slice_acc = slice_sum + p.slices * args.heads;
+  float* slice_acc = slice_sum + slices * args.heads;
   visible_max_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max);
   // Whole multiples of the 32-rounded head dimension, so that every thread has a (key lane,
-  // dimension) pair; shared memory holds the slice's weights, then the lanes' sums.
+  // dimension) pair; shared memory holds a slice's weights (as wide as the widest slice the
+  // context can need: the capacity's, on a captured step), then the lanes' sums.
   const int64_t dims = (args.head_dim + 31) / 32 * 32;
   const int64_t lanes = dims >= kMaxThreads ? 1 : kMaxThreads / dims;
   const int threads = int(lanes * dims);
-  const int64_t shared_floats =
-      p.slice_keys > lanes * args.head_dim ? p.slice_keys : lanes * args.head_dim;
-  const dim3 grid(unsigned(p.slices), unsigned(args.heads));
+  const int64_t widest =
+      slice_width(args.step_position != nullptr ? args.capacity : args.cols, slices);
+  const int64_t shared_floats = widest > lanes * args.head_dim ? widest : lanes * args.head_dim;
+  const dim3 grid(unsigned(slices), unsigned(args.heads));
   visible_slice_kernel<<<grid, threads, size_t(shared_floats) * sizeof(float), stream>>>(
-      args, head_max, p.slice_keys, p.slices, slice_sum, slice_acc);
-  visible_merge_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max, p.slices,
+      args, head_max, slices, slice_sum, slice_acc);
+  visible_merge_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max, slices,
                                                                          slice_sum, slice_acc);
 }
 

@@ -1,6 +1,6 @@
 // Backend: the small set of operations the decoder needs, implemented by the CPU reference
-// backend (engine/runtime/cpu_backend) and the CUDA backend (kernels/). All activations are F32;
-// weights may stay F32, BF16 or F16 in backend memory. Shapes below are row-major.
+// backend (engine/runtime/cpu/cpu_backend) and the CUDA backend (kernels/). All activations are
+// F32; weights may stay F32, BF16 or F16 in backend memory. Shapes below are row-major.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +44,15 @@ struct DeviceTensor {
 // [window_begin, position]. Otherwise mask[h * context + j] != 0 means head h sees key j.
 struct Visibility {
   const DeviceTensor* mask = nullptr;  // U8 [heads, context] in backend memory
+};
+
+// A single-token step recorded by Backend::record_step, replayed at later positions (on the GPU:
+// one CUDA graph launch instead of hundreds of kernel launches).
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  // Runs the recorded ops as at `position` with these token ids (one per recorded row).
+  virtual void replay(int64_t position, std::span<const int32_t> tokens) = 0;
 };
 
 class Backend {
@@ -124,6 +133,17 @@ class Backend {
   // Row-wise log-softmax value of targets: out[i] = log softmax(x[i])[target[i]] (host spans).
   virtual void log_prob_rows(const DeviceTensor& x, std::span<const int32_t> targets,
                              std::span<double> out) = 0;
+  // Records the ops that `record` issues as one single-token step at `position` over `rows` rows
+  // (one token each), without running them, and returns the recording; null where the backend
+  // records nothing (the default: `record` is then not called). While recording, every position
+  // the ops are given must be `position` (a column count position + 1), and embed's ids are
+  // taken from the replay, not from the call; an op that cannot be recorded throws (the caller
+  // then runs the step itself). The recording holds the tensors' addresses: it is valid while
+  // they are. The caller replays it for this step too.
+  virtual std::unique_ptr<StepGraph> record_step(int64_t /*position*/, int64_t /*rows*/,
+                                                 const std::function<void()>& /*record*/) {
+    return nullptr;
+  }
   // The yardstick of `bench`: bytes per second (1e9 B/s) copied by a copy of `bytes` bytes
   // within the backend's memory, median of `repeats` after an untimed one. Each byte is read once
   // and written once, so the memory moves twice that. The default copies host memory

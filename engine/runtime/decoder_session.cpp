@@ -177,7 +177,59 @@ const DeviceTensor& DecoderSession::forward_runs(std::span<const int32_t> tokens
   return forward_rows(tokens, true);
 }
 
+bool DecoderSession::recordable_step(bool per_run, int64_t rows) const {
+  return per_run && rows == 1 && runs() == 1 && !runs_[0].policy &&
+         !options_.record_attention_logits && options_.record_steps && !step_graphs_unavailable_;
+}
+
+DecoderSession::StepGraphKey DecoderSession::step_graph_key() const {
+  const SessionRun& run = runs_[0];
+  return {hidden_.data, logits_.data, run.k_cache.empty() ? nullptr : run.k_cache[0].data,
+          run.policy_logits.data, run.k_cache.empty() ? 0 : run.k_cache[0].dim(1)};
+}
+
 const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens, bool per_run) {
+  const int64_t n = int64_t(tokens.size());
+  if (!recordable_step(per_run, n)) return forward_ops(tokens, per_run);
+  grow_caches(position_ + 1);
+  ensure_scratch(1);
+  const StepGraphKey key = step_graph_key();
+  const int64_t position = position_;
+  if (!step_graph_ || !(key == step_graph_key_)) {
+    step_graph_.reset();
+    if (!(key == unrecorded_key_)) {
+      // The first step over these buffers runs op by op (it allocates what steps keep).
+      unrecorded_key_ = key;
+      return forward_ops(tokens, per_run);
+    }
+    try {
+      step_graph_ = backend_.record_step(position, 1, [&] { forward_ops(tokens, per_run); });
+    } catch (const Error&) {
+      step_graph_.reset();  // an op the backend cannot record: this session runs op by op
+    }
+    if (!step_graph_) {
+      step_graphs_unavailable_ = true;
+      position_ = position;  // a failed recording ran nothing
+      return forward_ops(tokens, per_run);
+    }
+    step_graph_key_ = key;
+    // Recording ran forward_ops' host side (position_ advanced, logits_view_ set); the replay
+    // below runs its ops.
+    step_graph_->replay(position, tokens);
+    return logits_view_;
+  }
+  // What forward_ops does on the host for this step, then the recorded ops.
+  SessionRun& run = runs_[0];
+  run.attention_logits.clear();
+  run.pending_observe = -1;
+  order_runs_by_cost();
+  logits_view_ = view(logits_, {1, model_->config().vocab_size});
+  step_graph_->replay(position, tokens);
+  position_ += 1;
+  return logits_view_;
+}
+
+const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens, bool per_run) {
   const ModelConfig& c = model_->config();
   const int64_t n = int64_t(tokens.size());
   grow_caches(position_ + (per_run ? 1 : n));

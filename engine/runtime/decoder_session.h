@@ -44,6 +44,9 @@ struct SessionOptions {
   // Keep the pre-softmax attention logits of the last forward per run and layer: [n, H, context]
   // (-inf where a head did not see a token only on the plain dense path with a sliding window).
   bool record_attention_logits = false;
+  // Let the backend record a single-token step of a lone dense run once and replay it
+  // (Backend::record_step: a CUDA graph); false runs every step op by op.
+  bool record_steps = true;
 };
 
 // One run's state: its cache, its policy and the policy's row buffers of the last step.
@@ -124,8 +127,25 @@ class DecoderSession {
   void grow_caches(int64_t needed);
   void ensure_scratch(int64_t n);
   // The decoder over `rows` hidden rows: a chunk of one run (per_run false: rows are positions
-  // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run.
+  // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run. A step the
+  // backend can record (recordable_step) is recorded at its second occurrence over the same
+  // buffers and replayed from then on; every other forward runs forward_ops.
   const DeviceTensor& forward_rows(std::span<const int32_t> tokens, bool per_run);
+  const DeviceTensor& forward_ops(std::span<const int32_t> tokens, bool per_run);
+  // A single-token step of one run without a policy that records no logits: its ops are the
+  // same at every position (only the position and the token change), so the backend may record
+  // it once (Backend::record_step) and replay it.
+  bool recordable_step(bool per_run, int64_t rows) const;
+  // The addresses a recorded step holds: a step recorded over other buffers is stale.
+  struct StepGraphKey {
+    const void* hidden = nullptr;
+    const void* logits = nullptr;
+    const void* cache = nullptr;
+    const void* policy_logits = nullptr;
+    int64_t capacity = 0;
+    bool operator==(const StepGraphKey&) const = default;
+  };
+  StepGraphKey step_graph_key() const;
   // One single-token step's attention of every run at one layer. Runs that compute their own
   // logits each do all of their attention as one backend task (append, logits, the observation of
   // the previous layer, selection, softmax over the visible set, value sums); while runs borrow
@@ -188,6 +208,13 @@ class DecoderSession {
   bool policy_step(const SessionRun& run) const {
     return run.policy && position_ >= run.first_step;
   }
+
+  // The recorded step and the buffers it holds; the key of the last step run op by op (a step
+  // over the same buffers is recorded); whether the backend cannot record (then never tried
+  // again).
+  std::unique_ptr<StepGraph> step_graph_;
+  StepGraphKey step_graph_key_, unrecorded_key_;
+  bool step_graphs_unavailable_ = false;
 
   // Sorts run_order_ by the runs' cost in the last step (costliest first) and clears it.
   void order_runs_by_cost();
