@@ -339,51 +339,75 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y) override {
-    const std::string op = "matmul";
-    require(x, DType::F32, op, "x");
-    require_weight(w, op, "w");
-    require(y, DType::F32, op, "y");
-    if (w.shape.size() != 2) bad_argument(op + ": w", "[out, in]", describe(w));
-    const int64_t out_features = w.dim(0);
-    const int64_t in_features = w.dim(1);
-    if (in_features == 0 || elements(x) % in_features != 0)
-      bad_argument(op + ": x", cat({"rows of ", std::to_string(in_features)}), describe(x));
-    const int64_t rows = elements(x) / in_features;
-    require_elements(y, rows * out_features, op, "y");
-    if (rows > INT_MAX || in_features > INT_MAX || out_features > INT_MAX)
-      bad_argument(op, "dimensions below 2^31 (cuBLAS int API)", describe(x) + " x " + describe(w));
-    if (rows == 0 || out_features == 0) return;
+    const ProductShape shape = product_shape("matmul", x, w, y);
+    if (shape.rows == 0 || shape.out == 0) return;
     activate();
-    if (rows <= cuda::kMaxGemvRows) {
+    if (shape.rows <= cuda::kMaxGemvRows) {
       // Decode (one row per run): stream the weights once at memory bandwidth.
-      cuda::launch_gemv(x.as<float>(), w.data, w.dtype, y.as<float>(), rows, in_features,
-                        out_features, sm_count_, stream());
+      cuda::GemvProducts products;
+      products.w[0] = w.data;
+      products.y[0] = y.as<float>();
+      products.out[0] = shape.out;
+      products.count = 1;
+      cuda::launch_gemv(x.as<float>(), products, w.dtype, shape.rows, shape.in, false, sm_count_,
+                        stream());
       check_launch("gemv");
       return;
     }
-    if (w.dtype == DType::F32) {
-      check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), w.as<float>(), y.as<float>(), rows,
-                                    in_features, out_features, out_features),
-                   "cublasSgemm");
+    gemm(x, w, y, shape);
+  }
+
+  // q, k and v (or gate and up) of a decode step: the weight-streaming products one after the
+  // other, with the bits of separate matmuls (a single launch over all of them is the aim; see
+  // gemv.cuh).
+  void matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                   std::span<DeviceTensor* const> ys) override {
+    if (ws.size() != ys.size())
+      bad_argument("matmul_many: ys", std::to_string(ws.size()) + " outputs (one per weight)",
+                   std::to_string(ys.size()));
+    cuda::GemvProducts products;
+    bool together = ws.size() <= size_t(cuda::kMaxGemvProducts);
+    int64_t rows = -1, in = -1;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const ProductShape shape = product_shape("matmul_many", x, *ws[i], *ys[i]);
+      together = together && shape.rows >= 1 && shape.rows <= cuda::kMaxGemvRows && shape.out > 0 &&
+                 ws[i]->dtype == ws[0]->dtype;
+      rows = shape.rows;
+      in = shape.in;
+      if (together) {
+        products.w[products.count] = ws[i]->data;
+        products.y[products.count] = ys[i]->as<float>();
+        products.out[products.count] = shape.out;
+        ++products.count;
+      }
+    }
+    if (!together) {
+      Backend::matmul_many(x, ws, ys);
       return;
     }
-    // Many rows (a prefill chunk): F32 SGEMM over slices of output features widened to F32 in a
-    // bounded scratch buffer (exact widening, the F32 products the CPU reference computes).
-    constexpr int64_t kWidenedElements = int64_t(1) << 24;  // 64 MiB of F32
-    const int64_t slice = std::max<int64_t>(1, kWidenedElements / in_features);
-    float* widened = static_cast<float*>(
-        widen_.get(device_, size_t(std::min(slice, out_features) * in_features) * sizeof(float)));
-    const size_t element_bytes = dtype_size(w.dtype);
-    for (int64_t first = 0; first < out_features; first += slice) {
-      const int64_t count = std::min(slice, out_features - first);
-      cuda::launch_widen_to_f32(
-          static_cast<const char*>(w.data) + size_t(first * in_features) * element_bytes, w.dtype,
-          count * in_features, widened, stream());
-      check_launch("widen_to_f32");
-      check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), widened, y.as<float>() + first,
-                                    rows, in_features, count, out_features),
-                   "cublasSgemm");
+    if (products.count == 0) return;
+    activate();
+    cuda::launch_gemv(x.as<float>(), products, ws[0]->dtype, rows, in, false, sm_count_, stream());
+    check_launch("gemv");
+  }
+
+  // The residual add as the product's last step (one addition per element, add_inplace's bits).
+  void matmul_add(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& scratch,
+                  DeviceTensor& acc) override {
+    const ProductShape shape = product_shape("matmul_add", x, w, acc);
+    if (shape.rows < 1 || shape.rows > cuda::kMaxGemvRows || shape.out == 0) {
+      Backend::matmul_add(x, w, scratch, acc);
+      return;
     }
+    activate();
+    cuda::GemvProducts products;
+    products.w[0] = w.data;
+    products.y[0] = acc.as<float>();
+    products.out[0] = shape.out;
+    products.count = 1;
+    cuda::launch_gemv(x.as<float>(), products, w.dtype, shape.rows, shape.in, true, sm_count_,
+                      stream());
+    check_launch("gemv");
   }
 
   void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
@@ -1133,6 +1157,55 @@ class CudaBackend final : public Backend {
     if (cols <= 0 || cols > INT32_MAX || rows * cols != elements(x))
       bad_argument(op + ": x", std::to_string(rows) + " rows of logits", describe(x));
     return cols;
+  }
+
+  struct ProductShape {
+    int64_t rows = 0, in = 0, out = 0;
+  };
+  // The operands of y[n, out] = x[n, in] * w[out, in]^T, checked.
+  static ProductShape product_shape(const std::string& op, const DeviceTensor& x,
+                                    const DeviceTensor& w, const DeviceTensor& y) {
+    require(x, DType::F32, op, "x");
+    require_weight(w, op, "w");
+    require(y, DType::F32, op, "y");
+    if (w.shape.size() != 2) bad_argument(op + ": w", "[out, in]", describe(w));
+    const int64_t out_features = w.dim(0);
+    const int64_t in_features = w.dim(1);
+    if (in_features == 0 || elements(x) % in_features != 0)
+      bad_argument(op + ": x", cat({"rows of ", std::to_string(in_features)}), describe(x));
+    const int64_t rows = elements(x) / in_features;
+    require_elements(y, rows * out_features, op, "y");
+    if (rows > INT_MAX || in_features > INT_MAX || out_features > INT_MAX)
+      bad_argument(op, "dimensions below 2^31 (cuBLAS int API)", describe(x) + " x " + describe(w));
+    return {rows, in_features, out_features};
+  }
+
+  // Many rows (a prefill chunk): cuBLAS SGEMM; BF16/F16 weights over slices of output features
+  // widened to F32 in a bounded scratch buffer (exact widening, the F32 products the CPU
+  // reference computes).
+  void gemm(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y,
+            const ProductShape& shape) {
+    if (w.dtype == DType::F32) {
+      check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), w.as<float>(), y.as<float>(),
+                                    shape.rows, shape.in, shape.out, shape.out),
+                   "cublasSgemm");
+      return;
+    }
+    constexpr int64_t kWidenedElements = int64_t(1) << 24;  // 64 MiB of F32
+    const int64_t slice = std::max<int64_t>(1, kWidenedElements / shape.in);
+    float* widened = static_cast<float*>(
+        widen_.get(device_, size_t(std::min(slice, shape.out) * shape.in) * sizeof(float)));
+    const size_t element_bytes = dtype_size(w.dtype);
+    for (int64_t first = 0; first < shape.out; first += slice) {
+      const int64_t count = std::min(slice, shape.out - first);
+      cuda::launch_widen_to_f32(
+          static_cast<const char*>(w.data) + size_t(first * shape.in) * element_bytes, w.dtype,
+          count * shape.in, widened, stream());
+      check_launch("widen_to_f32");
+      check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), widened, y.as<float>() + first,
+                                    shape.rows, shape.in, count, shape.out),
+                   "cublasSgemm");
+    }
   }
 
   void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }

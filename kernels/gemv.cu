@@ -59,7 +59,7 @@ struct WeightVector<__half> {
 // feature: each lane sums its vectors in ascending order, the warp's lanes by the butterfly, then
 // the warps' sums in warp order. That order depends on `in` alone, not on R or O, so a row's
 // result has the same bits in a batch of any size.
-template <typename W, int R, int O>
+template <typename W, int R, int O, bool Accumulate>
 __global__ void __launch_bounds__(kThreads)
     gemv_vector_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y,
                        int rows, int64_t in, int64_t out) {
@@ -118,14 +118,15 @@ __global__ void __launch_bounds__(kThreads)
       float total = 0.0f;
 #pragma unroll
       for (int k = 0; k < kWarps; ++k) total += warp_sums[k][r][o];
-      y[r * out + o0 + o] = total;
+      // Accumulate: the residual add as add_inplace does it, one addition.
+      y[r * out + o0 + o] = Accumulate ? y[r * out + o0 + o] + total : total;
     }
     __syncthreads();  // warp_sums is rewritten by the next features
   }
 }
 
 // Any layout: one element at a time (odd widths, views at unaligned offsets).
-template <typename W, int R>
+template <typename W, int R, bool Accumulate>
 __global__ void __launch_bounds__(kThreads)
     gemv_scalar_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y,
                        int rows, int64_t in, int64_t out) {
@@ -149,12 +150,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < R; ++r) {
       if (r >= rows) break;
       const float sum = warp_reduce(acc[r], SumOp{});
-      if (lane == 0) y[r * out + o] = sum;
+      if (lane == 0) y[r * out + o] = Accumulate ? y[r * out + o] + sum : sum;
     }
   }
 }
 
-template <typename W, int R>
+template <typename W, int R, bool Accumulate>
 void launch_rows(const float* x, const W* w, float* y, int rows, int64_t in, int64_t out,
                  unsigned blocks, int sm_count, cudaStream_t stream) {
   constexpr int V = WeightVector<W>::kValues;
@@ -169,7 +170,7 @@ void launch_rows(const float* x, const W* w, float* y, int rows, int64_t in, int
     auto launch = [&](auto o_tag) {
       constexpr int O = decltype(o_tag)::value;
       const int64_t groups = (out + O - 1) / O;
-      gemv_vector_kernel<W, R, O>
+      gemv_vector_kernel<W, R, O, Accumulate>
           <<<unsigned(groups < cap ? groups : cap), kThreads, 0, stream>>>(x, w, y, rows, in, out);
     };
     if (R > 1 || out >= 16384)
@@ -177,34 +178,46 @@ void launch_rows(const float* x, const W* w, float* y, int rows, int64_t in, int
     else
       launch(std::integral_constant<int, 1>{});
   } else
-    gemv_scalar_kernel<W, R><<<blocks, kThreads, 0, stream>>>(x, w, y, rows, in, out);
+    gemv_scalar_kernel<W, R, Accumulate><<<blocks, kThreads, 0, stream>>>(x, w, y, rows, in, out);
 }
 
 }  // namespace
 
-void launch_gemv(const float* x, const void* w, DType w_dtype, float* y, int64_t rows, int64_t in,
-                 int64_t out, int sm_count, cudaStream_t stream) {
-  if (rows <= 0 || out <= 0) return;
-  // The scalar kernel's grid: a warp per output feature, capped at enough blocks to fill every SM
-  // a few times over (the warps then stride over the features).
-  const int64_t wanted = (out + kWarps - 1) / kWarps;
-  const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * 16;
-  const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
+void launch_gemv(const float* x, const GemvProducts& products, DType w_dtype, int64_t rows,
+                 int64_t in, bool accumulate, int sm_count, cudaStream_t stream) {
+  if (rows <= 0) return;
   const int n = int(rows);
-  dispatch_weight(w_dtype, [&](auto zero) {
-    using W = decltype(zero);
-    const W* weights = static_cast<const W*>(w);
-    if (n <= 1)
-      launch_rows<W, 1>(x, weights, y, n, in, out, blocks, sm_count, stream);
-    else if (n <= 2)
-      launch_rows<W, 2>(x, weights, y, n, in, out, blocks, sm_count, stream);
-    else if (n <= 4)
-      launch_rows<W, 4>(x, weights, y, n, in, out, blocks, sm_count, stream);
-    else if (n <= 8)
-      launch_rows<W, 8>(x, weights, y, n, in, out, blocks, sm_count, stream);
-    else
-      launch_rows<W, 16>(x, weights, y, n, in, out, blocks, sm_count, stream);
-  });
+  for (int m = 0; m < products.count; ++m) {
+    const int64_t out = products.out[m];
+    if (out <= 0) continue;
+    // The scalar kernel's grid: a warp per output feature, capped at enough blocks to fill every
+    // SM a few times over (the warps then stride over the features).
+    const int64_t wanted = (out + kWarps - 1) / kWarps;
+    const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * 16;
+    const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
+    float* y = products.y[m];
+    dispatch_weight(w_dtype, [&](auto zero) {
+      using W = decltype(zero);
+      const W* weights = static_cast<const W*>(products.w[m]);
+      auto launch = [&](auto accumulate_tag) {
+        constexpr bool A = decltype(accumulate_tag)::value;
+        if (n <= 1)
+          launch_rows<W, 1, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
+        else if (n <= 2)
+          launch_rows<W, 2, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
+        else if (n <= 4)
+          launch_rows<W, 4, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
+        else if (n <= 8)
+          launch_rows<W, 8, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
+        else
+          launch_rows<W, 16, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
+      };
+      if (accumulate)
+        launch(std::true_type{});
+      else
+        launch(std::false_type{});
+    });
+  }
 }
 
 }  // namespace kvlens::cuda

@@ -12,10 +12,22 @@
 namespace kvlens::cuda {
 
 constexpr int64_t kMaxGemvRows = 16;
+constexpr int kMaxGemvProducts = 4;
 
-// Enqueues the product; rows must be in [1, kMaxGemvRows]. Any alignment and width work (16-byte
-// vector loads where the rows allow them, scalar loads otherwise).
-void launch_gemv(const float* x, const void* w, DType w_dtype, float* y, int64_t rows, int64_t in,
-                 int64_t out, int sm_count, cudaStream_t stream);
+// Products of one input x[rows, in]: y[m][rows, out[m]] = x * w[m]^T for m < count, every w of
+// one dtype.
+struct GemvProducts {
+  const void* w[kMaxGemvProducts] = {};
+  float* y[kMaxGemvProducts] = {};
+  int64_t out[kMaxGemvProducts] = {};
+  int count = 0;
+};
+
+// Enqueues the products (a launch each: one launch over all of them measured 3x slower on an
+// H100, cause not yet found); rows must be in [1, kMaxGemvRows]. Any alignment and width work
+// (16-byte vector loads where the rows allow them, scalar loads otherwise). accumulate: y += the
+// product (one addition per element, the bits of add_inplace after the product).
+void launch_gemv(const float* x, const GemvProducts& products, DType w_dtype, int64_t rows,
+                 int64_t in, bool accumulate, int sm_count, cudaStream_t stream);
 
 }  // namespace kvlens::cuda

@@ -2,8 +2,10 @@
 // one (backend.h). Masks are U8 [rows, stride]; counts are host values, one per row.
 #include "engine/runtime/backend.h"
 
+#include <string>
 #include <vector>
 
+#include "engine/common/error.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/runtime/cpu/cpu_checks.h"
 #include "engine/runtime/policy_op_math.h"
@@ -20,6 +22,15 @@ void Backend::count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
   to_host(mask, host.data(), host.size());
   for (int64_t r = 0; r < shape.rows; ++r)
     counts[size_t(r)] = count_nonzero(host.data() + r * shape.stride, cols);
+}
+
+void Backend::matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                          std::span<DeviceTensor* const> ys) {
+  if (ws.size() != ys.size()) {
+    throw Error("backend", "matmul_many: ys",
+                std::to_string(ws.size()) + " outputs (one per weight)", std::to_string(ys.size()));
+  }
+  for (size_t i = 0; i < ws.size(); ++i) matmul(x, *ws[i], *ys[i]);
 }
 
 double Backend::copy_bandwidth_gbps(size_t bytes, int repeats) {

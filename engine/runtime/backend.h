@@ -96,6 +96,19 @@ class Backend {
                      DeviceTensor& out) = 0;
   // y[n, out] = x[n, in] * w[out, in]^T  (w in any weight dtype).
   virtual void matmul(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y) = 0;
+  // ys[i][n, out_i] = x[n, in] * ws[i][out_i, in]^T for each i: products of one input (q, k and
+  // v; gate and up), each with the bits of matmul. A backend may run them as one (the CUDA
+  // backend's decode products: one launch); the default calls matmul for each.
+  virtual void matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                           std::span<DeviceTensor* const> ys);
+  // acc[n, out] += x[n, in] * w[out, in]^T (a projection added to the residual stream), with the
+  // bits of matmul into `scratch` (acc's shape) followed by add_inplace(acc, scratch), which is
+  // the default; a backend may add as it writes the product and leave scratch alone.
+  virtual void matmul_add(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& scratch,
+                          DeviceTensor& acc) {
+    matmul(x, w, scratch);
+    add_inplace(acc, scratch);
+  }
   // y[n, E] = x * rsqrt(mean(x^2) + eps) * weight, per row (weight [E] any weight dtype).
   virtual void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
                        DeviceTensor& y) = 0;

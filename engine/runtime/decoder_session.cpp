@@ -306,9 +306,9 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     DeviceTensor k_m = row_range(k, first, m), v_m = row_range(v, first, m);
     DeviceTensor q_heads_m = row_range(q_heads, first, m), k_heads_m = row_range(k_heads, first, m);
     backend_.rmsnorm(row_range(hidden, first, m), layer.attn_norm, eps, normed_m);
-    backend_.matmul(normed_m, layer.wq, q_m);
-    backend_.matmul(normed_m, layer.wk, k_m);
-    backend_.matmul(normed_m, layer.wv, v_m);
+    const DeviceTensor* const qkv_weights[] = {&layer.wq, &layer.wk, &layer.wv};
+    DeviceTensor* const qkv[] = {&q_m, &k_m, &v_m};
+    backend_.matmul_many(normed_m, qkv_weights, qkv);
     backend_.rope(q_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
     backend_.rope(k_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
   };
@@ -316,14 +316,13 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     DeviceTensor hidden_m = row_range(hidden, first, m), normed_m = row_range(normed, first, m);
     DeviceTensor proj_m = row_range(proj, first, m), gate_m = row_range(gate, first, m);
     DeviceTensor up_m = row_range(up, first, m), act_m = row_range(act, first, m);
-    backend_.matmul(row_range(attn, first, m), layer.wo, proj_m);
-    backend_.add_inplace(hidden_m, proj_m);
+    backend_.matmul_add(row_range(attn, first, m), layer.wo, proj_m, hidden_m);
     backend_.rmsnorm(hidden_m, layer.mlp_norm, eps, normed_m);
-    backend_.matmul(normed_m, layer.w_gate, gate_m);
-    backend_.matmul(normed_m, layer.w_up, up_m);
+    const DeviceTensor* const gate_up_weights[] = {&layer.w_gate, &layer.w_up};
+    DeviceTensor* const gate_up[] = {&gate_m, &up_m};
+    backend_.matmul_many(normed_m, gate_up_weights, gate_up);
     backend_.silu_mul(gate_m, up_m, act_m);
-    backend_.matmul(act_m, layer.w_down, proj_m);
-    backend_.add_inplace(hidden_m, proj_m);
+    backend_.matmul_add(act_m, layer.w_down, proj_m, hidden_m);
   };
 
   backend_.embed(model_->embed, tokens, hidden);

@@ -269,6 +269,43 @@ TEST_CASE("cuda backend: matmul", "[cuda]") {
   CHECK_THROWS_AS(b.gpu->matmul(x.gpu, w.gpu, y.gpu), Error);  // in 5 vs 4
 }
 
+TEST_CASE("cuda backend: matmul_many and matmul_add give matmul's bits", "[cuda]") {
+  // q, k and v through matmul_many, and the residual add in the product's epilogue: the same
+  // per-feature sums, so the same bits as separate matmuls and add_inplace (decode rows, the
+  // weight-streaming kernel; 20 rows, the defaults over cuBLAS).
+  Backends b;
+  uint32_t seed = 80;
+  for (const int64_t n : {int64_t(1), int64_t(5), int64_t(20)}) {
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      INFO("rows " << n << " w " << dtype_name(dtype));
+      const int64_t in = 256;
+      const HostWeight wq = random_weight(dtype, {320, in}, ++seed);
+      const HostWeight wk = random_weight(dtype, {64, in}, ++seed);
+      const HostWeight wv = random_weight(dtype, {72, in}, ++seed);
+      const DeviceTensor q_w = raw_on_gpu(b, wq), k_w = raw_on_gpu(b, wk), v_w = raw_on_gpu(b, wv);
+      const Pair x = make_f32(b, random_values(size_t(n * in), ++seed), {n, in});
+      std::vector<DeviceTensor> separate, together;
+      for (const DeviceTensor* w : {&q_w, &k_w, &v_w}) {
+        separate.push_back(b.gpu->alloc(DType::F32, {n, w->dim(0)}));
+        together.push_back(b.gpu->alloc(DType::F32, {n, w->dim(0)}));
+        b.gpu->matmul(x.gpu, *w, separate.back());
+      }
+      const DeviceTensor* const weights[] = {&q_w, &k_w, &v_w};
+      DeviceTensor* const outputs[] = {&together[0], &together[1], &together[2]};
+      b.gpu->matmul_many(x.gpu, weights, outputs);
+      for (size_t i = 0; i < 3; ++i) CHECK(read(*b.gpu, together[i]) == read(*b.gpu, separate[i]));
+
+      const std::vector<float> residual = random_values(size_t(n * 320), ++seed);
+      Pair acc = make_f32(b, residual, {n, 320});
+      Pair want = make_f32(b, residual, {n, 320});
+      DeviceTensor scratch = b.gpu->alloc(DType::F32, {n, 320});
+      b.gpu->matmul_add(x.gpu, q_w, scratch, acc.gpu);
+      b.gpu->add_inplace(want.gpu, separate[0]);
+      CHECK(read(*b.gpu, acc.gpu) == read(*b.gpu, want.gpu));
+    }
+  }
+}
+
 TEST_CASE("cuda backend: rmsnorm", "[cuda]") {
   Backends b;
   uint32_t seed = 40;
