@@ -18,6 +18,10 @@ The four checkpoints differ exactly where Llama implementations tend to go wrong
   mistral-window-bf16                MistralForCausalLM with sliding_window 24 over 64 tokens,
                                      GQA, BF16 weights.
   llama-linear-f16                   linear RoPE scaling (factor 2), F16 weights.
+  qwen2-bias-f32                     Qwen2ForCausalLM: biases on q, k and v (none on o_proj),
+                                     GQA, rope_theta 1e6, F32.
+  qwen3-qknorm-f32                   Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE,
+                                     head_dim 32 != hidden / heads (16), tied embeddings, F32.
 
 For the BF16/F16 checkpoints reference.json holds the keys computed in the model's own dtype and,
 under "reference_f32", the same keys after model.float() (weights widened exactly, F32 compute),
@@ -47,7 +51,7 @@ import traceback
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 TF_MAJOR = int(transformers.__version__.split(".")[0])
 
@@ -118,7 +122,33 @@ FIXTURES = [
                        rms_norm_eps=1e-6, tie_word_embeddings=False),
         "rope": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
     },
+    {
+        "name": "qwen2-bias-f32",
+        "arch": "qwen2",
+        "dtype": "float32",
+        "seed": 1005,
+        "seq_len": 48,
+        "config": dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False),
+        "rope": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    {
+        "name": "qwen3-qknorm-f32",
+        "arch": "qwen3",
+        "dtype": "float32",
+        "seed": 1006,
+        "seq_len": 48,
+        "config": dict(vocab_size=320, hidden_size=64, intermediate_size=144, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                       max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       attention_bias=False, use_sliding_window=False),
+        "rope": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
 ]
+
+CONFIG_CLASSES = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config,
+                  "qwen3": Qwen3Config}
 
 
 def log(*args):
@@ -147,8 +177,7 @@ def make_config(spec):
     else:
         kwargs["rope_theta"] = rope.pop("rope_theta")
         kwargs["rope_scaling"] = None if rope["rope_type"] == "default" else rope
-    cls = LlamaConfig if spec["arch"] == "llama" else MistralConfig
-    return cls(**kwargs)
+    return CONFIG_CLASSES[spec["arch"]](**kwargs)
 
 
 @torch.no_grad()
@@ -156,7 +185,9 @@ def init_weights(model, seed):
     gen = torch.Generator().manual_seed(seed)
     # named_parameters() yields a tied tensor once, so tied embeddings get one draw.
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if p.dim() == 1:  # RMSNorm weights
+        if name.endswith(".bias"):  # projection biases (qwen2): small, of either sign
+            p.copy_(STD * torch.randn(p.shape, generator=gen))
+        elif p.dim() == 1:  # RMSNorm weights
             p.copy_(1.0 + NORM_NOISE * torch.randn(p.shape, generator=gen))
         else:
             is_qk = name.endswith("q_proj.weight") or name.endswith("k_proj.weight")

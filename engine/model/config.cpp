@@ -89,13 +89,16 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   const std::optional<std::string> model_type = reader.optional_string("model_type");
   // llama_butler: a TokenButler release, a Llama whose layer-0 attention also holds the
   // predictor (Predictor::from_butler reads its fields).
-  const char* expected_types = "\"llama\", \"mistral\" or \"llama_butler\"";
+  const char* expected_types = "\"llama\", \"mistral\", \"llama_butler\", \"qwen2\" or \"qwen3\"";
   if (!model_type) throw Error(source, "model_type", expected_types, "missing");
-  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "llama_butler") {
+  if (*model_type != "llama" && *model_type != "mistral" && *model_type != "llama_butler" &&
+      *model_type != "qwen2" && *model_type != "qwen3") {
     throw Error(source, "model_type", expected_types, "\"" + *model_type + "\"");
   }
   config.model_type = *model_type;
   const bool mistral = config.model_type == "mistral";
+  const bool qwen2 = config.model_type == "qwen2";
+  const bool qwen3 = config.model_type == "qwen3";
 
   // Structural sizes are required: transformers' class defaults (a 7B shape) would only turn a
   // broken config into a confusing weight-shape error later.
@@ -181,10 +184,21 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
 
   config.torch_dtype = parse_torch_dtype(reader);
 
+  // Qwen2 always has q, k and v biases (and none on o_proj: it has no attention_bias field).
+  // attention_bias (biases on all four projections of a Llama or Qwen3) and MLP biases are
+  // other models, not supported yet.
+  config.qkv_bias = qwen2;
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (reader.boolean_or(key, false)) {
       throw Error(source, key, "false (bias terms are not supported)", "true");
     }
+  }
+  config.qk_norm = qwen3;
+  // Qwen sliding windows apply to some layers only (max_window_layers, layer_types); kvlens
+  // attends the same way in every layer, so a config that turns them on is refused.
+  if ((qwen2 || qwen3) && reader.boolean_or("use_sliding_window", false)) {
+    throw Error(source, "use_sliding_window", "false (per-layer sliding windows are not supported)",
+                "true");
   }
   // The MLP is SwiGLU; another activation would silently compute a different model.
   if (const auto act = reader.optional_string("hidden_act"); act && *act != "silu") {

@@ -22,7 +22,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "llama", "mistral" or "llama_butler"
+  std::string model_type;  // "llama", "mistral", "llama_butler", "qwen2" or "qwen3"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -36,6 +36,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 2048;
   std::optional<int64_t> sliding_window;  // mistral: keys older than this many positions are masked
+  // Bias vectors on the q, k and v projections (qwen2).
+  bool qkv_bias = false;
+  // Per-head RMSNorm of q and k over head_dim before RoPE (qwen3: q_norm, k_norm).
+  bool qk_norm = false;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // config may give one id or a list
   DType torch_dtype = DType::F32;      // declared dtype (weights may differ per tensor)

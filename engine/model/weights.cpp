@@ -72,6 +72,15 @@ ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig&
     layer.w_gate = checker.get(prefix + "mlp.gate_proj.weight", {ffn, hidden});
     layer.w_up = checker.get(prefix + "mlp.up_proj.weight", {ffn, hidden});
     layer.w_down = checker.get(prefix + "mlp.down_proj.weight", {hidden, ffn});
+    if (config.qkv_bias) {
+      layer.bq = checker.get(prefix + "self_attn.q_proj.bias", {q_width});
+      layer.bk = checker.get(prefix + "self_attn.k_proj.bias", {kv_width});
+      layer.bv = checker.get(prefix + "self_attn.v_proj.bias", {kv_width});
+    }
+    if (config.qk_norm) {
+      layer.q_norm = checker.get(prefix + "self_attn.q_norm.weight", {config.head_dim});
+      layer.k_norm = checker.get(prefix + "self_attn.k_norm.weight", {config.head_dim});
+    }
     weights.layers.push_back(std::move(layer));
   }
   return weights;

@@ -15,6 +15,9 @@ namespace kvlens {
 struct LayerWeights {
   TensorView attn_norm, wq, wk, wv, wo;
   TensorView mlp_norm, w_gate, w_up, w_down;
+  // Present only where the config says so (empty views otherwise): q/k/v biases
+  // (ModelConfig::qkv_bias), per-head q and k norms [head_dim] (qk_norm).
+  TensorView bq, bk, bv, q_norm, k_norm;
 };
 
 struct ModelWeights {

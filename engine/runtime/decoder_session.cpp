@@ -45,9 +45,13 @@ std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const M
   result->lm_head =
       (weights.lm_head.data == weights.embed.data) ? result->embed : up(weights.lm_head);
   for (const LayerWeights& layer : weights.layers) {
+    auto optional = [&](const TensorView& view) {
+      return view.data != nullptr ? up(view) : DeviceTensor{};
+    };
     result->layers.push_back({up(layer.attn_norm), up(layer.wq), up(layer.wk), up(layer.wv),
                               up(layer.wo), up(layer.mlp_norm), up(layer.w_gate), up(layer.w_up),
-                              up(layer.w_down)});
+                              up(layer.w_down), optional(layer.bq), optional(layer.bk),
+                              optional(layer.bv), optional(layer.q_norm), optional(layer.k_norm)});
   }
   const std::vector<float> inv_freq = model->config.rope_inv_freq();
   result->inv_freq = backend.alloc(DType::F32, {int64_t(inv_freq.size())});
@@ -309,6 +313,18 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     const DeviceTensor* const qkv_weights[] = {&layer.wq, &layer.wk, &layer.wv};
     DeviceTensor* const qkv[] = {&q_m, &k_m, &v_m};
     backend_.matmul_many(normed_m, qkv_weights, qkv);
+    if (!layer.bq.empty()) {  // qwen2: q, k and v biases
+      backend_.bias_activation(q_m, &layer.bq, Backend::Activation::None);
+      backend_.bias_activation(k_m, &layer.bk, Backend::Activation::None);
+      backend_.bias_activation(v_m, &layer.bv, Backend::Activation::None);
+    }
+    if (!layer.q_norm.empty()) {
+      // qwen3: RMSNorm of every head's q and k over head_dim, before RoPE (rows of D, in place).
+      DeviceTensor q_rows = view(q_m, {m * c.num_heads, c.head_dim});
+      DeviceTensor k_rows = view(k_m, {m * c.num_kv_heads, c.head_dim});
+      backend_.rmsnorm(q_rows, layer.q_norm, eps, q_rows);
+      backend_.rmsnorm(k_rows, layer.k_norm, eps, k_rows);
+    }
     backend_.rope(q_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
     backend_.rope(k_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
   };

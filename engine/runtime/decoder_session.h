@@ -24,6 +24,7 @@ struct BackendModel {
   Backend* backend = nullptr;
   struct Layer {
     DeviceTensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
+    DeviceTensor bq, bk, bv, q_norm, k_norm;  // empty where the model has none
   };
   DeviceTensor embed, final_norm, lm_head, inv_freq;
   std::vector<Layer> layers;

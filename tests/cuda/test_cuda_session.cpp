@@ -13,8 +13,9 @@
 using namespace kvlens;
 
 TEST_CASE("cuda session matches the cpu session on every parity fixture", "[cuda]") {
-  for (const char* name : {"llama-gqa-f32", "llama-mha-headdim-tied-llama3-f32",
-                           "mistral-window-bf16", "llama-linear-f16"}) {
+  for (const char* name :
+       {"llama-gqa-f32", "llama-mha-headdim-tied-llama3-f32", "mistral-window-bf16",
+        "llama-linear-f16", "qwen2-bias-f32", "qwen3-qknorm-f32"}) {
     INFO("fixture " << name);
     const std::string dir = test::source_path(std::string("tests/fixtures/") + name);
     const auto reference = nlohmann::json::parse(read_text_file(dir + "/reference.json"));

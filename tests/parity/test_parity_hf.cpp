@@ -475,3 +475,24 @@ TEST_CASE("HF parity: Llama linear RoPE x2, F16", "[parity]") {
   CHECK(f.model->config().torch_dtype == kvlens::DType::F16);
   run_low_precision_fixture("llama-linear-f16", "float16");
 }
+
+TEST_CASE("HF parity: Qwen2, q/k/v biases, GQA, F32", "[parity]") {
+  const LoadedFixture& f = fixture("qwen2-bias-f32");
+  const kvlens::ModelConfig& c = f.model->config();
+  CHECK(c.model_type == "qwen2");
+  CHECK(c.qkv_bias);
+  CHECK_FALSE(c.qk_norm);
+  REQUIRE_FALSE(f.model->layers[0].bq.empty());
+  run_f32_fixture("qwen2-bias-f32");
+}
+
+TEST_CASE("HF parity: Qwen3, per-head q/k RMSNorm, head_dim 32, tied, F32", "[parity]") {
+  const LoadedFixture& f = fixture("qwen3-qknorm-f32");
+  const kvlens::ModelConfig& c = f.model->config();
+  CHECK(c.model_type == "qwen3");
+  CHECK(c.qk_norm);
+  CHECK_FALSE(c.qkv_bias);
+  CHECK(c.head_dim == 32);
+  REQUIRE_FALSE(f.model->layers[1].k_norm.empty());
+  run_f32_fixture("qwen3-qknorm-f32");
+}

@@ -217,11 +217,55 @@ TEST_CASE("config: defaults, explicit head_dim, linear scaling, transformers 5 k
   CHECK(v5_default.rope_scaling.type == RopeScaling::Type::kNone);
 }
 
+TEST_CASE("config: Qwen2.5 0.5B (q/k/v biases) and Qwen3 0.6B (q/k norms)", "[model]") {
+  // Their published config.json files (the Qwen2.5 one names a sliding window it does not use).
+  const ModelConfig qwen2 = ModelConfig::parse(R"({"architectures": ["Qwen2ForCausalLM"],
+      "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+      "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+      "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+      "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+      "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+      "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+      "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+      "vocab_size": 151936})",
+                                               "qwen2.json");
+  CHECK(qwen2.model_type == "qwen2");
+  CHECK(qwen2.qkv_bias);
+  CHECK_FALSE(qwen2.qk_norm);
+  CHECK_FALSE(qwen2.sliding_window.has_value());
+  CHECK(qwen2.head_dim == 64);
+  CHECK(qwen2.rope_theta == 1000000.0);
+  CHECK(qwen2.tie_word_embeddings);
+
+  const ModelConfig qwen3 = ModelConfig::parse(R"({"architectures": ["Qwen3ForCausalLM"],
+      "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+      "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+      "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
+      "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16,
+      "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+      "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+      "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+      "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})",
+                                               "qwen3.json");
+  CHECK(qwen3.model_type == "qwen3");
+  CHECK(qwen3.qk_norm);
+  CHECK_FALSE(qwen3.qkv_bias);
+  CHECK(qwen3.head_dim == 128);
+  CHECK(qwen3.num_kv_heads == 8);
+}
+
 TEST_CASE("config: errors name the file, the field and the expectation", "[model]") {
   SECTION("unsupported model_type") {
     const std::string message = parse_error(R"({"model_type": "gpt2", "vocab_size": 5})");
     CHECK_THAT(message, Contains("cfg/config.json") && Contains("model_type") &&
-                            Contains("llama") && Contains("mistral") && Contains("gpt2"));
+                            Contains("llama") && Contains("mistral") && Contains("qwen2") &&
+                            Contains("qwen3") && Contains("gpt2"));
+  }
+  SECTION("qwen sliding windows (per layer) are refused") {
+    CHECK_THAT(parse_error(R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 64,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "use_sliding_window": true})"),
+               Contains("use_sliding_window") && Contains("not supported"));
   }
   SECTION("missing model_type") {
     CHECK_THAT(parse_error(R"({"vocab_size": 5})"),
