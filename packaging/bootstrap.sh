@@ -86,7 +86,7 @@ if [ "$mode" = demo ]; then
 fi
 
 # --- tests ------------------------------------------------------------------------------------
-log "Running the test suite (ctest: unit, parity, ui, cuda)"
+log "Running the test suite (ctest: unit, parity, ui, cuda, package)"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
 
 log "Sanitizer build (ASan + UBSan) and its unit tests"

@@ -96,8 +96,9 @@ TEST_CASE("the bundled pools are found from the executable", "[coref]") {
 }
 
 TEST_CASE("bundled assets: $KVLENS_ASSETS_DIR first, then above the executable", "[coref]") {
-  // The demo model the app opens is found like the pools (the test binary sits in the build tree
-  // inside the source tree).
+  // The demo model the app opens is found like the pools (the test binary sits in a build tree:
+  // inside the source tree, found above the executable, or anywhere else, through the build
+  // tree's fallback on the source tree's assets/).
   CHECK(fs::equivalent(bundled_asset_path("models/demo/config.json", "demo"),
                        test::source_path("assets/models/demo/config.json")));
   const std::string dir = test::make_temp_dir("assets");

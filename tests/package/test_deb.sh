@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The Debian package end to end (ctest package:deb): cpack makes the .deb from BUILD_DIR,
+# dpkg-deb -x unpacks it into a throwaway root, and the unpacked kvlens-cli (and kvlens, when the
+# app is built) run from an unrelated folder and find the bundled files in root/usr/share/kvlens.
+#   test_deb.sh BUILD_DIR [--app]   (--app: the build has the kvlens app; exit 4: skipped, no
+#   dpkg-deb or cpack)
+set -euo pipefail
+build=$(cd "$1" && pwd)
+with_app=${2:-}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+command -v dpkg-deb >/dev/null || { echo "package:deb skipped: no dpkg-deb"; exit 4; }
+cpack=$(dirname "$(command -v cmake)")/cpack
+[ -x "$cpack" ] || cpack=$(command -v cpack) || { echo "package:deb skipped: no cpack"; exit 4; }
+# Outside the build tree, so the build tree's fallback on the source assets cannot apply.
+work=$(mktemp -d "${TMPDIR:-/tmp}/kvlens-deb.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+"$cpack" --config "$build/CPackConfig.cmake" -B "$work/out" >"$work/cpack.log" 2>&1 ||
+  { cat "$work/cpack.log" >&2; exit 1; }
+deb=$(find "$work/out" -maxdepth 1 -name 'kvlens_*.deb' | head -n 1)
+[ -n "$deb" ] || { echo "cpack made no kvlens_*.deb" >&2; cat "$work/cpack.log" >&2; exit 1; }
+echo "== $(basename "$deb")"
+dpkg-deb --info "$deb" | sed -n '/Package:/,$p'
+root="$work/root"
+dpkg-deb -x "$deb" "$root"
+
+share="$root/usr/share/kvlens"
+for file in usr/bin/kvlens-cli usr/share/kvlens/benchmarks/coref/pools.json \
+  usr/share/kvlens/models/demo/config.json usr/share/kvlens/models/demo/model.safetensors \
+  usr/share/kvlens/models/demo/tokenizer.json usr/share/kvlens/models/demo/predictor.safetensors; do
+  [ -f "$root/$file" ] || { echo "the package lacks /$file" >&2; exit 1; }
+done
+app=
+if [ "$with_app" = --app ]; then
+  for file in usr/bin/kvlens usr/share/applications/kvlens.desktop \
+    usr/share/icons/hicolor/scalable/apps/kvlens.svg; do
+    [ -f "$root/$file" ] || { echo "the package lacks /$file" >&2; exit 1; }
+  done
+  grep -q '^Icon=kvlens$' "$root/usr/share/applications/kvlens.desktop"
+  app=--app
+else
+  echo "(no kvlens app in this build: its part is skipped)"
+fi
+"$here/check_installed.sh" "$root/usr/bin" "$share/models/demo" $app
