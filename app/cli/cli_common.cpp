@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "engine/runtime/memory_estimate.h"
+
 namespace kvlens::cli {
 namespace {
 double now_seconds() {
@@ -19,6 +21,13 @@ void add_predictor_option(CLI::App& command, CommonOptions& common) {
   command.add_option("--predictor", common.predictor,
                      "TokenButler predictor.safetensors (predictor.json beside it) instead of the "
                      "model folder's own");
+}
+
+void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t tokens, int64_t runs,
+                      bool policies, const std::string& what) {
+  if (common.backend != "cpu") return;
+  require_memory(estimate_memory(model).cpu_session_bytes(tokens, runs, policies),
+                 available_memory_bytes(), what);
 }
 
 void add_common_options(CLI::App& command, CommonOptions& common) {

@@ -50,6 +50,12 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
+// Before any work on the CPU backend (other backends pass): the weights plus `runs` runs'
+// caches (and policy rows where `policies`) over `tokens` positions must fit MemAvailable
+// (engine/runtime/memory_estimate.h); throws kvlens::Error naming `what` and both figures.
+void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t tokens, int64_t runs,
+                      bool policies, const std::string& what);
+
 // Adds --backend, --threads, --cpu-kernels and --progress to a subcommand.
 void add_common_options(CLI::App& command, CommonOptions& common);
 // Adds --predictor to a subcommand that opens a model.

@@ -142,6 +142,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
             "at most max_position_embeddings = " + std::to_string(config.max_position_embeddings),
             std::to_string(positions));
       }
+      check_cpu_memory(common, *model, positions,
+                       1 + (policies.empty() ? 0 : int64_t(split_comma_list(policies).size())),
+                       !policies.empty(), "--context + --warmup + --steps");
       const auto backend = make_backend(common);
       const auto resident = BackendModel::upload(model, *backend);
       const int64_t step_bytes = resident->step_weight_bytes();

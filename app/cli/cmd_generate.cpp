@@ -38,6 +38,9 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
           *prompt_option ? std::optional<std::string>(prompt) : std::nullopt;
       const std::vector<int32_t> prompt_ids =
           resolve_input_tokens(*model, text, tokens, "--tokens");
+      check_cpu_memory(common, *model, int64_t(prompt_ids.size()) + max_new, 1,
+                       !policy_config.id.empty() && policy_config.id != "dense",
+                       "prompt + --max-new");
       const auto backend = make_backend(common);
       const auto resident = BackendModel::upload(model, *backend);
 

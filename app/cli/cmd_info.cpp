@@ -1,9 +1,11 @@
-// kvlens-cli info: the validated config of a checkpoint folder, its weights and tokenizer, as JSON.
+// kvlens-cli info: the validated config of a checkpoint folder, its weights and tokenizer, and the
+// memory it will need on each backend, as JSON.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "app/cli/cli_common.h"
 #include "engine/model/model.h"
+#include "engine/runtime/memory_estimate.h"
 
 namespace kvlens::cli {
 namespace {
@@ -60,6 +62,14 @@ nlohmann::json model_info(const Model& model) {
       {"weight_bytes", weight_bytes},
       {"tensor_dtypes", dtype_counts},
   };
+  const MemoryEstimate memory = estimate_memory(model);
+  info["memory"] = {{"mapped_weight_bytes", memory.mapped_bytes},
+                    {"cpu_weight_bytes", memory.cpu_weight_bytes},
+                    {"cuda_weight_bytes", memory.cuda_weight_bytes},
+                    {"kv_cache_bytes_per_1k_tokens", memory.kv_cache_per_1k},
+                    {"policy_rows_bytes_per_1k_tokens", memory.policy_rows_per_1k},
+                    {"trace_step_row_bytes_at_1k_tokens", memory.trace_step_rows_at_1k},
+                    {"available_bytes", available_memory_bytes()}};
   if (const auto& predictor = model.predictor.predictor) {
     const PredictorConfig& sizes = predictor->config;
     info["predictor"] = {{"path", predictor->path},

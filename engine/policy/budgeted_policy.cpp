@@ -13,6 +13,17 @@ BudgetedPolicy::BudgetedPolicy(const PolicyShape& shape, Backend& backend, Commo
   }
 }
 
+void BudgetedPolicy::grow(int64_t stride) {
+  if (stride <= shape_.stride) return;
+  shape_.stride = stride;
+  group_scores_ = widen_columns(backend_, group_scores_, stride);
+  group_visible_ = widen_columns(backend_, group_visible_, stride);
+}
+
+int64_t BudgetedPolicy::state_bytes() const {
+  return tensor_bytes({group_scores_, group_visible_});
+}
+
 const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_scores,
                                                       int64_t cols) {
   if (!knobs_.kv_head_granularity) return head_scores;

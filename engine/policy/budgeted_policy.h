@@ -14,6 +14,11 @@ class BudgetedPolicy : public Policy {
  public:
   BudgetedPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs);
 
+  // Widens the per-group scratch (a derived policy's own buffers: its override, which calls
+  // this first and then reads the old stride nowhere: shape_.stride is the new one).
+  void grow(int64_t stride) override;
+  int64_t state_bytes() const override;
+
  protected:
   bool dense_layer(const LayerStep& step) const { return step.layer < knobs_.dense_layers; }
   int64_t selection_rows() const {

@@ -32,6 +32,16 @@ class H2oPolicy final : public BudgetedPolicy {
     return !current_logit_ && !dense_layer(step);
   }
 
+  void grow(int64_t stride) override {
+    if (stride <= shape_.stride) return;
+    BudgetedPolicy::grow(stride);
+    for (DeviceTensor& sums : accumulated_) sums = widen_columns(backend_, sums, stride);
+    for (DeviceTensor& kept : kept_) kept = widen_columns(backend_, kept, stride, 1);
+  }
+  int64_t state_bytes() const override {
+    return BudgetedPolicy::state_bytes() + tensor_bytes(accumulated_) + tensor_bytes(kept_);
+  }
+
   // Only score=current_logit ranks by this step's logits.
   bool reads_logits(const LayerStep& /*step*/) const override { return current_logit_; }
 

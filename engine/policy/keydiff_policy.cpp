@@ -33,6 +33,16 @@ class KeydiffPolicy final : public BudgetedPolicy {
   // Chooses without this step's logits (see Policy::reads_logits).
   bool reads_logits(const LayerStep& /*step*/) const override { return false; }
 
+  void grow(int64_t stride) override {
+    if (stride <= shape_.stride) return;
+    BudgetedPolicy::grow(stride);
+    for (DeviceTensor& kept : kept_) kept = widen_columns(backend_, kept, stride, 1);
+    members_ = widen_columns(backend_, members_, stride);
+  }
+  int64_t state_bytes() const override {
+    return BudgetedPolicy::state_bytes() + tensor_bytes(kept_) + tensor_bytes({members_});
+  }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;

@@ -79,6 +79,17 @@ class LazyllmPolicy final : public BudgetedPolicy {
   // Chooses without this step's logits (see Policy::reads_logits).
   bool reads_logits(const LayerStep& /*step*/) const override { return false; }
 
+  void grow(int64_t stride) override {
+    if (stride <= shape_.stride) return;
+    BudgetedPolicy::grow(stride);
+    head_sum_ = widen_columns(backend_, head_sum_, stride);
+    previous_ = widen_columns(backend_, previous_, stride);
+    chosen_ = widen_columns(backend_, chosen_, stride);
+  }
+  int64_t state_bytes() const override {
+    return BudgetedPolicy::state_bytes() + tensor_bytes({head_sum_, previous_, chosen_});
+  }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     const int64_t t = step.step, cols = step.cols();

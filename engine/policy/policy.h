@@ -1,7 +1,9 @@
 // The token-selection policy interface (POLICIES.md): at every decode step t and layer l a policy
 // decides which cached tokens each query head may see. Buffers are the backend's row tensors:
 // true logits, scores and probabilities F32 [H, stride], visibility U8 [H, stride], of which the
-// first t + 1 columns (the candidates) are in use; stride = the run's cache capacity.
+// first t + 1 columns (the candidates) are in use; stride = the run's cache capacity, which grows
+// (doubling) with the context: the session then widens its rows and calls Policy::grow, so no
+// buffer is sized by max_position_embeddings.
 #pragma once
 
 #include <cstdint>
@@ -72,7 +74,9 @@ struct BackendPredictor;
 // The model shape and buffer geometry a policy instance is created for.
 struct PolicyShape {
   int64_t layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  int64_t stride = 0;  // columns of every row buffer: the most positions a run may reach
+  // Columns of every row buffer when the policy is made: the session's cache capacity (it grows
+  // with the context; Policy::grow follows it).
+  int64_t stride = 0;
   // The model's TokenButler predictor on the session's backend (null: none), and where the
   // model's lookup looked when it found none (for the tokenbutler policy's error).
   std::shared_ptr<const BackendPredictor> predictor;
@@ -105,7 +109,24 @@ class Policy {
   // learned predictor reads them to keep its own cache complete. Called in position order, once
   // per token, before the policy's first select at a later position. The default ignores them.
   virtual void observe_inputs(const DeviceTensor& /*layer_input*/, int64_t /*first_position*/) {}
+  // The rows the session hands over now have `stride` columns (its caches grew; never fewer
+  // than before): a policy whose own buffers are [.., stride] widens them, keeping every column
+  // it holds, so its selections do not depend on when it grew. A stride not above its own is a
+  // no-op. The default has no such buffers.
+  virtual void grow(int64_t /*stride*/) {}
+  // Bytes of the backend buffers the policy holds itself (not the session's rows it is given).
+  virtual int64_t state_bytes() const { return 0; }
 };
+
+// `src` [R, S] copied into columns [0, S) of `dst` [R, S'] (S' >= S), row by row, on the
+// backend; F32 or U8 (both the same dtype).
+void copy_columns(Backend& backend, const DeviceTensor& src, DeviceTensor& dst);
+// A new [R, stride] tensor holding `rows` [R, S] in its first S columns and `fill` (U8; F32
+// tensors get 0) in the rest. An empty tensor stays empty.
+DeviceTensor widen_columns(Backend& backend, const DeviceTensor& rows, int64_t stride,
+                           uint8_t fill = 0);
+// Sum of the tensors' bytes (empty ones count 0).
+int64_t tensor_bytes(const std::vector<DeviceTensor>& tensors);
 
 // A registered policy: its id, family, one-line rule and parameters (common knobs included).
 struct PolicyInfo {

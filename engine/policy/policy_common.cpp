@@ -1,7 +1,11 @@
-// The budget rule, the always-visible columns and the common knobs shared by every policy.
+// The budget rule, the always-visible columns and the common knobs shared by every policy, and
+// the widening of row buffers when the session's caches grow.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "engine/common/error.h"
 #include "engine/policy/policy.h"
@@ -93,6 +97,57 @@ CommonKnobs read_common_knobs(const ParamValues& values, double sparsity) {
   knobs.min_keep = values.get_int("min_keep");
   knobs.budget_excludes_sinks = values.get_bool("budget_excludes_sinks");
   return knobs;
+}
+
+void copy_columns(Backend& backend, const DeviceTensor& src, DeviceTensor& dst) {
+  const int64_t rows = src.dim(0), cols = src.dim(1), stride = dst.dim(1);
+  if (src.dtype != dst.dtype || dst.dim(0) != rows || stride < cols ||
+      (src.dtype != DType::F32 && src.dtype != DType::U8)) {
+    throw Error("policy", "copy_columns", "F32 or U8 [R, S] into [R, S' >= S] of the same dtype",
+                std::to_string(rows) + " x " + std::to_string(cols) + " into " +
+                    std::to_string(dst.dim(0)) + " x " + std::to_string(stride));
+  }
+  if (rows * cols == 0) return;
+  // copy_rows moves F32 rows: U8 rows whose widths are multiples of 4 bytes go as F32 rows of a
+  // quarter of the width; others (a cache capped at an odd max_position_embeddings) go through
+  // the host.
+  const int64_t unit = src.dtype == DType::F32 ? 1 : 4;
+  if (cols % unit != 0 || stride % unit != 0) {
+    std::vector<uint8_t> from(src.bytes()), to(dst.bytes());
+    backend.to_host(src, from.data(), from.size());
+    backend.to_host(dst, to.data(), to.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(from.begin() + r * cols, cols, to.begin() + r * stride);
+    }
+    backend.from_host(dst, to.data(), to.size());
+    return;
+  }
+  const size_t element = dtype_size(src.dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    DeviceTensor from = src, to = dst;
+    from.data = static_cast<std::byte*>(src.data) + size_t(r * cols) * element;
+    to.data = static_cast<std::byte*>(dst.data) + size_t(r * stride) * element;
+    from.dtype = to.dtype = DType::F32;
+    from.shape = to.shape = {1, cols / unit};
+    backend.copy_rows(from, 0, to, 0, 1, cols / unit);
+  }
+}
+
+DeviceTensor widen_columns(Backend& backend, const DeviceTensor& rows, int64_t stride,
+                           uint8_t fill) {
+  if (rows.empty() || stride <= rows.dim(1)) return rows;
+  DeviceTensor grown = backend.alloc(rows.dtype, {rows.dim(0), stride});
+  if (rows.dtype == DType::U8 && fill != 0) backend.fill_columns(grown, rows.dim(1), stride, fill);
+  copy_columns(backend, rows, grown);
+  return grown;
+}
+
+int64_t tensor_bytes(const std::vector<DeviceTensor>& tensors) {
+  int64_t bytes = 0;
+  for (const DeviceTensor& t : tensors) {
+    if (!t.empty()) bytes += int64_t(t.bytes());
+  }
+  return bytes;
 }
 
 }  // namespace kvlens

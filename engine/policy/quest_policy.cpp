@@ -41,6 +41,7 @@
 // policies.
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/policy/budgeted_policy.h"
@@ -72,6 +73,27 @@ class QuestPolicy final : public BudgetedPolicy {
 
   // Chooses without this step's logits (see Policy::reads_logits).
   bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
+  // The page summaries [G, pages, D] gain the new pages (zeros until filled); each KV head's
+  // pages are copied as they are.
+  void grow(int64_t stride) override {
+    if (stride <= shape_.stride) return;
+    BudgetedPolicy::grow(stride);
+    const int64_t pages = (stride + page_size_ - 1) / page_size_;
+    for (std::vector<DeviceTensor>* summaries : {&page_min_, &page_max_}) {
+      for (DeviceTensor& old : *summaries) {
+        if (old.empty()) continue;
+        DeviceTensor grown = backend_.alloc(DType::F32, {shape_.kv_heads, pages, shape_.head_dim});
+        for (int64_t g = 0; g < shape_.kv_heads; ++g) {
+          backend_.copy_rows(old, g * old.dim(1), grown, g * pages, old.dim(1), shape_.head_dim);
+        }
+        old = std::move(grown);
+      }
+    }
+  }
+  int64_t state_bytes() const override {
+    return BudgetedPolicy::state_bytes() + tensor_bytes(page_min_) + tensor_bytes(page_max_);
+  }
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {

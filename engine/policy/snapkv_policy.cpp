@@ -76,6 +76,17 @@ class SnapkvPolicy final : public BudgetedPolicy {
   // Chooses without this step's logits (see Policy::reads_logits).
   bool reads_logits(const LayerStep& /*step*/) const override { return false; }
 
+  void grow(int64_t stride) override {
+    if (stride <= shape_.stride) return;
+    BudgetedPolicy::grow(stride);
+    rings_ = widen_columns(backend_, rings_, stride);
+    prefixes_ = widen_columns(backend_, prefixes_, stride);
+    for (DeviceTensor& kept : kept_) kept = widen_columns(backend_, kept, stride, 1);
+  }
+  int64_t state_bytes() const override {
+    return BudgetedPolicy::state_bytes() + tensor_bytes({rings_, prefixes_}) + tensor_bytes(kept_);
+  }
+
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                        DeviceTensor& scores) override {
     if (dense_layer(step)) return LayerDecision::Dense;

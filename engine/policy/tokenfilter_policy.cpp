@@ -91,6 +91,17 @@ class TokenfilterPolicy final : public Policy {
   // Chooses without this step's logits (see Policy::reads_logits).
   bool reads_logits(const LayerStep& /*step*/) const override { return false; }
 
+  void grow(int64_t stride) override {
+    if (stride <= shape_.stride) return;
+    shape_.stride = stride;
+    zeros_ = widen_columns(backend_, zeros_, stride);
+  }
+  int64_t state_bytes() const override {
+    int64_t bytes = tensor_bytes({similarities_, zeros_, value_});
+    for (const Layer& layer : layers_) bytes += tensor_bytes({layer.anchor_k, layer.anchor_v});
+    return bytes;
+  }
+
   LayerDecision select(const LayerStep& step, DeviceTensor&, DeviceTensor& scores) override {
     if (step.layer < first_tail_) return LayerDecision::Dense;
     Layer& layer = layers_[size_t(step.layer)];

@@ -4,7 +4,8 @@
 // single-token step. The projections see every run's row at once (one read of the weights) until
 // the rows differ; then, on a backend with several threads, each group of runs goes through the
 // layers left on its own (session_groups.cpp), and the lm_head takes every row again. The per-run
-// attention is in session_attention.cpp. Caches grow by doubling up to max_position_embeddings.
+// attention is in session_attention.cpp. Caches grow by doubling up to max_position_embeddings,
+// and the policies' row buffers with them.
 #include "engine/runtime/decoder_session.h"
 
 #include <algorithm>
@@ -24,12 +25,6 @@ using session::row_view;
 using session::rows_of;
 using session::timed_work;
 using session::view;
-
-namespace {
-
-constexpr int64_t kInitialCacheCapacity = 256;
-
-}  // namespace
 
 std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const Model> model,
                                                          Backend& backend) {
@@ -134,7 +129,7 @@ void DecoderSession::grow_caches(int64_t needed) {
   const ModelConfig& c = model_->config();
   const int64_t current = runs_[0].k_cache.empty() ? 0 : runs_[0].k_cache.front().dim(1);
   if (needed <= current) return;
-  int64_t capacity = std::max<int64_t>(current, kInitialCacheCapacity);
+  int64_t capacity = std::max<int64_t>({current, options_.initial_capacity, 1});
   while (capacity < needed) capacity *= 2;
   capacity = std::min(capacity, c.max_position_embeddings);
   const int64_t shared = runs_.size() > 1 ? std::min(shared_rows_, position_) : 0;
@@ -161,6 +156,87 @@ void DecoderSession::grow_caches(int64_t needed) {
       }
     }
   }
+  grow_policy_rows(capacity);
+}
+
+int64_t DecoderSession::row_stride() const {
+  if (!runs_[0].k_cache.empty()) return runs_[0].k_cache.front().dim(1);
+  return std::min(std::max<int64_t>(options_.initial_capacity, 1),
+                  model_->config().max_position_embeddings);
+}
+
+int64_t DecoderSession::policy_run_bytes(int64_t stride) const {
+  const ModelConfig& c = model_->config();
+  const int64_t row_floats = c.num_heads * stride;
+  // Each run's F32 rows start 64-byte aligned.
+  return ((c.num_layers + 2) * row_floats * int64_t(sizeof(float)) + c.num_layers * row_floats +
+          63) /
+         64 * 64;
+}
+
+void DecoderSession::assign_policy_rows(SessionRun& run, int64_t index) {
+  const ModelConfig& c = model_->config();
+  const int64_t stride = policy_stride_, row_floats = c.num_heads * stride;
+  // Per run, in [H, stride] rows: scores of every layer, logits, probabilities (F32), then the
+  // masks of every layer (U8).
+  int64_t at = index * policy_run_bytes(stride);
+  auto next = [&](DType dtype) {
+    DeviceTensor rows = rows_of(policy_rows_, at, dtype, {c.num_heads, stride});
+    at += row_floats * int64_t(dtype_size(dtype));
+    return rows;
+  };
+  run.scores.clear();
+  run.visible.clear();
+  for (int64_t l = 0; l < c.num_layers; ++l) run.scores.push_back(next(DType::F32));
+  run.policy_logits = next(DType::F32);
+  run.policy_probs = next(DType::F32);
+  for (int64_t l = 0; l < c.num_layers; ++l) run.visible.push_back(next(DType::U8));
+}
+
+void DecoderSession::grow_policy_rows(int64_t stride) {
+  // Runs without a policy keep their logits scratch (and a former policy's rows) on their own.
+  for (SessionRun& run : runs_) {
+    if (run.policy) continue;
+    run.policy_logits = widen_columns(backend_, run.policy_logits, stride);
+    run.policy_probs = widen_columns(backend_, run.policy_probs, stride);
+    run.scores.clear();
+    run.visible.clear();
+  }
+  if (policy_rows_.empty() || stride <= policy_stride_) return;
+  const DeviceTensor old_rows = policy_rows_;  // alive until every run's rows are copied
+  policy_rows_ = backend_.alloc(DType::U8, {runs(), policy_run_bytes(stride)});
+  policy_stride_ = stride;
+  for (size_t r = 0; r < runs_.size(); ++r) {
+    SessionRun& run = runs_[r];
+    if (!run.policy) continue;
+    std::vector<DeviceTensor> old = run.scores;
+    old.push_back(run.policy_logits);
+    old.push_back(run.policy_probs);
+    old.insert(old.end(), run.visible.begin(), run.visible.end());
+    assign_policy_rows(run, int64_t(r));
+    std::vector<DeviceTensor*> grown;
+    for (DeviceTensor& t : run.scores) grown.push_back(&t);
+    grown.push_back(&run.policy_logits);
+    grown.push_back(&run.policy_probs);
+    for (DeviceTensor& t : run.visible) grown.push_back(&t);
+    for (size_t i = 0; i < old.size(); ++i) copy_columns(backend_, old[i], *grown[i]);
+    run.policy->grow(stride);
+  }
+}
+
+int64_t DecoderSession::policy_state_bytes() const {
+  int64_t bytes = policy_rows_.empty() ? 0 : int64_t(policy_rows_.bytes());
+  for (const SessionRun& run : runs_) {
+    if (run.policy) {
+      bytes += run.policy->state_bytes();
+    } else {
+      // A run without a policy holds its logits scratch (and a former policy's rows) itself.
+      for (const DeviceTensor* t : {&run.policy_logits, &run.policy_probs}) {
+        if (!t->empty() && t->storage != policy_rows_.storage) bytes += int64_t(t->bytes());
+      }
+    }
+  }
+  return bytes;
 }
 
 const DeviceTensor& DecoderSession::forward(std::span<const int32_t> tokens) {
@@ -466,7 +542,7 @@ PolicyShape DecoderSession::policy_shape() const {
           c.num_heads,
           c.num_kv_heads,
           c.head_dim,
-          options_.capacity > 0 ? options_.capacity : c.max_position_embeddings,
+          row_stride(),
           model_->predictor,
           model_->model->predictor.searched};
 }
@@ -485,30 +561,20 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
   if (!run.policy) return;
   const PolicyShape shape = policy_shape();
   // Every run's policy rows live in one allocation (in huge pages on the CPU: a lockstep step
-  // touches all of them, and thousands of small pages cost a TLB miss each). Per run, in
-  // [H, stride] rows: scores of every layer, logits, probabilities (F32), then the masks of
-  // every layer (U8).
-  const int64_t row_floats = shape.heads * shape.stride;
-  const int64_t run_bytes =
-      ((shape.layers + 2) * row_floats * int64_t(sizeof(float)) + shape.layers * row_floats + 63) /
-      64 * 64;  // each run's F32 rows start 64-byte aligned
+  // touches all of them, and thousands of small pages cost a TLB miss each), at the caches'
+  // capacity (grow_policy_rows widens them with the caches).
   if (policy_rows_.empty()) {
-    policy_rows_ = backend_.alloc(DType::U8, {runs(), run_bytes});
+    policy_stride_ = shape.stride;
+    policy_rows_ = backend_.alloc(DType::U8, {runs(), policy_run_bytes(policy_stride_)});
   } else {
     // A run given a new policy starts from zeros, as in a fresh allocation.
+    const int64_t run_bytes = policy_run_bytes(policy_stride_);
     DeviceTensor rows = rows_of(policy_rows_, index * run_bytes, DType::U8, {1, run_bytes});
     backend_.fill_columns(rows, 0, run_bytes, 0);
   }
-  int64_t at = index * run_bytes;
-  auto next = [&](DType dtype) {
-    DeviceTensor rows = rows_of(policy_rows_, at, dtype, {shape.heads, shape.stride});
-    at += row_floats * int64_t(dtype_size(dtype));
-    return rows;
-  };
-  for (int64_t l = 0; l < shape.layers; ++l) run.scores.push_back(next(DType::F32));
-  run.policy_logits = next(DType::F32);
-  run.policy_probs = next(DType::F32);
-  for (int64_t l = 0; l < shape.layers; ++l) run.visible.push_back(next(DType::U8));
+  assign_policy_rows(run, index);
+  // A policy made for an earlier, narrower stride catches up.
+  run.policy->grow(policy_stride_);
   run.decisions.assign(size_t(shape.layers), LayerDecision::Dense);
   run.sparsity.reset(shape.layers, shape.heads);
   if (zero_attention_.empty()) {

@@ -42,6 +42,9 @@ struct BackendModel {
 
 struct SessionOptions {
   int64_t capacity = 0;  // hard cap on cached positions; 0 = max_position_embeddings
+  // The caches' (and the policy rows') first capacity; they double from it as the context
+  // grows, up to max_position_embeddings. Results never depend on it.
+  int64_t initial_capacity = 256;
   // Keep the pre-softmax attention logits of the last forward per run and layer: [n, H, context]
   // (-inf where a head did not see a token only on the plain dense path with a sliding window).
   bool record_attention_logits = false;
@@ -99,14 +102,21 @@ class DecoderSession {
     std::fill(identical_rows_.begin(), identical_rows_.end(), 0);
   }
   // Runs `policy` in `run` at every single-token step from position `first_step` on (0: the
-  // decode simulation; the prompt length: prefill + decode). Its row buffers span the session's
-  // capacity (options.capacity, else max_position_embeddings).
+  // decode simulation; the prompt length: prefill + decode). Its row buffers span the caches'
+  // capacity (policy_shape().stride), and grow with them: whenever the caches double, every
+  // run's rows are widened (their columns kept) and each policy's Policy::grow is called, so the
+  // policy state follows the context in use, not max_position_embeddings.
   void set_policy(int64_t run, std::unique_ptr<Policy> policy, int64_t first_step = 0);
   void set_policy(std::unique_ptr<Policy> policy, int64_t first_step = 0) {
     set_policy(0, std::move(policy), first_step);
   }
   const SessionRun& run(int64_t index) const { return runs_.at(size_t(index)); }
+  // The model's shape with stride = the columns of the row buffers now: the caches' capacity
+  // (before the first forward, the capacity they will start with).
   PolicyShape policy_shape() const;
+  // Bytes of backend memory the policy state holds now: every run's row buffers (scores,
+  // logits, probabilities, masks) and each policy's own buffers (Policy::state_bytes).
+  int64_t policy_state_bytes() const;
 
   // Run 0's state (the single-run API).
   const Policy* policy() const { return runs_[0].policy.get(); }
@@ -126,6 +136,14 @@ class DecoderSession {
  private:
   void check_tokens(std::span<const int32_t> tokens, int64_t positions) const;
   void grow_caches(int64_t needed);
+  // The columns of every row buffer: the caches' capacity, or the capacity they will start with.
+  int64_t row_stride() const;
+  // Bytes of one run's share of policy_rows_ at `stride` columns.
+  int64_t policy_run_bytes(int64_t stride) const;
+  // Points run `index`'s row buffers into policy_rows_ (policy_stride_ columns).
+  void assign_policy_rows(SessionRun& run, int64_t index);
+  // Widens every run's rows and every policy's own buffers to `stride` columns (grow_caches).
+  void grow_policy_rows(int64_t stride);
   void ensure_scratch(int64_t n);
   // The decoder over `rows` hidden rows: a chunk of one run (per_run false: rows are positions
   // position_ .. + rows - 1 of run 0, copied to the other runs) or one token per run. A step the
@@ -254,6 +272,7 @@ class DecoderSession {
   DeviceTensor logits_view_;     // logits_ seen as [rows, vocab] for the last forward
   DeviceTensor zero_attention_;  // [1, H * D] zeros: a skipped layer's attention output
   DeviceTensor policy_rows_;     // every run's policy rows (set_policy), U8 bytes
+  int64_t policy_stride_ = 0;    // the columns of policy_rows_' rows
   // step_attention's per-run row views of the current layer (the policies' LayerStep points at
   // them) and its backend calls' arguments.
   std::vector<DeviceTensor> input_rows_, q_rows_, out_rows_, k_rows_, v_rows_;
