@@ -2,6 +2,7 @@
 // (policy, sparsity) pair, as a table on stdout and, with --json, the DESIGN.md result file.
 // Every policy runs in the decode simulation (POLICIES.md), all of them in one lockstep session;
 // dense is the reference row.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -181,6 +182,9 @@ int run_eval(const CommonOptions& common) {
       text_tokens.resize(size_t(flags.max_tokens));
     }
     window = *options.window ? flags.window : model->config.max_position_embeddings;
+    // A window's runs hold its tokens in their caches at once.
+    check_cpu_memory(common, *model, std::min(window, int64_t(text_tokens.size())),
+                     int64_t(runs.size()), true, "--window / --max-tokens");
   }
   const auto backend = make_backend(common);
   const auto resident = BackendModel::upload(model, *backend);

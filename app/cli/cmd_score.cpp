@@ -48,6 +48,7 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       if (*file_option) text = read_text_file(text_file);
       const std::vector<int32_t> ids = resolve_input_tokens(
           *model, text, tokens, *file_option ? "--text-file" : "--tokens", max_tokens);
+      check_cpu_memory(common, *model, int64_t(ids.size()), 1, true, "the text's tokens");
       const auto backend = make_backend(common);
       const auto resident = BackendModel::upload(model, *backend);
       ProgressBar bar(common.progress, "score");
