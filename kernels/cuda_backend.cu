@@ -609,9 +609,9 @@ class CudaBackend final : public Backend {
     // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
     // float `scaling`.
     args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
-    if (cuda::decode_attention_fits(args, sm_count_)) {
-      float* parts = static_cast<float*>(attention_parts_.get(
-          device_, size_t(cuda::decode_attention_scratch_floats(args, sm_count_)) * sizeof(float)));
+    if (const int64_t floats = cuda::decode_attention_scratch_floats(args, sm_count_)) {
+      float* parts =
+          static_cast<float*>(attention_parts_.get(device_, size_t(floats) * sizeof(float)));
       cuda::launch_decode_attention(args, parts, sm_count_, stream());
     } else {
       cuda::launch_attention(args, stream());

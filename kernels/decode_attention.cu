@@ -34,7 +34,7 @@ Plan plan(const AttentionArgs& a, int sm_count) {
   int64_t slice = round_up((p.keys + wanted_slices - 1) / wanted_slices, kMinSliceKeys);
   if (slice > max_slice) slice = max_slice;
   p.slice_keys = slice;
-  if (slice < kMinSliceKeys) return p;  // does not fit: decode_attention_fits says no
+  if (slice < kMinSliceKeys) return p;  // does not fit: no scratch, launch_attention does it
   p.slices = (p.keys + slice - 1) / slice;
   return p;
 }
@@ -152,20 +152,16 @@ __global__ void decode_merge_kernel(AttentionArgs a, const float* scratch, int64
 }  // namespace
 
 int64_t decode_attention_scratch_floats(const AttentionArgs& args, int sm_count) {
-  const Plan p = plan(args, sm_count);
-  return p.slices * args.heads * (args.head_dim + 2);
-}
-
-bool decode_attention_fits(const AttentionArgs& args, int sm_count) {
   if (args.rows != 1 || args.heads <= 0 || args.kv_heads <= 0 || args.head_dim <= 0 ||
       args.heads % args.kv_heads != 0)
-    return false;
-  return plan(args, sm_count).slice_keys >= kMinSliceKeys;
+    return 0;
+  const Plan p = plan(args, sm_count);
+  if (p.slice_keys < kMinSliceKeys) return 0;
+  return p.slices * args.heads * (args.head_dim + 2);
 }
 
 void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_count,
                              cudaStream_t stream) {
-  if (!decode_attention_fits(args, sm_count)) return;
   const Plan p = plan(args, sm_count);
   const int64_t group = args.heads / args.kv_heads;
   const size_t shared_bytes = size_t(group * (args.head_dim + p.slice_keys)) * sizeof(float);

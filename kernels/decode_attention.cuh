@@ -13,15 +13,13 @@
 
 namespace kvlens::cuda {
 
-// Whether the split kernel takes `args`: rows == 1 and a KV-head group whose queries and a
-// slice of weights fit in shared memory (otherwise launch_attention does it).
-bool decode_attention_fits(const AttentionArgs& args, int sm_count);
-// Floats of scratch launch_decode_attention needs for `args` (rows == 1).
+// Floats of scratch the split kernel needs for `args`, or 0 when it does not take them (rows != 1,
+// or a KV-head group whose queries and a slice of weights do not fit in shared memory: then
+// launch_attention does it).
 int64_t decode_attention_scratch_floats(const AttentionArgs& args, int sm_count);
-
-// decode_attention_fits(args) must hold. `scratch` holds decode_attention_scratch_floats(args,
-// sm_count) floats. Logits (when args.logits is set) are bit-identical to the attention_logits op's
-// and to launch_attention's: the same per-lane products and butterfly sum (warp_dot).
+// Needs decode_attention_scratch_floats(args, sm_count) > 0; `scratch` holds that many floats.
+// Logits (when args.logits is set) are bit-identical to the attention_logits op's and to
+// launch_attention's: the same per-lane products and butterfly sum (warp_dot).
 void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_count,
                              cudaStream_t stream);
 

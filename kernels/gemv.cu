@@ -27,30 +27,29 @@ struct WeightVector<float> {
     out[2] = __uint_as_float(raw.z), out[3] = __uint_as_float(raw.w);
   }
 };
-template <>
-struct WeightVector<__nv_bfloat16> {
+// Eight 16-bit values as four pairs, each widened by the pair intrinsic of its type.
+__device__ __forceinline__ float2 pair_to_float2(__nv_bfloat162 pair) {
+  return __bfloat1622float2(pair);
+}
+__device__ __forceinline__ float2 pair_to_float2(__half2 pair) {
+  return __half22float2(pair);
+}
+template <typename Pair>
+struct HalfWidthVector {
   static constexpr int kValues = 8;
   __device__ static void widen(const uint4& raw, float* out) {
-    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const auto* pairs = reinterpret_cast<const Pair*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(pairs[i]);
+      const float2 f = pair_to_float2(pairs[i]);
       out[2 * i] = f.x, out[2 * i + 1] = f.y;
     }
   }
 };
 template <>
-struct WeightVector<__half> {
-  static constexpr int kValues = 8;
-  __device__ static void widen(const uint4& raw, float* out) {
-    const auto* pairs = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(pairs[i]);
-      out[2 * i] = f.x, out[2 * i + 1] = f.y;
-    }
-  }
-};
+struct WeightVector<__nv_bfloat16> : HalfWidthVector<__nv_bfloat162> {};
+template <>
+struct WeightVector<__half> : HalfWidthVector<__half2> {};
 
 // Rows, weights and x 16-byte aligned with `in` a multiple of the vector width. A block computes
 // O output features at a time: lane l of warp w takes the vectors v = 32 w + l + 256 i, so each

@@ -142,7 +142,6 @@ int main(int argc, char** argv) {
            time_op(b, calls, repeats,
                    [&] { b.attention_visible(logits, context, nullptr, v_cache, out, &probs); }),
            cache_bytes);
-    DeviceTensor none;
     report("attention (decode op)" + at,
            time_op(b, calls, repeats,
                    [&] {

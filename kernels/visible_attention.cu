@@ -119,8 +119,8 @@ __global__ void visible_merge_kernel(VisibleAttentionArgs a, const float* head_m
   const int64_t h = blockIdx.x;
   const int64_t D = a.head_dim;
   const int64_t cols = head_max != nullptr ? column_count(a) : 0;
-  const int64_t used =
-      cols > 0 ? (cols + slice_width(cols, slices) - 1) / slice_width(cols, slices) : 0;
+  const int64_t width = cols > 0 ? slice_width(cols, slices) : 1;
+  const int64_t used = cols > 0 ? (cols + width - 1) / width : 0;
   float total = 0.0f;
   for (int64_t s = 0; s < used; ++s) total += slice_sum[s * a.heads + h];
   const bool none = head_max == nullptr || head_max[h] == -INFINITY;  // zeros, as attention gives
