@@ -52,18 +52,26 @@ Tokenizer::~Tokenizer() = default;
 
 namespace {
 
-std::vector<tok::AddedToken> parse_added_tokens(const Json& root, const JsonPath& root_path) {
+// The added tokens with the ids HF gives them. HF does not trust the "id" of an entry: a token
+// whose content is in the model vocab takes that id, any other takes the next free id after the
+// vocab (or after the largest added id), in file order. For files HF wrote these are the ids the
+// file lists; for edited files (a trimmed vocab, hand-made lists) they differ, and HF's win.
+std::vector<tok::AddedToken> parse_added_tokens(const Json& root, const JsonPath& root_path,
+                                                const tok::BpeModel& model) {
   std::vector<tok::AddedToken> added;
   const Json* list = tok::optional_member(root, "added_tokens", root_path);
   if (!list) return added;
   const JsonPath path = root_path.child("added_tokens");
   tok::expect_array(*list, path);
+  tok::StringIdMap index_of;  // content -> index into `added`
+  int64_t max_id = -1;
+  const int64_t vocab_count = model.vocab_count();
   for (size_t i = 0; i < list->size(); ++i) {
     const JsonPath item_path = path.index(i);
     const Json& item = tok::expect_object((*list)[i], item_path);
     tok::AddedToken t;
-    t.id = static_cast<int32_t>(tok::expect_int(tok::required_member(item, "id", item_path),
-                                                item_path.child("id"), 0, tok::kMaxTokenId));
+    tok::expect_int(tok::required_member(item, "id", item_path), item_path.child("id"), 0,
+                    tok::kMaxTokenId);
     t.content = tok::expect_string(tok::required_member(item, "content", item_path),
                                    item_path.child("content"));
     t.special = tok::bool_or(item, "special", false, item_path);
@@ -72,6 +80,27 @@ std::vector<tok::AddedToken> parse_added_tokens(const Json& root, const JsonPath
     t.rstrip = tok::bool_or(item, "rstrip", false, item_path);
     t.normalized = tok::bool_or(item, "normalized", !t.special, item_path);
     if (t.content.empty()) continue;  // HF ignores empty added tokens
+    if (const auto it = index_of.find(t.content); it != index_of.end()) {
+      // A repeated content keeps its id and takes the later flags; it stays special for
+      // skip_special_tokens once any entry said so.
+      tok::AddedToken& old = added[static_cast<size_t>(it->second)];
+      t.id = old.id;
+      t.special = t.special || old.special;
+      old = std::move(t);
+      continue;
+    }
+    if (const auto id = model.token_to_id(t.content)) {
+      t.id = *id;
+    } else if (max_id < 0) {
+      t.id = static_cast<int32_t>(vocab_count);
+    } else {
+      t.id = static_cast<int32_t>(max_id >= vocab_count || vocab_count == 0 ? max_id + 1
+                                                                            : vocab_count);
+    }
+    if (t.id > tok::kMaxTokenId)
+      item_path.fail("at most " + std::to_string(tok::kMaxTokenId) + " tokens in all");
+    max_id = std::max<int64_t>(max_id, t.id);
+    index_of.emplace(t.content, static_cast<int32_t>(added.size()));
     added.push_back(std::move(t));
   }
   return added;
@@ -103,7 +132,7 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& source
       tok::optional_member(root, "post_processor", root_path), root_path.child("post_processor"));
 
   // Added tokens: specials first, as HF registers them, so they win ties between equal patterns.
-  t.added = parse_added_tokens(root, root_path);
+  t.added = parse_added_tokens(root, root_path, t.model);
   std::stable_partition(t.added.begin(), t.added.end(),
                         [](const tok::AddedToken& a) { return a.special; });
   std::vector<const tok::AddedToken*> raw_tokens, normalized_tokens;

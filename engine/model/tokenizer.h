@@ -1,7 +1,8 @@
-// Tokenizer: Hugging Face tokenizer.json BPE models of the two kinds Llama-family checkpoints use:
-// byte-level (GPT-2 / Llama-3 split regex, ByteLevel decoder) and SentencePiece-style (Prepend/
-// Replace normalizer or Metaspace pre-tokenizer, byte_fallback, Replace/ByteFallback/Fuse/Strip
-// decoder), with added/special tokens and the TemplateProcessing post-processor.
+// Tokenizer: Hugging Face tokenizer.json BPE models of the two kinds Llama-, Qwen- and Phi-family
+// checkpoints use: byte-level (GPT-2, Llama-3/cl100k, Qwen2 or o200k split regex, optional NFC,
+// ByteLevel decoder) and SentencePiece-style (Prepend/Replace normalizer or Metaspace
+// pre-tokenizer, byte_fallback, Replace/ByteFallback/Fuse/Strip decoder), with added/special tokens
+// (numbered as HF numbers them) and the TemplateProcessing post-processor.
 #pragma once
 
 #include <cstdint>

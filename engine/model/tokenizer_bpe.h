@@ -38,6 +38,8 @@ class BpeModel {
   // nullptr when no vocab entry has this id.
   const std::string* id_to_token(int32_t id) const;
   int64_t id_limit() const { return static_cast<int64_t>(tokens_by_id_.size()); }  // max id + 1
+  // Distinct token strings in the vocab (HF's get_vocab_size, which numbers new added tokens).
+  int64_t vocab_count() const { return static_cast<int64_t>(vocab_tokens_.size()); }
 
  private:
   BpeModel();

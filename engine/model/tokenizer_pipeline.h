@@ -1,6 +1,7 @@
 // The stages of a tokenizer.json around its model: normalizer, pre-tokenizer, decoder and
 // post-processor, each parsed from JSON into a flat list of steps. Only the step kinds that
-// Llama-family tokenizers use are supported; any other kind is a kvlens::Error at parse time.
+// Llama-, Qwen- and Phi-family tokenizers use are supported; any other kind is a kvlens::Error at
+// parse time.
 #pragma once
 
 #include "engine/model/tokenizer_json.h"
@@ -31,7 +32,7 @@ class Normalizer {
   std::string apply(std::string_view text) const;
 
  private:
-  enum class Kind { kPrepend, kReplace };
+  enum class Kind { kPrepend, kReplace, kNfc };
   struct Step {
     Kind kind;
     std::string text;     // Prepend: the prefix; Replace: the pattern

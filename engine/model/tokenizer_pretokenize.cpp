@@ -1,5 +1,6 @@
-// Normalizer and pre-tokenizer steps: SentencePiece-style Prepend/Replace normalization, and the
-// ByteLevel, Split, Metaspace and Digits pre-tokenizers that cut normalized text into BPE words.
+// Normalizer and pre-tokenizer steps: SentencePiece-style Prepend/Replace normalization and NFC
+// (Qwen2), and the ByteLevel, Split, Metaspace and Digits pre-tokenizers that cut normalized text
+// into BPE words.
 #include "engine/common/error.h"
 #include "engine/model/tokenizer_pipeline.h"
 #include "engine/model/tokenizer_unicode.h"
@@ -58,8 +59,10 @@ void Normalizer::parse_into(const Json& value, const JsonPath& path, int depth) 
     steps_.push_back(
         {Kind::kReplace, std::move(pattern),
          expect_string(required_member(value, "content", path), path.child("content"))});
+  } else if (type == "NFC") {
+    steps_.push_back({Kind::kNfc, {}, {}});
   } else {
-    path.child("type").fail("a supported normalizer (Sequence, Prepend, Replace)",
+    path.child("type").fail("a supported normalizer (Sequence, Prepend, Replace, NFC)",
                             &value.at("type"));
   }
 }
@@ -73,6 +76,9 @@ std::string Normalizer::apply(std::string_view text) const {
         break;
       case Kind::kReplace:
         replace_all(s, step.text, step.content);
+        break;
+      case Kind::kNfc:
+        s = nfc(s);
         break;
     }
   }
@@ -104,19 +110,26 @@ void PreTokenizer::parse_into(const Json& value, const JsonPath& path, int depth
     const JsonPath pattern_path = path.child("pattern");
     const Json& pattern = expect_object(required_member(value, "pattern", path), pattern_path);
     const Json* regex = optional_member(pattern, "Regex", pattern_path);
-    const std::string expected = "a supported Split regex (GPT-2 or Llama-3 pattern)";
+    const std::string expected =
+        "a supported Split regex (the GPT-2, Llama-3/cl100k, Qwen2 or o200k pattern)";
     if (!regex) pattern_path.fail(expected, &pattern);
     const auto recognized =
         recognize_split_pattern(expect_string(*regex, pattern_path.child("Regex")));
     if (!recognized) pattern_path.child("Regex").fail(expected, regex);
     step.pattern = *recognized;
-    // These patterns tile the text with matches, so Isolated is the only behavior that keeps it.
+    // These patterns tile the text with matches, so keeping the matches as words is all there is:
+    // "Isolated" keeps them and the (empty) gaps, "Removed" with invert keeps the matches and
+    // drops the gaps (tiktoken-converted files such as cl100k/o200k ones use the latter). The
+    // other behaviors would glue matches together.
     const std::string behavior = string_or(value, "behavior", "Isolated", path);
-    if (behavior != "Isolated") {
-      path.child("behavior").fail("\"Isolated\"", optional_member(value, "behavior", path));
-    }
-    if (bool_or(value, "invert", false, path)) {
-      path.child("invert").fail("false", optional_member(value, "invert", path));
+    const bool invert = bool_or(value, "invert", false, path);
+    const bool keeps_matches =
+        (behavior == "Isolated" && !invert) || (behavior == "Removed" && invert);
+    if (!keeps_matches) {
+      path.child("behavior")
+          .fail("\"Isolated\" with invert false, or \"Removed\" with invert true (found invert " +
+                    std::string(invert ? "true" : "false") + ")",
+                optional_member(value, "behavior", path));
     }
   } else if (type == "Metaspace") {
     step.kind = Kind::kMetaspace;

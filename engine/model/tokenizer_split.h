@@ -1,6 +1,6 @@
-// The pre-tokenizer split regexes that Llama-family tokenizer.json files use, hand-written as
-// matchers (no std::regex: it has no \p{..} classes and is far too slow for this). A pattern is
-// recognised by its exact source text; anything else is rejected by the parser.
+// The pre-tokenizer split regexes that Llama-, Qwen- and Phi-family tokenizer.json files use,
+// hand-written as matchers (no std::regex: it has no \p{..} classes and is far too slow for this).
+// A pattern is recognised by its exact source text; anything else is rejected by the parser.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +15,7 @@ enum class SplitPattern {
   kGpt2,    // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
   kLlama3,  // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
   kQwen2,   // the Llama-3 pattern with \p{N} instead of \p{N}{1,3}
+  kO200k,   // [^\r\n\p{L}\p{N}]?[\p{Lu}..\p{M}]*[\p{Ll}..\p{M}]+(?i:'s|..)?|...|[\r\n/]*|...
 };
 
 // The regex source text of the GPT-2 pattern (ByteLevel's use_regex uses it implicitly).

@@ -1,7 +1,10 @@
-// Unicode helpers for the tokenizer. Character classes come from ICU; the Basic Multilingual Plane
-// is tabulated once because the split patterns classify every character of every input.
+// Unicode helpers for the tokenizer. Character classes and NFC come from ICU; the Basic
+// Multilingual Plane is tabulated once because the split patterns classify every character of
+// every input.
 #include "engine/model/tokenizer_unicode.h"
 
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 
 #include <array>
@@ -119,6 +122,33 @@ const std::vector<CharClass>& bmp_classes() {
   return table;
 }
 
+uint8_t case_class_with_icu(char32_t cp) {
+  switch (u_charType(static_cast<UChar32>(cp))) {
+    case U_UPPERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+      return kCaseUpper;
+    case U_LOWERCASE_LETTER:
+      return kCaseLower;
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
+    case U_NON_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+    case U_COMBINING_SPACING_MARK:
+      return kCaseUpper | kCaseLower;
+    default:
+      return 0;
+  }
+}
+
+const std::vector<uint8_t>& bmp_case_classes() {
+  static const std::vector<uint8_t> table = [] {
+    std::vector<uint8_t> t(0x10000);
+    for (char32_t cp = 0; cp < 0x10000; ++cp) t[cp] = case_class_with_icu(cp);
+    return t;
+  }();
+  return table;
+}
+
 struct ByteMap {
   std::array<std::string, 256> to_unicode;
   std::array<int16_t, 512> from_unicode;  // every mapped char is below U+0200
@@ -146,6 +176,48 @@ CharClass char_class(char32_t cp) {
   if (cp < 0x10000) return bmp_classes()[cp];
   if (cp > 0x10FFFF) return CharClass::kOther;
   return classify_with_icu(cp);
+}
+
+uint8_t case_class(char32_t cp) {
+  if (cp < 0x10000) return bmp_case_classes()[cp];
+  if (cp > 0x10FFFF) return 0;
+  return case_class_with_icu(cp);
+}
+
+std::string nfc(std::string_view text) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* normalizer = icu::Normalizer2::getNFCInstance(status);
+  if (U_FAILURE(status)) return std::string(text);  // no ICU data: leave the text as it is
+  std::string out;
+  out.reserve(text.size());
+  // Normalize each maximal run of well-formed UTF-8 on its own.
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t end = i;
+    while (end < text.size()) {
+      const Utf8Step step = utf8_step(text, end);
+      if (!step.valid) break;
+      end += step.len;
+    }
+    if (end > i) {
+      const icu::StringPiece run(text.data() + i, static_cast<int32_t>(end - i));
+      status = U_ZERO_ERROR;
+      if (normalizer->isNormalizedUTF8(run, status) && U_SUCCESS(status)) {
+        out.append(text.substr(i, end - i));
+      } else {
+        status = U_ZERO_ERROR;
+        icu::StringByteSink<std::string> sink(&out);
+        normalizer->normalizeUTF8(0, run, sink, nullptr, status);
+      }
+      i = end;
+    }
+    if (i < text.size()) {  // an ill-formed sequence: copied byte for byte
+      const Utf8Step step = utf8_step(text, i);
+      out.append(text.substr(i, step.len));
+      i += step.len;
+    }
+  }
+  return out;
 }
 
 bool is_white_space(char32_t cp) {

@@ -32,6 +32,16 @@ CharClass char_class(char32_t cp);
 bool is_word_char(char32_t cp);  // regex \w: Alphabetic, marks, Nd, Pc, Join_Control
 bool is_white_space(char32_t cp);
 
+// Letter-case classes of the o200k split regex: [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] ("upper") and
+// [\p{Ll}\p{Lm}\p{Lo}\p{M}] ("lower"); modifier and other letters and marks are in both.
+inline constexpr uint8_t kCaseUpper = 1;
+inline constexpr uint8_t kCaseLower = 2;
+uint8_t case_class(char32_t cp);
+
+// Unicode NFC of valid UTF-8 runs; ill-formed bytes pass through unchanged (HF only ever sees
+// valid text, so there is nothing to match there).
+std::string nfc(std::string_view text);
+
 // GPT-2's bytes_to_unicode(): printable bytes map to themselves, the rest to U+0100 onwards.
 std::string_view byte_to_unicode(uint8_t byte);  // the mapped char as UTF-8
 int unicode_to_byte(char32_t cp);                // -1 for chars outside the map

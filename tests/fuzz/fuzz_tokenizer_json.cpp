@@ -32,6 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       "\xC3\xA9\xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\xA6\x99\xE2\x80\x8D!",
       "<s>x</s><unk> <|endoftext|>",
       "bad \xFF\xC3 utf8 \xE2\x96\x81\xE2\x96\x81",
+      // NFC input (e + combining acute, the Angstrom sign) and o200k's case runs and slashes.
+      "Cafe\xCC\x81 \xE2\x84\xAB HTTPServer iPhone DON'T !\n/ <|im_start|>x<|im_end|>",
   };
   for (const char* text : kTexts) {
     for (const bool special : {false, true}) {

@@ -230,12 +230,13 @@ TEST_CASE("Tokenizer pipeline features beyond the shipped vocabularies", "[token
               "special": false}],
            "decoder": {"type": "Fuse"})");
     const Tokenizer tok = Tokenizer::parse(json, "added.json");
-    CHECK(tok.vocab_size() == 12);
-    CHECK(tok.encode("ab  <m>  a", false) == Ids{2, 10, 0});
-    CHECK(tok.encode("a cc a", false) == Ids{0, 11, 0});
+    // HF numbers added tokens after the 4 vocab entries, whatever ids the file lists.
+    CHECK(tok.vocab_size() == 6);
+    CHECK(tok.encode("ab  <m>  a", false) == Ids{2, 4, 0});
+    CHECK(tok.encode("a cc a", false) == Ids{0, 5, 0});
     CHECK(tok.encode("acc", false) == Ids{0, 3, 3});  // not a single word: plain text
-    CHECK(tok.decode({2, 10, 11}, true) == "abcc");
-    CHECK(tok.decode({2, 10, 11}, false) == "ab<m>cc");
+    CHECK(tok.decode({2, 4, 5}, true) == "abcc");
+    CHECK(tok.decode({2, 4, 5}, false) == "ab<m>cc");
   }
   SECTION("unk_token with and without fuse_unk, byte_fallback") {
     const auto make = [](bool fuse) {
@@ -316,8 +317,7 @@ TEST_CASE("Tokenizer rejects malformed tokenizer.json with a clear error", "[tok
                      "pre_tokenizer.type", "supported pre_tokenizer");
   expect_parse_error(mini_tokenizer(kMiniBpe, R"("pre_tokenizer": {"type": "Split",
                                   "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"})"),
-                     "pre_tokenizer.pattern.Regex",
-                     "a supported Split regex (GPT-2 or Llama-3 pattern)");
+                     "pre_tokenizer.pattern.Regex", "a supported Split regex");
   expect_parse_error(mini_tokenizer(kMiniBpe, R"("normalizer": {"type": "Sequence",
                                     "normalizers": [{"type": "Prepend", "prepend": "x"},
                                                     {"type": "NFKC"}]})"),
