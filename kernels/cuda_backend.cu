@@ -426,18 +426,22 @@ class CudaBackend final : public Backend {
     check_launch("rmsnorm");
   }
 
-  void rope(DeviceTensor& x, std::span<const int64_t> positions,
-            const DeviceTensor& inv_freq) override {
+  using Backend::rope;
+  void rope(DeviceTensor& x, std::span<const int64_t> positions, const DeviceTensor& inv_freq,
+            float scale) override {
     const std::string op = "rope";
     require(x, DType::F32, op, "x");
     require(inv_freq, DType::F32, op, "inv_freq");
-    // The head dimension comes from inv_freq [D/2], the heads from x [n, heads, D].
-    const int64_t head_dim = 2 * elements(inv_freq);
+    // The rotated channels come from inv_freq [R/2], the head dimension from a 3-D x [n, heads,
+    // D] (else D = R), the heads from x's size.
+    const int64_t rotary_dim = 2 * elements(inv_freq);
+    const int64_t head_dim = x.shape.size() == 3 ? x.shape[2] : rotary_dim;
     const int64_t rows = int64_t(positions.size());
-    if (head_dim == 0 || (rows == 0 && elements(x) != 0) ||
+    if (rotary_dim == 0 || rotary_dim > head_dim || (rows == 0 && elements(x) != 0) ||
         (rows > 0 && elements(x) % (rows * head_dim) != 0))
       bad_argument(op + ": x",
-                   cat({"[", std::to_string(rows), ", heads, ", std::to_string(head_dim), "]"}),
+                   cat({"[", std::to_string(rows), ", heads, ", std::to_string(head_dim),
+                        "], D >= ", std::to_string(rotary_dim)}),
                    describe(x));
     if (rows == 0 || elements(x) == 0) return;
     activate();
@@ -456,8 +460,9 @@ class CudaBackend final : public Backend {
       recorded = step_position(first, op);
     }
     const int64_t* device_positions = arithmetic ? nullptr : stage(positions);
-    cuda::launch_rope(x.as<float>(), rows, elements(x) / (rows * head_dim), head_dim,
-                      device_positions, first, stride, recorded, inv_freq.as<float>(), stream());
+    cuda::launch_rope(x.as<float>(), rows, elements(x) / (rows * head_dim), head_dim, rotary_dim,
+                      device_positions, first, stride, recorded, inv_freq.as<float>(), scale,
+                      stream());
     check_launch("rope");
   }
 

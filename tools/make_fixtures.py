@@ -7,7 +7,7 @@ computes on it: per-position NLL, argmax, full logits rows, greedy continuation 
 probabilities of the last query row. tests/parity/test_parity_hf.cpp loads the checkpoints with
 kvlens and compares.
 
-The four checkpoints differ exactly where Llama implementations tend to go wrong:
+The checkpoints differ exactly where Llama-family implementations tend to go wrong:
 
   llama-gqa-f32                      GQA (8 query heads over 2 KV heads), untied embeddings,
                                      default RoPE, F32.
@@ -22,6 +22,25 @@ The four checkpoints differ exactly where Llama implementations tend to go wrong
                                      GQA, rope_theta 1e6, F32.
   qwen3-qknorm-f32                   Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE,
                                      head_dim 32 != hidden / heads (16), tied embeddings, F32.
+  phi3-fused-partial-f32             Phi3ForCausalLM: fused qkv_proj and gate_up_proj,
+                                     partial_rotary_factor 0.75 (12 of 16 channels rotated), GQA,
+                                     sliding_window 40 over 48 tokens, F32.
+  phi3-longrope-f32                  Phi3ForCausalLM with longrope (Phi-3.5 / Phi-4-mini): short
+                                     and long factors, original_max_position_embeddings 20 of 128
+                                     (attention factor 1.27), partial rotary 0.75, 64 tokens, F32.
+  llama-yarn-f32                     yarn RoPE (factor 4, original context 32, head_dim 32: the
+                                     ramp has extrapolated, mixed and interpolated frequencies).
+  llama-dynamic-f32                  dynamic NTK RoPE (factor 4) past max_position_embeddings 20,
+                                     64 tokens, F32.
+
+longrope and dynamic pick their RoPE table per forward call from the call's largest position
+(transformers' dynamic_rope_update), so what a position computes depends on how the sequence was
+split into calls. For them reference.json also holds "chunked": the same keys computed with a
+KV cache in calls of 1 token (step by step) and of 7, and the greedy reference is a loop of
+model() calls with a KV cache; the build fails if the calls do not change the result (nothing
+exercised). Phi3's generate() differs from that loop past the longrope switch: it drops its
+cache once there and recomputes every key with the long factors; its continuation is kept as
+"generate_new".
 
 For the BF16/F16 checkpoints reference.json holds the keys computed in the model's own dtype and,
 under "reference_f32", the same keys after model.float() (weights widened exactly, F32 compute),
@@ -51,7 +70,8 @@ import traceback
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+                          Qwen3Config)
 
 TF_MAJOR = int(transformers.__version__.split(".")[0])
 
@@ -145,10 +165,67 @@ FIXTURES = [
                        attention_bias=False, use_sliding_window=False),
         "rope": {"rope_type": "default", "rope_theta": 1000000.0},
     },
+    {
+        "name": "phi3-fused-partial-f32",
+        "arch": "phi3",
+        "dtype": "float32",
+        "seed": 1007,
+        "seq_len": 48,
+        "config": dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       original_max_position_embeddings=128, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, sliding_window=40, partial_rotary_factor=0.75),
+        "rope": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    {
+        "name": "phi3-longrope-f32",
+        "arch": "phi3",
+        "dtype": "float32",
+        "seed": 1008,
+        "seq_len": 64,
+        "config": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       original_max_position_embeddings=20, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, partial_rotary_factor=0.75),
+        # 12 rotated channels: 6 factors each. The greedy continuation (12 + 16 tokens) and the
+        # 64-token sequence both pass the original context of 20, so short and long factors are
+        # both used when decoding step by step.
+        "rope": {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 2.6],
+                 "long_factor": [1.1, 1.9, 3.4, 6.0, 10.5, 17.0]},
+    },
+    {
+        "name": "llama-yarn-f32",
+        "arch": "llama",
+        "dtype": "float32",
+        "seed": 1009,
+        "seq_len": 64,
+        "config": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                       max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False),
+        # head_dim 32, base 1e4, original context 32: the correction range is [0, 3], so
+        # frequency 0 is extrapolated, 1 and 2 mixed and 3..15 interpolated (divided by 4);
+        # attention factor 0.1 ln 4 + 1.
+        "rope": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                 "original_max_position_embeddings": 32},
+    },
+    {
+        "name": "llama-dynamic-f32",
+        "arch": "llama",
+        "dtype": "float32",
+        "seed": 1010,
+        "seq_len": 64,
+        "config": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=20,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False),
+        "rope": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+    },
 ]
 
 CONFIG_CLASSES = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config,
-                  "qwen3": Qwen3Config}
+                  "qwen3": Qwen3Config, "phi3": Phi3Config}
+LENGTH_DEPENDENT_ROPE = ("longrope", "dynamic")
+CHUNKS = (1, 7)  # call sizes of the "chunked" references (1: step by step)
 
 
 def log(*args):
@@ -189,6 +266,13 @@ def init_weights(model, seed):
             p.copy_(STD * torch.randn(p.shape, generator=gen))
         elif p.dim() == 1:  # RMSNorm weights
             p.copy_(1.0 + NORM_NOISE * torch.randn(p.shape, generator=gen))
+        elif name.endswith("qkv_proj.weight"):  # phi3: q rows, k rows, then v rows
+            c = model.config
+            head_dim = c.hidden_size // c.num_attention_heads
+            qk_rows = (c.num_attention_heads + c.num_key_value_heads) * head_dim
+            w = STD * torch.randn(p.shape, generator=gen)
+            w[:qk_rows] *= STD_QK / STD
+            p.copy_(w)
         else:
             is_qk = name.endswith("q_proj.weight") or name.endswith("k_proj.weight")
             std = STD_QK if is_qk else STD
@@ -208,12 +292,71 @@ def load(path, dtype):
 
 @torch.no_grad()
 def full_logits(model, ids):
+    reset_rope_state(model)
     return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
 
 
-@torch.no_grad()
-def references(model, tokens):
+def reset_rope_state(model):
+    """Starts a fresh sequence for dynamic RoPE, whose rotary module keeps the longest length it
+    has seen across calls (transformers resets it only on a call shorter than the original
+    context); kvlens treats every session as a fresh sequence."""
+    rotary = model.model.rotary_emb
+    if hasattr(rotary, "original_inv_freq"):
+        rotary.inv_freq = rotary.original_inv_freq.clone()
+    if hasattr(rotary, "original_max_seq_len"):
+        rotary.max_seq_len_cached = rotary.original_max_seq_len
+
+
+def scored(wide, tokens, positions):
+    """The per-position keys of a [T, vocab] float64 logits matrix."""
     T = len(tokens)
+    logp = torch.log_softmax(wide, dim=-1)
+    nll = -logp[torch.arange(T - 1), torch.tensor(tokens[1:])]
+    top2 = torch.topk(wide, 2, dim=-1).values
+    return {
+        "nll": rlist(nll),
+        "argmax": wide.argmax(dim=-1).tolist(),
+        "argmax_margin": rlist(top2[:, 0] - top2[:, 1]),
+        "last_logits": rlist(wide[T - 1]),
+        "logits_rows": {"positions": positions, "values": [rlist(wide[p]) for p in positions]},
+    }
+
+
+@torch.no_grad()
+def chunked_logits(model, tokens, chunk):
+    """Logits [T, vocab] (float64) of the sequence fed in calls of `chunk` tokens with a KV cache,
+    as kvlens's DecoderSession::forward does."""
+    reset_rope_state(model)
+    cache, rows = None, []
+    for begin in range(0, len(tokens), chunk):
+        out = model(input_ids=torch.tensor([tokens[begin:begin + chunk]]), past_key_values=cache,
+                    use_cache=True)
+        cache = out.past_key_values
+        rows.append(out.logits[0])
+    return torch.cat(rows).double()
+
+
+@torch.no_grad()
+def cached_greedy(model, prompt, steps):
+    """Greedy decoding with a KV cache (the prompt in one call, then one call per token), as
+    generate() runs it; returns the tokens and the top-1/top-2 margins."""
+    reset_rope_state(model)
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    tokens, margins = [], []
+    for _ in range(steps):
+        row = out.logits[0, -1].double()
+        t2 = torch.topk(row, 2).values
+        margins.append(r9(t2[0] - t2[1]))
+        tokens.append(int(row.argmax()))
+        out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values,
+                    use_cache=True)
+    return tokens, margins
+
+
+@torch.no_grad()
+def references(model, tokens, length_dependent=False, generate_recomputes=False):
+    T = len(tokens)
+    reset_rope_state(model)
     out = model(input_ids=torch.tensor([tokens]), use_cache=False, output_attentions=True)
     logits = out.logits[0]  # [T, vocab] in the model's dtype
     wide = logits.double()  # exact widening; the NLL is then taken in float64
@@ -230,6 +373,7 @@ def references(model, tokens):
 
     positions = sorted({0, 7, T // 2, T - 1})
     prompt = tokens[:GREEDY_PROMPT]
+    reset_rope_state(model)
     gen = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
                          dtype=torch.long), do_sample=False, max_new_tokens=GREEDY_NEW,
                          eos_token_id=None, pad_token_id=0)
@@ -239,15 +383,33 @@ def references(model, tokens):
 
     # Cross-check generate() (KV cache) against an uncached argmax loop, and record the
     # top-1/top-2 margin of every greedy choice: a near tie would make exact comparison unfair.
-    seq = list(prompt)
-    manual, greedy_margin = [], []
-    for _ in range(GREEDY_NEW):
-        row = full_logits(model, seq)[-1].double()
-        t2 = torch.topk(row, 2).values
-        greedy_margin.append(r9(t2[0] - t2[1]))
-        nxt = int(row.argmax())
-        manual.append(nxt)
-        seq.append(nxt)
+    # Length-dependent RoPE gives an uncached loop other tables than generate()'s calls, so
+    # there the loop keeps a KV cache of its own.
+    if length_dependent:
+        manual, greedy_margin = cached_greedy(model, prompt, GREEDY_NEW)
+    else:
+        seq = list(prompt)
+        manual, greedy_margin = [], []
+        for _ in range(GREEDY_NEW):
+            row = full_logits(model, seq)[-1].double()
+            t2 = torch.topk(row, 2).values
+            greedy_margin.append(r9(t2[0] - t2[1]))
+            nxt = int(row.argmax())
+            manual.append(nxt)
+            seq.append(nxt)
+    generate_new = None
+    if generate_recomputes and manual != greedy_new:
+        # Phi3ForCausalLM.prepare_inputs_for_generation drops the KV cache once, when the
+        # sequence first passes original_max_position_embeddings, so generate() recomputes every
+        # earlier key with the long factors; model() calls with a cache (and kvlens) keep them.
+        # The reference is the cached loop; generate()'s own continuation is kept beside it.
+        first = next(i for i, (a, b) in enumerate(zip(manual, greedy_new)) if a != b)
+        if len(prompt) + first <= model.config.original_max_position_embeddings:
+            raise RuntimeError(f"generate() {greedy_new} parts from the cached loop {manual} "
+                               f"at step {first}, before the longrope switch")
+        log(f"  note: generate() recomputes the cache at the longrope switch: {greedy_new}; "
+            f"the cached loop (the reference): {manual}")
+        generate_new, greedy_new = greedy_new, manual
     if manual != greedy_new:
         msg = f"generate() {greedy_new} != uncached greedy {manual}"
         # In F32 the cached and uncached paths differ by rounding only, so a disagreement away
@@ -268,6 +430,14 @@ def references(model, tokens):
         "greedy_margin": greedy_margin,
         "last_row_attention": last_rows,
     }
+    if generate_new is not None:
+        ref["generate_new"] = generate_new
+    if length_dependent:
+        ref["chunked"] = []
+        for chunk in CHUNKS:
+            entry = {"chunk": chunk}
+            entry.update(scored(chunked_logits(model, tokens, chunk), tokens, positions))
+            ref["chunked"].append(entry)
     return ref, wide, attn
 
 
@@ -322,6 +492,16 @@ def check_config(cfg, spec):
     window = spec["config"].get("sliding_window")
     if window and cfg.get("sliding_window") != window:
         raise RuntimeError("config.json lost sliding_window")
+    partial = spec["config"].get("partial_rotary_factor")
+    if partial and rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) != partial:
+        raise RuntimeError("config.json lost partial_rotary_factor")
+    for key in ("factor", "short_factor", "long_factor", "original_max_position_embeddings"):
+        if key in spec["rope"] and rope.get(key) != spec["rope"][key]:
+            raise RuntimeError(f"config.json rope {key} {rope.get(key)!r}, "
+                               f"expected {spec['rope'][key]!r}")
+    original = spec["config"].get("original_max_position_embeddings")
+    if original and cfg.get("original_max_position_embeddings") != original:
+        raise RuntimeError("config.json lost original_max_position_embeddings")
 
 
 def build(spec, out_dir):
@@ -380,7 +560,9 @@ def build(spec, out_dir):
         if torch.equal(native.lm_head.weight, native.model.embed_tokens.weight):
             raise RuntimeError("untied lm_head equals the embeddings")
 
-    ref, wide, attn = references(native, tokens)
+    length_dependent = spec["rope"]["rope_type"] in LENGTH_DEPENDENT_ROPE
+    generate_recomputes = spec["arch"] == "phi3" and spec["rope"]["rope_type"] == "longrope"
+    ref, wide, attn = references(native, tokens, length_dependent, generate_recomputes)
     window = spec["config"].get("sliding_window")
     summarize_attention(attn, T, window)
 
@@ -399,6 +581,24 @@ def build(spec, out_dir):
         scale = max(1.0, float(exact.abs().max()))
         notes["f32_vs_f64_max_abs_logit_diff"] = r9((wide - exact).abs().max())
         notes["logit_scale"] = r9(scale)
+        if length_dependent:
+            # Calls of 1 and 7 tokens must see other tables than the one call over all tokens
+            # (else the fixture would not test the per-call choice), and a float64 model must
+            # agree with the F32 one call by call too.
+            for entry in ref["chunked"]:
+                chunk = entry["chunk"]
+                gap = max(abs(a - b) for a, b in zip(entry["last_logits"], ref["last_logits"]))
+                rows_gap = max(abs(a - b) for ra, rb in zip(entry["logits_rows"]["values"],
+                                                             ref["logits_rows"]["values"])
+                               for a, b in zip(ra, rb))
+                notes[f"chunk{chunk}_vs_one_call_max_abs_logit_diff"] = r9(max(gap, rows_gap))
+                if max(gap, rows_gap) < 1e-2:
+                    raise RuntimeError(f"calls of {chunk} tokens give the one-call logits: the "
+                                       "length-dependent RoPE is not exercised")
+                exact_chunked = chunked_logits(f64, tokens, chunk)
+                wide_chunked = chunked_logits(native, tokens, chunk)
+                notes[f"chunk{chunk}_f32_vs_f64_max_abs_logit_diff"] = r9(
+                    (wide_chunked - exact_chunked).abs().max())
     else:
         f32 = copy.deepcopy(native).float()
         ref32, wide32, attn32 = references(f32, tokens)
@@ -451,7 +651,10 @@ def write_readme(out_dir):
         "- `greedy_prompt` (first 12 tokens), `greedy_new` (`generate`, greedy, 16 new tokens,",
         "  no EOS stop) and `greedy_margin`;",
         "- `last_row_attention[layer][head][key]`: attention probabilities of the last query row;",
-        "- `notes`: F32-vs-F64 and native-vs-F32 logit gaps measured when the fixture was built.",
+        "- `notes`: F32-vs-F64 and native-vs-F32 logit gaps measured when the fixture was built;",
+        "- `chunked` (longrope and dynamic RoPE only, whose table depends on each call's largest",
+        "  position): the same per-position keys for the sequence fed with a KV cache in calls of",
+        "  `chunk` tokens (1: step by step, and 7).",
         "",
         "BF16/F16 checkpoints hold the keys computed in the checkpoint's own dtype at the top",
         "level and the same keys after `model.float()` under `reference_f32`.",

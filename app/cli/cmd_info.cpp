@@ -18,6 +18,12 @@ std::string rope_type_name(RopeScaling::Type type) {
       return "linear";
     case RopeScaling::Type::kLlama3:
       return "llama3";
+    case RopeScaling::Type::kYarn:
+      return "yarn";
+    case RopeScaling::Type::kDynamic:
+      return "dynamic";
+    case RopeScaling::Type::kLongRope:
+      return "longrope";
   }
   return "?";
 }

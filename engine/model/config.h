@@ -1,5 +1,6 @@
 // ModelConfig: the fields of a Hugging Face config.json that a Llama-family decoder needs
-// (model_type llama or mistral), validated on load.
+// (model_type llama, mistral, llama_butler, qwen2, qwen3 or phi3), validated on load, and the
+// rotary tables [rotary_dim / 2] transformers computes from them (rope_inv_freq).
 #pragma once
 
 #include <cstdint>
@@ -12,17 +13,31 @@
 namespace kvlens {
 
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 };
+  // transformers' rope_type: default, linear, llama3, yarn, dynamic (NTK-aware) and longrope
+  // (phi3 also spells it "su" or "yarn").
+  enum class Type { kNone, kLinear, kLlama3, kYarn, kDynamic, kLongRope };
   Type type = Type::kNone;
-  double factor = 1.0;
+  double factor = 1.0;  // linear, llama3, yarn, dynamic; longrope: the context ratio it implies
   // llama3 only:
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // llama3, yarn, longrope: the pre-training context. dynamic: config.json's
+  // max_position_embeddings, the length past which the base is rescaled per forward call.
   int64_t original_max_position_embeddings = 8192;
+  // yarn and longrope: cos and sin are multiplied by it (resolved at parse time from
+  // attention_factor, mscale / mscale_all_dim or factor, as transformers does).
+  double attention_factor = 1.0;
+  // yarn only:
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  // longrope only: per-frequency divisors [rotary_dim / 2] for forward calls that stay within
+  // original_max_position_embeddings (short) and for those that reach past it (long).
+  std::vector<double> short_factor, long_factor;
 };
 
 struct ModelConfig {
-  std::string model_type;  // "llama", "mistral", "llama_butler", "qwen2" or "qwen3"
+  std::string model_type;  // "llama", "mistral", "llama_butler", "qwen2", "qwen3" or "phi3"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -34,8 +49,18 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
+  // Positions a sequence may use. dynamic RoPE: config.json's value times factor (the context the
+  // NTK rescaling was configured for; transformers sets no limit), the original value is in
+  // rope_scaling.original_max_position_embeddings.
   int64_t max_position_embeddings = 2048;
-  std::optional<int64_t> sliding_window;  // mistral: keys older than this many positions are masked
+  // mistral, phi3: keys older than this many positions are masked (phi3: only when given).
+  std::optional<int64_t> sliding_window;
+  // Channels of each head that RoPE rotates (rotate-half within them); the rest pass through.
+  // head_dim except phi3 with partial_rotary_factor: int(head_dim * factor) (Phi-4-mini: 0.75).
+  int64_t rotary_dim = 0;
+  // phi3: q, k and v are row ranges of one self_attn.qkv_proj.weight [(H + 2G) * D, E], gate and
+  // up of one mlp.gate_up_proj.weight [2F, E] (ModelWeights views them, no copies).
+  bool fused_projections = false;
   // Bias vectors on the q, k and v projections (qwen2).
   bool qkv_bias = false;
   // Per-head RMSNorm of q and k over head_dim before RoPE (qwen3: q_norm, k_norm).
@@ -49,10 +74,21 @@ struct ModelConfig {
   static ModelConfig parse(const std::string& json_text, const std::string& source);
   static ModelConfig load(const std::string& config_json_path);
 
-  // The rotary inverse frequencies [head_dim / 2] after rope_scaling, as transformers computes
-  // them.
-  std::vector<float> rope_inv_freq() const;
-  // Attention scaling of positions for `linear` scaling is folded into rope_inv_freq.
+  // The rotary inverse frequencies [rotary_dim / 2] (head_dim / 2 where rotary_dim is 0) after
+  // rope_scaling, as transformers computes them, for a forward call whose largest position is
+  // seq_len - 1. Only longrope and dynamic depend on seq_len: transformers' dynamic_rope_update
+  // picks the table per call from the call's largest position (longrope: the long factors past
+  // original_max_position_embeddings; dynamic: a base rescaled for seq_len past it), so keys
+  // cached by earlier calls keep the rotation they got. seq_len 0: the table of short calls.
+  // `linear` scaling of positions is folded in.
+  std::vector<float> rope_inv_freq(int64_t seq_len = 0) const;
+  // Which table a forward call up to position seq_len - 1 uses: the one of short calls (every
+  // call but longrope's and dynamic's long ones), longrope's long one, or (dynamic past its
+  // original length) one computed for that very seq_len.
+  enum class RopeTable { kShort, kLong, kPerLength };
+  RopeTable rope_table(int64_t seq_len) const;
+  // The factor cos and sin are multiplied by (yarn, longrope: attention_factor; 1 otherwise).
+  double rope_attention_scale() const;
 };
 
 }  // namespace kvlens

@@ -1,5 +1,6 @@
 // Resolves the Llama tensor names of a checkpoint folder into views and checks each one's shape
-// (Hugging Face [out, in] layout, derived from the config) and dtype before any compute.
+// (Hugging Face [out, in] layout, derived from the config) and dtype before any compute. Fused
+// phi3 projections (qkv_proj [(H + 2G) * D, E], gate_up_proj [2F, E]) become row-range views.
 #include "engine/model/weights.h"
 
 #include "engine/common/error.h"
@@ -38,6 +39,19 @@ class TensorChecker {
   const SafetensorsSet& files_;
 };
 
+// Rows [first, first + count) of a row-major [rows, cols] weight, as a view of the same mapped
+// bytes: a fused projection's parts (phi3) look like ordinary weights to the rest of the engine.
+TensorView row_range(const TensorView& fused, int64_t first, int64_t count, const char* part) {
+  const int64_t cols = fused.shape.at(1);
+  const size_t row_bytes = size_t(cols) * dtype_size(fused.dtype);
+  TensorView view = fused;
+  view.name = fused.name + " (" + part + " rows)";
+  view.shape = {count, cols};
+  view.data = fused.data + size_t(first) * row_bytes;
+  view.bytes = size_t(count) * row_bytes;
+  return view;
+}
+
 }  // namespace
 
 ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig& config) {
@@ -64,13 +78,25 @@ ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig&
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     LayerWeights layer;
     layer.attn_norm = checker.get(prefix + "input_layernorm.weight", {hidden});
-    layer.wq = checker.get(prefix + "self_attn.q_proj.weight", {q_width, hidden});
-    layer.wk = checker.get(prefix + "self_attn.k_proj.weight", {kv_width, hidden});
-    layer.wv = checker.get(prefix + "self_attn.v_proj.weight", {kv_width, hidden});
+    if (config.fused_projections) {
+      // phi3: q rows, then k rows, then v rows; gate rows, then up rows.
+      const TensorView qkv =
+          checker.get(prefix + "self_attn.qkv_proj.weight", {q_width + 2 * kv_width, hidden});
+      layer.wq = row_range(qkv, 0, q_width, "q");
+      layer.wk = row_range(qkv, q_width, kv_width, "k");
+      layer.wv = row_range(qkv, q_width + kv_width, kv_width, "v");
+      const TensorView gate_up = checker.get(prefix + "mlp.gate_up_proj.weight", {2 * ffn, hidden});
+      layer.w_gate = row_range(gate_up, 0, ffn, "gate");
+      layer.w_up = row_range(gate_up, ffn, ffn, "up");
+    } else {
+      layer.wq = checker.get(prefix + "self_attn.q_proj.weight", {q_width, hidden});
+      layer.wk = checker.get(prefix + "self_attn.k_proj.weight", {kv_width, hidden});
+      layer.wv = checker.get(prefix + "self_attn.v_proj.weight", {kv_width, hidden});
+      layer.w_gate = checker.get(prefix + "mlp.gate_proj.weight", {ffn, hidden});
+      layer.w_up = checker.get(prefix + "mlp.up_proj.weight", {ffn, hidden});
+    }
     layer.wo = checker.get(prefix + "self_attn.o_proj.weight", {hidden, q_width});
     layer.mlp_norm = checker.get(prefix + "post_attention_layernorm.weight", {hidden});
-    layer.w_gate = checker.get(prefix + "mlp.gate_proj.weight", {ffn, hidden});
-    layer.w_up = checker.get(prefix + "mlp.up_proj.weight", {ffn, hidden});
     layer.w_down = checker.get(prefix + "mlp.down_proj.weight", {hidden, ffn});
     if (config.qkv_bias) {
       layer.bq = checker.get(prefix + "self_attn.q_proj.bias", {q_width});

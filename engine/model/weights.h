@@ -1,7 +1,8 @@
 // ModelWeights: the Llama tensors of a checkpoint, each checked against the config for dtype
 // and shape before use. Views point into the memory-mapped safetensors files.
 // Shapes (Hugging Face layout, row-major): embed [vocab, E]; wq [H*D, E]; wk, wv [G*D, E];
-// wo [E, H*D]; w_gate, w_up [F, E]; w_down [E, F]; norms [E]; lm_head [vocab, E].
+// wo [E, H*D]; w_gate, w_up [F, E]; w_down [E, F]; norms [E]; lm_head [vocab, E]. phi3's fused
+// qkv_proj and gate_up_proj are split into these views (row ranges of the mapped tensor).
 #pragma once
 
 #include <memory>

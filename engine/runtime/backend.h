@@ -112,10 +112,16 @@ class Backend {
   // y[n, E] = x * rsqrt(mean(x^2) + eps) * weight, per row (weight [E] any weight dtype).
   virtual void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
                        DeviceTensor& y) = 0;
-  // In place on x[n, heads, D]: rotate-half RoPE at positions[n] (host values), with the
-  // model's inverse frequencies inv_freq[D/2] (F32, backend memory).
+  // In place on x[n, heads, D]: rotate-half RoPE at positions[n] (host values) of each head's
+  // first R = 2 * inv_freq.numel() channels (inv_freq[R/2] F32, backend memory; R <= D, the D of
+  // a 3-D x, else R), channels R..D-1 passing through (partial rotary, phi3). cos and sin are
+  // multiplied by `scale` in F32 (yarn / longrope attention factor) before they are applied.
   virtual void rope(DeviceTensor& x, std::span<const int64_t> positions,
-                    const DeviceTensor& inv_freq) = 0;
+                    const DeviceTensor& inv_freq, float scale) = 0;
+  // Every channel rotated (R == D), unscaled.
+  void rope(DeviceTensor& x, std::span<const int64_t> positions, const DeviceTensor& inv_freq) {
+    rope(x, positions, inv_freq, 1.0f);
+  }
   // out[n, F] = silu(gate) * up
   virtual void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) = 0;
   // y[n, E] = (x - mean) / sqrt(var + eps) * weight + bias per row (LayerNorm, biased variance,

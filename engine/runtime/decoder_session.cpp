@@ -48,9 +48,18 @@ std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const M
                               up(layer.w_down), optional(layer.bq), optional(layer.bk),
                               optional(layer.bv), optional(layer.q_norm), optional(layer.k_norm)});
   }
-  const std::vector<float> inv_freq = model->config.rope_inv_freq();
-  result->inv_freq = backend.alloc(DType::F32, {int64_t(inv_freq.size())});
-  backend.from_host(result->inv_freq, inv_freq.data(), inv_freq.size() * sizeof(float));
+  auto upload_floats = [&](const std::vector<float>& values) {
+    DeviceTensor t = backend.alloc(DType::F32, {int64_t(values.size())});
+    backend.from_host(t, values.data(), values.size() * sizeof(float));
+    return t;
+  };
+  const ModelConfig& config = model->config;
+  result->inv_freq = upload_floats(config.rope_inv_freq());
+  if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    result->inv_freq_long = upload_floats(
+        config.rope_inv_freq(config.rope_scaling.original_max_position_embeddings + 1));
+  }
+  result->rope_scale = float(config.rope_attention_scale());
   if (model->predictor.predictor)
     result->predictor = BackendPredictor::upload(model->predictor.predictor, backend);
   return result;
@@ -258,14 +267,43 @@ const DeviceTensor& DecoderSession::forward_runs(std::span<const int32_t> tokens
 }
 
 bool DecoderSession::recordable_step(bool per_run, int64_t rows) const {
+  // Dynamic NTK past its original context reads a table made for each position: op by op.
   return per_run && rows == 1 && runs() == 1 && !runs_[0].policy &&
-         !options_.record_attention_logits && options_.record_steps && !step_graphs_unavailable_;
+         !options_.record_attention_logits && options_.record_steps && !step_graphs_unavailable_ &&
+         model_->config().rope_table(position_ + 1) != ModelConfig::RopeTable::kPerLength;
 }
 
 DecoderSession::StepGraphKey DecoderSession::step_graph_key() const {
   const SessionRun& run = runs_[0];
-  return {hidden_.data, logits_.data, run.k_cache.empty() ? nullptr : run.k_cache[0].data,
-          run.policy_logits.data, run.k_cache.empty() ? 0 : run.k_cache[0].dim(1)};
+  // longrope switches to its long table past the original context: a step recorded with the
+  // short one is stale then.
+  const bool long_rope =
+      model_->config().rope_table(position_ + 1) == ModelConfig::RopeTable::kLong;
+  return {hidden_.data,
+          logits_.data,
+          run.k_cache.empty() ? nullptr : run.k_cache[0].data,
+          run.policy_logits.data,
+          run.k_cache.empty() ? 0 : run.k_cache[0].dim(1),
+          long_rope ? model_->inv_freq_long.data : model_->inv_freq.data};
+}
+
+const DeviceTensor& DecoderSession::rope_inv_freq(int64_t seq_len) {
+  switch (model_->config().rope_table(seq_len)) {
+    case ModelConfig::RopeTable::kShort:
+      return model_->inv_freq;
+    case ModelConfig::RopeTable::kLong:
+      return model_->inv_freq_long;
+    case ModelConfig::RopeTable::kPerLength:
+      break;
+  }
+  // Stream-ordered after the ops that read the previous table (from_host), so it may be reused.
+  if (rope_scratch_length_ != seq_len) {
+    const std::vector<float> table = model_->config().rope_inv_freq(seq_len);
+    if (rope_scratch_.empty()) rope_scratch_ = backend_.alloc(DType::F32, {int64_t(table.size())});
+    backend_.from_host(rope_scratch_, table.data(), table.size() * sizeof(float));
+    rope_scratch_length_ = seq_len;
+  }
+  return rope_scratch_;
 }
 
 const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens, bool per_run) {
@@ -333,6 +371,8 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
   const int64_t window = c.sliding_window.value_or(0);
   const float eps = float(c.rms_norm_eps);
   const int64_t context = position_ + (per_run ? 1 : n);
+  // transformers picks the RoPE table per forward call from its largest position.
+  const DeviceTensor& inv_freq = rope_inv_freq(context);
 
   for (SessionRun& run : runs_) {
     run.attention_logits.clear();
@@ -401,8 +441,9 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
       backend_.rmsnorm(q_rows, layer.q_norm, eps, q_rows);
       backend_.rmsnorm(k_rows, layer.k_norm, eps, k_rows);
     }
-    backend_.rope(q_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
-    backend_.rope(k_heads_m, all_positions.subspan(size_t(first), size_t(m)), model_->inv_freq);
+    const std::span<const int64_t> rows_positions = all_positions.subspan(size_t(first), size_t(m));
+    backend_.rope(q_heads_m, rows_positions, inv_freq, model_->rope_scale);
+    backend_.rope(k_heads_m, rows_positions, inv_freq, model_->rope_scale);
   };
   auto project_output = [&](const BackendModel::Layer& layer, int64_t first, int64_t m) {
     DeviceTensor hidden_m = row_range(hidden, first, m), normed_m = row_range(normed, first, m);

@@ -27,6 +27,11 @@ struct BackendModel {
     DeviceTensor bq, bk, bv, q_norm, k_norm;  // empty where the model has none
   };
   DeviceTensor embed, final_norm, lm_head, inv_freq;
+  // RoPE: inv_freq [rotary_dim / 2] serves every forward call but longrope's and dynamic's long
+  // ones (ModelConfig::rope_table); inv_freq_long is longrope's long table (empty otherwise);
+  // cos and sin are multiplied by rope_scale (yarn / longrope attention factor).
+  DeviceTensor inv_freq_long;
+  float rope_scale = 1.0f;
   std::vector<Layer> layers;
   // The model's TokenButler predictor on this backend (null when the model has none).
   std::shared_ptr<const BackendPredictor> predictor;
@@ -162,9 +167,13 @@ class DecoderSession {
     const void* cache = nullptr;
     const void* policy_logits = nullptr;
     int64_t capacity = 0;
+    const void* rope = nullptr;  // the inv_freq table the step reads (longrope: short or long)
     bool operator==(const StepGraphKey&) const = default;
   };
   StepGraphKey step_graph_key() const;
+  // The inverse frequencies of a forward call up to position seq_len - 1: one of the model's
+  // tables, or (dynamic NTK past its original context) rope_scratch_ filled for that seq_len.
+  const DeviceTensor& rope_inv_freq(int64_t seq_len);
   // One single-token step's attention of every run at one layer. Runs that compute their own
   // logits each do all of their attention as one backend task (append, logits, the observation of
   // the previous layer, selection, softmax over the visible set, value sums); while runs borrow
@@ -234,6 +243,8 @@ class DecoderSession {
   std::unique_ptr<StepGraph> step_graph_;
   StepGraphKey step_graph_key_, unrecorded_key_;
   bool step_graphs_unavailable_ = false;
+  DeviceTensor rope_scratch_;  // dynamic NTK: the table of the last long call
+  int64_t rope_scratch_length_ = 0;
 
   // Sorts run_order_ by the runs' cost in the last step (costliest first) and clears it.
   void order_runs_by_cost();

@@ -358,6 +358,25 @@ TEST_CASE("cuda backend: rope", "[cuda]") {
       check_close(read(*b.cpu, x.cpu), read(*b.gpu, x.gpu), 1e-5, 1e-6, "rope");
     }
   }
+  // phi3 partial rotary (96 of 128 channels, the rest untouched) with a longrope attention
+  // factor scaling cos and sin.
+  const int64_t head_dim = 128, rotary_dim = 96;
+  std::vector<float> inv_freq(size_t(rotary_dim / 2));
+  for (int64_t i = 0; i < rotary_dim / 2; ++i)
+    inv_freq[size_t(i)] = float(1.0 / std::pow(10000.0, double(2 * i) / double(rotary_dim)));
+  const Pair freq = make_f32(b, inv_freq, {rotary_dim / 2});
+  const std::vector<int64_t> positions = {0, 3, 4096, 70000};
+  const int64_t n = int64_t(positions.size()), heads = 3;
+  const std::vector<float> xs = random_values(size_t(n * heads * head_dim), ++seed);
+  Pair x = make_f32(b, xs, {n, heads, head_dim});
+  b.cpu->rope(x.cpu, positions, freq.cpu, 1.1902381f);
+  b.gpu->rope(x.gpu, positions, freq.gpu, 1.1902381f);
+  const std::vector<float> gpu = read(*b.gpu, x.gpu);
+  check_close(read(*b.cpu, x.cpu), gpu, 1e-5, 1e-6, "rope, partial and scaled");
+  for (int64_t r = 0; r < n * heads; ++r) {
+    for (int64_t d = rotary_dim; d < head_dim; ++d)
+      CHECK(gpu[size_t(r * head_dim + d)] == xs[size_t(r * head_dim + d)]);
+  }
 }
 
 TEST_CASE("cuda backend: silu_mul and add_inplace", "[cuda]") {

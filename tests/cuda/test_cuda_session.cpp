@@ -15,7 +15,8 @@ using namespace kvlens;
 TEST_CASE("cuda session matches the cpu session on every parity fixture", "[cuda]") {
   for (const char* name :
        {"llama-gqa-f32", "llama-mha-headdim-tied-llama3-f32", "mistral-window-bf16",
-        "llama-linear-f16", "qwen2-bias-f32", "qwen3-qknorm-f32"}) {
+        "llama-linear-f16", "qwen2-bias-f32", "qwen3-qknorm-f32", "phi3-fused-partial-f32",
+        "phi3-longrope-f32", "llama-yarn-f32", "llama-dynamic-f32"}) {
     INFO("fixture " << name);
     const std::string dir = test::source_path(std::string("tests/fixtures/") + name);
     const auto reference = nlohmann::json::parse(read_text_file(dir + "/reference.json"));
@@ -84,6 +85,27 @@ TEST_CASE("a recorded step (CUDA graph) replays the op-by-op step's bits at ever
   }
   CHECK(differing == 0);
   CHECK(recorded.position() == plain.position());
+}
+
+TEST_CASE("recorded steps stay exact where the RoPE table changes during a decode", "[cuda]") {
+  // longrope switches to its long table at position 20 (the step graph must be recorded anew
+  // over it) and dynamic NTK needs a new table at every step past 20 (those steps must run op by
+  // op): a replay of a stale recording would change the logits.
+  for (const char* name : {"phi3-longrope-f32", "llama-dynamic-f32"}) {
+    INFO("fixture " << name);
+    const std::string dir = test::source_path(std::string("tests/fixtures/") + name);
+    const auto reference = nlohmann::json::parse(read_text_file(dir + "/reference.json"));
+    const std::vector<int32_t> tokens = reference["tokens"].get<std::vector<int32_t>>();
+    const auto model = Model::load(dir);
+    auto gpu = make_cuda_backend(0);
+    const auto on_gpu = BackendModel::upload(model, *gpu);
+    SessionOptions op_by_op;
+    op_by_op.record_steps = false;
+    DecoderSession recorded(on_gpu), plain(on_gpu, op_by_op);
+    int64_t differing = 0;
+    for (const int32_t t : tokens) differing += recorded.step(t) != plain.step(t);
+    CHECK(differing == 0);
+  }
 }
 
 TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {

@@ -17,7 +17,10 @@
 //   build time the smallest F32 margins were 3e-4..1e-2, so this almost never applies.
 // * BF16/F16 against the reference computed in the checkpoint's own dtype (see native_bounds).
 //
-// Step-by-step decoding and chunked prefill must agree with each other to the same F32 bounds.
+// Step-by-step decoding and chunked prefill must agree with each other to the same F32 bounds,
+// except under longrope and dynamic RoPE, whose table transformers picks per forward call from
+// the call's largest position: there every way of feeding the sequence (one call, calls of 7,
+// steps) has a reference of its own ("chunked" in reference.json), met to the same bounds.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -426,6 +429,77 @@ void run_f32_fixture(const std::string& name) {
   }
 }
 
+// The "chunked" references of a length-dependent RoPE fixture: the per-position keys of the
+// sequence fed with a KV cache in calls of `chunk` tokens; tokens, greedy and scale as `base`.
+struct ChunkedReference {
+  size_t chunk = 0;
+  Reference ref;
+};
+
+std::vector<ChunkedReference> parse_chunked(const json& doc, const Reference& base) {
+  std::vector<ChunkedReference> out;
+  for (const json& entry : doc.at("chunked")) {
+    ChunkedReference c{entry.at("chunk").get<size_t>(), base};
+    c.ref.nll = entry.at("nll").get<std::vector<double>>();
+    c.ref.argmax = entry.at("argmax").get<std::vector<int32_t>>();
+    c.ref.argmax_margin = entry.at("argmax_margin").get<std::vector<double>>();
+    c.ref.last_logits = entry.at("last_logits").get<std::vector<double>>();
+    c.ref.row_positions = entry.at("logits_rows").at("positions").get<std::vector<int64_t>>();
+    c.ref.rows = entry.at("logits_rows").at("values").get<std::vector<std::vector<double>>>();
+    REQUIRE(c.chunk >= 1);
+    REQUIRE(c.ref.nll.size() == base.nll.size());
+    REQUIRE(c.ref.argmax.size() == base.argmax.size());
+    out.push_back(std::move(c));
+  }
+  REQUIRE(out.size() >= 2);
+  return out;
+}
+
+// longrope / dynamic RoPE: each way of feeding the tokens against its own reference.
+void run_length_dependent_fixture(const std::string& name) {
+  const LoadedFixture& f = fixture(name);
+  REQUIRE(f.doc.at("dtype") == "float32");
+  const Reference ref = parse_reference(f.doc, f.doc.at("notes"));
+  const std::vector<ChunkedReference> chunked = parse_chunked(f.doc, ref);
+  const Bounds b = f32_bounds(ref);
+  const size_t T = ref.tokens.size();
+  SECTION("one call over every token: logits, argmax, last-row attention, NLL") {
+    const EngineRun run = run_engine(f, ref.tokens, T);
+    check_logits(run, ref, b.logit_abs);
+    check_argmax(argmax_rows(run), ref, b.logit_abs);
+    check_attention(run, ref, b.attention_abs);
+    check_visible_keys(run, f, T);
+    const kvlens::ScoreResult s = kvlens::score_tokens(
+        f.model, ref.tokens, kvlens::ScoreOptions{.chunk = static_cast<int64_t>(T)});
+    check_nll(s.nll, ref, kF32LogitRel);
+    check_argmax(s.argmax, ref, b.logit_abs);
+  }
+  SECTION("calls of 1 and 7 tokens against transformers' calls with a KV cache") {
+    for (const ChunkedReference& c : chunked) {
+      INFO("calls of " << c.chunk << " tokens");
+      const EngineRun run = run_engine(f, ref.tokens, c.chunk);
+      check_logits(run, c.ref, b.logit_abs);
+      check_argmax(argmax_rows(run), c.ref, b.logit_abs);
+      const kvlens::ScoreResult s = kvlens::score_tokens(
+          f.model, ref.tokens, kvlens::ScoreOptions{.chunk = static_cast<int64_t>(c.chunk)});
+      check_nll(s.nll, c.ref, kF32LogitRel);
+      check_argmax(s.argmax, c.ref, b.logit_abs);
+    }
+  }
+  SECTION("greedy continuation across the switch (model() calls with a KV cache)") {
+    const std::vector<int32_t> generated = kvlens::generate_greedy(
+        f.model, ref.greedy_prompt, kvlens::GenerateOptions{.max_new = 16, .stop_at_eos = false});
+    check_greedy(generated, ref, b.logit_abs);
+  }
+  SECTION("the fixture exercises the switch: steps and one call differ") {
+    const EngineRun step = run_engine(f, ref.tokens, 1), one = run_engine(f, ref.tokens, T);
+    MaxDiff diff;
+    for (size_t v = 0; v < step.logits[T - 1].size(); ++v)
+      diff.add(step.logits[T - 1][v], one.logits[T - 1][v], at("vocab", v));
+    CHECK(diff.value > 0.01);
+  }
+}
+
 void run_low_precision_fixture(const std::string& name, const std::string& dtype) {
   const LoadedFixture& f = fixture(name);
   REQUIRE(f.doc.at("dtype") == dtype);
@@ -495,4 +569,52 @@ TEST_CASE("HF parity: Qwen3, per-head q/k RMSNorm, head_dim 32, tied, F32", "[pa
   CHECK(c.head_dim == 32);
   REQUIRE_FALSE(f.model->layers[1].k_norm.empty());
   run_f32_fixture("qwen3-qknorm-f32");
+}
+
+TEST_CASE("HF parity: Phi-3, fused qkv / gate_up, partial rotary 0.75, window 40, GQA, F32",
+          "[parity]") {
+  const LoadedFixture& f = fixture("phi3-fused-partial-f32");
+  const kvlens::ModelConfig& c = f.model->config();
+  CHECK(c.model_type == "phi3");
+  CHECK(c.fused_projections);
+  CHECK(c.head_dim == 16);
+  CHECK(c.rotary_dim == 12);
+  REQUIRE(c.sliding_window.has_value());
+  CHECK(*c.sliding_window == 40);
+  // q, k, v (and gate, up) are consecutive row ranges of the one mapped tensor: no copies.
+  const kvlens::LayerWeights& w = f.model->model->weights.layers[0];
+  const size_t row_bytes = size_t(c.hidden_size) * sizeof(float);
+  CHECK(w.wq.shape == std::vector<int64_t>{c.num_heads * c.head_dim, c.hidden_size});
+  CHECK(w.wk.data == w.wq.data + size_t(c.num_heads * c.head_dim) * row_bytes);
+  CHECK(w.wv.data == w.wk.data + size_t(c.num_kv_heads * c.head_dim) * row_bytes);
+  CHECK(w.w_up.data == w.w_gate.data + size_t(c.intermediate_size) * row_bytes);
+  run_f32_fixture("phi3-fused-partial-f32");
+}
+
+TEST_CASE("HF parity: Phi-3.5-style longrope (short / long factors), partial rotary, F32",
+          "[parity]") {
+  const LoadedFixture& f = fixture("phi3-longrope-f32");
+  const kvlens::ModelConfig& c = f.model->config();
+  CHECK(c.rope_scaling.type == kvlens::RopeScaling::Type::kLongRope);
+  CHECK(c.rope_scaling.original_max_position_embeddings == 20);
+  CHECK(c.rotary_dim == 12);
+  // No attention_factor given: sqrt(1 + ln(128 / 20) / ln(20)).
+  CHECK(c.rope_attention_scale() == Approx(std::sqrt(1 + std::log(6.4) / std::log(20.0))));
+  REQUIRE_FALSE(f.model->inv_freq_long.empty());
+  run_length_dependent_fixture("phi3-longrope-f32");
+}
+
+TEST_CASE("HF parity: Llama yarn RoPE (factor 4, original 32), head_dim 32, F32", "[parity]") {
+  const kvlens::ModelConfig& c = fixture("llama-yarn-f32").model->config();
+  CHECK(c.rope_scaling.type == kvlens::RopeScaling::Type::kYarn);
+  CHECK(c.rope_attention_scale() == Approx(0.1 * std::log(4.0) + 1.0));
+  run_f32_fixture("llama-yarn-f32");
+}
+
+TEST_CASE("HF parity: Llama dynamic NTK RoPE (factor 4) past 20 positions, F32", "[parity]") {
+  const kvlens::ModelConfig& c = fixture("llama-dynamic-f32").model->config();
+  CHECK(c.rope_scaling.type == kvlens::RopeScaling::Type::kDynamic);
+  CHECK(c.rope_scaling.original_max_position_embeddings == 20);
+  CHECK(c.max_position_embeddings == 80);  // 20 x factor: the context kvlens allows
+  run_length_dependent_fixture("llama-dynamic-f32");
 }

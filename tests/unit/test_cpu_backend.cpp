@@ -621,6 +621,40 @@ TEST_CASE("rope rotates halves at each row's position", "[backend]") {
   }
 }
 
+TEST_CASE("rope: partial rotary (first R of D channels) with cos/sin scaled", "[backend]") {
+  auto backend = make_cpu_backend(1);
+  // phi3 partial rotary: 6 of 10 channels rotated (3 pairs: (0, 3), (1, 4), (2, 5)), 6..9 kept;
+  // cos and sin multiplied by a yarn / longrope attention factor in F32 first.
+  const int64_t n = 3, heads = 2, head_dim = 10, half = 3;
+  const float scale = 1.19f;
+  const std::vector<int64_t> positions = {0, 5, 4097};
+  const std::vector<float> inv_freq = {1.0f, 0.1f, 0.01f};
+  const auto x = random_values(size_t(n * heads * head_dim), 72);
+  DeviceTensor xt = make_f32(*backend, x, {n, heads, head_dim});
+  backend->rope(xt, positions, make_f32(*backend, inv_freq, {half}), scale);
+  const auto got = read(*backend, xt);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const size_t base = size_t((i * heads + h) * head_dim);
+      for (int64_t f = 0; f < half; ++f) {
+        const double angle = double(float(positions[size_t(i)]) * inv_freq[size_t(f)]);
+        const double c = std::cos(angle) * scale, s = std::sin(angle) * scale;
+        const double a = x[base + size_t(f)], b = x[base + size_t(f + half)];
+        REQUIRE(std::fabs(double(got[base + size_t(f)]) - (a * c - b * s)) <= 1e-5);
+        REQUIRE(std::fabs(double(got[base + size_t(f + half)]) - (b * c + a * s)) <= 1e-5);
+      }
+      for (int64_t d = 2 * half; d < head_dim; ++d) {
+        REQUIRE(got[base + size_t(d)] == x[base + size_t(d)]);  // passed through untouched
+      }
+    }
+  }
+  // More rotated channels than the head has is an error.
+  DeviceTensor narrow = make_f32(*backend, std::vector<float>(8, 1.0f), {1, 2, 4});
+  CHECK_THROWS_AS(
+      backend->rope(narrow, std::vector<int64_t>{0}, make_f32(*backend, inv_freq, {half}), 1.0f),
+      Error);
+}
+
 TEST_CASE("attention: decode with GQA, sliding window and visibility masks", "[backend]") {
   const bool simd = GENERATE(true, false);
   CpuBackendOptions options;

@@ -284,26 +284,30 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rope(DeviceTensor& x, std::span<const int64_t> positions,
-            const DeviceTensor& inv_freq) override {
+  using Backend::rope;
+  void rope(DeviceTensor& x, std::span<const int64_t> positions, const DeviceTensor& inv_freq,
+            float scale) override {
     require_f32(x, "rope: x");
     require_f32(inv_freq, "rope: inv_freq");
-    const int64_t half = inv_freq.numel(), head_dim = 2 * half;
+    const int64_t half = inv_freq.numel(), rotated = 2 * half;
+    const int64_t head_dim = x.shape.size() == 3 ? x.shape[2] : rotated;
     const int64_t n = int64_t(positions.size());
-    KVLENS_REQUIRE(half > 0 && n > 0 && x.numel() % (n * head_dim) == 0, "rope: x",
-                   cat("[", n, ", heads, ", head_dim, "]"), describe(x));
+    KVLENS_REQUIRE(half > 0 && n > 0 && rotated <= head_dim && x.numel() % (n * head_dim) == 0,
+                   "rope: x", cat("[", n, ", heads, ", head_dim, "], D >= ", rotated), describe(x));
     const int64_t heads = x.numel() / (n * head_dim);
     const float* freq = inv_freq.as<const float>();
     std::vector<float> cos_table(static_cast<size_t>(half));
     std::vector<float> sin_table(static_cast<size_t>(half));
     for (int64_t i = 0; i < n; ++i) {
       // The angle is rounded to float first, as transformers computes it (inv_freq @ position in
-      // F32); cos/sin of that float are then rounded once. Lockstep rows share their position.
+      // F32); cos/sin of that float are then rounded once, and scaled in F32 (cos() * scale).
+      // Lockstep rows share their position.
       for (int64_t f = 0; f < half && (i == 0 || positions[i] != positions[i - 1]); ++f) {
         const float angle = float(positions[i]) * freq[f];
-        cos_table[size_t(f)] = float(std::cos(double(angle)));
-        sin_table[size_t(f)] = float(std::sin(double(angle)));
+        cos_table[size_t(f)] = float(std::cos(double(angle))) * scale;
+        sin_table[size_t(f)] = float(std::sin(double(angle))) * scale;
       }
+      // Rotate-half within the first `rotated` channels; the others pass through.
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x.as<float>() + (i * heads + h) * head_dim;
         for (int64_t f = 0; f < half; ++f) {
