@@ -13,7 +13,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 256;  // keys scored per pass; their weights live in shared memory
 
 // One thread per element of k/v [rows, G, D]: element (r, g, d) goes to cache[g, p0 + r, d].
-__global__ void kv_append_kernel(const float* k, const float* v, float* k_cache, float* v_cache,
+template <typename C>
+__global__ void kv_append_kernel(const float* k, const float* v, C* k_cache, C* v_cache,
                                  int64_t rows, int64_t kv_heads, int64_t head_dim, int64_t capacity,
                                  int64_t first_position, const int64_t* step_position) {
   const int64_t count = rows * kv_heads * head_dim;
@@ -24,14 +25,15 @@ __global__ void kv_append_kernel(const float* k, const float* v, float* k_cache,
     const int64_t g = (i / head_dim) % kv_heads;
     const int64_t r = i / (head_dim * kv_heads);
     const int64_t dst = (g * capacity + first_position + r) * head_dim + d;
-    k_cache[dst] = k[i];
-    if (v_cache != nullptr) v_cache[dst] = v[i];
+    k_cache[dst] = from_f32<C>(k[i]);
+    if (v_cache != nullptr) v_cache[dst] = from_f32<C>(v[i]);
   }
 }
 
 // Shared memory (dynamic): q[D] | acc[D] | weights[kTile].
 // The running max `m` and sum `l` are block-uniform: every thread derives them from the same
 // block reductions, so the control flow that depends on them is uniform too.
+template <typename C>
 __global__ void attention_kernel(AttentionArgs a) {
   extern __shared__ float shared[];
   __shared__ float scratch[32];
@@ -58,8 +60,8 @@ __global__ void attention_kernel(AttentionArgs a) {
       if (j < lo || j > position) logits[j] = -INFINITY;
   }
   const uint8_t* mask = a.mask ? a.mask + h * a.mask_stride : nullptr;
-  const float* keys = a.k_cache + g * a.capacity * D;
-  const float* values = a.v_cache + g * a.capacity * D;
+  const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
+  const C* values = static_cast<const C*>(a.v_cache) + g * a.capacity * D;
   __syncthreads();
 
   float m = -INFINITY;  // running max of the logits seen so far
@@ -99,7 +101,7 @@ __global__ void attention_kernel(AttentionArgs a) {
     // Weighted sum of values: each thread owns dimensions d (coalesced value reads per key).
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float sum = acc[d] * correction;
-      for (int jj = 0; jj < count; ++jj) sum += weights[jj] * values[(start + jj) * D + d];
+      for (int jj = 0; jj < count; ++jj) sum += weights[jj] * to_f32(values[(start + jj) * D + d]);
       acc[d] = sum;
     }
     __syncthreads();  // `weights` is rewritten by the next tile
@@ -112,19 +114,27 @@ __global__ void attention_kernel(AttentionArgs a) {
 
 }  // namespace
 
-void launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache, int64_t rows,
-                      int64_t kv_heads, int64_t head_dim, int64_t capacity, int64_t first_position,
-                      const int64_t* step_position, cudaStream_t stream) {
+void launch_kv_append(const float* k, const float* v, void* k_cache, void* v_cache,
+                      DType cache_dtype, int64_t rows, int64_t kv_heads, int64_t head_dim,
+                      int64_t capacity, int64_t first_position, const int64_t* step_position,
+                      cudaStream_t stream) {
   const int64_t count = rows * kv_heads * head_dim;
   if (count <= 0) return;
-  kv_append_kernel<<<grid_for(count, kAppendThreads), kAppendThreads, 0, stream>>>(
-      k, v, k_cache, v_cache, rows, kv_heads, head_dim, capacity, first_position, step_position);
+  dispatch_weight(cache_dtype, [&](auto tag) {
+    using C = decltype(tag);
+    kv_append_kernel<<<grid_for(count, kAppendThreads), kAppendThreads, 0, stream>>>(
+        k, v, static_cast<C*>(k_cache), static_cast<C*>(v_cache), rows, kv_heads, head_dim,
+        capacity, first_position, step_position);
+  });
 }
 
 void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.heads <= 0) return;
   const size_t shared_bytes = size_t(2 * args.head_dim + kTile) * sizeof(float);
-  attention_kernel<<<unsigned(args.rows * args.heads), kThreads, shared_bytes, stream>>>(args);
+  dispatch_weight(args.cache_dtype, [&](auto tag) {
+    attention_kernel<decltype(tag)>
+        <<<unsigned(args.rows * args.heads), kThreads, shared_bytes, stream>>>(args);
+  });
 }
 
 }  // namespace kvlens::cuda

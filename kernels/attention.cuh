@@ -7,18 +7,23 @@
 
 #include <cstdint>
 
+#include "engine/common/dtype.h"
+
 namespace kvlens::cuda {
 
-// k, v [rows, G, D] -> caches [G, capacity, D] at positions first_position + r (first_position
-// read from *step_position, device memory, where that is set: a captured step).
-void launch_kv_append(const float* k, const float* v, float* k_cache, float* v_cache, int64_t rows,
-                      int64_t kv_heads, int64_t head_dim, int64_t capacity, int64_t first_position,
-                      const int64_t* step_position, cudaStream_t stream);
+// k, v [rows, G, D] -> caches [G, capacity, D] of `cache_dtype` (F32, BF16 or F16: rounded to
+// nearest even) at positions first_position + r (first_position read from *step_position,
+// device memory, where that is set: a captured step).
+void launch_kv_append(const float* k, const float* v, void* k_cache, void* v_cache,
+                      DType cache_dtype, int64_t rows, int64_t kv_heads, int64_t head_dim,
+                      int64_t capacity, int64_t first_position, const int64_t* step_position,
+                      cudaStream_t stream);
 
 struct AttentionArgs {
   const float* q = nullptr;        // [rows, heads, head_dim]
-  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
-  const float* v_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
+  const void* v_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
+  DType cache_dtype = DType::F32;  // F32, BF16 or F16
   float* out = nullptr;            // [rows, heads, head_dim]
   float* logits = nullptr;         // optional [rows, heads, context]
   const uint8_t* mask = nullptr;   // optional [heads, mask_stride] (rows == 1): key j visible to

@@ -235,6 +235,8 @@ class CudaBackend final : public Backend {
     return t;
   }
 
+  bool supports_cache_dtype(DType dtype) const override { return is_weight_dtype(dtype); }
+
   DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) override {
     const int64_t count = element_count(shape, "alloc");
     activate();
@@ -274,8 +276,9 @@ class CudaBackend final : public Backend {
   void copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTensor& dst, int64_t dst_row,
                  int64_t rows, int64_t row_elems) override {
     const std::string op = "copy_rows";
-    require(src, DType::F32, op, "src");
-    require(dst, DType::F32, op, "dst");
+    // Rows of any one dtype (F32 activations and policy rows, a narrow KV cache's rows).
+    if (src.dtype != dst.dtype)
+      bad_argument(op + ": dst", cat({"the dtype of src (", describe(src), ")"}), describe(dst));
     if (src_row < 0 || dst_row < 0 || rows < 0 || row_elems < 0 ||
         (src_row + rows) * row_elems > elements(src) ||
         (dst_row + rows) * row_elems > elements(dst))
@@ -285,16 +288,17 @@ class CudaBackend final : public Backend {
                         std::to_string(rows), " x ", std::to_string(row_elems)}));
     if (rows == 0 || row_elems == 0) return;
     activate();
-    const size_t bytes = size_t(rows * row_elems) * sizeof(float);
-    const float* from = src.as<float>() + src_row * row_elems;
-    float* to = dst.as<float>() + dst_row * row_elems;
+    const size_t element = dtype_size(src.dtype);
+    const size_t bytes = size_t(rows * row_elems) * element;
+    const auto* from = static_cast<const std::byte*>(src.data) + size_t(src_row * row_elems) * element;
+    auto* to = static_cast<std::byte*>(dst.data) + size_t(dst_row * row_elems) * element;
     // cudaMemcpy leaves overlapping ranges undefined; the CPU backend's memmove allows them, so
     // an overlapping copy goes through a scratch buffer.
-    if (from < to + rows * row_elems && to < from + rows * row_elems) {
+    if (from < to + bytes && to < from + bytes) {
       void* bounce = bounce_.get(device_, bytes);
       check_cuda(cudaMemcpyAsync(bounce, from, bytes, cudaMemcpyDeviceToDevice, stream()),
                  "cudaMemcpyAsync");
-      from = static_cast<const float*>(bounce);
+      from = static_cast<const std::byte*>(bounce);
     }
     check_cuda(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream()),
                "cudaMemcpyAsync");
@@ -548,8 +552,8 @@ class CudaBackend final : public Backend {
                    cat({"positions inside the cache capacity ", std::to_string(cache.capacity)}),
                    cat({std::to_string(first_position), " + ", std::to_string(rows), " rows"}));
     activate();
-    cuda::launch_kv_append(k.as<float>(), keys_only ? nullptr : v.as<float>(), k_cache.as<float>(),
-                           keys_only ? nullptr : v_cache.as<float>(), rows, cache.kv_heads,
+    cuda::launch_kv_append(k.as<float>(), keys_only ? nullptr : v.as<float>(), k_cache.data,
+                           keys_only ? nullptr : v_cache.data, k_cache.dtype, rows, cache.kv_heads,
                            cache.head_dim, cache.capacity, first_position,
                            step_position(first_position, op), stream());
     check_launch("kv_append");
@@ -597,8 +601,9 @@ class CudaBackend final : public Backend {
     activate();
     cuda::AttentionArgs args;
     args.q = q.as<float>();
-    args.k_cache = k_cache.as<float>();
-    args.v_cache = v_cache.as<float>();
+    args.k_cache = k_cache.data;
+    args.v_cache = v_cache.data;
+    args.cache_dtype = k_cache.dtype;
     args.out = out.as<float>();
     args.logits = want_logits ? logits_out->as<float>() : nullptr;
     args.mask = visible.mask ? visible.mask->as<uint8_t>() : nullptr;
@@ -683,7 +688,8 @@ class CudaBackend final : public Backend {
     activate();
     cuda::LogitArgs args;
     args.q = q.as<float>();
-    args.k_cache = k_cache.as<float>();
+    args.k_cache = k_cache.data;
+    args.cache_dtype = k_cache.dtype;
     args.logits = rows_ref<float>(logits, shape);
     args.heads = heads;
     args.kv_heads = cache.kv_heads;
@@ -726,7 +732,8 @@ class CudaBackend final : public Backend {
     }
     if (heads == 0) return;
     activate();
-    args.v_cache = v_cache.as<float>();
+    args.v_cache = v_cache.data;
+    args.cache_dtype = v_cache.dtype;
     args.out = want_out ? out.as<float>() : nullptr;
     args.heads = heads;
     args.kv_heads = cache.kv_heads;
@@ -906,7 +913,8 @@ class CudaBackend final : public Backend {
     if (shape.rows == 0 || cols == 0) return;
     activate();
     cuda::KeyAnchorArgs args;
-    args.k_cache = k_cache.as<float>();
+    args.k_cache = k_cache.data;
+    args.cache_dtype = k_cache.dtype;
     args.members = rows_ref<const uint8_t>(members, member_shape);
     args.out = rows_ref<float>(out, shape);
     args.rows = shape.rows;
@@ -936,7 +944,8 @@ class CudaBackend final : public Backend {
     if (begin == end || cache.kv_heads == 0 || cache.head_dim == 0) return;
     activate();
     cuda::PageMinMaxArgs args;
-    args.k_cache = k_cache.as<float>();
+    args.k_cache = k_cache.data;
+    args.cache_dtype = k_cache.dtype;
     args.page_min = page_min.as<float>();
     args.page_max = page_max.as<float>();
     args.kv_heads = cache.kv_heads;
@@ -1011,6 +1020,10 @@ class CudaBackend final : public Backend {
                             DeviceTensor& anchor, DeviceTensor& similarity) override {
     const std::string op = "anchor_cosine_update";
     const CacheShape shape = cache_shape(cache, op, "cache");
+    if (shape.head_dim > cuda::kMaxAnchorDim)
+      bad_argument(op + ": cache",
+                   cat({"a head dimension of at most ", std::to_string(cuda::kMaxAnchorDim)}),
+                   describe(cache));
     if (column < 0 || column >= shape.capacity)
       bad_argument(op + ": column",
                    cat({"a column below the capacity ", std::to_string(shape.capacity)}),
@@ -1024,7 +1037,8 @@ class CudaBackend final : public Backend {
     if (shape.kv_heads == 0) return;
     activate();
     cuda::AnchorCosineArgs args;
-    args.cache = cache.as<float>();
+    args.cache = cache.data;
+    args.cache_dtype = cache.dtype;
     args.anchor = anchor.as<float>();
     args.similarity = similarity.as<float>();
     args.kv_heads = shape.kv_heads;
@@ -1112,10 +1126,11 @@ class CudaBackend final : public Backend {
     int64_t kv_heads = 0, capacity = 0, head_dim = 0;
   };
 
-  // One cache [G, capacity, D] F32; with cols >= 0 it must hold that many positions.
+  // One cache [G, capacity, D] of F32, BF16 or F16 (a KV cache in the model's dtype); with
+  // cols >= 0 it must hold that many positions.
   static CacheShape cache_shape(const DeviceTensor& cache, const std::string& op, const char* name,
                                 int64_t cols = -1) {
-    require(cache, DType::F32, op, name);
+    require_weight(cache, op, name);
     if (cache.shape.size() != 3)
       bad_argument(op + ": " + name, "[G, capacity, D]", describe(cache));
     const CacheShape shape{cache.dim(0), cache.dim(1), cache.dim(2)};
@@ -1148,9 +1163,10 @@ class CudaBackend final : public Backend {
   static CacheShape cache_shape(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
                                 const std::string& op) {
     cache_shape(k_cache, op, "k_cache");
-    require(v_cache, DType::F32, op, "v_cache");
-    if (v_cache.shape != k_cache.shape)
-      bad_argument(op + ": v_cache", "the shape of k_cache " + shape_string(k_cache.shape),
+    if (v_cache.shape != k_cache.shape || v_cache.dtype != k_cache.dtype)
+      bad_argument(op + ": v_cache",
+                   "the dtype and shape of k_cache " + std::string(dtype_name(k_cache.dtype)) +
+                       shape_string(k_cache.shape),
                    describe(v_cache));
     return {k_cache.dim(0), k_cache.dim(1), k_cache.dim(2)};
   }

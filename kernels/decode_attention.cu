@@ -40,6 +40,7 @@ Plan plan(const AttentionArgs& a, int sm_count) {
 }
 
 // Shared (dynamic): q[group, D] | weights[group, slice_keys].
+template <typename C>
 __global__ void __launch_bounds__(kThreads)
     decode_slices_kernel(AttentionArgs a, int64_t lo, int64_t slice_keys, float* scratch,
                          int64_t slices) {
@@ -66,8 +67,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  const float* keys = a.k_cache + g * a.capacity * D;
-  const float* values = a.v_cache + g * a.capacity * D;
+  const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
+  const C* values = static_cast<const C*>(a.v_cache) + g * a.capacity * D;
   // Scores: one warp per key, read once for every query head of the group (group_dots: the
   // bits of warp_dot), lanes over the head dimension.
   for (int jj = warp; jj < count; jj += kWarps) {
@@ -116,9 +117,9 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t h = i / D;
     const int64_t d = i % D;
     const float* w = weights + h * slice_keys;
-    const float* v = values + start * D + d;
+    const C* v = values + start * D + d;
     float acc = 0.0f;
-    for (int jj = 0; jj < count; ++jj) acc += w[jj] * v[int64_t(jj) * D];
+    for (int jj = 0; jj < count; ++jj) acc += w[jj] * to_f32(v[int64_t(jj) * D]);
     slice_acc[(slice * a.heads + g * group + h) * D + d] = acc;
   }
 }
@@ -166,8 +167,10 @@ void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_c
   const int64_t group = args.heads / args.kv_heads;
   const size_t shared_bytes = size_t(group * (args.head_dim + p.slice_keys)) * sizeof(float);
   const dim3 grid(unsigned(p.slices), unsigned(args.kv_heads));
-  decode_slices_kernel<<<grid, kThreads, shared_bytes, stream>>>(args, p.lo, p.slice_keys, scratch,
-                                                                 p.slices);
+  dispatch_weight(args.cache_dtype, [&](auto tag) {
+    decode_slices_kernel<decltype(tag)>
+        <<<grid, kThreads, shared_bytes, stream>>>(args, p.lo, p.slice_keys, scratch, p.slices);
+  });
   const int merge_threads = args.head_dim >= 128 ? 128 : (args.head_dim > 32 ? 64 : 32);
   decode_merge_kernel<<<unsigned(args.heads), merge_threads, 0, stream>>>(args, scratch, p.slices);
 }

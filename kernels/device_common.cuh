@@ -25,6 +25,23 @@ __device__ __forceinline__ float to_f32(__half v) {
   return __half2float(v);
 }
 
+// Narrowing for stores into a KV cache of the model's dtype: round to nearest even, as torch's
+// .to(dtype) does.
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
 // Calls f(T{}) with T the device element type of a weight dtype. Returns false for non-weight
 // dtypes (the backend validates dtypes before calling a launcher, so that never happens there).
 template <typename F>
@@ -65,24 +82,38 @@ __device__ __forceinline__ T warp_reduce(T v, Op op) {
 // products d = l, l + 32, ... in order, then the butterfly reduction. Every kernel that produces
 // attention logits uses this arithmetic (or group_dots, the same), so their logits agree bit for
 // bit.
-__device__ __forceinline__ float warp_dot(const float* q, const float* key, int64_t D, int lane) {
+// The key may be stored as F32, BF16 or F16 (a KV cache of the model's dtype); widening is exact,
+// so a narrow cache gives the bits of an F32 cache holding the same values.
+template <typename K>
+__device__ __forceinline__ float warp_dot(const float* q, const K* key, int64_t D, int lane) {
   float dot = 0.0f;
-  for (int64_t d = lane; d < D; d += 32) dot = fmaf(q[d], key[d], dot);
+  for (int64_t d = lane; d < D; d += 32) dot = fmaf(q[d], to_f32(key[d]), dot);
+  return warp_reduce(dot, SumOp{});
+}
+
+// warp_dot(v, v): the squared norm of a vector stored in any of the three types.
+template <typename K>
+__device__ __forceinline__ float warp_dot_self(const K* v, int64_t D, int lane) {
+  float dot = 0.0f;
+  for (int64_t d = lane; d < D; d += 32) {
+    const float x = to_f32(v[d]);
+    dot = fmaf(x, x, dot);
+  }
   return warp_reduce(dot, SumOp{});
 }
 
 // warp_dot of one key with each of `group` query rows q[h * D ..] (a GQA group), the key read
 // from memory once into registers; emit(h, dot) on every lane. Same bits as warp_dot.
 constexpr int64_t kMaxGroupDotDim = 256;
-template <typename Emit>
-__device__ __forceinline__ void group_dots(const float* q, int64_t group, const float* key,
-                                           int64_t D, int lane, Emit&& emit) {
+template <typename K, typename Emit>
+__device__ __forceinline__ void group_dots(const float* q, int64_t group, const K* key, int64_t D,
+                                           int lane, Emit&& emit) {
   constexpr int kRegisters = int(kMaxGroupDotDim / 32);
   float k[kRegisters];
 #pragma unroll
   for (int i = 0; i < kRegisters; ++i) {
     const int64_t d = lane + 32 * i;
-    k[i] = d < D ? key[d] : 0.0f;
+    k[i] = d < D ? to_f32(key[d]) : 0.0f;
   }
   for (int64_t h = 0; h < group; ++h) {
     float dot = 0.0f;

@@ -25,6 +25,7 @@ __device__ __forceinline__ void for_each_cell(int64_t rows, int64_t cols, F f) {
 
 // Grid: (key chunks, KV heads). The group's query rows in shared memory; one warp per key, which
 // it reads once for every query head of its group (group_dots: the attention kernels' bits).
+template <typename C>
 __global__ void attention_logits_kernel(LogitArgs a) {
   extern __shared__ float q[];
   const int64_t D = a.head_dim;
@@ -40,7 +41,7 @@ __global__ void attention_logits_kernel(LogitArgs a) {
     cols = position + 1;
     lo = a.window > 0 && position - a.window + 1 > 0 ? position - a.window + 1 : 0;
   }
-  const float* keys = a.k_cache + g * a.capacity * D;
+  const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
   float* rows = a.logits.data + g * group * a.logits.stride;
   // Chunks of kLogitKeys keys, grid-stride (the grid of a captured step covers any context).
   for (int64_t begin = int64_t(blockIdx.x) * kLogitKeys; begin < cols;
@@ -228,6 +229,7 @@ __global__ void pool_rows_kernel(RowsRef<const float> x, int64_t rows, int64_t c
 // One block per row; warp w handles keys j = w, w + warps, ... Shared memory (dynamic):
 // anchor[D] | per-warp partial sums [warps][D]. Fixed assignment and reduction order: the result
 // does not depend on scheduling.
+template <typename C>
 __global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
   extern __shared__ float shared[];
   __shared__ unsigned scratch[32];
@@ -236,7 +238,7 @@ __global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
   float* anchor = shared;
   float* partial = shared + D + warp * D;
   const int64_t r = blockIdx.x;
-  const float* keys = a.k_cache + (r / a.rows_per_group) * a.capacity * D;
+  const C* keys = static_cast<const C*>(a.k_cache) + (r / a.rows_per_group) * a.capacity * D;
   const uint8_t* member = a.members.data + r * a.members.stride;
   float* out = a.out.data + r * a.out.stride;
   constexpr float kTiny = 1e-12f;
@@ -245,9 +247,9 @@ __global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
   unsigned count = 0;
   for (int64_t j = warp; j < a.cols; j += warps) {
     if (member[j] == 0) continue;  // warp-uniform
-    const float* k = keys + j * D;
-    const float inv = 1.0f / fmaxf(sqrtf(warp_dot(k, k, D, lane)), kTiny);
-    for (int64_t d = lane; d < D; d += 32) partial[d] += k[d] * inv;
+    const C* k = keys + j * D;
+    const float inv = 1.0f / fmaxf(sqrtf(warp_dot_self(k, D, lane)), kTiny);
+    for (int64_t d = lane; d < D; d += 32) partial[d] += to_f32(k[d]) * inv;
     if (lane == 0) ++count;
   }
   count = block_reduce(count, SumOp{}, 0u, scratch);  // also a barrier: partials are complete
@@ -259,25 +261,26 @@ __global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
   __syncthreads();
   const float anchor_norm = fmaxf(sqrtf(warp_dot(anchor, anchor, D, lane)), kTiny);
   for (int64_t j = warp; j < a.cols; j += warps) {
-    const float* k = keys + j * D;
-    const float dot = warp_dot(k, anchor, D, lane);
-    const float norm = fmaxf(sqrtf(warp_dot(k, k, D, lane)), kTiny);
+    const C* k = keys + j * D;
+    const float dot = warp_dot(anchor, k, D, lane);
+    const float norm = fmaxf(sqrtf(warp_dot_self(k, D, lane)), kTiny);
     if (lane == 0) out[j] = -dot / (norm * anchor_norm);
   }
 }
 
 // Quest's page summaries: one thread per (KV head, page, channel), columns in order with the
 // CPU's comparisons (exact, so the same bits).
+template <typename C>
 __global__ void page_minmax_kernel(PageMinMaxArgs a) {
   const int64_t count = a.last - a.first + 1, D = a.head_dim;
   for_each_cell(a.kv_heads * count, D, [&](int64_t row, int64_t d) {
     const int64_t g = row / count, p = a.first + row % count;
-    const float* keys = a.k_cache + g * a.capacity * D;
+    const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
     const int64_t j0 = p * a.page_size;
     const int64_t j1 = j0 + a.page_size < a.end ? j0 + a.page_size : a.end;
-    float lo = keys[j0 * D + d], hi = lo;
+    float lo = to_f32(keys[j0 * D + d]), hi = lo;
     for (int64_t j = j0 + 1; j < j1; ++j) {
-      const float x = keys[j * D + d];
+      const float x = to_f32(keys[j * D + d]);
       lo = x < lo ? x : lo;
       hi = hi < x ? x : hi;
     }
@@ -361,12 +364,15 @@ __global__ void select_pages_kernel(RowsRef<const float> scores, RowsRef<uint8_t
 
 // One thread per KV head: the shared cosine_similarity, then the EMA step with the CPU's
 // roundings (both products, then the sum).
+template <typename C>
 __global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
   const int64_t D = a.head_dim;
   const float keep = a.decay, take = 1.0f - a.decay;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < a.kv_heads;
        g += int64_t(gridDim.x) * blockDim.x) {
-    const float* x = a.cache + (g * a.capacity + a.column) * D;
+    const C* column = static_cast<const C*>(a.cache) + (g * a.capacity + a.column) * D;
+    float x[kMaxAnchorDim];  // the column widened (exact), for the shared host/device arithmetic
+    for (int64_t d = 0; d < D; ++d) x[d] = to_f32(column[d]);
     float* anchor = a.anchor + g * D;
     a.similarity[g] = cosine_similarity(x, anchor, D);
     for (int64_t d = 0; d < D; ++d) anchor[d] = add_rn(mul_rn(keep, anchor[d]), mul_rn(take, x[d]));
@@ -385,7 +391,9 @@ void launch_attention_logits(const LogitArgs& args, int sm_count, cudaStream_t s
       (8 * int64_t(sm_count > 0 ? sm_count : 132) + args.kv_heads - 1) / args.kv_heads;
   const dim3 grid(unsigned(chunks < most ? chunks : most), unsigned(args.kv_heads));
   const size_t shared_bytes = size_t(args.heads / args.kv_heads * args.head_dim) * sizeof(float);
-  attention_logits_kernel<<<grid, kLogitThreads, shared_bytes, stream>>>(args);
+  dispatch_weight(args.cache_dtype, [&](auto tag) {
+    attention_logits_kernel<decltype(tag)><<<grid, kLogitThreads, shared_bytes, stream>>>(args);
+  });
 }
 
 void launch_count_nonzero_rows(RowsRef<const uint8_t> mask, int64_t rows, int64_t cols,
@@ -461,13 +469,18 @@ void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool a
 void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.cols <= 0) return;
   const size_t shared_bytes = size_t(args.head_dim) * (1 + kAnchorThreads / 32) * sizeof(float);
-  key_anchor_scores_kernel<<<unsigned(args.rows), kAnchorThreads, shared_bytes, stream>>>(args);
+  dispatch_weight(args.cache_dtype, [&](auto tag) {
+    key_anchor_scores_kernel<decltype(tag)>
+        <<<unsigned(args.rows), kAnchorThreads, shared_bytes, stream>>>(args);
+  });
 }
 
 void launch_page_minmax_update(const PageMinMaxArgs& args, cudaStream_t stream) {
   const int64_t count = args.kv_heads * (args.last - args.first + 1) * args.head_dim;
   if (count <= 0) return;
-  page_minmax_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(args);
+  dispatch_weight(args.cache_dtype, [&](auto tag) {
+    page_minmax_kernel<decltype(tag)><<<grid_for(count, kThreads), kThreads, 0, stream>>>(args);
+  });
 }
 
 void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream) {
@@ -486,8 +499,10 @@ void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected,
 void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream) {
   if (args.kv_heads <= 0) return;
   constexpr int kAnchorHeadThreads = 64;
-  anchor_cosine_kernel<<<grid_for(args.kv_heads, kAnchorHeadThreads), kAnchorHeadThreads, 0,
-                         stream>>>(args);
+  dispatch_weight(args.cache_dtype, [&](auto tag) {
+    anchor_cosine_kernel<decltype(tag)>
+        <<<grid_for(args.kv_heads, kAnchorHeadThreads), kAnchorHeadThreads, 0, stream>>>(args);
+  });
 }
 
 }  // namespace kvlens::cuda

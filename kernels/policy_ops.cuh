@@ -1,12 +1,14 @@
 // Token-selection (policy) kernels of the CUDA backend; the contracts are those of backend.h.
 // Row buffers are [rows, stride] row-major and only columns j < cols are touched; every operand
-// has its own stride. Launchers only enqueue on `stream`; the backend checks the arguments first
+// has its own stride. KV caches are read in their own dtype (F32, BF16 or F16), widened exactly. Launchers only enqueue on `stream`; the backend checks the arguments first
 // and the launch afterwards.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "engine/common/dtype.h"
 
 namespace kvlens::cuda {
 
@@ -21,8 +23,9 @@ struct RowsRef {
 // step_position set (a captured step), the position comes from device memory: cols = *p + 1 and
 // lo from `window`.
 struct LogitArgs {
-  const float* q = nullptr;        // [heads, head_dim]
-  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  const float* q = nullptr;       // [heads, head_dim]
+  const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
+  DType cache_dtype = DType::F32;
   RowsRef<float> logits;           // [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
   int64_t cols = 0, lo = 0, window = 0;
@@ -36,7 +39,8 @@ void launch_attention_logits(const LogitArgs& args, int sm_count, cudaStream_t s
 struct VisibleAttentionArgs {
   RowsRef<const float> logits;     // [heads, stride]
   RowsRef<const uint8_t> visible;  // optional [heads, stride]
-  const float* v_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  const void* v_cache = nullptr;   // [kv_heads, capacity, head_dim] of cache_dtype
+  DType cache_dtype = DType::F32;
   float* out = nullptr;            // [heads, head_dim]; null: probabilities only
   RowsRef<float> probs;            // optional [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0, cols = 0;
@@ -86,7 +90,8 @@ void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool a
 // out[r, j] = -cos(k[g, j], mean of the normalised member keys of row r), g = r / rows_per_group.
 // One block per row.
 struct KeyAnchorArgs {
-  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
+  DType cache_dtype = DType::F32;
   RowsRef<const uint8_t> members;  // [rows, stride]
   RowsRef<float> out;              // [rows, stride]
   int64_t rows = 0, rows_per_group = 1, head_dim = 0, capacity = 0, cols = 0;
@@ -97,7 +102,8 @@ void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream);
 // channel-wise min / max of the keys in [p * page_size, min((p + 1) * page_size, end)). One
 // thread per (KV head, page, channel), columns in order.
 struct PageMinMaxArgs {
-  const float* k_cache = nullptr;  // [kv_heads, capacity, head_dim]
+  const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
+  DType cache_dtype = DType::F32;
   float* page_min = nullptr;       // [kv_heads, pages, head_dim]
   float* page_max = nullptr;
   int64_t kv_heads = 0, capacity = 0, head_dim = 0, pages = 0;
@@ -126,8 +132,11 @@ void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected,
 
 // similarity[g] = cosine_similarity(cache[g, column], anchor[g]); then anchor[g] = decay *
 // anchor[g] + (1 - decay) * cache[g, column]. One thread per KV head.
+// head_dim at most kMaxAnchorDim (the column is widened into registers first).
+constexpr int64_t kMaxAnchorDim = 512;
 struct AnchorCosineArgs {
-  const float* cache = nullptr;  // [kv_heads, capacity, head_dim]
+  const void* cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
+  DType cache_dtype = DType::F32;
   float* anchor = nullptr;       // [kv_heads, head_dim]
   float* similarity = nullptr;   // [kv_heads]
   int64_t kv_heads = 0, capacity = 0, head_dim = 0, column = 0;

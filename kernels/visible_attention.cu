@@ -57,6 +57,7 @@ __global__ void visible_max_kernel(VisibleAttentionArgs a, float* head_max) {
 }
 
 // Grid (slices, heads); blockDim = key lanes x the head dimension rounded up to 32.
+template <typename C>
 __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
                                      float* slice_sum, float* slice_acc) {
   extern __shared__ float weights[];
@@ -93,12 +94,12 @@ __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_m
   const int64_t lanes = blockDim.x / dims;
   const int64_t key_lane = threadIdx.x / dims;
   const int64_t d = threadIdx.x % dims;
-  const float* values = a.v_cache + (g * a.capacity + start) * D;
+  const C* values = static_cast<const C*>(a.v_cache) + (g * a.capacity + start) * D;
   float sum = 0.0f;
   if (key_lane < lanes && d < D) {
     for (int64_t jj = key_lane; jj < count; jj += lanes) {
       const float w = weights[jj];
-      if (w != 0.0f) sum += w * values[jj * D + d];  // hidden keys are not read
+      if (w != 0.0f) sum += w * to_f32(values[jj * D + d]);  // hidden keys are not read
     }
   }
   __syncthreads();  // `weights` is reused for the lanes' sums
@@ -169,8 +170,11 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
       slice_width(args.step_position != nullptr ? args.capacity : args.cols, slices);
   const int64_t shared_floats = widest > lanes * args.head_dim ? widest : lanes * args.head_dim;
   const dim3 grid(unsigned(slices), unsigned(args.heads));
-  visible_slice_kernel<<<grid, threads, size_t(shared_floats) * sizeof(float), stream>>>(
-      args, head_max, slices, slice_sum, slice_acc);
+  dispatch_weight(args.cache_dtype, [&](auto tag) {
+    visible_slice_kernel<decltype(tag)>
+        <<<grid, threads, size_t(shared_floats) * sizeof(float), stream>>>(args, head_max, slices,
+                                                                            slice_sum, slice_acc);
+  });
   visible_merge_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max, slices,
                                                                          slice_sum, slice_acc);
 }

@@ -43,6 +43,18 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
                   "fused multiply-adds) differs in the last bits")
       ->check(CLI::IsMember({"auto", "avx2", "generic"}))
       ->capture_default_str();
+  command
+      .add_option("--dtype", common.dtype,
+                  "Weights as stored (auto) or converted on load, as torch's .to(dtype): f32 or "
+                  "bf16 (rounded to nearest even)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->capture_default_str();
+  command
+      .add_option("--kv-dtype", common.kv_dtype,
+                  "KV cache dtype: auto (the weights' dtype on cuda, f32 on cpu), f32, bf16 or "
+                  "f16 (bf16 and f16 on cuda only)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
+      ->capture_default_str();
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
 }
 

@@ -146,7 +146,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                        1 + (policies.empty() ? 0 : int64_t(split_comma_list(policies).size())),
                        !policies.empty(), "--context + --warmup + --steps");
       const auto backend = make_backend(common);
-      const auto resident = BackendModel::upload(model, *backend);
+      const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
       const int64_t step_bytes = resident->step_weight_bytes();
 
       // Measured after the upload, before decoding, in this process: same memory, same load.

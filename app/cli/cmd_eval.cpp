@@ -187,7 +187,7 @@ int run_eval(const CommonOptions& common) {
                      int64_t(runs.size()), true, "--window / --max-tokens");
   }
   const auto backend = make_backend(common);
-  const auto resident = BackendModel::upload(model, *backend);
+  const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
 
   Json results = Json::array();
   std::printf("eval %s  model %s  backend %s  runs %zu in lockstep\n", flags.task.c_str(),

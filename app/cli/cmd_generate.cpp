@@ -42,7 +42,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
                        !policy_config.id.empty() && policy_config.id != "dense",
                        "prompt + --max-new");
       const auto backend = make_backend(common);
-      const auto resident = BackendModel::upload(model, *backend);
+      const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
 
       const Tokenizer* tokenizer =
           (!print_ids && model->tokenizer) ? model->tokenizer.get() : nullptr;

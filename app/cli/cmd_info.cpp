@@ -73,6 +73,7 @@ nlohmann::json model_info(const Model& model) {
                     {"cpu_weight_bytes", memory.cpu_weight_bytes},
                     {"cuda_weight_bytes", memory.cuda_weight_bytes},
                     {"kv_cache_bytes_per_1k_tokens", memory.kv_cache_per_1k},
+                    {"cuda_kv_cache_bytes_per_1k_tokens", memory.cuda_kv_cache_per_1k},
                     {"policy_rows_bytes_per_1k_tokens", memory.policy_rows_per_1k},
                     {"trace_step_row_bytes_at_1k_tokens", memory.trace_step_rows_at_1k},
                     {"available_bytes", available_memory_bytes()}};

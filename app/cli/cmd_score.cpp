@@ -50,7 +50,7 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           *model, text, tokens, *file_option ? "--text-file" : "--tokens", max_tokens);
       check_cpu_memory(common, *model, int64_t(ids.size()), 1, true, "the text's tokens");
       const auto backend = make_backend(common);
-      const auto resident = BackendModel::upload(model, *backend);
+      const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
       ProgressBar bar(common.progress, "score");
       ScoreOptions options;
       options.chunk = chunk;

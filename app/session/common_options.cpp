@@ -30,6 +30,21 @@ std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
   throw Error("--backend", "backend", "cpu or cuda", common.backend);
 }
 
+UploadOptions upload_options(const CommonOptions& common) {
+  auto parse = [](const std::string& flag, const std::string& value,
+                  bool f16) -> std::optional<DType> {
+    if (value == "auto") return std::nullopt;
+    if (value == "f32") return DType::F32;
+    if (value == "bf16") return DType::BF16;
+    if (value == "f16" && f16) return DType::F16;
+    throw Error(flag, "dtype", f16 ? "auto, f32, bf16 or f16" : "auto, f32 or bf16", value);
+  };
+  UploadOptions options;
+  options.weight_dtype = parse("--dtype", common.dtype, false);
+  options.kv_cache_dtype = parse("--kv-dtype", common.kv_dtype, true);
+  return options;
+}
+
 std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir) {
   return Model::load(model_dir, common.predictor);
 }

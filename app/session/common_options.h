@@ -7,6 +7,7 @@
 
 #include "engine/model/model.h"
 #include "engine/runtime/backend.h"
+#include "engine/runtime/decoder_session.h"
 
 namespace kvlens::session {
 
@@ -20,10 +21,17 @@ struct CommonOptions {
   // --predictor: a predictor.safetensors (predictor.json beside it) overriding the model
   // folder's own TokenButler predictor (commands that open a model).
   std::string predictor;
+  // Weights as stored (auto) or converted on load (f32, bf16: torch's .to(dtype)), and the KV
+  // cache's dtype: auto (the weights' dtype on the GPU, F32 on the CPU), f32, bf16 or f16.
+  std::string dtype = "auto";
+  std::string kv_dtype = "auto";
 };
 
 // Backend by name; throws kvlens::Error when it is not available in this build or machine.
 std::unique_ptr<Backend> make_backend(const CommonOptions& common);
+
+// --dtype and --kv-dtype as BackendModel::upload takes them.
+UploadOptions upload_options(const CommonOptions& common);
 
 // Model::load with the --predictor override.
 std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir);

@@ -108,29 +108,8 @@ void copy_columns(Backend& backend, const DeviceTensor& src, DeviceTensor& dst) 
                     std::to_string(dst.dim(0)) + " x " + std::to_string(stride));
   }
   if (rows * cols == 0) return;
-  // copy_rows moves F32 rows: U8 rows whose widths are multiples of 4 bytes go as F32 rows of a
-  // quarter of the width; others (a cache capped at an odd max_position_embeddings) go through
-  // the host.
-  const int64_t unit = src.dtype == DType::F32 ? 1 : 4;
-  if (cols % unit != 0 || stride % unit != 0) {
-    std::vector<uint8_t> from(src.bytes()), to(dst.bytes());
-    backend.to_host(src, from.data(), from.size());
-    backend.to_host(dst, to.data(), to.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(from.begin() + r * cols, cols, to.begin() + r * stride);
-    }
-    backend.from_host(dst, to.data(), to.size());
-    return;
-  }
-  const size_t element = dtype_size(src.dtype);
-  for (int64_t r = 0; r < rows; ++r) {
-    DeviceTensor from = src, to = dst;
-    from.data = static_cast<std::byte*>(src.data) + size_t(r * cols) * element;
-    to.data = static_cast<std::byte*>(dst.data) + size_t(r * stride) * element;
-    from.dtype = to.dtype = DType::F32;
-    from.shape = to.shape = {1, cols / unit};
-    backend.copy_rows(from, 0, to, 0, 1, cols / unit);
-  }
+  // Row by row, as runs of `cols` one-element rows: the destination's rows are `stride` apart.
+  for (int64_t r = 0; r < rows; ++r) backend.copy_rows(src, r * cols, dst, r * stride, cols, 1);
 }
 
 DeviceTensor widen_columns(Backend& backend, const DeviceTensor& rows, int64_t stride,

@@ -66,13 +66,19 @@ class Backend {
   // `keep_alive` owns the host memory behind `view`.
   virtual DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) = 0;
   virtual DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
+  // Whether the ops that read or write a KV cache (kv_append, attention, attention_logits,
+  // attention_visible, key_anchor_scores, page_minmax_update, anchor_cosine_update) take caches
+  // of `dtype`: F32 always; the CUDA backend also BF16 and F16 (stored rounded to nearest even,
+  // read widened exactly, all arithmetic in F32).
+  virtual bool supports_cache_dtype(DType dtype) const { return dtype == DType::F32; }
   // True when a and b (the same dtype and shape) hold the same bytes and the backend can tell
   // cheaply; false when they differ or it cannot tell without a synchronization (the default).
   // A hint that lets a lockstep session compute once what several runs would compute alike.
   virtual bool same_bytes(const DeviceTensor& /*a*/, const DeviceTensor& /*b*/) { return false; }
   virtual void to_host(const DeviceTensor& src, void* host, size_t bytes) = 0;
   virtual void from_host(DeviceTensor& dst, const void* host, size_t bytes) = 0;
-  // Copies `rows` rows of `row_elems` F32 each from src[src_row..] to dst[dst_row..].
+  // Copies `rows` rows of `row_elems` elements each from src[src_row..] to dst[dst_row..]; src
+  // and dst have one dtype (any: F32 rows, U8 masks, a KV cache in the model's dtype).
   virtual void copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTensor& dst,
                          int64_t dst_row, int64_t rows, int64_t row_elems) = 0;
 

@@ -26,14 +26,66 @@ using session::rows_of;
 using session::timed_work;
 using session::view;
 
+namespace {
+
+// `view` as `dtype` in a new host buffer owned by `keep`: widening is exact, narrowing to BF16
+// rounds to nearest even (torch's .to(torch.bfloat16)).
+TensorView converted(const TensorView& view, DType dtype, std::vector<std::shared_ptr<void>>& keep) {
+  if (view.data == nullptr || view.dtype == dtype) return view;
+  const int64_t count = view.numel();
+  auto read = [&](int64_t i) -> float {
+    switch (view.dtype) {
+      case DType::F32:
+        return reinterpret_cast<const float*>(view.data)[i];
+      case DType::BF16:
+        return bf16_to_f32(reinterpret_cast<const uint16_t*>(view.data)[i]);
+      case DType::F16:
+        return f16_to_f32(reinterpret_cast<const uint16_t*>(view.data)[i]);
+      default:
+        throw Error(view.name, "dtype", "F32, BF16 or F16", std::string(dtype_name(view.dtype)));
+    }
+  };
+  auto buffer = std::shared_ptr<void>(::operator new(size_t(count) * dtype_size(dtype)),
+                                      [](void* p) { ::operator delete(p); });
+  if (dtype == DType::F32) {
+    auto* out = static_cast<float*>(buffer.get());
+    for (int64_t i = 0; i < count; ++i) out[i] = read(i);
+  } else {
+    auto* out = static_cast<uint16_t*>(buffer.get());
+    for (int64_t i = 0; i < count; ++i) out[i] = f32_to_bf16(read(i));
+  }
+  keep.push_back(buffer);
+  TensorView result = view;
+  result.data = static_cast<const std::byte*>(buffer.get());
+  result.bytes = size_t(count) * dtype_size(dtype);
+  result.dtype = dtype;
+  return result;
+}
+
+}  // namespace
+
 std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const Model> model,
-                                                         Backend& backend) {
+                                                         Backend& backend,
+                                                         const UploadOptions& options) {
+  if (options.weight_dtype && *options.weight_dtype != DType::F32 &&
+      *options.weight_dtype != DType::BF16) {
+    throw Error("upload", "weight dtype", "F32 or BF16",
+                std::string(dtype_name(*options.weight_dtype)));
+  }
   auto result = std::make_shared<BackendModel>();
   result->model = model;
   result->backend = &backend;
-  // The mapped files stay alive as long as any uploaded view may alias them.
-  const std::shared_ptr<void> keep_alive = model->weights.files;
-  auto up = [&](const TensorView& view) { return backend.upload_weight(view, keep_alive); };
+  // The mapped files stay alive as long as any uploaded view may alias them; converted weights
+  // live in host buffers kept alongside (a backend that aliases host memory keeps them too).
+  auto converted_buffers = std::make_shared<std::vector<std::shared_ptr<void>>>();
+  const std::shared_ptr<void> files = model->weights.files;
+  const std::shared_ptr<void> keep_alive(converted_buffers.get(),
+                                         [files, converted_buffers](void*) {});
+  auto up = [&](const TensorView& view) {
+    if (!options.weight_dtype) return backend.upload_weight(view, files);
+    return backend.upload_weight(converted(view, *options.weight_dtype, *converted_buffers),
+                                 keep_alive);
+  };
   const ModelWeights& weights = model->weights;
   result->embed = up(weights.embed);
   result->final_norm = up(weights.final_norm);
@@ -62,7 +114,24 @@ std::shared_ptr<const BackendModel> BackendModel::upload(std::shared_ptr<const M
   result->rope_scale = float(config.rope_attention_scale());
   if (model->predictor.predictor)
     result->predictor = BackendPredictor::upload(model->predictor.predictor, backend);
+  if (options.kv_cache_dtype) {
+    if (!backend.supports_cache_dtype(*options.kv_cache_dtype)) {
+      throw Error("upload", "KV cache dtype",
+                  "a dtype the " + backend.name() + " backend keeps caches in (F32" +
+                      (backend.supports_cache_dtype(DType::BF16) ? ", BF16, F16)" : ")"),
+                  std::string(dtype_name(*options.kv_cache_dtype)));
+    }
+    result->kv_cache_dtype = *options.kv_cache_dtype;
+  } else {
+    const DType weights_dtype = result->weight_dtype();
+    result->kv_cache_dtype =
+        backend.supports_cache_dtype(weights_dtype) ? weights_dtype : DType::F32;
+  }
   return result;
+}
+
+DType BackendModel::weight_dtype() const {
+  return layers.empty() ? embed.dtype : layers.front().wq.dtype;
 }
 
 int64_t BackendModel::layer_weight_bytes() const {
@@ -84,8 +153,16 @@ int64_t BackendModel::step_weight_bytes() const {
 
 DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options,
                                int64_t runs)
-    : model_(std::move(model)), backend_(*model_->backend), options_(options) {
+    : model_(std::move(model)),
+      backend_(*model_->backend),
+      options_(options),
+      cache_dtype_(options.kv_cache_dtype.value_or(model_->kv_cache_dtype)) {
   if (runs < 1) throw Error("session", "runs", "at least one run", std::to_string(runs));
+  if (!backend_.supports_cache_dtype(cache_dtype_)) {
+    throw Error("session", "KV cache dtype",
+                "a dtype the " + backend_.name() + " backend keeps caches in",
+                std::string(dtype_name(cache_dtype_)));
+  }
   runs_.resize(size_t(runs));
   identical_rows_.assign(size_t(model_->config().num_layers), 0);
   lockstep_groups_ = runs > 1 ? backend_.lockstep_groups(runs, model_->layer_weight_bytes(),
@@ -150,7 +227,7 @@ void DecoderSession::grow_caches(int64_t needed) {
         auto& caches = keys ? runs_[r].k_cache : runs_[r].v_cache;
         caches.resize(size_t(c.num_layers));
         old[r] = std::move(caches[l]);
-        caches[l] = backend_.alloc(DType::F32, {c.num_kv_heads, capacity, c.head_dim});
+        caches[l] = backend_.alloc(cache_dtype_, {c.num_kv_heads, capacity, c.head_dim});
         grown_caches[r] = &caches[l];
       }
       for (int64_t g = 0; g < c.num_kv_heads && position_ > 0; ++g) {

@@ -2,12 +2,14 @@
 // policy over the same text; several runs advance in lockstep as one batch (hidden [runs, E]), so
 // one pass over the weights serves every run, while attention and the policy work per run.
 // A chunk of several tokens (prefill) is always dense: it is computed once and its keys/values
-// are copied into every run's cache. KV cache per run and layer: [G, capacity, D] F32.
+// are copied into every run's cache. KV cache per run and layer: [G, capacity, D], F32 or (on a
+// backend that supports it, by default where the weights are narrow) the weights' BF16 / F16.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -17,6 +19,16 @@
 #include "engine/runtime/backend.h"
 
 namespace kvlens {
+
+// How a model goes into a backend. Empty fields: as stored / the backend's default.
+struct UploadOptions {
+  // Every weight converted on the host first, as torch's .to(dtype) does (F32 or BF16; BF16 is
+  // rounded to nearest even): an F32 checkpoint run in BF16, or a BF16 one widened to F32.
+  std::optional<DType> weight_dtype;
+  // The KV caches of sessions on this model. Default: the weights' dtype where the backend keeps
+  // caches of that dtype (Backend::supports_cache_dtype: the CUDA backend), else F32.
+  std::optional<DType> kv_cache_dtype;
+};
 
 // The model's weights resident in one backend (shared by all sessions on that backend).
 struct BackendModel {
@@ -36,8 +48,15 @@ struct BackendModel {
   // The model's TokenButler predictor on this backend (null when the model has none).
   std::shared_ptr<const BackendPredictor> predictor;
 
+  // The dtype of the sessions' KV caches (resolved from UploadOptions::kv_cache_dtype).
+  DType kv_cache_dtype = DType::F32;
+
+  // Throws kvlens::Error for a dtype the options cannot have (naming the option's value).
   static std::shared_ptr<const BackendModel> upload(std::shared_ptr<const Model> model,
-                                                    Backend& backend);
+                                                    Backend& backend,
+                                                    const UploadOptions& options = {});
+  // The dtype of the layers' matrices (the checkpoint's, or UploadOptions::weight_dtype).
+  DType weight_dtype() const;
   const ModelConfig& config() const { return model->config; }
   // Bytes of the layers' weights (norms and matrices), and what one decode step reads from the
   // weights: those, the final norm, the lm_head and one embedding row.
@@ -56,6 +75,8 @@ struct SessionOptions {
   // Let the backend record a single-token step of a lone dense run once and replay it
   // (Backend::record_step: a CUDA graph); false runs every step op by op.
   bool record_steps = true;
+  // The KV caches' dtype; empty: the model's (BackendModel::kv_cache_dtype).
+  std::optional<DType> kv_cache_dtype;
 };
 
 // One run's state: its cache, its policy and the policy's row buffers of the last step.
@@ -137,6 +158,7 @@ class DecoderSession {
   const SparsityStats& sparsity() const { return runs_[0].sparsity; }
   const std::vector<DeviceTensor>& attention_logits() const { return runs_[0].attention_logits; }
   const BackendModel& model() const { return *model_; }
+  DType kv_cache_dtype() const { return cache_dtype_; }
 
  private:
   void check_tokens(std::span<const int32_t> tokens, int64_t positions) const;
@@ -252,6 +274,7 @@ class DecoderSession {
   std::shared_ptr<const BackendModel> model_;
   Backend& backend_;
   SessionOptions options_;
+  DType cache_dtype_ = DType::F32;
   int64_t position_ = 0;  // tokens in every run's cache
   // Positions [0, shared_rows_) hold the same keys and values in every run (dense chunks from
   // the start): growing the caches broadcasts them instead of copying run by run.

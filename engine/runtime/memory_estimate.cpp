@@ -24,6 +24,9 @@ MemoryEstimate estimate_memory(const Model& model) {
   }
   const int64_t tokens = 1024;
   e.kv_cache_per_1k = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * tokens;
+  const TensorView& matrix =
+      model.weights.layers.empty() ? model.weights.embed : model.weights.layers.front().wq;
+  e.cuda_kv_cache_per_1k = e.kv_cache_per_1k / 4 * int64_t(dtype_size(matrix.dtype));
   e.policy_rows_per_1k = ((c.num_layers + 2) * 4 + c.num_layers) * c.num_heads * tokens;
   e.trace_step_rows_at_1k = c.num_layers * c.num_heads * (4 + 4 + 1) * tokens;
   return e;

@@ -27,6 +27,8 @@ struct MemoryEstimate {
   // and one recorded step's trace rows at 1024 columns (a logit, a score and a visibility byte per
   // layer and head; a recording keeps each step's rows within its memory budget).
   int64_t kv_cache_per_1k = 0;
+  // The CUDA backend's KV cache per 1024 tokens: in the layers' weight dtype by default.
+  int64_t cuda_kv_cache_per_1k = 0;
   int64_t policy_rows_per_1k = 0;
   int64_t trace_step_rows_at_1k = 0;
 

@@ -25,7 +25,10 @@ TEST_CASE("cuda session matches the cpu session on every parity fixture", "[cuda
     auto cpu = make_cpu_backend(2);
     auto gpu = make_cuda_backend(0);
     const auto on_cpu = BackendModel::upload(model, *cpu);
-    const auto on_gpu = BackendModel::upload(model, *gpu);
+    // The F32 path: an F32 KV cache, as the CPU keeps (BF16/F16 caches: the test below).
+    UploadOptions f32_cache;
+    f32_cache.kv_cache_dtype = DType::F32;
+    const auto on_gpu = BackendModel::upload(model, *gpu, f32_cache);
 
     DecoderSession cpu_session(on_cpu), gpu_session(on_gpu);
     std::vector<float> cpu_logits, gpu_logits;
@@ -116,7 +119,11 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
   auto cpu = make_cpu_backend(2);
   auto gpu = make_cuda_backend(0);
   const auto on_cpu = BackendModel::upload(model, *cpu);
-  const auto on_gpu = BackendModel::upload(model, *gpu);
+  // The F32 path: the demo model's weights are BF16, so its cache would be BF16 by default
+  // (test_cuda_cache_dtype.cpp compares that one).
+  UploadOptions f32_cache;
+  f32_cache.kv_cache_dtype = DType::F32;
+  const auto on_gpu = BackendModel::upload(model, *gpu, f32_cache);
   const std::vector<int32_t> tokens = model->require_tokenizer().encode(
       "Old sea charts mark a valley where the vineyards climb up terraces. The place is: "
       "Rourstelk. Courage is often mistaken for its opposite by those in a hurry. The valley with "

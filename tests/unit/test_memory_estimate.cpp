@@ -28,6 +28,8 @@ TEST_CASE("memory estimate of a tiny checkpoint per backend and per 1k tokens", 
   REQUIRE(e.cuda_weight_bytes == e.mapped_bytes);
   REQUIRE(e.cpu_weight_bytes == 2 * matrices);  // BF16 panels; nothing widened
   REQUIRE(e.kv_cache_per_1k == 2 * 2 * 2 * 8 * 4 * 1024);
+  // The CUDA cache is in the weights' dtype, BF16 here.
+  REQUIRE(e.cuda_kv_cache_per_1k == e.kv_cache_per_1k / 2);
   REQUIRE(e.policy_rows_per_1k == ((2 + 2) * 4 + 2) * 4 * 1024);
   REQUIRE(e.trace_step_rows_at_1k == 2 * 4 * 9 * 1024);
   // 300 tokens: caches of 512 positions.

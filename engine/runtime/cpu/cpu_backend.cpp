@@ -41,9 +41,10 @@ bool is_weight_dtype(DType dtype) {
 }
 
 // `t` is F32 and holds rows [row, row + rows) of row_elems elements each.
+// Rows of any dtype (copies move bytes); row_elems counts elements of t's dtype.
 void require_rows(const DeviceTensor& t, int64_t row, int64_t rows, int64_t row_elems,
                   const Field& field) {
-  require_f32(t, field);
+  KVLENS_REQUIRE(t.data != nullptr || t.numel() == 0, field, "an allocated tensor", describe(t));
   KVLENS_REQUIRE(row >= 0 && rows >= 0 && row_elems >= 0, field,
                  "non-negative row indices and counts", cat(row, ", ", rows, ", ", row_elems));
   KVLENS_REQUIRE((row + rows) * row_elems <= t.numel(), field,
@@ -149,23 +150,30 @@ class CpuBackend final : public Backend {
     const OpName op{"copy_rows"};
     require_rows(src, src_row, rows, row_elems, op + ": src");
     require_rows(dst, dst_row, rows, row_elems, op + ": dst");
+    KVLENS_REQUIRE(dst.dtype == src.dtype, op + ": dst", cat("the dtype of src (", describe(src), ")"),
+                   describe(dst));
     if (rows * row_elems == 0) return;
-    std::memmove(dst.as<float>() + dst_row * row_elems, src.as<const float>() + src_row * row_elems,
-                 size_t(rows * row_elems) * sizeof(float));
+    const size_t element = dtype_size(src.dtype);
+    std::memmove(static_cast<std::byte*>(dst.data) + size_t(dst_row * row_elems) * element,
+                 static_cast<const std::byte*>(src.data) + size_t(src_row * row_elems) * element,
+                 size_t(rows * row_elems) * element);
   }
 
   void broadcast_rows(const DeviceTensor& src, int64_t src_row, std::span<DeviceTensor* const> dsts,
                       int64_t dst_row, int64_t rows, int64_t row_elems) override {
     const OpName op{"broadcast_rows"};
     require_rows(src, src_row, rows, row_elems, op + ": src");
-    const size_t bytes = size_t(rows * row_elems) * sizeof(float);
+    const size_t element = dtype_size(src.dtype);
+    const size_t bytes = size_t(rows * row_elems) * element;
     const auto* from =
-        reinterpret_cast<const std::byte*>(src.as<const float>() + src_row * row_elems);
+        static_cast<const std::byte*>(src.data) + size_t(src_row * row_elems) * element;
     std::vector<PageCopyTarget> targets;
     targets.reserve(dsts.size());
     for (DeviceTensor* dst : dsts) {
       require_rows(*dst, dst_row, rows, row_elems, op + ": dst");
-      auto* to = reinterpret_cast<std::byte*>(dst->as<float>() + dst_row * row_elems);
+      KVLENS_REQUIRE(dst->dtype == src.dtype, op + ": dst",
+                     cat("the dtype of src (", describe(src), ")"), describe(*dst));
+      auto* to = static_cast<std::byte*>(dst->data) + size_t(dst_row * row_elems) * element;
       KVLENS_REQUIRE(to == from || to + bytes <= from || from + bytes <= to, "broadcast_rows: dst",
                      "src's own rows or memory apart from them", "a partial overlap");
       targets.push_back({to, pages_remappable(dst->storage, to, bytes)});
