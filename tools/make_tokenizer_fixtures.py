@@ -26,7 +26,8 @@ decode(ids) and `decoded_skip_special` = decode(ids, skip_special_tokens=True); 
 id sequences (single ids, cut multi-byte characters, added tokens, seeded random ids) with their
 decode() with and without skip_special_tokens.
 
-Everything is deterministic. Run from the repository root (../shared beside it):
+Everything is deterministic. Run it from anywhere (it finds ../shared/data beside the checkout or
+shared/data inside it; --shared DIR names another):
 
     python3 tools/make_tokenizer_fixtures.py            # write the fixtures
     python3 tools/make_tokenizer_fixtures.py --check    # regenerate in memory, compare, exit 1
@@ -46,7 +47,11 @@ from tokenizers import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tokenizers")
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+# ../shared/data beside the checkout, or shared/data inside it (as a copy of the tree may carry
+# it); --shared overrides both.
+SHARED = next((p for p in (os.path.join(os.path.dirname(ROOT), "shared", "data"),
+                           os.path.join(ROOT, "shared", "data")) if os.path.isdir(p)),
+              os.path.join(os.path.dirname(ROOT), "shared", "data"))
 
 QWEN2_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -393,8 +398,14 @@ def main():
     parser.add_argument("--assemble-qwen2", nargs=3, metavar=("VOCAB", "MERGES", "CONFIG"),
                         help="rebuild qwen2.5-tokenizer.json.gz from Qwen2.5's vocab.json, "
                              "merges.txt and tokenizer_config.json, then exit")
+    parser.add_argument("--shared", metavar="DIR",
+                        help="the shared data folder (default: ../shared/data or shared/data)")
     args = parser.parse_args()
-    print("tokenizers %s, Python %s" % (tokenizers.__version__, sys.version.split()[0]))
+    if args.shared:
+        global SHARED
+        SHARED = args.shared
+    print("tokenizers %s, Python %s, data %s" % (tokenizers.__version__,
+                                                 sys.version.split()[0], SHARED))
 
     if args.assemble_qwen2:
         data = assemble_qwen2(*args.assemble_qwen2)
