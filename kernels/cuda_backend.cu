@@ -290,7 +290,8 @@ class CudaBackend final : public Backend {
     activate();
     const size_t element = dtype_size(src.dtype);
     const size_t bytes = size_t(rows * row_elems) * element;
-    const auto* from = static_cast<const std::byte*>(src.data) + size_t(src_row * row_elems) * element;
+    const auto* from =
+        static_cast<const std::byte*>(src.data) + size_t(src_row * row_elems) * element;
     auto* to = static_cast<std::byte*>(dst.data) + size_t(dst_row * row_elems) * element;
     // cudaMemcpy leaves overlapping ranges undefined; the CPU backend's memmove allows them, so
     // an overlapping copy goes through a scratch buffer.
@@ -348,51 +349,25 @@ class CudaBackend final : public Backend {
     activate();
     if (shape.rows <= cuda::kMaxGemvRows) {
       // Decode (one row per run): stream the weights once at memory bandwidth.
-      cuda::GemvProducts products;
-      products.w[0] = w.data;
-      products.y[0] = y.as<float>();
-      products.out[0] = shape.out;
-      products.count = 1;
-      cuda::launch_gemv(x.as<float>(), products, w.dtype, shape.rows, shape.in, false, sm_count_,
-                        stream());
-      check_launch("gemv");
+      const DeviceTensor* const ws[] = {&w};
+      DeviceTensor* const ys[] = {&y};
+      launch_products(x, ws, ys, shape, false);
       return;
     }
     gemm(x, w, y, shape);
   }
 
-  // q, k and v (or gate and up) of a decode step: the weight-streaming products one after the
-  // other, with the bits of separate matmuls (a single launch over all of them is the aim; see
-  // gemv.cuh).
+  // q, k and v (or gate and up) of a decode step: one launch, each product with matmul's bits.
   void matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
                    std::span<DeviceTensor* const> ys) override {
-    if (ws.size() != ys.size())
-      bad_argument("matmul_many: ys", std::to_string(ws.size()) + " outputs (one per weight)",
-                   std::to_string(ys.size()));
-    cuda::GemvProducts products;
-    bool together = ws.size() <= size_t(cuda::kMaxGemvProducts);
-    int64_t rows = -1, in = -1;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const ProductShape shape = product_shape("matmul_many", x, *ws[i], *ys[i]);
-      together = together && shape.rows >= 1 && shape.rows <= cuda::kMaxGemvRows && shape.out > 0 &&
-                 ws[i]->dtype == ws[0]->dtype;
-      rows = shape.rows;
-      in = shape.in;
-      if (together) {
-        products.w[products.count] = ws[i]->data;
-        products.y[products.count] = ys[i]->as<float>();
-        products.out[products.count] = shape.out;
-        ++products.count;
-      }
-    }
-    if (!together) {
+    ProductShape shape;
+    if (!decode_products("matmul_many", x, ws, ys, shape)) {
       Backend::matmul_many(x, ws, ys);
       return;
     }
-    if (products.count == 0) return;
+    if (shape.out == 0) return;
     activate();
-    cuda::launch_gemv(x.as<float>(), products, ws[0]->dtype, rows, in, false, sm_count_, stream());
-    check_launch("gemv");
+    launch_products(x, ws, ys, shape, false);
   }
 
   // The residual add as the product's last step (one addition per element, add_inplace's bits).
@@ -404,14 +379,42 @@ class CudaBackend final : public Backend {
       return;
     }
     activate();
-    cuda::GemvProducts products;
-    products.w[0] = w.data;
-    products.y[0] = acc.as<float>();
-    products.out[0] = shape.out;
-    products.count = 1;
-    cuda::launch_gemv(x.as<float>(), products, w.dtype, shape.rows, shape.in, true, sm_count_,
-                      stream());
-    check_launch("gemv");
+    const DeviceTensor* const ws[] = {&w};
+    DeviceTensor* const ys[] = {&acc};
+    launch_products(x, ws, ys, shape, true);
+  }
+
+  // The norm in the products' kernel where the rows fit in its shared memory (the bits of
+  // rmsnorm then matmul_many, normed included).
+  void rmsnorm_matmul_many(const DeviceTensor& x, const DeviceTensor& norm_weight, float eps,
+                           DeviceTensor& normed, std::span<const DeviceTensor* const> ws,
+                           std::span<DeviceTensor* const> ys) override {
+    ProductShape shape;
+    if (!decode_products("rmsnorm_matmul_many", x, ws, ys, shape) ||
+        !norm_fusable(x, norm_weight, normed, shape)) {
+      Backend::rmsnorm_matmul_many(x, norm_weight, eps, normed, ws, ys);
+      return;
+    }
+    activate();
+    launch_products(x, ws, ys, shape, false, &norm_weight, eps, &normed);
+  }
+
+  void rmsnorm_gate_up(const DeviceTensor& x, const DeviceTensor& norm_weight, float eps,
+                       DeviceTensor& normed, const DeviceTensor& w_gate, const DeviceTensor& w_up,
+                       DeviceTensor& gate, DeviceTensor& up, DeviceTensor& act) override {
+    const DeviceTensor* const ws[] = {&w_gate, &w_up};
+    DeviceTensor* const ys[] = {&gate, &up};
+    ProductShape shape;
+    const bool fused = decode_products("rmsnorm_gate_up", x, ws, ys, shape) &&
+                       norm_fusable(x, norm_weight, normed, shape) && w_gate.shape == w_up.shape &&
+                       act.dtype == DType::F32 && elements(act) == elements(gate);
+    if (!fused) {
+      Backend::rmsnorm_gate_up(x, norm_weight, eps, normed, w_gate, w_up, gate, up, act);
+      return;
+    }
+    activate();
+    DeviceTensor* const act_out[] = {&act};
+    launch_products(x, ws, act_out, shape, false, &norm_weight, eps, &normed, true);
   }
 
   void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
@@ -1122,6 +1125,67 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  struct ProductShape {
+    int64_t rows = 0, in = 0, out = 0;
+  };
+  // Decode products of one input (every weight of one dtype, 1..kMaxGemvRows rows, at most
+  // kMaxGemvProducts of them): checks them and sums their widths into shape.out; false where
+  // the gemv kernel does not take them (then the caller falls back to the generic path).
+  static bool decode_products(const std::string& op, const DeviceTensor& x,
+                              std::span<const DeviceTensor* const> ws,
+                              std::span<DeviceTensor* const> ys, ProductShape& shape) {
+    if (ws.size() != ys.size())
+      bad_argument(op + ": ys", std::to_string(ws.size()) + " outputs (one per weight)",
+                   std::to_string(ys.size()));
+    bool fits = ws.size() <= size_t(cuda::kMaxGemvProducts) && !ws.empty();
+    shape = ProductShape{};
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const ProductShape one = product_shape(op, x, *ws[i], *ys[i]);
+      fits =
+          fits && one.rows >= 1 && one.rows <= cuda::kMaxGemvRows && ws[i]->dtype == ws[0]->dtype;
+      shape.rows = one.rows;
+      shape.in = one.in;
+      shape.out += one.out;
+    }
+    return fits;
+  }
+
+  // Whether an RMSNorm over x's rows can run inside the products' kernel.
+  static bool norm_fusable(const DeviceTensor& x, const DeviceTensor& norm_weight,
+                           const DeviceTensor& normed, const ProductShape& shape) {
+    return is_weight_dtype(norm_weight.dtype) && elements(norm_weight) == shape.in &&
+           normed.dtype == DType::F32 && elements(normed) == elements(x) &&
+           cuda::gemv_stages_rows(shape.rows, shape.in) &&
+           reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+  }
+
+  void launch_products(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                       std::span<DeviceTensor* const> ys, const ProductShape& shape,
+                       bool accumulate, const DeviceTensor* norm_weight = nullptr, float eps = 0.0f,
+                       DeviceTensor* normed = nullptr, bool silu_pair = false) {
+    cuda::GemvCall call;
+    call.x = x.as<float>();
+    call.rows = shape.rows;
+    call.in = shape.in;
+    call.w_dtype = ws[0]->dtype;
+    call.accumulate = accumulate;
+    call.silu_pair = silu_pair;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      call.products.w[i] = ws[i]->data;
+      call.products.y[i] = silu_pair ? ys[0]->as<float>() : ys[i]->as<float>();
+      call.products.out[i] = ws[i]->dim(0);
+    }
+    call.products.count = int(ws.size());
+    if (norm_weight != nullptr) {
+      call.norm_weight = norm_weight->data;
+      call.norm_dtype = norm_weight->dtype;
+      call.eps = eps;
+      call.normed = normed->as<float>();
+    }
+    cuda::launch_gemv(call, sm_count_, stream());
+    check_launch("gemv");
+  }
+
   struct CacheShape {
     int64_t kv_heads = 0, capacity = 0, head_dim = 0;
   };
@@ -1180,9 +1244,6 @@ class CudaBackend final : public Backend {
     return cols;
   }
 
-  struct ProductShape {
-    int64_t rows = 0, in = 0, out = 0;
-  };
   // The operands of y[n, out] = x[n, in] * w[out, in]^T, checked.
   static ProductShape product_shape(const std::string& op, const DeviceTensor& x,
                                     const DeviceTensor& w, const DeviceTensor& y) {

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/device_common.cuh"
@@ -51,52 +52,90 @@ struct WeightVector<__nv_bfloat16> : HalfWidthVector<__nv_bfloat162> {};
 template <>
 struct WeightVector<__half> : HalfWidthVector<__half2> {};
 
-// Rows, weights and x 16-byte aligned with `in` a multiple of the vector width. A block computes
-// O output features at a time: lane l of warp w takes the vectors v = 32 w + l + 256 i, so each
-// pass of the block reads 256 consecutive vectors of the O weight rows (the whole row of a
-// 2048-wide BF16 matrix), and each activation vector it loads serves O weight vectors. Per
-// feature: each lane sums its vectors in ascending order, the warp's lanes by the butterfly, then
-// the warps' sums in warp order. That order depends on `in` alone, not on R or O, so a row's
-// result has the same bits in a batch of any size.
-template <typename W, int R, int O, bool Accumulate>
+// Rows, weights and x 16-byte aligned with `in` a multiple of the vector width. One warp per
+// output feature (of the products laid end to end): lane l takes the vectors v = l, l + 32, ...
+// of the weight row, each widened and multiplied into all `rows` activation rows, summed in
+// ascending v, then the butterfly. That order depends on `in` alone, not on R or on the other
+// products, so a row's result has the same bits in a batch of any size and in any fused call.
+// The activation rows are staged in shared memory once per block when they fit (else read from
+// global memory, same arithmetic); with a norm weight the block first applies rmsnorm_kernel's
+// arithmetic to them (the bits of the rmsnorm op) and block 0 writes them to `normed`.
+// Mode: Store y = sum; Accumulate y += sum (add_inplace's one addition); SiluPair the products
+// are gate (0) and up (1), of one width, and y[0] receives silu(gate) * up as silu_mul does.
+enum class GemvMode { Store, Accumulate, SiluPair };
+
+template <typename W, typename NormW, int R, GemvMode Mode, bool Shared>
 __global__ void __launch_bounds__(kThreads)
-    gemv_vector_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y,
-                       int rows, int64_t in, int64_t out) {
+    gemv_warp_kernel(const float* __restrict__ x, GemvProducts products, int rows, int64_t in,
+                     const NormW* __restrict__ norm_weight, float eps, float* __restrict__ normed) {
   constexpr int V = WeightVector<W>::kValues;
-  __shared__ float warp_sums[kWarps][R][O];
+  extern __shared__ float4 staged[];
+  __shared__ double scratch[32];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const float* xs = x;
+  if constexpr (Shared) {
+    float* rows_copy = reinterpret_cast<float*>(staged);
+    const int64_t count4 = rows * in / 4;
+    for (int64_t i = threadIdx.x; i < count4; i += kThreads)
+      staged[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
+    if (norm_weight != nullptr) {
+      __syncthreads();
+      for (int r = 0; r < rows; ++r) {
+        float* xr = rows_copy + r * in;
+        double sum = 0.0;
+        for (int64_t i = threadIdx.x; i < in; i += kThreads) sum += double(xr[i]) * double(xr[i]);
+        sum = block_reduce(sum, SumOp{}, 0.0, scratch);
+        const float inv = float(1.0 / sqrt(sum / double(in) + double(eps)));
+        for (int64_t i = threadIdx.x; i < in; i += kThreads) {
+          xr[i] = (xr[i] * inv) * to_f32(norm_weight[i]);
+          if (blockIdx.x == 0 && normed != nullptr) normed[r * in + i] = xr[i];
+        }
+      }
+    }
+    __syncthreads();
+    xs = rows_copy;
+  }
   const int64_t vectors = in / V;
-  for (int64_t o0 = int64_t(blockIdx.x) * O; o0 < out; o0 += int64_t(gridDim.x) * O) {
-    const uint4* weight_rows[O];
+  const int64_t total = Mode == GemvMode::SiluPair
+                            ? products.out[0]
+                            : products.out[0] + products.out[1] + products.out[2] + products.out[3];
+  for (int64_t feature = int64_t(blockIdx.x) * kWarps + warp; feature < total;
+       feature += int64_t(gridDim.x) * kWarps) {
+    int m = 0;
+    int64_t o = feature;
+    if constexpr (Mode != GemvMode::SiluPair) {
+      while (o >= products.out[m]) o -= products.out[m++];
+    }
+    constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
+    const uint4* weight_rows[P];
 #pragma unroll
-    for (int o = 0; o < O; ++o)
-      weight_rows[o] = reinterpret_cast<const uint4*>(w + (o0 + o < out ? o0 + o : o0) * in);
-    float acc[R][O];
+    for (int p = 0; p < P; ++p)
+      weight_rows[p] =
+          reinterpret_cast<const uint4*>(static_cast<const W*>(products.w[m + p]) + o * in);
+    float acc[P][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p)
 #pragma unroll
-      for (int o = 0; o < O; ++o) acc[r][o] = 0.0f;
-    for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
-      uint4 raw[O];
+      for (int r = 0; r < R; ++r) acc[p][r] = 0.0f;
+#pragma unroll 8
+    for (int64_t v = lane; v < vectors; v += 32) {
+      float weights[P][V];
 #pragma unroll
-      for (int o = 0; o < O; ++o) raw[o] = __ldg(weight_rows[o] + v);
-      float weights[O][V];
-#pragma unroll
-      for (int o = 0; o < O; ++o) WeightVector<W>::widen(raw[o], weights[o]);
+      for (int p = 0; p < P; ++p) WeightVector<W>::widen(__ldg(weight_rows[p] + v), weights[p]);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r >= rows) break;
-        const float4* xr = reinterpret_cast<const float4*>(x + r * in + v * V);
+        const float4* xr = reinterpret_cast<const float4*>(xs + r * in + v * V);
 #pragma unroll
         for (int q = 0; q < V / 4; ++q) {
-          const float4 xv = __ldg(xr + q);
+          const float4 xv = xr[q];
 #pragma unroll
-          for (int o = 0; o < O; ++o) {
-            acc[r][o] = fmaf(weights[o][4 * q], xv.x, acc[r][o]);
-            acc[r][o] = fmaf(weights[o][4 * q + 1], xv.y, acc[r][o]);
-            acc[r][o] = fmaf(weights[o][4 * q + 2], xv.z, acc[r][o]);
-            acc[r][o] = fmaf(weights[o][4 * q + 3], xv.w, acc[r][o]);
+          for (int p = 0; p < P; ++p) {
+            acc[p][r] = fmaf(weights[p][4 * q], xv.x, acc[p][r]);
+            acc[p][r] = fmaf(weights[p][4 * q + 1], xv.y, acc[p][r]);
+            acc[p][r] = fmaf(weights[p][4 * q + 2], xv.z, acc[p][r]);
+            acc[p][r] = fmaf(weights[p][4 * q + 3], xv.w, acc[p][r]);
           }
         }
       }
@@ -104,23 +143,21 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= rows) break;
+      float sums[P];
 #pragma unroll
-      for (int o = 0; o < O; ++o) {
-        const float sum = warp_reduce(acc[r][o], SumOp{});
-        if (lane == 0) warp_sums[warp][r][o] = sum;
+      for (int p = 0; p < P; ++p) sums[p] = warp_reduce(acc[p][r], SumOp{});
+      if (lane != 0) continue;
+      float* y = products.y[m] + r * products.out[m] + o;
+      if constexpr (Mode == GemvMode::Store) {
+        *y = sums[0];
+      } else if constexpr (Mode == GemvMode::Accumulate) {
+        *y = *y + sums[0];
+      } else {
+        // silu_mul_kernel's expression, so the bits are those of the separate ops.
+        const float g = sums[0];
+        *y = g / (1.0f + expf(-g)) * sums[1];
       }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < rows * O; i += kThreads) {
-      const int r = i / O, o = i % O;
-      if (o0 + o >= out) continue;
-      float total = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kWarps; ++k) total += warp_sums[k][r][o];
-      // Accumulate: the residual add as add_inplace does it, one addition.
-      y[r * out + o0 + o] = Accumulate ? y[r * out + o0 + o] + total : total;
-    }
-    __syncthreads();  // warp_sums is rewritten by the next features
   }
 }
 
@@ -154,69 +191,142 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Blocks per SM of the warp kernel ($KVLENS_GEMV_BLOCKS_PER_SM overrides it, for measurements).
+int64_t blocks_per_sm() {
+  static const int64_t value = [] {
+    const char* text = std::getenv("KVLENS_GEMV_BLOCKS_PER_SM");
+    const long parsed = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
+    return parsed > 0 ? int64_t(parsed) : int64_t(4);  // the best of 1, 2, 4, 8 on an H200
+  }();
+  return value;
+}
+
+// Shared memory for the staged rows: up to the opt-in limit set once per kernel instance.
+constexpr int64_t kMaxStagedBytes = 96 * 1024;
+
+template <typename W, typename NormW, int R, GemvMode Mode, bool Shared>
+void launch_warp_kernel(const float* x, const GemvProducts& products, int rows, int64_t in,
+                        const void* norm_weight, float eps, float* normed, int64_t total,
+                        int sm_count, cudaStream_t stream) {
+  auto kernel = gemv_warp_kernel<W, NormW, R, Mode, Shared>;
+  const size_t shared_bytes = Shared ? size_t(rows) * size_t(in) * sizeof(float) : 0;
+  if (Shared && shared_bytes > 48 * 1024) {
+    static bool raised = false;  // per instance; the launch is on the host thread of the backend
+    if (!raised) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kMaxStagedBytes));
+      raised = true;
+    }
+  }
+  // A warp per feature, eight per block, up to a few blocks per SM (then grid-stride).
+  const int64_t wanted = (total + kWarps - 1) / kWarps;
+  const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * blocks_per_sm();
+  kernel<<<unsigned(wanted < cap ? wanted : cap), kThreads, shared_bytes, stream>>>(
+      x, products, rows, in, static_cast<const NormW*>(norm_weight), eps, normed);
+}
+
 template <typename W, int R, bool Accumulate>
-void launch_rows(const float* x, const W* w, float* y, int rows, int64_t in, int64_t out,
-                 unsigned blocks, int sm_count, cudaStream_t stream) {
-  constexpr int V = WeightVector<W>::kValues;
-  const bool aligned = in % V == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  // One block per O features (grid-stride beyond a few blocks per SM); O = 4 serves several
-  // rows (activation loads shared by four weight rows) and large single-row products (fewer,
-  // longer blocks), O = 1 a single row of a small matrix (more blocks in flight).
-  if (aligned) {
-    constexpr int kMaxO = R >= 16 ? 2 : 4;
-    const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * 32;
-    auto launch = [&](auto o_tag) {
-      constexpr int O = decltype(o_tag)::value;
-      const int64_t groups = (out + O - 1) / O;
-      gemv_vector_kernel<W, R, O, Accumulate>
-          <<<unsigned(groups < cap ? groups : cap), kThreads, 0, stream>>>(x, w, y, rows, in, out);
-    };
-    if (R > 1 || out >= 16384)
-      launch(std::integral_constant<int, kMaxO>{});
-    else
-      launch(std::integral_constant<int, 1>{});
-  } else
-    gemv_scalar_kernel<W, R, Accumulate><<<blocks, kThreads, 0, stream>>>(x, w, y, rows, in, out);
+void launch_scalar(const float* x, const W* w, float* y, int rows, int64_t in, int64_t out,
+                   int sm_count, cudaStream_t stream) {
+  // A warp per output feature, capped at enough blocks to fill every SM a few times over.
+  const int64_t wanted = (out + kWarps - 1) / kWarps;
+  const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * 16;
+  gemv_scalar_kernel<W, R, Accumulate>
+      <<<unsigned(wanted < cap ? wanted : cap), kThreads, 0, stream>>>(x, w, y, rows, in, out);
+}
+
+// Calls f(std::integral_constant<int, R>) with R the smallest supported batch >= rows.
+template <typename F>
+void dispatch_rows(int rows, F&& f) {
+  if (rows <= 1)
+    f(std::integral_constant<int, 1>{});
+  else if (rows <= 2)
+    f(std::integral_constant<int, 2>{});
+  else if (rows <= 4)
+    f(std::integral_constant<int, 4>{});
+  else if (rows <= 8)
+    f(std::integral_constant<int, 8>{});
+  else
+    f(std::integral_constant<int, 16>{});
 }
 
 }  // namespace
 
-void launch_gemv(const float* x, const GemvProducts& products, DType w_dtype, int64_t rows,
-                 int64_t in, bool accumulate, int sm_count, cudaStream_t stream) {
-  if (rows <= 0) return;
-  const int n = int(rows);
-  for (int m = 0; m < products.count; ++m) {
-    const int64_t out = products.out[m];
-    if (out <= 0) continue;
-    // The scalar kernel's grid: a warp per output feature, capped at enough blocks to fill every
-    // SM a few times over (the warps then stride over the features).
-    const int64_t wanted = (out + kWarps - 1) / kWarps;
-    const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * 16;
-    const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
-    float* y = products.y[m];
-    dispatch_weight(w_dtype, [&](auto zero) {
-      using W = decltype(zero);
-      const W* weights = static_cast<const W*>(products.w[m]);
-      auto launch = [&](auto accumulate_tag) {
-        constexpr bool A = decltype(accumulate_tag)::value;
-        if (n <= 1)
-          launch_rows<W, 1, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
-        else if (n <= 2)
-          launch_rows<W, 2, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
-        else if (n <= 4)
-          launch_rows<W, 4, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
-        else if (n <= 8)
-          launch_rows<W, 8, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
-        else
-          launch_rows<W, 16, A>(x, weights, y, n, in, out, blocks, sm_count, stream);
-      };
-      if (accumulate)
-        launch(std::true_type{});
-      else
-        launch(std::false_type{});
-    });
+bool gemv_fusable(const float* x, const GemvProducts& products, DType w_dtype, int64_t rows,
+                  int64_t in) {
+  const int64_t V = w_dtype == DType::F32 ? 4 : 8;
+  if (rows < 1 || rows > kMaxGemvRows || in % V != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    return false;
+  for (int m = 0; m < products.count; ++m)
+    if (reinterpret_cast<uintptr_t>(products.w[m]) % 16 != 0) return false;
+  return true;
+}
+
+bool gemv_stages_rows(int64_t rows, int64_t in) {
+  return rows * in * int64_t(sizeof(float)) <= kMaxStagedBytes;
+}
+
+void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
+  const int n = int(call.rows);
+  if (n <= 0) return;
+  GemvProducts products = call.products;
+  int64_t total = 0;
+  for (int m = 0; m < products.count; ++m) total += products.out[m];
+  if (total <= 0) return;
+  if (!gemv_fusable(call.x, products, call.w_dtype, call.rows, call.in)) {
+    // Odd widths or unaligned views: a scalar kernel per product (no fusion is asked of it).
+    for (int m = 0; m < products.count; ++m) {
+      dispatch_weight(call.w_dtype, [&](auto zero) {
+        using W = decltype(zero);
+        dispatch_rows(n, [&](auto rows_tag) {
+          constexpr int R = decltype(rows_tag)::value;
+          const W* w = static_cast<const W*>(products.w[m]);
+          if (call.accumulate)
+            launch_scalar<W, R, true>(call.x, w, products.y[m], n, call.in, products.out[m],
+                                      sm_count, stream);
+          else
+            launch_scalar<W, R, false>(call.x, w, products.y[m], n, call.in, products.out[m],
+                                       sm_count, stream);
+        });
+      });
+    }
+    return;
   }
+  for (int m = products.count; m < kMaxGemvProducts; ++m) products.out[m] = 0;
+  const bool shared = gemv_stages_rows(call.rows, call.in);
+  const bool silu = call.silu_pair;
+  if (silu) total = products.out[0];
+  dispatch_weight(call.w_dtype, [&](auto zero) {
+    using W = decltype(zero);
+    dispatch_rows(n, [&](auto rows_tag) {
+      constexpr int R = decltype(rows_tag)::value;
+      auto with_norm = [&](auto norm_zero) {
+        using N = decltype(norm_zero);
+        auto go = [&](auto mode_tag, auto shared_tag) {
+          launch_warp_kernel<W, N, R, decltype(mode_tag)::value, decltype(shared_tag)::value>(
+              call.x, products, n, call.in, call.norm_weight, call.eps, call.normed, total,
+              sm_count, stream);
+        };
+        auto with_mode = [&](auto shared_tag) {
+          if (silu)
+            go(std::integral_constant<GemvMode, GemvMode::SiluPair>{}, shared_tag);
+          else if (call.accumulate)
+            go(std::integral_constant<GemvMode, GemvMode::Accumulate>{}, shared_tag);
+          else
+            go(std::integral_constant<GemvMode, GemvMode::Store>{}, shared_tag);
+        };
+        if (shared)
+          with_mode(std::true_type{});
+        else
+          with_mode(std::false_type{});
+      };
+      // The norm weight's type (only read with a norm; F32 otherwise, one instance).
+      if (call.norm_weight == nullptr || !shared)
+        with_norm(float{});
+      else
+        dispatch_weight(call.norm_dtype, with_norm);
+    });
+  });
 }
 
 }  // namespace kvlens::cuda

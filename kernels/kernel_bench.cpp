@@ -102,6 +102,31 @@ int main(int argc, char** argv) {
              double(w.bytes()));
     }
   }
+  for (const int64_t rows : {1, 8}) {
+    // The fused decode calls of one layer, as the session makes them.
+    const DeviceTensor norm = b.alloc(DType::BF16, {E});
+    const DeviceTensor wq = b.alloc(DType::BF16, {H * D, E}), wk = b.alloc(DType::BF16, {G * D, E});
+    const DeviceTensor wv = b.alloc(DType::BF16, {G * D, E}), wo = b.alloc(DType::BF16, {E, H * D});
+    const DeviceTensor w_gate = b.alloc(DType::BF16, {F, E}), w_up = b.alloc(DType::BF16, {F, E});
+    DeviceTensor x = b.alloc(DType::F32, {rows, E}), normed = b.alloc(DType::F32, {rows, E});
+    DeviceTensor q = b.alloc(DType::F32, {rows, H * D}), k = b.alloc(DType::F32, {rows, G * D});
+    DeviceTensor v = b.alloc(DType::F32, {rows, G * D}), proj = b.alloc(DType::F32, {rows, E});
+    DeviceTensor gate = b.alloc(DType::F32, {rows, F}), up = b.alloc(DType::F32, {rows, F});
+    DeviceTensor act = b.alloc(DType::F32, {rows, F});
+    const DeviceTensor* const qkv_w[] = {&wq, &wk, &wv};
+    DeviceTensor* const qkv[] = {&q, &k, &v};
+    const std::string at = " rows " + std::to_string(rows);
+    report("rmsnorm + q/k/v" + at,
+           time_op(b, calls, repeats,
+                   [&] { b.rmsnorm_matmul_many(x, norm, 1e-5f, normed, qkv_w, qkv); }),
+           double(wq.bytes() + wk.bytes() + wv.bytes()));
+    report("o_proj + residual" + at,
+           time_op(b, calls, repeats, [&] { b.matmul_add(q, wo, proj, x); }), double(wo.bytes()));
+    report("rmsnorm + gate/up + silu" + at,
+           time_op(b, calls, repeats,
+                   [&] { b.rmsnorm_gate_up(x, norm, 1e-5f, normed, w_gate, w_up, gate, up, act); }),
+           double(w_gate.bytes() + w_up.bytes()));
+  }
   {
     DeviceTensor x = b.alloc(DType::F32, {1, E});
     const DeviceTensor w = b.alloc(DType::BF16, {E});

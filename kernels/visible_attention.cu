@@ -173,7 +173,7 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
   dispatch_weight(args.cache_dtype, [&](auto tag) {
     visible_slice_kernel<decltype(tag)>
         <<<grid, threads, size_t(shared_floats) * sizeof(float), stream>>>(args, head_max, slices,
-                                                                            slice_sum, slice_acc);
+                                                                           slice_sum, slice_acc);
   });
   visible_merge_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max, slices,
                                                                          slice_sum, slice_acc);

@@ -115,6 +115,30 @@ class Backend {
     matmul(x, w, scratch);
     add_inplace(acc, scratch);
   }
+  // normed = rmsnorm(x, norm_weight, eps), then ys[i] = normed * ws[i]^T: the layer's input norm
+  // and its q/k/v products, or the final norm and the lm_head. The default runs rmsnorm and
+  // matmul_many; a backend may fuse them (the CUDA backend's decode products: one launch) but
+  // gives their bits, normed included.
+  virtual void rmsnorm_matmul_many(const DeviceTensor& x, const DeviceTensor& norm_weight,
+                                   float eps, DeviceTensor& normed,
+                                   std::span<const DeviceTensor* const> ws,
+                                   std::span<DeviceTensor* const> ys) {
+    rmsnorm(x, norm_weight, eps, normed);
+    matmul_many(normed, ws, ys);
+  }
+  // The MLP's input: normed = rmsnorm(x), act = silu(normed * w_gate^T) * (normed * w_up^T).
+  // The default runs rmsnorm, matmul_many into gate and up, and silu_mul; a backend may fuse
+  // them (gate and up then unwritten) but gives act's and normed's bits.
+  virtual void rmsnorm_gate_up(const DeviceTensor& x, const DeviceTensor& norm_weight, float eps,
+                               DeviceTensor& normed, const DeviceTensor& w_gate,
+                               const DeviceTensor& w_up, DeviceTensor& gate, DeviceTensor& up,
+                               DeviceTensor& act) {
+    rmsnorm(x, norm_weight, eps, normed);
+    const DeviceTensor* const weights[] = {&w_gate, &w_up};
+    DeviceTensor* const outputs[] = {&gate, &up};
+    matmul_many(normed, weights, outputs);
+    silu_mul(gate, up, act);
+  }
   // y[n, E] = x * rsqrt(mean(x^2) + eps) * weight, per row (weight [E] any weight dtype).
   virtual void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
                        DeviceTensor& y) = 0;

@@ -30,7 +30,8 @@ namespace {
 
 // `view` as `dtype` in a new host buffer owned by `keep`: widening is exact, narrowing to BF16
 // rounds to nearest even (torch's .to(torch.bfloat16)).
-TensorView converted(const TensorView& view, DType dtype, std::vector<std::shared_ptr<void>>& keep) {
+TensorView converted(const TensorView& view, DType dtype,
+                     std::vector<std::shared_ptr<void>>& keep) {
   if (view.data == nullptr || view.dtype == dtype) return view;
   const int64_t count = view.numel();
   auto read = [&](int64_t i) -> float {
@@ -502,10 +503,10 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     DeviceTensor normed_m = row_range(normed, first, m), q_m = row_range(q, first, m);
     DeviceTensor k_m = row_range(k, first, m), v_m = row_range(v, first, m);
     DeviceTensor q_heads_m = row_range(q_heads, first, m), k_heads_m = row_range(k_heads, first, m);
-    backend_.rmsnorm(row_range(hidden, first, m), layer.attn_norm, eps, normed_m);
     const DeviceTensor* const qkv_weights[] = {&layer.wq, &layer.wk, &layer.wv};
     DeviceTensor* const qkv[] = {&q_m, &k_m, &v_m};
-    backend_.matmul_many(normed_m, qkv_weights, qkv);
+    backend_.rmsnorm_matmul_many(row_range(hidden, first, m), layer.attn_norm, eps, normed_m,
+                                 qkv_weights, qkv);
     if (!layer.bq.empty()) {  // qwen2: q, k and v biases
       backend_.bias_activation(q_m, &layer.bq, Backend::Activation::None);
       backend_.bias_activation(k_m, &layer.bk, Backend::Activation::None);
@@ -527,11 +528,8 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     DeviceTensor proj_m = row_range(proj, first, m), gate_m = row_range(gate, first, m);
     DeviceTensor up_m = row_range(up, first, m), act_m = row_range(act, first, m);
     backend_.matmul_add(row_range(attn, first, m), layer.wo, proj_m, hidden_m);
-    backend_.rmsnorm(hidden_m, layer.mlp_norm, eps, normed_m);
-    const DeviceTensor* const gate_up_weights[] = {&layer.w_gate, &layer.w_up};
-    DeviceTensor* const gate_up[] = {&gate_m, &up_m};
-    backend_.matmul_many(normed_m, gate_up_weights, gate_up);
-    backend_.silu_mul(gate_m, up_m, act_m);
+    backend_.rmsnorm_gate_up(hidden_m, layer.mlp_norm, eps, normed_m, layer.w_gate, layer.w_up,
+                             gate_m, up_m, act_m);
     backend_.matmul_add(act_m, layer.w_down, proj_m, hidden_m);
   };
 
@@ -629,13 +627,17 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     // in run order first (in proj's scratch), so the logits come out in run order.
     const int64_t m = alike ? 1 : n;
     DeviceTensor normed_m = row_range(normed, 0, m), logits_m = row_range(logits_view_, 0, m);
-    backend_.rmsnorm(row_range(hidden, 0, m), model_->final_norm, eps, normed_m);
     if (per_run && !alike && !rows_in_run_order_) {
+      backend_.rmsnorm(row_range(hidden, 0, m), model_->final_norm, eps, normed_m);
       for (int64_t r = 0; r < n; ++r)
         backend_.copy_rows(normed, slot_of_run_[size_t(r)], proj, r, 1, E);
-      normed_m = proj;
+      backend_.matmul(proj, model_->lm_head, logits_m);
+    } else {
+      const DeviceTensor* const head[] = {&model_->lm_head};
+      DeviceTensor* const logits_out[] = {&logits_m};
+      backend_.rmsnorm_matmul_many(row_range(hidden, 0, m), model_->final_norm, eps, normed_m, head,
+                                   logits_out);
     }
-    backend_.matmul(normed_m, model_->lm_head, logits_m);
     if (alike) copy_first_row(logits_view_);
   }
   if (per_run) {

@@ -9,10 +9,10 @@
 
 #include "engine/common/dtype.h"
 #include "engine/common/error.h"
+#include "engine/policy/registry.h"
 #include "engine/runtime/backend.h"
 #include "engine/runtime/decoder_session.h"
 #include "engine/runtime/scoring.h"
-#include "engine/policy/registry.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/bf16_reference.h"
 #include "tests/support/random_values.h"
@@ -181,8 +181,7 @@ TEST_CASE("cuda KV caches in BF16 and F16 give the ops of an F32 cache of the sa
   }
 }
 
-TEST_CASE("a BF16 session's KV cache: the CPU refuses it, the GPU's stays close to F32",
-          "[cuda]") {
+TEST_CASE("a BF16 session's KV cache: the CPU refuses it, the GPU's stays close to F32", "[cuda]") {
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto cpu = make_cpu_backend(2);
   auto gpu = make_cuda_backend(0);
@@ -225,13 +224,11 @@ TEST_CASE("the BF16 path (BF16 weights and KV cache on the GPU) against transfor
   REQUIRE(resident->kv_cache_dtype == DType::BF16);
   for (const test::Bf16PromptComparison& c : test::compare_with_bf16_reference(resident)) {
     INFO(c.prompt);
-    WARN("cuda bf16 cache: |kvlens - hf f32| " << c.gap_to_f32 << ", |kvlens - hf bf16| "
-                                               << c.gap_to_bf16 << " (hf bf16 vs f32 "
-                                               << c.reference_bf16_f32_gap
-                                               << "); greedy differs from hf bf16 at "
-                                               << c.first_difference_bf16 << " (margin "
-                                               << c.bf16_margin_there << "), from hf f32 at "
-                                               << c.first_difference_f32);
+    WARN("cuda bf16 cache: |kvlens - hf f32| "
+         << c.gap_to_f32 << ", |kvlens - hf bf16| " << c.gap_to_bf16 << " (hf bf16 vs f32 "
+         << c.reference_bf16_f32_gap << "); greedy differs from hf bf16 at "
+         << c.first_difference_bf16 << " (margin " << c.bf16_margin_there << "), from hf f32 at "
+         << c.first_difference_f32);
     CHECK(c.prompt_ids_match);
     // Our BF16 path rounds only the cache to BF16 (transformers BF16 also every activation):
     // keys and values off by 2^-9 relative move the attention outputs by about that much, the

@@ -27,11 +27,11 @@ TEST_CASE("demo model in BF16: the CPU path against transformers BF16 and F32", 
   constexpr double kF32Tolerance = 2e-3;
   for (const test::Bf16PromptComparison& c : test::compare_with_bf16_reference(resident)) {
     INFO(c.prompt);
-    WARN("cpu: |kvlens - hf f32| " << c.gap_to_f32 << ", |kvlens - hf bf16| " << c.gap_to_bf16
-                                   << " (hf bf16 vs f32 " << c.reference_bf16_f32_gap
-                                   << "); greedy differs from hf bf16 at " << c.first_difference_bf16
-                                   << " (margin " << c.bf16_margin_there << "), from hf f32 at "
-                                   << c.first_difference_f32);
+    WARN("cpu: |kvlens - hf f32| "
+         << c.gap_to_f32 << ", |kvlens - hf bf16| " << c.gap_to_bf16 << " (hf bf16 vs f32 "
+         << c.reference_bf16_f32_gap << "); greedy differs from hf bf16 at "
+         << c.first_difference_bf16 << " (margin " << c.bf16_margin_there << "), from hf f32 at "
+         << c.first_difference_f32);
     CHECK(c.prompt_ids_match);
     CHECK(c.gap_to_f32 <= kF32Tolerance);
     CHECK(c.gap_to_bf16 <= c.reference_bf16_f32_gap + kF32Tolerance);

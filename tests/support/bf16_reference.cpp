@@ -23,8 +23,8 @@ int first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 std::vector<Bf16PromptComparison> compare_with_bf16_reference(
     const std::shared_ptr<const BackendModel>& model) {
-  const auto reference = nlohmann::json::parse(
-      read_text_file(source_path("tests/fixtures/demo_bf16_reference.json")));
+  const auto reference =
+      nlohmann::json::parse(read_text_file(source_path("tests/fixtures/demo_bf16_reference.json")));
   const int64_t max_new = reference["max_new"].get<int64_t>();
   std::vector<Bf16PromptComparison> results;
   for (const auto& entry : reference["prompts"]) {

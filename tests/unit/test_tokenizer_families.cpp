@@ -85,7 +85,9 @@ void check_family(const std::string& family) {
     const std::string text_skip = tok.decode(ids, true);
     CHECK(text == d["text"].get<std::string>());
     CHECK(text_skip == d["text_skip_special"].get<std::string>());
-    if (text == d["text"].get<std::string>() && text_skip == d["text_skip_special"].get<std::string>()) ++passed;
+    if (text == d["text"].get<std::string>() &&
+        text_skip == d["text_skip_special"].get<std::string>())
+      ++passed;
   }
   INFO(family << ": " << passed << " of " << cases.size() + decodes.size() << " references match");
   CHECK(passed == cases.size() + decodes.size());

@@ -150,8 +150,8 @@ class CpuBackend final : public Backend {
     const OpName op{"copy_rows"};
     require_rows(src, src_row, rows, row_elems, op + ": src");
     require_rows(dst, dst_row, rows, row_elems, op + ": dst");
-    KVLENS_REQUIRE(dst.dtype == src.dtype, op + ": dst", cat("the dtype of src (", describe(src), ")"),
-                   describe(dst));
+    KVLENS_REQUIRE(dst.dtype == src.dtype, op + ": dst",
+                   cat("the dtype of src (", describe(src), ")"), describe(dst));
     if (rows * row_elems == 0) return;
     const size_t element = dtype_size(src.dtype);
     std::memmove(static_cast<std::byte*>(dst.data) + size_t(dst_row * row_elems) * element,
