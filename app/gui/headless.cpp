@@ -2,6 +2,7 @@
 #include "app/gui/headless.h"
 
 #include <QDir>
+#include <chrono>
 #include <cstdio>
 
 #include "app/gui/bundled_paths.h"
@@ -14,8 +15,17 @@
 
 namespace kvlens::app {
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
   try {
+    const auto open_start = std::chrono::steady_clock::now();
     session::CommonOptions common;
     common.backend = options.backend == "cuda" ? "cuda" : "cpu";
     session::RecordingSource source;
@@ -40,8 +50,13 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
     const Trace& trace = recorder.trace();
     const int64_t last =
         trace.coref.present ? trace.coref.answer_token_end - 2 : recorder.steps_total() - 1;
+    const double open_seconds = seconds_since(open_start);
+    const int64_t first_step = trace.step_count();
+    const auto record_start = std::chrono::steady_clock::now();
     while (trace.step_count() <= last && recorder.step()) {
     }
+    const double record_seconds = seconds_since(record_start);
+    const int64_t recorded = trace.step_count() - first_step;
     if (!QDir().mkpath(out_dir)) {
       std::fprintf(stderr, "kvlens: error: %s: cannot create the folder\n",
                    out_dir.toLocal8Bit().constData());
@@ -57,15 +72,34 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
     std::printf("kvlens: no display; the dashboard of %s (step %lld; %s) is in %s:\n",
                 model_dir.toLocal8Bit().constData(), (long long)(trace.step_count() - 1),
                 shown.c_str(), QDir(out_dir).absolutePath().toLocal8Bit().constData());
+    std::string drawn;  // "<view> <ms> ms" per view, for the timing line
+    double draw_seconds = 0;
+    int views = 0;
     for (const viz::ViewKind kind :
          {viz::ViewKind::Heads, viz::ViewKind::Predicted, viz::ViewKind::Retention,
           viz::ViewKind::Consensus, viz::ViewKind::Logits}) {
+      const auto draw_start = std::chrono::steady_clock::now();
       const viz::View view = viz::build_view(trace, kind, view_options);
       const QString path =
           QDir(out_dir).filePath(QString("kvlens-%1.png").arg(viz::view_name(kind)));
       viz::export_figure(view.figure, path.toStdString());
+      const double seconds = seconds_since(draw_start);
+      draw_seconds += seconds;
+      ++views;
+      drawn += (drawn.empty() ? "" : ", ") + std::string(viz::view_name(kind)) + " " +
+               std::to_string(int64_t(seconds * 1000 + 0.5)) + " ms";
       std::printf("  %s\n", QDir(path).absolutePath().toLocal8Bit().constData());
     }
+    // Wall-clock times on this thread: the recording (every run in lockstep, rows copied to the
+    // host into the trace) and each view built from the trace and painted into its PNG.
+    const auto per_second = [&](double seconds) { return seconds > 0 ? recorded / seconds : 0.0; };
+    std::printf("kvlens: %s backend; model loaded and recording opened in %.2f s\n",
+                common.backend.c_str(), open_seconds);
+    std::printf(
+        "kvlens: recorded %lld decode steps (%zu runs in lockstep) in %.2f s: %.2f steps/s\n",
+        (long long)recorded, trace.runs.size(), record_seconds, per_second(record_seconds));
+    std::printf("kvlens: drew %d views (%s) in %.2f s: %.2f steps/s recording plus drawing them\n",
+                views, drawn.c_str(), draw_seconds, per_second(record_seconds + draw_seconds));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvlens: error: %s\n", e.what());
     return 1;

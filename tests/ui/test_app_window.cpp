@@ -280,6 +280,9 @@ TEST_CASE("without a display the dashboard is rendered to PNG files", "[ui][app]
   CHECK(result.out.find("no display") != std::string::npos);
   // The first three runs, each once (the default run list used to be kept in front of them).
   CHECK(result.out.find("; dense, streaming s=0.5, h2o s=0.5) is in") != std::string::npos);
+  // The speed it recorded at, and with the drawing of the views.
+  CHECK(result.out.find("decode steps (4 runs in lockstep) in ") != std::string::npos);
+  CHECK(result.out.find(" steps/s recording plus drawing them") != std::string::npos);
   for (const char* view : {"heads", "predicted", "retention", "consensus", "logits"}) {
     const std::string path = dir + "/dashboard/kvlens-" + view + ".png";
     CHECK(result.out.find(path) != std::string::npos);
