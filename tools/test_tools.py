@@ -438,6 +438,34 @@ def bench_transformers_toy_cpu():
             check("max_position_embeddings" in skipped, f"{mode} 100: {per_context['100']}")
 
 
+@test
+def bf16_reference_toy_cpu():
+    """tools/make_bf16_reference.py on the demo model at toy size on the CPU: per prompt the
+    BF16 and F32 greedy runs and, per step, the BF16 top ids with both dtypes' logits, and the
+    self-consistency the C++ tests rely on (top ids sorted by BF16 logit, greedy = a top id:
+    BF16 logits tie often, and argmax and topk break ties differently)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ref.json")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "make_bf16_reference.py"),
+                               "--model", os.path.join(ROOT, "assets", "models", "demo"),
+                               "--out", out, "--device", "cpu", "--max-new", "4", "--top", "5",
+                               "--prompt", "Once upon a time"], capture_output=True, text=True)
+        check(proc.returncode == 0, f"make_bf16_reference.py failed:\n{proc.stderr[-2000:]}")
+        with open(out) as f:
+            doc = json.load(f)
+        check(doc["dtype"] == "bfloat16" and doc["max_new"] == 4, f"header {doc['dtype']}")
+        (entry,) = doc["prompts"]
+        check(entry["prompt_tokens"][0] == 0, "BOS (id 0) first")
+        check(len(entry["greedy_bf16"]) == 4 and len(entry["greedy_f32"]) == 4, "4 new tokens")
+        check(len(entry["steps"]) == 4, "a step per new token")
+        for step, token in zip(entry["steps"], entry["greedy_bf16"]):
+            best = [i for i, v in zip(step["top_ids"], step["bf16"]) if v == step["bf16"][0]]
+            check(token in best, f"greedy {token} is not a top id {step}")  # BF16 ties happen
+            check(step["bf16"] == sorted(step["bf16"], reverse=True), f"unsorted {step}")
+            check(len(step["f32"]) == 5 and step["margin_bf16"] >= 0, f"step {step}")
+        check(entry["max_top_gap_bf16_vs_f32"] < 1.0, f"gap {entry['max_top_gap_bf16_vs_f32']}")
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
