@@ -21,8 +21,8 @@ void launch_kv_append(const float* k, const float* v, void* k_cache, void* v_cac
 
 struct AttentionArgs {
   const float* q = nullptr;        // [rows, heads, head_dim]
-  const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
-  const void* v_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
+  const void* k_cache = nullptr;   // [kv_heads, capacity, head_dim] of cache_dtype
+  const void* v_cache = nullptr;   // [kv_heads, capacity, head_dim] of cache_dtype
   DType cache_dtype = DType::F32;  // F32, BF16 or F16
   float* out = nullptr;            // [rows, heads, head_dim]
   float* logits = nullptr;         // optional [rows, heads, context]

@@ -1,7 +1,8 @@
 // Token-selection (policy) kernels of the CUDA backend; the contracts are those of backend.h.
 // Row buffers are [rows, stride] row-major and only columns j < cols are touched; every operand
-// has its own stride. KV caches are read in their own dtype (F32, BF16 or F16), widened exactly. Launchers only enqueue on `stream`; the backend checks the arguments first
-// and the launch afterwards.
+// has its own stride. KV caches are read in their own dtype (F32, BF16 or F16), widened exactly.
+// Launchers only enqueue on `stream`; the backend checks the arguments first and the launch
+// afterwards.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,7 +27,7 @@ struct LogitArgs {
   const float* q = nullptr;       // [heads, head_dim]
   const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
   DType cache_dtype = DType::F32;
-  RowsRef<float> logits;           // [heads, stride]
+  RowsRef<float> logits;  // [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
   int64_t cols = 0, lo = 0, window = 0;
   const int64_t* step_position = nullptr;
@@ -41,8 +42,8 @@ struct VisibleAttentionArgs {
   RowsRef<const uint8_t> visible;  // optional [heads, stride]
   const void* v_cache = nullptr;   // [kv_heads, capacity, head_dim] of cache_dtype
   DType cache_dtype = DType::F32;
-  float* out = nullptr;            // [heads, head_dim]; null: probabilities only
-  RowsRef<float> probs;            // optional [heads, stride]
+  float* out = nullptr;  // [heads, head_dim]; null: probabilities only
+  RowsRef<float> probs;  // optional [heads, stride]
   int64_t heads = 0, kv_heads = 0, head_dim = 0, capacity = 0, cols = 0;
   const int64_t* step_position = nullptr;  // set: cols = *step_position + 1 (a captured step)
 };
@@ -104,7 +105,7 @@ void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream);
 struct PageMinMaxArgs {
   const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
   DType cache_dtype = DType::F32;
-  float* page_min = nullptr;       // [kv_heads, pages, head_dim]
+  float* page_min = nullptr;  // [kv_heads, pages, head_dim]
   float* page_max = nullptr;
   int64_t kv_heads = 0, capacity = 0, head_dim = 0, pages = 0;
   int64_t page_size = 1, first = 0, last = -1, end = 0;
@@ -137,8 +138,8 @@ constexpr int64_t kMaxAnchorDim = 512;
 struct AnchorCosineArgs {
   const void* cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
   DType cache_dtype = DType::F32;
-  float* anchor = nullptr;       // [kv_heads, head_dim]
-  float* similarity = nullptr;   // [kv_heads]
+  float* anchor = nullptr;      // [kv_heads, head_dim]
+  float* similarity = nullptr;  // [kv_heads]
   int64_t kv_heads = 0, capacity = 0, head_dim = 0, column = 0;
   float decay = 0.0f;
 };
