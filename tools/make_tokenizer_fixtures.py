@@ -432,6 +432,15 @@ def main():
             continue
         if gz:  # compare content: gzip bytes may differ between zlib builds
             old, data = gzip.decompress(old), gzip.decompress(data)
+        elif old != data:
+            # The references, not the provenance: a run with another `tokenizers` release that
+            # gives the same ids and texts passes (and says which releases).
+            old_doc, new_doc = json.loads(old), json.loads(data)
+            versions = (old_doc.pop("tokenizers_version", None),
+                        new_doc.pop("tokenizers_version", None))
+            if old_doc == new_doc:
+                print("same    %s (made with tokenizers %s, checked with %s)" % ((rel,) + versions))
+                continue
         if old != data:
             failures += 1
             print("DIFFERS %s" % rel)
