@@ -391,7 +391,7 @@ class CudaBackend final : public Backend {
                            std::span<DeviceTensor* const> ys) override {
     ProductShape shape;
     if (!decode_products("rmsnorm_matmul_many", x, ws, ys, shape) ||
-        !norm_fusable(x, norm_weight, normed, shape)) {
+        !norm_fusable(x, ws, norm_weight, normed, shape)) {
       Backend::rmsnorm_matmul_many(x, norm_weight, eps, normed, ws, ys);
       return;
     }
@@ -406,8 +406,9 @@ class CudaBackend final : public Backend {
     DeviceTensor* const ys[] = {&gate, &up};
     ProductShape shape;
     const bool fused = decode_products("rmsnorm_gate_up", x, ws, ys, shape) &&
-                       norm_fusable(x, norm_weight, normed, shape) && w_gate.shape == w_up.shape &&
-                       act.dtype == DType::F32 && elements(act) == elements(gate);
+                       norm_fusable(x, ws, norm_weight, normed, shape) &&
+                       w_gate.shape == w_up.shape && act.dtype == DType::F32 &&
+                       elements(act) == elements(gate);
     if (!fused) {
       Backend::rmsnorm_gate_up(x, norm_weight, eps, normed, w_gate, w_up, gate, up, act);
       return;
@@ -1150,13 +1151,19 @@ class CudaBackend final : public Backend {
     return fits;
   }
 
-  // Whether an RMSNorm over x's rows can run inside the products' kernel.
-  static bool norm_fusable(const DeviceTensor& x, const DeviceTensor& norm_weight,
-                           const DeviceTensor& normed, const ProductShape& shape) {
+  // Whether an RMSNorm over x's rows (and a SiLU pair) can run inside the products' kernel: the
+  // warp kernel takes the operands (gemv_fusable; the scalar fallback fuses nothing) and the
+  // rows fit in its shared memory.
+  static bool norm_fusable(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                           const DeviceTensor& norm_weight, const DeviceTensor& normed,
+                           const ProductShape& shape) {
+    cuda::GemvProducts products;
+    for (size_t i = 0; i < ws.size(); ++i) products.w[i] = ws[i]->data;
+    products.count = int(ws.size());
     return is_weight_dtype(norm_weight.dtype) && elements(norm_weight) == shape.in &&
            normed.dtype == DType::F32 && elements(normed) == elements(x) &&
            cuda::gemv_stages_rows(shape.rows, shape.in) &&
-           reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+           cuda::gemv_fusable(x.as<float>(), products, ws[0]->dtype, shape.rows, shape.in);
   }
 
   void launch_products(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,

@@ -103,39 +103,27 @@ __device__ __forceinline__ float warp_dot_self(const K* v, int64_t D, int lane) 
 }
 
 // warp_dot of one key with each of `group` query rows q[h * D ..] (a GQA group), the key read
-// from memory once into registers; emit(h, dot) on every lane. Same bits as warp_dot. Split in
-// two so that a caller can load several keys' registers before using any (loads in flight).
+// from memory once into registers; emit(h, dot) on every lane. Same bits as warp_dot.
 constexpr int64_t kMaxGroupDotDim = 256;
-constexpr int kGroupDotRegisters = int(kMaxGroupDotDim / 32);
-template <typename K>
-__device__ __forceinline__ void load_key_registers(const K* key, int64_t D, int lane,
-                                                   float (&k)[kGroupDotRegisters]) {
+template <typename K, typename Emit>
+__device__ __forceinline__ void group_dots(const float* q, int64_t group, const K* key, int64_t D,
+                                           int lane, Emit&& emit) {
+  constexpr int kRegisters = int(kMaxGroupDotDim / 32);
+  float k[kRegisters];
 #pragma unroll
-  for (int i = 0; i < kGroupDotRegisters; ++i) {
+  for (int i = 0; i < kRegisters; ++i) {
     const int64_t d = lane + 32 * i;
     k[i] = d < D ? to_f32(key[d]) : 0.0f;
   }
-}
-template <typename Emit>
-__device__ __forceinline__ void group_dots_registers(const float* q, int64_t group,
-                                                     const float (&k)[kGroupDotRegisters],
-                                                     int64_t D, int lane, Emit&& emit) {
   for (int64_t h = 0; h < group; ++h) {
     float dot = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kGroupDotRegisters; ++i) {
+    for (int i = 0; i < kRegisters; ++i) {
       const int64_t d = lane + 32 * i;
       if (d < D) dot = fmaf(q[h * D + d], k[i], dot);
     }
     emit(h, warp_reduce(dot, SumOp{}));
   }
-}
-template <typename K, typename Emit>
-__device__ __forceinline__ void group_dots(const float* q, int64_t group, const K* key, int64_t D,
-                                           int lane, Emit&& emit) {
-  float k[kGroupDotRegisters];
-  load_key_registers(key, D, lane, k);
-  group_dots_registers(q, group, k, D, lane, emit);
 }
 
 // Reduction over the whole block; every thread gets the result. blockDim.x must be a multiple

@@ -1,5 +1,7 @@
-// DType sizes and names, and the F16 widening.
+// DType sizes and names, and the widening of F16 and BF16 (arrays of them too).
 #include "engine/common/dtype.h"
+
+#include <cstring>
 
 namespace kvlens {
 
@@ -33,6 +35,20 @@ std::string_view dtype_name(DType dtype) {
       return "U8";
   }
   return "?";
+}
+
+bool widen_to_f32(const std::byte* src, DType dtype, int64_t count, float* dst) {
+  if (dtype == DType::F32) {
+    std::memcpy(dst, src, size_t(count) * sizeof(float));
+    return true;
+  }
+  if (dtype != DType::BF16 && dtype != DType::F16) return false;
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, sizeof bits);  // the data may be unaligned
+    dst[i] = dtype == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+  }
+  return true;
 }
 
 float f16_to_f32(uint16_t bits) {

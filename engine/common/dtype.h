@@ -30,4 +30,8 @@ inline uint16_t f32_to_bf16(float value) {
 // IEEE binary16 -> binary32, exact (subnormals, infinities and NaN included).
 float f16_to_f32(uint16_t bits);
 
+// dst[i] = element i of `src` (F32, BF16 or F16, at any alignment: mapped checkpoint data) as
+// F32, exactly, for i < count. Returns false for another dtype (nothing written).
+bool widen_to_f32(const std::byte* src, DType dtype, int64_t count, float* dst);
+
 }  // namespace kvlens

@@ -98,21 +98,16 @@ size_t gpt2_match(const Chars& t, size_t i) {
   return whitespace_tail(t, i);  // only whitespace is left
 }
 
-size_t llama3_match(const Chars& t, size_t i, size_t max_digits) {
-  if (const size_t len = contraction(t, i, true)) return i + len;
+// The alternatives the Llama-3 (cl100k), Qwen2 and o200k patterns share after their letter ones,
+// at i: \p{N}{1,max_digits}, then ' ?[^\s\p{L}\p{N}]+[\r\n]*' (o200k: [\r\n/]*), then
+// \s*[\r\n]+, \s+(?!\S) and \s+.
+size_t numbers_symbols_spaces(const Chars& t, size_t i, size_t max_digits, bool slash) {
   const CharClass c = t.cls[i];
-  // [^\r\n\p{L}\p{N}]?\p{L}+
-  if (c == CharClass::kLetter) return t.run_end(i, CharClass::kLetter);
-  if (c != CharClass::kNumber && !is_newline(t.cp[i]) && t.is(i + 1, CharClass::kLetter)) {
-    return t.run_end(i + 1, CharClass::kLetter);
-  }
-  // \p{N}{1,max}
   if (c == CharClass::kNumber) {
     size_t j = i;
     while (j < t.size() && j - i < max_digits && t.cls[j] == CharClass::kNumber) ++j;
     return j;
   }
-  // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
   size_t other = t.size();
   if (t.cp[i] == ' ' && t.is(i + 1, CharClass::kOther)) {
     other = i + 1;
@@ -121,7 +116,7 @@ size_t llama3_match(const Chars& t, size_t i, size_t max_digits) {
   }
   if (other < t.size()) {
     size_t j = t.run_end(other, CharClass::kOther);
-    while (j < t.size() && is_newline(t.cp[j])) ++j;
+    while (j < t.size() && (is_newline(t.cp[j]) || (slash && t.cp[j] == '/'))) ++j;
     return j;
   }
   // \s*[\r\n]+ : the whitespace run up to and including its last newline.
@@ -130,6 +125,17 @@ size_t llama3_match(const Chars& t, size_t i, size_t max_digits) {
     if (is_newline(t.cp[k - 1])) return k;
   }
   return whitespace_tail(t, i);
+}
+
+size_t llama3_match(const Chars& t, size_t i, size_t max_digits) {
+  if (const size_t len = contraction(t, i, true)) return i + len;
+  const CharClass c = t.cls[i];
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  if (c == CharClass::kLetter) return t.run_end(i, CharClass::kLetter);
+  if (c != CharClass::kNumber && !is_newline(t.cp[i]) && t.is(i + 1, CharClass::kLetter)) {
+    return t.run_end(i + 1, CharClass::kLetter);
+  }
+  return numbers_symbols_spaces(t, i, max_digits, false);
 }
 
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+ from s: the end, or 0 for no match.
@@ -163,30 +169,7 @@ size_t o200k_match(const Chars& t, size_t i) {
     if (end == 0) end = letters(t, i);
     if (end > i) return end + (end < t.size() ? contraction(t, end, true) : 0);
   }
-  const CharClass c = t.cls[i];
-  if (c == CharClass::kNumber) {  // \p{N}{1,3}
-    size_t j = i;
-    while (j < t.size() && j - i < 3 && t.cls[j] == CharClass::kNumber) ++j;
-    return j;
-  }
-  // ' ?[^\s\p{L}\p{N}]+[\r\n/]*'
-  size_t other = t.size();
-  if (t.cp[i] == ' ' && t.is(i + 1, CharClass::kOther)) {
-    other = i + 1;
-  } else if (c == CharClass::kOther) {
-    other = i;
-  }
-  if (other < t.size()) {
-    size_t j = t.run_end(other, CharClass::kOther);
-    while (j < t.size() && (is_newline(t.cp[j]) || t.cp[j] == '/')) ++j;
-    return j;
-  }
-  // \s*[\r\n]+, then \s+(?!\S) and \s+, exactly as in the Llama-3 pattern.
-  const size_t end = t.run_end(i, CharClass::kSpace);
-  for (size_t k = end; k > i; --k) {
-    if (is_newline(t.cp[k - 1])) return k;
-  }
-  return whitespace_tail(t, i);
+  return numbers_symbols_spaces(t, i, 3, true);
 }
 
 }  // namespace

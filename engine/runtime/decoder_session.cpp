@@ -34,26 +34,16 @@ TensorView converted(const TensorView& view, DType dtype,
                      std::vector<std::shared_ptr<void>>& keep) {
   if (view.data == nullptr || view.dtype == dtype) return view;
   const int64_t count = view.numel();
-  auto read = [&](int64_t i) -> float {
-    switch (view.dtype) {
-      case DType::F32:
-        return reinterpret_cast<const float*>(view.data)[i];
-      case DType::BF16:
-        return bf16_to_f32(reinterpret_cast<const uint16_t*>(view.data)[i]);
-      case DType::F16:
-        return f16_to_f32(reinterpret_cast<const uint16_t*>(view.data)[i]);
-      default:
-        throw Error(view.name, "dtype", "F32, BF16 or F16", std::string(dtype_name(view.dtype)));
-    }
-  };
+  std::vector<float> wide(static_cast<size_t>(count));
+  if (!widen_to_f32(view.data, view.dtype, count, wide.data()))
+    throw Error(view.name, "dtype", "F32, BF16 or F16", std::string(dtype_name(view.dtype)));
   auto buffer = std::shared_ptr<void>(::operator new(size_t(count) * dtype_size(dtype)),
                                       [](void* p) { ::operator delete(p); });
   if (dtype == DType::F32) {
-    auto* out = static_cast<float*>(buffer.get());
-    for (int64_t i = 0; i < count; ++i) out[i] = read(i);
+    std::memcpy(buffer.get(), wide.data(), size_t(count) * sizeof(float));
   } else {
     auto* out = static_cast<uint16_t*>(buffer.get());
-    for (int64_t i = 0; i < count; ++i) out[i] = f32_to_bf16(read(i));
+    for (int64_t i = 0; i < count; ++i) out[i] = f32_to_bf16(wide[size_t(i)]);
   }
   keep.push_back(buffer);
   TensorView result = view;

@@ -6,6 +6,7 @@
 #include "engine/common/error.h"
 #include "engine/model/tokenizer.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/tokenizer_errors.h"
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@
 namespace {
 
 using kvlens::Tokenizer;
+using kvlens::test::expect_tokenizer_parse_error;
 using kvlens::test::shared_path;
 using Ids = std::vector<int32_t>;
 
@@ -104,21 +106,6 @@ void check_vectors(const std::string& name, const std::string& tokenizer_file) {
   }
   INFO(name << ": " << passed << " of " << inputs.size() << " vectors match");
   CHECK(passed == inputs.size());
-}
-
-// Expects parse() to throw a kvlens::Error whose field and expectation mention the given parts.
-void expect_parse_error(const std::string& json, const std::string& field_part,
-                        const std::string& expected_part) {
-  INFO("tokenizer.json: " << json);
-  try {
-    Tokenizer::parse(json, "bad.json");
-    FAIL("no kvlens::Error thrown");
-  } catch (const kvlens::Error& e) {
-    INFO("message: " << e.what());
-    CHECK(e.file() == "bad.json");
-    CHECK_THAT(e.field(), Catch::Matchers::Contains(field_part));
-    CHECK_THAT(e.expected(), Catch::Matchers::Contains(expected_part));
-  }
 }
 
 // A tiny tokenizer.json around a BPE model with the given extra top-level members.
@@ -295,49 +282,55 @@ TEST_CASE("Tokenizer pipeline features beyond the shipped vocabularies", "[token
 }
 
 TEST_CASE("Tokenizer rejects malformed tokenizer.json with a clear error", "[tokenizer]") {
-  expect_parse_error("this is not json", "json", "valid JSON");
-  expect_parse_error("[1, 2]", "(root)", "JSON object");
-  expect_parse_error(R"({"version": "1.0"})", "model", "missing");
-  expect_parse_error(R"({"model": {"type": "WordPiece", "vocab": {}}})", "model.type", "BPE");
-  expect_parse_error(R"({"model": {"type": "BPE", "vocab": [1, 2]}})", "model.vocab", "an object");
-  expect_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": "x"}}})", "model.vocab.a",
-                     "integer");
-  expect_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": -1}}})", "model.vocab.a",
-                     "integer");
-  expect_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a z"]}})",
-                     "model.merges[0]", "in model.vocab");
-  expect_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1},
+  expect_tokenizer_parse_error("this is not json", "json", "valid JSON");
+  expect_tokenizer_parse_error("[1, 2]", "(root)", "JSON object");
+  expect_tokenizer_parse_error(R"({"version": "1.0"})", "model", "missing");
+  expect_tokenizer_parse_error(R"({"model": {"type": "WordPiece", "vocab": {}}})", "model.type",
+                               "BPE");
+  expect_tokenizer_parse_error(R"({"model": {"type": "BPE", "vocab": [1, 2]}})", "model.vocab",
+                               "an object");
+  expect_tokenizer_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": "x"}}})",
+                               "model.vocab.a", "integer");
+  expect_tokenizer_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": -1}}})", "model.vocab.a",
+                               "integer");
+  expect_tokenizer_parse_error(
+      R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a z"]}})", "model.merges[0]",
+      "in model.vocab");
+  expect_tokenizer_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1},
                                    "merges": [["a", "b"]]}})",
-                     "model.merges[0]", "in model.vocab");  // "ab" is not in the vocab
-  expect_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["ab"]}})",
-                     "model.merges[0]", "two tokens");
-  expect_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [3]}})",
-                     "model.merges[0]", "[left, right]");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("pre_tokenizer": {"type": "Whitespace"})"),
-                     "pre_tokenizer.type", "supported pre_tokenizer");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("pre_tokenizer": {"type": "Split",
+                               "model.merges[0]", "in model.vocab");  // "ab" is not in the vocab
+  expect_tokenizer_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["ab"]}})",
+                               "model.merges[0]", "two tokens");
+  expect_tokenizer_parse_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [3]}})",
+                               "model.merges[0]", "[left, right]");
+  expect_tokenizer_parse_error(
+      mini_tokenizer(kMiniBpe, R"("pre_tokenizer": {"type": "Whitespace"})"), "pre_tokenizer.type",
+      "supported pre_tokenizer");
+  expect_tokenizer_parse_error(mini_tokenizer(kMiniBpe, R"("pre_tokenizer": {"type": "Split",
                                   "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"})"),
-                     "pre_tokenizer.pattern.Regex", "a supported Split regex");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("normalizer": {"type": "Sequence",
+                               "pre_tokenizer.pattern.Regex", "a supported Split regex");
+  expect_tokenizer_parse_error(mini_tokenizer(kMiniBpe, R"("normalizer": {"type": "Sequence",
                                     "normalizers": [{"type": "Prepend", "prepend": "x"},
                                                     {"type": "NFKC"}]})"),
-                     "normalizer.normalizers[1].type", "supported normalizer");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("decoder": {"type": "WordPiece"})"),
-                     "decoder.type", "supported decoder");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("decoder": {"type": "Sequence",
+                               "normalizer.normalizers[1].type", "supported normalizer");
+  expect_tokenizer_parse_error(mini_tokenizer(kMiniBpe, R"("decoder": {"type": "WordPiece"})"),
+                               "decoder.type", "supported decoder");
+  expect_tokenizer_parse_error(mini_tokenizer(kMiniBpe, R"("decoder": {"type": "Sequence",
                                     "decoders": [{"type": "Strip", "content": "ab"}]})"),
-                     "decoder.decoders[0].content", "single character");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("post_processor": {"type": "BertProcessing"})"),
-                     "post_processor.type", "supported post_processor");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("post_processor": {"type": "TemplateProcessing",
+                               "decoder.decoders[0].content", "single character");
+  expect_tokenizer_parse_error(
+      mini_tokenizer(kMiniBpe, R"("post_processor": {"type": "BertProcessing"})"),
+      "post_processor.type", "supported post_processor");
+  expect_tokenizer_parse_error(
+      mini_tokenizer(kMiniBpe, R"("post_processor": {"type": "TemplateProcessing",
                      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}],
                      "special_tokens": {}})"),
-                     "post_processor.single[0].SpecialToken.id", "special_tokens");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("added_tokens": [{"id": 3}])"),
-                     "added_tokens[0].content", "missing");
-  expect_parse_error(mini_tokenizer(kMiniBpe, R"("added_tokens": [{"id": 99999999999,
+      "post_processor.single[0].SpecialToken.id", "special_tokens");
+  expect_tokenizer_parse_error(mini_tokenizer(kMiniBpe, R"("added_tokens": [{"id": 3}])"),
+                               "added_tokens[0].content", "missing");
+  expect_tokenizer_parse_error(mini_tokenizer(kMiniBpe, R"("added_tokens": [{"id": 99999999999,
                                     "content": "x"}])"),
-                     "added_tokens[0].id", "integer");
+                               "added_tokens[0].id", "integer");
 }
 
 TEST_CASE("Tokenizer reports unreadable and corrupt files", "[tokenizer]") {

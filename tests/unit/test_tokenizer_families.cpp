@@ -7,6 +7,7 @@
 #include "engine/model/tokenizer.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
+#include "tests/support/tokenizer_errors.h"
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,7 @@
 namespace {
 
 using kvlens::Tokenizer;
+using kvlens::test::expect_tokenizer_parse_error;
 using Ids = std::vector<int32_t>;
 
 std::string fixture_path(const std::string& name) {
@@ -91,21 +93,6 @@ void check_family(const std::string& family) {
   }
   INFO(family << ": " << passed << " of " << cases.size() + decodes.size() << " references match");
   CHECK(passed == cases.size() + decodes.size());
-}
-
-// Expects parse() to throw a kvlens::Error whose field and expectation mention the given parts.
-void expect_parse_error(const std::string& json, const std::string& field_part,
-                        const std::string& expected_part) {
-  INFO("tokenizer.json: " << json);
-  try {
-    Tokenizer::parse(json, "bad.json");
-    FAIL("no kvlens::Error thrown");
-  } catch (const kvlens::Error& e) {
-    INFO("message: " << e.what());
-    CHECK(e.file() == "bad.json");
-    CHECK_THAT(e.field(), Catch::Matchers::Contains(field_part));
-    CHECK_THAT(e.expected(), Catch::Matchers::Contains(expected_part));
-  }
 }
 
 const char* const kMiniBpe = R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "c": 3},
@@ -237,19 +224,20 @@ TEST_CASE("Qwen and Phi tokenizer features, one at a time", "[tokenizer]") {
 }
 
 TEST_CASE("Qwen and Phi tokenizer options kvlens refuses get a clear error", "[tokenizer]") {
-  expect_parse_error(mini_tokenizer(R"("normalizer": {"type": "NFKC"})"), "normalizer.type",
-                     "Sequence, Prepend, Replace, NFC");
-  expect_parse_error(mini_tokenizer(split_pre_tokenizer(kO200kRegex, "MergedWithPrevious", false)),
-                     "pre_tokenizer.behavior", "\"Removed\" with invert true");
-  expect_parse_error(mini_tokenizer(split_pre_tokenizer(kO200kRegex, "Removed", false)),
-                     "pre_tokenizer.behavior", "invert false");
-  expect_parse_error(mini_tokenizer(split_pre_tokenizer(kO200kRegex, "Isolated", true)),
-                     "pre_tokenizer.behavior", "\"Isolated\" with invert false");
+  expect_tokenizer_parse_error(mini_tokenizer(R"("normalizer": {"type": "NFKC"})"),
+                               "normalizer.type", "Sequence, Prepend, Replace, NFC");
+  expect_tokenizer_parse_error(
+      mini_tokenizer(split_pre_tokenizer(kO200kRegex, "MergedWithPrevious", false)),
+      "pre_tokenizer.behavior", "\"Removed\" with invert true");
+  expect_tokenizer_parse_error(mini_tokenizer(split_pre_tokenizer(kO200kRegex, "Removed", false)),
+                               "pre_tokenizer.behavior", "invert false");
+  expect_tokenizer_parse_error(mini_tokenizer(split_pre_tokenizer(kO200kRegex, "Isolated", true)),
+                               "pre_tokenizer.behavior", "\"Isolated\" with invert false");
   // One character off the o200k pattern (no '/' after punctuation) is a different regex.
   std::string almost = kO200kRegex;
   almost.erase(almost.find("/]*"), 1);
-  expect_parse_error(mini_tokenizer(split_pre_tokenizer(almost, "Isolated", false)),
-                     "pre_tokenizer.pattern.Regex", "o200k");
+  expect_tokenizer_parse_error(mini_tokenizer(split_pre_tokenizer(almost, "Isolated", false)),
+                               "pre_tokenizer.pattern.Regex", "o200k");
 }
 
 TEST_CASE("kvlens-cli tokenize reads the gzipped Qwen and Phi tokenizers", "[cli][tokenizer]") {

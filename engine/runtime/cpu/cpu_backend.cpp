@@ -93,13 +93,7 @@ class CpuBackend final : public Backend {
       t.dtype = DType::F32;
       t.storage = allocate_host(size_t(count) * sizeof(float));
       t.data = t.storage.get();
-      const uint16_t* src = reinterpret_cast<const uint16_t*>(view.data);
-      float* dst = t.as<float>();
-      for (int64_t i = 0; i < count; ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, src + i, sizeof bits);  // the mapped data may be unaligned
-        dst[i] = f16_to_f32(bits);
-      }
+      widen_to_f32(view.data, view.dtype, count, t.as<float>());
       return t;
     }
     t.dtype = view.dtype;
