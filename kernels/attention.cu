@@ -50,6 +50,9 @@ __global__ void attention_kernel(AttentionArgs a) {
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const int lanes = key_lanes(D);
+  const int sub = lane % lanes;
+  const int keys_per_warp = 32 / lanes;
   const float* q_row = a.q + (row * a.heads + h) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) q[d] = q_row[d], acc[d] = 0.0f;
 
@@ -68,14 +71,15 @@ __global__ void attention_kernel(AttentionArgs a) {
   float l = 0.0f;       // running sum of exp(logit - m)
   for (int64_t start = lo; start <= position; start += kTile) {
     const int count = int(position - start + 1 < kTile ? position - start + 1 : kTile);
-    // Score: one warp per key, lanes split the head dimension (coalesced key reads).
-    for (int jj = warp; jj < count; jj += kWarps) {
+    // Score: key_lanes(D) lanes per key (key_dot); `first` is warp-uniform, so every lane
+    // reaches the shuffles.
+    for (int first = warp * keys_per_warp; first < count; first += kWarps * keys_per_warp) {
+      const int jj = first + lane / lanes;
       const int64_t j = start + jj;
-      float logit = -INFINITY;
-      if (!mask || mask[j]) {  // uniform across the warp, so the shuffles below are safe
-        logit = warp_dot(q, keys + j * D, D, lane) * a.scale;
-      }
-      if (lane == 0) {
+      const bool visible = jj < count && (!mask || mask[j]);
+      const float dot = key_dot(q, keys + (visible ? j : 0) * D, D, sub, lanes, visible);
+      if (jj < count && sub == 0) {
+        const float logit = visible ? dot * a.scale : -INFINITY;
         weights[jj] = logit;
         if (logits) logits[j] = logit;
       }

@@ -33,6 +33,9 @@ struct AttentionArgs {
   int64_t window = 0;   // > 0: query at p sees keys [p - window + 1, p]
   int64_t context = 0;  // first_position + rows
   float scale = 1.0f;   // applied to q.k before the softmax
+  // Decode only (launch_decode_attention): the query's position read from device memory (a
+  // captured step) instead of first_position; logits must then be null.
+  const int64_t* step_position = nullptr;
 };
 
 void launch_attention(const AttentionArgs& args, cudaStream_t stream);

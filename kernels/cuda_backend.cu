@@ -8,6 +8,8 @@
 #include <climits>
 #include <cmath>
 #include <initializer_list>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -170,6 +172,16 @@ class Scratch {
   std::shared_ptr<void> memory_;
   size_t bytes_ = 0;
 };
+
+struct PinnedDeleter {
+  void operator()(int64_t* memory) const { cudaFreeHost(memory); }
+};
+// Page-locked host memory for `count` counts (device-to-host copies into it run asynchronously).
+std::unique_ptr<int64_t[], PinnedDeleter> pinned_alloc(size_t count) {
+  void* memory = nullptr;
+  check_cuda(cudaMallocHost(&memory, count * sizeof(int64_t)), "cudaMallocHost");
+  return std::unique_ptr<int64_t[], PinnedDeleter>(static_cast<int64_t*>(memory));
+}
 
 struct StreamDeleter {
   void operator()(cudaStream_t stream) const { cudaStreamDestroy(stream); }
@@ -437,41 +449,12 @@ class CudaBackend final : public Backend {
   using Backend::rope;
   void rope(DeviceTensor& x, std::span<const int64_t> positions, const DeviceTensor& inv_freq,
             float scale) override {
-    const std::string op = "rope";
-    require(x, DType::F32, op, "x");
-    require(inv_freq, DType::F32, op, "inv_freq");
-    // The rotated channels come from inv_freq [R/2], the head dimension from a 3-D x [n, heads,
-    // D] (else D = R), the heads from x's size.
-    const int64_t rotary_dim = 2 * elements(inv_freq);
-    const int64_t head_dim = x.shape.size() == 3 ? x.shape[2] : rotary_dim;
-    const int64_t rows = int64_t(positions.size());
-    if (rotary_dim == 0 || rotary_dim > head_dim || (rows == 0 && elements(x) != 0) ||
-        (rows > 0 && elements(x) % (rows * head_dim) != 0))
-      bad_argument(op + ": x",
-                   cat({"[", std::to_string(rows), ", heads, ", std::to_string(head_dim),
-                        "], D >= ", std::to_string(rotary_dim)}),
-                   describe(x));
-    if (rows == 0 || elements(x) == 0) return;
-    activate();
-    // A step's rows share one position and a chunk's are consecutive: then the kernel derives
-    // them from two values passed by value, with no host-to-device copy to order first.
-    const int64_t first = positions[0];
-    const int64_t stride = rows > 1 ? positions[1] - positions[0] : 0;
-    bool arithmetic = stride == 0 || stride == 1;
-    for (int64_t i = 2; i < rows && arithmetic; ++i)
-      arithmetic = positions[size_t(i)] == first + i * stride;
-    const int64_t* recorded = nullptr;
-    if (capture_.active) {
-      if (!arithmetic || stride != 0)
-        bad_argument(op + ": positions (recording a step)", "the recorded step's position",
-                     "several positions");
-      recorded = step_position(first, op);
-    }
-    const int64_t* device_positions = arithmetic ? nullptr : stage(positions);
-    cuda::launch_rope(x.as<float>(), rows, elements(x) / (rows * head_dim), head_dim, rotary_dim,
-                      device_positions, first, stride, recorded, inv_freq.as<float>(), scale,
-                      stream());
-    check_launch("rope");
+    rope_rows(x, nullptr, positions, inv_freq, scale);
+  }
+
+  void rope_pair(DeviceTensor& q, DeviceTensor& k, std::span<const int64_t> positions,
+                 const DeviceTensor& inv_freq, float scale) override {
+    rope_rows(q, &k, positions, inv_freq, scale);
   }
 
   void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) override {
@@ -598,9 +581,6 @@ class CudaBackend final : public Backend {
                      cat({"U8 [", std::to_string(heads), ", ", std::to_string(context), "]"}),
                      describe(mask));
     }
-    if (capture_.active)
-      bad_argument(op, "an op of an unrecorded step (its kernels size their grids by the context)",
-                   "a step being recorded");
     if (rows == 0) return;
     activate();
     cuda::AttentionArgs args;
@@ -623,7 +603,18 @@ class CudaBackend final : public Backend {
     // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
     // float `scaling`.
     args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
-    if (const int64_t floats = cuda::decode_attention_scratch_floats(args, sm_count_)) {
+    const int64_t floats = cuda::decode_attention_scratch_floats(args, sm_count_);
+    if (capture_.active) {
+      // Only the split decode kernel replays at other positions (it reads the position on the
+      // device); the per-row kernel sizes its work by the context.
+      if (floats == 0 || want_logits)
+        bad_argument(op,
+                     "an op of an unrecorded step (rows > 1, logits, or a head group the split "
+                     "kernel does not take)",
+                     "a step being recorded");
+      args.step_position = step_position(first_position, op);
+    }
+    if (floats > 0) {
       float* parts =
           static_cast<float*>(attention_parts_.get(device_, size_t(floats) * sizeof(float)));
       cuda::launch_decode_attention(args, parts, sm_count_, stream());
@@ -1122,7 +1113,43 @@ class CudaBackend final : public Backend {
 
   void synchronize() override {
     activate();
+    // The deferred counts: one copy of all of them, then the wait; the list is taken first so
+    // that a failed wait leaves no span behind.
+    std::vector<Deferred> deferred;
+    deferred.swap(deferred_);
+    const size_t used = deferred_used_;
+    deferred_used_ = 0;
+    if (used > 0)
+      check_cuda(cudaMemcpyAsync(deferred_host_.get(), deferred_device_.get(),
+                                 used * sizeof(int64_t), cudaMemcpyDeviceToHost, stream()),
+                 "cudaMemcpyAsync");
     check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    for (const Deferred& d : deferred)
+      std::copy_n(deferred_host_.get() + d.offset, d.counts.size(), d.counts.begin());
+  }
+
+  void count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
+                                   std::span<int64_t> counts) override {
+    const std::string op = "count_nonzero_rows";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op, "mask");
+    if (shape.rows == 0) return;
+    if (deferred_used_ + counts.size() > deferred_capacity_) {
+      synchronize();  // delivers what is pending: the buffers are free to grow
+      if (counts.size() > deferred_capacity_) {
+        const size_t grown = std::max<size_t>(counts.size(), 2 * deferred_capacity_ + 4096);
+        deferred_device_ = device_alloc(device_, grown * sizeof(int64_t));
+        deferred_host_ = pinned_alloc(grown);
+        deferred_capacity_ = grown;
+      }
+    }
+    activate();
+    cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
+                                    static_cast<int64_t*>(deferred_device_.get()) + deferred_used_,
+                                    stream());
+    check_launch("count_nonzero_rows");
+    deferred_.push_back({deferred_used_, counts});
+    deferred_used_ += counts.size();
   }
 
  private:
@@ -1160,9 +1187,10 @@ class CudaBackend final : public Backend {
     cuda::GemvProducts products;
     for (size_t i = 0; i < ws.size(); ++i) products.w[i] = ws[i]->data;
     products.count = int(ws.size());
-    return is_weight_dtype(norm_weight.dtype) && elements(norm_weight) == shape.in &&
-           normed.dtype == DType::F32 && elements(normed) == elements(x) &&
-           cuda::gemv_stages_rows(shape.rows, shape.in) &&
+    // (the fused kernel is built for a norm weight in F32 or in the products' dtype)
+    return (norm_weight.dtype == DType::F32 || norm_weight.dtype == ws[0]->dtype) &&
+           elements(norm_weight) == shape.in && normed.dtype == DType::F32 &&
+           elements(normed) == elements(x) && cuda::gemv_stages_rows(shape.rows, shape.in) &&
            cuda::gemv_fusable(x.as<float>(), products, ws[0]->dtype, shape.rows, shape.in);
   }
 
@@ -1302,6 +1330,59 @@ class CudaBackend final : public Backend {
   cuda::StepState* step_state() const { return static_cast<cuda::StepState*>(step_state_.get()); }
   // While a step is being recorded: the device copy of its position, which the recorded kernels
   // read (`position` must be the recorded one); null otherwise.
+  // rope of x, and of x2 where given, in one launch.
+  void rope_rows(DeviceTensor& x, DeviceTensor* x2, std::span<const int64_t> positions,
+                 const DeviceTensor& inv_freq, float scale) {
+    const std::string op = "rope";
+    require(inv_freq, DType::F32, op, "inv_freq");
+    // The rotated channels come from inv_freq [R/2], the head dimension from a 3-D x [n, heads,
+    // D] (else D = R), the heads from x's size.
+    const int64_t rotary_dim = 2 * elements(inv_freq);
+    const int64_t rows = int64_t(positions.size());
+    auto heads_of = [&](const DeviceTensor& t, const char* name, int64_t head_dim) {
+      require(t, DType::F32, op, name);
+      if (rotary_dim == 0 || rotary_dim > head_dim || (rows == 0 && elements(t) != 0) ||
+          (rows > 0 && elements(t) % (rows * head_dim) != 0))
+        bad_argument(op + ": " + name,
+                     cat({"[", std::to_string(rows), ", heads, ", std::to_string(head_dim),
+                          "], D >= ", std::to_string(rotary_dim)}),
+                     describe(t));
+      return rows > 0 ? elements(t) / (rows * head_dim) : 0;
+    };
+    const int64_t head_dim = x.shape.size() == 3 ? x.shape[2] : rotary_dim;
+    const int64_t heads = heads_of(x, "x", head_dim);
+    int64_t heads2 = 0;
+    if (x2 != nullptr) {
+      if ((x2->shape.size() == 3 ? x2->shape[2] : rotary_dim) != head_dim)
+        bad_argument(op + ": k", cat({"[n, heads, ", std::to_string(head_dim), "]"}),
+                     describe(*x2));
+      heads2 = heads_of(*x2, "k", head_dim);
+    }
+    if (rows == 0 || (heads == 0 && heads2 == 0)) return;
+    activate();
+    // A step's rows share one position and a chunk's are consecutive: then the kernel derives
+    // them from two values passed by value, with no host-to-device copy to order first.
+    const int64_t first = positions[0];
+    const int64_t stride = rows > 1 ? positions[1] - positions[0] : 0;
+    bool arithmetic = stride == 0 || stride == 1;
+    for (int64_t i = 2; i < rows && arithmetic; ++i)
+      arithmetic = positions[size_t(i)] == first + i * stride;
+    const int64_t* recorded = nullptr;
+    if (capture_.active) {
+      if (!arithmetic || stride != 0)
+        bad_argument(op + ": positions (recording a step)", "the recorded step's position",
+                     "several positions");
+      recorded = step_position(first, op);
+    }
+    const int64_t* device_positions = arithmetic ? nullptr : stage(positions);
+    float* first_rows = heads > 0 ? x.as<float>() : x2->as<float>();
+    const int64_t first_heads = heads > 0 ? heads : heads2;
+    cuda::launch_rope(first_rows, first_heads, heads > 0 && x2 ? x2->as<float>() : nullptr,
+                      heads > 0 ? heads2 : 0, rows, head_dim, rotary_dim, device_positions, first,
+                      stride, recorded, inv_freq.as<float>(), scale, stream());
+    check_launch("rope");
+  }
+
   const int64_t* step_position(int64_t position, const std::string& op) const {
     if (!capture_.active) return nullptr;
     if (position != capture_.position)
@@ -1336,7 +1417,17 @@ class CudaBackend final : public Backend {
   Scratch results_;          // argmax / log-prob values copied out
   Scratch widen_;            // F32 slices of a BF16/F16 weight for many-row products
   Scratch attention_parts_;  // the split attention kernels' per-slice softmax pieces
-  int sm_count_ = 0;         // streaming multiprocessors (kernel grid sizes)
+  // count_nonzero_rows_deferred: the counts of a step in device memory, copied to pinned host
+  // memory and on to the callers' spans by synchronize().
+  struct Deferred {
+    size_t offset;
+    std::span<int64_t> counts;
+  };
+  std::vector<Deferred> deferred_;
+  std::shared_ptr<void> deferred_device_;
+  std::unique_ptr<int64_t[], PinnedDeleter> deferred_host_;
+  size_t deferred_capacity_ = 0, deferred_used_ = 0;
+  int sm_count_ = 0;  // streaming multiprocessors (kernel grid sizes)
   // A step being recorded (record_step) and the device state its replays set.
   struct Capture {
     bool active = false;

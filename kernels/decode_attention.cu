@@ -3,61 +3,125 @@
 #include "kernels/decode_attention.cuh"
 #include "kernels/device_common.cuh"
 
+#include <cstdlib>
+
 namespace kvlens::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMinSliceKeys = 32;
+constexpr int kUnroll = 4;        // key / value rows each lane has in flight
+constexpr int kHeadsPerPass = 4;  // query heads whose weighted values a lane accumulates at once
 constexpr int64_t kSharedFloats = 48 * 1024 / 4;  // the default dynamic shared memory limit
 
-struct Plan {
-  int64_t lo = 0, keys = 0, slice_keys = 0, slices = 0;
+// Blocks per SM the slices aim at (KVLENS_ATTENTION_BLOCKS_PER_SM, for measuring; default 4).
+int64_t blocks_per_sm() {
+  static const int64_t value = [] {
+    const char* text = std::getenv("KVLENS_ATTENTION_BLOCKS_PER_SM");
+    const int64_t parsed = text != nullptr ? std::atoll(text) : 0;
+    return parsed > 0 && parsed <= 64 ? parsed : int64_t(4);
+  }();
+  return value;
+}
+
+// Shared floats besides the slice's weights: the group's queries and the per-warp partial sums.
+int64_t fixed_shared_floats(int64_t group, int64_t head_dim) {
+  return group * head_dim + int64_t(kWarps) * kHeadsPerPass * head_dim;
+}
+
+// How a context splits: about `target` slices (the SM count's worth of blocks over the KV
+// heads), each a multiple of kMinSliceKeys keys and at most max_width (what shared memory holds).
+// The grid has `slices` blocks per KV head, enough for any context of the cache; a step uses the
+// first ones, as many as its context needs (used_slices), so a recorded step replays at any
+// position with the arithmetic of an unrecorded one and short contexts are not cut into crumbs.
+struct SlicePlan {
+  int64_t target = 0, max_width = 0, slices = 0;
 };
 
-int64_t round_up(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
+__host__ __device__ __forceinline__ int64_t slice_width(int64_t keys, const SlicePlan& plan) {
+  int64_t count = plan.target;
+  const int64_t most = (keys + kMinSliceKeys - 1) / kMinSliceKeys;
+  if (count > most) count = most;
+  const int64_t least = (keys + plan.max_width - 1) / plan.max_width;
+  if (count < least) count = least;
+  if (count < 1) count = 1;
+  const int64_t width = (keys + count - 1) / count;
+  return width < kMinSliceKeys ? kMinSliceKeys
+                               : (width + kMinSliceKeys - 1) / kMinSliceKeys * kMinSliceKeys;
 }
 
-Plan plan(const AttentionArgs& a, int sm_count) {
-  Plan p;
-  const int64_t position = a.first_position;
-  p.lo = a.window > 0 && position - a.window + 1 > 0 ? position - a.window + 1 : 0;
-  p.keys = position - p.lo + 1;
+__host__ __device__ __forceinline__ int64_t used_slices(int64_t keys, const SlicePlan& plan) {
+  const int64_t width = slice_width(keys, plan);
+  return (keys + width - 1) / width;
+}
+
+// The most keys a query can see in this cache (the window's, with one).
+int64_t most_keys(const AttentionArgs& a) {
+  return a.window > 0 && a.window < a.capacity ? a.window : a.capacity;
+}
+
+// The plan depends on the cache (capacity, window, heads) alone. slices 0: the group's queries
+// and the narrowest slice's weights do not fit in shared memory.
+SlicePlan slice_plan(const AttentionArgs& a, int sm_count) {
+  SlicePlan plan;
   const int64_t group = a.heads / a.kv_heads;
-  // Shared memory: the group's queries [group, D] and one slice's weights [group, slice_keys].
-  const int64_t max_slice =
-      (kSharedFloats - group * a.head_dim) / group / kMinSliceKeys * kMinSliceKeys;
-  // About two blocks per SM over all KV heads, each slice at least kMinSliceKeys keys.
-  const int64_t wanted_slices =
-      (2 * int64_t(sm_count > 0 ? sm_count : 132) + a.kv_heads - 1) / a.kv_heads;
-  int64_t slice = round_up((p.keys + wanted_slices - 1) / wanted_slices, kMinSliceKeys);
-  if (slice > max_slice) slice = max_slice;
-  p.slice_keys = slice;
-  if (slice < kMinSliceKeys) return p;  // does not fit: no scratch, launch_attention does it
-  p.slices = (p.keys + slice - 1) / slice;
-  return p;
+  plan.max_width = (kSharedFloats - fixed_shared_floats(group, a.head_dim)) / group /
+                   kMinSliceKeys * kMinSliceKeys;
+  if (plan.max_width < kMinSliceKeys) return plan;
+  plan.target =
+      (blocks_per_sm() * int64_t(sm_count > 0 ? sm_count : 132) + a.kv_heads - 1) / a.kv_heads;
+  const int64_t keys = most_keys(a);
+  const int64_t least = (keys + plan.max_width - 1) / plan.max_width;
+  plan.slices = plan.target > least ? plan.target : least;
+  return plan;
 }
 
-// Shared (dynamic): q[group, D] | weights[group, slice_keys].
-template <typename C>
-__global__ void __launch_bounds__(kThreads)
-    decode_slices_kernel(AttentionArgs a, int64_t lo, int64_t slice_keys, float* scratch,
-                         int64_t slices) {
+struct Window {
+  int64_t position, lo, keys;
+};
+__device__ __forceinline__ Window visible_window(const AttentionArgs& a) {
+  Window w;
+  w.position = a.step_position != nullptr ? *a.step_position : a.first_position;
+  w.lo = a.window > 0 && w.position - a.window + 1 > 0 ? w.position - a.window + 1 : 0;
+  w.keys = w.position - w.lo + 1;
+  return w;
+}
+
+// Shared (dynamic): q[group, D] | partial[kWarps, kHeadsPerPass, D] | weights[group, slice_keys].
+// Lanes work in aligned teams of key_lanes(D), a team per key or value row, each lane on an
+// 8-element chunk (16 bytes of a BF16 row); kUnroll rows per lane are loaded before any is used.
+template <typename C, int Lanes>
+__global__ void __launch_bounds__(kThreads, 3)
+    decode_slices_kernel(AttentionArgs a, float* scratch, SlicePlan plan) {
   extern __shared__ float shared[];
   const int64_t D = a.head_dim;
   const int64_t group = a.heads / a.kv_heads;
   const int64_t g = blockIdx.y;
   const int64_t slice = blockIdx.x;
-  const int64_t position = a.first_position;
+  const Window window = visible_window(a);
+  const int64_t position = window.position, lo = window.lo;
+  const int64_t slice_keys = slice_width(window.keys, plan);
+  const int64_t slices = plan.slices;
   const int64_t start = lo + slice * slice_keys;
+  if (start > position) return;  // past the visible keys: the merge does not read this slice
   const int64_t end = start + slice_keys - 1 < position ? start + slice_keys - 1 : position;
   const int count = int(end - start + 1);
   float* q = shared;
-  float* weights = shared + group * D;
+  float* partial = q + group * D;
+  float* weights = partial + int64_t(kWarps) * kHeadsPerPass * D;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  constexpr int lanes = Lanes;  // key_lanes(D), a constant so that the shuffles unroll
+  const int sub = lane % lanes;
+  const int64_t d0 = int64_t(sub) * kKeyChunk;
+  const bool has_chunk = d0 < D;
+  constexpr int rows_per_warp = 32 / lanes;
+  const int rows_per_pass = kWarps * rows_per_warp;
+  const int first_row = warp * rows_per_warp + lane / lanes;
 
+  const C* keys = static_cast<const C*>(a.k_cache) + (g * a.capacity + start) * D;
+  const C* values = static_cast<const C*>(a.v_cache) + (g * a.capacity + start) * D;
   for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
   if (a.logits != nullptr && slice == 0) {
     // Keys before the window's first: not visible (rows == 1, so none lies past position).
@@ -67,25 +131,32 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
-  const C* values = static_cast<const C*>(a.v_cache) + g * a.capacity * D;
-  // Scores: one warp per key, read once for every query head of the group (group_dots: the
-  // bits of warp_dot), lanes over the head dimension.
-  for (int jj = warp; jj < count; jj += kWarps) {
-    const int64_t j = start + jj;
-    auto emit = [&](int64_t h, float dot) {
-      const int64_t head = g * group + h;
-      const bool seen = a.mask == nullptr || a.mask[head * a.mask_stride + j];
-      const float logit = seen ? dot * a.scale : -INFINITY;
-      if (lane == 0) {
-        weights[h * slice_keys + jj] = logit;
-        if (a.logits != nullptr) a.logits[head * a.context + j] = logit;
+  // Scores (key_dot's arithmetic: the bits of attention_logits and launch_attention), kUnroll
+  // rows per lane loaded before any is used. `base` minus the lane's row offset is the same for
+  // every lane of the warp, so all of them reach the shuffles.
+  for (int base = first_row; base - (lane / lanes) < count; base += kUnroll * rows_per_pass) {
+    float chunk[kUnroll][kKeyChunk];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int jj = base + u * rows_per_pass;
+      if (jj < count) load_chunk(keys + int64_t(jj) * D, D, d0, chunk[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int jj = base + u * rows_per_pass;
+      const bool in_slice = jj < count;
+      for (int64_t h = 0; h < group; ++h) {
+        const float dot = lanes_sum(
+            in_slice && has_chunk ? full_chunk_dot(q + h * D + d0, chunk[u]) : 0.0f, lanes);
+        if (in_slice && sub == 0) {
+          const int64_t head = g * group + h;
+          const int64_t j = start + jj;
+          const bool seen = a.mask == nullptr || a.mask[head * a.mask_stride + j];
+          const float logit = seen ? dot * a.scale : -INFINITY;
+          weights[h * slice_keys + jj] = logit;
+          if (a.logits != nullptr) a.logits[head * a.context + j] = logit;
+        }
       }
-    };
-    if (D <= kMaxGroupDotDim) {
-      group_dots(q, group, keys + j * D, D, lane, emit);
-    } else {
-      for (int64_t h = 0; h < group; ++h) emit(h, warp_dot(q + h * D, keys + j * D, D, lane));
     }
   }
   __syncthreads();
@@ -112,67 +183,143 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  // Weighted values: a thread per (head, dimension); consecutive dimensions read one value row.
-  for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) {
-    const int64_t h = i / D;
-    const int64_t d = i % D;
-    const float* w = weights + h * slice_keys;
-    const C* v = values + start * D + d;
-    float acc = 0.0f;
-    for (int jj = 0; jj < count; ++jj) acc += w[jj] * to_f32(v[int64_t(jj) * D]);
-    slice_acc[(slice * a.heads + g * group + h) * D + d] = acc;
+
+  // Weighted values, kHeadsPerPass query heads at a time: each lane sums its chunk over its rows,
+  // then the rows of a warp are summed by shuffles and the warps' sums in shared memory.
+  for (int64_t h0 = 0; h0 < group; h0 += kHeadsPerPass) {
+    float acc[kHeadsPerPass][kKeyChunk];
+#pragma unroll
+    for (int hh = 0; hh < kHeadsPerPass; ++hh)
+#pragma unroll
+      for (int i = 0; i < kKeyChunk; ++i) acc[hh][i] = 0.0f;
+    for (int base = first_row; base - (lane / lanes) < count; base += kUnroll * rows_per_pass) {
+      float chunk[kUnroll][kKeyChunk];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int jj = base + u * rows_per_pass;
+        if (jj < count) load_chunk(values + int64_t(jj) * D, D, d0, chunk[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int jj = base + u * rows_per_pass;
+        if (jj >= count) continue;
+#pragma unroll
+        for (int hh = 0; hh < kHeadsPerPass; ++hh) {
+          if (h0 + hh >= group) continue;
+          const float w = weights[(h0 + hh) * slice_keys + jj];
+#pragma unroll
+          for (int i = 0; i < kKeyChunk; ++i) acc[hh][i] = fmaf(w, chunk[u][i], acc[hh][i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int hh = 0; hh < kHeadsPerPass; ++hh)
+#pragma unroll
+      for (int i = 0; i < kKeyChunk; ++i)
+        for (int offset = lanes; offset < 32; offset <<= 1)
+          acc[hh][i] += __shfl_xor_sync(0xffffffffu, acc[hh][i], offset);
+    if (lane < lanes && has_chunk) {
+#pragma unroll
+      for (int hh = 0; hh < kHeadsPerPass; ++hh)
+#pragma unroll
+        for (int i = 0; i < kKeyChunk; ++i)
+          partial[(int64_t(warp) * kHeadsPerPass + hh) * D + d0 + i] = acc[hh][i];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kHeadsPerPass * int(D); i += blockDim.x) {
+      const int hh = i / int(D);
+      if (h0 + hh >= group) continue;
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += partial[int64_t(w) * kHeadsPerPass * D + i];
+      slice_acc[(slice * a.heads + g * group + h0 + hh) * D + i % int(D)] = sum;
+    }
+    __syncthreads();  // `partial` is rewritten by the next pass
   }
 }
 
-// One block per query head: merge the slices under the overall max.
-__global__ void decode_merge_kernel(AttentionArgs a, const float* scratch, int64_t slices) {
+// One block per query head: merge the slices under the overall max. Every step reads all slices
+// at once (threads over the slices, then over (slice group, dimension) pairs), so the merge costs
+// a few memory latencies at any slice count. Shared (dynamic): factor[slices] | sums[groups, D].
+constexpr int kMergeThreads = 256;
+__global__ void __launch_bounds__(kMergeThreads)
+    decode_merge_kernel(AttentionArgs a, const float* scratch, SlicePlan plan) {
+  const int64_t slices = plan.slices;
+  extern __shared__ float merge_shared[];
+  __shared__ float reduce_scratch[32];
   const int64_t head = blockIdx.x;
   const int64_t D = a.head_dim;
   const float* slice_max = scratch;
   const float* slice_sum = scratch + slices * a.heads;
   const float* slice_acc = scratch + 2 * slices * a.heads;
+  const int64_t keys = visible_window(a).keys;
+  const int64_t used = used_slices(keys, plan);
+  float* factor = merge_shared;
+  float* sums = merge_shared + slices;
   float m = -INFINITY;
-  for (int64_t s = 0; s < slices; ++s) m = fmaxf(m, slice_max[s * a.heads + head]);
+  for (int64_t s = threadIdx.x; s < used; s += blockDim.x)
+    m = fmaxf(m, slice_max[s * a.heads + head]);
+  m = block_reduce(m, MaxOp{}, -INFINITY, reduce_scratch);
   float l = 0.0f;
-  for (int64_t s = 0; s < slices; ++s) {
+  for (int64_t s = threadIdx.x; s < used; s += blockDim.x) {
     const float sm = slice_max[s * a.heads + head];
-    if (sm != -INFINITY) l += slice_sum[s * a.heads + head] * expf(sm - m);
+    const float f = sm != -INFINITY ? expf(sm - m) : 0.0f;  // a slice with nothing visible: 0
+    factor[s] = f;
+    l += slice_sum[s * a.heads + head] * f;
   }
+  l = block_reduce(l, SumOp{}, 0.0f, reduce_scratch);  // also publishes `factor`
   // A head with no visible key has no softmax; it gets zeros rather than NaN.
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t s = 0; s < slices; ++s) {
-      const float sm = slice_max[s * a.heads + head];
-      if (sm != -INFINITY) acc += slice_acc[(s * a.heads + head) * D + d] * expf(sm - m);
-    }
-    a.out[head * D + d] = acc * inv;
-  }
+  merge_slices(used, D, inv, sums, a.out + head * D, [&](float acc, int64_t s, int64_t d) {
+    return fmaf(slice_acc[(s * a.heads + head) * D + d], factor[s], acc);
+  });
 }
 
 }  // namespace
 
 int64_t decode_attention_scratch_floats(const AttentionArgs& args, int sm_count) {
   if (args.rows != 1 || args.heads <= 0 || args.kv_heads <= 0 || args.head_dim <= 0 ||
-      args.heads % args.kv_heads != 0)
+      args.head_dim < 4 * kKeyChunk || args.head_dim > kMaxKeyChunkDim ||
+      args.head_dim % kKeyChunk != 0 || args.heads % args.kv_heads != 0)
     return 0;
-  const Plan p = plan(args, sm_count);
-  if (p.slice_keys < kMinSliceKeys) return 0;
-  return p.slices * args.heads * (args.head_dim + 2);
+  return slice_plan(args, sm_count).slices * args.heads * (args.head_dim + 2);
 }
 
 void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_count,
                              cudaStream_t stream) {
-  const Plan p = plan(args, sm_count);
+  const SlicePlan plan = slice_plan(args, sm_count);
   const int64_t group = args.heads / args.kv_heads;
-  const size_t shared_bytes = size_t(group * (args.head_dim + p.slice_keys)) * sizeof(float);
-  const dim3 grid(unsigned(p.slices), unsigned(args.kv_heads));
+  // Weights of the widest slice this call can see: the cache's on a captured step.
+  const int64_t keys = args.step_position != nullptr
+                           ? most_keys(args)
+                           : args.first_position + 1 -
+                                 (args.window > 0 && args.first_position - args.window + 1 > 0
+                                      ? args.first_position - args.window + 1
+                                      : 0);
+  const size_t shared_bytes =
+      size_t(fixed_shared_floats(group, args.head_dim) + group * slice_width(keys, plan)) *
+      sizeof(float);
+  const dim3 grid(unsigned(plan.slices), unsigned(args.kv_heads));
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    decode_slices_kernel<decltype(tag)>
-        <<<grid, kThreads, shared_bytes, stream>>>(args, p.lo, p.slice_keys, scratch, p.slices);
+    using C = decltype(tag);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kThreads, shared_bytes, stream>>>(args, scratch, plan);
+    };
+    switch (key_lanes(args.head_dim)) {
+      case 4:
+        return launch(decode_slices_kernel<C, 4>);
+      case 8:
+        return launch(decode_slices_kernel<C, 8>);
+      case 16:
+        return launch(decode_slices_kernel<C, 16>);
+      default:
+        return launch(decode_slices_kernel<C, 32>);
+    }
   });
-  const int merge_threads = args.head_dim >= 128 ? 128 : (args.head_dim > 32 ? 64 : 32);
-  decode_merge_kernel<<<unsigned(args.heads), merge_threads, 0, stream>>>(args, scratch, p.slices);
+  // (a head dimension over kMergeThreads: one group of threads striding over it)
+  const int64_t groups = args.head_dim >= kMergeThreads ? 1 : kMergeThreads / args.head_dim;
+  const size_t merge_bytes = size_t(plan.slices + groups * args.head_dim) * sizeof(float);
+  decode_merge_kernel<<<unsigned(args.heads), kMergeThreads, merge_bytes, stream>>>(args, scratch,
+                                                                                    plan);
 }
 
 }  // namespace kvlens::cuda

@@ -78,12 +78,9 @@ __device__ __forceinline__ T warp_reduce(T v, Op op) {
   return v;
 }
 
-// q . key over D elements by one warp (every lane gets the result): lane l sums the fused
-// products d = l, l + 32, ... in order, then the butterfly reduction. Every kernel that produces
-// attention logits uses this arithmetic (or group_dots, the same), so their logits agree bit for
-// bit.
-// The key may be stored as F32, BF16 or F16 (a KV cache of the model's dtype); widening is exact,
-// so a narrow cache gives the bits of an F32 cache holding the same values.
+// q . v over D elements by one warp (every lane gets the result): lane l sums the fused products
+// d = l, l + 32, ... in order, then the butterfly reduction. For the policies' cosines and norms;
+// attention logits use key_dot below.
 template <typename K>
 __device__ __forceinline__ float warp_dot(const float* q, const K* key, int64_t D, int lane) {
   float dot = 0.0f;
@@ -102,27 +99,130 @@ __device__ __forceinline__ float warp_dot_self(const K* v, int64_t D, int lane) 
   return warp_reduce(dot, SumOp{});
 }
 
-// warp_dot of one key with each of `group` query rows q[h * D ..] (a GQA group), the key read
-// from memory once into registers; emit(h, dot) on every lane. Same bits as warp_dot.
-constexpr int64_t kMaxGroupDotDim = 256;
-template <typename K, typename Emit>
-__device__ __forceinline__ void group_dots(const float* q, int64_t group, const K* key, int64_t D,
-                                           int lane, Emit&& emit) {
-  constexpr int kRegisters = int(kMaxGroupDotDim / 32);
-  float k[kRegisters];
+// The arithmetic of every attention logit (decode, prefill, the attention_logits op), so that
+// their logits agree bit for bit. A key of D elements is scored by key_lanes(D) consecutive,
+// aligned lanes of a warp (so a warp scores 32 / key_lanes(D) keys at once and each lane reads
+// 16 contiguous bytes of a BF16 key): lane `sub` sums the fused products of its chunks
+// d = 8 sub .. 8 sub + 7, then 8 (sub + lanes) .., in order, then a butterfly over the lanes.
+// The key may be stored as F32, BF16 or F16; widening is exact, so a narrow cache gives the bits
+// of an F32 cache holding the same values.
+constexpr int kKeyChunk = 8;
+constexpr int64_t kMaxKeyChunkDim = 256;  // one chunk per lane up to this head dimension
+__host__ __device__ constexpr int key_lanes(int64_t D) {
+  int lanes = 1;
+  while (lanes < 32 && int64_t(kKeyChunk) * lanes < D) lanes *= 2;
+  return lanes;
+}
+
+template <typename T>
+struct Vec16;  // 16 bytes of T
+template <>
+struct Vec16<float> {
+  static constexpr int kCount = 4;
+};
+template <>
+struct Vec16<__nv_bfloat16> {
+  static constexpr int kCount = 8;
+};
+template <>
+struct Vec16<__half> {
+  static constexpr int kCount = 8;
+};
+
+// 16-byte words per 8-element chunk of T, and their widening to F32 (exact).
+template <typename K>
+constexpr int kChunkWords = kKeyChunk / Vec16<K>::kCount;
+template <typename K>
+__device__ __forceinline__ void widen_chunk(const uint4 (&raw)[kChunkWords<K>],
+                                            float (&out)[kKeyChunk]) {
+  constexpr int kPer = Vec16<K>::kCount;
 #pragma unroll
-  for (int i = 0; i < kRegisters; ++i) {
-    const int64_t d = lane + 32 * i;
-    k[i] = d < D ? to_f32(key[d]) : 0.0f;
+  for (int part = 0; part < kChunkWords<K>; ++part) {
+    const K* elements = reinterpret_cast<const K*>(&raw[part]);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[part * kPer + i] = to_f32(elements[i]);
   }
-  for (int64_t h = 0; h < group; ++h) {
-    float dot = 0.0f;
+}
+
+// Elements d0 .. d0 + 7 of a row of D (zeros past D), widened to F32. When D is a multiple of 8
+// the row start must be 16-byte aligned (cache rows and cudaMalloc'd buffers are).
+template <typename K>
+__device__ __forceinline__ void load_chunk(const K* row, int64_t D, int64_t d0,
+                                           float (&out)[kKeyChunk]) {
+  if (D % kKeyChunk == 0) {
+    if (d0 >= D) {
 #pragma unroll
-    for (int i = 0; i < kRegisters; ++i) {
-      const int64_t d = lane + 32 * i;
-      if (d < D) dot = fmaf(q[h * D + d], k[i], dot);
+      for (int i = 0; i < kKeyChunk; ++i) out[i] = 0.0f;
+      return;
     }
-    emit(h, warp_reduce(dot, SumOp{}));
+    uint4 raw[kChunkWords<K>];
+#pragma unroll
+    for (int part = 0; part < kChunkWords<K>; ++part)
+      raw[part] = *reinterpret_cast<const uint4*>(row + d0 + part * Vec16<K>::kCount);
+    widen_chunk<K>(raw, out);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kKeyChunk; ++i) out[i] = d0 + i < D ? to_f32(row[d0 + i]) : 0.0f;
+  }
+}
+
+// One lane's part of q . key for the chunk at d0 (q: F32, in shared memory or registers).
+__device__ __forceinline__ float chunk_dot(const float* q, int64_t D, int64_t d0,
+                                           const float (&key)[kKeyChunk], float dot) {
+#pragma unroll
+  for (int i = 0; i < kKeyChunk; ++i)
+    if (d0 + i < D) dot = fmaf(q[d0 + i], key[i], dot);
+  return dot;
+}
+
+// chunk_dot of a chunk that lies wholly inside the row (q points at its first element): the
+// same fused products in the same order, without the bounds tests.
+__device__ __forceinline__ float full_chunk_dot(const float* q, const float (&key)[kKeyChunk]) {
+  float dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kKeyChunk; ++i) dot = fmaf(q[i], key[i], dot);
+  return dot;
+}
+
+// Butterfly sum over aligned groups of `lanes` lanes; every lane of the warp must call it.
+__device__ __forceinline__ float lanes_sum(float v, int lanes) {
+  for (int offset = lanes / 2; offset > 0; offset >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// q . key by the `lanes` lanes of a key (sub = lane % lanes); every lane of the warp must call it
+// (uniform control flow); a lane whose key is not `valid` reads nothing and contributes zero.
+template <typename K>
+__device__ __forceinline__ float key_dot(const float* q, const K* key, int64_t D, int sub,
+                                         int lanes, bool valid) {
+  float dot = 0.0f;
+  if (valid) {
+    for (int64_t d0 = int64_t(sub) * kKeyChunk; d0 < D; d0 += int64_t(lanes) * kKeyChunk) {
+      float chunk[kKeyChunk];
+      load_chunk(key, D, d0, chunk);
+      dot = chunk_dot(q, D, d0, chunk, dot);
+    }
+  }
+  return lanes_sum(dot, lanes);
+}
+
+// key_dot of one key with each of `group` query rows q[h * D ..] (a GQA group), the key read
+// once: emit(h, dot) on every lane. Same bits as key_dot.
+template <typename K, typename Emit>
+__device__ __forceinline__ void key_group_dots(const float* q, int64_t group, const K* key,
+                                               int64_t D, int sub, int lanes, bool valid,
+                                               Emit&& emit) {
+  if (D > int64_t(lanes) * kKeyChunk) {  // more than one chunk per lane: reread per head
+    for (int64_t h = 0; h < group; ++h) emit(h, key_dot(q + h * D, key, D, sub, lanes, valid));
+    return;
+  }
+  const int64_t d0 = int64_t(sub) * kKeyChunk;
+  float chunk[kKeyChunk];
+  if (valid) load_chunk(key, D, d0, chunk);
+  for (int64_t h = 0; h < group; ++h) {
+    const float dot = valid ? chunk_dot(q + h * D, D, d0, chunk, 0.0f) : 0.0f;
+    emit(h, lanes_sum(dot, lanes));
   }
 }
 
@@ -141,6 +241,31 @@ __device__ T block_reduce(T v, Op op, T identity, T* scratch) {
   r = warp_reduce(r, op);
   __syncthreads();
   return r;
+}
+
+// The merge step of the split attention kernels: out[d] = inv * sum over slices s < used of
+// add(acc, s, d) folded from 0, for d < D, by the whole block. Threads form blockDim.x / D groups
+// of D (one group striding over D when D is wider); group k folds slices k, k + groups, ... (all
+// slices' loads in flight at once), then the groups' sums are added in group order. `sums` is
+// shared memory for max(blockDim.x / D, 1) * D floats.
+template <typename Add>
+__device__ void merge_slices(int64_t used, int64_t D, float inv, float* sums, float* out, Add add) {
+  const int64_t groups = D >= int64_t(blockDim.x) ? 1 : int64_t(blockDim.x) / D;
+  const int64_t group = threadIdx.x / D;
+  if (group < groups) {
+    for (int64_t d = threadIdx.x % D; d < D; d += blockDim.x) {
+      float acc = 0.0f;
+#pragma unroll 4
+      for (int64_t s = group; s < used; s += groups) acc = add(acc, s, d);
+      sums[group * D + d] = acc;
+    }
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) acc += sums[g * D + d];
+    out[d] = acc * inv;
+  }
 }
 
 // Blocks for a grid-stride loop over `count` elements: enough to fill the GPU, capped so the

@@ -320,11 +320,12 @@ void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
         else
           with_mode(std::false_type{});
       };
-      // The norm weight's type (only read with a norm; F32 otherwise, one instance).
-      if (call.norm_weight == nullptr || !shared)
+      // The norm weight's type (only read with a norm; F32 otherwise, one instance): F32 or
+      // the weights' own (GemvCall::norm_dtype), so as few kernels are built as needed.
+      if (call.norm_weight == nullptr || !shared || call.norm_dtype == DType::F32)
         with_norm(float{});
       else
-        dispatch_weight(call.norm_dtype, with_norm);
+        with_norm(W{});
     });
   });
 }

@@ -37,8 +37,8 @@ struct GemvCall {
   DType w_dtype = DType::F32;
   bool accumulate = false;
   bool silu_pair = false;
-  // The norm (only where gemv_stages_rows): weight [in] of norm_dtype, eps, and the normalised
-  // rows written to `normed` [rows, in] (may be null).
+  // The norm (only where gemv_stages_rows): weight [in] of norm_dtype (F32 or w_dtype), eps, and
+  // the normalised rows written to `normed` [rows, in] (may be null).
   const void* norm_weight = nullptr;
   DType norm_dtype = DType::F32;
   float eps = 0.0f;

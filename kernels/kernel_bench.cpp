@@ -141,39 +141,46 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> position = {1000};
     report("rope (q)", time_op(b, calls, repeats, [&] { b.rope(q, position, inv_freq); }), 0);
   }
-  for (const int64_t context : {512, 4096, 16384}) {
-    const int64_t stride = 32768;
-    DeviceTensor k_cache = b.alloc(DType::F32, {G, stride, D});
-    DeviceTensor v_cache = b.alloc(DType::F32, {G, stride, D});
-    const DeviceTensor q = b.alloc(DType::F32, {1, H, D});
-    const DeviceTensor k = b.alloc(DType::F32, {1, G, D});
-    DeviceTensor logits = b.alloc(DType::F32, {H, stride});
-    DeviceTensor probs = b.alloc(DType::F32, {H, stride});
-    DeviceTensor out = b.alloc(DType::F32, {1, H, D});
-    const std::string at = " ctx " + std::to_string(context);
-    report("kv_append" + at,
-           time_op(b, calls, repeats, [&] { b.kv_append(k, k, k_cache, v_cache, context - 1); }),
-           0);
-    const double cache_bytes = double(G * context * D * 4);
-    report(
-        "attention_logits" + at,
-        time_op(b, calls, repeats, [&] { b.attention_logits(q, k_cache, context - 1, 0, logits); }),
-        cache_bytes);
-    report("attention_visible" + at,
-           time_op(b, calls, repeats,
-                   [&] { b.attention_visible(logits, context, nullptr, v_cache, out, nullptr); }),
-           cache_bytes);
-    report("attention_visible +probs" + at,
-           time_op(b, calls, repeats,
-                   [&] { b.attention_visible(logits, context, nullptr, v_cache, out, &probs); }),
-           cache_bytes);
-    report("attention (decode op)" + at,
-           time_op(b, calls, repeats,
-                   [&] {
-                     b.attention(q, k_cache, v_cache, context - 1, 0, kvlens::Visibility{}, out,
-                                 nullptr);
-                   }),
-           2 * cache_bytes);
+  for (const DType cache_dtype : {DType::BF16, DType::F32}) {
+    for (const int64_t context : {512, 4096, 16384, 32768}) {
+      const int64_t stride = 32768;
+      DeviceTensor k_cache = b.alloc(cache_dtype, {G, stride, D});
+      DeviceTensor v_cache = b.alloc(cache_dtype, {G, stride, D});
+      const DeviceTensor q = b.alloc(DType::F32, {1, H, D});
+      const DeviceTensor k = b.alloc(DType::F32, {1, G, D});
+      DeviceTensor logits = b.alloc(DType::F32, {H, stride});
+      DeviceTensor probs = b.alloc(DType::F32, {H, stride});
+      DeviceTensor out = b.alloc(DType::F32, {1, H, D});
+      DeviceTensor step_logits = b.alloc(DType::F32, {1, H, context});
+      const std::string at = std::string(cache_dtype == DType::BF16 ? " bf16" : " f32") +
+                             " cache, ctx " + std::to_string(context);
+      report("kv_append" + at,
+             time_op(b, calls, repeats, [&] { b.kv_append(k, k, k_cache, v_cache, context - 1); }),
+             0);
+      const double cache_bytes = double(G * context * D * dtype_size(cache_dtype));
+      report("attention_logits" + at,
+             time_op(b, calls, repeats,
+                     [&] { b.attention_logits(q, k_cache, context - 1, 0, logits); }),
+             cache_bytes);
+      report("attention_visible" + at,
+             time_op(b, calls, repeats,
+                     [&] { b.attention_visible(logits, context, nullptr, v_cache, out, nullptr); }),
+             cache_bytes);
+      report("attention (decode op)" + at,
+             time_op(b, calls, repeats,
+                     [&] {
+                       b.attention(q, k_cache, v_cache, context - 1, 0, kvlens::Visibility{}, out,
+                                   nullptr);
+                     }),
+             2 * cache_bytes);
+      report("attention +logits (decode op)" + at,
+             time_op(b, calls, repeats,
+                     [&] {
+                       b.attention(q, k_cache, v_cache, context - 1, 0, kvlens::Visibility{}, out,
+                                   &step_logits);
+                     }),
+             2 * cache_bytes);
+    }
   }
   return 0;
 }

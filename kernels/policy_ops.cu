@@ -23,8 +23,9 @@ __device__ __forceinline__ void for_each_cell(int64_t rows, int64_t cols, F f) {
     f(i / cols, i % cols);
 }
 
-// Grid: (key chunks, KV heads). The group's query rows in shared memory; one warp per key, which
-// it reads once for every query head of its group (group_dots: the attention kernels' bits).
+// Grid: (key chunks, KV heads). The group's query rows in shared memory; key_lanes(D) lanes per
+// key, which they read once for every query head of its group (key_group_dots: the attention
+// kernels' bits).
 template <typename C>
 __global__ void attention_logits_kernel(LogitArgs a) {
   extern __shared__ float q[];
@@ -35,6 +36,9 @@ __global__ void attention_logits_kernel(LogitArgs a) {
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const int lanes = key_lanes(D);
+  const int sub = lane % lanes;
+  const int keys_per_warp = 32 / lanes;
   int64_t cols = a.cols, lo = a.lo;
   if (a.step_position != nullptr) {
     const int64_t position = *a.step_position;
@@ -47,22 +51,18 @@ __global__ void attention_logits_kernel(LogitArgs a) {
   for (int64_t begin = int64_t(blockIdx.x) * kLogitKeys; begin < cols;
        begin += int64_t(gridDim.x) * kLogitKeys) {
     const int64_t end = begin + kLogitKeys < cols ? begin + kLogitKeys : cols;
-    for (int64_t j = begin + warp; j < end; j += kLogitWarps) {
-      if (j < lo) {  // warp-uniform
-        if (lane == 0)
-          for (int64_t h = 0; h < group; ++h) rows[h * a.logits.stride + j] = -INFINITY;
-        continue;
-      }
-      if (D <= kMaxGroupDotDim) {
-        group_dots(q, group, keys + j * D, D, lane, [&](int64_t h, float dot) {
-          if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
-        });
-      } else {
-        for (int64_t h = 0; h < group; ++h) {
-          const float dot = warp_dot(q + h * D, keys + j * D, D, lane);
-          if (lane == 0) rows[h * a.logits.stride + j] = dot * a.scale;
-        }
-      }
+    // `first` is warp-uniform, so every lane reaches the shuffles of key_group_dots.
+    for (int64_t first = begin + warp * keys_per_warp; first < end;
+         first += kLogitWarps * keys_per_warp) {
+      const int64_t j = first + lane / lanes;
+      const bool in_range = j < end;
+      const bool scored = in_range && j >= lo;
+      if (in_range && !scored && sub == 0)
+        for (int64_t h = 0; h < group; ++h) rows[h * a.logits.stride + j] = -INFINITY;
+      key_group_dots(q, group, keys + (scored ? j : 0) * D, D, sub, lanes, scored,
+                     [&](int64_t h, float dot) {
+                       if (scored && sub == 0) rows[h * a.logits.stride + j] = dot * a.scale;
+                     });
     }
   }
 }

@@ -9,13 +9,16 @@ namespace {
 
 constexpr int kThreads = 64;
 
-// One block per (row, head); threads over the R/2 rotation pairs.
-__global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, int64_t rotary_dim,
-                            const int64_t* positions, int64_t first_position,
+// One block per (row, head) of x, then per (row, head) of x2; threads over the R/2 rotation pairs.
+__global__ void rope_kernel(float* x, int64_t heads, float* x2, int64_t heads2, int64_t head_dim,
+                            int64_t rotary_dim, const int64_t* positions, int64_t first_position,
                             int64_t position_stride, const int64_t* step_position,
                             const float* inv_freq, float scale) {
-  const int64_t row = blockIdx.x / heads;
-  float* v = x + int64_t(blockIdx.x) * head_dim;
+  const int64_t rows = gridDim.x / (heads + heads2);
+  const bool second = int64_t(blockIdx.x) >= rows * heads;
+  const int64_t block = second ? int64_t(blockIdx.x) - rows * heads : int64_t(blockIdx.x);
+  const int64_t row = block / (second ? heads2 : heads);
+  float* v = (second ? x2 : x) + block * head_dim;
   const int64_t half = rotary_dim / 2;
   // The angle is the F32 product of F32 position and inverse frequency, as Hugging Face computes
   // it (inv_freq.float() @ position_ids.float()); at large positions the F32 rounding of the
@@ -41,14 +44,15 @@ __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, int64_t r
 
 }  // namespace
 
-void launch_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dim,
-                 const int64_t* positions, int64_t first_position, int64_t position_stride,
-                 const int64_t* step_position, const float* inv_freq, float scale,
-                 cudaStream_t stream) {
-  if (rows <= 0 || heads <= 0 || rotary_dim < 2 || rotary_dim > head_dim) return;
-  rope_kernel<<<unsigned(rows * heads), kThreads, 0, stream>>>(
-      x, heads, head_dim, rotary_dim, positions, first_position, position_stride, step_position,
-      inv_freq, scale);
+void launch_rope(float* x, int64_t heads, float* x2, int64_t heads2, int64_t rows, int64_t head_dim,
+                 int64_t rotary_dim, const int64_t* positions, int64_t first_position,
+                 int64_t position_stride, const int64_t* step_position, const float* inv_freq,
+                 float scale, cudaStream_t stream) {
+  if (x2 == nullptr) heads2 = 0;
+  if (rows <= 0 || heads <= 0 || heads2 < 0 || rotary_dim < 2 || rotary_dim > head_dim) return;
+  rope_kernel<<<unsigned(rows * (heads + heads2)), kThreads, 0, stream>>>(
+      x, heads, x2, heads2, head_dim, rotary_dim, positions, first_position, position_stride,
+      step_position, inv_freq, scale);
 }
 
 }  // namespace kvlens::cuda

@@ -113,30 +113,41 @@ __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_m
   }
 }
 
-// One block per head: the total over the slices in use (in slice order), the output and the
-// probabilities. head_max null: no column at all (zeros).
-__global__ void visible_merge_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
-                                     const float* slice_sum, const float* slice_acc) {
+// One block per head: the total over the slices in use, the output and the probabilities.
+// head_max null: no column at all (zeros). Every step reads all slices at once (threads over the
+// slices, then over (slice group, dimension) pairs): a few memory latencies at any slice count.
+// Shared (dynamic): sums[groups, D].
+constexpr int kMergeThreads = 256;
+__global__ void __launch_bounds__(kMergeThreads)
+    visible_merge_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
+                         const float* slice_sum, const float* slice_acc) {
+  extern __shared__ float sums[];
+  __shared__ float scratch[32];
   const int64_t h = blockIdx.x;
   const int64_t D = a.head_dim;
   const int64_t cols = head_max != nullptr ? column_count(a) : 0;
   const int64_t width = cols > 0 ? slice_width(cols, slices) : 1;
   const int64_t used = cols > 0 ? (cols + width - 1) / width : 0;
   float total = 0.0f;
-  for (int64_t s = 0; s < used; ++s) total += slice_sum[s * a.heads + h];
+  for (int64_t s = threadIdx.x; s < used; s += blockDim.x) total += slice_sum[s * a.heads + h];
+  total = block_reduce(total, SumOp{}, 0.0f, scratch);
   const bool none = head_max == nullptr || head_max[h] == -INFINITY;  // zeros, as attention gives
   const float inv = none ? 0.0f : 1.0f / total;
   if (a.out != nullptr) {
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-      float acc = 0.0f;
-      for (int64_t s = 0; s < used; ++s) acc += slice_acc[(s * a.heads + h) * D + d];
-      a.out[h * D + d] = acc * inv;
-    }
+    merge_slices(used, D, inv, sums, a.out + h * D, [&](float acc, int64_t s, int64_t d) {
+      return acc + slice_acc[(s * a.heads + h) * D + d];
+    });
   }
   if (a.probs.data != nullptr) {
     float* probs = a.probs.data + h * a.probs.stride;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) probs[j] *= inv;
   }
+}
+
+// Dynamic shared memory of visible_merge_kernel.
+size_t merge_shared_bytes(int64_t head_dim) {
+  const int64_t groups = head_dim >= kMergeThreads ? 1 : kMergeThreads / head_dim;
+  return size_t(groups * head_dim) * sizeof(float);
 }
 
 }  // namespace
@@ -151,8 +162,8 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
   if (args.heads <= 0) return;
   if (args.cols <= 0 && args.step_position == nullptr) {
     // No column: every head sees nothing.
-    visible_merge_kernel<<<unsigned(args.heads), 64, 0, stream>>>(args, nullptr, 0, nullptr,
-                                                                  nullptr);
+    visible_merge_kernel<<<unsigned(args.heads), kMergeThreads, merge_shared_bytes(args.head_dim),
+                           stream>>>(args, nullptr, 0, nullptr, nullptr);
     return;
   }
   const int64_t slices = slice_count(args, sm_count);
@@ -175,8 +186,8 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
         <<<grid, threads, size_t(shared_floats) * sizeof(float), stream>>>(args, head_max, slices,
                                                                            slice_sum, slice_acc);
   });
-  visible_merge_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max, slices,
-                                                                         slice_sum, slice_acc);
+  visible_merge_kernel<<<unsigned(args.heads), kMergeThreads, merge_shared_bytes(args.head_dim),
+                         stream>>>(args, head_max, slices, slice_sum, slice_acc);
 }
 
 }  // namespace kvlens::cuda

@@ -533,7 +533,8 @@ part_trace() {
   cp "$demo/tokenizer.json" "$work/$name_trace/tokenizer.json"
   prompt_file=$work/trace-prompt.txt
   # Text of many tokens (this repository's README, repeated); --max-tokens keeps the first N.
-  for _ in 1 2 3; do cat "$root/README.md"; done | head -c 60000 >"$prompt_file"
+  # (head closes the pipe early once the README is long enough: cat's SIGPIPE is expected)
+  { for _ in 1 2 3; do cat "$root/README.md"; done | head -c 60000 >"$prompt_file"; } || true
   prompt_text=$(cat "$prompt_file")
   local i model=$work/$name_trace
   rm -f "$raw"/trace-*

@@ -148,6 +148,12 @@ class Backend {
   // multiplied by `scale` in F32 (yarn / longrope attention factor) before they are applied.
   virtual void rope(DeviceTensor& x, std::span<const int64_t> positions,
                     const DeviceTensor& inv_freq, float scale) = 0;
+  // rope of the queries and the keys of the same rows (one launch where the backend can).
+  virtual void rope_pair(DeviceTensor& q, DeviceTensor& k, std::span<const int64_t> positions,
+                         const DeviceTensor& inv_freq, float scale) {
+    rope(q, positions, inv_freq, scale);
+    rope(k, positions, inv_freq, scale);
+  }
   // Every channel rotated (R == D), unscaled.
   void rope(DeviceTensor& x, std::span<const int64_t> positions, const DeviceTensor& inv_freq) {
     rope(x, positions, inv_freq, 1.0f);
@@ -198,7 +204,7 @@ class Backend {
   // and written once, so the memory moves twice that. The default copies host memory
   // (measure_copy_bandwidth_gbps); the CUDA backend copies device memory, timed by events.
   virtual double copy_bandwidth_gbps(size_t bytes, int repeats);
-  // Blocks until queued work is done (no-op on the CPU).
+  // Blocks until queued work is done (no-op on the CPU) and delivers deferred results.
   virtual void synchronize() {}
   // Calls task(i) for i in [0, count): independent pieces of work that touch disjoint tensors and
   // may issue ops of their own (the lockstep runs of one layer). The CPU backend spreads them over
@@ -276,6 +282,13 @@ class Backend {
   // them on the host; a backend may count where the mask lives.
   virtual void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
                                   std::span<int64_t> counts);
+  // count_nonzero_rows without waiting for the device: `counts` (host memory the caller keeps)
+  // holds the counts once the next synchronize() has returned, which the caller calls before it
+  // reads them or lets them go. The default counts at once.
+  virtual void count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
+                                           std::span<int64_t> counts) {
+    count_nonzero_rows(mask, cols, counts);
+  }
   // mask[r, j] = (mask[r, j] && other[r, j]) for j < cols (U8 0/1, both [rows, stride]).
   virtual void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) = 0;
   // acc[r, j] = acc[r, j] * keep[r, j] + x[r, j] for j < cols (F32; keep U8 optional: null keeps

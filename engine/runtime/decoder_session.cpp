@@ -142,6 +142,11 @@ int64_t BackendModel::step_weight_bytes() const {
   return bytes;
 }
 
+// Counts the backend still owes (a step that threw) must land before the runs' storage goes.
+DecoderSession::~DecoderSession() {
+  drop_deferred_counts();
+}
+
 DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options,
                                int64_t runs)
     : model_(std::move(model)),
@@ -442,6 +447,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
   // transformers picks the RoPE table per forward call from its largest position.
   const DeviceTensor& inv_freq = rope_inv_freq(context);
 
+  drop_deferred_counts();  // left over only by a step that threw
   for (SessionRun& run : runs_) {
     run.attention_logits.clear();
     run.pending_observe = -1;  // left over only by a step that threw
@@ -510,8 +516,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
       backend_.rmsnorm(k_rows, layer.k_norm, eps, k_rows);
     }
     const std::span<const int64_t> rows_positions = all_positions.subspan(size_t(first), size_t(m));
-    backend_.rope(q_heads_m, rows_positions, inv_freq, model_->rope_scale);
-    backend_.rope(k_heads_m, rows_positions, inv_freq, model_->rope_scale);
+    backend_.rope_pair(q_heads_m, k_heads_m, rows_positions, inv_freq, model_->rope_scale);
   };
   auto project_output = [&](const BackendModel::Layer& layer, int64_t first, int64_t m) {
     DeviceTensor hidden_m = row_range(hidden, first, m), normed_m = row_range(normed, first, m);
@@ -631,6 +636,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     if (alike) copy_first_row(logits_view_);
   }
   if (per_run) {
+    collect_sparsity();
     for (SessionRun& run : runs_) {
       if (policy_step(run)) run.sparsity.end_step();
     }

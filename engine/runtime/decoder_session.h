@@ -93,9 +93,13 @@ struct SessionRun {
   std::vector<DeviceTensor> attention_logits;  // per layer (record_attention_logits)
   // The run's own scratch, so that runs can step on different threads: the attention logits of
   // the current layer [H, stride] (every run's: a run without a policy gets them at its first
-  // step) and its probabilities (policy runs); the per-head counts of a visible mask (host).
+  // step) and its probabilities (policy runs).
   DeviceTensor policy_logits, policy_probs;
-  std::vector<int64_t> visible_counts;
+  // Per layer, the per-head counts of the visible mask (host), which the backend fills by the
+  // end of the step (count_nonzero_rows_deferred); the (layer, candidates) of this step's masked
+  // layers, added to `sparsity` once they are there.
+  std::vector<std::vector<int64_t>> visible_counts;
+  std::vector<std::pair<int64_t, int64_t>> counted_layers;
   // The layer whose probabilities (policy_probs) await the policy's observe, or -1: a step
   // observes layer l in the run's selection task of layer l + 1 (the last layer's after the
   // layers).
@@ -106,6 +110,9 @@ class DecoderSession {
  public:
   explicit DecoderSession(std::shared_ptr<const BackendModel> model, SessionOptions options = {},
                           int64_t runs = 1);
+  ~DecoderSession();
+  DecoderSession(const DecoderSession&) = delete;
+  DecoderSession& operator=(const DecoderSession&) = delete;
 
   int64_t runs() const { return int64_t(runs_.size()); }
 
@@ -250,11 +257,17 @@ class DecoderSession {
   // Run r's observation of the previous layer, its recorded logits and its policy's selection
   // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
   void select_run(int64_t r, size_t layer, int64_t cols);
+  void attend_unselected(int64_t r, size_t layer, int64_t cols, int64_t window);
   LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).
   void observe_pending(SessionRun& run) const;
   void record_sparsity(SessionRun& run, size_t layer, LayerDecision decision, int64_t cols);
+  // Waits for the step's deferred visible counts (one synchronisation per step) and adds them
+  // to the runs' sparsity.
+  void collect_sparsity();
+  // After a step that threw: waits for its deferred counts and forgets them.
+  void drop_deferred_counts() noexcept;
   bool policy_step(const SessionRun& run) const {
     return run.policy && position_ >= run.first_step;
   }

@@ -167,8 +167,7 @@ void PredictorState::append(const DeviceTensor& layer_input) {
   backend_.matmul(reduced, p.q_proj_attn, q);
   backend_.matmul(reduced, p.k_proj_attn, k);
   backend_.matmul(reduced, p.v_proj_attn, v);
-  backend_.rope(q_heads, positions_, p.attention_inv_freq);
-  backend_.rope(k_heads, positions_, p.attention_inv_freq);
+  backend_.rope_pair(q_heads, k_heads, positions_, p.attention_inv_freq, 1.0f);
   backend_.kv_append(k_heads, v_heads, attention_keys_, attention_values_, position_);
   backend_.attention(q_heads, attention_keys_, attention_values_, position_, 0, Visibility{},
                      attended, nullptr);

@@ -116,6 +116,10 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
     prepare_attention(r, layer);
     timed_work(run_seconds_[size_t(r)], [&] {
       append_run(r, layer);
+      if (!policy_step(runs_[size_t(r)])) {
+        attend_unselected(r, layer, cols, window);
+        return;
+      }
       logits_first_[size_t(r)] = !chooses_first(r, layer);
       if (!logits_first_[size_t(r)]) select_run(r, layer, cols);
       if (run_attention_[size_t(r)].out) batch.push_back(run_attention_[size_t(r)]);
@@ -125,12 +129,32 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
   // ... the selections that read them, and the softmax and value sums of every run, in one call.
   batch.clear();
   for (const int64_t r : group) {
+    if (!run_attention_[size_t(r)].out) continue;  // attended already
     if (logits_first_[size_t(r)])
       timed_work(run_seconds_[size_t(r)], [&] { select_run(r, layer, cols); });
     if (run_attention_[size_t(r)].out) batch.push_back(run_attention_[size_t(r)]);
   }
   shared_work(group, [&] { backend_.attention_visible_runs(batch, shared, cols); });
   for (const int64_t r : group) await_observe(r, layer);
+}
+
+// A run that selects nothing this step (no policy, or before its first step) sees every key: the
+// attention op, one fused pass over its cache, instead of the policy ops' logits, softmax and
+// value sums; the pre-softmax logits are its by-product when recorded.
+void DecoderSession::attend_unselected(int64_t r, size_t layer, int64_t cols, int64_t window) {
+  SessionRun& run = runs_[size_t(r)];
+  Backend::RunAttention& attention = run_attention_[size_t(r)];
+  observe_pending(run);
+  if (run.policy && layer == 0) run.policy->observe_inputs(input_rows_[size_t(r)], position_);
+  DeviceTensor* logits_out = nullptr;
+  if (options_.record_attention_logits) {
+    run.attention_logits.push_back(
+        backend_.alloc(DType::F32, {1, model_->config().num_heads, cols}));
+    logits_out = &run.attention_logits.back();
+  }
+  backend_.attention(*attention.q, *attention.k_cache, *attention.v_cache, position_, window,
+                     Visibility{}, *attention.out, logits_out);
+  attention.out = nullptr;  // done: in neither of the batches
 }
 
 bool DecoderSession::chooses_first(int64_t r, size_t layer) {
@@ -248,11 +272,38 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
                                      int64_t cols) {
   if (decision == LayerDecision::Dense) return run.sparsity.add_dense_layer(int64_t(layer));
   if (decision == LayerDecision::Skipped) return run.sparsity.add_skipped_layer(int64_t(layer));
-  // A metric, not policy work: counted by the backend where the mask lives.
+  // A metric, not policy work: counted by the backend where the mask lives, and read back with
+  // the other layers' counts at the end of the step (collect_sparsity), not here.
   const DeviceTensor& mask = run.visible[layer];
-  run.visible_counts.resize(size_t(mask.dim(0)));
-  backend_.count_nonzero_rows(mask, cols, run.visible_counts);
-  run.sparsity.add_layer(int64_t(layer), run.visible_counts, cols);
+  if (run.visible_counts.size() < run.visible.size()) run.visible_counts.resize(run.visible.size());
+  std::vector<int64_t>& counts = run.visible_counts[layer];
+  counts.resize(size_t(mask.dim(0)));
+  backend_.count_nonzero_rows_deferred(mask, cols, counts);
+  run.counted_layers.emplace_back(int64_t(layer), cols);
+}
+
+void DecoderSession::drop_deferred_counts() noexcept {
+  for (SessionRun& run : runs_) {
+    if (run.counted_layers.empty()) continue;
+    try {
+      backend_.synchronize();  // the counts still on their way land before their storage goes
+    } catch (...) {            // NOLINT(bugprone-empty-catch): a failed device has nothing to land
+    }
+    for (SessionRun& each : runs_) each.counted_layers.clear();
+    return;
+  }
+}
+
+void DecoderSession::collect_sparsity() {
+  const bool any = std::any_of(runs_.begin(), runs_.end(),
+                               [](const SessionRun& run) { return !run.counted_layers.empty(); });
+  if (!any) return;
+  backend_.synchronize();
+  for (SessionRun& run : runs_) {
+    for (const auto& [layer, cols] : run.counted_layers)
+      run.sparsity.add_layer(layer, run.visible_counts[size_t(layer)], cols);
+    run.counted_layers.clear();
+  }
 }
 
 }  // namespace kvlens

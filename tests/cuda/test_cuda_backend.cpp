@@ -377,6 +377,15 @@ TEST_CASE("cuda backend: rope", "[cuda]") {
     for (int64_t d = rotary_dim; d < head_dim; ++d)
       CHECK(gpu[size_t(r * head_dim + d)] == xs[size_t(r * head_dim + d)]);
   }
+  // rope_pair (queries and keys in one launch) gives each tensor rope's bits.
+  const int64_t kv_heads = 2;
+  const std::vector<float> ks = random_values(size_t(n * kv_heads * head_dim), ++seed);
+  Pair q = make_f32(b, xs, {n, heads, head_dim}), k = make_f32(b, ks, {n, kv_heads, head_dim});
+  b.gpu->rope_pair(q.gpu, k.gpu, positions, freq.gpu, 1.1902381f);
+  CHECK(read(*b.gpu, q.gpu) == gpu);
+  Pair k_alone = make_f32(b, ks, {n, kv_heads, head_dim});
+  b.gpu->rope(k_alone.gpu, positions, freq.gpu, 1.1902381f);
+  CHECK(read(*b.gpu, k.gpu) == read(*b.gpu, k_alone.gpu));
 }
 
 TEST_CASE("cuda backend: silu_mul and add_inplace", "[cuda]") {

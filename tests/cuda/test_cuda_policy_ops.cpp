@@ -302,6 +302,28 @@ TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
   {
     std::vector<int64_t> wrong_rows(static_cast<size_t>(H + 1));
     CHECK_THROWS_AS(b.gpu->count_nonzero_rows(mask.gpu, cols, wrong_rows), Error);
+    CHECK_THROWS_AS(b.gpu->count_nonzero_rows_deferred(mask.gpu, cols, wrong_rows), Error);
+  }
+  // The deferred counts (a step's, read back once at its end): nothing is written before
+  // synchronize(), every call's counts after it, also past the backend's buffer filling up (4,800
+  // counts: the pending ones are delivered first, then it starts over).
+  {
+    const std::vector<int64_t> sentinel(static_cast<size_t>(H), -1);
+    std::vector<std::vector<int64_t>> got(600, sentinel);
+    std::vector<int64_t> want(static_cast<size_t>(H));
+    for (size_t i = 0; i < got.size(); ++i)
+      b.gpu->count_nonzero_rows_deferred(mask.gpu, int64_t(i) % (stride + 1), got[i]);
+    b.gpu->synchronize();
+    for (size_t i = 0; i < got.size(); ++i) {
+      b.cpu->count_nonzero_rows(mask.cpu, int64_t(i) % (stride + 1), want);
+      CHECK(got[i] == want);
+    }
+    std::vector<int64_t> later = sentinel;
+    b.gpu->count_nonzero_rows_deferred(mask.gpu, cols, later);
+    b.gpu->count_nonzero_rows(mask.gpu, cols, want);  // waits, but delivers nothing deferred
+    CHECK(later == sentinel);
+    b.gpu->synchronize();
+    CHECK(later == want);
   }
 
   // accumulate_rows: one F32 add per element (or a replacement), so bit-identical.
