@@ -114,28 +114,17 @@ __host__ __device__ constexpr int key_lanes(int64_t D) {
   return lanes;
 }
 
+// Elements of T in one 16-byte load.
 template <typename T>
-struct Vec16;  // 16 bytes of T
-template <>
-struct Vec16<float> {
-  static constexpr int kCount = 4;
-};
-template <>
-struct Vec16<__nv_bfloat16> {
-  static constexpr int kCount = 8;
-};
-template <>
-struct Vec16<__half> {
-  static constexpr int kCount = 8;
-};
+constexpr int kPerWord = int(16 / sizeof(T));
 
 // 16-byte words per 8-element chunk of T, and their widening to F32 (exact).
 template <typename K>
-constexpr int kChunkWords = kKeyChunk / Vec16<K>::kCount;
+constexpr int kChunkWords = kKeyChunk / kPerWord<K>;
 template <typename K>
 __device__ __forceinline__ void widen_chunk(const uint4 (&raw)[kChunkWords<K>],
                                             float (&out)[kKeyChunk]) {
-  constexpr int kPer = Vec16<K>::kCount;
+  constexpr int kPer = kPerWord<K>;
 #pragma unroll
   for (int part = 0; part < kChunkWords<K>; ++part) {
     const K* elements = reinterpret_cast<const K*>(&raw[part]);
@@ -158,7 +147,7 @@ __device__ __forceinline__ void load_chunk(const K* row, int64_t D, int64_t d0,
     uint4 raw[kChunkWords<K>];
 #pragma unroll
     for (int part = 0; part < kChunkWords<K>; ++part)
-      raw[part] = *reinterpret_cast<const uint4*>(row + d0 + part * Vec16<K>::kCount);
+      raw[part] = *reinterpret_cast<const uint4*>(row + d0 + part * kPerWord<K>);
     widen_chunk<K>(raw, out);
   } else {
 #pragma unroll

@@ -6,6 +6,7 @@
 #include "engine/common/error.h"
 #include "engine/model/tokenizer.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/tokenizer_cases.h"
 #include "tests/support/tokenizer_errors.h"
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@ namespace {
 
 using kvlens::Tokenizer;
 using kvlens::test::expect_tokenizer_parse_error;
+using kvlens::test::ids_text;
 using kvlens::test::shared_path;
 using Ids = std::vector<int32_t>;
 
@@ -28,21 +30,8 @@ std::string tokenizer_path(const std::string& name) {
   return shared_path("data/tokenizers/" + name);
 }
 
-// Loading a real vocabulary takes a noticeable fraction of a second; share one per file.
 const Tokenizer& shared_tokenizer(const std::string& file) {
-  static std::map<std::string, Tokenizer> loaded;
-  auto it = loaded.find(file);
-  if (it == loaded.end()) it = loaded.emplace(file, Tokenizer::load(tokenizer_path(file))).first;
-  return it->second;
-}
-
-std::string ids_text(const Ids& ids) {
-  std::string s;
-  for (const int32_t id : ids) {
-    if (!s.empty()) s += ' ';
-    s += std::to_string(id);
-  }
-  return s;
+  return kvlens::test::loaded_tokenizer(tokenizer_path(file));
 }
 
 // Checks every case of cases-<name>.json: ids, ids with special tokens, decoded text.

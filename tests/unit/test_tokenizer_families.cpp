@@ -7,6 +7,7 @@
 #include "engine/model/tokenizer.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
+#include "tests/support/tokenizer_cases.h"
 #include "tests/support/tokenizer_errors.h"
 
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@ namespace {
 
 using kvlens::Tokenizer;
 using kvlens::test::expect_tokenizer_parse_error;
+using kvlens::test::ids_text;
 using Ids = std::vector<int32_t>;
 
 std::string fixture_path(const std::string& name) {
@@ -30,23 +32,8 @@ std::string tokenizer_file(const std::string& family) {
   return fixture_path(family + "-tokenizer.json.gz");
 }
 
-// A real vocabulary takes a noticeable fraction of a second to load; share one per family.
 const Tokenizer& family_tokenizer(const std::string& family) {
-  static std::map<std::string, Tokenizer> loaded;
-  auto it = loaded.find(family);
-  if (it == loaded.end()) {
-    it = loaded.emplace(family, Tokenizer::load(tokenizer_file(family))).first;
-  }
-  return it->second;
-}
-
-std::string ids_text(const Ids& ids) {
-  std::string s;
-  for (const int32_t id : ids) {
-    if (!s.empty()) s += ' ';
-    s += std::to_string(id);
-  }
-  return s;
+  return kvlens::test::loaded_tokenizer(tokenizer_file(family));
 }
 
 // Every case and decode of cases-<family>.json: encode with and without special tokens, decode
