@@ -56,7 +56,7 @@ __global__ void attention_kernel(AttentionArgs a) {
   const float* q_row = a.q + (row * a.heads + h) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) q[d] = q_row[d], acc[d] = 0.0f;
 
-  float* logits = a.logits ? a.logits + (row * a.heads + h) * a.context : nullptr;
+  float* logits = a.logits ? a.logits + (row * a.heads + h) * a.logits_stride : nullptr;
   if (logits) {
     // Keys outside [lo, position] (outside the window, or in the future of this row).
     for (int64_t j = threadIdx.x; j < a.context; j += blockDim.x)

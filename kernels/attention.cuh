@@ -25,16 +25,17 @@ struct AttentionArgs {
   const void* v_cache = nullptr;   // [kv_heads, capacity, head_dim] of cache_dtype
   DType cache_dtype = DType::F32;  // F32, BF16 or F16
   float* out = nullptr;            // [rows, heads, head_dim]
-  float* logits = nullptr;         // optional [rows, heads, context]
+  float* logits = nullptr;         // optional [rows, heads, logits_stride], columns < context
   const uint8_t* mask = nullptr;   // optional [heads, mask_stride] (rows == 1): key j visible to
   int64_t mask_stride = 0;         // head h when mask[h * mask_stride + j] != 0
   int64_t rows = 0, heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
   int64_t first_position = 0;
-  int64_t window = 0;   // > 0: query at p sees keys [p - window + 1, p]
-  int64_t context = 0;  // first_position + rows
-  float scale = 1.0f;   // applied to q.k before the softmax
+  int64_t window = 0;         // > 0: query at p sees keys [p - window + 1, p]
+  int64_t context = 0;        // first_position + rows
+  int64_t logits_stride = 0;  // >= context
+  float scale = 1.0f;         // applied to q.k before the softmax
   // Decode only (launch_decode_attention): the query's position read from device memory (a
-  // captured step) instead of first_position; logits must then be null.
+  // captured step) instead of first_position (context is then not read).
   const int64_t* step_position = nullptr;
 };
 

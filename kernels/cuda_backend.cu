@@ -273,6 +273,62 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   }
 
+  std::shared_ptr<void> alloc_host(size_t bytes) override {
+    activate();
+    void* memory = nullptr;
+    check_cuda(cudaMallocHost(&memory, std::max<size_t>(bytes, 1)), "cudaMallocHost");
+    return std::shared_ptr<void>(memory, [](void* p) { cudaFreeHost(p); });
+  }
+
+  void rows_to_host_async(const DeviceTensor& src, int64_t rows, int64_t cols,
+                          void* host) override {
+    const std::string op = "rows_to_host_async";
+    const int64_t stride = src.shape.empty() ? 0 : src.shape.back();
+    if (rows < 0 || cols < 0 || cols > stride || rows * stride > elements(src))
+      bad_argument(op,
+                   cat({"rows of ", std::to_string(stride), " elements inside ", describe(src)}),
+                   cat({std::to_string(rows), " x ", std::to_string(cols)}));
+    // A recorded step replays its ops only: a copy into one buffer of a double-buffered capture
+    // belongs after the replay, not in it.
+    if (capture_.active) bad_argument(op, "a copy outside a step being recorded", "a recording");
+    if (rows == 0 || cols == 0) return;
+    activate();
+    const size_t element = dtype_size(src.dtype);
+    check_cuda(
+        cudaMemcpy2DAsync(host, size_t(cols) * element, src.data, size_t(stride) * element,
+                          size_t(cols) * element, size_t(rows), cudaMemcpyDeviceToHost, stream()),
+        "cudaMemcpy2DAsync");
+  }
+
+  std::unique_ptr<Fence> fence() override {
+    // An event per fence: a capture holds two at a time, so a pool would save little.
+    class EventFence final : public Fence {
+     public:
+      EventFence(int device, cudaStream_t stream) : device_(device) {
+        check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+        const cudaError_t recorded = cudaEventRecord(event_, stream);
+        if (recorded != cudaSuccess) {
+          cudaEventDestroy(event_);
+          check_cuda(recorded, "cudaEventRecord");
+        }
+      }
+      ~EventFence() override {
+        int current = -1;
+        const bool other = cudaGetDevice(&current) == cudaSuccess && current != device_;
+        if (other) cudaSetDevice(device_);
+        cudaEventDestroy(event_);
+        if (other) cudaSetDevice(current);
+      }
+      void wait() override { check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+
+     private:
+      int device_;
+      cudaEvent_t event_ = nullptr;
+    };
+    activate();
+    return std::make_unique<EventFence>(device_, stream());
+  }
+
   void from_host(DeviceTensor& dst, const void* host, size_t bytes) override {
     if (bytes > byte_size(dst))
       bad_argument("from_host", cat({"at most ", std::to_string(byte_size(dst)), " bytes"}),
@@ -570,7 +626,12 @@ class CudaBackend final : public Backend {
     const bool want_logits = logits_out != nullptr && !logits_out->empty();
     if (want_logits) {
       require(*logits_out, DType::F32, op, "logits_out");
-      require_elements(*logits_out, rows * heads * context, op, "logits_out");
+      const std::vector<int64_t>& shape = logits_out->shape;
+      if (shape.size() != 3 || shape[0] != rows || shape[1] != heads || shape[2] < context)
+        bad_argument(op + ": logits_out",
+                     cat({"F32 [", std::to_string(rows), ", ", std::to_string(heads),
+                          ", S >= ", std::to_string(context), "]"}),
+                     describe(*logits_out));
     }
     if (visible.mask != nullptr) {
       const DeviceTensor& mask = *visible.mask;
@@ -600,17 +661,19 @@ class CudaBackend final : public Backend {
     args.first_position = first_position;
     args.window = window;
     args.context = context;
+    args.logits_stride = want_logits ? logits_out->dim(2) : context;
     // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
     // float `scaling`.
     args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
     const int64_t floats = cuda::decode_attention_scratch_floats(args, sm_count_);
     if (capture_.active) {
       // Only the split decode kernel replays at other positions (it reads the position on the
-      // device); the per-row kernel sizes its work by the context.
-      if (floats == 0 || want_logits)
+      // device); the per-row kernel sizes its work by the context. Logits replay into the same
+      // rows, so they must be as wide as the cache (any later context fits).
+      if (floats == 0 || (want_logits && logits_out->dim(2) < cache.capacity))
         bad_argument(op,
-                     "an op of an unrecorded step (rows > 1, logits, or a head group the split "
-                     "kernel does not take)",
+                     "an op of an unrecorded step (rows > 1, logits narrower than the cache, or "
+                     "a head group the split kernel does not take)",
                      "a step being recorded");
       args.step_position = step_position(first_position, op);
     }

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     // Keys before the window's first: not visible (rows == 1, so none lies past position).
     for (int64_t h = 0; h < group; ++h)
       for (int64_t j = threadIdx.x; j < lo; j += blockDim.x)
-        a.logits[(g * group + h) * a.context + j] = -INFINITY;
+        a.logits[(g * group + h) * a.logits_stride + j] = -INFINITY;
   }
   __syncthreads();
 
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           const bool seen = a.mask == nullptr || a.mask[head * a.mask_stride + j];
           const float logit = seen ? dot * a.scale : -INFINITY;
           weights[h * slice_keys + jj] = logit;
-          if (a.logits != nullptr) a.logits[head * a.context + j] = logit;
+          if (a.logits != nullptr) a.logits[head * a.logits_stride + j] = logit;
         }
       }
     }

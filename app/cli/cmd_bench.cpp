@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -294,6 +295,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
             {"steps", steps},
             {"prefill_seconds", prefill_seconds},
             {"step_seconds_median", step_median},
+            {"step_seconds_total", std::accumulate(step_seconds.begin(), step_seconds.end(), 0.0)},
             {"step_seconds_min", step_min},
             {"step_seconds_max", step_max},
             {"steps_per_second", 1.0 / step_median},

@@ -95,11 +95,14 @@ int run_trace(const CommonOptions& common, bool from_prompt) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const Trace& trace = recorder.trace();
+  const auto saving = std::chrono::steady_clock::now();
   save_trace(trace, flags.out_path);
+  const double save_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - saving).count();
 
-  std::printf("trace %s: %lld steps x %zu runs in %.1f s, rows %.1f MiB", flags.out_path.c_str(),
-              (long long)trace.step_count(), trace.runs.size(), seconds,
-              double(trace.row_bytes()) / double(1 << 20));
+  std::printf("trace %s: %lld steps x %zu runs in %.3f s, rows %.1f MiB saved in %.3f s",
+              flags.out_path.c_str(), (long long)trace.step_count(), trace.runs.size(), seconds,
+              double(trace.row_bytes()) / double(1 << 20), save_seconds);
   if (trace.degraded_from_step() >= 0) {
     std::printf(" (memory budget reached at step %lld: later steps keep %zu selected heads)",
                 (long long)trace.degraded_from_step(), trace.selected_heads.size());

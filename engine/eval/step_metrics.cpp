@@ -64,27 +64,120 @@ struct StandardisedRows {
   void assign(const std::vector<std::span<const float>>& rows, const std::vector<int64_t>& which,
               const std::vector<size_t>& columns) {
     n = which.size();
-    z.assign(columns.size() * n, 0.0);
+    z.resize(columns.size() * n);
     defined.assign(n, 0);
-    std::vector<double> centred(columns.size());
+    std::vector<const float*> data(n);
+    std::vector<double> mean(n), inv(n, 0.0);
     for (size_t i = 0; i < n; ++i) {
-      const std::span<const float> row = rows[size_t(which[i])];
-      double mean = 0.0;
-      for (size_t c : columns) mean += row[c];
-      mean /= double(columns.size());
+      data[i] = rows[size_t(which[i])].data();
+      for (size_t c : columns) mean[i] += data[i][c];
+      mean[i] /= double(columns.size());
       double norm2 = 0.0;
-      for (size_t k = 0; k < columns.size(); ++k) {
-        centred[k] = double(row[columns[k]]) - mean;
-        norm2 += centred[k] * centred[k];
+      for (size_t c : columns) {
+        const double centred = double(data[i][c]) - mean[i];
+        norm2 += centred * centred;
       }
       // A constant row centres to exact zeros (the mean of equal floats is exact in double).
       if (!(norm2 > 0.0)) continue;
       defined[i] = 1;
-      const double inv = 1.0 / std::sqrt(norm2);
-      for (size_t k = 0; k < columns.size(); ++k) z[k * n + i] = centred[k] * inv;
+      inv[i] = 1.0 / std::sqrt(norm2);
+    }
+    // Written a column at a time: row by row, consecutive stores would stride n doubles (4 KiB
+    // for 512 rows), a cache line and often a page per element.
+    for (size_t k = 0; k < columns.size(); ++k) {
+      double* out = z.data() + k * n;
+      for (size_t i = 0; i < n; ++i)
+        out[i] = defined[i] ? (double(data[i][columns[k]]) - mean[i]) * inv[i] : 0.0;
     }
   }
+
+  // One pass over z: the sum of the defined rows (one entry per shared column, summed in row
+  // order), the sum of their |z_a|^2 (their count up to rounding, but summed as stored so that a
+  // pair sum derived from it carries the same rounding as the dot products it replaces) and their
+  // count.
+  struct Sums {
+    std::vector<double> row_sum;
+    double squared_norms = 0.0;
+    int64_t defined = 0;
+  };
+  Sums sums() const {
+    const size_t columns = n == 0 ? 0 : z.size() / n;
+    Sums s;
+    s.row_sum.assign(columns, 0.0);
+    s.defined = std::count(defined.begin(), defined.end(), uint8_t(1));
+    for (size_t c = 0; c < columns; ++c) {
+      const double* zc = z.data() + c * n;
+      double sum = 0.0, squares = 0.0;
+      for (size_t i = 0; i < n; ++i) {
+        if (!defined[i]) continue;
+        sum += zc[i];
+        squares += zc[i] * zc[i];
+      }
+      s.row_sum[c] = sum;
+      s.squared_norms += squares;
+    }
+    return s;
+  }
 };
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double sum = 0.0;
+  for (size_t k = 0; k < a.size(); ++k) sum += a[k] * b[k];
+  return sum;
+}
+
+// Rows grouped by their finite columns: all of them, usually, or one sliding window hiding the
+// same columns of every row. Two groups share one set of columns for all their pairs, so a row
+// needs standardising only once per group pair, not once per pair.
+struct FiniteColumnGroups {
+  std::vector<std::vector<int64_t>> members;  // row indices
+  std::vector<std::string> finite;            // each group's finite columns, one 0/1 char each
+};
+
+// Throws kvlens::Error naming `field` when the rows differ in length.
+FiniteColumnGroups group_by_finite_columns(const std::vector<std::span<const float>>& rows,
+                                           const std::string& field) {
+  FiniteColumnGroups groups;
+  if (rows.empty()) return groups;
+  const size_t cols = rows[0].size();
+  for (const auto& row : rows) require_same_size(cols, row.size(), field);
+  // String keys: GCC 12 misreports the memcmp of vector<uint8_t>'s <=> (-Wstringop-overread).
+  std::unordered_map<std::string, size_t> group_of;
+  std::string mask(cols, '\0');
+  for (size_t a = 0; a < rows.size(); ++a) {
+    for (size_t c = 0; c < cols; ++c) mask[c] = char(std::isfinite(rows[a][c]));
+    const auto [it, added] = group_of.try_emplace(mask, groups.members.size());
+    if (added) {
+      groups.members.emplace_back();
+      groups.finite.push_back(mask);
+    }
+    groups.members[it->second].push_back(int64_t(a));
+  }
+  return groups;
+}
+
+// visit(g, h, zg, zh) for every group pair g <= h, both groups standardised over the columns they
+// share (zh is zg when g == h). Pairs with fewer than 2 shared columns are skipped: every
+// correlation across them is undefined.
+template <class Visit>
+void for_each_group_pair(const std::vector<std::span<const float>>& rows,
+                         const FiniteColumnGroups& groups, Visit&& visit) {
+  const size_t count = groups.members.size();
+  const size_t cols = rows.empty() ? 0 : rows[0].size();
+  std::vector<size_t> shared;
+  StandardisedRows zg, zh;
+  for (size_t g = 0; g < count; ++g) {
+    for (size_t h = g; h < count; ++h) {
+      shared.clear();
+      for (size_t c = 0; c < cols; ++c)
+        if (groups.finite[g][c] && groups.finite[h][c]) shared.push_back(c);
+      if (shared.size() < 2) continue;
+      zg.assign(rows, groups.members[g], shared);
+      if (g != h) zh.assign(rows, groups.members[h], shared);
+      visit(g, h, zg, g == h ? zg : zh);
+    }
+  }
+}
 
 // emit(i, j, a_i . b_j) for every defined pair (only j > i when a and b are the same rows), in
 // T x T tiles (8 KiB of accumulators, resident in L1) with one rank-1 update per column: the inner
@@ -248,53 +341,106 @@ double pearson(std::span<const float> x, std::span<const float> y) {
 std::vector<double> pearson_matrix(const std::vector<std::span<const float>>& rows) {
   const int64_t m = int64_t(rows.size());
   std::vector<double> r(size_t(m * m), kNaN);
-  if (m == 0) return r;
-  const size_t cols = rows[0].size();
-  for (const auto& row : rows) require_same_size(cols, row.size(), "pearson_matrix: rows");
-
-  // Rows with the same finite columns (all of them, usually; the same sliding window) form a
-  // group. Two groups share one set of columns for all their pairs, so each row is standardised
-  // once per group pair and every pair is a dot product: one group costs O(M^2 cols).
-  std::vector<std::vector<int64_t>> groups;  // row indices
-  std::vector<std::string> finite;           // each group's finite columns, one 0/1 char each
-  {
-    // String keys: GCC 12 misreports the memcmp of vector<uint8_t>'s <=> (-Wstringop-overread).
-    std::unordered_map<std::string, size_t> group_of;
-    std::string mask(cols, '\0');
-    for (int64_t a = 0; a < m; ++a) {
-      for (size_t c = 0; c < cols; ++c) mask[c] = char(std::isfinite(rows[size_t(a)][c]));
-      const auto [it, added] = group_of.try_emplace(mask, groups.size());
-      if (added) {
-        groups.emplace_back();
-        finite.push_back(mask);
-      }
-      groups[it->second].push_back(a);
-    }
-  }
-
-  std::vector<size_t> shared;
-  StandardisedRows zg, zh;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (size_t h = g; h < groups.size(); ++h) {
-      shared.clear();
-      for (size_t c = 0; c < cols; ++c)
-        if (finite[g][c] && finite[h][c]) shared.push_back(c);
-      if (shared.size() < 2) continue;  // every pair NaN, as initialised
-      zg.assign(rows, groups[g], shared);
-      const bool same = g == h;
-      if (!same) zh.assign(rows, groups[h], shared);
-      const StandardisedRows& other = same ? zg : zh;
-      gram(zg, other, same, [&](size_t i, size_t j, double v) {
-        const int64_t a = groups[g][i], b = groups[h][j];
-        r[size_t(a * m + b)] = v;
-        r[size_t(b * m + a)] = v;
+  const FiniteColumnGroups groups = group_by_finite_columns(rows, "pearson_matrix: rows");
+  // Each pair is a dot product of its standardised rows: one group costs O(M^2 cols). Pairs of
+  // groups without 2 shared columns stay NaN, as initialised.
+  for_each_group_pair(
+      rows, groups,
+      [&](size_t g, size_t h, const StandardisedRows& zg, const StandardisedRows& zh) {
+        const bool same = g == h;
+        gram(zg, zh, same, [&](size_t i, size_t j, double v) {
+          const int64_t a = groups.members[g][i], b = groups.members[h][j];
+          r[size_t(a * m + b)] = v;
+          r[size_t(b * m + a)] = v;
+        });
+        if (same)
+          for (size_t i = 0; i < groups.members[g].size(); ++i)
+            if (zg.defined[i]) r[size_t(groups.members[g][i] * (m + 1))] = 1.0;
       });
-      if (same)
-        for (size_t i = 0; i < groups[g].size(); ++i)
-          if (zg.defined[i]) r[size_t(groups[g][i] * (m + 1))] = 1.0;
-    }
-  }
   return r;
+}
+
+// mean_pairwise_pearson when every value is finite (no sliding window: a trace's usual step):
+// one group over every column, each row read in order, nothing standardised is stored. The row
+// sums run in kLanes interleaved partial sums so that they are not one chain of dependent adds
+// (a trace computes this for every step, overlapped with the device's next step).
+constexpr size_t kLanes = 8;
+
+static double lanes_total(const double (&lanes)[kLanes]) {
+  double total = 0.0;
+  for (const double lane : lanes) total += lane;
+  return total;
+}
+
+// sum over c < n of term(c), in kLanes interleaved partial sums (then added in lane order).
+template <typename Term>
+double lane_sum(size_t n, Term&& term) {
+  double lanes[kLanes] = {};
+  size_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (size_t k = 0; k < kLanes; ++k) lanes[k] += term(c + k);
+  for (; c < n; ++c) lanes[c % kLanes] += term(c);
+  return lanes_total(lanes);
+}
+
+static double mean_pairwise_pearson_finite(const std::vector<std::span<const float>>& rows) {
+  const size_t cols = rows[0].size();
+  if (cols < 2) return kNaN;
+  std::vector<double> row_sum(cols, 0.0), z(cols);
+  double squared_norms = 0.0;
+  int64_t defined = 0;
+  for (const std::span<const float> row : rows) {
+    const float* x = row.data();
+    const double mean = lane_sum(cols, [&](size_t c) { return double(x[c]); }) / double(cols);
+    const double norm2 = lane_sum(cols, [&](size_t c) {
+      const double centred = double(x[c]) - mean;
+      return centred * centred;
+    });
+    if (!(norm2 > 0.0)) continue;  // constant: undefined, in no pair
+    const double inv = 1.0 / std::sqrt(norm2);
+    for (size_t c = 0; c < cols; ++c) {
+      z[c] = (double(x[c]) - mean) * inv;
+      row_sum[c] += z[c];
+    }
+    squared_norms += lane_sum(cols, [&](size_t c) { return z[c] * z[c]; });
+    ++defined;
+  }
+  const double total = lane_sum(cols, [&](size_t c) { return row_sum[c] * row_sum[c]; });
+  const int64_t pairs = defined * (defined - 1) / 2;
+  return pairs == 0 ? kNaN : (total - squared_norms) / 2.0 / double(pairs);
+}
+
+double mean_pairwise_pearson(const std::vector<std::span<const float>>& rows) {
+  if (rows.empty()) return kNaN;
+  const bool all_finite = std::all_of(rows.begin(), rows.end(), [&](std::span<const float> row) {
+    return row.size() == rows[0].size() &&
+           std::all_of(row.begin(), row.end(), [](float x) { return std::isfinite(x); });
+  });
+  if (all_finite) return mean_pairwise_pearson_finite(rows);
+  const FiniteColumnGroups groups = group_by_finite_columns(rows, "mean_pairwise_pearson: rows");
+  // The sum of z_a . z_b over a block of pairs factors through the row sums, so a group pair
+  // costs O(M cols) (its standardising) instead of O(M^2 cols). Undefined rows are left out of
+  // both the sums and the counts, as their NaN entries are left out of mean_upper_triangle.
+  double sum = 0.0;
+  int64_t pairs = 0;
+  for_each_group_pair(
+      rows, groups,
+      [&](size_t g, size_t h, const StandardisedRows& zg, const StandardisedRows& zh) {
+        const StandardisedRows::Sums sg = zg.sums();
+        if (g == h) {
+          // |sum z|^2 counts every ordered pair and every row with itself: take the rows with
+          // themselves away and halve.
+          sum += (dot(sg.row_sum, sg.row_sum) - sg.squared_norms) / 2.0;
+          pairs += sg.defined * (sg.defined - 1) / 2;
+        } else {
+          const StandardisedRows::Sums sh = zh.sums();
+          sum += dot(sg.row_sum, sh.row_sum);
+          pairs += sg.defined * sh.defined;
+        }
+      });
+  // No per-entry clamp to [-1, 1] as in gram(): an entry leaves that range by rounding only, so
+  // the clamp moves the mean by no more than the rounding already in it.
+  return pairs == 0 ? kNaN : sum / double(pairs);
 }
 
 std::vector<double> jaccard_matrix(const std::vector<std::span<const uint8_t>>& masks) {

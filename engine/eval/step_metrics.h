@@ -70,6 +70,15 @@ double pearson(std::span<const float> x, std::span<const float> y);
 // correlated by blocked dot products, so a single group costs O(M^2 cols).
 std::vector<double> pearson_matrix(const std::vector<std::span<const float>>& rows);
 
+// The mean of the strict upper triangle of pearson_matrix(rows) (NaN pairs left out), without
+// the matrix: for each pair of finite-column groups the sum of its pairs' correlations is a dot
+// product of the groups' summed standardised rows, so the cost is O(G^2 M cols) for G groups
+// (usually 1) instead of O(M^2 cols). NaN when no pair is defined (fewer than 2 rows, or no two
+// rows with 2 shared finite columns and nonzero variance on them). pearson_matrix clamps each
+// entry to [-1, 1] and this cannot, so the two differ by rounding only (about cols * 2^-53 per
+// entry). Throws kvlens::Error for rows of unequal length.
+double mean_pairwise_pearson(const std::vector<std::span<const float>>& rows);
+
 // The [M, M] row-major matrix of Jaccard overlaps |A ∩ B| / |A ∪ B| of M equally long masks
 // (nonzero = visible): 1 on the diagonal, NaN where both sets are empty.
 std::vector<double> jaccard_matrix(const std::vector<std::span<const uint8_t>>& masks);

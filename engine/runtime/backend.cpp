@@ -2,6 +2,8 @@
 // one (backend.h). Masks are U8 [rows, stride]; counts are host values, one per row.
 #include "engine/runtime/backend.h"
 
+#include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,36 @@ void Backend::matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* c
                 std::to_string(ws.size()) + " outputs (one per weight)", std::to_string(ys.size()));
   }
   for (size_t i = 0; i < ws.size(); ++i) matmul(x, *ws[i], *ys[i]);
+}
+
+std::shared_ptr<void> Backend::alloc_host(size_t bytes) {
+  return std::shared_ptr<void>(new std::byte[bytes], std::default_delete<std::byte[]>());
+}
+
+void Backend::rows_to_host_async(const DeviceTensor& src, int64_t rows, int64_t cols, void* host) {
+  const int64_t stride = src.shape.empty() ? 0 : src.shape.back();
+  if (rows < 0 || cols < 0 || cols > stride || rows * stride > src.numel()) {
+    throw Error("backend", "rows_to_host_async: rows",
+                std::to_string(stride) + "-element rows inside " + std::to_string(src.numel()) +
+                    " elements, at most that many columns",
+                std::to_string(rows) + " x " + std::to_string(cols));
+  }
+  const size_t element = dtype_size(src.dtype);
+  if (cols == stride) return to_host(src, host, size_t(rows * cols) * element);
+  for (int64_t r = 0; r < rows; ++r) {
+    DeviceTensor row = src;
+    row.data = static_cast<std::byte*>(src.data) + size_t(r * stride) * element;
+    row.shape = {cols};
+    to_host(row, static_cast<std::byte*>(host) + size_t(r * cols) * element,
+            size_t(cols) * element);
+  }
+}
+
+std::unique_ptr<Backend::Fence> Backend::fence() {
+  struct Passed final : Fence {
+    void wait() override {}
+  };
+  return std::make_unique<Passed>();
 }
 
 double Backend::copy_bandwidth_gbps(size_t bytes, int repeats) {

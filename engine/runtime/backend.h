@@ -178,8 +178,10 @@ class Backend {
   // Causal attention of q[n, H, D] (positions first_position..+n-1) over the cache
   // [G, capacity, D] (GQA: query head h reads KV head h / (H/G)). Query row i sees keys
   // j in [max(0, p_i - window + 1), p_i] when window > 0, else [0, p_i], intersected with
-  // `visible` (only for n == 1). out[n, H, D]. When logits_out is non-empty it receives the
-  // pre-softmax scaled logits [n, H, context] (-inf where not visible), context = last p + 1.
+  // `visible` (only for n == 1). out[n, H, D]. When logits_out ([n, H, S], S >= context) is
+  // non-empty, columns [0, context) of its row (i, h) receive the pre-softmax scaled logits (-inf
+  // where not visible), context = last p + 1; columns past context are left as they were (rows
+  // as wide as the cache keep a recorded step's logits at fixed addresses).
   virtual void attention(const DeviceTensor& q, const DeviceTensor& k_cache,
                          const DeviceTensor& v_cache, int64_t first_position, int64_t window,
                          Visibility visible, DeviceTensor& out, DeviceTensor* logits_out) = 0;
@@ -206,6 +208,24 @@ class Backend {
   virtual double copy_bandwidth_gbps(size_t bytes, int repeats);
   // Blocks until queued work is done (no-op on the CPU) and delivers deferred results.
   virtual void synchronize() {}
+
+  // --- read-back while later ops run (a trace's capture, double-buffered) ---
+  // Host memory that rows_to_host_async may fill while the backend works on (page-locked on
+  // CUDA, where a copy into pageable memory would wait for the device).
+  virtual std::shared_ptr<void> alloc_host(size_t bytes);
+  // host[r * cols + j] = src[r, j] for r < rows, j < cols, src seen as rows of S = its last
+  // dimension (F32 or U8 rows, cols <= S): queued after the ops issued so far, complete once a
+  // fence() issued after it has been waited for. `host` (from alloc_host) must stay until then.
+  // The default copies at once.
+  virtual void rows_to_host_async(const DeviceTensor& src, int64_t rows, int64_t cols, void* host);
+  // A point in the queue of ops: wait() returns once every op issued before fence() is done.
+  class Fence {
+   public:
+    virtual ~Fence() = default;
+    virtual void wait() = 0;
+  };
+  // The default (a backend whose ops are done when they return) is passed at once.
+  virtual std::unique_ptr<Fence> fence();
   // Calls task(i) for i in [0, count): independent pieces of work that touch disjoint tensors and
   // may issue ops of their own (the lockstep runs of one layer). The CPU backend spreads them over
   // its threads, each task's ops then running on the thread that took it; the default runs them

@@ -276,6 +276,14 @@ void DecoderSession::assign_policy_rows(SessionRun& run, int64_t index) {
 }
 
 void DecoderSession::grow_policy_rows(int64_t stride) {
+  if (options_.record_attention_logits) {
+    const ModelConfig& c = model_->config();
+    for (SessionRun& run : runs_) {
+      if (!run.recorded_logits.empty() && run.recorded_logits.dim(1) == stride) continue;
+      run.recorded_logits.storage.reset();  // rewritten by every step: nothing to keep
+      run.recorded_logits = backend_.alloc(DType::F32, {c.num_layers * c.num_heads, stride});
+    }
+  }
   // Runs without a policy keep their logits scratch (and a former policy's rows) on their own.
   for (SessionRun& run : runs_) {
     if (run.policy) continue;
@@ -341,8 +349,8 @@ const DeviceTensor& DecoderSession::forward_runs(std::span<const int32_t> tokens
 
 bool DecoderSession::recordable_step(bool per_run, int64_t rows) const {
   // Dynamic NTK past its original context reads a table made for each position: op by op.
-  return per_run && rows == 1 && runs() == 1 && !runs_[0].policy &&
-         !options_.record_attention_logits && options_.record_steps && !step_graphs_unavailable_ &&
+  return per_run && rows == 1 && runs() == 1 && !runs_[0].policy && options_.record_steps &&
+         !step_graphs_unavailable_ &&
          model_->config().rope_table(position_ + 1) != ModelConfig::RopeTable::kPerLength;
 }
 
@@ -356,6 +364,7 @@ DecoderSession::StepGraphKey DecoderSession::step_graph_key() const {
           logits_.data,
           run.k_cache.empty() ? nullptr : run.k_cache[0].data,
           run.policy_logits.data,
+          run.recorded_logits.data,
           run.k_cache.empty() ? 0 : run.k_cache[0].dim(1),
           long_rope ? model_->inv_freq_long.data : model_->inv_freq.data};
 }
@@ -412,6 +421,9 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   // What forward_ops does on the host for this step, then the recorded ops.
   SessionRun& run = runs_[0];
   run.attention_logits.clear();
+  if (options_.record_attention_logits) {
+    for (size_t l = 0; l < size_t(model_->config().num_layers); ++l) record_layer_logits(run, l);
+  }
   run.pending_observe = -1;
   order_runs_by_cost();
   logits_view_ = view(logits_, {1, model_->config().vocab_size});

@@ -69,8 +69,10 @@ struct SessionOptions {
   // The caches' (and the policy rows') first capacity; they double from it as the context
   // grows, up to max_position_embeddings. Results never depend on it.
   int64_t initial_capacity = 256;
-  // Keep the pre-softmax attention logits of the last forward per run and layer: [n, H, context]
-  // (-inf where a head did not see a token only on the plain dense path with a sliding window).
+  // Keep the pre-softmax attention logits of the last forward per run and layer (-inf where a
+  // head did not see a token only on the plain dense path with a sliding window): a chunk's
+  // [n, H, context]; a single-token step's [1, H, stride] rows of SessionRun::recorded_logits,
+  // columns [0, position()) in use.
   bool record_attention_logits = false;
   // Let the backend record a single-token step of a lone dense run once and replay it
   // (Backend::record_step: a CUDA graph); false runs every step op by op.
@@ -91,6 +93,10 @@ struct SessionRun {
   std::vector<LayerDecision> decisions;
   SparsityStats sparsity;  // effective sparsity over the policy's steps (reset by set_policy)
   std::vector<DeviceTensor> attention_logits;  // per layer (record_attention_logits)
+  // Where single-token steps record them: F32 [layers * H, stride] (stride = the caches'
+  // capacity), layer l's heads in rows l * H ..; fixed addresses, so a recorded step (a CUDA
+  // graph) writes them too, and one strided copy reads a whole step back.
+  DeviceTensor recorded_logits;
   // The run's own scratch, so that runs can step on different threads: the attention logits of
   // the current layer [H, stride] (every run's: a run without a policy gets them at its first
   // step) and its probabilities (policy runs).
@@ -195,6 +201,7 @@ class DecoderSession {
     const void* logits = nullptr;
     const void* cache = nullptr;
     const void* policy_logits = nullptr;
+    const void* recorded_logits = nullptr;
     int64_t capacity = 0;
     const void* rope = nullptr;  // the inv_freq table the step reads (longrope: short or long)
     bool operator==(const StepGraphKey&) const = default;
@@ -217,6 +224,9 @@ class DecoderSession {
   // sums of every run in one call (runs that see everything with run 0's logits copy the first
   // such run's output).
   void attend_alike(size_t layer, int64_t shared);
+  // Run r's recorded logits of `layer` ([1, H, stride] rows of recorded_logits), appended to its
+  // attention_logits.
+  DeviceTensor& record_layer_logits(SessionRun& run, size_t layer);
   // Sets run r's RunAttention at `layer` to its own query, caches, output row and logits (those
   // of logits_source_[r]); nothing masked yet.
   void prepare_attention(int64_t r, size_t layer);
@@ -257,7 +267,7 @@ class DecoderSession {
   // Run r's observation of the previous layer, its recorded logits and its policy's selection
   // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
   void select_run(int64_t r, size_t layer, int64_t cols);
-  void attend_unselected(int64_t r, size_t layer, int64_t cols, int64_t window);
+  void attend_unselected(int64_t r, size_t layer, int64_t window);
   LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).

@@ -14,7 +14,9 @@
 namespace kvlens {
 
 using session::row_prefix;
+using session::row_range;
 using session::timed_work;
+using session::view;
 
 // The runs' policies see the same LayerStep in select and observe.
 LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) const {
@@ -117,7 +119,7 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
     timed_work(run_seconds_[size_t(r)], [&] {
       append_run(r, layer);
       if (!policy_step(runs_[size_t(r)])) {
-        attend_unselected(r, layer, cols, window);
+        attend_unselected(r, layer, window);
         return;
       }
       logits_first_[size_t(r)] = !chooses_first(r, layer);
@@ -141,20 +143,24 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
 // A run that selects nothing this step (no policy, or before its first step) sees every key: the
 // attention op, one fused pass over its cache, instead of the policy ops' logits, softmax and
 // value sums; the pre-softmax logits are its by-product when recorded.
-void DecoderSession::attend_unselected(int64_t r, size_t layer, int64_t cols, int64_t window) {
+void DecoderSession::attend_unselected(int64_t r, size_t layer, int64_t window) {
   SessionRun& run = runs_[size_t(r)];
   Backend::RunAttention& attention = run_attention_[size_t(r)];
   observe_pending(run);
   if (run.policy && layer == 0) run.policy->observe_inputs(input_rows_[size_t(r)], position_);
-  DeviceTensor* logits_out = nullptr;
-  if (options_.record_attention_logits) {
-    run.attention_logits.push_back(
-        backend_.alloc(DType::F32, {1, model_->config().num_heads, cols}));
-    logits_out = &run.attention_logits.back();
-  }
+  DeviceTensor* logits_out =
+      options_.record_attention_logits ? &record_layer_logits(run, layer) : nullptr;
   backend_.attention(*attention.q, *attention.k_cache, *attention.v_cache, position_, window,
                      Visibility{}, *attention.out, logits_out);
   attention.out = nullptr;  // done: in neither of the batches
+}
+
+DeviceTensor& DecoderSession::record_layer_logits(SessionRun& run, size_t layer) {
+  const int64_t H = model_->config().num_heads;
+  DeviceTensor rows = row_range(run.recorded_logits, int64_t(layer) * H, H);
+  rows.shape = {1, H, run.recorded_logits.dim(1)};
+  run.attention_logits.push_back(std::move(rows));
+  return run.attention_logits.back();
 }
 
 bool DecoderSession::chooses_first(int64_t r, size_t layer) {
@@ -232,11 +238,16 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
   Backend::RunAttention& attention = run_attention_[size_t(r)];
   observe_pending(run);
   if (options_.record_attention_logits) {
-    // policy_logits rows have the policy stride; the recorded rows are packed.
-    run.attention_logits.push_back(backend_.alloc(DType::F32, {1, H, cols}));
-    DeviceTensor& recorded = run.attention_logits.back();
-    for (int64_t h = 0; h < H; ++h)
-      backend_.copy_rows(row_prefix(*attention.logits, h, cols), 0, recorded, h, 1, cols);
+    const DeviceTensor& logits = *attention.logits;
+    DeviceTensor recorded = view(record_layer_logits(run, layer), {H, run.recorded_logits.dim(1)});
+    if (logits.dim(1) == recorded.dim(1)) {
+      backend_.copy_rows(logits, 0, recorded, 0, 1, logits.numel());  // both [H, stride]
+    } else {
+      for (int64_t h = 0; h < H; ++h) {
+        DeviceTensor to = row_prefix(recorded, h, cols);
+        backend_.copy_rows(row_prefix(logits, h, cols), 0, to, 0, 1, cols);
+      }
+    }
   }
   if (!policy_step(run)) {
     if (run.policy && layer == 0) run.policy->observe_inputs(input_rows_[size_t(r)], position_);

@@ -1,12 +1,17 @@
 // Recording a lockstep run into a Trace. Per step: the session advances every run by one token,
-// then each traced run's layer rows are read back ([H, stride] buffers, the first t + 1 columns)
-// and reduced to the step metrics before the trace applies its memory budget.
+// each traced run's layer rows (the first t + 1 columns of its [layers * H, stride] logits and of
+// its policy's [H, stride] scores and masks) are copied to host memory behind the step's ops, and
+// while the backend runs step t + 1 the rows of step t are reduced to the step metrics before the
+// trace applies its memory budget (two capture buffers, steps t and t + 1).
 // Rows of a layer a policy did not rank (Dense decision, or a run without a policy): visible is
 // every candidate and scores are NaN; a skipped layer (tokenfilter) shows nothing visible.
 #include "engine/trace/trace_recorder.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <exception>
+#include <limits>
 
 #include "engine/common/error.h"
 #include "engine/eval/step_metrics.h"
@@ -89,67 +94,144 @@ TraceRecorder::TraceRecorder(std::shared_ptr<const BackendModel> model, const To
   }
 }
 
-bool TraceRecorder::step() {
-  if (done()) return false;
-  const int64_t t = trace_.step_count();
+TraceRecorder::~TraceRecorder() {
+  for (Capture& capture : captures_) {
+    if (!capture.fence) continue;
+    try {
+      capture.fence->wait();  // the copies into capture.host land before it goes
+    } catch (...) {           // NOLINT(bugprone-empty-catch): a failed device writes nothing more
+    }
+  }
+}
+
+void TraceRecorder::enqueue_step(int64_t t) {
+  Capture& capture = captures_[size_t(t % 2)];
   Backend& backend = *model_->backend;
   const DeviceTensor& logits = session_.forward(std::span<const int32_t>(&tokens_[size_t(t)], 1));
-  const int64_t vocab = model_->config().vocab_size;
-  std::vector<float> all_logits(size_t(logits.numel()));
-  backend.to_host(logits, all_logits.data(), all_logits.size() * sizeof(float));
-  auto row_of = [&](int64_t run) {
-    return std::vector<float>(all_logits.begin() + run * vocab,
-                              all_logits.begin() + (run + 1) * vocab);
-  };
-  const std::vector<float> dense_row = row_of(reference_run_);
-  std::vector<StepRecord> records;
-  for (int64_t r = 0; r < int64_t(policies_.size()); ++r) {
-    records.push_back(record_run(r, t, row_of(r), dense_row));
+  try {
+    const ModelConfig& c = model_->config();
+    const int64_t L = c.num_layers, H = c.num_heads, cols = t + 1, runs = session_.runs();
+    // The layout: next-token logits, then per traced run its logits and scores (F32), then the
+    // masks (U8), so every F32 block stays 4-byte aligned.
+    size_t bytes = size_t(runs * c.vocab_size) * sizeof(float);
+    const size_t layer_floats = size_t(H * cols) * sizeof(float);
+    capture.runs.assign(policies_.size(), {});
+    for (size_t r = 0; r < policies_.size(); ++r) {
+      const SessionRun& run = session_.run(int64_t(r));
+      RunRows& rows = capture.runs[r];
+      rows.policy_step = run.policy && t >= run.first_step;
+      rows.decisions.assign(size_t(L), LayerDecision::Dense);
+      if (rows.policy_step) rows.decisions = run.decisions;
+      rows.logits_at = bytes;
+      bytes += size_t(L) * layer_floats;
+      rows.scores_at.assign(size_t(L), kNone);
+      rows.visible_at.assign(size_t(L), kNone);
+      for (size_t l = 0; l < size_t(L); ++l) {
+        if (rows.decisions[l] == LayerDecision::Dense) continue;
+        rows.scores_at[l] = bytes;
+        bytes += layer_floats;
+      }
+    }
+    for (RunRows& rows : capture.runs) {
+      for (size_t l = 0; l < size_t(L); ++l) {
+        if (rows.decisions[l] != LayerDecision::Masked) continue;
+        rows.visible_at[l] = bytes;
+        bytes += size_t(H * cols);
+      }
+    }
+    if (bytes > capture.capacity) {
+      capture.host.reset();
+      capture.capacity = bytes + bytes / 2;  // steps grow by a column: amortise the growth
+      capture.host = backend.alloc_host(capture.capacity);
+    }
+    auto* host = static_cast<std::byte*>(capture.host.get());
+    backend.rows_to_host_async(logits, runs, c.vocab_size, host);
+    for (size_t r = 0; r < policies_.size(); ++r) {
+      const SessionRun& run = session_.run(int64_t(r));
+      const RunRows& rows = capture.runs[r];
+      backend.rows_to_host_async(run.recorded_logits, L * H, cols, host + rows.logits_at);
+      for (size_t l = 0; l < size_t(L); ++l) {
+        if (rows.scores_at[l] != kNone)
+          backend.rows_to_host_async(run.scores[l], H, cols, host + rows.scores_at[l]);
+        if (rows.visible_at[l] != kNone)
+          backend.rows_to_host_async(run.visible[l], H, cols, host + rows.visible_at[l]);
+      }
+    }
+    capture.fence = backend.fence();
+    capture.step = t;
+  } catch (const std::exception& e) {
+    broken_ =
+        "step " + std::to_string(t) + " ran but its rows could not be read back (" + e.what() + ")";
+    throw;
   }
+}
+
+bool TraceRecorder::step() {
+  if (done()) return false;
+  if (!broken_.empty())
+    throw Error("trace", "recording", "a recorder whose steps all read back", broken_);
+  const int64_t t = trace_.step_count();
+  Capture& capture = captures_[size_t(t % 2)];
+  if (capture.step != t) enqueue_step(t);
+  capture.fence->wait();
+  // The backend runs the next step while this one is recorded; a failure there is reported once
+  // this step is in the trace.
+  std::exception_ptr next_failed;
+  if (t + 1 < int64_t(tokens_.size())) {
+    try {
+      enqueue_step(t + 1);
+    } catch (...) {
+      next_failed = std::current_exception();
+    }
+  }
+  const int64_t vocab = model_->config().vocab_size;
+  const auto* all_logits = static_cast<const float*>(capture.host.get());
+  auto row_of = [&](int64_t run) {
+    return std::span<const float>(all_logits + run * vocab, size_t(vocab));
+  };
+  std::vector<StepRecord> records;
+  for (int64_t r = 0; r < int64_t(policies_.size()); ++r)
+    records.push_back(record_run(capture, r, t, row_of(r), row_of(reference_run_)));
+  capture.fence.reset();
+  capture.step = -1;
   trace_.add_step(std::move(records));
+  if (next_failed) std::rethrow_exception(next_failed);
   return true;
 }
 
-StepRecord TraceRecorder::record_run(int64_t run_index, int64_t t,
-                                     const std::vector<float>& logits_row,
-                                     const std::vector<float>& dense_row) {
-  const SessionRun& run = session_.run(run_index);
+StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, int64_t t,
+                                     std::span<const float> logits_row,
+                                     std::span<const float> dense_row) {
   const ModelConfig& c = model_->config();
   const int64_t L = c.num_layers, H = c.num_heads, cols = t + 1;
-  const bool policy_step = run.policy && t >= run.first_step;
-  Backend& backend = *model_->backend;
+  const RunRows& rows = capture.runs[size_t(run_index)];
+  const auto* host = static_cast<const std::byte*>(capture.host.get());
 
   StepRecord record;
   record.columns = cols;
-  record.decisions.assign(size_t(L), LayerDecision::Dense);
+  record.decisions = rows.decisions;
   record.visible_counts.assign(size_t(L * H), int32_t(cols));
   record.kept_heads.resize(size_t(L * H));
   for (int64_t i = 0; i < L * H; ++i) record.kept_heads[size_t(i)] = int32_t(i);
-  record.logits.resize(size_t(L * H * cols));
+  // The true logits: [L * H, cols], packed by the copy.
+  const auto* logits = reinterpret_cast<const float*>(host + rows.logits_at);
+  record.logits.assign(logits, logits + L * H * cols);
   record.scores.assign(size_t(L * H * cols), std::numeric_limits<float>::quiet_NaN());
   record.visible.assign(size_t(L * H * cols), 1);
 
-  const int64_t stride = policy_step ? run.visible[0].dim(1) : 0;
   double recall_sum = 0.0, agreement_sum = 0.0, hidden_sum = 0.0;
   int64_t recall_rows = 0, agreement_rows = 0;
   const CommonKnobs& knobs = knobs_[size_t(run_index)];
   for (int64_t l = 0; l < L; ++l) {
-    // The true logits: [1, H, cols] packed by the session for this step.
-    backend.to_host(run.attention_logits[size_t(l)], record.logits.data() + l * H * cols,
-                    size_t(H * cols) * sizeof(float));
-    const LayerDecision decision = policy_step ? run.decisions[size_t(l)] : LayerDecision::Dense;
-    record.decisions[size_t(l)] = decision;
+    const LayerDecision decision = rows.decisions[size_t(l)];
     if (decision == LayerDecision::Dense) continue;
-    host_scores_.resize(size_t(H * stride));
-    backend.to_host(run.scores[size_t(l)], host_scores_.data(),
-                    host_scores_.size() * sizeof(float));
-    if (decision == LayerDecision::Masked) {
-      host_visible_.resize(size_t(H * stride));
-      backend.to_host(run.visible[size_t(l)], host_visible_.data(), host_visible_.size());
-    }
+    const auto* scores = reinterpret_cast<const float*>(host + rows.scores_at[size_t(l)]);
+    std::copy_n(scores, H * cols, record.scores.data() + l * H * cols);
+    const uint8_t* masks = decision == LayerDecision::Masked
+                               ? reinterpret_cast<const uint8_t*>(host + rows.visible_at[size_t(l)])
+                               : nullptr;
     for (int64_t h = 0; h < H; ++h) {
       const size_t at = size_t((l * H + h) * cols);
-      std::copy_n(host_scores_.data() + h * stride, cols, record.scores.data() + at);
       uint8_t* visible = record.visible.data() + at;
       if (decision == LayerDecision::Skipped) {
         std::fill_n(visible, cols, uint8_t(0));
@@ -158,7 +240,7 @@ StepRecord TraceRecorder::record_run(int64_t run_index, int64_t t,
       }
       int32_t count = 0;
       for (int64_t j = 0; j < cols; ++j) {
-        visible[j] = host_visible_[size_t(h * stride + j)] != 0;
+        visible[j] = masks[h * cols + j] != 0;
         count += visible[j];
       }
       record.visible_counts[size_t(l * H + h)] = count;
@@ -180,10 +262,10 @@ StepRecord TraceRecorder::record_run(int64_t run_index, int64_t t,
   m.effective_sparsity = hidden_sum / double(L * H);
   if (recall_rows > 0) m.recall_vs_oracle = recall_sum / double(recall_rows);
   if (agreement_rows > 0) m.classification_accuracy = agreement_sum / double(agreement_rows);
-  std::vector<std::span<const float>> rows;
+  std::vector<std::span<const float>> head_rows;
   for (int64_t i = 0; i < L * H; ++i)
-    rows.emplace_back(record.logits.data() + i * cols, size_t(cols));
-  if (cols >= 2) m.consensus = mean_upper_triangle(pearson_matrix(rows), L * H);
+    head_rows.emplace_back(record.logits.data() + i * cols, size_t(cols));
+  if (cols >= 2) m.consensus = mean_pairwise_pearson(head_rows);
   m.kl_vs_dense = kl_divergence(dense_row, logits_row);
   for (const TokenLogProb& entry : top_k_tokens(logits_row, options_.top_k)) {
     record.top.ids.push_back(entry.token);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct TraceOptions {
 
 class TraceRecorder {
  public:
+  ~TraceRecorder();  // waits for a step whose rows are still on their way
   // `tokens` is the whole text (at most max_position_embeddings); `tokenizer` (may be null)
   // gives the tokens' text. Throws kvlens::Error for an empty policy list, a bad policy config,
   // a bad token or a text too long for the model.
@@ -31,7 +33,9 @@ class TraceRecorder {
                 std::vector<int32_t> tokens, std::vector<PolicyConfig> policies,
                 TraceOptions options = {});
 
-  // Feeds the next token to every run and records the step. False when the text is done.
+  // Feeds the next token to every run and records the step. False when the text is done. The
+  // backend runs the following step while this one is recorded (its rows reach host memory
+  // asynchronously, double-buffered), so the session is one step ahead of the trace.
   bool step();
   bool done() const { return trace_.step_count() >= int64_t(tokens_.size()); }
   int64_t steps_total() const { return int64_t(tokens_.size()); }
@@ -39,8 +43,25 @@ class TraceRecorder {
   Trace& trace() { return trace_; }
 
  private:
-  StepRecord record_run(int64_t run, int64_t t, const std::vector<float>& logits_row,
-                        const std::vector<float>& dense_row);
+  // One step's rows in host memory the backend fills while it goes on (a capture buffer).
+  struct RunRows {
+    bool policy_step = false;
+    std::vector<LayerDecision> decisions;       // per layer (Dense before the policy's first step)
+    size_t logits_at = 0;                       // byte offset of [layers * H, cols] F32
+    std::vector<size_t> scores_at, visible_at;  // per layer: [H, cols] F32 / U8, or kNone
+  };
+  struct Capture {
+    int64_t step = -1;  // the step whose rows these are; -1: free
+    std::shared_ptr<void> host;
+    size_t capacity = 0;
+    std::unique_ptr<Backend::Fence> fence;
+    std::vector<RunRows> runs;  // per traced run; the next-token logits [runs, vocab] at 0
+  };
+  static constexpr size_t kNone = ~size_t(0);
+  // Steps the session with token t and queues the copies of its rows into a free capture.
+  void enqueue_step(int64_t t);
+  StepRecord record_run(const Capture& capture, int64_t run, int64_t t,
+                        std::span<const float> logits_row, std::span<const float> dense_row);
 
   std::shared_ptr<const BackendModel> model_;
   const Tokenizer* tokenizer_;  // may be null: ids without text
@@ -51,9 +72,9 @@ class TraceRecorder {
   DecoderSession session_;
   int64_t reference_run_ = 0;  // the dense run KL and ranks compare against
   Trace trace_;
-  // Host scratch for one run's layer rows.
-  std::vector<float> host_logits_, host_scores_;
-  std::vector<uint8_t> host_visible_;
+  Capture captures_[2];  // steps t and t + 1
+  // Set when a step ran but its rows could not be queued: the session is past the trace then.
+  std::string broken_;
 };
 
 }  // namespace kvlens

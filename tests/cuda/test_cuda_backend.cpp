@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/common/error.h"
@@ -181,6 +182,44 @@ TEST_CASE("cuda backend: memory, copies, uploads and errors", "[cuda]") {
 
   CHECK_THROWS_AS(make_cuda_backend(-1), Error);
   CHECK_THROWS_AS(make_cuda_backend(1 << 20), Error);
+}
+
+TEST_CASE("cuda backend: rows read back while the stream works on, behind a fence", "[cuda]") {
+  Backends b;
+  // F32 rows of 37 of which 29 are read, and U8 rows (masks) of 19 of which 5: packed on arrival.
+  const std::vector<float> values = random_values(6 * 37, 5);
+  const Pair rows = make_f32(b, values, {6, 37});
+  std::vector<uint8_t> bytes(4 * 19);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 7);
+  DeviceTensor masks = b.gpu->alloc(DType::U8, {4, 19});
+  b.gpu->from_host(masks, bytes.data(), bytes.size());
+  std::shared_ptr<void> host = b.gpu->alloc_host(6 * 29 * 4 + 4 * 5);
+  auto* floats = static_cast<float*>(host.get());
+  auto* mask_bytes = reinterpret_cast<uint8_t*>(floats + 6 * 29);
+  // Queued behind a long op, so the copy is really asynchronous: a matmul of 4096 x 4096.
+  const Pair x = make_f32(b, random_values(64 * 4096, 6), {64, 4096});
+  const Pair w = make_f32(b, random_values(size_t(4096) * 4096, 7), {4096, 4096});
+  Pair y = zeros_f32(b, {64, 4096});
+  b.gpu->matmul(x.gpu, w.gpu, y.gpu);
+  b.gpu->rows_to_host_async(rows.gpu, 5, 29, floats);  // 5 of the 6 rows
+  b.gpu->rows_to_host_async(masks, 4, 5, mask_bytes);
+  const std::unique_ptr<Backend::Fence> fence = b.gpu->fence();
+  fence->wait();
+  int64_t wrong = 0;
+  for (int64_t r = 0; r < 5; ++r)
+    for (int64_t j = 0; j < 29; ++j) wrong += floats[r * 29 + j] != values[size_t(r * 37 + j)];
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t j = 0; j < 5; ++j) wrong += mask_bytes[r * 5 + j] != bytes[size_t(r * 19 + j)];
+  CHECK(wrong == 0);
+  // The CPU backend's (the default) gives the same.
+  std::vector<float> on_cpu(5 * 29);
+  b.cpu->rows_to_host_async(rows.cpu, 5, 29, on_cpu.data());
+  b.cpu->fence()->wait();
+  CHECK(std::equal(on_cpu.begin(), on_cpu.end(), floats));
+  // Wider than the rows, or more rows than there are: errors.
+  CHECK_THROWS_AS(b.gpu->rows_to_host_async(rows.gpu, 5, 38, floats), Error);
+  CHECK_THROWS_AS(b.gpu->rows_to_host_async(rows.gpu, 7, 29, floats), Error);
+  CHECK_THROWS_AS(b.cpu->rows_to_host_async(rows.cpu, 7, 29, floats), Error);
 }
 
 TEST_CASE("cuda backend: embed", "[cuda]") {
@@ -526,6 +565,31 @@ void compare_attention(Backends& b, const Caches& c, const AttentionShape& s,
       }
     }
   check_within(want, got, tolerance, "attention logits");
+
+  // Rows wider than the context (a recording session's, as wide as the cache): the first context
+  // columns get the same bits on each backend, the others keep what they held.
+  const int64_t wide = context + 7;
+  const float kSentinel = 42.0f;
+  Pair wide_logits =
+      make_f32(b, std::vector<float>(size_t(a.rows * H * wide), kSentinel), {a.rows, H, wide});
+  Pair out_again = zeros_f32(b, {a.rows, H, D});
+  b.cpu->attention(q.cpu, c.k.cpu, c.v.cpu, a.first, a.window, visible_cpu, out_again.cpu,
+                   &wide_logits.cpu);
+  b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, a.first, a.window, visible_gpu, out_again.gpu,
+                   &wide_logits.gpu);
+  CHECK(read(*b.gpu, out_again.gpu) == read(*b.gpu, out.gpu));
+  for (const auto& [backend, tensor, packed] : {std::tuple{b.cpu.get(), &wide_logits.cpu, &want},
+                                                std::tuple{b.gpu.get(), &wide_logits.gpu, &got}}) {
+    const std::vector<float> rows = read(*backend, *tensor);
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < a.rows * H; ++r)
+      for (int64_t j = 0; j < wide; ++j) {
+        const float value = rows[size_t(r * wide + j)];
+        wrong += j < context ? std::memcmp(&value, &(*packed)[size_t(r * context + j)], 4) != 0
+                             : value != kSentinel;
+      }
+    CHECK(wrong == 0);
+  }
 }
 
 }  // namespace
@@ -597,6 +661,9 @@ TEST_CASE("cuda backend: kv_append and attention", "[cuda]") {
         Error);
     DeviceTensor wrong_logits = b.gpu->alloc(DType::F32, {2, 4, 5});
     CHECK_THROWS_AS(b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, 4, 0, {}, out.gpu, &wrong_logits),
+                    Error);
+    DeviceTensor flat_logits = b.gpu->alloc(DType::F32, {2 * 4 * 6});
+    CHECK_THROWS_AS(b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, 4, 0, {}, out.gpu, &flat_logits),
                     Error);
     // Past the capacity.
     CHECK_THROWS_AS(b.gpu->attention(q.gpu, c.k.gpu, c.v.gpu, 7, 0, {}, out.gpu, nullptr), Error);

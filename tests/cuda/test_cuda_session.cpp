@@ -9,6 +9,7 @@
 #include "engine/runtime/scoring.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/trace_rows_check.h"
 
 using namespace kvlens;
 
@@ -155,4 +156,57 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
     CHECK(together[p].ppl == Approx(alone.ppl).epsilon(1e-3));
     CHECK(together[p].sparsity.overall() == Approx(alone.sparsity.overall()).epsilon(1e-2));
   }
+}
+
+TEST_CASE("a recording session's step graph records the op-by-op step's logits and rows",
+          "[cuda]") {
+  // The recorded rows are as wide as the cache, so the step graph writes them at fixed
+  // addresses: logits and every layer's recorded rows must have the bits of op-by-op steps,
+  // across the cache's growth past 256 positions.
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  auto gpu = make_cuda_backend(0);
+  const auto on_gpu = BackendModel::upload(model, *gpu);
+  SessionOptions recording, op_by_op;
+  recording.record_attention_logits = op_by_op.record_attention_logits = true;
+  op_by_op.record_steps = false;
+  DecoderSession graphed(on_gpu, recording), plain(on_gpu, op_by_op);
+  const int64_t vocab = model->config.vocab_size;
+  int32_t token = 1;
+  int64_t differing_logits = 0, differing_rows = 0;
+  for (int step = 0; step < 270; ++step) {
+    const std::vector<float> a = graphed.step(token), b = plain.step(token);
+    differing_logits += a != b;
+    if (step % 10 == 9 || step >= 250) {
+      for (size_t l = 0; l < graphed.attention_logits().size(); ++l) {
+        const DeviceTensor& x = graphed.attention_logits()[l];
+        const DeviceTensor& y = plain.attention_logits()[l];
+        REQUIRE(x.dim(2) == y.dim(2));
+        std::vector<float> hx(size_t(x.numel())), hy(size_t(y.numel()));
+        gpu->to_host(x, hx.data(), hx.size() * sizeof(float));
+        gpu->to_host(y, hy.data(), hy.size() * sizeof(float));
+        for (int64_t h = 0; h < x.dim(1); ++h)
+          differing_rows +=
+              !std::equal(hx.begin() + h * x.dim(2), hx.begin() + h * x.dim(2) + step + 1,
+                          hy.begin() + h * y.dim(2));
+      }
+    }
+    token = int32_t(std::max_element(b.begin(), b.end()) - b.begin()) % int32_t(vocab);
+  }
+  CHECK(differing_logits == 0);
+  CHECK(differing_rows == 0);
+}
+
+TEST_CASE("a trace recorded on the GPU holds every step's own rows", "[cuda]") {
+  // The capture is asynchronous here (pinned buffers, copies behind the step's ops, the next
+  // step queued before this one is read): the rows must equal blocking reads of a session.
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  auto gpu = make_cuda_backend(0);
+  const auto on_gpu = BackendModel::upload(model, *gpu);
+  std::vector<int32_t> tokens(40);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7919 + 13) % 8000);
+  CHECK(test::check_trace_rows_match_session(on_gpu, tokens, {{"dense", 0.0, {}}}) == 40);
+  CHECK(test::check_trace_rows_match_session(
+            on_gpu, tokens,
+            {{"dense", 0.0, {}}, {"h2o", 0.5, {}}, {"tokenfilter", 0.5, {}}, {"quest", 0.5, {}}}) ==
+        40);
 }

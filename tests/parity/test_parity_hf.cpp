@@ -129,19 +129,22 @@ std::vector<float> copy_to_host(Backend& backend, const DeviceTensor& t) {
   return host;
 }
 
-// Softmax (in double) of the last query row of each layer's recorded [n, H, context] logits.
+// Softmax (in double) of the last query row of each layer's recorded logits: [n, H, S], the
+// first context = position() columns of each row (a single step's rows are as wide as the cache).
 void read_last_attention_row(const DecoderSession& session, Backend& backend, EngineRun& run) {
   run.attn.clear();
   run.visible_keys.clear();
   for (const DeviceTensor& t : session.attention_logits()) {
     REQUIRE(t.dtype == kvlens::DType::F32);
     REQUIRE(t.shape.size() == 3);
-    const int64_t n = t.dim(0), heads = t.dim(1), context = t.dim(2);
+    const int64_t n = t.dim(0), heads = t.dim(1), stride = t.dim(2);
+    const int64_t context = session.position();
+    REQUIRE(stride >= context);
     const std::vector<float> host = copy_to_host(backend, t);
     std::vector<std::vector<double>> layer;
     std::vector<int64_t> visible;
     for (int64_t h = 0; h < heads; ++h) {
-      const float* row = host.data() + ((n - 1) * heads + h) * context;
+      const float* row = host.data() + ((n - 1) * heads + h) * stride;
       double max_logit = -std::numeric_limits<double>::infinity();
       int64_t finite = 0;
       for (int64_t j = 0; j < context; ++j) {

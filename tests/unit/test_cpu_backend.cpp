@@ -226,9 +226,55 @@ void check_attention(Backend& backend, const AttentionCase& c, const std::vector
   backend.attention(q, k_cache, v_cache, c.first_position, c.window, visibility, out_again,
                     nullptr);
   REQUIRE(read(backend, out_again) == got_out);
+
+  // Logit rows wider than the context (a recording session's): the same bits in the first
+  // context columns, the rest untouched, the same output.
+  const int64_t wide = context + 5;
+  DeviceTensor wide_logits = make_f32(
+      backend, std::vector<float>(size_t(c.n * c.heads * wide), 42.0f), {c.n, c.heads, wide});
+  backend.attention(q, k_cache, v_cache, c.first_position, c.window, visibility, out_again,
+                    &wide_logits);
+  REQUIRE(read(backend, out_again) == got_out);
+  const std::vector<float> wide_rows = read(backend, wide_logits);
+  int64_t wrong = 0;
+  for (int64_t r = 0; r < c.n * c.heads; ++r)
+    for (int64_t j = 0; j < wide; ++j) {
+      const float value = wide_rows[size_t(r * wide + j)];
+      wrong += j < context ? std::memcmp(&value, &got_logits[size_t(r * context + j)], 4) != 0
+                           : value != 42.0f;
+    }
+  CHECK(wrong == 0);
+  // Narrower rows, or not [n, H, S]: errors.
+  DeviceTensor narrow = backend.alloc(DType::F32, {c.n, c.heads, context - 1});
+  CHECK_THROWS_AS(backend.attention(q, k_cache, v_cache, c.first_position, c.window, visibility,
+                                    out_again, &narrow),
+                  Error);
+  DeviceTensor flat = backend.alloc(DType::F32, {c.n * c.heads * context});
+  CHECK_THROWS_AS(backend.attention(q, k_cache, v_cache, c.first_position, c.window, visibility,
+                                    out_again, &flat),
+                  Error);
 }
 
 }  // namespace
+
+TEST_CASE("rows_to_host_async packs the first columns of rows, and its fence is passed at once",
+          "[backend]") {
+  auto backend = make_cpu_backend(2);
+  std::vector<float> values(4 * 9);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i) * 0.5f;
+  DeviceTensor rows = make_f32(*backend, values, {4, 9});
+  std::shared_ptr<void> host = backend->alloc_host(3 * 6 * sizeof(float));
+  auto* packed = static_cast<float*>(host.get());
+  backend->rows_to_host_async(rows, 3, 6, packed);
+  backend->fence()->wait();
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t j = 0; j < 6; ++j) CHECK(packed[r * 6 + j] == values[size_t(r * 9 + j)]);
+  backend->rows_to_host_async(rows, 2, 9, packed);  // whole rows: one copy
+  CHECK(std::equal(packed, packed + 18, values.begin()));
+  CHECK_THROWS_AS(backend->rows_to_host_async(rows, 3, 10, packed), Error);
+  CHECK_THROWS_AS(backend->rows_to_host_async(rows, 5, 6, packed), Error);
+  CHECK_THROWS_AS(backend->rows_to_host_async(rows, -1, 6, packed), Error);
+}
 
 TEST_CASE("DeviceTensor numel and bytes, alloc is zero-filled, host round trip", "[backend]") {
   auto backend = make_cpu_backend(2);

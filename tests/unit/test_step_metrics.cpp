@@ -331,6 +331,109 @@ TEST_CASE("step metrics: pearson_matrix: the grouped fast path agrees with pairw
   }
 }
 
+TEST_CASE("step metrics: mean_pairwise_pearson on rows of known correlation", "[metrics]") {
+  const std::vector<float> x = {1, 2, 3, 4, 5};
+  const std::vector<float> lin = {3, 5, 7, 9, 11};      // 2x + 1
+  const std::vector<float> steep = {-4, -1, 2, 5, 8};   // 3x - 7
+  const std::vector<float> neg = {-1, -2, -3, -4, -5};  // -x
+  const std::vector<float> flat = {2, 2, 2, 2, 2};
+  const std::vector<float> part = {kNegInf, 1, 3, 2, kNegInf};  // r = 1/2 with x (see above)
+  // Tolerance 1e-12: a handful of small integer rows; only the standardising and the final
+  // division round.
+  CHECK(mean_pairwise_pearson({x, lin, steep}) == Approx(1.0).epsilon(1e-12));
+  CHECK(mean_pairwise_pearson({x, neg}) == Approx(-1.0).epsilon(1e-12));
+  // Pairs 1, -1, -1: the mean over pairs, not over rows.
+  CHECK(mean_pairwise_pearson({x, lin, neg}) == Approx(-1.0 / 3.0).epsilon(1e-12));
+  // The constant row takes part in no pair: still 1, not 1 diluted by two zeros.
+  CHECK(mean_pairwise_pearson({x, flat, lin}) == Approx(1.0).epsilon(1e-12));
+  // Two groups: x, lin and neg over all 5 columns, part over 1..3. Pairs: x-lin 1, x-neg -1,
+  // lin-neg -1, and part with x, lin, neg: 1/2, 1/2, -1/2. Sum -1/2 over 6 pairs.
+  CHECK(mean_pairwise_pearson({x, lin, neg, part}) == Approx(-0.5 / 6.0).epsilon(1e-12));
+  CHECK(std::isnan(mean_pairwise_pearson({})));
+  CHECK(std::isnan(mean_pairwise_pearson({x})));
+  CHECK(std::isnan(mean_pairwise_pearson({x, flat})));
+  const std::vector<float> shorter = {1, 2, 3};
+  CHECK_THAT(test::error_message([&] {
+               mean_pairwise_pearson({x, shorter});
+             }),
+             Catch::Contains("mean_pairwise_pearson"));
+}
+
+TEST_CASE("step metrics: mean_pairwise_pearson agrees with the mean of pearson_matrix",
+          "[metrics]") {
+  // 40 rows of 70 columns: a shared signal with per-row weights of either sign plus noise, so the
+  // mean is well away from 0 and a wrong sum or count shows.
+  const size_t m = 40, cols = 70;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> signal(cols);
+  for (float& v : signal) v = normal(rng);
+  std::vector<std::vector<float>> data(m, std::vector<float>(cols));
+  for (size_t a = 0; a < m; ++a) {
+    const float w = float(1 + a % 3) * (a % 5 == 0 ? -1.0f : 1.0f);
+    for (size_t c = 0; c < cols; ++c) data[a][c] = w * signal[c] + normal(rng) - 3.0f;
+  }
+
+  // Tolerance 1e-9 absolute: a matrix entry is a sum of <= 70 products of unit-norm rows, off by
+  // about 70 * 2^-53 < 1e-14 (the clamp moves it no further); the factored sum squares row sums
+  // of norm <= M over <= 70 columns, off by about (M + cols) * 2^-53 * M^2 < 3e-11 in all, or
+  // < 1e-13 on the mean of M (M - 1) / 2 = 780 pairs. 1e-9 is far above both and far below any
+  // real disagreement (one pair more or less moves the mean by ~1e-3).
+  auto compare = [&](const std::vector<std::vector<float>>& values) {
+    const std::vector<std::span<const float>> rows(values.begin(), values.end());
+    const double reference = mean_upper_triangle(pearson_matrix(rows), int64_t(rows.size()));
+    const double fast = mean_pairwise_pearson(rows);
+    INFO("reference " << reference << ", mean_pairwise_pearson " << fast);
+    if (std::isnan(reference)) {
+      CHECK(std::isnan(fast));
+    } else {
+      CHECK(std::abs(fast - reference) <= 1e-9);
+    }
+    return reference;
+  };
+
+  SECTION("random rows, one group") {
+    const double mean = compare(data);
+    CHECK(std::abs(mean) > 0.1);
+  }
+  SECTION("-inf and NaN columns: three groups, and a constant row") {
+    // Rows 10..19 lose the first 20 columns (a sliding window), rows 20..29 the first 35 and
+    // have NaN at column 50: three groups with different shared columns per group pair. Row 3
+    // is constant (no pairs); row 25 is constant on its own finite columns only.
+    std::vector<std::vector<float>> values = data;
+    for (size_t a = 10; a < 20; ++a) std::fill(values[a].begin(), values[a].begin() + 20, kNegInf);
+    for (size_t a = 20; a < 30; ++a) {
+      std::fill(values[a].begin(), values[a].begin() + 35, kNegInf);
+      values[a][50] = NAN;
+    }
+    std::fill(values[3].begin(), values[3].end(), 1.5f);
+    std::fill(values[25].begin() + 35, values[25].end(), 0.25f);
+    values[25][50] = NAN;
+    const double mean = compare(values);
+    CHECK(std::abs(mean) > 0.1);
+  }
+  SECTION("a group sharing one column with the others") {
+    // Rows 0..4 finite on the last column only (undefined everywhere), rows 5..9 on the last two
+    // (defined among themselves, undefined against rows 0..4).
+    std::vector<std::vector<float>> values = data;
+    for (size_t a = 0; a < 5; ++a) std::fill(values[a].begin(), values[a].end() - 1, kNegInf);
+    for (size_t a = 5; a < 10; ++a) std::fill(values[a].begin(), values[a].end() - 2, kNegInf);
+    compare(values);
+  }
+  SECTION("a single row") {
+    CHECK(std::isnan(compare({data[0]})));
+  }
+  SECTION("rows with one finite column") {
+    std::vector<std::vector<float>> values = data;
+    for (auto& row : values) std::fill(row.begin(), row.end() - 1, kNegInf);
+    CHECK(std::isnan(compare(values)));
+  }
+  SECTION("empty rows") {
+    CHECK(std::isnan(compare(std::vector<std::vector<float>>(m))));
+    CHECK(std::isnan(compare({})));
+  }
+}
+
 TEST_CASE("step metrics: jaccard_matrix and the consensus mean ignoring NaN", "[metrics]") {
   // a = {0, 1, 4}, b = {0, 2, 4}: both {0, 4}, either {0, 1, 2, 4}: 2 / 4. c and d are empty.
   const std::vector<uint8_t> a = {1, 1, 0, 0, 1}, b = {1, 0, 9, 0, 1}, c(5, 0), d(5, 0);

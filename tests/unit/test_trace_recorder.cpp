@@ -12,6 +12,7 @@
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
+#include "tests/support/trace_rows_check.h"
 
 using namespace kvlens;
 
@@ -164,4 +165,16 @@ TEST_CASE("kvlens-cli trace writes a .kvtrace that loads without the model", "[t
                         " --prompt hi --select-heads 9:0 --out " + out);
   CHECK(heads.exit_code != 0);
   CHECK_THAT(heads.err, Catch::Contains("--select-heads") && Catch::Contains("'9:0'"));
+}
+
+TEST_CASE("every recorded step holds its own rows (captured while the next step runs)", "[trace]") {
+  // Masked (h2o), skipped (tokenfilter's skipped layers) and dense layers, and a run before its
+  // window fills (streaming): the capture of step t must not show step t + 1's rows.
+  Loaded loaded = load_tiny("trace-rows");
+  const std::vector<PolicyConfig> policies = {{"dense", 0.0, {}},
+                                              {"h2o", 0.5, {"sinks=1"}},
+                                              {"tokenfilter", 0.5, {}},
+                                              {"streaming", 0.6, {"sinks=1"}}};
+  CHECK(test::check_trace_rows_match_session(loaded.model, kTokens, policies) ==
+        int64_t(kTokens.size()));
 }

@@ -475,11 +475,15 @@ class CpuBackend final : public Backend {
       mask = m.as<const uint8_t>();
     }
     float* logits = nullptr;
+    int64_t logits_stride = context;  // the scratch rows' when the logits are not kept
     if (logits_out && !logits_out->empty()) {
       require_f32(*logits_out, "attention: logits_out");
-      KVLENS_REQUIRE(logits_out->numel() == n * heads * context, "attention: logits_out",
-                     shape_string({n, heads, context}), describe(*logits_out));
+      const std::vector<int64_t>& shape = logits_out->shape;
+      KVLENS_REQUIRE(shape.size() == 3 && shape[0] == n && shape[1] == heads && shape[2] >= context,
+                     "attention: logits_out", cat("[", n, ", ", heads, ", S >= ", context, "]"),
+                     describe(*logits_out));
       logits = logits_out->as<float>();
+      logits_stride = shape[2];
     }
     if (n == 0) return;
 
@@ -507,14 +511,14 @@ class CpuBackend final : public Backend {
         const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
         const float* k_rows = ks + kv * capacity * head_dim;
         const float* v_rows = vs + kv * capacity * head_dim;
-        float* rows = logits ? logits + (i * heads + h0) * context : scratch.data();
+        float* rows = logits ? logits + (i * heads + h0) * logits_stride : scratch.data();
 
         // Logits of the whole causal window (the attention_logits op runs the same kernel), then
         // the mask as -inf; a hidden key costs one wasted dot, which keeps this loop simple.
         kernels.attention_logits(qs + (i * heads + h0) * head_dim, head_dim, int(heads_per_group),
-                                 k_rows, head_dim, lo, position, scale, rows, context);
+                                 k_rows, head_dim, lo, position, scale, rows, logits_stride);
         for (int64_t e = 0; e < heads_per_group; ++e) {
-          float* row = rows + e * context;
+          float* row = rows + e * logits_stride;
           std::fill(row + position + 1, row + context, kNegInf);
           if (mask) {
             const uint8_t* head_mask = mask + (h0 + e) * context;
