@@ -5,10 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <exception>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "engine/common/error.h"
+#include "engine/runtime/thread_pool.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/decode_attention.cuh"
@@ -202,6 +207,8 @@ class CudaBackend final : public Backend {
     check_cublas(cublasCreate(&handle), "cublasCreate");
     blas_.reset(handle);
     check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+    main_lane_.stream = stream;
+    check_cuda(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
     // Plain F32 math, no TF32 tensor cores: TF32 rounds the inputs to 10 mantissa bits, far
     // outside the F32 tolerance that parity with the CPU reference needs.
     check_cublas(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
@@ -214,6 +221,9 @@ class CudaBackend final : public Backend {
     // release. Errors are ignored (a destructor must not throw).
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_.get());
+    lane_pool_.reset();
+    for (const std::unique_ptr<Lane>& lane : lanes_) cudaStreamSynchronize(lane->stream);
+    if (fork_ != nullptr) cudaEventDestroy(fork_);
   }
 
   std::string name() const override { return "cuda"; }
@@ -364,7 +374,7 @@ class CudaBackend final : public Backend {
     // cudaMemcpy leaves overlapping ranges undefined; the CPU backend's memmove allows them, so
     // an overlapping copy goes through a scratch buffer.
     if (from < to + bytes && to < from + bytes) {
-      void* bounce = bounce_.get(device_, bytes);
+      void* bounce = lane().bounce.get(device_, bytes);
       check_cuda(cudaMemcpyAsync(bounce, from, bytes, cudaMemcpyDeviceToDevice, stream()),
                  "cudaMemcpyAsync");
       from = static_cast<const std::byte*>(bounce);
@@ -679,7 +689,7 @@ class CudaBackend final : public Backend {
     }
     if (floats > 0) {
       float* parts =
-          static_cast<float*>(attention_parts_.get(device_, size_t(floats) * sizeof(float)));
+          static_cast<float*>(lane().attention_parts.get(device_, size_t(floats) * sizeof(float)));
       cuda::launch_decode_attention(args, parts, sm_count_, stream());
     } else {
       cuda::launch_attention(args, stream());
@@ -693,7 +703,7 @@ class CudaBackend final : public Backend {
     const int64_t cols = logit_columns(x, rows, op);
     if (rows == 0) return;
     activate();
-    auto* device_out = static_cast<int32_t*>(results_.get(device_, out.size_bytes()));
+    auto* device_out = static_cast<int32_t*>(lane().results.get(device_, out.size_bytes()));
     cuda::launch_argmax_rows(x.as<float>(), rows, cols, device_out, stream());
     check_launch("argmax_rows");
     copy_results(device_out, out.data(), out.size_bytes());
@@ -715,7 +725,7 @@ class CudaBackend final : public Backend {
     if (rows == 0) return;
     activate();
     const int32_t* device_targets = stage(targets);
-    auto* device_out = static_cast<double*>(results_.get(device_, out.size_bytes()));
+    auto* device_out = static_cast<double*>(lane().results.get(device_, out.size_bytes()));
     cuda::launch_log_prob_rows(x.as<float>(), rows, cols, device_targets, device_out, stream());
     check_launch("log_prob_rows");
     copy_results(device_out, out.data(), out.size_bytes());
@@ -799,7 +809,7 @@ class CudaBackend final : public Backend {
     args.capacity = cache.capacity;
     args.cols = cols;
     args.step_position = capture_.active ? step_position(cols - 1, op) : nullptr;
-    float* parts = static_cast<float*>(attention_parts_.get(
+    float* parts = static_cast<float*>(lane().attention_parts.get(
         device_, size_t(cuda::visible_attention_scratch_floats(args, sm_count_)) * sizeof(float)));
     cuda::launch_attention_visible(args, parts, sm_count_, stream());
     check_launch("attention_visible");
@@ -846,7 +856,7 @@ class CudaBackend final : public Backend {
     if (shape.rows == 0) return;
     activate();
     auto* device_counts =
-        static_cast<int64_t*>(results_.get(device_, size_t(shape.rows) * sizeof(int64_t)));
+        static_cast<int64_t*>(lane().results.get(device_, size_t(shape.rows) * sizeof(int64_t)));
     cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
                                     device_counts, stream());
     check_launch("count_nonzero_rows");
@@ -1176,19 +1186,13 @@ class CudaBackend final : public Backend {
 
   void synchronize() override {
     activate();
-    // The deferred counts: one copy of all of them, then the wait; the list is taken first so
-    // that a failed wait leaves no span behind.
-    std::vector<Deferred> deferred;
-    deferred.swap(deferred_);
-    const size_t used = deferred_used_;
-    deferred_used_ = 0;
-    if (used > 0)
-      check_cuda(cudaMemcpyAsync(deferred_host_.get(), deferred_device_.get(),
-                                 used * sizeof(int64_t), cudaMemcpyDeviceToHost, stream()),
-                 "cudaMemcpyAsync");
-    check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
-    for (const Deferred& d : deferred)
-      std::copy_n(deferred_host_.get() + d.offset, d.counts.size(), d.counts.begin());
+    // The lanes' work joined the main stream when their tasks ended: every lane's counts are
+    // copied behind it, then one wait covers it all.
+    queue_deferred_copy(main_lane_, main_lane_.stream);
+    for (const std::unique_ptr<Lane>& lane : lanes_) queue_deferred_copy(*lane, main_lane_.stream);
+    check_cuda(cudaStreamSynchronize(main_lane_.stream), "cudaStreamSynchronize");
+    deliver_deferred(main_lane_);
+    for (const std::unique_ptr<Lane>& lane : lanes_) deliver_deferred(*lane);
   }
 
   void count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
@@ -1197,22 +1201,69 @@ class CudaBackend final : public Backend {
     require_cols(cols, op);
     const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op, "mask");
     if (shape.rows == 0) return;
-    if (deferred_used_ + counts.size() > deferred_capacity_) {
-      synchronize();  // delivers what is pending: the buffers are free to grow
-      if (counts.size() > deferred_capacity_) {
-        const size_t grown = std::max<size_t>(counts.size(), 2 * deferred_capacity_ + 4096);
-        deferred_device_ = device_alloc(device_, grown * sizeof(int64_t));
-        deferred_host_ = pinned_alloc(grown);
-        deferred_capacity_ = grown;
+    activate();
+    Lane& lane = this->lane();
+    if (lane.deferred_used + counts.size() > lane.deferred_capacity) {
+      // Delivers what this lane has pending (its own stream's wait): the buffers are free to grow.
+      queue_deferred_copy(lane, lane.stream);
+      check_cuda(cudaStreamSynchronize(lane.stream), "cudaStreamSynchronize");
+      deliver_deferred(lane);
+      if (counts.size() > lane.deferred_capacity) {
+        const size_t grown = std::max<size_t>(counts.size(), 2 * lane.deferred_capacity + 4096);
+        lane.deferred_device = device_alloc(device_, grown * sizeof(int64_t));
+        lane.deferred_host = pinned_alloc(grown);
+        lane.deferred_capacity = grown;
       }
     }
-    activate();
+    int64_t* device_counts = static_cast<int64_t*>(lane.deferred_device.get()) + lane.deferred_used;
     cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
-                                    static_cast<int64_t*>(deferred_device_.get()) + deferred_used_,
-                                    stream());
+                                    device_counts, stream());
     check_launch("count_nonzero_rows");
-    deferred_.push_back({deferred_used_, counts});
-    deferred_used_ += counts.size();
+    lane.deferred.push_back({lane.deferred_used, counts});
+    lane.deferred_used += counts.size();
+  }
+
+  // Tasks on a few host threads, each with its own stream and scratch (a lane): a lockstep step's
+  // per-run attention and policy work is hundreds of small launches per run, which one thread
+  // issues far slower than the device runs them. The lanes wait for the main stream's work
+  // before the tasks, and the main stream for theirs after, so stream order is as if one thread
+  // had issued every op. $KVLENS_CUDA_LANES sets the lanes (default 8; 1 runs the tasks in order
+  // on the calling thread).
+  void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
+    const int64_t wanted = std::min<int64_t>(count, lane_limit());
+    if (wanted <= 1 || capture_.active || current_lane_ != nullptr) {
+      Backend::run_tasks(count, task);
+      return;
+    }
+    activate();
+    while (int64_t(lanes_.size()) < wanted) lanes_.push_back(std::make_unique<Lane>(*this));
+    if (!lane_pool_ || lane_pool_->size() < wanted)
+      lane_pool_ = std::make_unique<ThreadPool>(int(lane_limit()));
+    check_cuda(cudaEventRecord(fork_, main_lane_.stream), "cudaEventRecord");
+    for (int64_t l = 0; l < wanted; ++l)
+      check_cuda(cudaStreamWaitEvent(lanes_[size_t(l)]->stream, fork_, 0), "cudaStreamWaitEvent");
+    std::atomic<int64_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    lane_pool_->for_each(wanted, [&](int64_t l) {
+      Lane& lane = *lanes_[size_t(l)];
+      current_lane_ = &lane;
+      try {
+        activate();
+        for (int64_t i = next++; i < count; i = next++) task(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+      current_lane_ = nullptr;
+    });
+    // The join, even after a failure: later ops on the main stream come after the lanes' ops.
+    for (int64_t l = 0; l < wanted; ++l) {
+      Lane& lane = *lanes_[size_t(l)];
+      check_cuda(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord");
+      check_cuda(cudaStreamWaitEvent(main_lane_.stream, lane.done, 0), "cudaStreamWaitEvent");
+    }
+    if (error) std::rethrow_exception(error);
   }
 
  private:
@@ -1365,6 +1416,9 @@ class CudaBackend final : public Backend {
   // reference computes).
   void gemm(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y,
             const ProductShape& shape) {
+    // One cuBLAS handle for every lane: its stream is set per call, under the lock.
+    std::lock_guard<std::mutex> lock(blas_mutex_);
+    check_cublas(cublasSetStream(blas_.get(), stream()), "cublasSetStream");
     if (w.dtype == DType::F32) {
       check_cublas(cuda::sgemm_x_wt(blas_.get(), x.as<float>(), w.as<float>(), y.as<float>(),
                                     shape.rows, shape.in, shape.out, shape.out),
@@ -1374,7 +1428,7 @@ class CudaBackend final : public Backend {
     constexpr int64_t kWidenedElements = int64_t(1) << 24;  // 64 MiB of F32
     const int64_t slice = std::max<int64_t>(1, kWidenedElements / shape.in);
     float* widened = static_cast<float*>(
-        widen_.get(device_, size_t(std::min(slice, shape.out) * shape.in) * sizeof(float)));
+        lane().widen.get(device_, size_t(std::min(slice, shape.out) * shape.in) * sizeof(float)));
     const size_t element_bytes = dtype_size(w.dtype);
     for (int64_t first = 0; first < shape.out; first += slice) {
       const int64_t count = std::min(slice, shape.out - first);
@@ -1454,12 +1508,12 @@ class CudaBackend final : public Backend {
                    std::to_string(position));
     return &step_state()->position;
   }
-  cudaStream_t stream() const { return stream_.get(); }
+  cudaStream_t stream() const { return lane().stream; }
 
   // Copies host values (ids, positions, targets) to device memory for the next kernel.
   template <typename T>
   const T* stage(std::span<const T> host) {
-    void* device = staging_.get(device_, host.size_bytes());
+    void* device = lane().staging.get(device_, host.size_bytes());
     check_cuda(
         cudaMemcpyAsync(device, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
         "cudaMemcpyAsync");
@@ -1472,33 +1526,102 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   }
 
-  int device_;
-  // Declaration order = reverse release order: buffers, then the cuBLAS handle, then its stream.
-  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> stream_;
-  std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter> blas_;
-  Scratch staging_;          // host spans copied in
-  Scratch results_;          // argmax / log-prob values copied out
-  Scratch widen_;            // F32 slices of a BF16/F16 weight for many-row products
-  Scratch attention_parts_;  // the split attention kernels' per-slice softmax pieces
-  // count_nonzero_rows_deferred: the counts of a step in device memory, copied to pinned host
-  // memory and on to the callers' spans by synchronize().
+  // A stream and the scratch buffers its ops reuse (ordered by that stream alone): the main
+  // stream's, and one per host thread of run_tasks.
   struct Deferred {
     size_t offset;
     std::span<int64_t> counts;
   };
-  std::vector<Deferred> deferred_;
-  std::shared_ptr<void> deferred_device_;
-  std::unique_ptr<int64_t[], PinnedDeleter> deferred_host_;
-  size_t deferred_capacity_ = 0, deferred_used_ = 0;
-  int sm_count_ = 0;  // streaming multiprocessors (kernel grid sizes)
+  struct Lane {
+    Lane() = default;
+    // A lane of run_tasks: a stream of its own and the event that marks its tasks' end.
+    explicit Lane(const CudaBackend& backend) {
+      backend.activate();
+      cudaStream_t created = nullptr;
+      check_cuda(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags");
+      owned_stream.reset(created);
+      stream = created;
+      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    ~Lane() {
+      if (done != nullptr) cudaEventDestroy(done);
+    }
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
+
+    cudaStream_t stream = nullptr;
+    std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> owned_stream;
+    cudaEvent_t done = nullptr;
+    Scratch staging;          // host spans copied in
+    Scratch results;          // argmax / log-prob values copied out
+    Scratch widen;            // F32 slices of a BF16/F16 weight for many-row products
+    Scratch attention_parts;  // the split attention kernels' per-slice softmax pieces
+    Scratch bounce;           // overlapping copy_rows
+    // count_nonzero_rows_deferred: the counts in device memory, each copied to pinned host
+    // memory behind its kernel, and on to the callers' spans by synchronize().
+    std::vector<Deferred> deferred;
+    std::shared_ptr<void> deferred_device;
+    std::unique_ptr<int64_t[], PinnedDeleter> deferred_host;
+    size_t deferred_capacity = 0, deferred_used = 0;
+  };
+  Lane& lane() {
+    return current_lane_ != nullptr && owns(current_lane_) ? *current_lane_ : main_lane_;
+  }
+  const Lane& lane() const {
+    return current_lane_ != nullptr && owns(current_lane_) ? *current_lane_ : main_lane_;
+  }
+  bool owns(const Lane* lane) const {
+    return std::any_of(lanes_.begin(), lanes_.end(),
+                       [&](const std::unique_ptr<Lane>& own) { return own.get() == lane; });
+  }
+  // A lane's pending counts, from device to pinned memory on `stream` (ordered after the lane's
+  // counting kernels: its own stream, or the main stream once the lanes have joined it).
+  static void queue_deferred_copy(const Lane& lane, cudaStream_t stream) {
+    if (lane.deferred_used == 0) return;
+    check_cuda(
+        cudaMemcpyAsync(lane.deferred_host.get(), lane.deferred_device.get(),
+                        lane.deferred_used * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  }
+  // The counts of a lane whose copy has been waited for, to the callers' spans. The list is
+  // taken first so that nothing is left behind.
+  static void deliver_deferred(Lane& lane) {
+    std::vector<Deferred> deferred;
+    deferred.swap(lane.deferred);
+    lane.deferred_used = 0;
+    for (const Deferred& d : deferred)
+      std::copy_n(lane.deferred_host.get() + d.offset, d.counts.size(), d.counts.begin());
+  }
+  static int64_t lane_limit() {
+    static const int64_t value = [] {
+      const char* text = std::getenv("KVLENS_CUDA_LANES");
+      const long parsed = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
+      return parsed > 0 && parsed <= 64 ? int64_t(parsed) : int64_t(8);
+    }();
+    return value;
+  }
+
+  int device_;
+  // Declaration order = reverse release order: buffers, then the cuBLAS handle, then its stream.
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> stream_;
+  std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter> blas_;
+  std::mutex blas_mutex_;
+  Lane main_lane_;  // stream_'s
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::unique_ptr<ThreadPool> lane_pool_;
+  cudaEvent_t fork_ = nullptr;              // the main stream's point the lanes start from
+  static thread_local Lane* current_lane_;  // the lane of a run_tasks task on this thread
+  int sm_count_ = 0;                        // streaming multiprocessors (kernel grid sizes)
   // A step being recorded (record_step) and the device state its replays set.
   struct Capture {
     bool active = false;
     int64_t position = 0, rows = 0;
   } capture_;
   std::shared_ptr<void> step_state_;
-  Scratch bounce_;  // overlapping copy_rows
 };
+
+thread_local CudaBackend::Lane* CudaBackend::current_lane_ = nullptr;
 
 }  // namespace
 

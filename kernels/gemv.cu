@@ -53,109 +53,175 @@ template <>
 struct WeightVector<__half> : HalfWidthVector<__half2> {};
 
 // Rows, weights and x 16-byte aligned with `in` a multiple of the vector width. One warp per
-// output feature (of the products laid end to end): lane l takes the vectors v = l, l + 32, ...
+// F output features (of the products laid end to end): lane l takes the vectors v = l, l + 32, ...
 // of the weight row, each widened and multiplied into all `rows` activation rows, summed in
 // ascending v, then the butterfly. That order depends on `in` alone, not on R or on the other
 // products, so a row's result has the same bits in a batch of any size and in any fused call.
-// The activation rows are staged in shared memory once per block when they fit (else read from
-// global memory, same arithmetic); with a norm weight the block first applies rmsnorm_kernel's
-// arithmetic to them (the bits of the rmsnorm op) and block 0 writes them to `normed`.
+// The activation rows are staged in shared memory: whole, once per block, when they fit, else
+// `chunk` columns at a time (a multiple of 32 vectors, so every lane keeps its vectors and the
+// order of its sums). With a norm weight (whole rows only) the block first applies
+// rmsnorm_kernel's arithmetic to them (the bits of the rmsnorm op) and block 0 writes them to
+// `normed`.
 // Mode: Store y = sum; Accumulate y += sum (add_inplace's one addition); SiluPair the products
 // are gate (0) and up (1), of one width, and y[0] receives silu(gate) * up as silu_mul does.
 enum class GemvMode { Store, Accumulate, SiluPair };
 
-template <typename W, typename NormW, int R, GemvMode Mode, bool Shared>
+// Output features a warp computes together. Each activation value read from shared memory then
+// feeds F * P weight rows instead of P: with several rows (lockstep runs) the shared-memory reads,
+// R per weight vector, would otherwise bound the kernel far below memory bandwidth (8 rows: about
+// a sixth of it, measured on an H200). Each feature's sums keep their order, so the bits do not
+// change with F.
+template <int R, int P>
+__host__ __device__ constexpr int features_per_warp() {
+  return R >= 4 ? 4 / P : 1;
+}
+
+// The staged rows' layout, in float4s: per row, a vector's H = V / 4 quarters (one for F32
+// weights, two for 16-bit ones) go to H planes of `vectors` float4s each. A warp's lanes read
+// consecutive vectors, so one quarter-plane read of a warp is 512 contiguous bytes: without the
+// planes (vectors side by side) the lanes would be 32 bytes apart, two wavefronts per read.
+template <int V>
+__device__ __forceinline__ int64_t staged_float4(int64_t r, int64_t v, int q, int64_t vectors) {
+  return (r * (V / 4) + q) * vectors + v;
+}
+
+// rows x columns [c0, c0 + count) of x [rows, in] into shared memory (staged_float4's layout).
+template <int V>
+__device__ __forceinline__ void stage_columns(const float* __restrict__ x, int rows, int64_t in,
+                                              int64_t c0, int64_t count, float4* staged) {
+  const int64_t per_row = count / 4, vectors = count / V;
+  for (int64_t i = threadIdx.x; i < rows * per_row; i += kThreads) {
+    const int64_t r = i / per_row, k = i % per_row;
+    staged[staged_float4<V>(r, k / (V / 4), int(k % (V / 4)), vectors)] =
+        __ldg(reinterpret_cast<const float4*>(x + r * in + c0) + k);
+  }
+}
+
+template <typename W, typename NormW, int R, GemvMode Mode>
 __global__ void __launch_bounds__(kThreads)
     gemv_warp_kernel(const float* __restrict__ x, GemvProducts products, int rows, int64_t in,
-                     const NormW* __restrict__ norm_weight, float eps, float* __restrict__ normed) {
+                     int64_t chunk, const NormW* __restrict__ norm_weight, float eps,
+                     float* __restrict__ normed) {
   constexpr int V = WeightVector<W>::kValues;
   extern __shared__ float4 staged[];
   __shared__ double scratch[32];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const float* xs = x;
-  if constexpr (Shared) {
-    float* rows_copy = reinterpret_cast<float*>(staged);
-    const int64_t count4 = rows * in / 4;
-    for (int64_t i = threadIdx.x; i < count4; i += kThreads)
-      staged[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
+  const bool whole = chunk >= in;
+  const int64_t vectors = in / V;
+  const int64_t chunk_vectors = whole ? vectors : chunk / V;
+  if (whole) {
+    stage_columns<V>(x, rows, in, 0, in, staged);
     if (norm_weight != nullptr) {
       __syncthreads();
+      float* staged_floats = reinterpret_cast<float*>(staged);
+      // Element i of row r in the staged layout.
+      auto at = [&](int r, int64_t i) -> float& {
+        return staged_floats[4 * staged_float4<V>(r, i / V, int(i % V / 4), vectors) + i % 4];
+      };
       for (int r = 0; r < rows; ++r) {
-        float* xr = rows_copy + r * in;
         double sum = 0.0;
-        for (int64_t i = threadIdx.x; i < in; i += kThreads) sum += double(xr[i]) * double(xr[i]);
+        for (int64_t i = threadIdx.x; i < in; i += kThreads)
+          sum += double(at(r, i)) * double(at(r, i));
         sum = block_reduce(sum, SumOp{}, 0.0, scratch);
         const float inv = float(1.0 / sqrt(sum / double(in) + double(eps)));
         for (int64_t i = threadIdx.x; i < in; i += kThreads) {
-          xr[i] = (xr[i] * inv) * to_f32(norm_weight[i]);
-          if (blockIdx.x == 0 && normed != nullptr) normed[r * in + i] = xr[i];
+          float& value = at(r, i);
+          value = (value * inv) * to_f32(norm_weight[i]);
+          if (blockIdx.x == 0 && normed != nullptr) normed[r * in + i] = value;
         }
       }
     }
     __syncthreads();
-    xs = rows_copy;
   }
-  const int64_t vectors = in / V;
   const int64_t total = Mode == GemvMode::SiluPair
                             ? products.out[0]
                             : products.out[0] + products.out[1] + products.out[2] + products.out[3];
-  for (int64_t feature = int64_t(blockIdx.x) * kWarps + warp; feature < total;
-       feature += int64_t(gridDim.x) * kWarps) {
-    int m = 0;
-    int64_t o = feature;
-    if constexpr (Mode != GemvMode::SiluPair) {
-      while (o >= products.out[m]) o -= products.out[m++];
+  constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
+  constexpr int F = features_per_warp<R, P>();
+  // Block-uniform, so that every warp reaches the chunks' barriers.
+  for (int64_t base = int64_t(blockIdx.x) * kWarps * F; base < total;
+       base += int64_t(gridDim.x) * kWarps * F) {
+    const int64_t first = base + int64_t(warp) * F;
+    int m[F];
+    int64_t o[F];
+    const uint4* weight_rows[F][P];
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+      // Past the last feature: feature 0's rows are read again and the sums dropped.
+      o[f] = first + f < total ? first + f : 0;
+      m[f] = 0;
+      if constexpr (Mode != GemvMode::SiluPair) {
+        while (o[f] >= products.out[m[f]]) o[f] -= products.out[m[f]++];
+      }
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        weight_rows[f][p] =
+            reinterpret_cast<const uint4*>(static_cast<const W*>(products.w[m[f] + p]) + o[f] * in);
     }
-    constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
-    const uint4* weight_rows[P];
+    float acc[F][P][R];
 #pragma unroll
-    for (int p = 0; p < P; ++p)
-      weight_rows[p] =
-          reinterpret_cast<const uint4*>(static_cast<const W*>(products.w[m + p]) + o * in);
-    float acc[P][R];
+    for (int f = 0; f < F; ++f)
 #pragma unroll
-    for (int p = 0; p < P; ++p)
+      for (int p = 0; p < P; ++p)
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[p][r] = 0.0f;
-#pragma unroll 8
-    for (int64_t v = lane; v < vectors; v += 32) {
-      float weights[P][V];
+        for (int r = 0; r < R; ++r) acc[f][p][r] = 0.0f;
+    for (int64_t c0 = 0; c0 < vectors; c0 += chunk_vectors) {
+      const int64_t c1 = c0 + chunk_vectors < vectors ? c0 + chunk_vectors : vectors;
+      if (!whole) {
+        __syncthreads();  // the previous chunk's readers are done
+        stage_columns<V>(x, rows, in, c0 * V, (c1 - c0) * V, staged);
+        __syncthreads();
+      }
+      if (first >= total) continue;
+#pragma unroll(F == 1 ? 8 : 2)
+      for (int64_t v = c0 + lane; v < c1; v += 32) {
+        float weights[F][P][V];
 #pragma unroll
-      for (int p = 0; p < P; ++p) WeightVector<W>::widen(__ldg(weight_rows[p] + v), weights[p]);
+        for (int f = 0; f < F; ++f)
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= rows) break;
-        const float4* xr = reinterpret_cast<const float4*>(xs + r * in + v * V);
+          for (int p = 0; p < P; ++p)
+            WeightVector<W>::widen(__ldg(weight_rows[f][p] + v), weights[f][p]);
 #pragma unroll
-        for (int q = 0; q < V / 4; ++q) {
-          const float4 xv = xr[q];
+        for (int r = 0; r < R; ++r) {
+          if (r >= rows) break;
 #pragma unroll
-          for (int p = 0; p < P; ++p) {
-            acc[p][r] = fmaf(weights[p][4 * q], xv.x, acc[p][r]);
-            acc[p][r] = fmaf(weights[p][4 * q + 1], xv.y, acc[p][r]);
-            acc[p][r] = fmaf(weights[p][4 * q + 2], xv.z, acc[p][r]);
-            acc[p][r] = fmaf(weights[p][4 * q + 3], xv.w, acc[p][r]);
+          for (int q = 0; q < V / 4; ++q) {
+            const float4 xv = staged[staged_float4<V>(r, v - c0, q, c1 - c0)];
+#pragma unroll
+            for (int f = 0; f < F; ++f)
+#pragma unroll
+              for (int p = 0; p < P; ++p) {
+                float& a = acc[f][p][r];
+                a = fmaf(weights[f][p][4 * q], xv.x, a);
+                a = fmaf(weights[f][p][4 * q + 1], xv.y, a);
+                a = fmaf(weights[f][p][4 * q + 2], xv.z, a);
+                a = fmaf(weights[f][p][4 * q + 3], xv.w, a);
+              }
           }
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r >= rows) break;
-      float sums[P];
+    for (int f = 0; f < F; ++f) {
+      if (first + f >= total) break;
 #pragma unroll
-      for (int p = 0; p < P; ++p) sums[p] = warp_reduce(acc[p][r], SumOp{});
-      if (lane != 0) continue;
-      float* y = products.y[m] + r * products.out[m] + o;
-      if constexpr (Mode == GemvMode::Store) {
-        *y = sums[0];
-      } else if constexpr (Mode == GemvMode::Accumulate) {
-        *y = *y + sums[0];
-      } else {
-        // silu_mul_kernel's expression, so the bits are those of the separate ops.
-        const float g = sums[0];
-        *y = g / (1.0f + expf(-g)) * sums[1];
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        float sums[P];
+#pragma unroll
+        for (int p = 0; p < P; ++p) sums[p] = warp_reduce(acc[f][p][r], SumOp{});
+        if (lane != 0) continue;
+        float* y = products.y[m[f]] + r * products.out[m[f]] + o[f];
+        if constexpr (Mode == GemvMode::Store) {
+          *y = sums[0];
+        } else if constexpr (Mode == GemvMode::Accumulate) {
+          *y = *y + sums[0];
+        } else {
+          // silu_mul_kernel's expression, so the bits are those of the separate ops.
+          const float g = sums[0];
+          *y = g / (1.0f + expf(-g)) * sums[1];
+        }
       }
     }
   }
@@ -204,25 +270,40 @@ int64_t blocks_per_sm() {
 // Shared memory for the staged rows: up to the opt-in limit set once per kernel instance.
 constexpr int64_t kMaxStagedBytes = 96 * 1024;
 
-template <typename W, typename NormW, int R, GemvMode Mode, bool Shared>
+// Columns staged at a time: every column when the rows fit, else the most whole 32-vector
+// groups that do (at least one: 16 rows x 256 columns is 16 KiB).
+int64_t staged_columns(int64_t rows, int64_t in, int64_t vector) {
+  if (rows * in * int64_t(sizeof(float)) <= kMaxStagedBytes) return in;
+  const int64_t group = 32 * vector;
+  const int64_t groups = kMaxStagedBytes / (rows * int64_t(sizeof(float)) * group);
+  return (groups > 1 ? groups : 1) * group;
+}
+
+template <typename W, typename NormW, int R, GemvMode Mode>
 void launch_warp_kernel(const float* x, const GemvProducts& products, int rows, int64_t in,
                         const void* norm_weight, float eps, float* normed, int64_t total,
                         int sm_count, cudaStream_t stream) {
-  auto kernel = gemv_warp_kernel<W, NormW, R, Mode, Shared>;
-  const size_t shared_bytes = Shared ? size_t(rows) * size_t(in) * sizeof(float) : 0;
-  if (Shared && shared_bytes > 48 * 1024) {
-    static bool raised = false;  // per instance; the launch is on the host thread of the backend
-    if (!raised) {
+  auto kernel = gemv_warp_kernel<W, NormW, R, Mode>;
+  const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
+  const size_t shared_bytes = size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float);
+  if (shared_bytes > 48 * 1024) {
+    // Once per instance (a thread-safe static: lanes of run_tasks launch from several threads).
+    static const bool raised = [&] {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(kMaxStagedBytes));
-      raised = true;
-    }
+      return true;
+    }();
+    (void)raised;
   }
-  // A warp per feature, eight per block, up to a few blocks per SM (then grid-stride).
-  const int64_t wanted = (total + kWarps - 1) / kWarps;
+  // A warp per F features, eight per block, up to a few blocks per SM (then grid-stride). F
+  // stays 4 from 3 rows on even where that leaves SMs idle (q/k/v, o_proj): measured on an H200,
+  // fewer features per warp (more blocks) was slower at 8 rows, the shared-memory reads bound.
+  constexpr int kPairs = Mode == GemvMode::SiluPair ? 2 : 1;
+  constexpr int64_t per_block = kWarps * features_per_warp<R, kPairs>();
+  const int64_t wanted = (total + per_block - 1) / per_block;
   const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * blocks_per_sm();
   kernel<<<unsigned(wanted < cap ? wanted : cap), kThreads, shared_bytes, stream>>>(
-      x, products, rows, in, static_cast<const NormW*>(norm_weight), eps, normed);
+      x, products, rows, in, chunk, static_cast<const NormW*>(norm_weight), eps, normed);
 }
 
 template <typename W, int R, bool Accumulate>
@@ -293,7 +374,6 @@ void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
     return;
   }
   for (int m = products.count; m < kMaxGemvProducts; ++m) products.out[m] = 0;
-  const bool shared = gemv_stages_rows(call.rows, call.in);
   const bool silu = call.silu_pair;
   if (silu) total = products.out[0];
   dispatch_weight(call.w_dtype, [&](auto zero) {
@@ -302,27 +382,21 @@ void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
       constexpr int R = decltype(rows_tag)::value;
       auto with_norm = [&](auto norm_zero) {
         using N = decltype(norm_zero);
-        auto go = [&](auto mode_tag, auto shared_tag) {
-          launch_warp_kernel<W, N, R, decltype(mode_tag)::value, decltype(shared_tag)::value>(
+        auto go = [&](auto mode_tag) {
+          launch_warp_kernel<W, N, R, decltype(mode_tag)::value>(
               call.x, products, n, call.in, call.norm_weight, call.eps, call.normed, total,
               sm_count, stream);
         };
-        auto with_mode = [&](auto shared_tag) {
-          if (silu)
-            go(std::integral_constant<GemvMode, GemvMode::SiluPair>{}, shared_tag);
-          else if (call.accumulate)
-            go(std::integral_constant<GemvMode, GemvMode::Accumulate>{}, shared_tag);
-          else
-            go(std::integral_constant<GemvMode, GemvMode::Store>{}, shared_tag);
-        };
-        if (shared)
-          with_mode(std::true_type{});
+        if (silu)
+          go(std::integral_constant<GemvMode, GemvMode::SiluPair>{});
+        else if (call.accumulate)
+          go(std::integral_constant<GemvMode, GemvMode::Accumulate>{});
         else
-          with_mode(std::false_type{});
+          go(std::integral_constant<GemvMode, GemvMode::Store>{});
       };
       // The norm weight's type (only read with a norm; F32 otherwise, one instance): F32 or
       // the weights' own (GemvCall::norm_dtype), so as few kernels are built as needed.
-      if (call.norm_weight == nullptr || !shared || call.norm_dtype == DType::F32)
+      if (call.norm_weight == nullptr || call.norm_dtype == DType::F32)
         with_norm(float{});
       else
         with_norm(W{});

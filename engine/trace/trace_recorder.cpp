@@ -1,8 +1,8 @@
 // Recording a lockstep run into a Trace. Per step: the session advances every run by one token,
 // each traced run's layer rows (the first t + 1 columns of its [layers * H, stride] logits and of
 // its policy's [H, stride] scores and masks) are copied to host memory behind the step's ops, and
-// while the backend runs step t + 1 the rows of step t are reduced to the step metrics before the
-// trace applies its memory budget (two capture buffers, steps t and t + 1).
+// while the backend runs steps t + 1 and t + 2 the rows of step t are reduced to the step metrics
+// before the trace applies its memory budget (three capture buffers).
 // Rows of a layer a policy did not rank (Dense decision, or a run without a policy): visible is
 // every candidate and scores are NaN; a skipped layer (tokenfilter) shows nothing visible.
 #include "engine/trace/trace_recorder.h"
@@ -105,7 +105,7 @@ TraceRecorder::~TraceRecorder() {
 }
 
 void TraceRecorder::enqueue_step(int64_t t) {
-  Capture& capture = captures_[size_t(t % 2)];
+  Capture& capture = captures_[size_t(t % kCaptures)];
   Backend& backend = *model_->backend;
   const DeviceTensor& logits = session_.forward(std::span<const int32_t>(&tokens_[size_t(t)], 1));
   try {
@@ -159,6 +159,7 @@ void TraceRecorder::enqueue_step(int64_t t) {
     }
     capture.fence = backend.fence();
     capture.step = t;
+    queued_ = t + 1;
   } catch (const std::exception& e) {
     broken_ =
         "step " + std::to_string(t) + " ran but its rows could not be read back (" + e.what() + ")";
@@ -171,18 +172,17 @@ bool TraceRecorder::step() {
   if (!broken_.empty())
     throw Error("trace", "recording", "a recorder whose steps all read back", broken_);
   const int64_t t = trace_.step_count();
-  Capture& capture = captures_[size_t(t % 2)];
-  if (capture.step != t) enqueue_step(t);
+  Capture& capture = captures_[size_t(t % kCaptures)];
+  if (queued_ <= t) enqueue_step(t);
   capture.fence->wait();
-  // The backend runs the next step while this one is recorded; a failure there is reported once
-  // this step is in the trace.
+  // The backend runs the next steps while this one is recorded (two queued, so that it has work
+  // while the host waits for a step and queues another); a failure there is reported once this
+  // step is in the trace.
   std::exception_ptr next_failed;
-  if (t + 1 < int64_t(tokens_.size())) {
-    try {
-      enqueue_step(t + 1);
-    } catch (...) {
-      next_failed = std::current_exception();
-    }
+  try {
+    while (queued_ < int64_t(tokens_.size()) && queued_ <= t + kCaptures - 1) enqueue_step(queued_);
+  } catch (...) {
+    next_failed = std::current_exception();
   }
   const int64_t vocab = model_->config().vocab_size;
   const auto* all_logits = static_cast<const float*>(capture.host.get());

@@ -34,8 +34,9 @@ class TraceRecorder {
                 TraceOptions options = {});
 
   // Feeds the next token to every run and records the step. False when the text is done. The
-  // backend runs the following step while this one is recorded (its rows reach host memory
-  // asynchronously, double-buffered), so the session is one step ahead of the trace.
+  // backend runs the following steps while this one is recorded (their rows reach host memory
+  // asynchronously, into one of three buffers), so the session is up to two steps ahead of the
+  // trace.
   bool step();
   bool done() const { return trace_.step_count() >= int64_t(tokens_.size()); }
   int64_t steps_total() const { return int64_t(tokens_.size()); }
@@ -72,7 +73,9 @@ class TraceRecorder {
   DecoderSession session_;
   int64_t reference_run_ = 0;  // the dense run KL and ranks compare against
   Trace trace_;
-  Capture captures_[2];  // steps t and t + 1
+  static constexpr int64_t kCaptures = 3;  // steps t, t + 1 and t + 2
+  Capture captures_[kCaptures];
+  int64_t queued_ = 0;  // the steps before this one have run (or are queued) in the session
   // Set when a step ran but its rows could not be queued: the session is past the trace then.
   std::string broken_;
 };

@@ -255,11 +255,13 @@ TEST_CASE("cuda backend: matmul", "[cuda]") {
   };
   uint32_t seed = 20;
   // Few rows (the weight-streaming GEMV: vector loads where `in` allows them, scalar loads
-  // otherwise, 1..16 rows), and many rows (cuBLAS SGEMM; BF16/F16 weights widened in slices
-  // of 2^24 elements, so 20 x 4096 x 4100 takes two slices).
+  // otherwise, 1..16 rows, 4 features a warp from 3 rows on), and many rows (cuBLAS SGEMM; BF16/F16
+  // weights widened in slices of 2^24 elements, so 20 x 4096 x 4100 takes two slices).
   for (const Shape& s :
        {Shape{1, 257, 131}, Shape{7, 96, 300}, Shape{3, 64, 1}, Shape{1, 2048, 333},
-        Shape{16, 520, 70}, Shape{12, 1000, 9}, Shape{17, 96, 40}, Shape{20, 4096, 4100}}) {
+        Shape{16, 520, 70}, Shape{12, 1000, 9}, Shape{17, 96, 40}, Shape{20, 4096, 4100},
+        // rows that do not fit shared memory at once: staged in chunks, the last one partial
+        Shape{8, 4000, 37}, Shape{13, 2600, 5}}) {
     for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       INFO("n " << s.n << " in " << s.in << " out " << s.out << " w " << dtype_name(dtype));
       const HostWeight w = random_weight(dtype, {s.out, s.in}, ++seed);
@@ -341,6 +343,49 @@ TEST_CASE("cuda backend: matmul_many and matmul_add give matmul's bits", "[cuda]
       b.gpu->matmul_add(x.gpu, q_w, scratch, acc.gpu);
       b.gpu->add_inplace(want.gpu, separate[0]);
       CHECK(read(*b.gpu, acc.gpu) == read(*b.gpu, want.gpu));
+    }
+  }
+}
+
+TEST_CASE("cuda backend: the fused norm and products give the separate ops' bits", "[cuda]") {
+  // rmsnorm_matmul_many and rmsnorm_gate_up stage the rows in the products' kernel and normalise
+  // them there (8 rows x 2048 fit shared memory; 16 rows do not and run unfused): the normed
+  // rows, the products and silu(gate) * up must have the bits of rmsnorm, matmul and silu_mul.
+  Backends b;
+  uint32_t seed = 300;
+  for (const int64_t n : {int64_t(1), int64_t(3), int64_t(8), int64_t(16)}) {
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      INFO("rows " << n << " w " << dtype_name(dtype));
+      const int64_t in = 2048;
+      const DeviceTensor norm = raw_on_gpu(b, random_weight(dtype, {in}, ++seed));
+      const DeviceTensor wq = raw_on_gpu(b, random_weight(dtype, {96, in}, ++seed));
+      const DeviceTensor wk = raw_on_gpu(b, random_weight(dtype, {40, in}, ++seed));
+      const DeviceTensor gate_w = raw_on_gpu(b, random_weight(dtype, {72, in}, ++seed));
+      const DeviceTensor up_w = raw_on_gpu(b, random_weight(dtype, {72, in}, ++seed));
+      const Pair x = make_f32(b, random_values(size_t(n * in), ++seed), {n, in});
+      auto alloc = [&](int64_t cols) { return b.gpu->alloc(DType::F32, {n, cols}); };
+      DeviceTensor normed = alloc(in), q = alloc(96), k = alloc(40);
+      b.gpu->rmsnorm(x.gpu, norm, 1e-5f, normed);
+      b.gpu->matmul(normed, wq, q);
+      b.gpu->matmul(normed, wk, k);
+      DeviceTensor fused_normed = alloc(in), fused_q = alloc(96), fused_k = alloc(40);
+      const DeviceTensor* const qk_w[] = {&wq, &wk};
+      DeviceTensor* const qk[] = {&fused_q, &fused_k};
+      b.gpu->rmsnorm_matmul_many(x.gpu, norm, 1e-5f, fused_normed, qk_w, qk);
+      CHECK(read(*b.gpu, fused_normed) == read(*b.gpu, normed));
+      CHECK(read(*b.gpu, fused_q) == read(*b.gpu, q));
+      CHECK(read(*b.gpu, fused_k) == read(*b.gpu, k));
+
+      DeviceTensor gate = alloc(72), up = alloc(72), act = alloc(72);
+      b.gpu->matmul(normed, gate_w, gate);
+      b.gpu->matmul(normed, up_w, up);
+      b.gpu->silu_mul(gate, up, act);
+      DeviceTensor fused_gate = alloc(72), fused_up = alloc(72), fused_act = alloc(72);
+      DeviceTensor again_normed = alloc(in);
+      b.gpu->rmsnorm_gate_up(x.gpu, norm, 1e-5f, again_normed, gate_w, up_w, fused_gate, fused_up,
+                             fused_act);
+      CHECK(read(*b.gpu, again_normed) == read(*b.gpu, normed));
+      CHECK(read(*b.gpu, fused_act) == read(*b.gpu, act));
     }
   }
 }

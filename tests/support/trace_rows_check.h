@@ -1,5 +1,5 @@
 // Checks that a TraceRecorder's rows are those of its own step: the recorder reads a step back
-// while the backend runs the next one (double-buffered), so a row from the wrong buffer or the
+// while the backend runs the next ones (three buffers), so a row from the wrong buffer or the
 // wrong step must show. The reference is a session stepped by hand with blocking reads.
 #pragma once
 
