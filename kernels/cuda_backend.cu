@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/common/error.h"
+#include "engine/runtime/policy_op_math.h"
 #include "engine/runtime/thread_pool.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_backend.h"
@@ -1116,6 +1117,44 @@ class CudaBackend final : public Backend {
     args.decay = decay;
     cuda::launch_anchor_cosine_update(args, stream());
     check_launch("anchor_cosine_update");
+  }
+
+  void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
+                         DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep) override {
+    const std::string op = "token_filter_step";
+    require(state, DType::U8, op, "state");
+    require_elements(state, 8 * kTokenFilterState, op, "state");
+    require(keep, DType::U8, op, "keep");
+    if (elements(keep) < 1) bad_argument(op + ": keep", "at least one element", describe(keep));
+    require(scores, DType::F32, op, "scores");
+    if (scores.shape.size() != 2 || column < 0 || column >= scores.dim(1))
+      bad_argument(op + ": scores",
+                   cat({"[rows, stride] with column ", std::to_string(column), " < stride"}),
+                   describe(scores));
+    int64_t kv_heads = 0;
+    if (similarity != nullptr) {
+      require(*similarity, DType::F32, op, "similarity");
+      if (elements(*similarity) < 2 || elements(*similarity) % 2 != 0)
+        bad_argument(op + ": similarity", "2 * G elements (keys, then values)",
+                     describe(*similarity));
+      kv_heads = elements(*similarity) / 2;
+    }
+    activate();
+    cuda::launch_token_filter_step(similarity ? similarity->as<float>() : nullptr, kv_heads, eta,
+                                   target, column, static_cast<double*>(state.data),
+                                   {scores.as<float>(), scores.dim(1)}, scores.dim(0),
+                                   keep.as<uint8_t>(), stream());
+    check_launch(op.c_str());
+  }
+
+  void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) override {
+    const std::string op = "zero_unless";
+    require(rows, DType::F32, op, "rows");
+    require(keep, DType::U8, op, "keep");
+    if (elements(keep) < 1) bad_argument(op + ": keep", "at least one element", describe(keep));
+    activate();
+    cuda::launch_zero_unless(rows.as<float>(), elements(rows), keep.as<uint8_t>(), stream());
+    check_launch(op.c_str());
   }
 
   // Stream capture of the step's ops into a CUDA graph. Thread-local capture mode: only this

@@ -496,6 +496,45 @@ void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected,
                                                                k);
 }
 
+namespace {
+
+__global__ void token_filter_step_kernel(const float* similarity, int64_t kv_heads, double eta,
+                                         double target, int64_t column, double* state,
+                                         RowsRef<float> scores, int64_t rows, uint8_t* keep) {
+  __shared__ float score;
+  if (threadIdx.x == 0) {
+    double s_kv = 0.0;
+    const bool skip = token_filter_step(similarity, kv_heads, eta, target, state, &s_kv);
+    keep[0] = skip ? 0 : 1;
+    score = float(s_kv);
+  }
+  __syncthreads();
+  if (similarity == nullptr) return;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+    scores.data[r * scores.stride + column] = score;
+}
+
+__global__ void zero_unless_kernel(float* rows, int64_t count, const uint8_t* keep) {
+  if (keep[0] != 0) return;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x)
+    rows[i] = 0.0f;
+}
+
+}  // namespace
+
+void launch_token_filter_step(const float* similarity, int64_t kv_heads, double eta, double target,
+                              int64_t column, double* state, RowsRef<float> scores, int64_t rows,
+                              uint8_t* keep, cudaStream_t stream) {
+  token_filter_step_kernel<<<1, 128, 0, stream>>>(similarity, kv_heads, eta, target, column, state,
+                                                  scores, rows, keep);
+}
+
+void launch_zero_unless(float* rows, int64_t count, const uint8_t* keep, cudaStream_t stream) {
+  if (count <= 0) return;
+  zero_unless_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(rows, count, keep);
+}
+
 void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream) {
   if (args.kv_heads <= 0) return;
   constexpr int kAnchorHeadThreads = 64;

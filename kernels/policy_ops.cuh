@@ -145,4 +145,12 @@ struct AnchorCosineArgs {
 };
 void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream);
 
+// Backend::token_filter_step: one thread decides (token_filter_step of policy_op_math.h on the
+// doubles of `state`), the block writes the scores column. similarity null: the layer's first step.
+void launch_token_filter_step(const float* similarity, int64_t kv_heads, double eta, double target,
+                              int64_t column, double* state, RowsRef<float> scores, int64_t rows,
+                              uint8_t* keep, cudaStream_t stream);
+// Backend::zero_unless: rows[0 .. count) = 0 where keep[0] == 0.
+void launch_zero_unless(float* rows, int64_t count, const uint8_t* keep, cudaStream_t stream);
+
 }  // namespace kvlens::cuda

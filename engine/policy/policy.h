@@ -67,6 +67,11 @@ enum class LayerDecision {
   Dense,    // every candidate visible (no mask applied)
   Masked,   // the policy wrote the visibility mask
   Skipped,  // the layer's attention output is zero for this token (tokenfilter)
+  // Dense or Skipped, decided on the backend (Policy::gate, U8 [1, 1]: 1 Dense, 0 Skipped) so
+  // that no value waits for the host: the attention runs over every candidate and its output is
+  // zeroed where the gate is 0. The session reads the gates back with the step's other counts
+  // and records Dense or Skipped; Gated never reaches a trace.
+  Gated,
 };
 
 struct BackendPredictor;
@@ -116,6 +121,9 @@ class Policy {
   virtual void grow(int64_t /*stride*/) {}
   // Bytes of the backend buffers the policy holds itself (not the session's rows it is given).
   virtual int64_t state_bytes() const { return 0; }
+  // The gate of a layer whose last select returned Gated (backend memory, U8 [1, 1]); null
+  // otherwise (the default: a policy that never gates).
+  virtual const DeviceTensor* gate(int64_t /*layer*/) const { return nullptr; }
 };
 
 // `src` [R, S] copied into columns [0, S) of `dst` [R, S'] (S' >= S), row by row, on the

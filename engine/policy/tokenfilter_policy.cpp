@@ -1,8 +1,8 @@
 // tokenfilter (KV-similarity token filtering, POLICIES.md): an attention-skip policy. In the tail
 // layers, a token whose key and value look like the recent ones (cosine to an EMA anchor) skips
 // the layer's attention (its attention output is zero; the MLP still runs). It selects no tokens:
-// each (step, layer) is Dense or Skipped. Per tail layer: anchors [G, D] F32 for keys and values
-// on the backend, and a few host numbers (variances, threshold, counts).
+// each (step, layer) is Dense or Skipped. Per tail layer, all on the backend: anchors [G, D] F32
+// for keys and values, the decision's state (variances, threshold, counts) and its gate.
 //
 // The rule, with every reading this file makes:
 // - Tail. The last n_tail = round(tail_frac * N) layers (llround, half away from zero), minus any
@@ -32,9 +32,11 @@
 //   `tau`.
 // - Scores: the layer's scores row gets S_kv at the current column for every head and 0 in the
 //   other candidate columns (0 at a layer's first step, where there is no S_kv).
-// - Backend work: anchor_cosine_update (cosines and the EMA step, on the device) for k and v,
-//   then 2G floats are read back to the host per tail layer and step for the decision, which the
-//   session needs on the host anyway. The budget knobs (sinks, window, budget_tokens,
+// - Backend work: anchor_cosine_update (cosines and the EMA step) for k and v, then
+//   token_filter_step (the rule above in double arithmetic, policy_op_math.h) writes the scores
+//   column and the layer's gate: the layer is Gated, its attention zeroed on the device where
+//   the token skips, and the session reads the gates back once per step with the sparsity
+//   counts. Nothing waits for the host. The budget knobs (sinks, window, budget_tokens,
 //   granularity, ...) have no effect: nothing is selected.
 #include <algorithm>
 #include <cmath>
@@ -42,22 +44,10 @@
 #include <vector>
 
 #include "engine/policy/policy_factories.h"
+#include "engine/runtime/policy_op_math.h"
 
 namespace kvlens {
 namespace {
-
-// Welford's running mean and sum of squared deviations.
-struct RunningVariance {
-  int64_t count = 0;
-  double mean = 0.0, m2 = 0.0;
-  void add(double x) {
-    ++count;
-    const double delta = x - mean;
-    mean += delta / double(count);
-    m2 += delta * (x - mean);
-  }
-  double variance() const { return count > 0 ? m2 / double(count) : 0.0; }
-};
 
 struct TokenfilterSettings {
   int64_t dense_layers = 1;
@@ -71,20 +61,22 @@ class TokenfilterPolicy final : public Policy {
         backend_(backend),
         settings_(settings),
         similarities_(backend.alloc(DType::F32, {2, shape.kv_heads})),
-        zeros_(backend.alloc(DType::F32, {1, shape.stride})),
-        value_(backend.alloc(DType::F32, {1, 1})),
-        host_(size_t(2 * shape.kv_heads)) {
+        zeros_(backend.alloc(DType::F32, {1, shape.stride})) {
     const int64_t n = shape.layers;
     const int64_t tail = std::llround(settings.tail_frac * double(n));
     first_tail_ = std::max(n - tail, settings.dense_layers);
     const int64_t kept = std::max<int64_t>(0, n - first_tail_);
     target_ = kept > 0 ? std::min(1.0, settings.global_ratio * double(n) / double(kept)) : 0.0;
     layers_.resize(size_t(n));
+    double initial[kTokenFilterState] = {};
+    initial[kTfTau] = settings.tau;
     for (int64_t l = first_tail_; l < n; ++l) {
       Layer& layer = layers_[size_t(l)];
       layer.anchor_k = backend.alloc(DType::F32, {shape.kv_heads, shape.head_dim});
       layer.anchor_v = backend.alloc(DType::F32, {shape.kv_heads, shape.head_dim});
-      layer.tau = settings.tau;
+      layer.state = backend.alloc(DType::U8, {int64_t(sizeof initial)});
+      backend.from_host(layer.state, initial, sizeof initial);
+      layer.gate = backend.alloc(DType::U8, {1, 1});
     }
   }
 
@@ -97,9 +89,14 @@ class TokenfilterPolicy final : public Policy {
     zeros_ = widen_columns(backend_, zeros_, stride);
   }
   int64_t state_bytes() const override {
-    int64_t bytes = tensor_bytes({similarities_, zeros_, value_});
-    for (const Layer& layer : layers_) bytes += tensor_bytes({layer.anchor_k, layer.anchor_v});
+    int64_t bytes = tensor_bytes({similarities_, zeros_});
+    for (const Layer& layer : layers_)
+      bytes += tensor_bytes({layer.anchor_k, layer.anchor_v, layer.state, layer.gate});
     return bytes;
+  }
+  const DeviceTensor* gate(int64_t layer) const override {
+    return layer >= first_tail_ && layer < int64_t(layers_.size()) ? &layers_[size_t(layer)].gate
+                                                                   : nullptr;
   }
 
   LayerDecision select(const LayerStep& step, DeviceTensor&, DeviceTensor& scores) override {
@@ -108,53 +105,26 @@ class TokenfilterPolicy final : public Policy {
     const int64_t t = step.step, cols = step.cols();
     DeviceTensor sim_k = similarity_row(0), sim_v = similarity_row(1);
     backend_.axpby_rows(scores, 1.0f, zeros_, 0.0f, cols);  // 0 but the current column
-    if (!layer.started) {
-      // decay 0: the anchors become this token's k and v.
-      backend_.anchor_cosine_update(*step.k_cache, t, 0.0f, layer.anchor_k, sim_k);
-      backend_.anchor_cosine_update(*step.v_cache, t, 0.0f, layer.anchor_v, sim_v);
-      layer.started = true;
-      finish_step(layer, false);
-      return LayerDecision::Dense;
-    }
-    const float decay = float(settings_.ema);
+    // decay 0 at the layer's first step: the anchors become this token's k and v.
+    const bool first = !layer.started;
+    const float decay = first ? 0.0f : float(settings_.ema);
     backend_.anchor_cosine_update(*step.k_cache, t, decay, layer.anchor_k, sim_k);
     backend_.anchor_cosine_update(*step.v_cache, t, decay, layer.anchor_v, sim_v);
-    backend_.to_host(similarities_, host_.data(), host_.size() * sizeof(float));
-    const int64_t G = shape_.kv_heads;
-    double s_k = 0.0, s_v = 0.0;
-    for (int64_t g = 0; g < G; ++g) {
-      s_k += host_[size_t(g)];
-      s_v += host_[size_t(G + g)];
-      layer.var_k.add(host_[size_t(g)]);
-      layer.var_v.add(host_[size_t(G + g)]);
-    }
-    s_k /= double(G);
-    s_v /= double(G);
-    const double var_k = layer.var_k.variance(), var_v = layer.var_v.variance();
-    const double alpha =
-        var_k > 0.0 && var_v > 0.0 ? (1.0 / var_v) / (1.0 / var_k + 1.0 / var_v) : 0.5;
-    const double s_kv = alpha * s_k + (1.0 - alpha) * s_v;
-    write_current_column(scores, t, float(s_kv));
-    const bool skip = target_ > 0.0 && s_kv > layer.tau;
-    finish_step(layer, skip);
-    return skip ? LayerDecision::Skipped : LayerDecision::Dense;
+    layer.started = true;
+    // The decision and the threshold's update stay on the backend (the gate): no read-back.
+    backend_.token_filter_step(first ? nullptr : &similarities_, settings_.eta, target_, t,
+                               layer.state, scores, layer.gate);
+    // Target 0 never skips: the plain dense layer, bit for bit.
+    return first || target_ <= 0.0 ? LayerDecision::Dense : LayerDecision::Gated;
   }
 
  private:
   struct Layer {
     DeviceTensor anchor_k, anchor_v;  // [G, D]
+    DeviceTensor state;               // token_filter_step's doubles
+    DeviceTensor gate;                // U8 [1, 1]: 0 when this step's token skipped the layer
     bool started = false;
-    int64_t steps = 0, skips = 0;
-    double tau = 0.0;
-    RunningVariance var_k, var_v;
   };
-
-  void finish_step(Layer& layer, bool skipped) {
-    ++layer.steps;
-    if (skipped) ++layer.skips;
-    const double ratio = double(layer.skips) / double(layer.steps);
-    layer.tau += settings_.eta * (ratio - target_);
-  }
 
   // Row r of similarities_ ([2, G]) as a G-element tensor of its own.
   DeviceTensor similarity_row(int64_t r) const {
@@ -162,15 +132,6 @@ class TokenfilterPolicy final : public Policy {
     row.data = similarities_.as<float>() + r * shape_.kv_heads;
     row.shape = {shape_.kv_heads};
     return row;
-  }
-
-  // scores[h, t] = value for every head: a one-column view starting at column t (rows keep the
-  // buffer's stride, and only column 0 of the view is written), filled from a one-value row.
-  void write_current_column(DeviceTensor& scores, int64_t t, float value) {
-    backend_.from_host(value_, &value, sizeof value);
-    DeviceTensor column = scores;
-    column.data = scores.as<float>() + t;
-    backend_.axpby_rows(column, 1.0f, value_, 0.0f, 1);
   }
 
   PolicyShape shape_;
@@ -181,8 +142,6 @@ class TokenfilterPolicy final : public Policy {
   std::vector<Layer> layers_;
   DeviceTensor similarities_;  // [2, G]: key then value similarities of the current layer
   DeviceTensor zeros_;         // [1, stride]
-  DeviceTensor value_;         // [1, 1]
-  std::vector<float> host_;    // similarities_ read back
 };
 
 }  // namespace

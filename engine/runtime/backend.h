@@ -389,6 +389,20 @@ class Backend {
   // policy_op_math.h): the same bits on every backend.
   virtual void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
                                     DeviceTensor& anchor, DeviceTensor& similarity) = 0;
+  // Token filtering's decision for one layer and step, on the backend (tokenfilter_policy.cpp has
+  // the rule). state, U8 [8 * kTokenFilterState] holding doubles (token_filter_step in
+  // policy_op_math.h: the running variances of the per-head similarities, tau, the layer's steps
+  // and skips), is updated; similarity F32 [2 * G] (the key then the value similarities), or null
+  // at the layer's first step (no decision: not skipped); scores[r, column] = float(S_kv) for every
+  // row r of the F32 [R, stride] scores (not written at the first step); keep U8 [1, 1] = 0 when
+  // the token skips the layer, else 1. The same double arithmetic on every backend (no fused
+  // multiply-adds): the same bits.
+  virtual void token_filter_step(const DeviceTensor* similarity, double eta, double target,
+                                 int64_t column, DeviceTensor& state, DeviceTensor& scores,
+                                 DeviceTensor& keep) = 0;
+  // rows[...] = 0 where keep[0] == 0 (every element, exact zeros); unchanged otherwise. rows F32,
+  // keep U8 [1, 1] in backend memory: a gated layer's attention output.
+  virtual void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) = 0;
 };
 
 // The CPU reference backend with `threads` worker threads (0 = hardware concurrency).

@@ -106,6 +106,9 @@ struct SessionRun {
   // layers, added to `sparsity` once they are there.
   std::vector<std::vector<int64_t>> visible_counts;
   std::vector<std::pair<int64_t, int64_t>> counted_layers;
+  // This step's Gated layers, whose gate (counted like a one-column mask, into visible_counts)
+  // makes them Dense or Skipped once the counts are there.
+  std::vector<int64_t> gated_layers;
   // The layer whose probabilities (policy_probs) await the policy's observe, or -1: a step
   // observes layer l in the run's selection task of layer l + 1 (the last layer's after the
   // layers).
@@ -268,6 +271,9 @@ class DecoderSession {
   // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
   void select_run(int64_t r, size_t layer, int64_t cols);
   void attend_unselected(int64_t r, size_t layer, int64_t window);
+  // Zeroes run r's attention output of `layer` on the backend where its policy gated the layer
+  // off (a Gated decision of this step; nothing otherwise).
+  void apply_gate(int64_t r, size_t layer);
   LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).

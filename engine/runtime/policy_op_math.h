@@ -137,6 +137,98 @@ KVLENS_HOST_DEVICE inline float page_bound(const float* q, const float* lo, cons
   return mul_rn(sum, scale);
 }
 
+// The same for doubles (token_filter_step).
+KVLENS_HOST_DEVICE inline double dmul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+KVLENS_HOST_DEVICE inline double dadd_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+KVLENS_HOST_DEVICE inline double dsub_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+KVLENS_HOST_DEVICE inline double ddiv_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// Token filtering's per-layer state (Backend::token_filter_step), doubles: Welford's count, mean
+// and M2 of the key similarities, the same for the values, the threshold tau, and the layer's
+// steps and skips so far.
+enum TokenFilterSlot {
+  kTfKeyCount,
+  kTfKeyMean,
+  kTfKeyM2,
+  kTfValueCount,
+  kTfValueMean,
+  kTfValueM2,
+  kTfTau,
+  kTfSteps,
+  kTfSkips,
+  kTokenFilterState
+};
+
+// Welford's update of (count, mean, m2) at state[at..at + 2] with x.
+KVLENS_HOST_DEVICE inline void welford_add(double* state, int at, double x) {
+  const double count = dadd_rn(state[at], 1.0);
+  const double delta = dsub_rn(x, state[at + 1]);
+  const double mean = dadd_rn(state[at + 1], ddiv_rn(delta, count));
+  state[at] = count;
+  state[at + 1] = mean;
+  state[at + 2] = dadd_rn(state[at + 2], dmul_rn(delta, dsub_rn(x, mean)));
+}
+
+// One step of one layer (tokenfilter_policy.cpp's rule): similarity [2 * G] (keys, then values)
+// or null at the layer's first step. Returns whether the token skips the layer; *s_kv receives
+// S_kv (untouched at the first step).
+KVLENS_HOST_DEVICE inline bool token_filter_step(const float* similarity, int64_t kv_heads,
+                                                 double eta, double target, double* state,
+                                                 double* s_kv) {
+  bool skip = false;
+  if (similarity != nullptr) {
+    double s_k = 0.0, s_v = 0.0;
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      s_k = dadd_rn(s_k, double(similarity[g]));
+      s_v = dadd_rn(s_v, double(similarity[kv_heads + g]));
+      welford_add(state, kTfKeyCount, double(similarity[g]));
+      welford_add(state, kTfValueCount, double(similarity[kv_heads + g]));
+    }
+    s_k = ddiv_rn(s_k, double(kv_heads));
+    s_v = ddiv_rn(s_v, double(kv_heads));
+    // Population variances (n - 1 would scale both alike and cancel in alpha).
+    const double var_k =
+        state[kTfKeyCount] > 0.0 ? ddiv_rn(state[kTfKeyM2], state[kTfKeyCount]) : 0.0;
+    const double var_v =
+        state[kTfValueCount] > 0.0 ? ddiv_rn(state[kTfValueM2], state[kTfValueCount]) : 0.0;
+    const double alpha =
+        var_k > 0.0 && var_v > 0.0
+            ? ddiv_rn(ddiv_rn(1.0, var_v), dadd_rn(ddiv_rn(1.0, var_k), ddiv_rn(1.0, var_v)))
+            : 0.5;
+    *s_kv = dadd_rn(dmul_rn(alpha, s_k), dmul_rn(dsub_rn(1.0, alpha), s_v));
+    skip = target > 0.0 && *s_kv > state[kTfTau];
+  }
+  state[kTfSteps] = dadd_rn(state[kTfSteps], 1.0);
+  if (skip) state[kTfSkips] = dadd_rn(state[kTfSkips], 1.0);
+  const double ratio = ddiv_rn(state[kTfSkips], state[kTfSteps]);
+  state[kTfTau] = dadd_rn(state[kTfTau], dmul_rn(eta, dsub_rn(ratio, target)));
+  return skip;
+}
+
 // cos(x, y) over n values with the conventions of key_anchor_scores: norms clamped to 1e-12, so
 // a zero vector gives 0. Three sequential F32 sums (anchor_cosine_update in backend.h).
 KVLENS_HOST_DEVICE inline float cosine_similarity(const float* x, const float* y, int64_t n) {

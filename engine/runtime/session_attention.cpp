@@ -137,7 +137,16 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
     if (run_attention_[size_t(r)].out) batch.push_back(run_attention_[size_t(r)]);
   }
   shared_work(group, [&] { backend_.attention_visible_runs(batch, shared, cols); });
-  for (const int64_t r : group) await_observe(r, layer);
+  for (const int64_t r : group) {
+    apply_gate(r, layer);
+    await_observe(r, layer);
+  }
+}
+
+void DecoderSession::apply_gate(int64_t r, size_t layer) {
+  SessionRun& run = runs_[size_t(r)];
+  if (!run.gated_layers.empty() && run.gated_layers.back() == int64_t(layer))
+    backend_.zero_unless(out_rows_[size_t(r)], *run.policy->gate(int64_t(layer)));
 }
 
 // A run that selects nothing this step (no policy, or before its first step) sees every key: the
@@ -230,6 +239,8 @@ void DecoderSession::attend_alike(size_t layer, int64_t shared) {
       backend_.copy_rows(row_prefix(*source.probs, h, cols), 0, to, 0, 1, cols);
     }
   }
+  // After the twins' copies: a gated run may have been a twin's source.
+  for (int64_t r = 0; r < n; ++r) apply_gate(r, layer);
 }
 
 void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
@@ -283,11 +294,17 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
                                      int64_t cols) {
   if (decision == LayerDecision::Dense) return run.sparsity.add_dense_layer(int64_t(layer));
   if (decision == LayerDecision::Skipped) return run.sparsity.add_skipped_layer(int64_t(layer));
-  // A metric, not policy work: counted by the backend where the mask lives, and read back with
-  // the other layers' counts at the end of the step (collect_sparsity), not here.
-  const DeviceTensor& mask = run.visible[layer];
+  // A metric, not policy work: counted by the backend where the mask (or the gate) lives, and
+  // read back with the other layers' counts at the end of the step (collect_sparsity), not here.
   if (run.visible_counts.size() < run.visible.size()) run.visible_counts.resize(run.visible.size());
   std::vector<int64_t>& counts = run.visible_counts[layer];
+  if (decision == LayerDecision::Gated) {
+    counts.resize(1);
+    backend_.count_nonzero_rows_deferred(*run.policy->gate(int64_t(layer)), 1, counts);
+    run.gated_layers.push_back(int64_t(layer));
+    return;
+  }
+  const DeviceTensor& mask = run.visible[layer];
   counts.resize(size_t(mask.dim(0)));
   backend_.count_nonzero_rows_deferred(mask, cols, counts);
   run.counted_layers.emplace_back(int64_t(layer), cols);
@@ -295,25 +312,39 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
 
 void DecoderSession::drop_deferred_counts() noexcept {
   for (SessionRun& run : runs_) {
-    if (run.counted_layers.empty()) continue;
+    if (run.counted_layers.empty() && run.gated_layers.empty()) continue;
     try {
       backend_.synchronize();  // the counts still on their way land before their storage goes
     } catch (...) {            // NOLINT(bugprone-empty-catch): a failed device has nothing to land
     }
-    for (SessionRun& each : runs_) each.counted_layers.clear();
+    for (SessionRun& each : runs_) {
+      each.counted_layers.clear();
+      each.gated_layers.clear();
+    }
     return;
   }
 }
 
 void DecoderSession::collect_sparsity() {
-  const bool any = std::any_of(runs_.begin(), runs_.end(),
-                               [](const SessionRun& run) { return !run.counted_layers.empty(); });
+  const bool any = std::any_of(runs_.begin(), runs_.end(), [](const SessionRun& run) {
+    return !run.counted_layers.empty() || !run.gated_layers.empty();
+  });
   if (!any) return;
   backend_.synchronize();
   for (SessionRun& run : runs_) {
     for (const auto& [layer, cols] : run.counted_layers)
       run.sparsity.add_layer(layer, run.visible_counts[size_t(layer)], cols);
     run.counted_layers.clear();
+    // A gated layer is what its gate said: it attended (Dense) or its token skipped it.
+    for (const int64_t layer : run.gated_layers) {
+      const bool attended = run.visible_counts[size_t(layer)][0] != 0;
+      run.decisions[size_t(layer)] = attended ? LayerDecision::Dense : LayerDecision::Skipped;
+      if (attended)
+        run.sparsity.add_dense_layer(layer);
+      else
+        run.sparsity.add_skipped_layer(layer);
+    }
+    run.gated_layers.clear();
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "engine/common/error.h"
 #include "engine/runtime/backend.h"
+#include "engine/runtime/policy_op_math.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
@@ -543,6 +544,51 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
       CHECK(same_bits(got_anchor, want_anchor));
     }
     CHECK_THROWS_AS(b.gpu->anchor_cosine_update(c.gpu, stride, 0.5f, anchor.gpu, similarity.gpu),
+                    Error);
+  }
+
+  // token_filter_step: the same double arithmetic (no fused multiply-adds on the device), so the
+  // same state bits, gates and scores over a run of steps; zero_unless follows the gate.
+  {
+    const int64_t kv_heads = 8, rows = 32;
+    double initial[kTokenFilterState] = {};
+    initial[kTfTau] = 0.3;
+    auto state_of = [&](Backend& backend) {
+      DeviceTensor t = backend.alloc(DType::U8, {int64_t(sizeof initial)});
+      backend.from_host(t, initial, sizeof initial);
+      return t;
+    };
+    Pair state{state_of(*b.cpu), state_of(*b.gpu)};
+    Pair scores = make_pair(b, std::vector<float>(size_t(rows * stride), 0.0f), {rows, stride});
+    Pair keep{b.cpu->alloc(DType::U8, {1, 1}), b.gpu->alloc(DType::U8, {1, 1})};
+    int64_t skipped = 0;
+    for (int64_t step = 0; step < 40; ++step) {
+      INFO("step " << step);
+      std::vector<float> sims = random_values(size_t(2 * kv_heads), ++seed);
+      for (float& x : sims) x = 0.5f + 0.5f * x;  // mostly positive, as cosines of neighbours
+      const Pair similarity = make_pair(b, sims, {2, kv_heads});
+      const double target = step < 30 ? 0.4 : 0.0;
+      b.cpu->token_filter_step(step == 0 ? nullptr : &similarity.cpu, 0.05, target, step, state.cpu,
+                               scores.cpu, keep.cpu);
+      b.gpu->token_filter_step(step == 0 ? nullptr : &similarity.gpu, 0.05, target, step, state.gpu,
+                               scores.gpu, keep.gpu);
+      const auto [want_state, got_state] = read_both<uint8_t>(b, state);
+      const auto [want_keep, got_keep] = read_both<uint8_t>(b, keep);
+      const auto [want_scores, got_scores] = read_both<float>(b, scores);
+      CHECK(got_state == want_state);
+      CHECK(got_keep == want_keep);
+      CHECK(same_bits(got_scores, want_scores));
+      skipped += want_keep[0] == 0;
+      Pair out = make_pair(b, random_values(64, ++seed), {1, 64});
+      b.cpu->zero_unless(out.cpu, keep.cpu);
+      b.gpu->zero_unless(out.gpu, keep.gpu);
+      const auto [want_out, got_out] = read_both<float>(b, out);
+      CHECK(same_bits(got_out, want_out));
+    }
+    CHECK(skipped > 0);  // the comparison covered both outcomes
+    CHECK(skipped < 39);
+    DeviceTensor small = b.gpu->alloc(DType::U8, {8});
+    CHECK_THROWS_AS(b.gpu->token_filter_step(nullptr, 0.1, 0.2, 0, small, scores.gpu, keep.gpu),
                     Error);
   }
 }

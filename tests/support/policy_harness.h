@@ -96,7 +96,14 @@ struct Harness {
     const LayerStep s = step(t, layer);
     std::vector<uint8_t> zero(size_t(4 * kStride), 0);
     backend->from_host(visible, zero.data(), zero.size());
-    const LayerDecision decision = policy.select(s, visible, scores);
+    LayerDecision decision = policy.select(s, visible, scores);
+    if (decision == LayerDecision::Gated) {
+      // What the session does with the step's counts: the gate makes it Dense or Skipped.
+      REQUIRE(policy.gate(layer) != nullptr);
+      uint8_t attended = 0;
+      backend->to_host(*policy.gate(layer), &attended, 1);
+      decision = attended != 0 ? LayerDecision::Dense : LayerDecision::Skipped;
+    }
     last_decision = decision;
     std::vector<std::set<int64_t>> sets(4);
     std::vector<uint8_t> host(size_t(4 * kStride));

@@ -1283,3 +1283,65 @@ TEST_CASE("anchor_cosine_update: cosine to the anchor, then the EMA step", "[pol
   DeviceTensor three = backend->alloc(DType::F32, {3});
   CHECK_THROWS_AS(backend->anchor_cosine_update(c, 2, 0.5f, anchor, three), Error);
 }
+
+TEST_CASE("token_filter_step: the rule by hand, the state it keeps, and its errors",
+          "[policy_ops]") {
+  auto backend = make_cpu_backend(1);
+  double initial[kTokenFilterState] = {};
+  initial[kTfTau] = 0.5;
+  DeviceTensor state = backend->alloc(DType::U8, {int64_t(sizeof initial)});
+  backend->from_host(state, initial, sizeof initial);
+  DeviceTensor scores =
+      make_f32(*backend, std::vector<float>(size_t(3 * kStride), 7.0f), {3, kStride});
+  DeviceTensor keep = backend->alloc(DType::U8, {1, 1});
+  auto read_state = [&] {
+    double values[kTokenFilterState];
+    backend->to_host(state, values, sizeof values);
+    return std::vector<double>(values, values + kTokenFilterState);
+  };
+  // The first step: no similarity, no decision (kept), the threshold moves by eta * (0 - target).
+  backend->token_filter_step(nullptr, 0.1, 0.25, 0, state, scores, keep);
+  CHECK(read_u8(*backend, keep) == std::vector<uint8_t>{1});
+  std::vector<double> s = read_state();
+  CHECK(s[kTfSteps] == 1.0);
+  CHECK(s[kTfTau] == 0.5 + 0.1 * (0.0 - 0.25));
+  CHECK(read_f32(*backend, scores)[0] == 7.0f);  // no score at the first step
+  // Two KV heads, keys (0.9, 0.7), values (0.8, 0.8): s_k = 0.8, s_v = 0.8; the value variance
+  // is 0, so alpha = 0.5 and S_kv = 0.8 > tau = 0.475: skipped; ratio 1/2, tau += 0.1 * 0.25.
+  DeviceTensor similarity = make_f32(*backend, {0.9f, 0.7f, 0.8f, 0.8f}, {2, 2});
+  backend->token_filter_step(&similarity, 0.1, 0.25, 2, state, scores, keep);
+  CHECK(read_u8(*backend, keep) == std::vector<uint8_t>{0});
+  s = read_state();
+  CHECK(s[kTfKeyCount] == 2.0);
+  CHECK(s[kTfKeyMean] == Approx(0.8));
+  CHECK(s[kTfKeyM2] == Approx(0.02));  // (0.1^2 + 0.1^2) around the mean 0.8
+  CHECK(s[kTfValueM2] == 0.0);
+  CHECK(s[kTfSkips] == 1.0);
+  CHECK(s[kTfTau] == Approx(0.475 + 0.1 * (0.5 - 0.25)));
+  const std::vector<float> written = read_f32(*backend, scores);
+  const double s_k = (double(0.9f) + double(0.7f)) / 2.0, s_v = double(0.8f);
+  for (int64_t r = 0; r < 3; ++r) {
+    CHECK(written[size_t(r * kStride + 2)] == float(0.5 * s_k + 0.5 * s_v));
+    CHECK(written[size_t(r * kStride + 1)] == 7.0f);  // other columns untouched
+  }
+  // Target 0 never skips, whatever the similarity.
+  backend->token_filter_step(&similarity, 0.1, 0.0, 3, state, scores, keep);
+  CHECK(read_u8(*backend, keep) == std::vector<uint8_t>{1});
+
+  // zero_unless: zeros where the gate is 0, untouched where it is 1.
+  DeviceTensor rows = make_f32(*backend, {1.5f, -2.0f, 3.0f}, {1, 3});
+  backend->zero_unless(rows, keep);
+  CHECK(read_f32(*backend, rows) == std::vector<float>{1.5f, -2.0f, 3.0f});
+  DeviceTensor closed = make_u8(*backend, {0}, {1, 1});
+  backend->zero_unless(rows, closed);
+  CHECK(read_f32(*backend, rows) == std::vector<float>{0.0f, 0.0f, 0.0f});
+
+  // Errors: a state of another size, an odd similarity, a column past the scores, a U8 rows.
+  DeviceTensor small = backend->alloc(DType::U8, {8});
+  CHECK_THROWS_AS(backend->token_filter_step(nullptr, 0.1, 0.2, 0, small, scores, keep), Error);
+  DeviceTensor odd = make_f32(*backend, {0.1f, 0.2f, 0.3f}, {3});
+  CHECK_THROWS_AS(backend->token_filter_step(&odd, 0.1, 0.2, 0, state, scores, keep), Error);
+  CHECK_THROWS_AS(backend->token_filter_step(nullptr, 0.1, 0.2, kStride, state, scores, keep),
+                  Error);
+  CHECK_THROWS_AS(backend->zero_unless(closed, keep), Error);
+}

@@ -662,6 +662,13 @@ class CpuBackend final : public Backend {
                             DeviceTensor& anchor, DeviceTensor& similarity) override {
     cpu_policy::anchor_cosine_update(cache, column, decay, anchor, similarity);
   }
+  void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
+                         DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep) override {
+    cpu_policy::token_filter_step(similarity, eta, target, column, state, scores, keep);
+  }
+  void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) override {
+    cpu_policy::zero_unless(rows, keep);
+  }
 
  private:
   cpu_policy::Context policy_context() { return {pool_, kernels_}; }

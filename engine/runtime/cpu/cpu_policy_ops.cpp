@@ -559,4 +559,42 @@ void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay
   }
 }
 
+void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
+                       DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep) {
+  const OpName op{"token_filter_step"};
+  KVLENS_REQUIRE(
+      state.dtype == DType::U8 && state.numel() == 8 * kTokenFilterState && !state.empty(),
+      op + ": state", cat("U8 [", 8 * kTokenFilterState, "]"), describe(state));
+  KVLENS_REQUIRE(keep.dtype == DType::U8 && keep.numel() >= 1 && !keep.empty(), op + ": keep",
+                 "a U8 tensor of at least one element", describe(keep));
+  require_f32(scores, op + ": scores");
+  KVLENS_REQUIRE(scores.shape.size() == 2 && column >= 0 && column < scores.dim(1), op + ": scores",
+                 cat("[rows, stride] with column ", column, " < stride"), describe(scores));
+  if (similarity != nullptr) {
+    require_f32(*similarity, op + ": similarity");
+    KVLENS_REQUIRE(similarity->numel() >= 2 && similarity->numel() % 2 == 0, op + ": similarity",
+                   "2 * G elements (keys, then values)", describe(*similarity));
+  }
+  double values[kTokenFilterState];
+  std::memcpy(values, state.data, sizeof values);
+  double s_kv = 0.0;
+  const bool skip = kvlens::token_filter_step(similarity ? similarity->as<const float>() : nullptr,
+                                              similarity ? similarity->numel() / 2 : 0, eta, target,
+                                              values, &s_kv);
+  std::memcpy(state.data, values, sizeof values);
+  if (similarity != nullptr) {
+    for (int64_t r = 0; r < scores.dim(0); ++r)
+      scores.as<float>()[r * scores.dim(1) + column] = float(s_kv);
+  }
+  keep.as<uint8_t>()[0] = skip ? 0 : 1;
+}
+
+void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) {
+  const OpName op{"zero_unless"};
+  require_f32(rows, op + ": rows");
+  KVLENS_REQUIRE(keep.dtype == DType::U8 && keep.numel() >= 1 && !keep.empty(), op + ": keep",
+                 "a U8 tensor of at least one element", describe(keep));
+  if (keep.as<const uint8_t>()[0] == 0) std::fill_n(rows.as<float>(), rows.numel(), 0.0f);
+}
+
 }  // namespace kvlens::cpu_policy

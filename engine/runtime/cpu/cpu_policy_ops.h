@@ -67,5 +67,8 @@ void select_pages(const Context& context, const DeviceTensor& scores, int64_t co
                   int64_t page_size, int64_t k, DeviceTensor& selected);
 void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
                           DeviceTensor& anchor, DeviceTensor& similarity);
+void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
+                       DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep);
+void zero_unless(DeviceTensor& rows, const DeviceTensor& keep);
 
 }  // namespace kvlens::cpu_policy
