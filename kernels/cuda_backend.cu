@@ -299,7 +299,7 @@ class CudaBackend final : public Backend {
       bad_argument(op,
                    cat({"rows of ", std::to_string(stride), " elements inside ", describe(src)}),
                    cat({std::to_string(rows), " x ", std::to_string(cols)}));
-    // A recorded step replays its ops only: a copy into one buffer of a double-buffered capture
+    // A recorded step replays its ops only: a copy into one of a capture's rotating buffers
     // belongs after the replay, not in it.
     if (capture_.active) bad_argument(op, "a copy outside a step being recorded", "a recording");
     if (rows == 0 || cols == 0) return;
@@ -312,7 +312,7 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<Fence> fence() override {
-    // An event per fence: a capture holds two at a time, so a pool would save little.
+    // An event per fence: a capture holds three at a time, so a pool would save little.
     class EventFence final : public Fence {
      public:
       EventFence(int device, cudaStream_t stream) : device_(device) {

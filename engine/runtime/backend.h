@@ -209,7 +209,7 @@ class Backend {
   // Blocks until queued work is done (no-op on the CPU) and delivers deferred results.
   virtual void synchronize() {}
 
-  // --- read-back while later ops run (a trace's capture, double-buffered) ---
+  // --- read-back while later ops run (a trace's capture, into rotating buffers) ---
   // Host memory that rows_to_host_async may fill while the backend works on (page-locked on
   // CUDA, where a copy into pageable memory would wait for the device).
   virtual std::shared_ptr<void> alloc_host(size_t bytes);
@@ -228,8 +228,10 @@ class Backend {
   virtual std::unique_ptr<Fence> fence();
   // Calls task(i) for i in [0, count): independent pieces of work that touch disjoint tensors and
   // may issue ops of their own (the lockstep runs of one layer). The CPU backend spreads them over
-  // its threads, each task's ops then running on the thread that took it; the default runs them
-  // in order. The first exception thrown by a task is rethrown after all have finished.
+  // its threads, each task's ops then running on the thread that took it; the CUDA backend over
+  // host threads that each issue into a stream of their own, ordered after the ops before the
+  // call and before the ops after it; the default runs them in order. The first exception thrown by
+  // a task is rethrown after all have finished.
   virtual void run_tasks(int64_t count, const std::function<void(int64_t)>& task) {
     for (int64_t i = 0; i < count; ++i) task(i);
   }
