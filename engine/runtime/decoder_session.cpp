@@ -419,6 +419,7 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     return logits_view_;
   }
   // What forward_ops does on the host for this step, then the recorded ops.
+  settle();
   SessionRun& run = runs_[0];
   run.attention_logits.clear();
   if (options_.record_attention_logits) {
@@ -459,6 +460,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
   // transformers picks the RoPE table per forward call from its largest position.
   const DeviceTensor& inv_freq = rope_inv_freq(context);
 
+  settle();                // the last step's counts
   drop_deferred_counts();  // left over only by a step that threw
   for (SessionRun& run : runs_) {
     run.attention_logits.clear();
@@ -648,7 +650,11 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     if (alike) copy_first_row(logits_view_);
   }
   if (per_run) {
-    collect_sparsity();
+    // The counts and gates come back when a reader or the next step needs them (settle): the
+    // step returns as soon as its ops are queued.
+    counts_pending_ = std::any_of(runs_.begin(), runs_.end(), [](const SessionRun& run) {
+      return !run.counted_layers.empty() || !run.gated_layers.empty();
+    });
     for (SessionRun& run : runs_) {
       if (policy_step(run)) run.sparsity.end_step();
     }
@@ -680,6 +686,7 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
     throw Error("session", "run", "a run index in [0, " + std::to_string(runs()) + ")",
                 std::to_string(index));
   }
+  settle();  // the last step's counts belong to the policies that counted them
   SessionRun& run = runs_[size_t(index)];
   run.policy = std::move(policy);
   run.first_step = first_step;

@@ -139,6 +139,7 @@ class DecoderSession {
 
   int64_t position() const { return position_; }
   void reset() {
+    settle();
     position_ = 0;
     shared_rows_ = 0;
     std::fill(identical_rows_.begin(), identical_rows_.end(), 0);
@@ -152,7 +153,20 @@ class DecoderSession {
   void set_policy(std::unique_ptr<Policy> policy, int64_t first_step = 0) {
     set_policy(0, std::move(policy), first_step);
   }
-  const SessionRun& run(int64_t index) const { return runs_.at(size_t(index)); }
+  // A run's state after the last forward, its sparsity and decisions complete: reading it waits
+  // for that step's counts and gates (settle).
+  const SessionRun& run(int64_t index) const {
+    settle();
+    return runs_.at(size_t(index));
+  }
+  // The run as the last forward left it on the host without waiting for the device: its tensors
+  // (being written by the queued step), its decisions with Gated layers unresolved (their
+  // Policy::gate says), its sparsity without that step's counts. For a reader that copies the
+  // step's rows while the device works on (TraceRecorder).
+  const SessionRun& run_in_flight(int64_t index) const { return runs_.at(size_t(index)); }
+  // Waits for the last step's counts and gates and adds them to the runs' sparsity and
+  // decisions. Every reader of those calls it (the accessors here do); the next forward does.
+  void settle() const;
   // The model's shape with stride = the columns of the row buffers now: the caches' capacity
   // (before the first forward, the capacity they will start with).
   PolicyShape policy_shape() const;
@@ -168,10 +182,10 @@ class DecoderSession {
   // attention (append, logits, softmax and value sums; where a group of runs makes one call for
   // all of them, an even share of it). Empty before the first step.
   const std::vector<double>& run_step_seconds() const { return run_seconds_; }
-  const std::vector<DeviceTensor>& visible() const { return runs_[0].visible; }
-  const std::vector<DeviceTensor>& policy_scores() const { return runs_[0].scores; }
-  const std::vector<LayerDecision>& decisions() const { return runs_[0].decisions; }
-  const SparsityStats& sparsity() const { return runs_[0].sparsity; }
+  const std::vector<DeviceTensor>& visible() const { return run(0).visible; }
+  const std::vector<DeviceTensor>& policy_scores() const { return run(0).scores; }
+  const std::vector<LayerDecision>& decisions() const { return run(0).decisions; }
+  const SparsityStats& sparsity() const { return run(0).sparsity; }
   const std::vector<DeviceTensor>& attention_logits() const { return runs_[0].attention_logits; }
   const BackendModel& model() const { return *model_; }
   DType kv_cache_dtype() const { return cache_dtype_; }
@@ -282,6 +296,8 @@ class DecoderSession {
   // Waits for the step's deferred visible counts (one synchronisation per step) and adds them
   // to the runs' sparsity.
   void collect_sparsity();
+  // A step's counts are queued (collect_sparsity not yet run for them).
+  mutable bool counts_pending_ = false;
   // After a step that threw: waits for its deferred counts and forgets them.
   void drop_deferred_counts() noexcept;
   bool policy_step(const SessionRun& run) const {

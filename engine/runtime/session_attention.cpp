@@ -325,6 +325,14 @@ void DecoderSession::drop_deferred_counts() noexcept {
   }
 }
 
+void DecoderSession::settle() const {
+  if (!counts_pending_) return;
+  counts_pending_ = false;
+  // The runs' statistics are what a finished step left: completing them changes no observable
+  // state of a const session but when it is known.
+  const_cast<DecoderSession*>(this)->collect_sparsity();
+}
+
 void DecoderSession::collect_sparsity() {
   const bool any = std::any_of(runs_.begin(), runs_.end(), [](const SessionRun& run) {
     return !run.counted_layers.empty() || !run.gated_layers.empty();

@@ -21,6 +21,8 @@
 namespace kvlens {
 namespace {
 
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
 // The common knobs a run's oracle comparison uses; policies without them (dense) get defaults.
 CommonKnobs knobs_of(const PolicyConfig& config) {
   const PolicyInfo& info = policy_info(config.id);
@@ -117,7 +119,8 @@ void TraceRecorder::enqueue_step(int64_t t) {
     const size_t layer_floats = size_t(H * cols) * sizeof(float);
     capture.runs.assign(policies_.size(), {});
     for (size_t r = 0; r < policies_.size(); ++r) {
-      const SessionRun& run = session_.run(int64_t(r));
+      // As queued: the device is still working on this step (no wait for its counts).
+      const SessionRun& run = session_.run_in_flight(int64_t(r));
       RunRows& rows = capture.runs[r];
       rows.policy_step = run.policy && t >= run.first_step;
       rows.decisions.assign(size_t(L), LayerDecision::Dense);
@@ -133,10 +136,14 @@ void TraceRecorder::enqueue_step(int64_t t) {
       }
     }
     for (RunRows& rows : capture.runs) {
+      rows.gate_at.assign(size_t(L), kNone);
       for (size_t l = 0; l < size_t(L); ++l) {
-        if (rows.decisions[l] != LayerDecision::Masked) continue;
-        rows.visible_at[l] = bytes;
-        bytes += size_t(H * cols);
+        if (rows.decisions[l] == LayerDecision::Masked) {
+          rows.visible_at[l] = bytes;
+          bytes += size_t(H * cols);
+        } else if (rows.decisions[l] == LayerDecision::Gated) {
+          rows.gate_at[l] = bytes++;  // Dense or Skipped: the gate says, once it is here
+        }
       }
     }
     if (bytes > capture.capacity) {
@@ -147,7 +154,7 @@ void TraceRecorder::enqueue_step(int64_t t) {
     auto* host = static_cast<std::byte*>(capture.host.get());
     backend.rows_to_host_async(logits, runs, c.vocab_size, host);
     for (size_t r = 0; r < policies_.size(); ++r) {
-      const SessionRun& run = session_.run(int64_t(r));
+      const SessionRun& run = session_.run_in_flight(int64_t(r));
       const RunRows& rows = capture.runs[r];
       backend.rows_to_host_async(run.recorded_logits, L * H, cols, host + rows.logits_at);
       for (size_t l = 0; l < size_t(L); ++l) {
@@ -155,6 +162,8 @@ void TraceRecorder::enqueue_step(int64_t t) {
           backend.rows_to_host_async(run.scores[l], H, cols, host + rows.scores_at[l]);
         if (rows.visible_at[l] != kNone)
           backend.rows_to_host_async(run.visible[l], H, cols, host + rows.visible_at[l]);
+        if (rows.gate_at[l] != kNone)
+          backend.rows_to_host_async(*run.policy->gate(int64_t(l)), 1, 1, host + rows.gate_at[l]);
       }
     }
     capture.fence = backend.fence();
@@ -210,6 +219,11 @@ StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, 
   StepRecord record;
   record.columns = cols;
   record.decisions = rows.decisions;
+  for (size_t l = 0; l < size_t(L); ++l) {
+    if (record.decisions[l] != LayerDecision::Gated) continue;
+    const bool attended = *reinterpret_cast<const uint8_t*>(host + rows.gate_at[l]) != 0;
+    record.decisions[l] = attended ? LayerDecision::Dense : LayerDecision::Skipped;
+  }
   record.visible_counts.assign(size_t(L * H), int32_t(cols));
   record.kept_heads.resize(size_t(L * H));
   for (int64_t i = 0; i < L * H; ++i) record.kept_heads[size_t(i)] = int32_t(i);
@@ -222,50 +236,62 @@ StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, 
   double recall_sum = 0.0, agreement_sum = 0.0, hidden_sum = 0.0;
   int64_t recall_rows = 0, agreement_rows = 0;
   const CommonKnobs& knobs = knobs_[size_t(run_index)];
-  for (int64_t l = 0; l < L; ++l) {
-    const LayerDecision decision = rows.decisions[size_t(l)];
-    if (decision == LayerDecision::Dense) continue;
-    const auto* scores = reinterpret_cast<const float*>(host + rows.scores_at[size_t(l)]);
-    std::copy_n(scores, H * cols, record.scores.data() + l * H * cols);
-    const uint8_t* masks = decision == LayerDecision::Masked
-                               ? reinterpret_cast<const uint8_t*>(host + rows.visible_at[size_t(l)])
-                               : nullptr;
-    for (int64_t h = 0; h < H; ++h) {
-      const size_t at = size_t((l * H + h) * cols);
-      uint8_t* visible = record.visible.data() + at;
-      if (decision == LayerDecision::Skipped) {
-        std::fill_n(visible, cols, uint8_t(0));
-        record.visible_counts[size_t(l * H + h)] = 0;
-        continue;
+  // Per (layer, head) row: its recall and top-half agreement (NaN where undefined), computed on
+  // the recorder's threads (the oracle sorts each row; a step of the 1B shape has 512 of them),
+  // then summed in row order as one thread would. Task 0 is the cross-head consensus, which
+  // reads only the true logits: it runs beside the layers.
+  std::vector<double> row_recall(size_t(L * H), kNaN), row_agreement(size_t(L * H), kNaN);
+  std::vector<std::span<const float>> head_rows;
+  for (int64_t i = 0; i < L * H; ++i)
+    head_rows.emplace_back(record.logits.data() + i * cols, size_t(cols));
+  StepMetrics& m = record.metrics;
+  pool_.parallel_for(0, L + 1, [&](int64_t first_task, int64_t end_task) {
+    if (first_task == 0 && cols >= 2) m.consensus = mean_pairwise_pearson(head_rows);
+    for (int64_t l = std::max<int64_t>(first_task, 1) - 1; l < end_task - 1; ++l) {
+      const LayerDecision decision = record.decisions[size_t(l)];
+      if (decision == LayerDecision::Dense) continue;
+      const auto* scores = reinterpret_cast<const float*>(host + rows.scores_at[size_t(l)]);
+      std::copy_n(scores, H * cols, record.scores.data() + l * H * cols);
+      const uint8_t* masks =
+          decision == LayerDecision::Masked
+              ? reinterpret_cast<const uint8_t*>(host + rows.visible_at[size_t(l)])
+              : nullptr;
+      for (int64_t h = 0; h < H; ++h) {
+        const size_t at = size_t((l * H + h) * cols);
+        uint8_t* visible = record.visible.data() + at;
+        if (decision == LayerDecision::Skipped) {
+          std::fill_n(visible, cols, uint8_t(0));
+          record.visible_counts[size_t(l * H + h)] = 0;
+          continue;
+        }
+        int32_t count = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          visible[j] = masks[h * cols + j] != 0;
+          count += visible[j];
+        }
+        record.visible_counts[size_t(l * H + h)] = count;
+        const std::span<const float> true_row(record.logits.data() + at, size_t(cols));
+        // The oracle at the same count of visible tokens, with the run's forced columns: how many
+        // of the tokens the true attention would have kept the policy kept.
+        const std::vector<uint8_t> oracle =
+            oracle_visible(true_row, std::max(1, count), knobs.sinks, knobs.window);
+        row_recall[size_t(l * H + h)] = recall({visible, size_t(cols)}, oracle);
+        row_agreement[size_t(l * H + h)] =
+            top_half_agreement({record.scores.data() + at, size_t(cols)}, true_row);
       }
-      int32_t count = 0;
-      for (int64_t j = 0; j < cols; ++j) {
-        visible[j] = masks[h * cols + j] != 0;
-        count += visible[j];
-      }
-      record.visible_counts[size_t(l * H + h)] = count;
-      const std::span<const float> true_row(record.logits.data() + at, size_t(cols));
-      // The oracle at the same count of visible tokens, with the run's forced columns: how many
-      // of the tokens the true attention would have kept the policy kept.
-      const std::vector<uint8_t> oracle =
-          oracle_visible(true_row, std::max(1, count), knobs.sinks, knobs.window);
-      const double r = recall({visible, size_t(cols)}, oracle);
-      if (std::isfinite(r)) recall_sum += r, ++recall_rows;
-      const double a = top_half_agreement({record.scores.data() + at, size_t(cols)}, true_row);
-      if (std::isfinite(a)) agreement_sum += a, ++agreement_rows;
     }
+  });
+  for (int64_t i = 0; i < L * H; ++i) {
+    const double r = row_recall[size_t(i)], a = row_agreement[size_t(i)];
+    if (std::isfinite(r)) recall_sum += r, ++recall_rows;
+    if (std::isfinite(a)) agreement_sum += a, ++agreement_rows;
   }
   for (const int32_t count : record.visible_counts)
     hidden_sum += 1.0 - double(count) / double(cols);
 
-  StepMetrics& m = record.metrics;
   m.effective_sparsity = hidden_sum / double(L * H);
   if (recall_rows > 0) m.recall_vs_oracle = recall_sum / double(recall_rows);
   if (agreement_rows > 0) m.classification_accuracy = agreement_sum / double(agreement_rows);
-  std::vector<std::span<const float>> head_rows;
-  for (int64_t i = 0; i < L * H; ++i)
-    head_rows.emplace_back(record.logits.data() + i * cols, size_t(cols));
-  if (cols >= 2) m.consensus = mean_pairwise_pearson(head_rows);
   m.kl_vs_dense = kl_divergence(dense_row, logits_row);
   for (const TokenLogProb& entry : top_k_tokens(logits_row, options_.top_k)) {
     record.top.ids.push_back(entry.token);

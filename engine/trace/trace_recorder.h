@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/runtime/decoder_session.h"
+#include "engine/runtime/thread_pool.h"
 #include "engine/trace/trace.h"
 
 namespace kvlens {
@@ -47,9 +48,11 @@ class TraceRecorder {
   // One step's rows in host memory the backend fills while it goes on (a capture buffer).
   struct RunRows {
     bool policy_step = false;
-    std::vector<LayerDecision> decisions;       // per layer (Dense before the policy's first step)
+    // Per layer, as queued (Dense before the policy's first step; Gated: see gate_at).
+    std::vector<LayerDecision> decisions;
     size_t logits_at = 0;                       // byte offset of [layers * H, cols] F32
     std::vector<size_t> scores_at, visible_at;  // per layer: [H, cols] F32 / U8, or kNone
+    std::vector<size_t> gate_at;                // per Gated layer: its gate byte, or kNone
   };
   struct Capture {
     int64_t step = -1;  // the step whose rows these are; -1: free
@@ -78,6 +81,7 @@ class TraceRecorder {
   int64_t queued_ = 0;  // the steps before this one have run (or are queued) in the session
   // Set when a step ran but its rows could not be queued: the session is past the trace then.
   std::string broken_;
+  ThreadPool pool_;  // a step's rows are reduced to its metrics on these threads
 };
 
 }  // namespace kvlens

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "engine/common/error.h"
+#include "engine/policy/registry.h"
 #include "engine/runtime/scoring.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -183,4 +184,33 @@ TEST_CASE("sessions reject bad input with clear errors", "[session][errors]") {
   REQUIRE_THROWS_AS(session.step(0), Error);
   REQUIRE_THROWS_WITH(score_tokens(loaded.model, std::vector<int32_t>{}),
                       Catch::Contains("at least one"));
+}
+
+TEST_CASE("a step returns before its counts, and reading the run settles them", "[session]") {
+  // tokenfilter gates its tail layers on the backend: in flight they are Gated, and the run's
+  // decisions and sparsity, read through run(), are what the gates said (Dense or Skipped), with
+  // the skipped layers counted as fully hidden.
+  test::TinyLlamaSpec spec;
+  Loaded loaded = load_tiny(spec);
+  DecoderSession session(loaded.model);
+  // tau -1 skips every tail token the target allows (a ratio 1 target for the one tail layer).
+  session.set_policy(
+      make_policy({"tokenfilter", 0.5, {"tau=-1"}}, session.policy_shape(), *loaded.backend));
+  const std::vector<int32_t> tokens = random_tokens(6, spec.vocab, 5);
+  int64_t gated = 0, skipped = 0;
+  for (const int32_t token : tokens) {
+    session.forward(std::span<const int32_t>(&token, 1));
+    for (const LayerDecision d : session.run_in_flight(0).decisions)
+      gated += d == LayerDecision::Gated;
+    for (const LayerDecision d : session.run(0).decisions) {
+      CHECK(d != LayerDecision::Gated);
+      skipped += d == LayerDecision::Skipped;
+    }
+  }
+  CHECK(gated == 5);  // the tail layer at every step but its first
+  CHECK(skipped > 0);
+  // Each skipped (layer, step) hides every head's candidates: their share of the layer-steps.
+  const int64_t layers = loaded.model->config().num_layers;
+  CHECK(session.sparsity().overall() ==
+        Approx(double(skipped) / double(layers * int64_t(tokens.size()))).margin(1e-12));
 }
