@@ -24,8 +24,10 @@
 #             (>= 2x). It is 1b-kvlens then 1b-hf, which can also be run separately (each prints
 #             the table from whatever results WORK holds).
 #   lockstep  the same checkpoint, 8 policies in lockstep at 512 against dense (target <= 2x)
-#   trace     a vocab-8192 variant with the demo model's tokenizer: `trace` of 512 decode steps
-#             against `generate` of the same number, each less a load-only run (target <= 1.3x)
+#   trace     a vocab-8192 variant with the demo model's tokenizer: `trace` of 512 decode steps,
+#             its own stepping time against `bench`'s summed steps over the same 512 steps from an
+#             empty cache (target <= 1.3x); also the processes' wall times against `generate`,
+#             each less a load-only run (the trace's includes saving its file; no target)
 #   coref     wall time of a 50-sample, 10-policy coref eval of the demo model (target < 5 s)
 #   8b        the Llama-3.1-8B shape (about 16 GB): step time at 8192 against the weight-read
 #             time (target <= 1.5x)
