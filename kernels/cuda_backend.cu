@@ -851,11 +851,8 @@ class CudaBackend final : public Backend {
   // whole [rows, stride] mask, megabytes per layer for a long-context model).
   void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
                           std::span<int64_t> counts) override {
-    const std::string op = "count_nonzero_rows";
-    require_cols(cols, op);
-    const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op, "mask");
+    const RowShape shape = counted_rows(mask, cols, counts);
     if (shape.rows == 0) return;
-    activate();
     auto* device_counts =
         static_cast<int64_t*>(lane().results.get(device_, size_t(shape.rows) * sizeof(int64_t)));
     cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
@@ -1236,11 +1233,8 @@ class CudaBackend final : public Backend {
 
   void count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
                                    std::span<int64_t> counts) override {
-    const std::string op = "count_nonzero_rows";
-    require_cols(cols, op);
-    const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op, "mask");
+    const RowShape shape = counted_rows(mask, cols, counts);
     if (shape.rows == 0) return;
-    activate();
     Lane& lane = this->lane();
     if (lane.deferred_used + counts.size() > lane.deferred_capacity) {
       // Delivers what this lane has pending (its own stream's wait): the buffers are free to grow.
@@ -1574,7 +1568,7 @@ class CudaBackend final : public Backend {
   struct Lane {
     Lane() = default;
     // A lane of run_tasks: a stream of its own and the event that marks its tasks' end.
-    explicit Lane(const CudaBackend& backend) {
+    explicit Lane(const CudaBackend& backend) : owner(&backend) {
       backend.activate();
       cudaStream_t created = nullptr;
       check_cuda(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking),
@@ -1589,6 +1583,7 @@ class CudaBackend final : public Backend {
     Lane(const Lane&) = delete;
     Lane& operator=(const Lane&) = delete;
 
+    const CudaBackend* owner = nullptr;  // (the main lane's is not asked)
     cudaStream_t stream = nullptr;
     std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> owned_stream;
     cudaEvent_t done = nullptr;
@@ -1604,15 +1599,21 @@ class CudaBackend final : public Backend {
     std::unique_ptr<int64_t[], PinnedDeleter> deferred_host;
     size_t deferred_capacity = 0, deferred_used = 0;
   };
+  // The calling thread's lane when it runs a task of this backend, else the main one (asked
+  // for every op: one comparison).
   Lane& lane() {
-    return current_lane_ != nullptr && owns(current_lane_) ? *current_lane_ : main_lane_;
+    return current_lane_ != nullptr && current_lane_->owner == this ? *current_lane_ : main_lane_;
   }
   const Lane& lane() const {
-    return current_lane_ != nullptr && owns(current_lane_) ? *current_lane_ : main_lane_;
+    return current_lane_ != nullptr && current_lane_->owner == this ? *current_lane_ : main_lane_;
   }
-  bool owns(const Lane* lane) const {
-    return std::any_of(lanes_.begin(), lanes_.end(),
-                       [&](const std::unique_ptr<Lane>& own) { return own.get() == lane; });
+  // count_nonzero_rows' checks (both forms); the device made current unless there is nothing.
+  RowShape counted_rows(const DeviceTensor& mask, int64_t cols, std::span<int64_t> counts) const {
+    const std::string op = "count_nonzero_rows";
+    require_cols(cols, op);
+    const RowShape shape = row_shape(mask, DType::U8, int64_t(counts.size()), cols, op, "mask");
+    if (shape.rows > 0) activate();
+    return shape;
   }
   // A lane's pending counts, from device to pinned memory on `stream` (ordered after the lane's
   // counting kernels: its own stream, or the main stream once the lanes have joined it).

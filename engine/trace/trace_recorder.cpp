@@ -122,9 +122,8 @@ void TraceRecorder::enqueue_step(int64_t t) {
       // As queued: the device is still working on this step (no wait for its counts).
       const SessionRun& run = session_.run_in_flight(int64_t(r));
       RunRows& rows = capture.runs[r];
-      rows.policy_step = run.policy && t >= run.first_step;
       rows.decisions.assign(size_t(L), LayerDecision::Dense);
-      if (rows.policy_step) rows.decisions = run.decisions;
+      if (run.policy && t >= run.first_step) rows.decisions = run.decisions;
       rows.logits_at = bytes;
       bytes += size_t(L) * layer_floats;
       rows.scores_at.assign(size_t(L), kNone);

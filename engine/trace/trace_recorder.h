@@ -47,7 +47,6 @@ class TraceRecorder {
  private:
   // One step's rows in host memory the backend fills while it goes on (a capture buffer).
   struct RunRows {
-    bool policy_step = false;
     // Per layer, as queued (Dense before the policy's first step; Gated: see gate_at).
     std::vector<LayerDecision> decisions;
     size_t logits_at = 0;                       // byte offset of [layers * H, cols] F32

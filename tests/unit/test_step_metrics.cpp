@@ -31,6 +31,23 @@ std::vector<uint8_t> mask_of(size_t cols, const std::set<int64_t>& set) {
   return mask;
 }
 
+// m rows of `cols` values: one shared normal signal times a per-row weight (1, 2 or 3, negated
+// where negative(a)) plus unit noise and `offset`, so rows correlate strongly with either sign.
+template <typename Negative>
+std::vector<std::vector<float>> signal_rows(size_t m, size_t cols, uint32_t seed, Negative negative,
+                                            float offset) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> signal(cols);
+  for (float& v : signal) v = normal(rng);
+  std::vector<std::vector<float>> data(m, std::vector<float>(cols));
+  for (size_t a = 0; a < m; ++a) {
+    const float w = float(1 + a % 3) * (negative(a) ? -1.0f : 1.0f);
+    for (size_t c = 0; c < cols; ++c) data[a][c] = w * signal[c] + normal(rng) + offset;
+  }
+  return data;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -272,15 +289,8 @@ TEST_CASE("step metrics: pearson_matrix: the grouped fast path agrees with pairw
   // 70 rows (three 32-row tiles, the last partial) of 300 columns: a shared signal with per-row
   // weights of either sign plus noise, so |r| >= about 0.4 and relative errors stay meaningful.
   const size_t m = 70, cols = 300;
-  std::mt19937 rng(99);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> signal(cols);
-  for (float& v : signal) v = normal(rng);
-  std::vector<std::vector<float>> data(m, std::vector<float>(cols));
-  for (size_t a = 0; a < m; ++a) {
-    const float w = float(1 + a % 3) * (a % 2 ? -1.0f : 1.0f);
-    for (size_t c = 0; c < cols; ++c) data[a][c] = w * signal[c] + normal(rng) + 10.0f;
-  }
+  std::vector<std::vector<float>> data = signal_rows(
+      m, cols, 99, [](size_t a) { return a % 2 != 0; }, 10.0f);
 
   // Compares every entry with pairwise pearson() (1 on a defined diagonal); returns how many
   // entries were defined.
@@ -364,15 +374,8 @@ TEST_CASE("step metrics: mean_pairwise_pearson agrees with the mean of pearson_m
   // 40 rows of 70 columns: a shared signal with per-row weights of either sign plus noise, so the
   // mean is well away from 0 and a wrong sum or count shows.
   const size_t m = 40, cols = 70;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> signal(cols);
-  for (float& v : signal) v = normal(rng);
-  std::vector<std::vector<float>> data(m, std::vector<float>(cols));
-  for (size_t a = 0; a < m; ++a) {
-    const float w = float(1 + a % 3) * (a % 5 == 0 ? -1.0f : 1.0f);
-    for (size_t c = 0; c < cols; ++c) data[a][c] = w * signal[c] + normal(rng) - 3.0f;
-  }
+  std::vector<std::vector<float>> data = signal_rows(
+      m, cols, 7, [](size_t a) { return a % 5 == 0; }, -3.0f);
 
   // Tolerance 1e-9 absolute: a matrix entry is a sum of <= 70 products of unit-norm rows, off by
   // about 70 * 2^-53 < 1e-14 (the clamp moves it no further); the factored sum squares row sums
