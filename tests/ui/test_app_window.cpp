@@ -39,6 +39,13 @@ std::pair<int, int> png_size(const std::string& path) {
   return {image.width(), image.height()};
 }
 
+// "xvfb-run" with an X authority file in the test's folder. Without -f, xvfb-run makes a temporary
+// folder for it and exits 5 (not the app's status) when it cannot remove that folder on the way
+// out, which happened in CI with several windows starting in parallel.
+std::string xvfb_run(const std::string& dir, const std::string& screen) {
+  return "xvfb-run -a -f " + dir + "/Xauthority -s '-screen 0 " + screen + "x24' ";
+}
+
 // Runs the app on a script in a fresh settings folder, under its own X server.
 test::CommandResult run_app(const std::string& dir, const std::string& script,
                             const std::string& args = "", const std::string& screen = "1600x1000",
@@ -46,8 +53,8 @@ test::CommandResult run_app(const std::string& dir, const std::string& script,
   std::ofstream(dir + "/script.txt") << script;
   // (this suite's own QT_QPA_PLATFORM=offscreen must not reach the app: it draws with OpenGL)
   return test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir + "/config " + env +
-                           " timeout 120 xvfb-run -a -s '-screen 0 " + screen + "x24' " +
-                           KVLENS_APP_PATH " --script " + dir + "/script.txt " + args);
+                           " timeout 120 " + xvfb_run(dir, screen) + KVLENS_APP_PATH " --script " +
+                           dir + "/script.txt " + args);
 }
 
 // Script lines, "$DIR" standing for the test's folder.
@@ -202,7 +209,7 @@ TEST_CASE("without its bundled model the window says where it looked", "[ui][app
   std::ofstream(dir + "/script.txt") << "expect-error assets/models/demo/config.json\nquit\n";
   const test::CommandResult result =
       test::run_command("env -u QT_QPA_PLATFORM -u KVLENS_ASSETS_DIR XDG_CONFIG_HOME=" + dir +
-                        "/config timeout 120 xvfb-run -a -s '-screen 0 1600x1000x24' " + dir +
+                        "/config timeout 120 " + xvfb_run(dir, "1600x1000") + dir +
                         "/kvlens --script " + dir + "/script.txt");
   INFO(result.out << result.err);
   CHECK(result.exit_code == 0);
@@ -212,12 +219,14 @@ TEST_CASE("a failing script command ends the app with an error", "[ui][app]") {
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");
   const test::CommandResult result = run_app(dir, "step 2\nview nowhere\nquit\n");
+  INFO(result.out << result.err);
   CHECK(result.exit_code == 1);
   CHECK(result.err.find("script: line 2") != std::string::npos);
   CHECK(result.err.find("nowhere") != std::string::npos);
   // Stepping with nothing open fails instead of going on to check an empty window.
   const test::CommandResult none =
       run_app(dir, "close-dialogs\nstep 1\nquit\n", "--model " + dir + "/missing");
+  INFO(none.out << none.err);
   CHECK(none.exit_code == 1);
   CHECK(none.err.find("script: line 2: 'step': no recording or trace is open") !=
         std::string::npos);
