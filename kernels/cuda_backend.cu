@@ -1236,24 +1236,25 @@ class CudaBackend final : public Backend {
     const RowShape shape = counted_rows(mask, cols, counts);
     if (shape.rows == 0) return;
     Lane& lane = this->lane();
-    if (lane.deferred_used + counts.size() > lane.deferred_capacity) {
-      // Delivers what this lane has pending (its own stream's wait): the buffers are free to grow.
-      queue_deferred_copy(lane, lane.stream);
-      check_cuda(cudaStreamSynchronize(lane.stream), "cudaStreamSynchronize");
-      deliver_deferred(lane);
-      if (counts.size() > lane.deferred_capacity) {
-        const size_t grown = std::max<size_t>(counts.size(), 2 * lane.deferred_capacity + 4096);
-        lane.deferred_device = device_alloc(device_, grown * sizeof(int64_t));
-        lane.deferred_host = pinned_alloc(grown);
-        lane.deferred_capacity = grown;
-      }
+    if (lane.deferred.empty() ||
+        lane.deferred.back().used + counts.size() > lane.deferred.back().capacity) {
+      // A larger buffer beside the full one: no wait for the device inside a step. Both are copied
+      // and delivered by the next synchronize(), which then keeps the larger.
+      const size_t last = lane.deferred.empty() ? 0 : lane.deferred.back().capacity;
+      const size_t capacity = std::max<size_t>(counts.size(), 2 * last + 4096);
+      DeferredBuffer buffer;
+      buffer.device = device_alloc(device_, capacity * sizeof(int64_t));
+      buffer.host = pinned_alloc(capacity);
+      buffer.capacity = capacity;
+      lane.deferred.push_back(std::move(buffer));
     }
-    int64_t* device_counts = static_cast<int64_t*>(lane.deferred_device.get()) + lane.deferred_used;
+    DeferredBuffer& buffer = lane.deferred.back();
+    int64_t* device_counts = static_cast<int64_t*>(buffer.device.get()) + buffer.used;
     cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
                                     device_counts, stream());
     check_launch("count_nonzero_rows");
-    lane.deferred.push_back({lane.deferred_used, counts});
-    lane.deferred_used += counts.size();
+    buffer.pending.push_back({buffer.used, counts});
+    buffer.used += counts.size();
   }
 
   // Tasks on a few host threads, each with its own stream and scratch (a lane): a lockstep step's
@@ -1261,7 +1262,10 @@ class CudaBackend final : public Backend {
   // issues far slower than the device runs them. The lanes wait for the main stream's work
   // before the tasks, and the main stream for theirs after, so stream order is as if one thread
   // had issued every op. $KVLENS_CUDA_LANES sets the lanes (default 8; 1 runs the tasks in order
-  // on the calling thread).
+  // on the calling thread). Capturing a whole step of runs into a CUDA graph instead (relaxed
+  // stream capture from every lane, cudaGraphExecUpdate of the last graph, one launch) was
+  // measured slower: 12.3 against 8.2 ms for 8 policies on the 1B shape (H200), as capturing an op
+  // costs the host about what launching it does here and the device idles until the capture ends.
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
     const int64_t wanted = std::min<int64_t>(count, lane_limit());
     if (wanted <= 1 || capture_.active || current_lane_ != nullptr) {
@@ -1565,6 +1569,14 @@ class CudaBackend final : public Backend {
     size_t offset;
     std::span<int64_t> counts;
   };
+  // count_nonzero_rows_deferred's counts in device memory, copied to pinned host memory behind
+  // their kernels and on to the callers' spans by synchronize().
+  struct DeferredBuffer {
+    std::shared_ptr<void> device;
+    std::unique_ptr<int64_t[], PinnedDeleter> host;
+    size_t capacity = 0, used = 0;
+    std::vector<Deferred> pending;
+  };
   struct Lane {
     Lane() = default;
     // A lane of run_tasks: a stream of its own and the event that marks its tasks' end.
@@ -1592,12 +1604,9 @@ class CudaBackend final : public Backend {
     Scratch widen;            // F32 slices of a BF16/F16 weight for many-row products
     Scratch attention_parts;  // the split attention kernels' per-slice softmax pieces
     Scratch bounce;           // overlapping copy_rows
-    // count_nonzero_rows_deferred: the counts in device memory, each copied to pinned host
-    // memory behind its kernel, and on to the callers' spans by synchronize().
-    std::vector<Deferred> deferred;
-    std::shared_ptr<void> deferred_device;
-    std::unique_ptr<int64_t[], PinnedDeleter> deferred_host;
-    size_t deferred_capacity = 0, deferred_used = 0;
+    // count_nonzero_rows_deferred's buffers: the last has room, earlier ones filled up since the
+    // last delivery.
+    std::vector<DeferredBuffer> deferred;
   };
   // The calling thread's lane when it runs a task of this backend, else the main one (asked
   // for every op: one comparison).
@@ -1618,20 +1627,25 @@ class CudaBackend final : public Backend {
   // A lane's pending counts, from device to pinned memory on `stream` (ordered after the lane's
   // counting kernels: its own stream, or the main stream once the lanes have joined it).
   static void queue_deferred_copy(const Lane& lane, cudaStream_t stream) {
-    if (lane.deferred_used == 0) return;
-    check_cuda(
-        cudaMemcpyAsync(lane.deferred_host.get(), lane.deferred_device.get(),
-                        lane.deferred_used * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync");
+    for (const DeferredBuffer& buffer : lane.deferred) {
+      if (buffer.used == 0) continue;
+      check_cuda(cudaMemcpyAsync(buffer.host.get(), buffer.device.get(),
+                                 buffer.used * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync");
+    }
   }
-  // The counts of a lane whose copy has been waited for, to the callers' spans. The list is
-  // taken first so that nothing is left behind.
+  // The counts of a lane whose copies have been waited for, to the callers' spans; then only the
+  // largest (last) buffer is kept. Each list is taken first so that nothing is left behind.
   static void deliver_deferred(Lane& lane) {
-    std::vector<Deferred> deferred;
-    deferred.swap(lane.deferred);
-    lane.deferred_used = 0;
-    for (const Deferred& d : deferred)
-      std::copy_n(lane.deferred_host.get() + d.offset, d.counts.size(), d.counts.begin());
+    for (DeferredBuffer& buffer : lane.deferred) {
+      std::vector<Deferred> pending;
+      pending.swap(buffer.pending);
+      buffer.used = 0;
+      for (const Deferred& d : pending)
+        std::copy_n(buffer.host.get() + d.offset, d.counts.size(), d.counts.begin());
+    }
+    if (lane.deferred.size() > 1)
+      lane.deferred.erase(lane.deferred.begin(), lane.deferred.end() - 1);
   }
   static int64_t lane_limit() {
     static const int64_t value = [] {

@@ -306,14 +306,16 @@ TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
     CHECK_THROWS_AS(b.gpu->count_nonzero_rows_deferred(mask.gpu, cols, wrong_rows), Error);
   }
   // The deferred counts (a step's, read back once at its end): nothing is written before
-  // synchronize(), every call's counts after it, also past the backend's buffer filling up (4,800
-  // counts: the pending ones are delivered first, then it starts over).
+  // synchronize(), every call's counts after it, also past the backend's first buffer filling up
+  // (4,800 counts: a larger buffer takes the rest, with no wait for the device in between, which
+  // delivered the first buffer's counts early before).
   {
     const std::vector<int64_t> sentinel(static_cast<size_t>(H), -1);
     std::vector<std::vector<int64_t>> got(600, sentinel);
     std::vector<int64_t> want(static_cast<size_t>(H));
     for (size_t i = 0; i < got.size(); ++i)
       b.gpu->count_nonzero_rows_deferred(mask.gpu, int64_t(i) % (stride + 1), got[i]);
+    CHECK(std::all_of(got.begin(), got.end(), [&](const auto& g) { return g == sentinel; }));
     b.gpu->synchronize();
     for (size_t i = 0; i < got.size(); ++i) {
       b.cpu->count_nonzero_rows(mask.cpu, int64_t(i) % (stride + 1), want);

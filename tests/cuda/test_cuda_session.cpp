@@ -131,8 +131,9 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
       "the terraced vineyards is called: Rourstelk",
       true);
   std::vector<PolicyConfig> policies;
+  // tokenbutler: the demo model's bundled predictor, its per-run work on the lanes in lockstep.
   for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "quest", "keydiff",
-                         "tokenfilter", "lazyllm"}) {
+                         "tokenfilter", "lazyllm", "tokenbutler"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {}};
