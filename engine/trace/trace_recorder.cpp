@@ -228,58 +228,75 @@ StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, 
   for (int64_t i = 0; i < L * H; ++i) record.kept_heads[size_t(i)] = int32_t(i);
   // The true logits: [L * H, cols], packed by the copy.
   const auto* logits = reinterpret_cast<const float*>(host + rows.logits_at);
-  record.logits.assign(logits, logits + L * H * cols);
-  record.scores.assign(size_t(L * H * cols), std::numeric_limits<float>::quiet_NaN());
-  record.visible.assign(size_t(L * H * cols), 1);
+  const size_t row_elements = size_t(L * H * cols);
+  std::vector<std::span<const float>> head_rows;
+  for (int64_t i = 0; i < L * H; ++i) head_rows.emplace_back(logits + i * cols, size_t(cols));
+  StepMetrics& m = record.metrics;
+  // The step's rows fill megabytes of fresh pages (a step of the 1B shape: 2.3 MB), each array on
+  // a thread of its own, beside the cross-head consensus, which reads the true logits where the
+  // copy left them: on a slow host these were most of a recorded step's time one after another.
+  pool_.for_each(4, [&](int64_t task) {
+    switch (task) {
+      case 0:
+        if (cols >= 2) m.consensus = mean_pairwise_pearson(head_rows);
+        break;
+      case 1:
+        record.logits.assign(logits, logits + row_elements);
+        break;
+      case 2:
+        record.scores.assign(row_elements, std::numeric_limits<float>::quiet_NaN());
+        break;
+      default:
+        record.visible.assign(row_elements, 1);
+        break;
+    }
+  });
 
   double recall_sum = 0.0, agreement_sum = 0.0, hidden_sum = 0.0;
   int64_t recall_rows = 0, agreement_rows = 0;
   const CommonKnobs& knobs = knobs_[size_t(run_index)];
   // Per (layer, head) row: its recall and top-half agreement (NaN where undefined), computed on
   // the recorder's threads (the oracle sorts each row; a step of the 1B shape has 512 of them),
-  // then summed in row order as one thread would. Task 0 is the cross-head consensus, which
-  // reads only the true logits: it runs beside the layers.
+  // then summed in row order as one thread would.
   std::vector<double> row_recall(size_t(L * H), kNaN), row_agreement(size_t(L * H), kNaN);
-  std::vector<std::span<const float>> head_rows;
-  for (int64_t i = 0; i < L * H; ++i)
-    head_rows.emplace_back(record.logits.data() + i * cols, size_t(cols));
-  StepMetrics& m = record.metrics;
-  pool_.parallel_for(0, L + 1, [&](int64_t first_task, int64_t end_task) {
-    if (first_task == 0 && cols >= 2) m.consensus = mean_pairwise_pearson(head_rows);
-    for (int64_t l = std::max<int64_t>(first_task, 1) - 1; l < end_task - 1; ++l) {
-      const LayerDecision decision = record.decisions[size_t(l)];
-      if (decision == LayerDecision::Dense) continue;
-      const auto* scores = reinterpret_cast<const float*>(host + rows.scores_at[size_t(l)]);
-      std::copy_n(scores, H * cols, record.scores.data() + l * H * cols);
-      const uint8_t* masks =
-          decision == LayerDecision::Masked
-              ? reinterpret_cast<const uint8_t*>(host + rows.visible_at[size_t(l)])
-              : nullptr;
-      for (int64_t h = 0; h < H; ++h) {
-        const size_t at = size_t((l * H + h) * cols);
-        uint8_t* visible = record.visible.data() + at;
-        if (decision == LayerDecision::Skipped) {
-          std::fill_n(visible, cols, uint8_t(0));
-          record.visible_counts[size_t(l * H + h)] = 0;
-          continue;
+  const bool all_dense = std::all_of(record.decisions.begin(), record.decisions.end(),
+                                     [](LayerDecision d) { return d == LayerDecision::Dense; });
+  if (!all_dense)
+    pool_.parallel_for(0, L, [&](int64_t first_layer, int64_t end_layer) {
+      for (int64_t l = first_layer; l < end_layer; ++l) {
+        const LayerDecision decision = record.decisions[size_t(l)];
+        if (decision == LayerDecision::Dense) continue;
+        const auto* scores = reinterpret_cast<const float*>(host + rows.scores_at[size_t(l)]);
+        std::copy_n(scores, H * cols, record.scores.data() + l * H * cols);
+        const uint8_t* masks =
+            decision == LayerDecision::Masked
+                ? reinterpret_cast<const uint8_t*>(host + rows.visible_at[size_t(l)])
+                : nullptr;
+        for (int64_t h = 0; h < H; ++h) {
+          const size_t at = size_t((l * H + h) * cols);
+          uint8_t* visible = record.visible.data() + at;
+          if (decision == LayerDecision::Skipped) {
+            std::fill_n(visible, cols, uint8_t(0));
+            record.visible_counts[size_t(l * H + h)] = 0;
+            continue;
+          }
+          int32_t count = 0;
+          for (int64_t j = 0; j < cols; ++j) {
+            visible[j] = masks[h * cols + j] != 0;
+            count += visible[j];
+          }
+          record.visible_counts[size_t(l * H + h)] = count;
+          const std::span<const float> true_row(record.logits.data() + at, size_t(cols));
+          // The oracle at the same count of visible tokens, with the run's forced columns: how many
+          // of the tokens the true attention would have kept the policy kept.
+          const std::vector<uint8_t> oracle =
+              oracle_visible(true_row, std::max(1, count), knobs.sinks, knobs.window);
+          row_recall[size_t(l * H + h)] = recall({visible, size_t(cols)}, oracle);
+          row_agreement[size_t(l * H + h)] =
+              top_half_agreement({record.scores.data() + at, size_t(cols)}, true_row);
         }
-        int32_t count = 0;
-        for (int64_t j = 0; j < cols; ++j) {
-          visible[j] = masks[h * cols + j] != 0;
-          count += visible[j];
-        }
-        record.visible_counts[size_t(l * H + h)] = count;
-        const std::span<const float> true_row(record.logits.data() + at, size_t(cols));
-        // The oracle at the same count of visible tokens, with the run's forced columns: how many
-        // of the tokens the true attention would have kept the policy kept.
-        const std::vector<uint8_t> oracle =
-            oracle_visible(true_row, std::max(1, count), knobs.sinks, knobs.window);
-        row_recall[size_t(l * H + h)] = recall({visible, size_t(cols)}, oracle);
-        row_agreement[size_t(l * H + h)] =
-            top_half_agreement({record.scores.data() + at, size_t(cols)}, true_row);
       }
-    }
-  });
+    });
   for (int64_t i = 0; i < L * H; ++i) {
     const double r = row_recall[size_t(i)], a = row_agreement[size_t(i)];
     if (std::isfinite(r)) recall_sum += r, ++recall_rows;
