@@ -1,0 +1,249 @@
+// The CUDA backend's class (kvlens::Backend on one GPU), shared by the files that define its
+// members: cuda_backend.cpp (memory, copies, lanes, deferred counts, recorded steps),
+// cuda_model_ops.cpp (the decoder's ops) and cuda_policy_ops.cpp (the token-selection ops).
+// Shapes as in engine/runtime/backend.h. Internal to kernels/: the engine sees cuda_backend.h.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "engine/runtime/backend.h"
+#include "engine/runtime/thread_pool.h"
+#include "kernels/cuda_support.h"
+#include "kernels/step_graph.cuh"
+
+namespace kvlens::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+
+  // --- memory ---
+
+  DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) override;
+  bool supports_cache_dtype(DType dtype) const override { return is_weight_dtype(dtype); }
+  DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) override;
+  void to_host(const DeviceTensor& src, void* host, size_t bytes) override;
+  std::shared_ptr<void> alloc_host(size_t bytes) override;
+  void rows_to_host_async(const DeviceTensor& src, int64_t rows, int64_t cols, void* host) override;
+  std::unique_ptr<Fence> fence() override;
+  void from_host(DeviceTensor& dst, const void* host, size_t bytes) override;
+  void copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTensor& dst, int64_t dst_row,
+                 int64_t rows, int64_t row_elems) override;
+
+  // --- ops ---
+
+  void embed(const DeviceTensor& table, std::span<const int32_t> ids, DeviceTensor& out) override;
+  void matmul(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y) override;
+  void matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                   std::span<DeviceTensor* const> ys) override;
+  void matmul_add(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& scratch,
+                  DeviceTensor& acc) override;
+  void rmsnorm_matmul_many(const DeviceTensor& x, const DeviceTensor& norm_weight, float eps,
+                           DeviceTensor& normed, std::span<const DeviceTensor* const> ws,
+                           std::span<DeviceTensor* const> ys) override;
+  void rmsnorm_gate_up(const DeviceTensor& x, const DeviceTensor& norm_weight, float eps,
+                       DeviceTensor& normed, const DeviceTensor& w_gate, const DeviceTensor& w_up,
+                       DeviceTensor& gate, DeviceTensor& up, DeviceTensor& act) override;
+  void rmsnorm(const DeviceTensor& x, const DeviceTensor& weight, float eps,
+               DeviceTensor& y) override;
+  using Backend::rope;
+  void rope(DeviceTensor& x, std::span<const int64_t> positions, const DeviceTensor& inv_freq,
+            float scale) override;
+  void rope_pair(DeviceTensor& q, DeviceTensor& k, std::span<const int64_t> positions,
+                 const DeviceTensor& inv_freq, float scale) override;
+  void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) override;
+  void layer_norm(const DeviceTensor& x, const DeviceTensor& weight, const DeviceTensor& bias,
+                  float eps, DeviceTensor& y) override;
+  void bias_activation(DeviceTensor& x, const DeviceTensor* bias, Activation act) override;
+  void add_inplace(DeviceTensor& x, const DeviceTensor& y) override;
+  void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
+                 DeviceTensor& v_cache, int64_t first_position) override;
+  void attention(const DeviceTensor& q, const DeviceTensor& k_cache, const DeviceTensor& v_cache,
+                 int64_t first_position, int64_t window, Visibility visible, DeviceTensor& out,
+                 DeviceTensor* logits_out) override;
+  void argmax_rows(const DeviceTensor& x, std::span<int32_t> out) override;
+  void log_prob_rows(const DeviceTensor& x, std::span<const int32_t> targets,
+                     std::span<double> out) override;
+
+  // --- token-selection (policy) ops (kernels/policy_ops.cu) ---
+
+  void attention_logits(const DeviceTensor& q, const DeviceTensor& k_cache, int64_t position,
+                        int64_t window, DeviceTensor& logits) override;
+  void attention_visible(const DeviceTensor& logits, int64_t cols, const DeviceTensor* visible,
+                         const DeviceTensor& v_cache, DeviceTensor& out,
+                         DeviceTensor* probs) override;
+  void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
+                    int64_t k, DeviceTensor& selected) override;
+  void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) override;
+  void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
+                          std::span<int64_t> counts) override;
+  void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) override;
+  void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
+                       int64_t cols) override;
+  void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group,
+                      DeviceTensor& out) override;
+  void expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group,
+                         DeviceTensor& out) override;
+  void random_rows(uint64_t seed, uint64_t stream_id, int64_t cols, DeviceTensor& out) override;
+  void axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
+                  int64_t cols) override;
+  void pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
+                 DeviceTensor& out) override;
+  void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols, const DeviceTensor& members,
+                         DeviceTensor& out) override;
+  void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
+                          int64_t page_size, DeviceTensor& page_min,
+                          DeviceTensor& page_max) override;
+  void page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
+                   const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
+                   DeviceTensor& out) override;
+  void select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size, int64_t k,
+                    DeviceTensor& selected) override;
+  void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
+                            DeviceTensor& anchor, DeviceTensor& similarity) override;
+  void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
+                         DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep) override;
+  void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) override;
+  std::unique_ptr<StepGraph> record_step(int64_t position, int64_t rows,
+                                         const std::function<void()>& record) override;
+  double copy_bandwidth_gbps(size_t bytes, int repeats) override;
+  void synchronize() override;
+  void count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
+                                   std::span<int64_t> counts) override;
+  void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override;
+
+ private:
+  struct ProductShape {
+    int64_t rows = 0, in = 0, out = 0;
+  };
+  static bool decode_products(const std::string& op, const DeviceTensor& x,
+                              std::span<const DeviceTensor* const> ws,
+                              std::span<DeviceTensor* const> ys, ProductShape& shape);
+  static bool norm_fusable(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                           const DeviceTensor& norm_weight, const DeviceTensor& normed,
+                           const ProductShape& shape);
+  void launch_products(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,
+                       std::span<DeviceTensor* const> ys, const ProductShape& shape,
+                       bool accumulate, const DeviceTensor* norm_weight = nullptr, float eps = 0.0f,
+                       DeviceTensor* normed = nullptr, bool silu_pair = false);
+  struct CacheShape {
+    int64_t kv_heads = 0, capacity = 0, head_dim = 0;
+  };
+  static CacheShape cache_shape(const DeviceTensor& cache, const std::string& op, const char* name,
+                                int64_t cols = -1);
+  static int64_t page_summary_pages(const DeviceTensor& page_min, const DeviceTensor& page_max,
+                                    const CacheShape& expected, const std::string& op);
+  static void require_page_size(int64_t page_size, const std::string& op);
+  static CacheShape cache_shape(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
+                                const std::string& op);
+  static int64_t logit_columns(const DeviceTensor& x, int64_t rows, const std::string& op);
+  static ProductShape product_shape(const std::string& op, const DeviceTensor& x,
+                                    const DeviceTensor& w, const DeviceTensor& y);
+  void gemm(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y,
+            const ProductShape& shape);
+  void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+  cuda::StepState* step_state() const { return static_cast<cuda::StepState*>(step_state_.get()); }
+  void rope_rows(DeviceTensor& x, DeviceTensor* x2, std::span<const int64_t> positions,
+                 const DeviceTensor& inv_freq, float scale);
+  const int64_t* step_position(int64_t position, const std::string& op) const;
+  cudaStream_t stream() const { return lane().stream; }
+
+  // Copies host values (ids, positions, targets) to device memory for the next kernel.
+  template <typename T>
+  const T* stage(std::span<const T> host) {
+    void* device = lane().staging.get(device_, host.size_bytes());
+    check_cuda(
+        cudaMemcpyAsync(device, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
+        "cudaMemcpyAsync");
+    return static_cast<const T*>(device);
+  }
+  void copy_results(const void* device, void* host, size_t bytes);
+
+  struct Deferred {
+    size_t offset;
+    std::span<int64_t> counts;
+  };
+  // count_nonzero_rows_deferred's counts in device memory, copied to pinned host memory behind
+  // their kernels and on to the callers' spans by synchronize().
+  struct DeferredBuffer {
+    std::shared_ptr<void> device;
+    std::unique_ptr<int64_t[], PinnedDeleter> host;
+    size_t capacity = 0, used = 0;
+    std::vector<Deferred> pending;
+  };
+  // A stream and the scratch buffers its ops reuse (ordered by that stream alone): the main
+  // stream's, and one per host thread of run_tasks.
+  struct Lane {
+    Lane() = default;
+    // A lane of run_tasks: a stream of its own and the event that marks its tasks' end.
+    explicit Lane(const CudaBackend& backend) : owner(&backend) {
+      backend.activate();
+      cudaStream_t created = nullptr;
+      check_cuda(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags");
+      owned_stream.reset(created);
+      stream = created;
+      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    ~Lane() {
+      if (done != nullptr) cudaEventDestroy(done);
+    }
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
+    const CudaBackend* owner = nullptr;  // (the main lane's is not asked)
+    cudaStream_t stream = nullptr;
+    std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> owned_stream;
+    cudaEvent_t done = nullptr;
+    Scratch staging;          // host spans copied in
+    Scratch results;          // argmax / log-prob values copied out
+    Scratch widen;            // F32 slices of a BF16/F16 weight for many-row products
+    Scratch attention_parts;  // the split attention kernels' per-slice softmax pieces
+    Scratch bounce;           // overlapping copy_rows
+    // count_nonzero_rows_deferred's buffers: the last has room, earlier ones filled up since the
+    // last delivery.
+    std::vector<DeferredBuffer> deferred;
+  };
+  // The calling thread's lane when it runs a task of this backend, else the main one (asked
+  // for every op: one comparison).
+  Lane& lane() {
+    return current_lane_ != nullptr && current_lane_->owner == this ? *current_lane_ : main_lane_;
+  }
+  const Lane& lane() const {
+    return current_lane_ != nullptr && current_lane_->owner == this ? *current_lane_ : main_lane_;
+  }
+  RowShape counted_rows(const DeviceTensor& mask, int64_t cols, std::span<int64_t> counts) const;
+  static void queue_deferred_copy(const Lane& lane, cudaStream_t stream);
+  static void deliver_deferred(Lane& lane);
+  static int64_t lane_limit();
+  int device_;
+  // Declaration order = reverse release order: buffers, then the cuBLAS handle, then its stream.
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> stream_;
+  std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter> blas_;
+  std::mutex blas_mutex_;
+  Lane main_lane_;  // stream_'s
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::unique_ptr<ThreadPool> lane_pool_;
+  cudaEvent_t fork_ = nullptr;              // the main stream's point the lanes start from
+  static thread_local Lane* current_lane_;  // the lane of a run_tasks task on this thread
+  int sm_count_ = 0;                        // streaming multiprocessors (kernel grid sizes)
+  // A step being recorded (record_step) and the device state its replays set.
+  struct Capture {
+    bool active = false;
+    int64_t position = 0, rows = 0;
+  } capture_;
+  std::shared_ptr<void> step_state_;
+};
+
+}  // namespace kvlens::cuda

@@ -1,0 +1,487 @@
+// The CUDA backend's token-selection (policy) ops (engine/runtime/backend.h, "token-selection
+// ops"): argument checks, then the launchers of kernels/policy_ops.cu and the attention kernels.
+// Row tensors are [rows, stride]; only the first `cols` columns are read or written.
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/runtime/policy_op_math.h"
+#include "kernels/cuda_backend_impl.h"
+#include "kernels/policy_ops.cuh"
+
+namespace kvlens::cuda {
+
+void CudaBackend::attention_logits(const DeviceTensor& q, const DeviceTensor& k_cache,
+                                   int64_t position, int64_t window, DeviceTensor& logits) {
+  const std::string op = "attention_logits";
+  require(q, DType::F32, op, "q");
+  const CacheShape cache = cache_shape(k_cache, op, "k_cache");
+  if (q.shape.size() != 3 || q.dim(0) != 1 || q.dim(2) != cache.head_dim || cache.kv_heads == 0 ||
+      q.dim(1) % cache.kv_heads != 0)
+    bad_argument(op + ": q",
+                 cat({"[1, H, ", std::to_string(cache.head_dim), "] with H a multiple of ",
+                      std::to_string(cache.kv_heads), " KV heads"}),
+                 describe(q));
+  if (position < 0 || position >= cache.capacity)
+    bad_argument(op + ": position",
+                 cat({"a position below the capacity ", std::to_string(cache.capacity)}),
+                 std::to_string(position));
+  const int64_t cols = position + 1;
+  require_cols(cols, op);
+  const int64_t heads = q.dim(1);
+  const RowShape shape = row_shape(logits, DType::F32, heads, cols, op, "logits");
+  if (heads == 0) return;
+  activate();
+  cuda::LogitArgs args;
+  args.q = q.as<float>();
+  args.k_cache = k_cache.data;
+  args.cache_dtype = k_cache.dtype;
+  args.logits = rows_ref<float>(logits, shape);
+  args.heads = heads;
+  args.kv_heads = cache.kv_heads;
+  args.head_dim = cache.head_dim;
+  args.capacity = cache.capacity;
+  args.cols = cols;
+  args.lo = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+  args.window = window;
+  args.step_position = step_position(position, op);
+  args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));  // as in attention()
+  cuda::launch_attention_logits(args, sm_count_, stream());
+  check_launch("attention_logits");
+}
+
+void CudaBackend::attention_visible(const DeviceTensor& logits, int64_t cols,
+                                    const DeviceTensor* visible, const DeviceTensor& v_cache,
+                                    DeviceTensor& out, DeviceTensor* probs) {
+  const std::string op = "attention_visible";
+  require_cols(cols, op);
+  const CacheShape cache = cache_shape(v_cache, op, "v_cache", cols);
+  const RowShape logit_shape = row_shape(logits, DType::F32, -1, cols, op, "logits");
+  const int64_t heads = logit_shape.rows;
+  if (cache.kv_heads == 0 || heads % cache.kv_heads != 0)
+    bad_argument(
+        op + ": logits",
+        cat({"a row count divisible by the ", std::to_string(cache.kv_heads), " KV heads"}),
+        describe(logits));
+  cuda::VisibleAttentionArgs args;
+  args.logits = rows_ref<const float>(logits, logit_shape);
+  if (visible)
+    args.visible = rows_ref<const uint8_t>(
+        *visible, row_shape(*visible, DType::U8, heads, cols, op, "visible"));
+  if (probs)
+    args.probs = rows_ref<float>(*probs, row_shape(*probs, DType::F32, heads, cols, op, "probs"));
+  const bool want_out = !out.empty();
+  if (!want_out && !probs) bad_argument(op + ": out", "an output tensor or probs", "neither");
+  if (want_out) {
+    require(out, DType::F32, op, "out");
+    require_elements(out, heads * cache.head_dim, op, "out");
+  }
+  if (heads == 0) return;
+  activate();
+  args.v_cache = v_cache.data;
+  args.cache_dtype = v_cache.dtype;
+  args.out = want_out ? out.as<float>() : nullptr;
+  args.heads = heads;
+  args.kv_heads = cache.kv_heads;
+  args.head_dim = cache.head_dim;
+  args.capacity = cache.capacity;
+  args.cols = cols;
+  args.step_position = capture_.active ? step_position(cols - 1, op) : nullptr;
+  float* parts = static_cast<float*>(lane().attention_parts.get(
+      device_, size_t(cuda::visible_attention_scratch_floats(args, sm_count_)) * sizeof(float)));
+  cuda::launch_attention_visible(args, parts, sm_count_, stream());
+  check_launch("attention_visible");
+}
+
+void CudaBackend::select_top_k(const DeviceTensor& scores, int64_t cols,
+                               const DeviceTensor* eligible, int64_t k, DeviceTensor& selected) {
+  const std::string op = "select_top_k";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(selected, DType::U8, -1, cols, op, "selected");
+  const RowShape score_shape = row_shape(scores, DType::F32, shape.rows, cols, op, "scores");
+  cuda::RowsRef<const uint8_t> allowed;
+  if (eligible)
+    allowed = rows_ref<const uint8_t>(
+        *eligible, row_shape(*eligible, DType::U8, shape.rows, cols, op, "eligible"));
+  if (k <= 0 || cols == 0 || shape.rows == 0) return;
+  activate();
+  cuda::launch_select_top_k(rows_ref<const float>(scores, score_shape), allowed,
+                            rows_ref<uint8_t>(selected, shape), shape.rows, cols, k, stream());
+  check_launch("select_top_k");
+}
+
+void CudaBackend::fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) {
+  const std::string op = "fill_columns";
+  const RowShape shape = row_shape(mask, DType::U8, -1, 0, op, "mask");
+  if (begin < 0 || end > shape.stride)
+    bad_argument(op + ": columns", cat({"a range inside [0, ", std::to_string(shape.stride), ")"}),
+                 cat({std::to_string(begin), ":", std::to_string(end)}));
+  if (end <= begin || shape.rows == 0) return;
+  activate();
+  cuda::launch_fill_columns(rows_ref<uint8_t>(mask, shape), shape.rows, begin, end, value,
+                            stream());
+  check_launch("fill_columns");
+}
+
+// Counted where the mask lives: only the counts cross to the host (the default would copy the
+// whole [rows, stride] mask, megabytes per layer for a long-context model).
+void CudaBackend::count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
+                                     std::span<int64_t> counts) {
+  const RowShape shape = counted_rows(mask, cols, counts);
+  if (shape.rows == 0) return;
+  auto* device_counts =
+      static_cast<int64_t*>(lane().results.get(device_, size_t(shape.rows) * sizeof(int64_t)));
+  cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
+                                  device_counts, stream());
+  check_launch("count_nonzero_rows");
+  copy_results(device_counts, counts.data(), size_t(shape.rows) * sizeof(int64_t));
+}
+
+void CudaBackend::mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) {
+  const std::string op = "mask_and";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(mask, DType::U8, -1, cols, op, "mask");
+  const RowShape other_shape = row_shape(other, DType::U8, shape.rows, cols, op, "other");
+  if (shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_mask_and(rows_ref<uint8_t>(mask, shape), rows_ref<const uint8_t>(other, other_shape),
+                        shape.rows, cols, stream());
+  check_launch("mask_and");
+}
+
+void CudaBackend::accumulate_rows(DeviceTensor& acc, const DeviceTensor& x,
+                                  const DeviceTensor* keep, int64_t cols) {
+  const std::string op = "accumulate_rows";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(acc, DType::F32, -1, cols, op, "acc");
+  const RowShape x_shape = row_shape(x, DType::F32, shape.rows, cols, op, "x");
+  cuda::RowsRef<const uint8_t> kept;
+  if (keep)
+    kept =
+        rows_ref<const uint8_t>(*keep, row_shape(*keep, DType::U8, shape.rows, cols, op, "keep"));
+  if (shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_accumulate_rows(rows_ref<float>(acc, shape), rows_ref<const float>(x, x_shape), kept,
+                               shape.rows, cols, stream());
+  check_launch("accumulate_rows");
+}
+
+void CudaBackend::sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group,
+                                 DeviceTensor& out) {
+  const std::string op = "sum_row_groups";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(x, DType::F32, -1, cols, op, "x");
+  if (group <= 0 || shape.rows % group != 0)
+    bad_argument(op + ": group",
+                 cat({"a positive divisor of the ", std::to_string(shape.rows), " rows"}),
+                 std::to_string(group));
+  const int64_t groups = shape.rows / group;
+  const RowShape out_shape = row_shape(out, DType::F32, groups, cols, op, "out");
+  if (groups * cols == 0) return;
+  activate();
+  cuda::launch_sum_row_groups(rows_ref<const float>(x, shape), groups, group, cols,
+                              rows_ref<float>(out, out_shape), stream());
+  check_launch("sum_row_groups");
+}
+
+void CudaBackend::expand_row_groups(const DeviceTensor& mask, int64_t cols, int64_t group,
+                                    DeviceTensor& out) {
+  const std::string op = "expand_row_groups";
+  require_cols(cols, op);
+  if (group <= 0) bad_argument(op + ": group", "a positive group size", std::to_string(group));
+  const RowShape shape = row_shape(mask, DType::U8, -1, cols, op, "mask");
+  const RowShape out_shape = row_shape(out, DType::U8, shape.rows * group, cols, op, "out");
+  if (out_shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_expand_row_groups(rows_ref<const uint8_t>(mask, shape), out_shape.rows, group, cols,
+                                 rows_ref<uint8_t>(out, out_shape), stream());
+  check_launch("expand_row_groups");
+}
+
+void CudaBackend::random_rows(uint64_t seed, uint64_t stream_id, int64_t cols, DeviceTensor& out) {
+  const std::string op = "random_rows";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(out, DType::F32, -1, cols, op, "out");
+  if (shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_random_rows(seed, stream_id, shape.rows, cols, rows_ref<float>(out, shape),
+                           stream());
+  check_launch("random_rows");
+}
+
+void CudaBackend::axpby_rows(DeviceTensor& y, float alpha, const DeviceTensor& x, float beta,
+                             int64_t cols) {
+  const std::string op = "axpby_rows";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(y, DType::F32, -1, cols, op, "y");
+  const RowShape x_shape = row_shape(x, DType::F32, -1, cols, op, "x");
+  if (x_shape.rows != shape.rows && x_shape.rows != 1)
+    bad_argument(op + ": x", cat({"1 or ", std::to_string(shape.rows), " rows"}), describe(x));
+  if (shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_axpby_rows(rows_ref<float>(y, shape), alpha, rows_ref<const float>(x, x_shape), beta,
+                          shape.rows, x_shape.rows != shape.rows, cols, stream());
+  check_launch("axpby_rows");
+}
+
+void CudaBackend::pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
+                            DeviceTensor& out) {
+  const std::string op = "pool_rows";
+  require_cols(cols, op);
+  if (kernel < 1 || kernel % 2 == 0 || kernel > INT32_MAX)
+    bad_argument(op + ": kernel", "an odd kernel size >= 1", std::to_string(kernel));
+  const RowShape shape = row_shape(x, DType::F32, -1, cols, op, "x");
+  const RowShape out_shape = row_shape(out, DType::F32, shape.rows, cols, op, "out");
+  if (shape.rows * cols == 0) return;
+  if (x.data == out.data) bad_argument(op + ": out", "a tensor apart from x", "x itself");
+  activate();
+  cuda::launch_pool_rows(rows_ref<const float>(x, shape), shape.rows, cols, pool == Pool::Average,
+                         kernel, rows_ref<float>(out, out_shape), stream());
+  check_launch("pool_rows");
+}
+
+void CudaBackend::key_anchor_scores(const DeviceTensor& k_cache, int64_t cols,
+                                    const DeviceTensor& members, DeviceTensor& out) {
+  const std::string op = "key_anchor_scores";
+  require_cols(cols, op);
+  const CacheShape cache = cache_shape(k_cache, op, "k_cache", cols);
+  const RowShape shape = row_shape(out, DType::F32, -1, cols, op, "out");
+  if (cache.kv_heads == 0 || shape.rows % cache.kv_heads != 0)
+    bad_argument(op + ": out",
+                 cat({"a row count that is a multiple of the ", std::to_string(cache.kv_heads),
+                      " KV heads"}),
+                 describe(out));
+  const RowShape member_shape = row_shape(members, DType::U8, shape.rows, cols, op, "members");
+  if (shape.rows == 0 || cols == 0) return;
+  activate();
+  cuda::KeyAnchorArgs args;
+  args.k_cache = k_cache.data;
+  args.cache_dtype = k_cache.dtype;
+  args.members = rows_ref<const uint8_t>(members, member_shape);
+  args.out = rows_ref<float>(out, shape);
+  args.rows = shape.rows;
+  args.rows_per_group = shape.rows / cache.kv_heads;
+  args.head_dim = cache.head_dim;
+  args.capacity = cache.capacity;
+  args.cols = cols;
+  cuda::launch_key_anchor_scores(args, stream());
+  check_launch("key_anchor_scores");
+}
+
+void CudaBackend::page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
+                                     int64_t page_size, DeviceTensor& page_min,
+                                     DeviceTensor& page_max) {
+  const std::string op = "page_minmax_update";
+  require_page_size(page_size, op);
+  const CacheShape cache = cache_shape(k_cache, op, "k_cache");
+  if (begin < 0 || begin > end || end > cache.capacity)
+    bad_argument(op + ": columns",
+                 cat({"a range inside [0, ", std::to_string(cache.capacity), "]"}),
+                 cat({std::to_string(begin), ":", std::to_string(end)}));
+  const int64_t pages = page_summary_pages(page_min, page_max, cache, op);
+  if (pages * page_size < end)
+    bad_argument(op + ": page_min",
+                 cat({"at least ", std::to_string((end + page_size - 1) / page_size), " pages"}),
+                 describe(page_min));
+  if (begin == end || cache.kv_heads == 0 || cache.head_dim == 0) return;
+  activate();
+  cuda::PageMinMaxArgs args;
+  args.k_cache = k_cache.data;
+  args.cache_dtype = k_cache.dtype;
+  args.page_min = page_min.as<float>();
+  args.page_max = page_max.as<float>();
+  args.kv_heads = cache.kv_heads;
+  args.capacity = cache.capacity;
+  args.head_dim = cache.head_dim;
+  args.pages = pages;
+  args.page_size = page_size;
+  args.first = begin / page_size;
+  args.last = (end - 1) / page_size;
+  args.end = end;
+  cuda::launch_page_minmax_update(args, stream());
+  check_launch("page_minmax_update");
+}
+
+void CudaBackend::page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
+                              const DeviceTensor& page_max, int64_t cols, int64_t page_size,
+                              bool max_only, DeviceTensor& out) {
+  const std::string op = "page_bounds";
+  require_cols(cols, op);
+  require_page_size(page_size, op);
+  require(q, DType::F32, op, "q");
+  if (q.shape.size() != 3 || q.dim(0) != 1 || q.dim(1) < 0 || q.dim(2) < 0)
+    bad_argument(op + ": q", "[1, H, D]", describe(q));
+  const int64_t heads = q.dim(1), head_dim = q.dim(2);
+  if (page_min.shape.size() != 3 || page_min.dim(0) <= 0 || heads % page_min.dim(0) != 0)
+    bad_argument(op + ": page_min",
+                 cat({"[G, pages, ", std::to_string(head_dim), "] with G dividing the ",
+                      std::to_string(heads), " heads"}),
+                 describe(page_min));
+  const CacheShape groups{page_min.dim(0), 0, head_dim};
+  const int64_t pages = page_summary_pages(page_min, page_max, groups, op);
+  if (pages * page_size < cols)
+    bad_argument(op + ": page_min",
+                 cat({"at least ", std::to_string((cols + page_size - 1) / page_size), " pages"}),
+                 describe(page_min));
+  const RowShape shape = row_shape(out, DType::F32, heads, cols, op, "out");
+  if (heads == 0 || cols == 0) return;
+  activate();
+  cuda::PageBoundArgs args;
+  args.q = q.as<float>();
+  args.page_min = page_min.as<float>();
+  args.page_max = page_max.as<float>();
+  args.out = rows_ref<float>(out, shape);
+  args.heads = heads;
+  args.kv_heads = groups.kv_heads;
+  args.head_dim = head_dim;
+  args.pages = pages;
+  args.page_size = page_size;
+  args.cols = cols;
+  args.max_only = max_only;
+  args.scale = float(1.0 / std::sqrt(double(head_dim)));  // as in attention()
+  cuda::launch_page_bounds(args, stream());
+  check_launch("page_bounds");
+}
+
+void CudaBackend::select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size,
+                               int64_t k, DeviceTensor& selected) {
+  const std::string op = "select_pages";
+  require_cols(cols, op);
+  require_page_size(page_size, op);
+  const RowShape shape = row_shape(selected, DType::U8, -1, cols, op, "selected");
+  const RowShape score_shape = row_shape(scores, DType::F32, shape.rows, cols, op, "scores");
+  if (k <= 0 || cols == 0 || shape.rows == 0) return;
+  activate();
+  cuda::launch_select_pages(rows_ref<const float>(scores, score_shape),
+                            rows_ref<uint8_t>(selected, shape), shape.rows, cols, page_size, k,
+                            stream());
+  check_launch("select_pages");
+}
+
+void CudaBackend::anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
+                                       DeviceTensor& anchor, DeviceTensor& similarity) {
+  const std::string op = "anchor_cosine_update";
+  const CacheShape shape = cache_shape(cache, op, "cache");
+  if (shape.head_dim > cuda::kMaxAnchorDim)
+    bad_argument(op + ": cache",
+                 cat({"a head dimension of at most ", std::to_string(cuda::kMaxAnchorDim)}),
+                 describe(cache));
+  if (column < 0 || column >= shape.capacity)
+    bad_argument(op + ": column",
+                 cat({"a column below the capacity ", std::to_string(shape.capacity)}),
+                 std::to_string(column));
+  require(anchor, DType::F32, op, "anchor");
+  if (anchor.shape != std::vector<int64_t>{shape.kv_heads, shape.head_dim})
+    bad_argument(op + ": anchor", shape_string({shape.kv_heads, shape.head_dim}), describe(anchor));
+  require(similarity, DType::F32, op, "similarity");
+  require_elements(similarity, shape.kv_heads, op, "similarity");
+  if (shape.kv_heads == 0) return;
+  activate();
+  cuda::AnchorCosineArgs args;
+  args.cache = cache.data;
+  args.cache_dtype = cache.dtype;
+  args.anchor = anchor.as<float>();
+  args.similarity = similarity.as<float>();
+  args.kv_heads = shape.kv_heads;
+  args.capacity = shape.capacity;
+  args.head_dim = shape.head_dim;
+  args.column = column;
+  args.decay = decay;
+  cuda::launch_anchor_cosine_update(args, stream());
+  check_launch("anchor_cosine_update");
+}
+
+void CudaBackend::token_filter_step(const DeviceTensor* similarity, double eta, double target,
+                                    int64_t column, DeviceTensor& state, DeviceTensor& scores,
+                                    DeviceTensor& keep) {
+  const std::string op = "token_filter_step";
+  require(state, DType::U8, op, "state");
+  require_elements(state, 8 * kTokenFilterState, op, "state");
+  require(keep, DType::U8, op, "keep");
+  if (elements(keep) < 1) bad_argument(op + ": keep", "at least one element", describe(keep));
+  require(scores, DType::F32, op, "scores");
+  if (scores.shape.size() != 2 || column < 0 || column >= scores.dim(1))
+    bad_argument(op + ": scores",
+                 cat({"[rows, stride] with column ", std::to_string(column), " < stride"}),
+                 describe(scores));
+  int64_t kv_heads = 0;
+  if (similarity != nullptr) {
+    require(*similarity, DType::F32, op, "similarity");
+    if (elements(*similarity) < 2 || elements(*similarity) % 2 != 0)
+      bad_argument(op + ": similarity", "2 * G elements (keys, then values)",
+                   describe(*similarity));
+    kv_heads = elements(*similarity) / 2;
+  }
+  activate();
+  cuda::launch_token_filter_step(similarity ? similarity->as<float>() : nullptr, kv_heads, eta,
+                                 target, column, static_cast<double*>(state.data),
+                                 {scores.as<float>(), scores.dim(1)}, scores.dim(0),
+                                 keep.as<uint8_t>(), stream());
+  check_launch(op.c_str());
+}
+
+void CudaBackend::zero_unless(DeviceTensor& rows, const DeviceTensor& keep) {
+  const std::string op = "zero_unless";
+  require(rows, DType::F32, op, "rows");
+  require(keep, DType::U8, op, "keep");
+  if (elements(keep) < 1) bad_argument(op + ": keep", "at least one element", describe(keep));
+  activate();
+  cuda::launch_zero_unless(rows.as<float>(), elements(rows), keep.as<uint8_t>(), stream());
+  check_launch(op.c_str());
+}
+
+// One cache [G, capacity, D] of F32, BF16 or F16 (a KV cache in the model's dtype); with
+// cols >= 0 it must hold that many positions.
+CudaBackend::CacheShape CudaBackend::cache_shape(const DeviceTensor& cache, const std::string& op,
+                                                 const char* name, int64_t cols) {
+  require_weight(cache, op, name);
+  if (cache.shape.size() != 3) bad_argument(op + ": " + name, "[G, capacity, D]", describe(cache));
+  const CacheShape shape{cache.dim(0), cache.dim(1), cache.dim(2)};
+  if (cols > shape.capacity)
+    bad_argument(op + ": cols", cat({"at most the capacity ", std::to_string(shape.capacity)}),
+                 std::to_string(cols));
+  return shape;
+}
+
+// Quest's page summaries: two F32 [G, pages, D] tensors of one shape, G and D those of
+// `expected` (a cache's or q's); returns the page count.
+int64_t CudaBackend::page_summary_pages(const DeviceTensor& page_min, const DeviceTensor& page_max,
+                                        const CacheShape& expected, const std::string& op) {
+  require(page_min, DType::F32, op, "page_min");
+  require(page_max, DType::F32, op, "page_max");
+  if (page_min.shape.size() != 3 || page_min.dim(0) != expected.kv_heads || page_min.dim(1) < 0 ||
+      page_min.dim(2) != expected.head_dim || page_max.shape != page_min.shape)
+    bad_argument(op + ": page_min, page_max",
+                 cat({"two F32 [", std::to_string(expected.kv_heads), ", pages, ",
+                      std::to_string(expected.head_dim), "] tensors"}),
+                 describe(page_min) + ", " + describe(page_max));
+  return page_min.dim(1);
+}
+
+void CudaBackend::require_page_size(int64_t page_size, const std::string& op) {
+  if (page_size < 1)
+    bad_argument(op + ": page_size", "a page size >= 1", std::to_string(page_size));
+}
+
+CudaBackend::CacheShape CudaBackend::cache_shape(const DeviceTensor& k_cache,
+                                                 const DeviceTensor& v_cache,
+                                                 const std::string& op) {
+  cache_shape(k_cache, op, "k_cache");
+  if (v_cache.shape != k_cache.shape || v_cache.dtype != k_cache.dtype)
+    bad_argument(op + ": v_cache",
+                 "the dtype and shape of k_cache " + std::string(dtype_name(k_cache.dtype)) +
+                     shape_string(k_cache.shape),
+                 describe(v_cache));
+  return {k_cache.dim(0), k_cache.dim(1), k_cache.dim(2)};
+}
+
+}  // namespace kvlens::cuda
