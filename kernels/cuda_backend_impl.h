@@ -125,6 +125,7 @@ class CudaBackend final : public Backend {
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override;
 
  private:
+  // Products (cuda_model_ops.cpp): decode rows through the GEMV kernel, many rows through cuBLAS.
   struct ProductShape {
     int64_t rows = 0, in = 0, out = 0;
   };
@@ -138,6 +139,15 @@ class CudaBackend final : public Backend {
                        std::span<DeviceTensor* const> ys, const ProductShape& shape,
                        bool accumulate, const DeviceTensor* norm_weight = nullptr, float eps = 0.0f,
                        DeviceTensor* normed = nullptr, bool silu_pair = false);
+  static ProductShape product_shape(const std::string& op, const DeviceTensor& x,
+                                    const DeviceTensor& w, const DeviceTensor& y);
+  void gemm(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y,
+            const ProductShape& shape);
+  void rope_rows(DeviceTensor& x, DeviceTensor* x2, std::span<const int64_t> positions,
+                 const DeviceTensor& inv_freq, float scale);
+  static int64_t logit_columns(const DeviceTensor& x, int64_t rows, const std::string& op);
+
+  // Operands of the cache and page ops, shared by the model and policy ops (cuda_policy_ops.cpp).
   struct CacheShape {
     int64_t kv_heads = 0, capacity = 0, head_dim = 0;
   };
@@ -148,15 +158,10 @@ class CudaBackend final : public Backend {
   static void require_page_size(int64_t page_size, const std::string& op);
   static CacheShape cache_shape(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
                                 const std::string& op);
-  static int64_t logit_columns(const DeviceTensor& x, int64_t rows, const std::string& op);
-  static ProductShape product_shape(const std::string& op, const DeviceTensor& x,
-                                    const DeviceTensor& w, const DeviceTensor& y);
-  void gemm(const DeviceTensor& x, const DeviceTensor& w, DeviceTensor& y,
-            const ProductShape& shape);
+
+  // The device, streams and host copies (cuda_backend.cpp).
   void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
   cuda::StepState* step_state() const { return static_cast<cuda::StepState*>(step_state_.get()); }
-  void rope_rows(DeviceTensor& x, DeviceTensor* x2, std::span<const int64_t> positions,
-                 const DeviceTensor& inv_freq, float scale);
   const int64_t* step_position(int64_t position, const std::string& op) const;
   cudaStream_t stream() const { return lane().stream; }
 
