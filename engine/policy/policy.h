@@ -74,6 +74,11 @@ enum class LayerDecision {
   Gated,
 };
 
+// What a Gated layer was, once its gate (or its count of nonzero gate bytes) is known.
+inline LayerDecision gated_decision(int64_t gate) {
+  return gate != 0 ? LayerDecision::Dense : LayerDecision::Skipped;
+}
+
 struct BackendPredictor;
 
 // The model shape and buffer geometry a policy instance is created for.

@@ -345,12 +345,9 @@ void DecoderSession::collect_sparsity() {
     run.counted_layers.clear();
     // A gated layer is what its gate said: it attended (Dense) or its token skipped it.
     for (const int64_t layer : run.gated_layers) {
-      const bool attended = run.visible_counts[size_t(layer)][0] != 0;
-      run.decisions[size_t(layer)] = attended ? LayerDecision::Dense : LayerDecision::Skipped;
-      if (attended)
-        run.sparsity.add_dense_layer(layer);
-      else
-        run.sparsity.add_skipped_layer(layer);
+      const LayerDecision decision = gated_decision(run.visible_counts[size_t(layer)][0]);
+      run.decisions[size_t(layer)] = decision;
+      record_sparsity(run, size_t(layer), decision, 0);  // Dense or Skipped: no count to queue
     }
     run.gated_layers.clear();
   }

@@ -166,7 +166,6 @@ void TraceRecorder::enqueue_step(int64_t t) {
       }
     }
     capture.fence = backend.fence();
-    capture.step = t;
     queued_ = t + 1;
   } catch (const std::exception& e) {
     broken_ =
@@ -201,7 +200,6 @@ bool TraceRecorder::step() {
   for (int64_t r = 0; r < int64_t(policies_.size()); ++r)
     records.push_back(record_run(capture, r, t, row_of(r), row_of(reference_run_)));
   capture.fence.reset();
-  capture.step = -1;
   trace_.add_step(std::move(records));
   if (next_failed) std::rethrow_exception(next_failed);
   return true;
@@ -220,8 +218,7 @@ StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, 
   record.decisions = rows.decisions;
   for (size_t l = 0; l < size_t(L); ++l) {
     if (record.decisions[l] != LayerDecision::Gated) continue;
-    const bool attended = *reinterpret_cast<const uint8_t*>(host + rows.gate_at[l]) != 0;
-    record.decisions[l] = attended ? LayerDecision::Dense : LayerDecision::Skipped;
+    record.decisions[l] = gated_decision(*reinterpret_cast<const uint8_t*>(host + rows.gate_at[l]));
   }
   record.visible_counts.assign(size_t(L * H), int32_t(cols));
   record.kept_heads.resize(size_t(L * H));

@@ -54,7 +54,6 @@ class TraceRecorder {
     std::vector<size_t> gate_at;                // per Gated layer: its gate byte, or kNone
   };
   struct Capture {
-    int64_t step = -1;  // the step whose rows these are; -1: free
     std::shared_ptr<void> host;
     size_t capacity = 0;
     std::unique_ptr<Backend::Fence> fence;

@@ -100,9 +100,9 @@ struct Harness {
     if (decision == LayerDecision::Gated) {
       // What the session does with the step's counts: the gate makes it Dense or Skipped.
       REQUIRE(policy.gate(layer) != nullptr);
-      uint8_t attended = 0;
-      backend->to_host(*policy.gate(layer), &attended, 1);
-      decision = attended != 0 ? LayerDecision::Dense : LayerDecision::Skipped;
+      uint8_t gate = 0;
+      backend->to_host(*policy.gate(layer), &gate, 1);
+      decision = gated_decision(gate);
     }
     last_decision = decision;
     std::vector<std::set<int64_t>> sets(4);
