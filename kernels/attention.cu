@@ -2,6 +2,7 @@
 // kernel runs one block per (query row, head) and walks the visible keys in tiles with an online
 // softmax, so nothing of size `context` is kept except the optional logits output.
 #include "kernels/attention.cuh"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 
 namespace kvlens::cuda {
@@ -17,6 +18,7 @@ template <typename C>
 __global__ void kv_append_kernel(const float* k, const float* v, C* k_cache, C* v_cache,
                                  int64_t rows, int64_t kv_heads, int64_t head_dim, int64_t capacity,
                                  int64_t first_position, const int64_t* step_position) {
+  begin_dependent_grid();
   const int64_t count = rows * kv_heads * head_dim;
   if (step_position != nullptr) first_position = *step_position;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
@@ -35,6 +37,7 @@ __global__ void kv_append_kernel(const float* k, const float* v, C* k_cache, C* 
 // block reductions, so the control flow that depends on them is uniform too.
 template <typename C>
 __global__ void attention_kernel(AttentionArgs a) {
+  begin_dependent_grid();
   extern __shared__ float shared[];
   __shared__ float scratch[32];
   const int64_t D = a.head_dim;
@@ -126,9 +129,9 @@ void launch_kv_append(const float* k, const float* v, void* k_cache, void* v_cac
   if (count <= 0) return;
   dispatch_weight(cache_dtype, [&](auto tag) {
     using C = decltype(tag);
-    kv_append_kernel<<<grid_for(count, kAppendThreads), kAppendThreads, 0, stream>>>(
-        k, v, static_cast<C*>(k_cache), static_cast<C*>(v_cache), rows, kv_heads, head_dim,
-        capacity, first_position, step_position);
+    launch_dependent(kv_append_kernel<C>, grid_for(count, kAppendThreads), kAppendThreads, 0,
+                     stream, k, v, static_cast<C*>(k_cache), static_cast<C*>(v_cache), rows,
+                     kv_heads, head_dim, capacity, first_position, step_position);
   });
 }
 
@@ -136,8 +139,8 @@ void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.heads <= 0) return;
   const size_t shared_bytes = size_t(2 * args.head_dim + kTile) * sizeof(float);
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    attention_kernel<decltype(tag)>
-        <<<unsigned(args.rows * args.heads), kThreads, shared_bytes, stream>>>(args);
+    launch_dependent(attention_kernel<decltype(tag)>, unsigned(args.rows * args.heads), kThreads,
+                     shared_bytes, stream, args);
   });
 }
 

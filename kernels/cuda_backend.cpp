@@ -203,7 +203,9 @@ void CudaBackend::copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTens
 // host) fail with an error, which the caller answers by running the step itself.
 std::unique_ptr<StepGraph> CudaBackend::record_step(int64_t position, int64_t rows,
                                                     const std::function<void()>& record) {
-  if (rows < 1 || rows > cuda::SmallIds::kCapacity || capture_.active) return nullptr;
+  // One recording at a time, from the main lane: tasks of run_tasks run op by op.
+  if (rows < 1 || rows > cuda::SmallIds::kCapacity || capture_.active || &lane() != &main_lane_)
+    return nullptr;
   activate();
   if (!step_state_) {
     step_state_ = device_alloc(device_, sizeof(cuda::StepState));
@@ -266,6 +268,15 @@ double CudaBackend::copy_bandwidth_gbps(size_t bytes, int repeats) {
 
 void CudaBackend::synchronize() {
   activate();
+  Lane& own = lane();
+  if (&own != &main_lane_) {
+    // From a task of run_tasks (a whole session on a lane: the samples of an eval): the task's
+    // own ops and counts; other lanes are busy with theirs.
+    queue_deferred_copy(own, own.stream);
+    check_cuda(cudaStreamSynchronize(own.stream), "cudaStreamSynchronize");
+    deliver_deferred(own);
+    return;
+  }
   // The lanes' work joined the main stream when their tasks ended: every lane's counts are
   // copied behind it, then one wait covers it all.
   queue_deferred_copy(main_lane_, main_lane_.stream);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemv.cuh"
 
@@ -97,8 +98,18 @@ __device__ __forceinline__ void stage_columns(const float* __restrict__ x, int r
   }
 }
 
-template <typename W, typename NormW, int R, GemvMode Mode>
-__global__ void __launch_bounds__(kThreads)
+// 16-byte weight vectors a lane has in flight per batch (U * 512 bytes a warp). With three
+// blocks an SM (the launch bound, 85 registers) U = 8 for one row; a product with at most two
+// blocks an SM (few, long rows: o_proj, w_down) takes kDeepBatch and two. One vector at a time had
+// left those at a third of the bandwidth (H200, w_down 21.5 -> 16.9 us).
+template <int F, int P>
+__host__ __device__ constexpr int vectors_in_flight() {
+  return F * P == 1 ? 8 : (F * P == 2 ? 4 : 2);
+}
+constexpr int kDeepBatch = 16;
+
+template <typename W, typename NormW, int R, GemvMode Mode, int U>
+__global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 1))
     gemv_warp_kernel(const float* __restrict__ x, GemvProducts products, int rows, int64_t in,
                      int64_t chunk, const NormW* __restrict__ norm_weight, float eps,
                      float* __restrict__ normed) {
@@ -107,9 +118,55 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ double scratch[32];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const int64_t total = Mode == GemvMode::SiluPair
+                            ? products.out[0]
+                            : products.out[0] + products.out[1] + products.out[2] + products.out[3];
+  constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
+  constexpr int F = features_per_warp<R, P>();
   const bool whole = chunk >= in;
   const int64_t vectors = in / V;
   const int64_t chunk_vectors = whole ? vectors : chunk / V;
+
+  // The weight rows of the features first .. first + F - 1 (past the last feature: feature 0's
+  // rows, read again and the sums dropped).
+  int m[F];
+  int64_t o[F];
+  const uint4* weight_rows[F][P];
+  auto locate = [&](int64_t first) {
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+      o[f] = first + f < total ? first + f : 0, m[f] = 0;
+      if constexpr (Mode != GemvMode::SiluPair) {
+        while (o[f] >= products.out[m[f]]) o[f] -= products.out[m[f]++];
+      }
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        weight_rows[f][p] =
+            reinterpret_cast<const uint4*>(static_cast<const W*>(products.w[m[f] + p]) + o[f] * in);
+    }
+  };
+  // A batch: this lane's vectors v0, v0 + 32, .. (U of them, those below c1).
+  uint4 raw[U][F][P];
+  auto load_batch = [&](int64_t v0, int64_t c1) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (v0 + 32 * u >= c1) break;
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int p = 0; p < P; ++p) raw[u][f][p] = __ldg(weight_rows[f][p] + v0 + 32 * u);
+    }
+  };
+  // No kernel writes weights: the first batch is requested before this grid waits for the one
+  // before it and before the rows are staged, so its latency overlaps both.
+  const int64_t block_first = int64_t(blockIdx.x) * kWarps * F;
+  bool preloaded = false;
+  if (whole && block_first + int64_t(warp) * F < total) {
+    locate(block_first + int64_t(warp) * F);
+    load_batch(lane, vectors);
+    preloaded = true;
+  }
+  begin_dependent_grid();
   if (whole) {
     stage_columns<V>(x, rows, in, 0, in, staged);
     if (norm_weight != nullptr) {
@@ -134,31 +191,10 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  const int64_t total = Mode == GemvMode::SiluPair
-                            ? products.out[0]
-                            : products.out[0] + products.out[1] + products.out[2] + products.out[3];
-  constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
-  constexpr int F = features_per_warp<R, P>();
   // Block-uniform, so that every warp reaches the chunks' barriers.
-  for (int64_t base = int64_t(blockIdx.x) * kWarps * F; base < total;
-       base += int64_t(gridDim.x) * kWarps * F) {
+  for (int64_t base = block_first; base < total; base += int64_t(gridDim.x) * kWarps * F) {
     const int64_t first = base + int64_t(warp) * F;
-    int m[F];
-    int64_t o[F];
-    const uint4* weight_rows[F][P];
-#pragma unroll
-    for (int f = 0; f < F; ++f) {
-      // Past the last feature: feature 0's rows are read again and the sums dropped.
-      o[f] = first + f < total ? first + f : 0;
-      m[f] = 0;
-      if constexpr (Mode != GemvMode::SiluPair) {
-        while (o[f] >= products.out[m[f]]) o[f] -= products.out[m[f]++];
-      }
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-        weight_rows[f][p] =
-            reinterpret_cast<const uint4*>(static_cast<const W*>(products.w[m[f] + p]) + o[f] * in);
-    }
+    if (!preloaded) locate(first);
     float acc[F][P][R];
 #pragma unroll
     for (int f = 0; f < F; ++f)
@@ -174,34 +210,41 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
       }
       if (first >= total) continue;
-#pragma unroll(F == 1 ? 8 : 2)
-      for (int64_t v = c0 + lane; v < c1; v += 32) {
-        float weights[F][P][V];
+      for (int64_t v0 = c0 + lane; v0 < c1; v0 += 32 * U) {
+        if (!preloaded) load_batch(v0, c1);
+        preloaded = false;
+        // The batch's vectors in ascending order: each sum keeps the order v = lane, lane + 32, ..
 #pragma unroll
-        for (int f = 0; f < F; ++f)
+        for (int u = 0; u < U; ++u) {
+          const int64_t v = v0 + 32 * u;
+          if (v >= c1) break;
+          float weights[F][P][V];
 #pragma unroll
-          for (int p = 0; p < P; ++p)
-            WeightVector<W>::widen(__ldg(weight_rows[f][p] + v), weights[f][p]);
+          for (int f = 0; f < F; ++f)
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (r >= rows) break;
+            for (int p = 0; p < P; ++p) WeightVector<W>::widen(raw[u][f][p], weights[f][p]);
 #pragma unroll
-          for (int q = 0; q < V / 4; ++q) {
-            const float4 xv = staged[staged_float4<V>(r, v - c0, q, c1 - c0)];
+          for (int r = 0; r < R; ++r) {
+            if (r >= rows) break;
 #pragma unroll
-            for (int f = 0; f < F; ++f)
+            for (int q = 0; q < V / 4; ++q) {
+              const float4 xv = staged[staged_float4<V>(r, v - c0, q, c1 - c0)];
 #pragma unroll
-              for (int p = 0; p < P; ++p) {
-                float& a = acc[f][p][r];
-                a = fmaf(weights[f][p][4 * q], xv.x, a);
-                a = fmaf(weights[f][p][4 * q + 1], xv.y, a);
-                a = fmaf(weights[f][p][4 * q + 2], xv.z, a);
-                a = fmaf(weights[f][p][4 * q + 3], xv.w, a);
-              }
+              for (int f = 0; f < F; ++f)
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                  float& a = acc[f][p][r];
+                  a = fmaf(weights[f][p][4 * q], xv.x, a);
+                  a = fmaf(weights[f][p][4 * q + 1], xv.y, a);
+                  a = fmaf(weights[f][p][4 * q + 2], xv.z, a);
+                  a = fmaf(weights[f][p][4 * q + 3], xv.w, a);
+                }
+            }
           }
         }
       }
     }
+    preloaded = false;
 #pragma unroll
     for (int f = 0; f < F; ++f) {
       if (first + f >= total) break;
@@ -232,6 +275,7 @@ template <typename W, int R, bool Accumulate>
 __global__ void __launch_bounds__(kThreads)
     gemv_scalar_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y,
                        int rows, int64_t in, int64_t out) {
+  begin_dependent_grid();
   const int lane = threadIdx.x & 31;
   const int64_t first_warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
@@ -262,7 +306,8 @@ int64_t blocks_per_sm() {
   static const int64_t value = [] {
     const char* text = std::getenv("KVLENS_GEMV_BLOCKS_PER_SM");
     const long parsed = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
-    return parsed > 0 ? int64_t(parsed) : int64_t(4);  // the best of 1, 2, 4, 8 on an H200
+    return parsed > 0 ? int64_t(parsed)
+                      : int64_t(3);  // the launch bound of the 1- and 2-row kernels
   }();
   return value;
 }
@@ -279,11 +324,11 @@ int64_t staged_columns(int64_t rows, int64_t in, int64_t vector) {
   return (groups > 1 ? groups : 1) * group;
 }
 
-template <typename W, typename NormW, int R, GemvMode Mode>
+template <typename W, typename NormW, int R, GemvMode Mode, int U>
 void launch_warp_kernel(const float* x, const GemvProducts& products, int rows, int64_t in,
-                        const void* norm_weight, float eps, float* normed, int64_t total,
-                        int sm_count, cudaStream_t stream) {
-  auto kernel = gemv_warp_kernel<W, NormW, R, Mode>;
+                        const void* norm_weight, float eps, float* normed, unsigned blocks,
+                        cudaStream_t stream) {
+  auto kernel = gemv_warp_kernel<W, NormW, R, Mode, U>;
   const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
   const size_t shared_bytes = size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float);
   if (shared_bytes > 48 * 1024) {
@@ -295,15 +340,33 @@ void launch_warp_kernel(const float* x, const GemvProducts& products, int rows, 
     }();
     (void)raised;
   }
-  // A warp per F features, eight per block, up to a few blocks per SM (then grid-stride). F
-  // stays 4 from 3 rows on even where that leaves SMs idle (q/k/v, o_proj): measured on an H200,
-  // fewer features per warp (more blocks) was slower at 8 rows, the shared-memory reads bound.
+  launch_dependent(kernel, blocks, kThreads, shared_bytes, stream, x, products, rows, in, chunk,
+                   static_cast<const NormW*>(norm_weight), eps, normed);
+}
+
+// A warp per F features, eight per block, up to a few blocks per SM (then grid-stride). F stays
+// 4 from 3 rows on even where that leaves SMs idle (q/k/v, o_proj): measured on an H200, fewer
+// features per warp (more blocks) was slower at 8 rows, the shared-memory reads bound.
+template <typename W, typename NormW, int R, GemvMode Mode>
+void launch_products(const float* x, const GemvProducts& products, int rows, int64_t in,
+                     const void* norm_weight, float eps, float* normed, int64_t total, int sm_count,
+                     cudaStream_t stream) {
   constexpr int kPairs = Mode == GemvMode::SiluPair ? 2 : 1;
-  constexpr int64_t per_block = kWarps * features_per_warp<R, kPairs>();
+  constexpr int F = features_per_warp<R, kPairs>();
+  constexpr int64_t per_block = kWarps * F;
+  const int64_t sms = sm_count > 0 ? sm_count : 132;
   const int64_t wanted = (total + per_block - 1) / per_block;
-  const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * blocks_per_sm();
-  kernel<<<unsigned(wanted < cap ? wanted : cap), kThreads, shared_bytes, stream>>>(
-      x, products, rows, in, chunk, static_cast<const NormW*>(norm_weight), eps, normed);
+  const int64_t cap = sms * blocks_per_sm();
+  const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
+  if constexpr (R == 1 && F * kPairs == 1) {
+    if (wanted <= 2 * sms) {
+      launch_warp_kernel<W, NormW, R, Mode, kDeepBatch>(x, products, rows, in, norm_weight, eps,
+                                                        normed, blocks, stream);
+      return;
+    }
+  }
+  launch_warp_kernel<W, NormW, R, Mode, vectors_in_flight<F, kPairs>()>(
+      x, products, rows, in, norm_weight, eps, normed, blocks, stream);
 }
 
 template <typename W, int R, bool Accumulate>
@@ -312,8 +375,8 @@ void launch_scalar(const float* x, const W* w, float* y, int rows, int64_t in, i
   // A warp per output feature, capped at enough blocks to fill every SM a few times over.
   const int64_t wanted = (out + kWarps - 1) / kWarps;
   const int64_t cap = int64_t(sm_count > 0 ? sm_count : 132) * 16;
-  gemv_scalar_kernel<W, R, Accumulate>
-      <<<unsigned(wanted < cap ? wanted : cap), kThreads, 0, stream>>>(x, w, y, rows, in, out);
+  launch_dependent(gemv_scalar_kernel<W, R, Accumulate>, unsigned(wanted < cap ? wanted : cap),
+                   kThreads, 0, stream, x, w, y, rows, in, out);
 }
 
 // Calls f(std::integral_constant<int, R>) with R the smallest supported batch >= rows.
@@ -383,9 +446,9 @@ void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
       auto with_norm = [&](auto norm_zero) {
         using N = decltype(norm_zero);
         auto go = [&](auto mode_tag) {
-          launch_warp_kernel<W, N, R, decltype(mode_tag)::value>(
-              call.x, products, n, call.in, call.norm_weight, call.eps, call.normed, total,
-              sm_count, stream);
+          launch_products<W, N, R, decltype(mode_tag)::value>(call.x, products, n, call.in,
+                                                              call.norm_weight, call.eps,
+                                                              call.normed, total, sm_count, stream);
         };
         if (silu)
           go(std::integral_constant<GemvMode, GemvMode::SiluPair>{});

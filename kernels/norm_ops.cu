@@ -1,5 +1,6 @@
 // Elementwise and per-row activation kernels (embed gather, RMSNorm, SiLU * up, add, weight
 // widening). Plain grid-stride or block-per-row kernels; F32 activations [rows, width].
+#include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/norm_ops.cuh"
 
@@ -10,6 +11,7 @@ constexpr int kThreads = 256;
 
 template <typename T>
 __global__ void widen_kernel(const T* src, int64_t count, float* dst) {
+  begin_dependent_grid();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = to_f32(src[i]);
@@ -19,6 +21,7 @@ __global__ void widen_kernel(const T* src, int64_t count, float* dst) {
 template <typename T>
 __global__ void embed_kernel(const T* table, int64_t width, const int32_t* ids, SmallIds small,
                              float* out) {
+  begin_dependent_grid();
   const int64_t row = blockIdx.x;
   const int32_t id = ids != nullptr ? ids[row] : small.ids[row];
   const T* src = table + int64_t(id) * width;
@@ -33,6 +36,7 @@ __global__ void embed_kernel(const T* table, int64_t width, const int32_t* ids, 
 template <typename T>
 __global__ void rmsnorm_kernel(const float* x, const T* weight, int64_t width, float eps,
                                float* y) {
+  begin_dependent_grid();
   __shared__ double scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * width;
   float* yr = y + int64_t(blockIdx.x) * width;
@@ -50,6 +54,7 @@ __global__ void rmsnorm_kernel(const float* x, const T* weight, int64_t width, f
 template <typename T>
 __global__ void layer_norm_kernel(const float* x, const T* weight, const T* bias, int64_t width,
                                   float eps, float* y) {
+  begin_dependent_grid();
   __shared__ double scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * width;
   float* yr = y + int64_t(blockIdx.x) * width;
@@ -70,6 +75,7 @@ __global__ void layer_norm_kernel(const float* x, const T* weight, const T* bias
 template <typename T>
 __global__ void bias_activation_kernel(float* x, int64_t count, const T* bias, int64_t width,
                                        int act) {
+  begin_dependent_grid();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     // The sum rounded to F32, the activation in double rounded once: the CPU reference's steps.
@@ -82,6 +88,7 @@ __global__ void bias_activation_kernel(float* x, int64_t count, const T* bias, i
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t count, float* out) {
+  begin_dependent_grid();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -92,6 +99,7 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t coun
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
+  begin_dependent_grid();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
@@ -104,8 +112,8 @@ void launch_widen_to_f32(const void* src, DType dtype, int64_t count, float* dst
   if (count <= 0) return;
   dispatch_weight(dtype, [&](auto tag) {
     using T = decltype(tag);
-    widen_kernel<T><<<grid_for(count, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(src),
-                                                                        count, dst);
+    launch_dependent(widen_kernel<T>, grid_for(count, kThreads), kThreads, 0, stream,
+                     static_cast<const T*>(src), count, dst);
   });
 }
 
@@ -114,8 +122,8 @@ void launch_embed(const void* table, DType dtype, int64_t width, const int32_t* 
   if (rows <= 0 || width <= 0) return;
   dispatch_weight(dtype, [&](auto tag) {
     using T = decltype(tag);
-    embed_kernel<T><<<unsigned(rows), kThreads, 0, stream>>>(static_cast<const T*>(table), width,
-                                                             ids, small, out);
+    launch_dependent(embed_kernel<T>, unsigned(rows), kThreads, 0, stream,
+                     static_cast<const T*>(table), width, ids, small, out);
   });
 }
 
@@ -124,8 +132,8 @@ void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int6
   if (rows <= 0 || width <= 0) return;
   dispatch_weight(weight_dtype, [&](auto tag) {
     using T = decltype(tag);
-    rmsnorm_kernel<T>
-        <<<unsigned(rows), kThreads, 0, stream>>>(x, static_cast<const T*>(weight), width, eps, y);
+    launch_dependent(rmsnorm_kernel<T>, unsigned(rows), kThreads, 0, stream, x,
+                     static_cast<const T*>(weight), width, eps, y);
   });
 }
 
@@ -134,8 +142,8 @@ void launch_layer_norm(const float* x, const void* weight, const void* bias, DTy
   if (rows <= 0 || width <= 0) return;
   dispatch_weight(dtype, [&](auto tag) {
     using T = decltype(tag);
-    layer_norm_kernel<T><<<unsigned(rows), kThreads, 0, stream>>>(
-        x, static_cast<const T*>(weight), static_cast<const T*>(bias), width, eps, y);
+    launch_dependent(layer_norm_kernel<T>, unsigned(rows), kThreads, 0, stream, x,
+                     static_cast<const T*>(weight), static_cast<const T*>(bias), width, eps, y);
   });
 }
 
@@ -144,20 +152,21 @@ void launch_bias_activation(float* x, int64_t count, const void* bias, DType bia
   if (count <= 0) return;
   dispatch_weight(bias_dtype, [&](auto tag) {
     using T = decltype(tag);
-    bias_activation_kernel<T><<<grid_for(count, kThreads), kThreads, 0, stream>>>(
-        x, count, static_cast<const T*>(bias), width, act);
+    launch_dependent(bias_activation_kernel<T>, grid_for(count, kThreads), kThreads, 0, stream, x,
+                     count, static_cast<const T*>(bias), width, act);
   });
 }
 
 void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out,
                      cudaStream_t stream) {
   if (count <= 0) return;
-  silu_mul_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(gate, up, count, out);
+  launch_dependent(silu_mul_kernel, grid_for(count, kThreads), kThreads, 0, stream, gate, up, count,
+                   out);
 }
 
 void launch_add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
   if (count <= 0) return;
-  add_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(x, y, count);
+  launch_dependent(add_kernel, grid_for(count, kThreads), kThreads, 0, stream, x, y, count);
 }
 
 }  // namespace kvlens::cuda

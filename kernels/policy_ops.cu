@@ -3,6 +3,7 @@
 // CPU backend runs, so selections, random rows, page bounds and anchor similarities are
 // bit-identical across backends; the other float ops differ only by rounding order.
 #include "engine/runtime/policy_op_math.h"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/policy_ops.cuh"
 
@@ -28,6 +29,7 @@ __device__ __forceinline__ void for_each_cell(int64_t rows, int64_t cols, F f) {
 // kernels' bits).
 template <typename C>
 __global__ void attention_logits_kernel(LogitArgs a) {
+  begin_dependent_grid();
   extern __shared__ float q[];
   const int64_t D = a.head_dim;
   const int64_t group = a.heads / a.kv_heads;
@@ -112,6 +114,7 @@ __device__ uint64_t radix_select_key(int64_t items, unsigned wanted, Item item) 
 // those with key >= the k-th largest key, which radix_select_key finds. O(8 * cols / threads).
 __global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
                                     RowsRef<uint8_t> selected, int64_t cols, int64_t k) {
+  begin_dependent_grid();
   __shared__ unsigned scratch[32];
   const int64_t r = blockIdx.x;
   const float* score = scores.data + r * scores.stride;
@@ -142,11 +145,13 @@ __global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const u
 
 __global__ void fill_columns_kernel(RowsRef<uint8_t> mask, int64_t rows, int64_t begin,
                                     int64_t width, uint8_t value) {
+  begin_dependent_grid();
   for_each_cell(rows, width,
                 [&](int64_t r, int64_t j) { mask.data[r * mask.stride + begin + j] = value; });
 }
 
 __global__ void count_nonzero_kernel(RowsRef<const uint8_t> mask, int64_t cols, int64_t* counts) {
+  begin_dependent_grid();
   __shared__ int64_t scratch[32];
   const uint8_t* row = mask.data + int64_t(blockIdx.x) * mask.stride;
   int64_t count = 0;
@@ -157,6 +162,7 @@ __global__ void count_nonzero_kernel(RowsRef<const uint8_t> mask, int64_t cols, 
 
 __global__ void mask_and_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
                                 int64_t cols) {
+  begin_dependent_grid();
   for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
     uint8_t& m = mask.data[r * mask.stride + j];
     m = uint8_t(m != 0 && other.data[r * other.stride + j] != 0);
@@ -165,6 +171,7 @@ __global__ void mask_and_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t> ot
 
 __global__ void accumulate_rows_kernel(RowsRef<float> acc, RowsRef<const float> x,
                                        RowsRef<const uint8_t> keep, int64_t rows, int64_t cols) {
+  begin_dependent_grid();
   for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
     float& a = acc.data[r * acc.stride + j];
     const float add = x.data[r * x.stride + j];
@@ -174,6 +181,7 @@ __global__ void accumulate_rows_kernel(RowsRef<float> acc, RowsRef<const float> 
 
 __global__ void sum_row_groups_kernel(RowsRef<const float> x, int64_t groups, int64_t group,
                                       int64_t cols, RowsRef<float> out) {
+  begin_dependent_grid();
   for_each_cell(groups, cols, [&](int64_t g, int64_t j) {
     const float* first = x.data + g * group * x.stride + j;
     float sum = first[0];
@@ -184,6 +192,7 @@ __global__ void sum_row_groups_kernel(RowsRef<const float> x, int64_t groups, in
 
 __global__ void expand_row_groups_kernel(RowsRef<const uint8_t> mask, int64_t rows, int64_t group,
                                          int64_t cols, RowsRef<uint8_t> out) {
+  begin_dependent_grid();
   for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
     out.data[r * out.stride + j] = mask.data[(r / group) * mask.stride + j];
   });
@@ -191,6 +200,7 @@ __global__ void expand_row_groups_kernel(RowsRef<const uint8_t> mask, int64_t ro
 
 __global__ void random_rows_kernel(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t cols,
                                    RowsRef<float> out) {
+  begin_dependent_grid();
   for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
     out.data[r * out.stride + j] = random_unit(seed, stream_id, uint64_t(r), uint64_t(j));
   });
@@ -198,6 +208,7 @@ __global__ void random_rows_kernel(uint64_t seed, uint64_t stream_id, int64_t ro
 
 __global__ void axpby_rows_kernel(RowsRef<float> y, float alpha, RowsRef<const float> x, float beta,
                                   int64_t rows, bool broadcast, int64_t cols) {
+  begin_dependent_grid();
   for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
     float& out = y.data[r * y.stride + j];
     const float in = x.data[(broadcast ? 0 : r) * x.stride + j];
@@ -208,6 +219,7 @@ __global__ void axpby_rows_kernel(RowsRef<float> y, float alpha, RowsRef<const f
 
 __global__ void pool_rows_kernel(RowsRef<const float> x, int64_t rows, int64_t cols, bool average,
                                  int64_t kernel, RowsRef<float> out) {
+  begin_dependent_grid();
   const int64_t half = kernel / 2;
   for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
     const float* in = x.data + r * x.stride;
@@ -231,6 +243,7 @@ __global__ void pool_rows_kernel(RowsRef<const float> x, int64_t rows, int64_t c
 // does not depend on scheduling.
 template <typename C>
 __global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
+  begin_dependent_grid();
   extern __shared__ float shared[];
   __shared__ unsigned scratch[32];
   const int64_t D = a.head_dim;
@@ -272,6 +285,7 @@ __global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
 // CPU's comparisons (exact, so the same bits).
 template <typename C>
 __global__ void page_minmax_kernel(PageMinMaxArgs a) {
+  begin_dependent_grid();
   const int64_t count = a.last - a.first + 1, D = a.head_dim;
   for_each_cell(a.kv_heads * count, D, [&](int64_t row, int64_t d) {
     const int64_t g = row / count, p = a.first + row % count;
@@ -291,6 +305,7 @@ __global__ void page_minmax_kernel(PageMinMaxArgs a) {
 
 // One thread per (head, page): the shared page_bound arithmetic, written to the page's columns.
 __global__ void page_bounds_kernel(PageBoundArgs a) {
+  begin_dependent_grid();
   const int64_t used = (a.cols + a.page_size - 1) / a.page_size, D = a.head_dim;
   const int64_t heads_per_group = a.heads / a.kv_heads;
   for_each_cell(a.heads, used, [&](int64_t h, int64_t p) {
@@ -326,6 +341,7 @@ __device__ __forceinline__ void page_key_cost(const float* score, const uint8_t*
 // each page weighted by its cost. Pages with a key above it are then marked.
 __global__ void select_pages_kernel(RowsRef<const float> scores, RowsRef<uint8_t> selected,
                                     int64_t cols, int64_t page_size, int64_t k) {
+  begin_dependent_grid();
   __shared__ unsigned scratch[32];
   const int64_t r = blockIdx.x;
   const float* score = scores.data + r * scores.stride;
@@ -366,6 +382,7 @@ __global__ void select_pages_kernel(RowsRef<const float> scores, RowsRef<uint8_t
 // roundings (both products, then the sum).
 template <typename C>
 __global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
+  begin_dependent_grid();
   const int64_t D = a.head_dim;
   const float keep = a.decay, take = 1.0f - a.decay;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < a.kv_heads;
@@ -392,86 +409,88 @@ void launch_attention_logits(const LogitArgs& args, int sm_count, cudaStream_t s
   const dim3 grid(unsigned(chunks < most ? chunks : most), unsigned(args.kv_heads));
   const size_t shared_bytes = size_t(args.heads / args.kv_heads * args.head_dim) * sizeof(float);
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    attention_logits_kernel<decltype(tag)><<<grid, kLogitThreads, shared_bytes, stream>>>(args);
+    launch_dependent(attention_logits_kernel<decltype(tag)>, grid, kLogitThreads, shared_bytes,
+                     stream, args);
   });
 }
 
 void launch_count_nonzero_rows(RowsRef<const uint8_t> mask, int64_t rows, int64_t cols,
                                int64_t* counts, cudaStream_t stream) {
   if (rows <= 0) return;
-  count_nonzero_kernel<<<unsigned(rows), kThreads, 0, stream>>>(mask, cols, counts);
+  launch_dependent(count_nonzero_kernel, unsigned(rows), kThreads, 0, stream, mask, cols, counts);
 }
 
 void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
                          RowsRef<uint8_t> selected, int64_t rows, int64_t cols, int64_t k,
                          cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || k <= 0) return;
-  select_top_k_kernel<<<unsigned(rows), kThreads, 0, stream>>>(scores, eligible, selected, cols, k);
+  launch_dependent(select_top_k_kernel, unsigned(rows), kThreads, 0, stream, scores, eligible,
+                   selected, cols, k);
 }
 
 void launch_fill_columns(RowsRef<uint8_t> mask, int64_t rows, int64_t begin, int64_t end,
                          uint8_t value, cudaStream_t stream) {
   const int64_t count = rows * (end - begin);
   if (count <= 0) return;
-  fill_columns_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(mask, rows, begin,
-                                                                          end - begin, value);
+  launch_dependent(fill_columns_kernel, grid_for(count, kThreads), kThreads, 0, stream, mask, rows,
+                   begin, end - begin, value);
 }
 
 void launch_mask_and(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
                      int64_t cols, cudaStream_t stream) {
   if (rows * cols <= 0) return;
-  mask_and_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(mask, other, rows,
-                                                                            cols);
+  launch_dependent(mask_and_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream, mask,
+                   other, rows, cols);
 }
 
 void launch_accumulate_rows(RowsRef<float> acc, RowsRef<const float> x, RowsRef<const uint8_t> keep,
                             int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows * cols <= 0) return;
-  accumulate_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(acc, x, keep,
-                                                                                   rows, cols);
+  launch_dependent(accumulate_rows_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream,
+                   acc, x, keep, rows, cols);
 }
 
 void launch_sum_row_groups(RowsRef<const float> x, int64_t groups, int64_t group, int64_t cols,
                            RowsRef<float> out, cudaStream_t stream) {
   if (groups * cols <= 0) return;
-  sum_row_groups_kernel<<<grid_for(groups * cols, kThreads), kThreads, 0, stream>>>(
-      x, groups, group, cols, out);
+  launch_dependent(sum_row_groups_kernel, grid_for(groups * cols, kThreads), kThreads, 0, stream, x,
+                   groups, group, cols, out);
 }
 
 void launch_expand_row_groups(RowsRef<const uint8_t> mask, int64_t rows, int64_t group,
                               int64_t cols, RowsRef<uint8_t> out, cudaStream_t stream) {
   if (rows * cols <= 0) return;
-  expand_row_groups_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(
-      mask, rows, group, cols, out);
+  launch_dependent(expand_row_groups_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream,
+                   mask, rows, group, cols, out);
 }
 
 void launch_random_rows(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t cols,
                         RowsRef<float> out, cudaStream_t stream) {
   if (rows * cols <= 0) return;
-  random_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(seed, stream_id,
-                                                                               rows, cols, out);
+  launch_dependent(random_rows_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream, seed,
+                   stream_id, rows, cols, out);
 }
 
 void launch_axpby_rows(RowsRef<float> y, float alpha, RowsRef<const float> x, float beta,
                        int64_t rows, bool broadcast, int64_t cols, cudaStream_t stream) {
   if (rows * cols <= 0) return;
-  axpby_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(
-      y, alpha, x, beta, rows, broadcast, cols);
+  launch_dependent(axpby_rows_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream, y,
+                   alpha, x, beta, rows, broadcast, cols);
 }
 
 void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool average,
                       int64_t kernel, RowsRef<float> out, cudaStream_t stream) {
   if (rows * cols <= 0) return;
-  pool_rows_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(x, rows, cols, average,
-                                                                             kernel, out);
+  launch_dependent(pool_rows_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream, x, rows,
+                   cols, average, kernel, out);
 }
 
 void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.cols <= 0) return;
   const size_t shared_bytes = size_t(args.head_dim) * (1 + kAnchorThreads / 32) * sizeof(float);
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    key_anchor_scores_kernel<decltype(tag)>
-        <<<unsigned(args.rows), kAnchorThreads, shared_bytes, stream>>>(args);
+    launch_dependent(key_anchor_scores_kernel<decltype(tag)>, unsigned(args.rows), kAnchorThreads,
+                     shared_bytes, stream, args);
   });
 }
 
@@ -479,21 +498,22 @@ void launch_page_minmax_update(const PageMinMaxArgs& args, cudaStream_t stream) 
   const int64_t count = args.kv_heads * (args.last - args.first + 1) * args.head_dim;
   if (count <= 0) return;
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    page_minmax_kernel<decltype(tag)><<<grid_for(count, kThreads), kThreads, 0, stream>>>(args);
+    launch_dependent(page_minmax_kernel<decltype(tag)>, grid_for(count, kThreads), kThreads, 0,
+                     stream, args);
   });
 }
 
 void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream) {
   const int64_t count = args.heads * ((args.cols + args.page_size - 1) / args.page_size);
   if (count <= 0) return;
-  page_bounds_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(args);
+  launch_dependent(page_bounds_kernel, grid_for(count, kThreads), kThreads, 0, stream, args);
 }
 
 void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected, int64_t rows,
                          int64_t cols, int64_t page_size, int64_t k, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || k <= 0) return;
-  select_pages_kernel<<<unsigned(rows), kThreads, 0, stream>>>(scores, selected, cols, page_size,
-                                                               k);
+  launch_dependent(select_pages_kernel, unsigned(rows), kThreads, 0, stream, scores, selected, cols,
+                   page_size, k);
 }
 
 namespace {
@@ -501,6 +521,7 @@ namespace {
 __global__ void token_filter_step_kernel(const float* similarity, int64_t kv_heads, double eta,
                                          double target, int64_t column, double* state,
                                          RowsRef<float> scores, int64_t rows, uint8_t* keep) {
+  begin_dependent_grid();
   __shared__ float score;
   if (threadIdx.x == 0) {
     double s_kv = 0.0;
@@ -515,6 +536,7 @@ __global__ void token_filter_step_kernel(const float* similarity, int64_t kv_hea
 }
 
 __global__ void zero_unless_kernel(float* rows, int64_t count, const uint8_t* keep) {
+  begin_dependent_grid();
   if (keep[0] != 0) return;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -526,21 +548,23 @@ __global__ void zero_unless_kernel(float* rows, int64_t count, const uint8_t* ke
 void launch_token_filter_step(const float* similarity, int64_t kv_heads, double eta, double target,
                               int64_t column, double* state, RowsRef<float> scores, int64_t rows,
                               uint8_t* keep, cudaStream_t stream) {
-  token_filter_step_kernel<<<1, 128, 0, stream>>>(similarity, kv_heads, eta, target, column, state,
-                                                  scores, rows, keep);
+  launch_dependent(token_filter_step_kernel, 1, 128, 0, stream, similarity, kv_heads, eta, target,
+                   column, state, scores, rows, keep);
 }
 
 void launch_zero_unless(float* rows, int64_t count, const uint8_t* keep, cudaStream_t stream) {
   if (count <= 0) return;
-  zero_unless_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(rows, count, keep);
+  launch_dependent(zero_unless_kernel, grid_for(count, kThreads), kThreads, 0, stream, rows, count,
+                   keep);
 }
 
 void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream) {
   if (args.kv_heads <= 0) return;
   constexpr int kAnchorHeadThreads = 64;
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    anchor_cosine_kernel<decltype(tag)>
-        <<<grid_for(args.kv_heads, kAnchorHeadThreads), kAnchorHeadThreads, 0, stream>>>(args);
+    launch_dependent(anchor_cosine_kernel<decltype(tag)>,
+                     grid_for(args.kv_heads, kAnchorHeadThreads), kAnchorHeadThreads, 0, stream,
+                     args);
   });
 }
 

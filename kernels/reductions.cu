@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/reductions.cuh"
 
@@ -21,6 +22,7 @@ __device__ __forceinline__ bool better(float v, int32_t i, float best, int32_t b
 }
 
 __global__ void argmax_kernel(const float* x, int64_t cols, int32_t* out) {
+  begin_dependent_grid();
   __shared__ float values[32];
   __shared__ int32_t indices[32];
   const float* row = x + int64_t(blockIdx.x) * cols;
@@ -53,6 +55,7 @@ __global__ void argmax_kernel(const float* x, int64_t cols, int32_t* out) {
 }
 
 __global__ void log_prob_kernel(const float* x, int64_t cols, const int32_t* targets, double* out) {
+  begin_dependent_grid();
   __shared__ float scratch_f[32];
   __shared__ double scratch_d[32];
   const float* row = x + int64_t(blockIdx.x) * cols;
@@ -72,13 +75,13 @@ __global__ void log_prob_kernel(const float* x, int64_t cols, const int32_t* tar
 void launch_argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out,
                         cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  argmax_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, cols, out);
+  launch_dependent(argmax_kernel, unsigned(rows), kThreads, 0, stream, x, cols, out);
 }
 
 void launch_log_prob_rows(const float* x, int64_t rows, int64_t cols, const int32_t* targets,
                           double* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  log_prob_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, cols, targets, out);
+  launch_dependent(log_prob_kernel, unsigned(rows), kThreads, 0, stream, x, cols, targets, out);
 }
 
 }  // namespace kvlens::cuda

@@ -1,6 +1,7 @@
 // Rotate-half RoPE, in place on x[rows, heads, head_dim]: for i < R/2 (R = rotary_dim <= D) the
 // pair (x[i], x[i + R/2]) is rotated by angle positions[row] * inv_freq[i], with cos and sin
 // scaled by an attention factor; channels R..D-1 are left alone.
+#include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/rope.cuh"
 
@@ -14,6 +15,7 @@ __global__ void rope_kernel(float* x, int64_t heads, float* x2, int64_t heads2, 
                             int64_t rotary_dim, const int64_t* positions, int64_t first_position,
                             int64_t position_stride, const int64_t* step_position,
                             const float* inv_freq, float scale) {
+  begin_dependent_grid();
   const int64_t rows = gridDim.x / (heads + heads2);
   const bool second = int64_t(blockIdx.x) >= rows * heads;
   const int64_t block = second ? int64_t(blockIdx.x) - rows * heads : int64_t(blockIdx.x);
@@ -50,9 +52,9 @@ void launch_rope(float* x, int64_t heads, float* x2, int64_t heads2, int64_t row
                  float scale, cudaStream_t stream) {
   if (x2 == nullptr) heads2 = 0;
   if (rows <= 0 || heads <= 0 || heads2 < 0 || rotary_dim < 2 || rotary_dim > head_dim) return;
-  rope_kernel<<<unsigned(rows * (heads + heads2)), kThreads, 0, stream>>>(
-      x, heads, x2, heads2, head_dim, rotary_dim, positions, first_position, position_stride,
-      step_position, inv_freq, scale);
+  launch_dependent(rope_kernel, unsigned(rows * (heads + heads2)), kThreads, 0, stream, x, heads,
+                   x2, heads2, head_dim, rotary_dim, positions, first_position, position_stride,
+                   step_position, inv_freq, scale);
 }
 
 }  // namespace kvlens::cuda

@@ -3,12 +3,14 @@
 #include <string>
 
 #include "engine/common/error.h"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/step_graph.cuh"
 
 namespace kvlens::cuda {
 namespace {
 
 __global__ void set_step_kernel(StepState* state, int64_t position, SmallIds ids) {
+  begin_dependent_grid();
   if (threadIdx.x == 0) state->position = position;
   for (int i = threadIdx.x; i < SmallIds::kCapacity; i += blockDim.x) state->ids[i] = ids.ids[i];
 }
@@ -22,7 +24,7 @@ void check(cudaError_t status, const char* call) {
 }  // namespace
 
 void launch_set_step(StepState* state, int64_t position, const SmallIds& ids, cudaStream_t stream) {
-  set_step_kernel<<<1, 64, 0, stream>>>(state, position, ids);
+  launch_dependent(set_step_kernel, 1, 64, 0, stream, state, position, ids);
 }
 
 CudaStepGraph::CudaStepGraph(int device, cudaStream_t stream, cudaGraphExec_t exec,

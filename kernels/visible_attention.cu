@@ -7,6 +7,7 @@
 // The slice count depends on the cache's capacity and the head count only, and each slice's
 // width on the context (known on the device), so a captured step replays at any position with
 // the arithmetic of an uncaptured one. Scratch: max[H] | slice_sum[S, H] | slice_acc[S, H, D].
+#include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/policy_ops.cuh"
 
@@ -45,6 +46,7 @@ __device__ __forceinline__ bool seen_at(const VisibleAttentionArgs& a, int64_t h
 
 // One block per head. fmaxf skips NaN, as std::max(max, NaN) does on the CPU.
 __global__ void visible_max_kernel(VisibleAttentionArgs a, float* head_max) {
+  begin_dependent_grid();
   __shared__ float scratch[32];
   const int64_t h = blockIdx.x;
   const int64_t cols = column_count(a);
@@ -60,6 +62,7 @@ __global__ void visible_max_kernel(VisibleAttentionArgs a, float* head_max) {
 template <typename C>
 __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
                                      float* slice_sum, float* slice_acc) {
+  begin_dependent_grid();
   extern __shared__ float weights[];
   __shared__ float scratch[32];
   const int64_t h = blockIdx.y;
@@ -121,6 +124,7 @@ constexpr int kMergeThreads = 256;
 __global__ void __launch_bounds__(kMergeThreads)
     visible_merge_kernel(VisibleAttentionArgs a, const float* head_max, int64_t slices,
                          const float* slice_sum, const float* slice_acc) {
+  begin_dependent_grid();
   extern __shared__ float sums[];
   __shared__ float scratch[32];
   const int64_t h = blockIdx.x;
@@ -162,15 +166,16 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
   if (args.heads <= 0) return;
   if (args.cols <= 0 && args.step_position == nullptr) {
     // No column: every head sees nothing.
-    visible_merge_kernel<<<unsigned(args.heads), kMergeThreads, merge_shared_bytes(args.head_dim),
-                           stream>>>(args, nullptr, 0, nullptr, nullptr);
+    launch_dependent(visible_merge_kernel, unsigned(args.heads), kMergeThreads,
+                     merge_shared_bytes(args.head_dim), stream, args, nullptr, 0, nullptr, nullptr);
     return;
   }
   const int64_t slices = slice_count(args, sm_count);
   float* head_max = scratch;
   float* slice_sum = scratch + args.heads;
   float* slice_acc = slice_sum + slices * args.heads;
-  visible_max_kernel<<<unsigned(args.heads), kMaxThreads, 0, stream>>>(args, head_max);
+  launch_dependent(visible_max_kernel, unsigned(args.heads), kMaxThreads, 0, stream, args,
+                   head_max);
   // Whole multiples of the 32-rounded head dimension, so that every thread has a (key lane,
   // dimension) pair; shared memory holds a slice's weights (as wide as the widest slice the
   // context can need: the capacity's, on a captured step), then the lanes' sums.
@@ -182,12 +187,13 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
   const int64_t shared_floats = widest > lanes * args.head_dim ? widest : lanes * args.head_dim;
   const dim3 grid(unsigned(slices), unsigned(args.heads));
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    visible_slice_kernel<decltype(tag)>
-        <<<grid, threads, size_t(shared_floats) * sizeof(float), stream>>>(args, head_max, slices,
-                                                                           slice_sum, slice_acc);
+    launch_dependent(visible_slice_kernel<decltype(tag)>, grid, threads,
+                     size_t(shared_floats) * sizeof(float), stream, args, head_max, slices,
+                     slice_sum, slice_acc);
   });
-  visible_merge_kernel<<<unsigned(args.heads), kMergeThreads, merge_shared_bytes(args.head_dim),
-                         stream>>>(args, head_max, slices, slice_sum, slice_acc);
+  launch_dependent(visible_merge_kernel, unsigned(args.heads), kMergeThreads,
+                   merge_shared_bytes(args.head_dim), stream, args, head_max, slices, slice_sum,
+                   slice_acc);
 }
 
 }  // namespace kvlens::cuda

@@ -3,7 +3,10 @@
 // other policy steps token by token (the decode simulation).
 #include "engine/eval/coref_eval.h"
 
+#include <mutex>
+
 #include "engine/common/error.h"
+#include "engine/runtime/decoder_session.h"
 
 namespace kvlens {
 namespace {
@@ -93,11 +96,25 @@ std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const Backe
     check_fits(model->config(), samples.back(), marked.back());
   }
 
+  // Samples are independent: the backend scores them as tasks (CPU: one per thread, its ops
+  // inline; CUDA: one per host thread and stream), and the results are merged in index order.
+  // A sample's scores do not depend on which task ran it or beside what.
+  std::vector<std::vector<CorefSampleResult>> scored(static_cast<size_t>(count));
+  std::mutex progress_mutex;
+  int64_t done = 0;
+  model->backend->run_tasks(count, [&](int64_t i) {
+    scored[size_t(i)] =
+        score_coref_sample_lockstep(model, samples[size_t(i)], marked[size_t(i)], policies);
+    if (progress) {
+      const std::lock_guard<std::mutex> lock(progress_mutex);
+      progress(++done, count);
+    }
+  });
+
   std::vector<CorefEvalResult> results(policies.size());
   std::vector<int64_t> all_correct(policies.size(), 0), correct_tokens(policies.size(), 0);
   for (int64_t i = 0; i < count; ++i) {
-    std::vector<CorefSampleResult> per_policy =
-        score_coref_sample_lockstep(model, samples[size_t(i)], marked[size_t(i)], policies);
+    std::vector<CorefSampleResult>& per_policy = scored[size_t(i)];
     for (size_t p = 0; p < policies.size(); ++p) {
       CorefEvalResult& result = results[p];
       CorefSampleResult& sample = per_policy[p];
@@ -107,7 +124,6 @@ std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const Backe
       result.answer_tokens += sample.answer_tokens();
       result.per_sample.push_back(std::move(sample));
     }
-    if (progress) progress(i + 1, count);
   }
   for (size_t p = 0; p < policies.size(); ++p) {
     CorefEvalResult& result = results[p];

@@ -55,8 +55,10 @@ struct CorefEvalResult {
 
 // Samples first_index .. first_index + count - 1 of generate_coref_sample(pools, seed, i, hard),
 // marked with `tokenizer`. Every sample is generated and its length checked before any compute,
-// so a too-long sample fails the run at once rather than after the others were scored.
-// `progress` gets (samples done, count). Throws kvlens::Error for count < 1 or first_index < 0.
+// so a too-long sample fails the run at once rather than after the others were scored. Samples
+// are scored concurrently (Backend::run_tasks) with the results of scoring each alone.
+// `progress` gets (samples done, count), one call at a time, done counting up from 1. Throws
+// kvlens::Error for count < 1 or first_index < 0.
 CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const CorefPools& pools,
                                const Tokenizer& tokenizer, uint64_t seed, int64_t first_index,
                                int64_t count, bool hard, const ProgressFn& progress,

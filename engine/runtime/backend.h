@@ -206,7 +206,8 @@ class Backend {
   // and written once, so the memory moves twice that. The default copies host memory
   // (measure_copy_bandwidth_gbps); the CUDA backend copies device memory, timed by events.
   virtual double copy_bandwidth_gbps(size_t bytes, int repeats);
-  // Blocks until queued work is done (no-op on the CPU) and delivers deferred results.
+  // Blocks until queued work is done (no-op on the CPU) and delivers deferred results; called
+  // from a task of run_tasks, the work and results that task queued.
   virtual void synchronize() {}
 
   // --- read-back while later ops run (a trace's capture, into rotating buffers) ---
@@ -227,11 +228,12 @@ class Backend {
   // The default (a backend whose ops are done when they return) is passed at once.
   virtual std::unique_ptr<Fence> fence();
   // Calls task(i) for i in [0, count): independent pieces of work that touch disjoint tensors and
-  // may issue ops of their own (the lockstep runs of one layer). The CPU backend spreads them over
-  // its threads, each task's ops then running on the thread that took it; the CUDA backend over
-  // host threads that each issue into a stream of their own, ordered after the ops before the
-  // call and before the ops after it; the default runs them in order. The first exception thrown by
-  // a task is rethrown after all have finished.
+  // may issue ops of their own (the lockstep runs of one layer, or whole sessions: the samples of
+  // an eval). The CPU backend spreads them over its threads, each task's ops then running on the
+  // thread that took it; the CUDA backend over host threads that each issue into a stream of their
+  // own, ordered after the ops before the call and before the ops after it; the default runs them
+  // in order. A call from inside a task runs its tasks in order on that task's thread. The first
+  // exception thrown by a task is rethrown after all have finished.
   virtual void run_tasks(int64_t count, const std::function<void(int64_t)>& task) {
     for (int64_t i = 0; i < count; ++i) task(i);
   }

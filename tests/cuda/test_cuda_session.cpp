@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/mapped_file.h"
+#include "engine/eval/coref_eval.h"
 #include "engine/runtime/scoring.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/test_paths.h"
@@ -210,4 +211,38 @@ TEST_CASE("a trace recorded on the GPU holds every step's own rows", "[cuda]") {
             on_gpu, tokens,
             {{"dense", 0.0, {}}, {"h2o", 0.5, {}}, {"tokenfilter", 0.5, {}}, {"quest", 0.5, {}}}) ==
         40);
+}
+
+TEST_CASE("coref samples scored side by side on the GPU give the results of scoring each alone",
+          "[cuda]") {
+  // evaluate_coref_lockstep gives each sample a lane of its own (a host thread and a stream); a
+  // sample scored alone spreads its runs over the lanes instead. Same kernels, same arguments:
+  // every figure must be identical, and each sample's sparsity counts must be its own.
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  auto gpu = make_cuda_backend(0);
+  const auto on_gpu = BackendModel::upload(model, *gpu);
+  const CorefPools pools = load_bundled_coref_pools();
+  const Tokenizer& tokenizer = model->require_tokenizer();
+  const std::vector<PolicyConfig> policies = {{"dense", 0.0, {}},
+                                              {"h2o", 0.5, {}},
+                                              {"quest", 0.5, {}},
+                                              {"tokenfilter", 0.5, {}},
+                                              {"tokenbutler", 0.5, {}}};
+  const int64_t count = 12;
+  const std::vector<CorefEvalResult> results =
+      evaluate_coref_lockstep(on_gpu, pools, tokenizer, 0, 0, count, false, {}, policies);
+  for (int64_t i = 0; i < count; ++i) {
+    const CorefSample sample = generate_coref_sample(pools, 0, i, false);
+    const CorefTokens marked = mark_answer_tokens(sample, tokenizer);
+    const std::vector<CorefSampleResult> alone =
+        score_coref_sample_lockstep(on_gpu, sample, marked, policies);
+    for (size_t p = 0; p < policies.size(); ++p) {
+      INFO("sample " << i << ", policy " << policies[p].id);
+      const CorefSampleResult& got = results[p].per_sample.at(size_t(i));
+      CHECK(got.correct_tokens == alone[p].correct_tokens);
+      CHECK(got.answer_nll == alone[p].answer_nll);
+      CHECK(got.sparsity.steps == alone[p].sparsity.steps);
+      CHECK(got.sparsity.hidden_sum == alone[p].sparsity.hidden_sum);
+    }
+  }
 }

@@ -237,6 +237,44 @@ TEST_CASE("coref accuracy and coverage equal a step-by-step recomputation", "[ev
   }
 }
 
+TEST_CASE("coref samples scored side by side give the results of scoring each alone", "[eval]") {
+  // evaluate_coref_lockstep scores its samples as tasks of the backend (two CPU threads here, each
+  // sample's ops inline on its thread); score_coref_sample_lockstep on this thread spreads each
+  // op over both. The results must not depend on that: every figure is compared exactly.
+  const Loaded loaded = load(demo_model());
+  const CorefPools pools = load_bundled_coref_pools();
+  const Tokenizer& tokenizer = loaded.model->require_tokenizer();
+  const std::vector<PolicyConfig> policies = {
+      {"dense", 0.0, {}}, {"h2o", 0.5, {}}, {"streaming", 0.5, {}}, {"tokenfilter", 0.5, {}}};
+  const int64_t first = 3, count = 5;
+  std::vector<int64_t> progress;
+  const std::vector<CorefEvalResult> results = evaluate_coref_lockstep(
+      loaded.resident, pools, tokenizer, 0, first, count, false,
+      [&](int64_t done, int64_t total) {
+        CHECK(total == count);
+        progress.push_back(done);
+      },
+      policies);
+  CHECK(progress == std::vector<int64_t>{1, 2, 3, 4, 5});
+  REQUIRE(results.size() == policies.size());
+  for (int64_t i = 0; i < count; ++i) {
+    const CorefSample sample = generate_coref_sample(pools, 0, first + i, false);
+    const CorefTokens marked = mark_answer_tokens(sample, tokenizer);
+    const std::vector<CorefSampleResult> alone =
+        score_coref_sample_lockstep(loaded.resident, sample, marked, policies);
+    for (size_t p = 0; p < policies.size(); ++p) {
+      INFO("sample " << first + i << ", policy " << policies[p].id);
+      const CorefSampleResult& got = results[p].per_sample.at(size_t(i));
+      CHECK(got.index == first + i);
+      CHECK(got.correct_tokens == alone[p].correct_tokens);
+      CHECK(got.answer_nll == alone[p].answer_nll);
+      CHECK(got.sparsity.steps == alone[p].sparsity.steps);
+      CHECK(got.sparsity.hidden_sum == alone[p].sparsity.hidden_sum);
+    }
+  }
+  CHECK(results[1].sparsity.overall() > 0.0);  // h2o hid something: the runs were sparse
+}
+
 TEST_CASE("coref evaluation rejects samples past the model's positions", "[eval]") {
   const Loaded loaded = load(tiny_model_with_tokenizer(16));
   const CorefPools pools = load_bundled_coref_pools();

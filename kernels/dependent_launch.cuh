@@ -1,0 +1,69 @@
+// Programmatic dependent launch (Hopper and later): every kernel of the backend is launched with
+// launch_dependent, which lets the next kernel of the stream start while this one finishes; each
+// kernel calls begin_dependent_grid() before it touches memory another kernel writes, which
+// waits for the kernel before it to complete (its writes visible) and then lets the one after it
+// start. Launch latency then overlaps the previous kernel's tail, and a decode product requests
+// its first weights (which no kernel writes) before it waits. Included by .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace kvlens::cuda {
+
+// Waits for the grids this one depends on (a no-op when it was launched without the attribute
+// or on a GPU without dependent launch), then allows the next grid of the stream to be
+// scheduled: it will wait for this grid in turn, so nothing this grid writes is read early.
+__device__ __forceinline__ void begin_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches on the current device carry the attribute: compute capability 9.0 or later,
+// unless $KVLENS_DEPENDENT_LAUNCH is 0 (for measuring what it is worth). Cached per device.
+inline bool dependent_launch_enabled() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cached[kDevices] = {};  // 0 unknown, 1 no, 2 yes
+  static const bool allowed = [] {
+    const char* text = std::getenv("KVLENS_DEPENDENT_LAUNCH");
+    return text == nullptr || std::strcmp(text, "0") != 0;
+  }();
+  if (!allowed) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
+  int known = cached[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    known = major >= 9 ? 2 : 1;
+    cached[device].store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the dependent-launch attribute
+// where dependent_launch_enabled(). Errors are left for check_launch, as with <<<>>>.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = dependent_launch_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace kvlens::cuda
