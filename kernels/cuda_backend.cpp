@@ -74,6 +74,7 @@ DeviceTensor CudaBackend::upload_weight(const TensorView& view, std::shared_ptr<
   // go of them; weights upload once, so a synchronization here costs nothing that matters.
   check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   keep_alive.reset();
+  t.backend_layout = std::make_shared<const WeightExtent>(WeightExtent{t.data, byte_size(t)});
   return t;
 }
 

@@ -423,6 +423,8 @@ void CudaBackend::launch_products(const DeviceTensor& x, std::span<const DeviceT
     call.products.out[i] = ws[i]->dim(0);
   }
   call.products.count = int(ws.size());
+  call.weights_uploaded = std::all_of(ws.begin(), ws.end(),
+                                      [](const DeviceTensor* w) { return is_uploaded_weight(*w); });
   if (norm_weight != nullptr) {
     call.norm_weight = norm_weight->data;
     call.norm_dtype = norm_weight->dtype;

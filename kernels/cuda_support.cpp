@@ -128,4 +128,12 @@ std::unique_ptr<int64_t[], PinnedDeleter> pinned_alloc(size_t count) {
   return std::unique_ptr<int64_t[], PinnedDeleter>(static_cast<int64_t*>(memory));
 }
 
+bool is_uploaded_weight(const DeviceTensor& t) {
+  const auto* extent = static_cast<const WeightExtent*>(t.backend_layout.get());
+  if (extent == nullptr || t.data == nullptr) return false;
+  const auto begin = reinterpret_cast<uintptr_t>(extent->data);
+  const auto first = reinterpret_cast<uintptr_t>(t.data);
+  return first >= begin && first - begin + byte_size(t) <= extent->bytes;
+}
+
 }  // namespace kvlens::cuda

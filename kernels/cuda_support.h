@@ -60,6 +60,15 @@ RowsRef<T> rows_ref(const DeviceTensor& t, const RowShape& shape) {
 // Columns are packed into 32 bits by top_k_key; every policy op keeps to the same range.
 void require_cols(int64_t cols, const std::string& op);
 
+// What the CUDA backend keeps in DeviceTensor::backend_layout of an uploaded weight: the bytes
+// upload_weight filled, which no op writes afterwards. A tensor (or view) inside them may be read
+// before the kernels ahead of its reader have finished (the decode products' first weights).
+struct WeightExtent {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+bool is_uploaded_weight(const DeviceTensor& t);
+
 // Device memory owned by a shared_ptr; the deleter frees it on the device it came from. It
 // ignores errors: deleters must not throw, and at process exit the runtime may already be gone.
 // cudaFree synchronizes the device, so memory still read by queued kernels is not reused early.

@@ -112,7 +112,7 @@ template <typename W, typename NormW, int R, GemvMode Mode, int U>
 __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 1))
     gemv_warp_kernel(const float* __restrict__ x, GemvProducts products, int rows, int64_t in,
                      int64_t chunk, const NormW* __restrict__ norm_weight, float eps,
-                     float* __restrict__ normed) {
+                     float* __restrict__ normed, bool weights_uploaded) {
   constexpr int V = WeightVector<W>::kValues;
   extern __shared__ float4 staged[];
   __shared__ double scratch[32];
@@ -157,11 +157,11 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
         for (int p = 0; p < P; ++p) raw[u][f][p] = __ldg(weight_rows[f][p] + v0 + 32 * u);
     }
   };
-  // No kernel writes weights: the first batch is requested before this grid waits for the one
-  // before it and before the rows are staged, so its latency overlaps both.
+  // No kernel writes uploaded weights: their first batch is requested before this grid waits
+  // for the one before it and before the rows are staged, so its latency overlaps both.
   const int64_t block_first = int64_t(blockIdx.x) * kWarps * F;
   bool preloaded = false;
-  if (whole && block_first + int64_t(warp) * F < total) {
+  if (weights_uploaded && whole && block_first + int64_t(warp) * F < total) {
     locate(block_first + int64_t(warp) * F);
     load_batch(lane, vectors);
     preloaded = true;
@@ -325,10 +325,11 @@ int64_t staged_columns(int64_t rows, int64_t in, int64_t vector) {
 }
 
 template <typename W, typename NormW, int R, GemvMode Mode, int U>
-void launch_warp_kernel(const float* x, const GemvProducts& products, int rows, int64_t in,
-                        const void* norm_weight, float eps, float* normed, unsigned blocks,
+void launch_warp_kernel(const GemvCall& call, const GemvProducts& products, unsigned blocks,
                         cudaStream_t stream) {
   auto kernel = gemv_warp_kernel<W, NormW, R, Mode, U>;
+  const int rows = int(call.rows);
+  const int64_t in = call.in;
   const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
   const size_t shared_bytes = size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float);
   if (shared_bytes > 48 * 1024) {
@@ -340,17 +341,17 @@ void launch_warp_kernel(const float* x, const GemvProducts& products, int rows, 
     }();
     (void)raised;
   }
-  launch_dependent(kernel, blocks, kThreads, shared_bytes, stream, x, products, rows, in, chunk,
-                   static_cast<const NormW*>(norm_weight), eps, normed);
+  launch_dependent(kernel, blocks, kThreads, shared_bytes, stream, call.x, products, rows, in,
+                   chunk, static_cast<const NormW*>(call.norm_weight), call.eps, call.normed,
+                   call.weights_uploaded);
 }
 
 // A warp per F features, eight per block, up to a few blocks per SM (then grid-stride). F stays
 // 4 from 3 rows on even where that leaves SMs idle (q/k/v, o_proj): measured on an H200, fewer
 // features per warp (more blocks) was slower at 8 rows, the shared-memory reads bound.
 template <typename W, typename NormW, int R, GemvMode Mode>
-void launch_products(const float* x, const GemvProducts& products, int rows, int64_t in,
-                     const void* norm_weight, float eps, float* normed, int64_t total, int sm_count,
-                     cudaStream_t stream) {
+void launch_products(const GemvCall& call, const GemvProducts& products, int64_t total,
+                     int sm_count, cudaStream_t stream) {
   constexpr int kPairs = Mode == GemvMode::SiluPair ? 2 : 1;
   constexpr int F = features_per_warp<R, kPairs>();
   constexpr int64_t per_block = kWarps * F;
@@ -360,13 +361,12 @@ void launch_products(const float* x, const GemvProducts& products, int rows, int
   const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
   if constexpr (R == 1 && F * kPairs == 1) {
     if (wanted <= 2 * sms) {
-      launch_warp_kernel<W, NormW, R, Mode, kDeepBatch>(x, products, rows, in, norm_weight, eps,
-                                                        normed, blocks, stream);
+      launch_warp_kernel<W, NormW, R, Mode, kDeepBatch>(call, products, blocks, stream);
       return;
     }
   }
-  launch_warp_kernel<W, NormW, R, Mode, vectors_in_flight<F, kPairs>()>(
-      x, products, rows, in, norm_weight, eps, normed, blocks, stream);
+  launch_warp_kernel<W, NormW, R, Mode, vectors_in_flight<F, kPairs>()>(call, products, blocks,
+                                                                        stream);
 }
 
 template <typename W, int R, bool Accumulate>
@@ -446,9 +446,8 @@ void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
       auto with_norm = [&](auto norm_zero) {
         using N = decltype(norm_zero);
         auto go = [&](auto mode_tag) {
-          launch_products<W, N, R, decltype(mode_tag)::value>(call.x, products, n, call.in,
-                                                              call.norm_weight, call.eps,
-                                                              call.normed, total, sm_count, stream);
+          launch_products<W, N, R, decltype(mode_tag)::value>(call, products, total, sm_count,
+                                                              stream);
         };
         if (silu)
           go(std::integral_constant<GemvMode, GemvMode::SiluPair>{});

@@ -35,6 +35,9 @@ struct GemvCall {
   int64_t rows = 0, in = 0;
   GemvProducts products;  // all of w_dtype
   DType w_dtype = DType::F32;
+  // Every w is an uploaded weight (is_uploaded_weight), which no kernel writes: its first batch
+  // is then requested before the kernel waits for the kernels ahead of it (dependent_launch.cuh).
+  bool weights_uploaded = false;
   bool accumulate = false;
   bool silu_pair = false;
   // The norm (only where gemv_stages_rows): weight [in] of norm_dtype (F32 or w_dtype), eps, and

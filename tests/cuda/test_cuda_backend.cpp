@@ -17,6 +17,7 @@
 #include "engine/common/error.h"
 #include "engine/runtime/backend.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/cuda_support.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 
@@ -178,7 +179,18 @@ TEST_CASE("cuda backend: memory, copies, uploads and errors", "[cuda]") {
     std::vector<std::byte> stored(w.bytes->size());
     b.gpu->to_host(up, stored.data(), stored.size());
     CHECK(stored == *w.bytes);
+    // What upload_weight filled is marked: the tensor and views inside it count as uploaded
+    // weights (the decode products read those early); a view reaching past it does not.
+    CHECK(cuda::is_uploaded_weight(up));
+    DeviceTensor second_row = up;
+    second_row.data = static_cast<std::byte*>(up.data) + 9 * dtype_size(dtype);
+    second_row.shape = {1, 9};
+    CHECK(cuda::is_uploaded_weight(second_row));
+    DeviceTensor past_the_end = second_row;
+    past_the_end.shape = {4, 9};
+    CHECK_FALSE(cuda::is_uploaded_weight(past_the_end));
   }
+  CHECK_FALSE(cuda::is_uploaded_weight(z));  // alloc: activations, caches, scratch
 
   CHECK_THROWS_AS(make_cuda_backend(-1), Error);
   CHECK_THROWS_AS(make_cuda_backend(1 << 20), Error);
@@ -302,6 +314,31 @@ TEST_CASE("cuda backend: matmul", "[cuda]") {
       DeviceTensor raw_y = b.gpu->alloc(DType::F32, {s.n, s.out});
       b.gpu->matmul(x.gpu, raw_on_gpu(b, w), raw_y);
       check_within(want, read(*b.gpu, raw_y), tolerance, "matmul (stored-dtype weight)");
+    }
+  }
+  {
+    // Weights a kernel has just written (not uploaded): the product reads them only after that
+    // kernel is done. Uploaded weights are requested before the kernels ahead of a product
+    // finish (dependent launches); these would be read half-written if they were too.
+    const int64_t in = 2048, out = 333;
+    const std::vector<float> xs = random_values(size_t(in), 91);
+    const std::vector<float> halves = random_values(size_t(in * out), 92);
+    DeviceTensor w = b.gpu->alloc(DType::F32, {out, in});
+    b.gpu->from_host(w, halves.data(), halves.size() * sizeof(float));
+    const Pair x = make_f32(b, xs, {1, in});
+    std::vector<float> product_of_sum;
+    for (int repeat = 0; repeat < 20; ++repeat) {
+      DeviceTensor summed = b.gpu->alloc(DType::F32, {out, in});
+      b.gpu->add_inplace(summed, w);  // summed = 0 + w
+      b.gpu->add_inplace(summed, w);  // summed = 2 w, exactly
+      DeviceTensor y = b.gpu->alloc(DType::F32, {1, out});
+      b.gpu->matmul(x.gpu, summed, y);
+      product_of_sum = read(*b.gpu, y);
+      DeviceTensor y_once = b.gpu->alloc(DType::F32, {1, out});
+      b.gpu->matmul(x.gpu, w, y_once);
+      std::vector<float> doubled = read(*b.gpu, y_once);
+      for (float& v : doubled) v *= 2.0f;  // scaling by 2 is exact: the same sums, doubled
+      REQUIRE(product_of_sum == doubled);
     }
   }
   const Pair w = make_f32(b, random_values(12, 1), {3, 4});
