@@ -244,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
         }
       }
     }
+    // (a lane past the row's last vector took no batch: the next feature is located afresh)
     preloaded = false;
 #pragma unroll
     for (int f = 0; f < F; ++f) {

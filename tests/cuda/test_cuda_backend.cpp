@@ -319,7 +319,8 @@ TEST_CASE("cuda backend: matmul", "[cuda]") {
   {
     // Weights a kernel has just written (not uploaded): the product reads them only after that
     // kernel is done. Uploaded weights are requested before the kernels ahead of a product
-    // finish (dependent launches); these would be read half-written if they were too.
+    // finish (dependent launches); these would be read half-written if they were too. (A race:
+    // twenty tries make it likely, not certain, to show.)
     const int64_t in = 2048, out = 333;
     const std::vector<float> xs = random_values(size_t(in), 91);
     const std::vector<float> halves = random_values(size_t(in * out), 92);
