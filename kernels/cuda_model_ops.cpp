@@ -428,6 +428,7 @@ void CudaBackend::launch_products(const DeviceTensor& x, std::span<const DeviceT
   if (norm_weight != nullptr) {
     call.norm_weight = norm_weight->data;
     call.norm_dtype = norm_weight->dtype;
+    call.norm_uploaded = is_uploaded_weight(*norm_weight);
     call.eps = eps;
     call.normed = normed->as<float>();
   }

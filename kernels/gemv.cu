@@ -5,8 +5,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
@@ -87,33 +91,88 @@ __device__ __forceinline__ int64_t staged_float4(int64_t r, int64_t v, int q, in
 }
 
 // rows x columns [c0, c0 + count) of x [rows, in] into shared memory (staged_float4's layout).
+// Each thread requests kStageBatch float4s before storing any: the rows come from L2 (another
+// kernel just wrote them), and one load at a time put a round trip per 4 KiB in every block's
+// path (w_down's 32 KiB row: eight of them; 1-3% of the step). Eight at once spilled.
+constexpr int kStageBatch = 4;
 template <int V>
 __device__ __forceinline__ void stage_columns(const float* __restrict__ x, int rows, int64_t in,
                                               int64_t c0, int64_t count, float4* staged) {
-  const int64_t per_row = count / 4, vectors = count / V;
-  for (int64_t i = threadIdx.x; i < rows * per_row; i += kThreads) {
-    const int64_t r = i / per_row, k = i % per_row;
-    staged[staged_float4<V>(r, k / (V / 4), int(k % (V / 4)), vectors)] =
-        __ldg(reinterpret_cast<const float4*>(x + r * in + c0) + k);
+  // At most kMaxStagedBytes: int indices.
+  const int per_row = int(count / 4), vectors = int(count / V), total = rows * per_row;
+  for (int i0 = threadIdx.x; i0 < total; i0 += kThreads * kStageBatch) {
+    float4 loaded[kStageBatch];
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = i0 + b * kThreads;
+      if (i < total) {
+        const int r = i / per_row, k = i % per_row;
+        loaded[b] = __ldg(reinterpret_cast<const float4*>(x + r * in + c0) + k);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = i0 + b * kThreads;
+      if (i < total) {
+        const int r = i / per_row, k = i % per_row;
+        staged[staged_float4<V>(r, k / (V / 4), k % (V / 4), vectors)] = loaded[b];
+      }
+    }
   }
 }
 
-// 16-byte weight vectors a lane has in flight per batch (U * 512 bytes a warp). With three
-// blocks an SM (the launch bound, 85 registers) U = 8 for one row; a product with at most two
-// blocks an SM (few, long rows: o_proj, w_down) takes kDeepBatch and two. One vector at a time had
-// left those at a third of the bandwidth (H200, w_down 21.5 -> 16.9 us).
-template <int F, int P>
-__host__ __device__ constexpr int vectors_in_flight() {
-  return F * P == 1 ? 8 : (F * P == 2 ? 4 : 2);
-}
-constexpr int kDeepBatch = 16;
+// The weights stream through a ring in shared memory: each lane requests its own 16-byte
+// vectors with cp.async, stages - 1 batches ahead of the batch it multiplies, across feature and
+// chunk boundaries, so the loads stay in flight without holding registers. A lane reads back only
+// the slots it filled, so the ring needs no barrier. Loads into registers, a batch at a time,
+// had the warps waiting for their batch three quarters of the time; with the ring (H100, 1B
+// shape, ncu): lm_head 210 -> 195 us (78% -> 84% of the DRAM peak), w_down 23.1 -> 19.0 us,
+// gate/up 34.6 -> 32.4 us, the step at 512 tokens 1.60 -> 1.51 ms. Two or three stages were
+// slower than four; batches of 4 vectors leave room for three blocks an SM beside the rows.
+constexpr int kMaxStages = 4;
+constexpr int kBatchVectors = 4;  // 16-byte vectors a lane requests per batch
+constexpr int kNormHeld = 8;      // norm weights a thread holds (fused RMSNorm)
+constexpr int64_t kStageBytes = int64_t(kBatchVectors) * 16 * kThreads;  // a batch of the block
 
-template <typename W, typename NormW, int R, GemvMode Mode, int U>
-__global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 1))
+// Weight rows' vectors per batch (F features x P rows each take U vectors).
+template <int F, int P>
+__host__ __device__ constexpr int vectors_per_row() {
+  return kBatchVectors / (F * P) >= 1 ? kBatchVectors / (F * P) : 1;
+}
+
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global)
+               : "memory");
+}
+__device__ __forceinline__ void commit_async() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Every group of this thread but the newest `pending` is complete (and visible to it).
+template <int pending>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+// The oldest of `stages` - 1 + 1 requested batches is complete.
+__device__ __forceinline__ void wait_batch(int stages) {
+  if (stages >= 4)
+    wait_async<3>();
+  else if (stages == 3)
+    wait_async<2>();
+  else
+    wait_async<1>();
+}
+
+template <typename W, typename NormW, int R, GemvMode Mode>
+__global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
     gemv_warp_kernel(const float* __restrict__ x, GemvProducts products, int rows, int64_t in,
                      int64_t chunk, const NormW* __restrict__ norm_weight, float eps,
-                     float* __restrict__ normed, bool weights_uploaded) {
+                     float* __restrict__ normed, bool weights_uploaded, bool norm_uploaded,
+                     int stages) {
   constexpr int V = WeightVector<W>::kValues;
+  constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
+  constexpr int F = features_per_warp<R, P>();
+  constexpr int U = vectors_per_row<F, P>();
   extern __shared__ float4 staged[];
   __shared__ double scratch[32];
   const int lane = threadIdx.x & 31;
@@ -121,52 +180,101 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
   const int64_t total = Mode == GemvMode::SiluPair
                             ? products.out[0]
                             : products.out[0] + products.out[1] + products.out[2] + products.out[3];
-  constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
-  constexpr int F = features_per_warp<R, P>();
   const bool whole = chunk >= in;
   const int64_t vectors = in / V;
   const int64_t chunk_vectors = whole ? vectors : chunk / V;
+  // This thread's ring slots follow the staged rows (launch_products sizes both).
+  uint4* const ring =
+      reinterpret_cast<uint4*>(staged + int64_t(rows) * (whole ? in : chunk) / 4) + threadIdx.x;
+  auto slot = [&](int stage, int u, int f, int p) -> uint4& {
+    return ring[int64_t((stage * U + u) * F + f) * P * kThreads + int64_t(p) * kThreads];
+  };
+  const int64_t stride = int64_t(gridDim.x) * kWarps * F;
+  const int64_t block_first = int64_t(blockIdx.x) * kWarps * F;
+  // Batches of the chunk that starts at vector c0 (the same for every lane of the block).
+  auto batches_in = [&](int64_t c0) {
+    const int64_t c1 = c0 + chunk_vectors < vectors ? c0 + chunk_vectors : vectors;
+    return int((c1 - c0 + 32 * U - 1) / (32 * U));
+  };
 
-  // The weight rows of the features first .. first + F - 1 (past the last feature: feature 0's
-  // rows, read again and the sums dropped).
-  int m[F];
-  int64_t o[F];
-  const uint4* weight_rows[F][P];
-  auto locate = [&](int64_t first) {
+  // The features first .. first + F - 1 (past the last feature: feature 0, read again and the
+  // sums dropped): their products m and rows o.
+  auto locate = [&](int64_t first, int* m, int64_t* o) {
 #pragma unroll
     for (int f = 0; f < F; ++f) {
       o[f] = first + f < total ? first + f : 0, m[f] = 0;
       if constexpr (Mode != GemvMode::SiluPair) {
         while (o[f] >= products.out[m[f]]) o[f] -= products.out[m[f]++];
       }
+    }
+  };
+
+  // The producer: the next batch to request (base: the block's features, c0: the chunk, batch:
+  // within the chunk), walking the consumer's sequence stages - 1 batches ahead of it.
+  int64_t put_base = block_first, put_c0 = 0;
+  int put_batch = 0, put_stage = 0;
+  const uint4* put_rows[F][P];
+  auto locate_rows = [&]() {
+    int m[F];
+    int64_t o[F];
+    locate(put_base + int64_t(warp) * F, m, o);
+#pragma unroll
+    for (int f = 0; f < F; ++f)
 #pragma unroll
       for (int p = 0; p < P; ++p)
-        weight_rows[f][p] =
+        put_rows[f][p] =
             reinterpret_cast<const uint4*>(static_cast<const W*>(products.w[m[f] + p]) + o[f] * in);
+  };
+  if (put_base < total) locate_rows();
+  auto request = [&]() {
+    if (put_base < total && put_base + int64_t(warp) * F < total) {
+      const int64_t c1 = put_c0 + chunk_vectors < vectors ? put_c0 + chunk_vectors : vectors;
+      const int64_t v0 = put_c0 + lane + int64_t(32) * U * put_batch;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (v0 + 32 * u >= c1) break;
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+          for (int p = 0; p < P; ++p)
+            copy_async_16(&slot(put_stage, u, f, p), put_rows[f][p] + v0 + 32 * u);
+      }
+    }
+    commit_async();  // (empty past the end: every batch is one group)
+    put_stage = put_stage + 1 == stages ? 0 : put_stage + 1;
+    if (put_base >= total) return;
+    if (++put_batch < batches_in(put_c0)) return;
+    put_batch = 0;
+    put_c0 += chunk_vectors;
+    if (put_c0 < vectors) return;
+    put_c0 = 0;
+    put_base += stride;
+    if (put_base < total) locate_rows();
+  };
+
+  // No kernel writes uploaded weights: their first batches are requested before this grid
+  // waits for the one before it and before the rows are staged, so their latency overlaps both.
+  // The norm weight likewise: a thread's first kNormHeld values (all of a width up to 2048) are
+  // held in registers as stored and widened where used (widened here, the warps waited for them
+  // here: a fifth of gate/up's stall samples on an H100).
+  NormW held_norm[kNormHeld];
+  auto hold_norm = [&]() {
+#pragma unroll
+    for (int k = 0; k < kNormHeld; ++k) {
+      const int64_t i = threadIdx.x + int64_t(k) * kThreads;
+      if (i < in) held_norm[k] = norm_weight[i];
     }
   };
-  // A batch: this lane's vectors v0, v0 + 32, .. (U of them, those below c1).
-  uint4 raw[U][F][P];
-  auto load_batch = [&](int64_t v0, int64_t c1) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (v0 + 32 * u >= c1) break;
-#pragma unroll
-      for (int f = 0; f < F; ++f)
-#pragma unroll
-        for (int p = 0; p < P; ++p) raw[u][f][p] = __ldg(weight_rows[f][p] + v0 + 32 * u);
-    }
-  };
-  // No kernel writes uploaded weights: their first batch is requested before this grid waits
-  // for the one before it and before the rows are staged, so its latency overlaps both.
-  const int64_t block_first = int64_t(blockIdx.x) * kWarps * F;
-  bool preloaded = false;
-  if (weights_uploaded && whole && block_first + int64_t(warp) * F < total) {
-    locate(block_first + int64_t(warp) * F);
-    load_batch(lane, vectors);
-    preloaded = true;
+  const bool normalise = whole && norm_weight != nullptr;
+  if (weights_uploaded) {
+    for (int s = 0; s + 1 < stages; ++s) request();
   }
+  if (normalise && norm_uploaded) hold_norm();
   begin_dependent_grid();
+  if (!weights_uploaded) {
+    for (int s = 0; s + 1 < stages; ++s) request();
+  }
+  if (normalise && !norm_uploaded) hold_norm();
   if (whole) {
     stage_columns<V>(x, rows, in, 0, in, staged);
     if (norm_weight != nullptr) {
@@ -182,19 +290,29 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
           sum += double(at(r, i)) * double(at(r, i));
         sum = block_reduce(sum, SumOp{}, 0.0, scratch);
         const float inv = float(1.0 / sqrt(sum / double(in) + double(eps)));
-        for (int64_t i = threadIdx.x; i < in; i += kThreads) {
+        auto scale = [&](int64_t i, float weight) {
           float& value = at(r, i);
-          value = (value * inv) * to_f32(norm_weight[i]);
+          value = (value * inv) * weight;
           if (blockIdx.x == 0 && normed != nullptr) normed[r * in + i] = value;
+        };
+#pragma unroll
+        for (int k = 0; k < kNormHeld; ++k) {
+          const int64_t i = threadIdx.x + int64_t(k) * kThreads;
+          if (i < in) scale(i, to_f32(held_norm[k]));
         }
+        for (int64_t i = threadIdx.x + int64_t(kNormHeld) * kThreads; i < in; i += kThreads)
+          scale(i, to_f32(norm_weight[i]));
       }
     }
     __syncthreads();
   }
+  int take_stage = 0;
   // Block-uniform, so that every warp reaches the chunks' barriers.
-  for (int64_t base = block_first; base < total; base += int64_t(gridDim.x) * kWarps * F) {
+  for (int64_t base = block_first; base < total; base += stride) {
     const int64_t first = base + int64_t(warp) * F;
-    if (!preloaded) locate(first);
+    int m[F];
+    int64_t o[F];
+    locate(first, m, o);
     float acc[F][P][R];
 #pragma unroll
     for (int f = 0; f < F; ++f)
@@ -209,10 +327,15 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
         stage_columns<V>(x, rows, in, c0 * V, (c1 - c0) * V, staged);
         __syncthreads();
       }
-      if (first >= total) continue;
-      for (int64_t v0 = c0 + lane; v0 < c1; v0 += 32 * U) {
-        if (!preloaded) load_batch(v0, c1);
-        preloaded = false;
+      const int batches = batches_in(c0);
+      for (int batch = 0; batch < batches; ++batch) {
+        // The slot refilled now was read in the previous batch, whose products have issued.
+        request();
+        wait_batch(stages);
+        const int stage = take_stage;
+        take_stage = take_stage + 1 == stages ? 0 : take_stage + 1;
+        if (first >= total) continue;
+        const int64_t v0 = c0 + lane + int64_t(32) * U * batch;
         // The batch's vectors in ascending order: each sum keeps the order v = lane, lane + 32, ..
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -222,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
 #pragma unroll
           for (int f = 0; f < F; ++f)
 #pragma unroll
-            for (int p = 0; p < P; ++p) WeightVector<W>::widen(raw[u][f][p], weights[f][p]);
+            for (int p = 0; p < P; ++p) WeightVector<W>::widen(slot(stage, u, f, p), weights[f][p]);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             if (r >= rows) break;
@@ -244,8 +367,6 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
         }
       }
     }
-    // (a lane past the row's last vector took no batch: the next feature is located afresh)
-    preloaded = false;
 #pragma unroll
     for (int f = 0; f < F; ++f) {
       if (first + f >= total) break;
@@ -269,6 +390,7 @@ __global__ void __launch_bounds__(kThreads, U >= kDeepBatch ? 2 : (R <= 2 ? 3 : 
       }
     }
   }
+  wait_async<0>();  // nothing in flight into shared memory when the block exits
 }
 
 // Any layout: one element at a time (odd widths, views at unaligned offsets).
@@ -302,18 +424,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Blocks per SM of the warp kernel ($KVLENS_GEMV_BLOCKS_PER_SM overrides it, for measurements).
-int64_t blocks_per_sm() {
+// At most this many blocks per SM of the warp kernel ($KVLENS_GEMV_BLOCKS_PER_SM, for measuring);
+// fewer where its shared memory or registers do not fit more.
+int64_t blocks_per_sm_cap() {
   static const int64_t value = [] {
     const char* text = std::getenv("KVLENS_GEMV_BLOCKS_PER_SM");
     const long parsed = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
-    return parsed > 0 ? int64_t(parsed)
-                      : int64_t(3);  // the launch bound of the 1- and 2-row kernels
+    return parsed > 0 ? int64_t(parsed) : int64_t(3);  // the 1- and 2-row kernels' launch bound
   }();
   return value;
 }
 
-// Shared memory for the staged rows: up to the opt-in limit set once per kernel instance.
+// Batches in the ring ($KVLENS_GEMV_STAGES, 2 to kMaxStages, for measuring).
+int ring_stages() {
+  static const int value = [] {
+    const char* text = std::getenv("KVLENS_GEMV_STAGES");
+    const long parsed = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
+    return parsed >= 2 && parsed <= kMaxStages ? int(parsed) : kMaxStages;
+  }();
+  return value;
+}
+
+// Shared memory for the staged rows: up to this, the rest of the opt-in limit holds the ring.
 constexpr int64_t kMaxStagedBytes = 96 * 1024;
 
 // Columns staged at a time: every column when the rows fit, else the most whole 32-vector
@@ -325,49 +457,57 @@ int64_t staged_columns(int64_t rows, int64_t in, int64_t vector) {
   return (groups > 1 ? groups : 1) * group;
 }
 
-template <typename W, typename NormW, int R, GemvMode Mode, int U>
-void launch_warp_kernel(const GemvCall& call, const GemvProducts& products, unsigned blocks,
-                        cudaStream_t stream) {
-  auto kernel = gemv_warp_kernel<W, NormW, R, Mode, U>;
-  const int rows = int(call.rows);
-  const int64_t in = call.in;
-  const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
-  const size_t shared_bytes = size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float);
-  if (shared_bytes > 48 * 1024) {
-    // Once per instance (a thread-safe static: lanes of run_tasks launch from several threads).
-    static const bool raised = [&] {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes));
-      return true;
-    }();
-    (void)raised;
+// Blocks of `kernel` one SM holds with `shared_bytes` of dynamic shared memory, asked once per
+// (kernel, size): lanes of run_tasks launch from several threads.
+int64_t resident_blocks(const void* kernel, size_t shared_bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, size_t>, int64_t> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, shared_bytes);
+  auto it = known.find(key);
+  if (it == known.end()) {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, shared_bytes) !=
+        cudaSuccess)
+      blocks = 1;
+    it = known.emplace(key, blocks > 0 ? blocks : 1).first;
   }
-  launch_dependent(kernel, blocks, kThreads, shared_bytes, stream, call.x, products, rows, in,
-                   chunk, static_cast<const NormW*>(call.norm_weight), call.eps, call.normed,
-                   call.weights_uploaded);
+  return it->second;
 }
 
-// A warp per F features, eight per block, up to a few blocks per SM (then grid-stride). F stays
-// 4 from 3 rows on even where that leaves SMs idle (q/k/v, o_proj): measured on an H200, fewer
-// features per warp (more blocks) was slower at 8 rows, the shared-memory reads bound.
+// A warp per F features, eight per block, as many blocks as the SMs hold at once up to the cap
+// (then grid-stride). F stays 4 from 3 rows on even where that leaves SMs idle (q/k/v, o_proj):
+// measured on an H200, fewer features per warp (more blocks) was slower at 8 rows, the
+// shared-memory reads bound.
 template <typename W, typename NormW, int R, GemvMode Mode>
 void launch_products(const GemvCall& call, const GemvProducts& products, int64_t total,
                      int sm_count, cudaStream_t stream) {
   constexpr int kPairs = Mode == GemvMode::SiluPair ? 2 : 1;
-  constexpr int F = features_per_warp<R, kPairs>();
-  constexpr int64_t per_block = kWarps * F;
-  const int64_t sms = sm_count > 0 ? sm_count : 132;
-  const int64_t wanted = (total + per_block - 1) / per_block;
-  const int64_t cap = sms * blocks_per_sm();
-  const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
-  if constexpr (R == 1 && F * kPairs == 1) {
-    if (wanted <= 2 * sms) {
-      launch_warp_kernel<W, NormW, R, Mode, kDeepBatch>(call, products, blocks, stream);
-      return;
-    }
+  constexpr int64_t per_block = kWarps * features_per_warp<R, kPairs>();
+  auto kernel = gemv_warp_kernel<W, NormW, R, Mode>;
+  const int rows = int(call.rows);
+  const int64_t in = call.in;
+  const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
+  const int stages = ring_stages();
+  const size_t shared_bytes =
+      size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float) + size_t(stages * kStageBytes);
+  if (shared_bytes > 48 * 1024) {
+    // Once per instance (a thread-safe static: lanes of run_tasks launch from several threads).
+    static const bool raised = [&] {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kMaxStagedBytes + kMaxStages * kStageBytes));
+      return true;
+    }();
+    (void)raised;
   }
-  launch_warp_kernel<W, NormW, R, Mode, vectors_in_flight<F, kPairs>()>(call, products, blocks,
-                                                                        stream);
+  const int64_t sms = sm_count > 0 ? sm_count : 132;
+  const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), shared_bytes);
+  const int64_t wanted = (total + per_block - 1) / per_block;
+  const int64_t cap = sms * std::min(resident, blocks_per_sm_cap());
+  const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
+  launch_dependent(kernel, blocks, kThreads, shared_bytes, stream, call.x, products, rows, in,
+                   chunk, static_cast<const NormW*>(call.norm_weight), call.eps, call.normed,
+                   call.weights_uploaded, call.norm_uploaded, stages);
 }
 
 template <typename W, int R, bool Accumulate>

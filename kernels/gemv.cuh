@@ -38,6 +38,7 @@ struct GemvCall {
   // Every w is an uploaded weight (is_uploaded_weight), which no kernel writes: its first batch
   // is then requested before the kernel waits for the kernels ahead of it (dependent_launch.cuh).
   bool weights_uploaded = false;
+  bool norm_uploaded = false;  // the norm weight is one too (read before the wait likewise)
   bool accumulate = false;
   bool silu_pair = false;
   // The norm (only where gemv_stages_rows): weight [in] of norm_dtype (F32 or w_dtype), eps, and
