@@ -131,7 +131,7 @@ __device__ __forceinline__ void stage_columns(const float* __restrict__ x, int r
 // slower than four; batches of 4 vectors leave room for three blocks an SM beside the rows.
 constexpr int kMaxStages = 4;
 constexpr int kBatchVectors = 4;  // 16-byte vectors a lane requests per batch
-constexpr int kNormHeld = 8;      // norm weights a thread holds (fused RMSNorm)
+constexpr int kNormHeld = 16;     // norm weights a thread holds (fused RMSNorm)
 constexpr int64_t kStageBytes = int64_t(kBatchVectors) * 16 * kThreads;  // a batch of the block
 
 // Weight rows' vectors per batch (F features x P rows each take U vectors).
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
 
   // No kernel writes uploaded weights: their first batches are requested before this grid
   // waits for the one before it and before the rows are staged, so their latency overlaps both.
-  // The norm weight likewise: a thread's first kNormHeld values (all of a width up to 2048) are
+  // The norm weight likewise: a thread's first kNormHeld values (all of a width up to 4096) are
   // held in registers as stored and widened where used (widened here, the warps waited for them
   // here: a fifth of gate/up's stall samples on an H100).
   NormW held_norm[kNormHeld];
