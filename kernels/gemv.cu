@@ -1,7 +1,8 @@
-// Weight-streaming decode products (see gemv.cuh). A block per few output features: its threads
-// walk the weight rows in 16-byte vectors (8 BF16/F16 or 4 F32 values), each multiplied into all
-// `rows` activation rows (read from L1/L2: they are a few KB), then warp and block sums. The
-// weights are the only large traffic, and each is read once.
+// Weight-streaming decode products (see gemv.cuh). A warp per few output features: its lanes
+// walk the weight rows in 16-byte vectors (8 BF16/F16 or 4 F32 values), streamed through a
+// per-lane cp.async ring in shared memory, each multiplied into all `rows` activation rows
+// (staged in shared memory: a few KB), then a warp sum. The weights are the only large traffic,
+// and each is read once. Shared memory per block: staged rows | ring [stages][batch][threads].
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
