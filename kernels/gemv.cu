@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -123,17 +122,18 @@ __device__ __forceinline__ void stage_columns(const float* __restrict__ x, int r
 }
 
 // The weights stream through a ring in shared memory: each lane requests its own 16-byte
-// vectors with cp.async, stages - 1 batches ahead of the batch it multiplies, across feature and
+// vectors with cp.async, kStages - 1 batches ahead of the batch it multiplies, across feature and
 // chunk boundaries, so the loads stay in flight without holding registers. A lane reads back only
 // the slots it filled, so the ring needs no barrier. Loads into registers, a batch at a time,
 // had the warps waiting for their batch three quarters of the time; with the ring (H100, 1B
 // shape, ncu): lm_head 210 -> 195 us (78% -> 84% of the DRAM peak), w_down 23.1 -> 19.0 us,
 // gate/up 34.6 -> 32.4 us, the step at 512 tokens 1.60 -> 1.51 ms. Two or three stages were
-// slower than four; batches of 4 vectors leave room for three blocks an SM beside the rows.
-constexpr int kMaxStages = 4;
+// slower than four, five to eight no faster; batches of 4 vectors leave room for three blocks an
+// SM beside the rows (three blocks with three stages, for the 8B shape's wider rows, were slower).
+constexpr int kStages = 4;
 constexpr int kBatchVectors = 4;  // 16-byte vectors a lane requests per batch
 constexpr int kNormHeld = 16;     // norm weights a thread holds (fused RMSNorm)
-constexpr int64_t kStageBytes = int64_t(kBatchVectors) * 16 * kThreads;  // a batch of the block
+constexpr int64_t kRingBytes = int64_t(kStages) * kBatchVectors * 16 * kThreads;
 
 // Weight rows' vectors per batch (F features x P rows each take U vectors).
 template <int F, int P>
@@ -154,22 +154,11 @@ template <int pending>
 __device__ __forceinline__ void wait_async() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 }
-// The oldest of `stages` - 1 + 1 requested batches is complete.
-__device__ __forceinline__ void wait_batch(int stages) {
-  if (stages >= 4)
-    wait_async<3>();
-  else if (stages == 3)
-    wait_async<2>();
-  else
-    wait_async<1>();
-}
-
 template <typename W, typename NormW, int R, GemvMode Mode>
 __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
     gemv_warp_kernel(const float* __restrict__ x, GemvProducts products, int rows, int64_t in,
                      int64_t chunk, const NormW* __restrict__ norm_weight, float eps,
-                     float* __restrict__ normed, bool weights_uploaded, bool norm_uploaded,
-                     int stages) {
+                     float* __restrict__ normed, bool weights_uploaded, bool norm_uploaded) {
   constexpr int V = WeightVector<W>::kValues;
   constexpr int P = Mode == GemvMode::SiluPair ? 2 : 1;  // weight rows per feature
   constexpr int F = features_per_warp<R, P>();
@@ -192,11 +181,12 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
   };
   const int64_t stride = int64_t(gridDim.x) * kWarps * F;
   const int64_t block_first = int64_t(blockIdx.x) * kWarps * F;
-  // Batches of the chunk that starts at vector c0 (the same for every lane of the block).
-  auto batches_in = [&](int64_t c0) {
-    const int64_t c1 = c0 + chunk_vectors < vectors ? c0 + chunk_vectors : vectors;
-    return int((c1 - c0 + 32 * U - 1) / (32 * U));
+  // The end of the chunk that starts at vector c0, and its batches (the same for every lane of
+  // the block).
+  auto chunk_end = [&](int64_t c0) {
+    return c0 + chunk_vectors < vectors ? c0 + chunk_vectors : vectors;
   };
+  auto batches_in = [&](int64_t c0) { return int((chunk_end(c0) - c0 + 32 * U - 1) / (32 * U)); };
 
   // The features first .. first + F - 1 (past the last feature: feature 0, read again and the
   // sums dropped): their products m and rows o.
@@ -211,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
   };
 
   // The producer: the next batch to request (base: the block's features, c0: the chunk, batch:
-  // within the chunk), walking the consumer's sequence stages - 1 batches ahead of it.
+  // within the chunk), walking the consumer's sequence kStages - 1 batches ahead of it.
   int64_t put_base = block_first, put_c0 = 0;
   int put_batch = 0, put_stage = 0;
   const uint4* put_rows[F][P];
@@ -229,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
   if (put_base < total) locate_rows();
   auto request = [&]() {
     if (put_base < total && put_base + int64_t(warp) * F < total) {
-      const int64_t c1 = put_c0 + chunk_vectors < vectors ? put_c0 + chunk_vectors : vectors;
+      const int64_t c1 = chunk_end(put_c0);
       const int64_t v0 = put_c0 + lane + int64_t(32) * U * put_batch;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -242,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
       }
     }
     commit_async();  // (empty past the end: every batch is one group)
-    put_stage = put_stage + 1 == stages ? 0 : put_stage + 1;
+    put_stage = put_stage + 1 == kStages ? 0 : put_stage + 1;
     if (put_base >= total) return;
     if (++put_batch < batches_in(put_c0)) return;
     put_batch = 0;
@@ -268,12 +258,12 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
   };
   const bool normalise = whole && norm_weight != nullptr;
   if (weights_uploaded) {
-    for (int s = 0; s + 1 < stages; ++s) request();
+    for (int s = 0; s + 1 < kStages; ++s) request();
   }
   if (normalise && norm_uploaded) hold_norm();
   begin_dependent_grid();
   if (!weights_uploaded) {
-    for (int s = 0; s + 1 < stages; ++s) request();
+    for (int s = 0; s + 1 < kStages; ++s) request();
   }
   if (normalise && !norm_uploaded) hold_norm();
   if (whole) {
@@ -322,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[f][p][r] = 0.0f;
     for (int64_t c0 = 0; c0 < vectors; c0 += chunk_vectors) {
-      const int64_t c1 = c0 + chunk_vectors < vectors ? c0 + chunk_vectors : vectors;
+      const int64_t c1 = chunk_end(c0);
       if (!whole) {
         __syncthreads();  // the previous chunk's readers are done
         stage_columns<V>(x, rows, in, c0 * V, (c1 - c0) * V, staged);
@@ -332,9 +322,9 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
       for (int batch = 0; batch < batches; ++batch) {
         // The slot refilled now was read in the previous batch, whose products have issued.
         request();
-        wait_batch(stages);
+        wait_async<kStages - 1>();
         const int stage = take_stage;
-        take_stage = take_stage + 1 == stages ? 0 : take_stage + 1;
+        take_stage = take_stage + 1 == kStages ? 0 : take_stage + 1;
         if (first >= total) continue;
         const int64_t v0 = c0 + lane + int64_t(32) * U * batch;
         // The batch's vectors in ascending order: each sum keeps the order v = lane, lane + 32, ..
@@ -436,16 +426,6 @@ int64_t blocks_per_sm_cap() {
   return value;
 }
 
-// Batches in the ring ($KVLENS_GEMV_STAGES, 2 to kMaxStages, for measuring).
-int ring_stages() {
-  static const int value = [] {
-    const char* text = std::getenv("KVLENS_GEMV_STAGES");
-    const long parsed = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
-    return parsed >= 2 && parsed <= kMaxStages ? int(parsed) : kMaxStages;
-  }();
-  return value;
-}
-
 // Shared memory for the staged rows: up to this, the rest of the opt-in limit holds the ring.
 constexpr int64_t kMaxStagedBytes = 96 * 1024;
 
@@ -459,11 +439,10 @@ int64_t staged_columns(int64_t rows, int64_t in, int64_t vector) {
 }
 
 // Blocks of `kernel` one SM holds with `shared_bytes` of dynamic shared memory, asked once per
-// (kernel, size): lanes of run_tasks launch from several threads.
+// (kernel, size) and launching thread: the lanes of run_tasks launch from threads of their own,
+// and a shared cache would put a lock on every product's launch.
 int64_t resident_blocks(const void* kernel, size_t shared_bytes) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, size_t>, int64_t> known;
-  const std::lock_guard<std::mutex> lock(mutex);
+  thread_local std::map<std::pair<const void*, size_t>, int64_t> known;
   const auto key = std::make_pair(kernel, shared_bytes);
   auto it = known.find(key);
   if (it == known.end()) {
@@ -489,14 +468,13 @@ void launch_products(const GemvCall& call, const GemvProducts& products, int64_t
   const int rows = int(call.rows);
   const int64_t in = call.in;
   const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
-  const int stages = ring_stages();
   const size_t shared_bytes =
-      size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float) + size_t(stages * kStageBytes);
+      size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float) + size_t(kRingBytes);
   if (shared_bytes > 48 * 1024) {
     // Once per instance (a thread-safe static: lanes of run_tasks launch from several threads).
     static const bool raised = [&] {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes + kMaxStages * kStageBytes));
+                           int(kMaxStagedBytes + kRingBytes));
       return true;
     }();
     (void)raised;
@@ -508,7 +486,7 @@ void launch_products(const GemvCall& call, const GemvProducts& products, int64_t
   const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
   launch_dependent(kernel, blocks, kThreads, shared_bytes, stream, call.x, products, rows, in,
                    chunk, static_cast<const NormW*>(call.norm_weight), call.eps, call.normed,
-                   call.weights_uploaded, call.norm_uploaded, stages);
+                   call.weights_uploaded, call.norm_uploaded);
 }
 
 template <typename W, int R, bool Accumulate>

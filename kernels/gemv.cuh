@@ -35,8 +35,8 @@ struct GemvCall {
   int64_t rows = 0, in = 0;
   GemvProducts products;  // all of w_dtype
   DType w_dtype = DType::F32;
-  // Every w is an uploaded weight (is_uploaded_weight), which no kernel writes: its first batch
-  // is then requested before the kernel waits for the kernels ahead of it (dependent_launch.cuh).
+  // Every w is an uploaded weight (is_uploaded_weight), which no kernel writes: its first batches
+  // are then requested before the kernel waits for the kernels ahead of it (dependent_launch.cuh).
   bool weights_uploaded = false;
   bool norm_uploaded = false;  // the norm weight is one too (read before the wait likewise)
   bool accumulate = false;
