@@ -73,12 +73,15 @@ enum class GemvMode { Store, Accumulate, SiluPair };
 
 // Output features a warp computes together. Each activation value read from shared memory then
 // feeds F * P weight rows instead of P: with several rows (lockstep runs) the shared-memory reads,
-// R per weight vector, would otherwise bound the kernel far below memory bandwidth (8 rows: about
-// a sixth of it, measured on an H200). Each feature's sums keep their order, so the bits do not
-// change with F.
+// R per weight vector, bound the kernel below memory bandwidth. Each feature's sums keep their
+// order, so the bits do not change with F. From 4 rows: two features a warp (one gate/up pair),
+// which with a two-stage ring lets two blocks share an SM. Measured on an H100 (1B shape, 8 rows,
+// kvlens-kernel-bench), against four features (two pairs), one block an SM and four stages: a
+// layer's products 167 -> 140 us, the lm_head 328 -> 256 us; one feature was slower (o_proj and
+// w_down left SMs idle before, one feature a warp starves the shared-memory reads).
 template <int R, int P>
 __host__ __device__ constexpr int features_per_warp() {
-  return R >= 4 ? 4 / P : 1;
+  return R >= 4 && P == 1 ? 2 : 1;
 }
 
 // The staged rows' layout, in float4s: per row, a vector's H = V / 4 quarters (one for F32
@@ -122,18 +125,24 @@ __device__ __forceinline__ void stage_columns(const float* __restrict__ x, int r
 }
 
 // The weights stream through a ring in shared memory: each lane requests its own 16-byte
-// vectors with cp.async, kStages - 1 batches ahead of the batch it multiplies, across feature and
-// chunk boundaries, so the loads stay in flight without holding registers. A lane reads back only
-// the slots it filled, so the ring needs no barrier. Loads into registers, a batch at a time,
+// vectors with cp.async, kStages<R> - 1 batches ahead of the batch it multiplies, across feature
+// and chunk boundaries, so the loads stay in flight without holding registers. A lane reads back
+// only the slots it filled, so the ring needs no barrier. Loads into registers, a batch at a time,
 // had the warps waiting for their batch three quarters of the time; with the ring (H100, 1B
 // shape, ncu): lm_head 210 -> 195 us (78% -> 84% of the DRAM peak), w_down 23.1 -> 19.0 us,
-// gate/up 34.6 -> 32.4 us, the step at 512 tokens 1.60 -> 1.51 ms. Two or three stages were
-// slower than four, five to eight no faster; batches of 4 vectors leave room for three blocks an
-// SM beside the rows (three blocks with three stages, for the 8B shape's wider rows, were slower).
-constexpr int kStages = 4;
+// gate/up 34.6 -> 32.4 us, the step at 512 tokens 1.60 -> 1.51 ms. For one row, two or three
+// stages were slower than four, five to eight no faster; batches of 4 vectors leave room for three
+// blocks an SM beside the rows (three blocks with three stages, for the 8B shape's wider rows, were
+// slower). From 4 rows the ring has two stages, so that two blocks fit an SM beside their staged
+// rows (see features_per_warp).
+template <int R>
+constexpr int kStages = R >= 4 ? 2 : 4;
 constexpr int kBatchVectors = 4;  // 16-byte vectors a lane requests per batch
 constexpr int kNormHeld = 16;     // norm weights a thread holds (fused RMSNorm)
-constexpr int64_t kRingBytes = int64_t(kStages) * kBatchVectors * 16 * kThreads;
+template <int R>
+constexpr int64_t kRingBytes = int64_t(kStages<R>) * kBatchVectors * 16 * kThreads;
+template <int R>
+constexpr int kBlocksPerSm = R <= 2 ? 3 : 2;  // the launch bound
 
 // Weight rows' vectors per batch (F features x P rows each take U vectors).
 template <int F, int P>
@@ -155,7 +164,7 @@ __device__ __forceinline__ void wait_async() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 }
 template <typename W, typename NormW, int R, GemvMode Mode>
-__global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<R>)
     gemv_warp_kernel(const float* __restrict__ x, GemvProducts products, int rows, int64_t in,
                      int64_t chunk, const NormW* __restrict__ norm_weight, float eps,
                      float* __restrict__ normed, bool weights_uploaded, bool norm_uploaded) {
@@ -201,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
   };
 
   // The producer: the next batch to request (base: the block's features, c0: the chunk, batch:
-  // within the chunk), walking the consumer's sequence kStages - 1 batches ahead of it.
+  // within the chunk), walking the consumer's sequence kStages<R> - 1 batches ahead of it.
   int64_t put_base = block_first, put_c0 = 0;
   int put_batch = 0, put_stage = 0;
   const uint4* put_rows[F][P];
@@ -232,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
       }
     }
     commit_async();  // (empty past the end: every batch is one group)
-    put_stage = put_stage + 1 == kStages ? 0 : put_stage + 1;
+    put_stage = put_stage + 1 == kStages<R> ? 0 : put_stage + 1;
     if (put_base >= total) return;
     if (++put_batch < batches_in(put_c0)) return;
     put_batch = 0;
@@ -258,12 +267,12 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
   };
   const bool normalise = whole && norm_weight != nullptr;
   if (weights_uploaded) {
-    for (int s = 0; s + 1 < kStages; ++s) request();
+    for (int s = 0; s + 1 < kStages<R>; ++s) request();
   }
   if (normalise && norm_uploaded) hold_norm();
   begin_dependent_grid();
   if (!weights_uploaded) {
-    for (int s = 0; s + 1 < kStages; ++s) request();
+    for (int s = 0; s + 1 < kStages<R>; ++s) request();
   }
   if (normalise && !norm_uploaded) hold_norm();
   if (whole) {
@@ -322,9 +331,9 @@ __global__ void __launch_bounds__(kThreads, R <= 2 ? 3 : 1)
       for (int batch = 0; batch < batches; ++batch) {
         // The slot refilled now was read in the previous batch, whose products have issued.
         request();
-        wait_async<kStages - 1>();
+        wait_async<kStages<R> - 1>();
         const int stage = take_stage;
-        take_stage = take_stage + 1 == kStages ? 0 : take_stage + 1;
+        take_stage = take_stage + 1 == kStages<R> ? 0 : take_stage + 1;
         if (first >= total) continue;
         const int64_t v0 = c0 + lane + int64_t(32) * U * batch;
         // The batch's vectors in ascending order: each sum keeps the order v = lane, lane + 32, ..
@@ -456,9 +465,7 @@ int64_t resident_blocks(const void* kernel, size_t shared_bytes) {
 }
 
 // A warp per F features, eight per block, as many blocks as the SMs hold at once up to the cap
-// (then grid-stride). F stays 4 from 3 rows on even where that leaves SMs idle (q/k/v, o_proj):
-// measured on an H200, fewer features per warp (more blocks) was slower at 8 rows, the
-// shared-memory reads bound.
+// (then grid-stride).
 template <typename W, typename NormW, int R, GemvMode Mode>
 void launch_products(const GemvCall& call, const GemvProducts& products, int64_t total,
                      int sm_count, cudaStream_t stream) {
@@ -469,12 +476,12 @@ void launch_products(const GemvCall& call, const GemvProducts& products, int64_t
   const int64_t in = call.in;
   const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
   const size_t shared_bytes =
-      size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float) + size_t(kRingBytes);
+      size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float) + size_t(kRingBytes<R>);
   if (shared_bytes > 48 * 1024) {
     // Once per instance (a thread-safe static: lanes of run_tasks launch from several threads).
     static const bool raised = [&] {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes + kRingBytes));
+                           int(kMaxStagedBytes + kRingBytes<R>));
       return true;
     }();
     (void)raised;

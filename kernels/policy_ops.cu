@@ -2,6 +2,8 @@
 // the page bound / cosine arithmetic come from engine/runtime/policy_op_math.h, the same code the
 // CPU backend runs, so selections, random rows, page bounds and anchor similarities are
 // bit-identical across backends; the other float ops differ only by rounding order.
+#include <algorithm>
+
 #include "engine/runtime/policy_op_math.h"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
@@ -15,6 +17,7 @@ constexpr int kLogitThreads = 128;
 constexpr int kLogitWarps = kLogitThreads / 32;
 constexpr int kLogitKeys = 32;  // keys per attention_logits block
 constexpr int kAnchorThreads = 256;
+constexpr int kBoundThreads = 128;
 
 // Grid-stride loop over the cells of a rows x cols region: f(r, j) for each.
 template <typename F>
@@ -95,13 +98,35 @@ __device__ uint64_t radix_select_key(int64_t items, unsigned wanted, Item item) 
         atomicAdd(&histogram[unsigned(key >> shift) & 255u], weight);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      // The matching items weigh at least (Exceeds: more than) `remaining`: this stops at >= 0.
-      int digit = 255;
-      while (digit > 0 && (Exceeds ? histogram[digit] <= remaining : histogram[digit] < remaining))
-        remaining -= histogram[digit--];
-      shared_prefix = prefix | (uint64_t(digit) << shift);
-      shared_remaining = remaining;
+    if (threadIdx.x < 32) {
+      // The walk from digit 255 down that passes each digit whose count stays below (Exceeds: at
+      // or below) what remains, by one warp: lane l holds the 8 digits 255 - 8l .. 248 - 8l, a scan
+      // of the lanes' totals finds the lane where the walk stops, which walks its own 8. (One
+      // thread walking all 256 took most of a 512-column selection: about 4 us a digit.) The
+      // matching items weigh at least (Exceeds: more than) `remaining`, so the walk ends by digit
+      // 0.
+      const int lane = threadIdx.x, top = 255 - 8 * lane;
+      unsigned total = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) total += histogram[top - i];
+      unsigned before = total;  // inclusive scan from lane 0 (the highest digits)
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const unsigned other = __shfl_up_sync(0xffffffffu, before, offset);
+        if (lane >= offset) before += other;
+      }
+      const bool stops = Exceeds ? before > remaining : before >= remaining;
+      const unsigned stopping = __ballot_sync(0xffffffffu, stops);
+      const int owner = stopping != 0 ? __ffs(int(stopping)) - 1 : 31;
+      if (lane == owner) {
+        unsigned left = remaining - (before - total);
+        int digit = top;
+        while (digit > 0 && digit > top - 7 &&
+               (Exceeds ? histogram[digit] <= left : histogram[digit] < left))
+          left -= histogram[digit--];
+        shared_prefix = prefix | (uint64_t(digit) << shift);
+        shared_remaining = left;
+      }
     }
     __syncthreads();
     prefix = shared_prefix;
@@ -238,46 +263,90 @@ __global__ void pool_rows_kernel(RowsRef<const float> x, int64_t rows, int64_t c
   });
 }
 
-// One block per row; warp w handles keys j = w, w + warps, ... Shared memory (dynamic):
-// anchor[D] | per-warp partial sums [warps][D]. Fixed assignment and reduction order: the result
-// does not depend on scheduling.
+// One block per row, a thread per key where the work is per key: first the member keys' norms,
+// a tile of kAnchorThreads keys at a time, whose normalised keys the threads then sum by channel
+// (splits = threads / D partial sums per channel, each over every splits-th key of the tile), then
+// each key's cosine to the anchor. Each thread's loads are independent of its sums, so they
+// overlap: a warp per key with a butterfly per norm and dot took 105 us a row at 512 tokens (H100),
+// a chain of dependent steps. Fixed assignment and order: the result does not depend on
+// scheduling. Shared memory (dynamic): anchor[D] | partial sums[max(threads, D)] | inverse
+// norms[threads].
 template <typename C>
-__global__ void key_anchor_scores_kernel(KeyAnchorArgs a) {
+__global__ void __launch_bounds__(kAnchorThreads) key_anchor_scores_kernel(KeyAnchorArgs a) {
   begin_dependent_grid();
   extern __shared__ float shared[];
   __shared__ unsigned scratch[32];
   const int64_t D = a.head_dim;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int threads = blockDim.x;
+  const int64_t splits = D < threads ? threads / D : 1, sums = splits * D;
   float* anchor = shared;
-  float* partial = shared + D + warp * D;
+  float* partial = shared + D;                                   // [splits][D]
+  float* inverse = partial + (sums > threads ? sums : threads);  // [threads], 0: not a member
   const int64_t r = blockIdx.x;
   const C* keys = static_cast<const C*>(a.k_cache) + (r / a.rows_per_group) * a.capacity * D;
   const uint8_t* member = a.members.data + r * a.members.stride;
   float* out = a.out.data + r * a.out.stride;
   constexpr float kTiny = 1e-12f;
-
-  for (int64_t d = lane; d < D; d += 32) partial[d] = 0.0f;
-  unsigned count = 0;
-  for (int64_t j = warp; j < a.cols; j += warps) {
-    if (member[j] == 0) continue;  // warp-uniform
-    const C* k = keys + j * D;
-    const float inv = 1.0f / fmaxf(sqrtf(warp_dot_self(k, D, lane)), kTiny);
-    for (int64_t d = lane; d < D; d += 32) partial[d] += to_f32(k[d]) * inv;
-    if (lane == 0) ++count;
-  }
-  count = block_reduce(count, SumOp{}, 0u, scratch);  // also a barrier: partials are complete
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+  auto squared_norm = [&](const C* key) {
     float sum = 0.0f;
-    for (int w = 0; w < warps; ++w) sum += shared[D + w * D + d];
+    for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
+      float chunk[kKeyChunk];
+      load_chunk(key, D, d0, chunk);
+#pragma unroll
+      for (int i = 0; i < kKeyChunk; ++i) sum = fmaf(chunk[i], chunk[i], sum);
+    }
+    return sum;
+  };
+
+  for (int64_t c = threadIdx.x; c < sums; c += threads) partial[c] = 0.0f;
+  unsigned count = 0;
+  for (int64_t tile = 0; tile < a.cols; tile += threads) {
+    const int64_t j = tile + threadIdx.x;
+    float inv = 0.0f;
+    if (j < a.cols && member[j] != 0) {
+      inv = 1.0f / fmaxf(sqrtf(squared_norm(keys + j * D)), kTiny);
+      ++count;
+    }
+    inverse[threadIdx.x] = inv;
+    __syncthreads();
+    const int64_t in_tile = a.cols - tile < threads ? a.cols - tile : threads;
+    for (int64_t c = threadIdx.x; c < sums; c += threads) {
+      const int64_t d = c % D;
+      float sum = partial[c];
+#pragma unroll 8
+      for (int64_t i = c / D; i < in_tile; i += splits) {
+        const float weight = inverse[i];
+        const float value = to_f32(keys[(tile + i) * D + d]);
+        if (weight != 0.0f) sum = fmaf(value, weight, sum);
+      }
+      partial[c] = sum;
+    }
+    __syncthreads();
+  }
+  count = block_reduce(count, SumOp{}, 0u, scratch);  // also a barrier
+  for (int64_t d = threadIdx.x; d < D; d += threads) {
+    float sum = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) sum += partial[s * D + d];
     anchor[d] = count > 0 ? sum / float(count) : 0.0f;
   }
   __syncthreads();
-  const float anchor_norm = fmaxf(sqrtf(warp_dot(anchor, anchor, D, lane)), kTiny);
-  for (int64_t j = warp; j < a.cols; j += warps) {
-    const C* k = keys + j * D;
-    const float dot = warp_dot(anchor, k, D, lane);
-    const float norm = fmaxf(sqrtf(warp_dot_self(k, D, lane)), kTiny);
-    if (lane == 0) out[j] = -dot / (norm * anchor_norm);
+  float anchor_squared = 0.0f;
+  for (int64_t d = 0; d < D; ++d) anchor_squared = fmaf(anchor[d], anchor[d], anchor_squared);
+  const float anchor_norm = fmaxf(sqrtf(anchor_squared), kTiny);
+  for (int64_t j = threadIdx.x; j < a.cols; j += threads) {
+    const C* key = keys + j * D;
+    float dot = 0.0f, squared = 0.0f;
+    for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
+      float chunk[kKeyChunk];
+      load_chunk(key, D, d0, chunk);
+#pragma unroll
+      for (int i = 0; i < kKeyChunk; ++i) {
+        const float weight = d0 + i < D ? anchor[d0 + i] : 0.0f;
+        dot = fmaf(weight, chunk[i], dot);
+        squared = fmaf(chunk[i], chunk[i], squared);
+      }
+    }
+    out[j] = -dot / (fmaxf(sqrtf(squared), kTiny) * anchor_norm);
   }
 }
 
@@ -303,20 +372,41 @@ __global__ void page_minmax_kernel(PageMinMaxArgs a) {
   });
 }
 
-// One thread per (head, page): the shared page_bound arithmetic, written to the page's columns.
-__global__ void page_bounds_kernel(PageBoundArgs a) {
+// Block (KV head g, tile of `tile` pages): the tile's page summaries and the group's queries in
+// shared memory, a thread per (query head of the group, page) running the shared page_bound
+// arithmetic, then the bounds written to the tile's columns by every thread. (A thread per (head,
+// page) reading its summaries from global memory waited on each channel's load in turn: 24 us at
+// 512 tokens on an H100.) Shared memory (dynamic): page_min | page_max [tile][D] | q [group][D] |
+// bounds [group][tile].
+__global__ void page_bounds_kernel(PageBoundArgs a, int64_t tile) {
   begin_dependent_grid();
-  const int64_t used = (a.cols + a.page_size - 1) / a.page_size, D = a.head_dim;
-  const int64_t heads_per_group = a.heads / a.kv_heads;
-  for_each_cell(a.heads, used, [&](int64_t h, int64_t p) {
-    const int64_t base = ((h / heads_per_group) * a.pages + p) * D;
-    const float bound =
-        page_bound(a.q + h * D, a.page_min + base, a.page_max + base, D, a.max_only, a.scale);
-    float* row = a.out.data + h * a.out.stride;
-    const int64_t j0 = p * a.page_size;
-    const int64_t j1 = j0 + a.page_size < a.cols ? j0 + a.page_size : a.cols;
-    for (int64_t j = j0; j < j1; ++j) row[j] = bound;
-  });
+  extern __shared__ float shared[];
+  const int64_t D = a.head_dim, group = a.heads / a.kv_heads, g = blockIdx.x;
+  const int64_t used = (a.cols + a.page_size - 1) / a.page_size;
+  const int64_t first = int64_t(blockIdx.y) * tile;
+  const int64_t pages = used - first < tile ? used - first : tile;
+  float* low = shared;
+  float* high = low + tile * D;
+  float* q = high + tile * D;
+  float* bounds = q + group * D;
+  const float* summaries = a.page_min + (g * a.pages + first) * D;
+  for (int64_t i = threadIdx.x; i < pages * D; i += blockDim.x) {
+    low[i] = summaries[i];
+    high[i] = a.page_max[(g * a.pages + first) * D + i];
+  }
+  for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < group * pages; c += blockDim.x) {
+    const int64_t h = c / pages, p = c % pages;
+    bounds[h * tile + p] = page_bound(q + h * D, low + p * D, high + p * D, D, a.max_only, a.scale);
+  }
+  __syncthreads();
+  const int64_t begin = first * a.page_size;
+  const int64_t end = begin + pages * a.page_size < a.cols ? begin + pages * a.page_size : a.cols;
+  for (int64_t i = threadIdx.x; i < group * (end - begin); i += blockDim.x) {
+    const int64_t h = i / (end - begin), j = begin + i % (end - begin);
+    a.out.data[(g * group + h) * a.out.stride + j] = bounds[h * tile + (j / a.page_size - first)];
+  }
 }
 
 // Page p's ranking key (top_k_key of its fmax score, the page index as tie-break) and cost (its
@@ -487,7 +577,8 @@ void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool a
 
 void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.cols <= 0) return;
-  const size_t shared_bytes = size_t(args.head_dim) * (1 + kAnchorThreads / 32) * sizeof(float);
+  const int64_t sums = std::max<int64_t>(args.head_dim, kAnchorThreads);
+  const size_t shared_bytes = size_t(args.head_dim + sums + kAnchorThreads) * sizeof(float);
   dispatch_weight(args.cache_dtype, [&](auto tag) {
     launch_dependent(key_anchor_scores_kernel<decltype(tag)>, unsigned(args.rows), kAnchorThreads,
                      shared_bytes, stream, args);
@@ -504,9 +595,24 @@ void launch_page_minmax_update(const PageMinMaxArgs& args, cudaStream_t stream) 
 }
 
 void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream) {
-  const int64_t count = args.heads * ((args.cols + args.page_size - 1) / args.page_size);
-  if (count <= 0) return;
-  launch_dependent(page_bounds_kernel, grid_for(count, kThreads), kThreads, 0, stream, args);
+  const int64_t used = (args.cols + args.page_size - 1) / args.page_size;
+  if (args.heads <= 0 || args.kv_heads <= 0 || used <= 0) return;
+  // Pages a block: up to 32, with the tile's summaries in 32 KiB.
+  int64_t tile = std::clamp<int64_t>(4096 / args.head_dim, 1, 32);
+  const int64_t group = args.heads / args.kv_heads;
+  auto bytes = [&](int64_t pages) {
+    return size_t(2 * pages * args.head_dim + group * args.head_dim + group * pages) *
+           sizeof(float);
+  };
+  while (tile > 1 && bytes(tile) > 48 * 1024) tile /= 2;
+  const size_t shared_bytes = bytes(tile);
+  if (shared_bytes > 48 * 1024) {  // many query heads a KV head with wide heads
+    // (a refusal shows at the launch, which the caller checks)
+    cudaFuncSetAttribute(page_bounds_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(shared_bytes));
+  }
+  const dim3 grid(unsigned(args.kv_heads), unsigned((used + tile - 1) / tile));
+  launch_dependent(page_bounds_kernel, grid, kBoundThreads, shared_bytes, stream, args, tile);
 }
 
 void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected, int64_t rows,

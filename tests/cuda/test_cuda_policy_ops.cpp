@@ -419,7 +419,8 @@ TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda
   CHECK_THROWS_AS(b.gpu->pool_rows(scores.gpu, cols, Backend::Pool::Max, 4, scratch.gpu), Error);
 
   // key_anchor_scores: F32 sums in different orders (CPU: 8-lane dots and norms, anchors summed in
-  // column order; GPU: per warp partial sums reduced in warp order, butterfly dots). The keys share
+  // column order; GPU: a thread's dots and norms in channel order, anchors as partial sums over
+  // every few keys of a tile, added in order). The keys share
   // a mean direction, as real keys do (that is why KeyDiff works), so the anchor's norm is of the
   // order of one normalised key rather than cancelling towards 0. The anchor sums n <= 1001 unit
   // vectors: a random-walk rounding error of about sqrt(n) * 2^-24 ~ 2e-6 relative on each side,
