@@ -90,6 +90,8 @@ class CudaBackend final : public Backend {
   void count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
                           std::span<int64_t> counts) override;
   void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) override;
+  void mark_columns(DeviceTensor& mask, int64_t cols, int64_t ones_end, int64_t ones_begin,
+                    const DeviceTensor* keep) override;
   void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
                        int64_t cols) override;
   void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group,

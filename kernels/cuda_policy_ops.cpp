@@ -158,6 +158,25 @@ void CudaBackend::mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_
   check_launch("mask_and");
 }
 
+void CudaBackend::mark_columns(DeviceTensor& mask, int64_t cols, int64_t ones_end,
+                               int64_t ones_begin, const DeviceTensor* keep) {
+  const std::string op = "mark_columns";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(mask, DType::U8, -1, cols, op, "mask");
+  if (ones_end < 0 || ones_end > cols || ones_begin < 0 || ones_begin > cols)
+    bad_argument(op + ": columns", cat({"bounds inside [0, ", std::to_string(cols), "]"}),
+                 cat({std::to_string(ones_end), ", ", std::to_string(ones_begin)}));
+  cuda::RowsRef<const uint8_t> kept;
+  if (keep)
+    kept =
+        rows_ref<const uint8_t>(*keep, row_shape(*keep, DType::U8, shape.rows, cols, op, "keep"));
+  if (shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_mark_columns(rows_ref<uint8_t>(mask, shape), kept, shape.rows, cols, ones_end,
+                            ones_begin, stream());
+  check_launch("mark_columns");
+}
+
 void CudaBackend::accumulate_rows(DeviceTensor& acc, const DeviceTensor& x,
                                   const DeviceTensor* keep, int64_t cols) {
   const std::string op = "accumulate_rows";

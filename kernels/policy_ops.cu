@@ -194,6 +194,17 @@ __global__ void mask_and_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t> ot
   });
 }
 
+__global__ void mark_columns_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t> keep,
+                                    int64_t rows, int64_t cols, int64_t ones_end,
+                                    int64_t ones_begin) {
+  begin_dependent_grid();
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    const bool forced = j < ones_end || ones_begin <= j;
+    mask.data[r * mask.stride + j] =
+        uint8_t(forced && (keep.data == nullptr || keep.data[r * keep.stride + j] != 0));
+  });
+}
+
 __global__ void accumulate_rows_kernel(RowsRef<float> acc, RowsRef<const float> x,
                                        RowsRef<const uint8_t> keep, int64_t rows, int64_t cols) {
   begin_dependent_grid();
@@ -531,6 +542,13 @@ void launch_mask_and(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_
   if (rows * cols <= 0) return;
   launch_dependent(mask_and_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream, mask,
                    other, rows, cols);
+}
+
+void launch_mark_columns(RowsRef<uint8_t> mask, RowsRef<const uint8_t> keep, int64_t rows,
+                         int64_t cols, int64_t ones_end, int64_t ones_begin, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  launch_dependent(mark_columns_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream, mask,
+                   keep, rows, cols, ones_end, ones_begin);
 }
 
 void launch_accumulate_rows(RowsRef<float> acc, RowsRef<const float> x, RowsRef<const uint8_t> keep,

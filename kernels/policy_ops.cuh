@@ -67,6 +67,9 @@ void launch_count_nonzero_rows(RowsRef<const uint8_t> mask, int64_t rows, int64_
 // mask[r, j] = mask[r, j] && other[r, j] (0/1).
 void launch_mask_and(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
                      int64_t cols, cudaStream_t stream);
+// mask[r, j] = (j < ones_end || ones_begin <= j) && (keep[r, j] != 0) (keep optional), j < cols.
+void launch_mark_columns(RowsRef<uint8_t> mask, RowsRef<const uint8_t> keep, int64_t rows,
+                         int64_t cols, int64_t ones_end, int64_t ones_begin, cudaStream_t stream);
 // acc[r, j] = keep[r, j] ? acc[r, j] + x[r, j] : x[r, j] (keep optional).
 void launch_accumulate_rows(RowsRef<float> acc, RowsRef<const float> x, RowsRef<const uint8_t> keep,
                             int64_t rows, int64_t cols, cudaStream_t stream);

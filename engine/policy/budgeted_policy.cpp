@@ -55,12 +55,9 @@ void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,
   const int64_t t = step.step, cols = step.cols();
   const ForcedColumns forced =
       forced_columns(t, budget, knobs_.sinks, std::max(recent, knobs_.window));
-  backend_.fill_columns(target, 0, cols, 0);
-  backend_.fill_columns(target, 0, forced.sink_end, 1);
-  backend_.fill_columns(target, forced.recent_begin, cols, 1);
   // An evicted token stays out even where it would be forced (a growing budget widens the recent
   // part over a token dropped earlier): the set then keeps fewer than B(t), never a returnee.
-  if (eligible) backend_.mask_and(target, *eligible, cols);
+  backend_.mark_columns(target, cols, forced.sink_end, forced.recent_begin, eligible);
   const int64_t extra = budget - forced.count(t);
   if (extra > 0 && page_size > 0) {
     backend_.select_pages(selection_scores, cols, page_size, extra, target);

@@ -315,6 +315,18 @@ class Backend {
   }
   // mask[r, j] = (mask[r, j] && other[r, j]) for j < cols (U8 0/1, both [rows, stride]).
   virtual void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) = 0;
+  // A selection's forced columns (sinks and recent tokens) less the evicted ones: for j < cols,
+  // mask[r, j] = 1 where j < ones_end or ones_begin <= j (0 <= ones_end, ones_begin <= cols),
+  // else 0, then 0 where keep[r, j] == 0 (keep optional, [rows, stride]). The default is
+  // fill_columns then mask_and; a backend may write it in one pass (the CUDA backend: one launch
+  // where the default makes four, in every budgeted policy's every layer).
+  virtual void mark_columns(DeviceTensor& mask, int64_t cols, int64_t ones_end, int64_t ones_begin,
+                            const DeviceTensor* keep) {
+    fill_columns(mask, 0, cols, 0);
+    fill_columns(mask, 0, ones_end, 1);
+    fill_columns(mask, ones_begin, cols, 1);
+    if (keep) mask_and(mask, *keep, cols);
+  }
   // acc[r, j] = acc[r, j] * keep[r, j] + x[r, j] for j < cols (F32; keep U8 optional: null keeps
   // everything). Accumulates attention and forgets the scores of evicted tokens in one pass.
   virtual void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,

@@ -292,6 +292,20 @@ TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
     CHECK(got == want);
   }
   CHECK_THROWS_AS(b.gpu->fill_columns(mask.gpu, 0, stride + 1, 1), Error);
+  // mark_columns: the GPU's one pass against the default's fills and mask_and (the CPU's), with
+  // and without evictions, and ranges that meet, overlap nothing or cover every column.
+  for (const auto& [ones_end, ones_begin, with_keep] :
+       {std::tuple{int64_t(4), int64_t(990), true}, std::tuple{int64_t(0), cols, false},
+        std::tuple{int64_t(4), int64_t(4), true}, std::tuple{cols, cols, false},
+        std::tuple{int64_t(0), int64_t(0), true}}) {
+    INFO("ones_end " << ones_end << " ones_begin " << ones_begin << " keep " << with_keep);
+    b.cpu->mark_columns(mask.cpu, cols, ones_end, ones_begin, with_keep ? &other.cpu : nullptr);
+    b.gpu->mark_columns(mask.gpu, cols, ones_end, ones_begin, with_keep ? &other.gpu : nullptr);
+    const auto [want, got] = read_both<uint8_t>(b, mask);
+    CHECK(got == want);
+  }
+  CHECK_THROWS_AS(b.gpu->mark_columns(mask.gpu, cols, cols + 1, cols, nullptr), Error);
+  CHECK_THROWS_AS(b.gpu->mark_columns(mask.gpu, stride + 1, 0, 0, nullptr), Error);
   // count_nonzero_rows (counted on the GPU; the default reads the mask back), columns past cols
   // (set to 1 above) not counted.
   for (const int64_t counted : {cols, int64_t(0), int64_t(1), stride}) {

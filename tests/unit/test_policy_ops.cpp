@@ -495,6 +495,17 @@ TEST_CASE("fill_columns and mask_and on U8 rows", "[policy_ops]") {
         padded(std::vector<std::vector<uint8_t>>{{1, 0, 0, 0, 1, 1, 0}, {0, 0, 1, 0, 1, 0, 1}}, 1));
   DeviceTensor wrong = backend->alloc(DType::U8, {3, kStride});
   CHECK_THROWS_AS(backend->mask_and(m, wrong, kCols), Error);
+
+  // mark_columns: sinks [0, 2) and recent [5, 7) forced, less what `other` evicts; columns past
+  // cols untouched.
+  DeviceTensor forced = make_u8(*backend, padded(a, 1), {2, kStride});
+  backend->mark_columns(forced, kCols, 2, 5, &other);
+  CHECK(read_u8(*backend, forced) ==
+        padded(std::vector<std::vector<uint8_t>>{{1, 0, 0, 0, 0, 1, 0}, {0, 0, 0, 0, 0, 1, 1}}, 1));
+  backend->mark_columns(forced, kCols, 2, 5, nullptr);
+  CHECK(read_u8(*backend, forced) ==
+        padded(std::vector<std::vector<uint8_t>>{{1, 1, 0, 0, 0, 1, 1}, {1, 1, 0, 0, 0, 1, 1}}, 1));
+  CHECK_THROWS_AS(backend->mark_columns(forced, kCols, 2, 5, &wrong), Error);
 }
 
 TEST_CASE("accumulate_rows adds, and forgets where keep is 0", "[policy_ops]") {
