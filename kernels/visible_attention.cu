@@ -1,12 +1,15 @@
 // attention_visible on the GPU, split over the context so that every SM has work at any length
-// (see policy_ops.cuh). Three kernels per call: each head's max visible logit; per (slice, head)
-// the exponentials exp(logit - max) (the probabilities before normalisation, written in place),
-// their sum and the slice's weighted value sum; then per head the total, the output and the
+// (see policy_ops.cuh); caches of at most kWholeKeys positions take one kernel, a block per head
+// over every column. Otherwise three kernels per call: each head's max visible logit; per (slice,
+// head) the exponentials exp(logit - max) (the probabilities before normalisation, written in
+// place), their sum and the slice's weighted value sum; then per head the total, the output and the
 // probabilities scaled by 1 / total. Exponentials use the head's overall max, as the CPU
 // reference does, so the probabilities agree with it to rounding of the sums alone.
 // The slice count depends on the cache's capacity and the head count only, and each slice's
 // width on the context (known on the device), so a captured step replays at any position with
 // the arithmetic of an uncaptured one. Scratch: max[H] | slice_sum[S, H] | slice_acc[S, H, D].
+#include <algorithm>
+
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/policy_ops.cuh"
@@ -17,6 +20,12 @@ namespace {
 constexpr int kMaxThreads = 256;
 constexpr int64_t kMinSliceKeys = 64;
 constexpr int64_t kMaxSliceKeys = 8192;
+// Up to this capacity a call is one kernel (visible_whole_kernel): the three kernels of the split
+// took 19 us a call at 512 tokens on an H100 (4 + 10 + 5), most of it the chain of launches, and a
+// policy run makes a call in every layer. Decided by the capacity, so a captured step does what an
+// uncaptured one does.
+constexpr int64_t kWholeKeys = 1024;
+constexpr int kWholeThreads = 1024;  // 16 key lanes for a head dimension of 64
 
 // About eight blocks per SM over all heads, at most one per kMinSliceKeys keys of the cache and
 // at most kMaxSliceKeys keys a slice (its weights stay within the default shared memory).
@@ -116,6 +125,73 @@ __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_m
   }
 }
 
+// The threads of a block as (key lane, dimension) pairs: whole multiples of the head dimension
+// rounded up to 32, at most kMaxThreads.
+int64_t value_lanes(int64_t head_dim, int64_t threads) {
+  const int64_t dims = (head_dim + 31) / 32 * 32;
+  return dims >= threads ? 1 : threads / dims;
+}
+
+// A cache of at most kWholeKeys positions: one block per head does the three kernels' work over
+// every column (the max, the exponentials and their sum, the weighted values by key lanes added in
+// lane order, then the scaling). Shared (dynamic): the weights [max(capacity, lanes * D)].
+template <typename C>
+__global__ void __launch_bounds__(kWholeThreads) visible_whole_kernel(VisibleAttentionArgs a) {
+  begin_dependent_grid();
+  extern __shared__ float weights[];
+  __shared__ float scratch[32];
+  const int64_t h = blockIdx.x;
+  const int64_t D = a.head_dim;
+  const int64_t g = h / (a.heads / a.kv_heads);
+  const int count = int(column_count(a));
+  const float* row = a.logits.data + h * a.logits.stride;
+  float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < count; j += blockDim.x)
+    if (seen_at(a, h, j)) m = fmaxf(m, row[j]);
+  m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
+  float partial = 0.0f;
+  for (int j = threadIdx.x; j < count; j += blockDim.x) {
+    const float logit = row[j];
+    const float e =
+        (m != -INFINITY && seen_at(a, h, j) && logit != -INFINITY) ? expf(logit - m) : 0.0f;
+    weights[j] = e;
+    partial += e;
+  }
+  const float total = block_reduce(partial, SumOp{}, 0.0f, scratch);  // also publishes `weights`
+  // Nothing finite visible: zeros, as attention gives.
+  const float inv = m == -INFINITY ? 0.0f : 1.0f / total;
+  if (probs)
+    for (int j = threadIdx.x; j < count; j += blockDim.x) probs[j] = weights[j] * inv;
+  if (a.out == nullptr) return;
+  const int64_t dims = (D + 31) / 32 * 32;
+  const int64_t lanes = blockDim.x / dims;
+  const int64_t key_lane = threadIdx.x / dims;
+  const int64_t d = threadIdx.x % dims;
+  const C* values = static_cast<const C*>(a.v_cache) + g * a.capacity * D;
+  float sum = 0.0f;
+  if (key_lane < lanes && d < D) {
+    // Every value read (all are cached columns below count), a hidden key's skipped by the
+    // select, so the loads of several keys are in flight at once: a branch around them made each
+    // wait for the one before (43 us a call at 512 tokens on an H100).
+#pragma unroll 8
+    for (int j = int(key_lane); j < count; j += int(lanes)) {
+      const float w = weights[j];
+      const float value = to_f32(values[int64_t(j) * D + d]);
+      sum = w != 0.0f ? fmaf(w, value, sum) : sum;
+    }
+  }
+  __syncthreads();  // `weights` is reused for the lanes' sums
+  float* lane_sums = weights;
+  if (key_lane < lanes && d < D) lane_sums[key_lane * D + d] = sum;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float value = 0.0f;
+    for (int64_t l = 0; l < lanes; ++l) value += lane_sums[l * D + i];
+    a.out[h * D + i] = value * inv;
+  }
+}
+
 // One block per head: the total over the slices in use, the output and the probabilities.
 // head_max null: no column at all (zeros). Every step reads all slices at once (threads over the
 // slices, then over (slice group, dimension) pairs): a few memory latencies at any slice count.
@@ -170,6 +246,16 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
                      merge_shared_bytes(args.head_dim), stream, args, nullptr, 0, nullptr, nullptr);
     return;
   }
+  if (args.capacity <= kWholeKeys) {
+    const int64_t lanes = value_lanes(args.head_dim, kWholeThreads);
+    const int threads = int(lanes * ((args.head_dim + 31) / 32 * 32));
+    const int64_t floats = std::max(args.capacity, lanes * args.head_dim);
+    dispatch_weight(args.cache_dtype, [&](auto tag) {
+      launch_dependent(visible_whole_kernel<decltype(tag)>, unsigned(args.heads), threads,
+                       size_t(floats) * sizeof(float), stream, args);
+    });
+    return;
+  }
   const int64_t slices = slice_count(args, sm_count);
   float* head_max = scratch;
   float* slice_sum = scratch + args.heads;
@@ -180,7 +266,7 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
   // dimension) pair; shared memory holds a slice's weights (as wide as the widest slice the
   // context can need: the capacity's, on a captured step), then the lanes' sums.
   const int64_t dims = (args.head_dim + 31) / 32 * 32;
-  const int64_t lanes = dims >= kMaxThreads ? 1 : kMaxThreads / dims;
+  const int64_t lanes = value_lanes(args.head_dim, kMaxThreads);
   const int threads = int(lanes * dims);
   const int64_t widest =
       slice_width(args.step_position != nullptr ? args.capacity : args.cols, slices);

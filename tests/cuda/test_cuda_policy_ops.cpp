@@ -95,8 +95,11 @@ TEST_CASE("cuda policy ops: attention_logits and attention_visible", "[cuda]") {
   Backends b;
   uint32_t seed = 500;
   // D <= 80 keeps the logit bound below 1e-5 (see below); 578 columns span three 256-key tiles.
+  // Caches up to 1024 positions take attention_visible's one-kernel path, wider ones its split
+  // over slices (the 1536-position shape).
   for (const Shape& s : {Shape{8, 2, 64, 600, 578, 0}, Shape{8, 2, 64, 600, 578, 100},
-                         Shape{6, 1, 80, 40, 33, 0}, Shape{4, 4, 16, 8, 1, 0}}) {
+                         Shape{6, 1, 80, 40, 33, 0}, Shape{4, 4, 16, 8, 1, 0},
+                         Shape{8, 2, 64, 1536, 1301, 0}}) {
     INFO("H " << s.heads << " G " << s.kv_heads << " D " << s.head_dim << " cols " << s.cols
               << " window " << s.window);
     const int64_t H = s.heads, D = s.head_dim, position = s.cols - 1;
