@@ -18,6 +18,7 @@ constexpr int kLogitWarps = kLogitThreads / 32;
 constexpr int kLogitKeys = 32;  // keys per attention_logits block
 constexpr int kAnchorThreads = 256;
 constexpr int kBoundThreads = 128;
+constexpr int kStageBatch = 8;  // loads a thread has in flight while staging page summaries
 
 // Grid-stride loop over the cells of a rows x cols region: f(r, j) for each.
 template <typename F>
@@ -300,6 +301,7 @@ __global__ void __launch_bounds__(kAnchorThreads) key_anchor_scores_kernel(KeyAn
   constexpr float kTiny = 1e-12f;
   auto squared_norm = [&](const C* key) {
     float sum = 0.0f;
+#pragma unroll 4
     for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
       float chunk[kKeyChunk];
       load_chunk(key, D, d0, chunk);
@@ -347,6 +349,7 @@ __global__ void __launch_bounds__(kAnchorThreads) key_anchor_scores_kernel(KeyAn
   for (int64_t j = threadIdx.x; j < a.cols; j += threads) {
     const C* key = keys + j * D;
     float dot = 0.0f, squared = 0.0f;
+#pragma unroll 4
     for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
       float chunk[kKeyChunk];
       load_chunk(key, D, d0, chunk);
@@ -387,8 +390,9 @@ __global__ void page_minmax_kernel(PageMinMaxArgs a) {
 // shared memory, a thread per (query head of the group, page) running the shared page_bound
 // arithmetic, then the bounds written to the tile's columns by every thread. (A thread per (head,
 // page) reading its summaries from global memory waited on each channel's load in turn: 24 us at
-// 512 tokens on an H100.) Shared memory (dynamic): page_min | page_max [tile][D] | q [group][D] |
-// bounds [group][tile].
+// 512 tokens on an H100; this kernel 18 us, still well above its few microseconds of work: not
+// found.) Shared memory (dynamic): page_min | page_max [tile][D] | q [group][D] | bounds
+// [group][tile].
 __global__ void page_bounds_kernel(PageBoundArgs a, int64_t tile) {
   begin_dependent_grid();
   extern __shared__ float shared[];
@@ -400,10 +404,24 @@ __global__ void page_bounds_kernel(PageBoundArgs a, int64_t tile) {
   float* high = low + tile * D;
   float* q = high + tile * D;
   float* bounds = q + group * D;
-  const float* summaries = a.page_min + (g * a.pages + first) * D;
-  for (int64_t i = threadIdx.x; i < pages * D; i += blockDim.x) {
-    low[i] = summaries[i];
-    high[i] = a.page_max[(g * a.pages + first) * D + i];
+  const float* __restrict__ lows = a.page_min + (g * a.pages + first) * D;
+  const float* __restrict__ highs = a.page_max + (g * a.pages + first) * D;
+  // kStageBatch elements of each a thread requested before any is stored: one at a time, each
+  // load waited for the one before (the tile's 16 loads a thread then took most of the kernel).
+  const int64_t staged = pages * D;
+  for (int64_t i0 = threadIdx.x; i0 < staged; i0 += int64_t(blockDim.x) * kStageBatch) {
+    float low_batch[kStageBatch], high_batch[kStageBatch];
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int64_t i = i0 + int64_t(b) * blockDim.x;
+      low_batch[b] = i < staged ? lows[i] : 0.0f;
+      high_batch[b] = i < staged ? highs[i] : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int64_t i = i0 + int64_t(b) * blockDim.x;
+      if (i < staged) low[i] = low_batch[b], high[i] = high_batch[b];
+    }
   }
   for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
   __syncthreads();
