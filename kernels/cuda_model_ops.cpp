@@ -5,6 +5,7 @@
 #include <atomic>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -24,6 +25,18 @@
 #include "kernels/rope.cuh"
 
 namespace kvlens::cuda {
+namespace {
+
+// From this many rows a fused norm is run as the rmsnorm op first (see rmsnorm_matmul_many).
+constexpr int64_t kSeparateNormRows = 4;
+
+// Whether the products read the normalised rows from `normed` (the norm run first, once) rather
+// than normalise x in every block; `normed` must then suit the warp kernel as x did.
+bool norm_first(int64_t rows, const DeviceTensor& normed) {
+  return rows >= kSeparateNormRows && reinterpret_cast<uintptr_t>(normed.data) % 16 == 0;
+}
+
+}  // namespace
 
 void CudaBackend::embed(const DeviceTensor& table, std::span<const int32_t> ids,
                         DeviceTensor& out) {
@@ -103,7 +116,10 @@ void CudaBackend::matmul_add(const DeviceTensor& x, const DeviceTensor& w, Devic
 }
 
 // The norm in the products' kernel where the rows fit in its shared memory (the bits of
-// rmsnorm then matmul_many, normed included).
+// rmsnorm then matmul_many, normed included), for fewer than kSeparateNormRows rows: every block
+// of the fused kernel normalises all the rows again, which at 8 rows (lockstep) was about a
+// quarter of the gate/up kernel's instructions (ncu, H100), so from there the rmsnorm op runs
+// first, once.
 void CudaBackend::rmsnorm_matmul_many(const DeviceTensor& x, const DeviceTensor& norm_weight,
                                       float eps, DeviceTensor& normed,
                                       std::span<const DeviceTensor* const> ws,
@@ -115,6 +131,11 @@ void CudaBackend::rmsnorm_matmul_many(const DeviceTensor& x, const DeviceTensor&
     return;
   }
   activate();
+  if (norm_first(shape.rows, normed)) {
+    rmsnorm(x, norm_weight, eps, normed);
+    launch_products(normed, ws, ys, shape, false);
+    return;
+  }
   launch_products(x, ws, ys, shape, false, &norm_weight, eps, &normed);
 }
 
@@ -135,6 +156,11 @@ void CudaBackend::rmsnorm_gate_up(const DeviceTensor& x, const DeviceTensor& nor
   }
   activate();
   DeviceTensor* const act_out[] = {&act};
+  if (norm_first(shape.rows, normed)) {
+    rmsnorm(x, norm_weight, eps, normed);
+    launch_products(normed, ws, act_out, shape, false, nullptr, 0.0f, nullptr, true);
+    return;
+  }
   launch_products(x, ws, act_out, shape, false, &norm_weight, eps, &normed, true);
 }
 
