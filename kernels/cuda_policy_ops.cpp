@@ -108,10 +108,8 @@ void CudaBackend::select_top_k(const DeviceTensor& scores, int64_t cols,
   require_cols(cols, op);
   const RowShape shape = row_shape(selected, DType::U8, -1, cols, op, "selected");
   const RowShape score_shape = row_shape(scores, DType::F32, shape.rows, cols, op, "scores");
-  cuda::RowsRef<const uint8_t> allowed;
-  if (eligible)
-    allowed = rows_ref<const uint8_t>(
-        *eligible, row_shape(*eligible, DType::U8, shape.rows, cols, op, "eligible"));
+  const cuda::RowsRef<const uint8_t> allowed =
+      optional_mask_ref(eligible, shape.rows, cols, op, "eligible");
   if (k <= 0 || cols == 0 || shape.rows == 0) return;
   activate();
   cuda::launch_select_top_k(rows_ref<const float>(scores, score_shape), allowed,
@@ -166,10 +164,7 @@ void CudaBackend::mark_columns(DeviceTensor& mask, int64_t cols, int64_t ones_en
   if (ones_end < 0 || ones_end > cols || ones_begin < 0 || ones_begin > cols)
     bad_argument(op + ": columns", cat({"bounds inside [0, ", std::to_string(cols), "]"}),
                  cat({std::to_string(ones_end), ", ", std::to_string(ones_begin)}));
-  cuda::RowsRef<const uint8_t> kept;
-  if (keep)
-    kept =
-        rows_ref<const uint8_t>(*keep, row_shape(*keep, DType::U8, shape.rows, cols, op, "keep"));
+  const cuda::RowsRef<const uint8_t> kept = optional_mask_ref(keep, shape.rows, cols, op, "keep");
   if (shape.rows * cols == 0) return;
   activate();
   cuda::launch_mark_columns(rows_ref<uint8_t>(mask, shape), kept, shape.rows, cols, ones_end,
@@ -183,10 +178,7 @@ void CudaBackend::accumulate_rows(DeviceTensor& acc, const DeviceTensor& x,
   require_cols(cols, op);
   const RowShape shape = row_shape(acc, DType::F32, -1, cols, op, "acc");
   const RowShape x_shape = row_shape(x, DType::F32, shape.rows, cols, op, "x");
-  cuda::RowsRef<const uint8_t> kept;
-  if (keep)
-    kept =
-        rows_ref<const uint8_t>(*keep, row_shape(*keep, DType::U8, shape.rows, cols, op, "keep"));
+  const cuda::RowsRef<const uint8_t> kept = optional_mask_ref(keep, shape.rows, cols, op, "keep");
   if (shape.rows * cols == 0) return;
   activate();
   cuda::launch_accumulate_rows(rows_ref<float>(acc, shape), rows_ref<const float>(x, x_shape), kept,

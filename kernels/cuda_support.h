@@ -57,6 +57,13 @@ template <typename T>
 RowsRef<T> rows_ref(const DeviceTensor& t, const RowShape& shape) {
   return {static_cast<T*>(t.data), shape.stride};
 }
+// An optional U8 [rows, stride] mask operand (eligible, keep), checked as row_shape checks; empty
+// (null data) where t is null.
+inline RowsRef<const uint8_t> optional_mask_ref(const DeviceTensor* t, int64_t rows, int64_t cols,
+                                                const std::string& op, const char* what) {
+  if (t == nullptr) return {};
+  return rows_ref<const uint8_t>(*t, row_shape(*t, DType::U8, rows, cols, op, what));
+}
 // Columns are packed into 32 bits by top_k_key; every policy op keeps to the same range.
 void require_cols(int64_t cols, const std::string& op);
 

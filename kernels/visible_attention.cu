@@ -53,18 +53,65 @@ __device__ __forceinline__ bool seen_at(const VisibleAttentionArgs& a, int64_t h
   return a.visible.data == nullptr || a.visible.data[h * a.visible.stride + j] != 0;
 }
 
-// One block per head. fmaxf skips NaN, as std::max(max, NaN) does on the CPU.
-__global__ void visible_max_kernel(VisibleAttentionArgs a, float* head_max) {
-  begin_dependent_grid();
-  __shared__ float scratch[32];
-  const int64_t h = blockIdx.x;
-  const int64_t cols = column_count(a);
+// Head h's largest visible logit over columns [0, cols), by the whole block. fmaxf skips NaN, as
+// std::max(max, NaN) does on the CPU.
+__device__ float visible_max(const VisibleAttentionArgs& a, int64_t h, int64_t cols,
+                             float* scratch) {
   const float* row = a.logits.data + h * a.logits.stride;
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     if (seen_at(a, h, j)) m = fmaxf(m, row[j]);
-  m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
-  if (threadIdx.x == 0) head_max[h] = m;
+  return block_reduce(m, MaxOp{}, -INFINITY, scratch);
+}
+
+// Column j's unnormalised probability exp(logit - m) for head h with max m; 0 where hidden,
+// where the logit is -inf, and everywhere when nothing finite is visible (m = -inf).
+__device__ __forceinline__ float visible_weight(const VisibleAttentionArgs& a, int64_t h, int64_t j,
+                                                float m) {
+  const float logit = a.logits.data[h * a.logits.stride + j];
+  return (m != -INFINITY && seen_at(a, h, j) && logit != -INFINITY) ? expf(logit - m) : 0.0f;
+}
+
+// The weighted value sums of `count` keys: threads are (key lane, dimension) pairs (key lanes x
+// the head dimension rounded up to 32); key lane l sums the keys jj = l, l + lanes, ... of
+// values[jj, :] with weights[jj] (shared memory), then the lanes' sums are added in lane order
+// and store(i, total) receives dimension i. Every value below count is read and a hidden key
+// (weight 0) is skipped by a select, so the loads of several keys are in flight at once (a branch
+// around them made each wait for the one before: 43 us a call at 512 tokens on an H100). Reuses
+// `weights` for the lanes' sums (lanes * D floats), so it must hold that many.
+template <typename C, typename Store>
+__device__ void weighted_value_sums(const C* values, float* weights, int count, int64_t D,
+                                    Store store) {
+  const int64_t dims = (D + 31) / 32 * 32;
+  const int64_t lanes = blockDim.x / dims;
+  const int64_t key_lane = threadIdx.x / dims;
+  const int64_t d = threadIdx.x % dims;
+  float sum = 0.0f;
+  if (key_lane < lanes && d < D) {
+#pragma unroll 8
+    for (int jj = int(key_lane); jj < count; jj += int(lanes)) {
+      const float w = weights[jj];
+      const float value = to_f32(values[int64_t(jj) * D + d]);
+      sum = w != 0.0f ? fmaf(w, value, sum) : sum;
+    }
+  }
+  __syncthreads();  // `weights` is reused for the lanes' sums
+  float* lane_sums = weights;
+  if (key_lane < lanes && d < D) lane_sums[key_lane * D + d] = sum;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float total = 0.0f;
+    for (int64_t l = 0; l < lanes; ++l) total += lane_sums[l * D + i];
+    store(i, total);
+  }
+}
+
+// One block per head.
+__global__ void visible_max_kernel(VisibleAttentionArgs a, float* head_max) {
+  begin_dependent_grid();
+  __shared__ float scratch[32];
+  const float m = visible_max(a, blockIdx.x, column_count(a), scratch);
+  if (threadIdx.x == 0) head_max[blockIdx.x] = m;
 }
 
 // Grid (slices, heads); blockDim = key lanes x the head dimension rounded up to 32.
@@ -83,16 +130,13 @@ __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_m
   const int64_t start = slice * slice_keys;
   if (start >= cols) return;  // past the context: the merge does not read this slice
   const int count = int(cols - start < slice_keys ? cols - start : slice_keys);
+  // Nothing finite visible (m = -inf): every weight 0, and the merge writes zeros.
   const float m = head_max[h];
-  const float* row = a.logits.data + h * a.logits.stride;
   float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
   float partial = 0.0f;
   for (int jj = threadIdx.x; jj < count; jj += blockDim.x) {
     const int64_t j = start + jj;
-    const float logit = row[j];
-    // Nothing finite visible (m = -inf): every weight 0, and the merge writes zeros.
-    const float e =
-        (m != -INFINITY && seen_at(a, h, j) && logit != -INFINITY) ? expf(logit - m) : 0.0f;
+    const float e = visible_weight(a, h, j, m);
     weights[jj] = e;
     partial += e;
     if (probs) probs[j] = e;  // scaled by 1 / total in the merge
@@ -100,29 +144,10 @@ __global__ void visible_slice_kernel(VisibleAttentionArgs a, const float* head_m
   partial = block_reduce(partial, SumOp{}, 0.0f, scratch);  // also publishes `weights`
   if (threadIdx.x == 0) slice_sum[slice * a.heads + h] = partial;
   if (a.out == nullptr) return;
-  // Weighted values: threads are (key lane, dimension) pairs; key lane l sums the keys
-  // jj = l, l + lanes, ... of the slice, then the lanes' sums are added in lane order.
-  const int64_t dims = (D + 31) / 32 * 32;
-  const int64_t lanes = blockDim.x / dims;
-  const int64_t key_lane = threadIdx.x / dims;
-  const int64_t d = threadIdx.x % dims;
   const C* values = static_cast<const C*>(a.v_cache) + (g * a.capacity + start) * D;
-  float sum = 0.0f;
-  if (key_lane < lanes && d < D) {
-    for (int64_t jj = key_lane; jj < count; jj += lanes) {
-      const float w = weights[jj];
-      if (w != 0.0f) sum += w * to_f32(values[jj * D + d]);  // hidden keys are not read
-    }
-  }
-  __syncthreads();  // `weights` is reused for the lanes' sums
-  float* lane_sums = weights;
-  if (key_lane < lanes && d < D) lane_sums[key_lane * D + d] = sum;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    float total = 0.0f;
-    for (int64_t l = 0; l < lanes; ++l) total += lane_sums[l * D + i];
+  weighted_value_sums(values, weights, count, D, [&](int64_t i, float total) {
     slice_acc[(slice * a.heads + h) * D + i] = total;
-  }
+  });
 }
 
 // Key lanes of a block of at most `threads` threads as (key lane, dimension) pairs: whole
@@ -144,17 +169,11 @@ __global__ void __launch_bounds__(kWholeThreads) visible_whole_kernel(VisibleAtt
   const int64_t D = a.head_dim;
   const int64_t g = h / (a.heads / a.kv_heads);
   const int count = int(column_count(a));
-  const float* row = a.logits.data + h * a.logits.stride;
   float* probs = a.probs.data ? a.probs.data + h * a.probs.stride : nullptr;
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < count; j += blockDim.x)
-    if (seen_at(a, h, j)) m = fmaxf(m, row[j]);
-  m = block_reduce(m, MaxOp{}, -INFINITY, scratch);
+  const float m = visible_max(a, h, count, scratch);
   float partial = 0.0f;
   for (int j = threadIdx.x; j < count; j += blockDim.x) {
-    const float logit = row[j];
-    const float e =
-        (m != -INFINITY && seen_at(a, h, j) && logit != -INFINITY) ? expf(logit - m) : 0.0f;
+    const float e = visible_weight(a, h, j, m);
     weights[j] = e;
     partial += e;
   }
@@ -164,32 +183,9 @@ __global__ void __launch_bounds__(kWholeThreads) visible_whole_kernel(VisibleAtt
   if (probs)
     for (int j = threadIdx.x; j < count; j += blockDim.x) probs[j] = weights[j] * inv;
   if (a.out == nullptr) return;
-  const int64_t dims = (D + 31) / 32 * 32;
-  const int64_t lanes = blockDim.x / dims;
-  const int64_t key_lane = threadIdx.x / dims;
-  const int64_t d = threadIdx.x % dims;
   const C* values = static_cast<const C*>(a.v_cache) + g * a.capacity * D;
-  float sum = 0.0f;
-  if (key_lane < lanes && d < D) {
-    // Every value read (all are cached columns below count), a hidden key's skipped by the
-    // select, so the loads of several keys are in flight at once: a branch around them made each
-    // wait for the one before (43 us a call at 512 tokens on an H100).
-#pragma unroll 8
-    for (int j = int(key_lane); j < count; j += int(lanes)) {
-      const float w = weights[j];
-      const float value = to_f32(values[int64_t(j) * D + d]);
-      sum = w != 0.0f ? fmaf(w, value, sum) : sum;
-    }
-  }
-  __syncthreads();  // `weights` is reused for the lanes' sums
-  float* lane_sums = weights;
-  if (key_lane < lanes && d < D) lane_sums[key_lane * D + d] = sum;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    float value = 0.0f;
-    for (int64_t l = 0; l < lanes; ++l) value += lane_sums[l * D + i];
-    a.out[h * D + i] = value * inv;
-  }
+  weighted_value_sums(values, weights, count, D,
+                      [&](int64_t i, float value) { a.out[h * D + i] = value * inv; });
 }
 
 // One block per head: the total over the slices in use, the output and the probabilities.
