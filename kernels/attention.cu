@@ -14,21 +14,23 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 256;  // keys scored per pass; their weights live in shared memory
 
 // One thread per element of k/v [rows, G, D]: element (r, g, d) goes to cache[g, p0 + r, d].
-template <typename C>
-__global__ void kv_append_kernel(const float* k, const float* v, C* k_cache, C* v_cache,
-                                 int64_t rows, int64_t kv_heads, int64_t head_dim, int64_t capacity,
-                                 int64_t first_position, const int64_t* step_position) {
+template <typename C, int kRuns>
+__global__ void kv_append_kernel(const __grid_constant__ RunBatch<AppendArgs, kRuns> batch) {
   begin_dependent_grid();
-  const int64_t count = rows * kv_heads * head_dim;
-  if (step_position != nullptr) first_position = *step_position;
+  const AppendArgs& a = batch_run(batch);
+  const int64_t head_dim = a.head_dim, kv_heads = a.kv_heads;
+  const int64_t count = a.rows * kv_heads * head_dim;
+  const int64_t first_position = a.step_position != nullptr ? *a.step_position : a.first_position;
+  C* k_cache = static_cast<C*>(a.k_cache);
+  C* v_cache = static_cast<C*>(a.v_cache);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = i % head_dim;
     const int64_t g = (i / head_dim) % kv_heads;
     const int64_t r = i / (head_dim * kv_heads);
-    const int64_t dst = (g * capacity + first_position + r) * head_dim + d;
-    k_cache[dst] = from_f32<C>(k[i]);
-    if (v_cache != nullptr) v_cache[dst] = from_f32<C>(v[i]);
+    const int64_t dst = (g * a.capacity + first_position + r) * head_dim + d;
+    k_cache[dst] = from_f32<C>(a.k[i]);
+    if (v_cache != nullptr) v_cache[dst] = from_f32<C>(a.v[i]);
   }
 }
 
@@ -121,17 +123,17 @@ __global__ void attention_kernel(AttentionArgs a) {
 
 }  // namespace
 
-void launch_kv_append(const float* k, const float* v, void* k_cache, void* v_cache,
-                      DType cache_dtype, int64_t rows, int64_t kv_heads, int64_t head_dim,
-                      int64_t capacity, int64_t first_position, const int64_t* step_position,
-                      cudaStream_t stream) {
-  const int64_t count = rows * kv_heads * head_dim;
+void launch_kv_append(std::span<const AppendArgs> runs, DType cache_dtype, cudaStream_t stream) {
+  int64_t count = 0;
+  for (const AppendArgs& run : runs)
+    count = std::max(count, run.rows * run.kv_heads * run.head_dim);
   if (count <= 0) return;
   dispatch_weight(cache_dtype, [&](auto tag) {
     using C = decltype(tag);
-    launch_dependent(kv_append_kernel<C>, grid_for(count, kAppendThreads), kAppendThreads, 0,
-                     stream, k, v, static_cast<C*>(k_cache), static_cast<C*>(v_cache), rows,
-                     kv_heads, head_dim, capacity, first_position, step_position);
+    for_run_batches(runs, [&]<int kRuns>(const RunBatch<AppendArgs, kRuns>& batch, int runs_in) {
+      const dim3 grid(grid_for(count, kAppendThreads), 1, unsigned(runs_in));
+      launch_dependent(kv_append_kernel<C, kRuns>, grid, kAppendThreads, 0, stream, batch);
+    });
   });
 }
 

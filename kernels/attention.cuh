@@ -6,18 +6,26 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "engine/common/dtype.h"
 
 namespace kvlens::cuda {
 
-// k, v [rows, G, D] -> caches [G, capacity, D] of `cache_dtype` (F32, BF16 or F16: rounded to
+// k, v [rows, G, D] -> caches [G, capacity, D] of the cache dtype (F32, BF16 or F16: rounded to
 // nearest even) at positions first_position + r (first_position read from *step_position,
-// device memory, where that is set: a captured step).
-void launch_kv_append(const float* k, const float* v, void* k_cache, void* v_cache,
-                      DType cache_dtype, int64_t rows, int64_t kv_heads, int64_t head_dim,
-                      int64_t capacity, int64_t first_position, const int64_t* step_position,
-                      cudaStream_t stream);
+// device memory, where that is set: a captured step). v_cache null: the keys alone.
+struct AppendArgs {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t rows = 0, kv_heads = 0, head_dim = 0, capacity = 0, first_position = 0;
+  const int64_t* step_position = nullptr;
+};
+// One launch for up to kBatchRuns runs (device_common.cuh) of caches of one dtype: a lockstep
+// step's runs of one layer.
+void launch_kv_append(std::span<const AppendArgs> runs, DType cache_dtype, cudaStream_t stream);
 
 struct AttentionArgs {
   const float* q = nullptr;        // [rows, heads, head_dim]

@@ -287,10 +287,9 @@ void CudaBackend::synchronize() {
   for (const std::unique_ptr<Lane>& lane : lanes_) deliver_deferred(*lane);
 }
 
-void CudaBackend::count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
-                                              std::span<int64_t> counts) {
-  const RowShape shape = counted_rows(mask, cols, counts);
-  if (shape.rows == 0) return;
+// Room for `counts` in the lane's deferred buffers: the device address its counts go to, to be
+// copied to `counts` by the next synchronize().
+int64_t* CudaBackend::deferred_slots(std::span<int64_t> counts) {
   Lane& lane = this->lane();
   if (lane.deferred.empty() ||
       lane.deferred.back().used + counts.size() > lane.deferred.back().capacity) {
@@ -306,11 +305,36 @@ void CudaBackend::count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t 
   }
   DeferredBuffer& buffer = lane.deferred.back();
   int64_t* device_counts = static_cast<int64_t*>(buffer.device.get()) + buffer.used;
-  cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
-                                  device_counts, stream());
-  check_launch("count_nonzero_rows");
   buffer.pending.push_back({buffer.used, counts});
   buffer.used += counts.size();
+  return device_counts;
+}
+
+void CudaBackend::count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
+                                              std::span<int64_t> counts) {
+  const RowCount one{&mask, cols, counts};
+  count_nonzero_rows_deferred_many({&one, 1});
+}
+
+// Every mask is checked before anything is queued; then one launch per kCountMasks masks.
+void CudaBackend::count_nonzero_rows_deferred_many(std::span<const RowCount> masks) {
+  std::vector<cuda::CountArgs> args;
+  args.reserve(masks.size());
+  std::vector<RowShape> shapes;
+  shapes.reserve(masks.size());
+  for (const RowCount& m : masks) shapes.push_back(counted_rows(*m.mask, m.cols, m.counts));
+  for (size_t i = 0; i < masks.size(); ++i) {
+    if (shapes[i].rows == 0) continue;
+    args.push_back({rows_ref<const uint8_t>(*masks[i].mask, shapes[i]), shapes[i].rows,
+                    masks[i].cols, deferred_slots(masks[i].counts)});
+  }
+  if (args.empty()) return;
+  cuda::launch_count_nonzero_rows(args, stream());
+  check_launch("count_nonzero_rows");
+}
+
+bool CudaBackend::runs_tasks_in_order() const {
+  return lane_limit() <= 1 || capture_.active || current_lane_ != nullptr;
 }
 
 // Tasks on a few host threads, each with its own stream and scratch (a lane): a lockstep step's

@@ -18,6 +18,7 @@
 
 #include "engine/runtime/backend.h"
 #include "engine/runtime/thread_pool.h"
+#include "kernels/attention.cuh"
 #include "kernels/cuda_support.h"
 #include "kernels/step_graph.cuh"
 
@@ -70,6 +71,7 @@ class CudaBackend final : public Backend {
   void add_inplace(DeviceTensor& x, const DeviceTensor& y) override;
   void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
                  DeviceTensor& v_cache, int64_t first_position) override;
+  void kv_append_runs(std::span<const RunAppend> runs, int64_t first_position) override;
   void attention(const DeviceTensor& q, const DeviceTensor& k_cache, const DeviceTensor& v_cache,
                  int64_t first_position, int64_t window, Visibility visible, DeviceTensor& out,
                  DeviceTensor* logits_out) override;
@@ -84,6 +86,10 @@ class CudaBackend final : public Backend {
   void attention_visible(const DeviceTensor& logits, int64_t cols, const DeviceTensor* visible,
                          const DeviceTensor& v_cache, DeviceTensor& out,
                          DeviceTensor* probs) override;
+  void attention_logits_runs(std::span<const RunAttention> runs, int64_t shared, int64_t position,
+                             int64_t window) override;
+  void attention_visible_runs(std::span<const RunAttention> runs, int64_t shared,
+                              int64_t cols) override;
   void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
                     int64_t k, DeviceTensor& selected) override;
   void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) override;
@@ -92,6 +98,11 @@ class CudaBackend final : public Backend {
   void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) override;
   void mark_columns(DeviceTensor& mask, int64_t cols, int64_t ones_end, int64_t ones_begin,
                     const DeviceTensor* keep) override;
+  void mark_and_select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
+                             int64_t ones_end, int64_t ones_begin, int64_t k,
+                             DeviceTensor& selected) override;
+  void keep_selected(DeviceTensor& kept, const DeviceTensor& selected, int64_t cols,
+                     int64_t sinks) override;
   void accumulate_rows(DeviceTensor& acc, const DeviceTensor& x, const DeviceTensor* keep,
                        int64_t cols) override;
   void sum_row_groups(const DeviceTensor& x, int64_t cols, int64_t group,
@@ -124,7 +135,9 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
                                    std::span<int64_t> counts) override;
+  void count_nonzero_rows_deferred_many(std::span<const RowCount> masks) override;
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override;
+  bool runs_tasks_in_order() const override;
 
  private:
   // Products (cuda_model_ops.cpp): decode rows through the GEMV kernel, many rows through cuBLAS.
@@ -148,6 +161,16 @@ class CudaBackend final : public Backend {
   void rope_rows(DeviceTensor& x, DeviceTensor* x2, std::span<const int64_t> positions,
                  const DeviceTensor& inv_freq, float scale);
   static int64_t logit_columns(const DeviceTensor& x, int64_t rows, const std::string& op);
+  // The checks of kv_append, attention_logits and attention_visible, and their kernels'
+  // arguments (heads == 0: nothing to launch), for the single-run and the _runs ops.
+  cuda::AppendArgs append_args(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
+                               DeviceTensor& v_cache, int64_t first_position) const;
+  cuda::LogitArgs logit_args(const DeviceTensor& q, const DeviceTensor& k_cache, int64_t position,
+                             int64_t window, DeviceTensor& logits) const;
+  cuda::VisibleAttentionArgs visible_args(const DeviceTensor& logits, int64_t cols,
+                                          const DeviceTensor* visible, const DeviceTensor& v_cache,
+                                          DeviceTensor& out, DeviceTensor* probs) const;
+  void launch_visible(std::span<const cuda::VisibleAttentionArgs> runs);
 
   // Operands of the cache and page ops, shared by the model and policy ops (cuda_policy_ops.cpp).
   struct CacheShape {
@@ -231,6 +254,7 @@ class CudaBackend final : public Backend {
     return current_lane_ != nullptr && current_lane_->owner == this ? *current_lane_ : main_lane_;
   }
   RowShape counted_rows(const DeviceTensor& mask, int64_t cols, std::span<int64_t> counts) const;
+  int64_t* deferred_slots(std::span<int64_t> counts);
   static void queue_deferred_copy(const Lane& lane, cudaStream_t stream);
   static void deliver_deferred(Lane& lane);
   static int64_t lane_limit();

@@ -249,8 +249,10 @@ void CudaBackend::add_inplace(DeviceTensor& x, const DeviceTensor& y) {
   check_launch("add_inplace");
 }
 
-void CudaBackend::kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
-                            DeviceTensor& v_cache, int64_t first_position) {
+// kv_append's checks, and its kernel's arguments.
+cuda::AppendArgs CudaBackend::append_args(const DeviceTensor& k, const DeviceTensor& v,
+                                          DeviceTensor& k_cache, DeviceTensor& v_cache,
+                                          int64_t first_position) const {
   const std::string op = "kv_append";
   // An empty v_cache: keys alone (Backend::kv_append).
   const bool keys_only = v_cache.empty();
@@ -269,12 +271,45 @@ void CudaBackend::kv_append(const DeviceTensor& k, const DeviceTensor& v, Device
   if (first_position < 0 || first_position + rows > cache.capacity)
     bad_argument(op, cat({"positions inside the cache capacity ", std::to_string(cache.capacity)}),
                  cat({std::to_string(first_position), " + ", std::to_string(rows), " rows"}));
+  cuda::AppendArgs args;
+  args.k = k.as<float>();
+  args.v = keys_only ? nullptr : v.as<float>();
+  args.k_cache = k_cache.data;
+  args.v_cache = keys_only ? nullptr : v_cache.data;
+  args.rows = rows;
+  args.kv_heads = cache.kv_heads;
+  args.head_dim = cache.head_dim;
+  args.capacity = cache.capacity;
+  args.first_position = first_position;
+  args.step_position = step_position(first_position, op);
+  return args;
+}
+
+void CudaBackend::kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
+                            DeviceTensor& v_cache, int64_t first_position) {
+  const cuda::AppendArgs args = append_args(k, v, k_cache, v_cache, first_position);
   activate();
-  cuda::launch_kv_append(k.as<float>(), keys_only ? nullptr : v.as<float>(), k_cache.data,
-                         keys_only ? nullptr : v_cache.data, k_cache.dtype, rows, cache.kv_heads,
-                         cache.head_dim, cache.capacity, first_position,
-                         step_position(first_position, op), stream());
+  cuda::launch_kv_append({&args, 1}, k_cache.dtype, stream());
   check_launch("kv_append");
+}
+
+// Every run checked first; runs whose caches share a dtype in one launch (all of them, in a
+// lockstep step).
+void CudaBackend::kv_append_runs(std::span<const RunAppend> runs, int64_t first_position) {
+  std::vector<cuda::AppendArgs> args;
+  args.reserve(runs.size());
+  for (const RunAppend& run : runs)
+    args.push_back(append_args(*run.k, *run.v, *run.k_cache, *run.v_cache, first_position));
+  if (args.empty()) return;
+  activate();
+  for (size_t first = 0; first < runs.size();) {
+    const DType dtype = runs[first].k_cache->dtype;
+    size_t end = first + 1;
+    while (end < runs.size() && runs[end].k_cache->dtype == dtype) ++end;
+    cuda::launch_kv_append(std::span(args).subspan(first, end - first), dtype, stream());
+    check_launch("kv_append");
+    first = end;
+  }
 }
 
 void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,

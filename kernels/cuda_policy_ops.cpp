@@ -20,8 +20,9 @@
 
 namespace kvlens::cuda {
 
-void CudaBackend::attention_logits(const DeviceTensor& q, const DeviceTensor& k_cache,
-                                   int64_t position, int64_t window, DeviceTensor& logits) {
+cuda::LogitArgs CudaBackend::logit_args(const DeviceTensor& q, const DeviceTensor& k_cache,
+                                        int64_t position, int64_t window,
+                                        DeviceTensor& logits) const {
   const std::string op = "attention_logits";
   require(q, DType::F32, op, "q");
   const CacheShape cache = cache_shape(k_cache, op, "k_cache");
@@ -39,9 +40,8 @@ void CudaBackend::attention_logits(const DeviceTensor& q, const DeviceTensor& k_
   require_cols(cols, op);
   const int64_t heads = q.dim(1);
   const RowShape shape = row_shape(logits, DType::F32, heads, cols, op, "logits");
-  if (heads == 0) return;
-  activate();
   cuda::LogitArgs args;
+  if (heads == 0) return args;
   args.q = q.as<float>();
   args.k_cache = k_cache.data;
   args.cache_dtype = k_cache.dtype;
@@ -55,13 +55,48 @@ void CudaBackend::attention_logits(const DeviceTensor& q, const DeviceTensor& k_
   args.window = window;
   args.step_position = step_position(position, op);
   args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));  // as in attention()
-  cuda::launch_attention_logits(args, sm_count_, stream());
+  return args;
+}
+
+void CudaBackend::attention_logits(const DeviceTensor& q, const DeviceTensor& k_cache,
+                                   int64_t position, int64_t window, DeviceTensor& logits) {
+  const cuda::LogitArgs args = logit_args(q, k_cache, position, window, logits);
+  if (args.heads == 0) return;
+  activate();
+  cuda::launch_attention_logits({&args, 1}, sm_count_, stream());
   check_launch("attention_logits");
 }
 
-void CudaBackend::attention_visible(const DeviceTensor& logits, int64_t cols,
-                                    const DeviceTensor* visible, const DeviceTensor& v_cache,
-                                    DeviceTensor& out, DeviceTensor* probs) {
+// Every run checked first; then one launch for runs alike in head counts, head dimension and
+// cache dtype (all of a lockstep step's), one per run otherwise. `shared` is not used: each run's
+// cache is read whole (the rows it shares with the others are in its own copy).
+void CudaBackend::attention_logits_runs(std::span<const RunAttention> runs, int64_t /*shared*/,
+                                        int64_t position, int64_t window) {
+  std::vector<cuda::LogitArgs> args;
+  args.reserve(runs.size());
+  for (const RunAttention& run : runs) {
+    cuda::LogitArgs one = logit_args(*run.q, *run.k_cache, position, window, *run.logits);
+    if (one.heads > 0) args.push_back(one);
+  }
+  if (args.empty()) return;
+  activate();
+  const auto alike = [&](const cuda::LogitArgs& a) {
+    return a.heads == args[0].heads && a.kv_heads == args[0].kv_heads &&
+           a.head_dim == args[0].head_dim && a.cache_dtype == args[0].cache_dtype;
+  };
+  if (std::all_of(args.begin(), args.end(), alike)) {
+    cuda::launch_attention_logits(args, sm_count_, stream());
+  } else {
+    for (const cuda::LogitArgs& one : args)
+      cuda::launch_attention_logits({&one, 1}, sm_count_, stream());
+  }
+  check_launch("attention_logits");
+}
+
+cuda::VisibleAttentionArgs CudaBackend::visible_args(const DeviceTensor& logits, int64_t cols,
+                                                     const DeviceTensor* visible,
+                                                     const DeviceTensor& v_cache, DeviceTensor& out,
+                                                     DeviceTensor* probs) const {
   const std::string op = "attention_visible";
   require_cols(cols, op);
   const CacheShape cache = cache_shape(v_cache, op, "v_cache", cols);
@@ -85,8 +120,7 @@ void CudaBackend::attention_visible(const DeviceTensor& logits, int64_t cols,
     require(out, DType::F32, op, "out");
     require_elements(out, heads * cache.head_dim, op, "out");
   }
-  if (heads == 0) return;
-  activate();
+  if (heads == 0) return args;
   args.v_cache = v_cache.data;
   args.cache_dtype = v_cache.dtype;
   args.out = want_out ? out.as<float>() : nullptr;
@@ -96,10 +130,41 @@ void CudaBackend::attention_visible(const DeviceTensor& logits, int64_t cols,
   args.capacity = cache.capacity;
   args.cols = cols;
   args.step_position = capture_.active ? step_position(cols - 1, op) : nullptr;
-  float* parts = static_cast<float*>(lane().attention_parts.get(
-      device_, size_t(cuda::visible_attention_scratch_floats(args, sm_count_)) * sizeof(float)));
-  cuda::launch_attention_visible(args, parts, sm_count_, stream());
+  return args;
+}
+
+// The split kernels' scratch is sized for the largest run (runs that take them go one at a time).
+void CudaBackend::launch_visible(std::span<const cuda::VisibleAttentionArgs> runs) {
+  int64_t floats = 0;
+  for (const cuda::VisibleAttentionArgs& run : runs)
+    floats = std::max(floats, cuda::visible_attention_scratch_floats(run, sm_count_));
+  float* parts =
+      static_cast<float*>(lane().attention_parts.get(device_, size_t(floats) * sizeof(float)));
+  cuda::launch_attention_visible(runs, parts, sm_count_, stream());
   check_launch("attention_visible");
+}
+
+void CudaBackend::attention_visible(const DeviceTensor& logits, int64_t cols,
+                                    const DeviceTensor* visible, const DeviceTensor& v_cache,
+                                    DeviceTensor& out, DeviceTensor* probs) {
+  const cuda::VisibleAttentionArgs args = visible_args(logits, cols, visible, v_cache, out, probs);
+  if (args.heads == 0) return;
+  activate();
+  launch_visible({&args, 1});
+}
+
+void CudaBackend::attention_visible_runs(std::span<const RunAttention> runs, int64_t /*shared*/,
+                                         int64_t cols) {
+  std::vector<cuda::VisibleAttentionArgs> args;
+  args.reserve(runs.size());
+  for (const RunAttention& run : runs) {
+    const cuda::VisibleAttentionArgs one =
+        visible_args(*run.logits, cols, run.visible, *run.v_cache, *run.out, run.probs);
+    if (one.heads > 0) args.push_back(one);
+  }
+  if (args.empty()) return;
+  activate();
+  launch_visible(args);
 }
 
 void CudaBackend::select_top_k(const DeviceTensor& scores, int64_t cols,
@@ -138,8 +203,8 @@ void CudaBackend::count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
   if (shape.rows == 0) return;
   auto* device_counts =
       static_cast<int64_t*>(lane().results.get(device_, size_t(shape.rows) * sizeof(int64_t)));
-  cuda::launch_count_nonzero_rows(rows_ref<const uint8_t>(mask, shape), shape.rows, cols,
-                                  device_counts, stream());
+  const cuda::CountArgs args{rows_ref<const uint8_t>(mask, shape), shape.rows, cols, device_counts};
+  cuda::launch_count_nonzero_rows({&args, 1}, stream());
   check_launch("count_nonzero_rows");
   copy_results(device_counts, counts.data(), size_t(shape.rows) * sizeof(int64_t));
 }
@@ -170,6 +235,43 @@ void CudaBackend::mark_columns(DeviceTensor& mask, int64_t cols, int64_t ones_en
   cuda::launch_mark_columns(rows_ref<uint8_t>(mask, shape), kept, shape.rows, cols, ones_end,
                             ones_begin, stream());
   check_launch("mark_columns");
+}
+
+void CudaBackend::mark_and_select_top_k(const DeviceTensor& scores, int64_t cols,
+                                        const DeviceTensor* eligible, int64_t ones_end,
+                                        int64_t ones_begin, int64_t k, DeviceTensor& selected) {
+  // The checks of mark_columns, then select_top_k's (the same messages).
+  const std::string mark_op = "mark_columns", select_op = "select_top_k";
+  require_cols(cols, mark_op);
+  const RowShape shape = row_shape(selected, DType::U8, -1, cols, mark_op, "mask");
+  if (ones_end < 0 || ones_end > cols || ones_begin < 0 || ones_begin > cols)
+    bad_argument(mark_op + ": columns", cat({"bounds inside [0, ", std::to_string(cols), "]"}),
+                 cat({std::to_string(ones_end), ", ", std::to_string(ones_begin)}));
+  const cuda::RowsRef<const uint8_t> allowed =
+      optional_mask_ref(eligible, shape.rows, cols, mark_op, "keep");
+  cuda::RowsRef<const float> score_rows;
+  if (k > 0)
+    score_rows = rows_ref<const float>(
+        scores, row_shape(scores, DType::F32, shape.rows, cols, select_op, "scores"));
+  if (shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_select_top_k(score_rows, allowed, rows_ref<uint8_t>(selected, shape), shape.rows,
+                            cols, k, stream(), {true, ones_end, ones_begin});
+  check_launch(k > 0 ? "mark_and_select_top_k" : "mark_columns");
+}
+
+void CudaBackend::keep_selected(DeviceTensor& kept, const DeviceTensor& selected, int64_t cols,
+                                int64_t sinks) {
+  const std::string op = "keep_selected";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(kept, DType::U8, -1, cols, op, "kept");
+  const RowShape selected_shape = row_shape(selected, DType::U8, shape.rows, cols, op, "selected");
+  if (shape.rows * cols == 0) return;
+  activate();
+  cuda::launch_keep_selected(rows_ref<uint8_t>(kept, shape),
+                             rows_ref<const uint8_t>(selected, selected_shape), shape.rows, cols,
+                             sinks, stream());
+  check_launch("keep_selected");
 }
 
 void CudaBackend::accumulate_rows(DeviceTensor& acc, const DeviceTensor& x,

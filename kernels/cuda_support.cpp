@@ -1,7 +1,16 @@
 // Host-side helpers of the CUDA backend (see cuda_support.h).
 #include "kernels/cuda_support.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/common/error.h"
 
@@ -15,7 +24,51 @@ void check_cuda(cudaError_t status, const char* call) {
   throw Error("cuda", call, "cudaSuccess", cudaGetErrorString(status));
 }
 
+namespace {
+
+// $KVLENS_CUDA_LAUNCH_STATS=1: every checked launch is counted by its op's name, and the counts
+// go to stderr at exit. For finding which ops a launch-bound workload (a batch eval on a small
+// model) issues most; off, it costs one test of a cached flag per launch.
+class LaunchStats {
+ public:
+  static LaunchStats* instance() {
+    static LaunchStats* stats = [] {
+      const char* text = std::getenv("KVLENS_CUDA_LAUNCH_STATS");
+      return text != nullptr && std::strcmp(text, "0") != 0 ? new LaunchStats : nullptr;
+    }();
+    return stats;
+  }
+  void count(const char* op) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++counts_[op];
+  }
+
+ private:
+  LaunchStats() {
+    std::atexit([] { instance()->print(); });
+  }
+  void print() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::pair<int64_t, std::string>> rows;
+    int64_t total = 0;
+    for (const auto& [op, n] : counts_) {
+      rows.emplace_back(n, op);
+      total += n;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "kvlens: %lld CUDA launches by op\n", static_cast<long long>(total));
+    for (const auto& [n, op] : rows)
+      std::fprintf(stderr, "%12lld  %5.1f%%  %s\n", static_cast<long long>(n),
+                   100.0 * double(n) / double(total), op.c_str());
+  }
+  std::mutex mutex_;
+  std::map<std::string, int64_t> counts_;
+};
+
+}  // namespace
+
 void check_launch(const char* kernel) {
+  if (LaunchStats* stats = LaunchStats::instance()) stats->count(kernel);
   check_cuda(cudaGetLastError(), kernel);
 }
 

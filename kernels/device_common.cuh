@@ -7,7 +7,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 
 #include "engine/common/dtype.h"
 
@@ -254,6 +256,38 @@ __device__ void merge_slices(int64_t used, int64_t D, float inv, float* sums, fl
     float acc = 0.0f;
     for (int64_t g = 0; g < groups; ++g) acc += sums[g * D + d];
     out[d] = acc * inv;
+  }
+}
+
+// The arguments of up to kRuns runs for one launch (a lockstep step's runs of one layer, each with
+// its own cache and rows): blockIdx.z picks the run. Kernels take it as a __grid_constant__
+// parameter, so a run's arguments are read where the launch put them instead of copied to local
+// memory; kRuns = 1 is the single-run launch, whose parameters stay as small as before.
+// kBatchRuns: 16 argument structs of about 120 bytes stay inside the 4 KiB parameter limit.
+constexpr int kBatchRuns = 16;
+template <typename Args, int kRuns>
+struct RunBatch {
+  Args run[kRuns];
+};
+template <typename Args, int kRuns>
+__device__ __forceinline__ const Args& batch_run(const RunBatch<Args, kRuns>& batch) {
+  return batch.run[kRuns == 1 ? 0 : blockIdx.z];
+}
+
+// Launches `launch(batch, count)` over `runs` in batches of at most kMost (one batch of one
+// for a single run, so its launch keeps the single-run kernel's parameters).
+template <typename Args, int kMost = kBatchRuns, typename Launch>
+void for_run_batches(std::span<const Args> runs, Launch&& launch) {
+  if (runs.size() == 1) {
+    RunBatch<Args, 1> one{{runs[0]}};
+    launch(one, 1);
+    return;
+  }
+  for (size_t first = 0; first < runs.size(); first += kMost) {
+    RunBatch<Args, kMost> batch{};
+    const size_t count = std::min<size_t>(kMost, runs.size() - first);
+    for (size_t i = 0; i < count; ++i) batch.run[i] = runs[first + i];
+    launch(batch, int(count));
   }
 }
 

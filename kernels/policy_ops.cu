@@ -31,9 +31,10 @@ __device__ __forceinline__ void for_each_cell(int64_t rows, int64_t cols, F f) {
 // Grid: (key chunks, KV heads). The group's query rows in shared memory; key_lanes(D) lanes per
 // key, which they read once for every query head of its group (key_group_dots: the attention
 // kernels' bits).
-template <typename C>
-__global__ void attention_logits_kernel(LogitArgs a) {
+template <typename C, int kRuns>
+__global__ void attention_logits_kernel(const __grid_constant__ RunBatch<LogitArgs, kRuns> batch) {
   begin_dependent_grid();
+  const LogitArgs& a = batch_run(batch);
   extern __shared__ float q[];
   const int64_t D = a.head_dim;
   const int64_t group = a.heads / a.kv_heads;
@@ -138,15 +139,23 @@ __device__ uint64_t radix_select_key(int64_t items, unsigned wanted, Item item) 
 
 // One block per row. The candidates' keys (top_k_key) are distinct, so the k best are exactly
 // those with key >= the k-th largest key, which radix_select_key finds. O(8 * cols / threads).
+// With `forced` set, the row is first marked as mark_columns_kernel marks it (forced columns
+// that are eligible), which then count as selected: mark_and_select_top_k in one launch.
 __global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
-                                    RowsRef<uint8_t> selected, int64_t cols, int64_t k) {
+                                    RowsRef<uint8_t> selected, int64_t cols, int64_t k,
+                                    ForcedMarks forced) {
   begin_dependent_grid();
   __shared__ unsigned scratch[32];
   const int64_t r = blockIdx.x;
   const float* score = scores.data + r * scores.stride;
   const uint8_t* allowed = eligible.data ? eligible.data + r * eligible.stride : nullptr;
   uint8_t* chosen = selected.data + r * selected.stride;
-  // Each column is read and written by one thread only, so marking never races with the checks.
+  // Each column is read and written by one thread only (every loop below strides the columns
+  // the same way), so marking never races with the checks.
+  if (forced.mark)
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      chosen[j] =
+          uint8_t((j < forced.ones_end || forced.ones_begin <= j) && (!allowed || allowed[j] != 0));
   auto candidate = [&](int64_t j) { return chosen[j] == 0 && (!allowed || allowed[j] != 0); };
 
   unsigned count = 0;
@@ -176,14 +185,18 @@ __global__ void fill_columns_kernel(RowsRef<uint8_t> mask, int64_t rows, int64_t
                 [&](int64_t r, int64_t j) { mask.data[r * mask.stride + begin + j] = value; });
 }
 
-__global__ void count_nonzero_kernel(RowsRef<const uint8_t> mask, int64_t cols, int64_t* counts) {
+// Grid: (rows of the tallest mask, 1, masks).
+template <int kMasks>
+__global__ void count_nonzero_kernel(const __grid_constant__ RunBatch<CountArgs, kMasks> batch) {
   begin_dependent_grid();
   __shared__ int64_t scratch[32];
-  const uint8_t* row = mask.data + int64_t(blockIdx.x) * mask.stride;
+  const CountArgs& a = batch_run(batch);
+  if (int64_t(blockIdx.x) >= a.rows) return;
+  const uint8_t* row = a.mask.data + int64_t(blockIdx.x) * a.mask.stride;
   int64_t count = 0;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) count += row[j] != 0;
+  for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) count += row[j] != 0;
   count = block_reduce(count, SumOp{}, int64_t(0), scratch);
-  if (threadIdx.x == 0) counts[blockIdx.x] = count;
+  if (threadIdx.x == 0) a.counts[blockIdx.x] = count;
 }
 
 __global__ void mask_and_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
@@ -203,6 +216,15 @@ __global__ void mark_columns_kernel(RowsRef<uint8_t> mask, RowsRef<const uint8_t
     const bool forced = j < ones_end || ones_begin <= j;
     mask.data[r * mask.stride + j] =
         uint8_t(forced && (keep.data == nullptr || keep.data[r * keep.stride + j] != 0));
+  });
+}
+
+__global__ void keep_selected_kernel(RowsRef<uint8_t> kept, RowsRef<const uint8_t> selected,
+                                     int64_t rows, int64_t cols, int64_t sinks) {
+  begin_dependent_grid();
+  for_each_cell(rows, cols, [&](int64_t r, int64_t j) {
+    uint8_t& m = kept.data[r * kept.stride + j];
+    m = uint8_t(j < sinks || (m != 0 && selected.data[r * selected.stride + j] != 0));
   });
 }
 
@@ -516,34 +538,61 @@ __global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
 
 }  // namespace
 
-void launch_attention_logits(const LogitArgs& args, int sm_count, cudaStream_t stream) {
-  if (args.heads <= 0 || (args.cols <= 0 && args.step_position == nullptr)) return;
+void launch_attention_logits(std::span<const LogitArgs> runs, int sm_count, cudaStream_t stream) {
+  if (runs.empty()) return;
+  const LogitArgs& first = runs[0];
+  if (first.heads <= 0) return;
   // Enough key chunks to fill the GPU, strided beyond that; a captured step's grid is sized for
   // the whole cache (its context is known only on the device).
-  const int64_t keys = args.step_position != nullptr ? args.capacity : args.cols;
+  int64_t keys = 0;
+  for (const LogitArgs& run : runs)
+    keys = std::max(keys, run.step_position != nullptr ? run.capacity : run.cols);
+  if (keys <= 0) return;
   const int64_t chunks = (keys + kLogitKeys - 1) / kLogitKeys;
   const int64_t most =
-      (8 * int64_t(sm_count > 0 ? sm_count : 132) + args.kv_heads - 1) / args.kv_heads;
-  const dim3 grid(unsigned(chunks < most ? chunks : most), unsigned(args.kv_heads));
-  const size_t shared_bytes = size_t(args.heads / args.kv_heads * args.head_dim) * sizeof(float);
-  dispatch_weight(args.cache_dtype, [&](auto tag) {
-    launch_dependent(attention_logits_kernel<decltype(tag)>, grid, kLogitThreads, shared_bytes,
-                     stream, args);
+      (8 * int64_t(sm_count > 0 ? sm_count : 132) + first.kv_heads - 1) / first.kv_heads;
+  const size_t shared_bytes = size_t(first.heads / first.kv_heads * first.head_dim) * sizeof(float);
+  dispatch_weight(first.cache_dtype, [&](auto tag) {
+    using C = decltype(tag);
+    for_run_batches(runs, [&]<int kRuns>(const RunBatch<LogitArgs, kRuns>& batch, int count) {
+      const dim3 grid(unsigned(chunks < most ? chunks : most), unsigned(first.kv_heads),
+                      unsigned(count));
+      launch_dependent(attention_logits_kernel<C, kRuns>, grid, kLogitThreads, shared_bytes, stream,
+                       batch);
+    });
   });
 }
 
-void launch_count_nonzero_rows(RowsRef<const uint8_t> mask, int64_t rows, int64_t cols,
-                               int64_t* counts, cudaStream_t stream) {
+void launch_count_nonzero_rows(std::span<const CountArgs> masks, cudaStream_t stream) {
+  int64_t rows = 0;
+  for (const CountArgs& mask : masks) rows = std::max(rows, mask.rows);
   if (rows <= 0) return;
-  launch_dependent(count_nonzero_kernel, unsigned(rows), kThreads, 0, stream, mask, cols, counts);
+  for_run_batches<CountArgs, kCountMasks>(
+      masks, [&]<int kMasks>(const RunBatch<CountArgs, kMasks>& batch, int count) {
+        launch_dependent(count_nonzero_kernel<kMasks>, dim3(unsigned(rows), 1, unsigned(count)),
+                         kThreads, 0, stream, batch);
+      });
 }
 
 void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
                          RowsRef<uint8_t> selected, int64_t rows, int64_t cols, int64_t k,
-                         cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0 || k <= 0) return;
+                         cudaStream_t stream, ForcedMarks forced) {
+  if (rows <= 0 || cols <= 0) return;
+  if (k <= 0) {
+    if (forced.mark)
+      launch_mark_columns(selected, eligible, rows, cols, forced.ones_end, forced.ones_begin,
+                          stream);
+    return;
+  }
   launch_dependent(select_top_k_kernel, unsigned(rows), kThreads, 0, stream, scores, eligible,
-                   selected, cols, k);
+                   selected, cols, k, forced);
+}
+
+void launch_keep_selected(RowsRef<uint8_t> kept, RowsRef<const uint8_t> selected, int64_t rows,
+                          int64_t cols, int64_t sinks, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  launch_dependent(keep_selected_kernel, grid_for(rows * cols, kThreads), kThreads, 0, stream, kept,
+                   selected, rows, cols, sinks);
 }
 
 void launch_fill_columns(RowsRef<uint8_t> mask, int64_t rows, int64_t begin, int64_t end,

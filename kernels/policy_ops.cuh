@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "engine/common/dtype.h"
 
@@ -33,7 +34,9 @@ struct LogitArgs {
   const int64_t* step_position = nullptr;
   float scale = 1.0f;
 };
-void launch_attention_logits(const LogitArgs& args, int sm_count, cudaStream_t stream);
+// One launch for up to kBatchRuns runs (device_common.cuh) of the same head counts, head
+// dimension, cache dtype and columns: a lockstep step's runs of one layer.
+void launch_attention_logits(std::span<const LogitArgs> runs, int sm_count, cudaStream_t stream);
 
 // Softmax of each logits row over its visible columns, the weighted sum of value rows, and the
 // probabilities (0 where hidden), split over slices of the context (visible_attention.cu).
@@ -49,21 +52,40 @@ struct VisibleAttentionArgs {
 };
 // Floats of scratch launch_attention_visible needs for `args` on a GPU of sm_count SMs.
 int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int sm_count);
-void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, int sm_count,
-                              cudaStream_t stream);
+// Each run takes the path it would take alone (its capacity decides): the one-kernel runs (at
+// most 1024 positions) in one launch where they share head count, head dimension and cache dtype
+// (a lockstep step's do), the others one after another over the same scratch (sized for the
+// largest run).
+void launch_attention_visible(std::span<const VisibleAttentionArgs> runs, float* scratch,
+                              int sm_count, cudaStream_t stream);
 
 // Per row: marks the k best unselected eligible columns under top_k_key's order (a radix select
 // of the k-th key, one block per row).
+// With forced.mark, each row is first marked as launch_mark_columns marks it (keep = eligible),
+// in the same launch; k <= 0 then marks only.
+struct ForcedMarks {
+  bool mark = false;
+  int64_t ones_end = 0, ones_begin = 0;
+};
 void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
                          RowsRef<uint8_t> selected, int64_t rows, int64_t cols, int64_t k,
-                         cudaStream_t stream);
+                         cudaStream_t stream, ForcedMarks forced = {});
+// kept[r, j] = j < sinks || (kept[r, j] && selected[r, j]), j < cols.
+void launch_keep_selected(RowsRef<uint8_t> kept, RowsRef<const uint8_t> selected, int64_t rows,
+                          int64_t cols, int64_t sinks, cudaStream_t stream);
 
 // mask[r, begin:end] = value (begin < end).
 void launch_fill_columns(RowsRef<uint8_t> mask, int64_t rows, int64_t begin, int64_t end,
                          uint8_t value, cudaStream_t stream);
-// counts[r] = the nonzero bytes of mask[r, 0:cols] (one block per row; counts in device memory).
-void launch_count_nonzero_rows(RowsRef<const uint8_t> mask, int64_t rows, int64_t cols,
-                               int64_t* counts, cudaStream_t stream);
+// counts[r] = the nonzero bytes of mask[r, 0:cols] for r < rows (one block per row; counts in
+// device memory), for up to kCountMasks masks a launch (a step's masks of every run and layer).
+struct CountArgs {
+  RowsRef<const uint8_t> mask;
+  int64_t rows = 0, cols = 0;
+  int64_t* counts = nullptr;
+};
+constexpr int kCountMasks = 64;  // 64 x 40 bytes of arguments: within the 4 KiB limit
+void launch_count_nonzero_rows(std::span<const CountArgs> masks, cudaStream_t stream);
 // mask[r, j] = mask[r, j] && other[r, j] (0/1).
 void launch_mask_and(RowsRef<uint8_t> mask, RowsRef<const uint8_t> other, int64_t rows,
                      int64_t cols, cudaStream_t stream);

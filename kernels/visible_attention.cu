@@ -9,6 +9,7 @@
 // width on the context (known on the device), so a captured step replays at any position with
 // the arithmetic of an uncaptured one. Scratch: max[H] | slice_sum[S, H] | slice_acc[S, H, D].
 #include <algorithm>
+#include <vector>
 
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
@@ -160,9 +161,11 @@ int64_t value_lanes(int64_t head_dim, int64_t threads) {
 // A cache of at most kWholeKeys positions: one block per head does the three kernels' work over
 // every column (the max, the exponentials and their sum, the weighted values by key lanes added in
 // lane order, then the scaling). Shared (dynamic): the weights [max(capacity, lanes * D)].
-template <typename C>
-__global__ void __launch_bounds__(kWholeThreads) visible_whole_kernel(VisibleAttentionArgs a) {
+template <typename C, int kRuns>
+__global__ void __launch_bounds__(kWholeThreads)
+    visible_whole_kernel(const __grid_constant__ RunBatch<VisibleAttentionArgs, kRuns> batch) {
   begin_dependent_grid();
+  const VisibleAttentionArgs& a = batch_run(batch);
   extern __shared__ float weights[];
   __shared__ float scratch[32];
   const int64_t h = blockIdx.x;
@@ -226,30 +229,14 @@ size_t merge_shared_bytes(int64_t head_dim) {
   return size_t(groups * head_dim) * sizeof(float);
 }
 
-}  // namespace
-
-int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int sm_count) {
-  if (args.heads <= 0) return 0;
-  return args.heads + slice_count(args, sm_count) * args.heads * (1 + args.head_dim);
-}
-
-void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, int sm_count,
-                              cudaStream_t stream) {
+// Three kernels per call (the module comment); no column at all: the merge alone (zeros).
+void launch_split(const VisibleAttentionArgs& args, float* scratch, int sm_count,
+                  cudaStream_t stream) {
   if (args.heads <= 0) return;
   if (args.cols <= 0 && args.step_position == nullptr) {
     // No column: every head sees nothing.
     launch_dependent(visible_merge_kernel, unsigned(args.heads), kMergeThreads,
                      merge_shared_bytes(args.head_dim), stream, args, nullptr, 0, nullptr, nullptr);
-    return;
-  }
-  if (args.capacity <= kWholeKeys) {
-    const int64_t lanes = value_lanes(args.head_dim, kWholeThreads);
-    const int threads = int(lanes * ((args.head_dim + 31) / 32 * 32));
-    const int64_t floats = std::max(args.capacity, lanes * args.head_dim);
-    dispatch_weight(args.cache_dtype, [&](auto tag) {
-      launch_dependent(visible_whole_kernel<decltype(tag)>, unsigned(args.heads), threads,
-                       size_t(floats) * sizeof(float), stream, args);
-    });
     return;
   }
   const int64_t slices = slice_count(args, sm_count);
@@ -276,6 +263,62 @@ void launch_attention_visible(const VisibleAttentionArgs& args, float* scratch, 
   launch_dependent(visible_merge_kernel, unsigned(args.heads), kMergeThreads,
                    merge_shared_bytes(args.head_dim), stream, args, head_max, slices, slice_sum,
                    slice_acc);
+}
+
+// visible_whole_kernel over runs of the same head count, head dimension and cache dtype.
+void launch_whole(std::span<const VisibleAttentionArgs> runs, cudaStream_t stream) {
+  const VisibleAttentionArgs& first = runs[0];
+  int64_t capacity = 0;
+  for (const VisibleAttentionArgs& run : runs) capacity = std::max(capacity, run.capacity);
+  const int64_t lanes = value_lanes(first.head_dim, kWholeThreads);
+  const int threads = int(lanes * ((first.head_dim + 31) / 32 * 32));
+  const int64_t floats = std::max(capacity, lanes * first.head_dim);
+  dispatch_weight(first.cache_dtype, [&](auto tag) {
+    using C = decltype(tag);
+    for_run_batches(runs,
+                    [&]<int kRuns>(const RunBatch<VisibleAttentionArgs, kRuns>& batch, int count) {
+                      const dim3 grid(unsigned(first.heads), 1, unsigned(count));
+                      launch_dependent(visible_whole_kernel<C, kRuns>, grid, threads,
+                                       size_t(floats) * sizeof(float), stream, batch);
+                    });
+  });
+}
+
+}  // namespace
+
+int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int sm_count) {
+  if (args.heads <= 0) return 0;
+  return args.heads + slice_count(args, sm_count) * args.heads * (1 + args.head_dim);
+}
+
+void launch_attention_visible(std::span<const VisibleAttentionArgs> runs, float* scratch,
+                              int sm_count, cudaStream_t stream) {
+  // Each run takes the path it would take alone (the capacity decides): the one-kernel runs in
+  // one launch where they are alike (a lockstep step's are), the others one after another over
+  // the same scratch.
+  const auto one_kernel = [](const VisibleAttentionArgs& run) {
+    return run.heads > 0 && run.capacity <= kWholeKeys &&
+           (run.cols > 0 || run.step_position != nullptr);
+  };
+  std::vector<VisibleAttentionArgs> whole;
+  whole.reserve(runs.size());
+  for (const VisibleAttentionArgs& run : runs) {
+    if (one_kernel(run))
+      whole.push_back(run);
+    else
+      launch_split(run, scratch, sm_count, stream);
+  }
+  if (whole.empty()) return;
+  const VisibleAttentionArgs& first = whole[0];
+  const bool alike = std::all_of(whole.begin(), whole.end(), [&](const VisibleAttentionArgs& run) {
+    return run.heads == first.heads && run.head_dim == first.head_dim &&
+           run.cache_dtype == first.cache_dtype;
+  });
+  if (!alike) {
+    for (const VisibleAttentionArgs& run : whole) launch_whole({&run, 1}, stream);
+    return;
+  }
+  launch_whole(whole, stream);
 }
 
 }  // namespace kvlens::cuda

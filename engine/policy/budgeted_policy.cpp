@@ -57,19 +57,19 @@ void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,
       forced_columns(t, budget, knobs_.sinks, std::max(recent, knobs_.window));
   // An evicted token stays out even where it would be forced (a growing budget widens the recent
   // part over a token dropped earlier): the set then keeps fewer than B(t), never a returnee.
-  backend_.mark_columns(target, cols, forced.sink_end, forced.recent_begin, eligible);
   const int64_t extra = budget - forced.count(t);
-  if (extra > 0 && page_size > 0) {
-    backend_.select_pages(selection_scores, cols, page_size, extra, target);
-  } else if (extra > 0) {
-    backend_.select_top_k(selection_scores, cols, eligible, extra, target);
+  if (page_size > 0) {
+    backend_.mark_columns(target, cols, forced.sink_end, forced.recent_begin, eligible);
+    if (extra > 0) backend_.select_pages(selection_scores, cols, page_size, extra, target);
+  } else {
+    backend_.mark_and_select_top_k(selection_scores, cols, eligible, forced.sink_end,
+                                   forced.recent_begin, extra, target);
   }
 }
 
 void BudgetedPolicy::evict_unselected(DeviceTensor& kept, const DeviceTensor& visible,
                                       int64_t cols) {
-  backend_.mask_and(kept, selection(visible), cols);
-  backend_.fill_columns(kept, 0, std::min(knobs_.sinks, cols), 1);
+  backend_.keep_selected(kept, selection(visible), cols, knobs_.sinks);
 }
 
 }  // namespace kvlens

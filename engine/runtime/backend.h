@@ -175,6 +175,19 @@ class Backend {
   // (v is then not read): caches of keys alone, as a learned predictor's importance keys.
   virtual void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
                          DeviceTensor& v_cache, int64_t first_position) = 0;
+  // kv_append for several runs of one layer at one position (a lockstep step), each run's rows
+  // into its own caches: exactly what kv_append does per run (the default), in one launch where
+  // the backend can.
+  struct RunAppend {
+    const DeviceTensor* k = nullptr;
+    const DeviceTensor* v = nullptr;
+    DeviceTensor* k_cache = nullptr;
+    DeviceTensor* v_cache = nullptr;
+  };
+  virtual void kv_append_runs(std::span<const RunAppend> runs, int64_t first_position) {
+    for (const RunAppend& run : runs)
+      kv_append(*run.k, *run.v, *run.k_cache, *run.v_cache, first_position);
+  }
   // Causal attention of q[n, H, D] (positions first_position..+n-1) over the cache
   // [G, capacity, D] (GQA: query head h reads KV head h / (H/G)). Query row i sees keys
   // j in [max(0, p_i - window + 1), p_i] when window > 0, else [0, p_i], intersected with
@@ -237,6 +250,10 @@ class Backend {
   virtual void run_tasks(int64_t count, const std::function<void(int64_t)>& task) {
     for (int64_t i = 0; i < count; ++i) task(i);
   }
+  // Whether run_tasks, called here and now, would run its tasks in order on the calling thread
+  // (inside a task, or a backend of one thread): a caller with several runs' work then does better
+  // to issue it as the ops' batched forms (the _runs ops) than task by task.
+  virtual bool runs_tasks_in_order() const { return true; }
   // How many groups of runs a lockstep step may split into once the runs' rows differ: each
   // group then goes through the remaining layers as one task of run_tasks, with its own pass over
   // the `layers` layers' `layer_weight_bytes` of weights. 1 (the default): no split, every op
@@ -313,6 +330,16 @@ class Backend {
                                            std::span<int64_t> counts) {
     count_nonzero_rows(mask, cols, counts);
   }
+  // count_nonzero_rows_deferred of several masks (a step's masks of every run and layer), in one
+  // launch where the backend can; the default counts each in turn.
+  struct RowCount {
+    const DeviceTensor* mask = nullptr;
+    int64_t cols = 0;
+    std::span<int64_t> counts;
+  };
+  virtual void count_nonzero_rows_deferred_many(std::span<const RowCount> masks) {
+    for (const RowCount& m : masks) count_nonzero_rows_deferred(*m.mask, m.cols, m.counts);
+  }
   // mask[r, j] = (mask[r, j] && other[r, j]) for j < cols (U8 0/1, both [rows, stride]).
   virtual void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) = 0;
   // A selection's forced columns (sinks and recent tokens) less the evicted ones: for j < cols,
@@ -326,6 +353,24 @@ class Backend {
     fill_columns(mask, 0, ones_end, 1);
     fill_columns(mask, ones_begin, cols, 1);
     if (keep) mask_and(mask, *keep, cols);
+  }
+  // A budgeted selection in one op: mark_columns(selected, cols, ones_end, ones_begin, eligible)
+  // (the forced columns less the evicted), then select_top_k(scores, cols, eligible, k,
+  // selected) when k > 0 (the k best of the rest). The default calls the two; the CUDA backend
+  // does both in one launch.
+  virtual void mark_and_select_top_k(const DeviceTensor& scores, int64_t cols,
+                                     const DeviceTensor* eligible, int64_t ones_end,
+                                     int64_t ones_begin, int64_t k, DeviceTensor& selected) {
+    mark_columns(selected, cols, ones_end, ones_begin, eligible);
+    if (k > 0) select_top_k(scores, cols, eligible, k, selected);
+  }
+  // An eviction policy's kept set after a selection: kept[r, j] = kept[r, j] && selected[r, j],
+  // then 1 for j < min(sinks, cols) (none for sinks <= 0; U8, both [rows, stride]). The default is
+  // mask_and then fill_columns; the CUDA backend does it in one launch.
+  virtual void keep_selected(DeviceTensor& kept, const DeviceTensor& selected, int64_t cols,
+                             int64_t sinks) {
+    mask_and(kept, selected, cols);
+    fill_columns(kept, 0, sinks < cols ? sinks : cols, 1);
   }
   // acc[r, j] = acc[r, j] * keep[r, j] + x[r, j] for j < cols (F32; keep U8 optional: null keeps
   // everything). Accumulates attention and forgets the scores of evicted tokens in one pass.

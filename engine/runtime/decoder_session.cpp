@@ -652,6 +652,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
   if (per_run) {
     // The counts and gates come back when a reader or the next step needs them (settle): the
     // step returns as soon as its ops are queued.
+    queue_step_counts();
     counts_pending_ = std::any_of(runs_.begin(), runs_.end(), [](const SessionRun& run) {
       return !run.counted_layers.empty() || !run.gated_layers.empty();
     });

@@ -106,6 +106,9 @@ struct SessionRun {
   // layers, added to `sparsity` once they are there.
   std::vector<std::vector<int64_t>> visible_counts;
   std::vector<std::pair<int64_t, int64_t>> counted_layers;
+  // This step's counts to ask the backend for, all runs' in one call at the end of the step (the
+  // masks and gates keep their values until the next step selects).
+  std::vector<Backend::RowCount> queued_counts;
   // This step's Gated layers, whose gate (counted like a one-column mask, into visible_counts)
   // makes them Dense or Skipped once the counts are there.
   std::vector<int64_t> gated_layers;
@@ -276,8 +279,12 @@ class DecoderSession {
   // (defined where attend_group uses it): no std::function to build twice per run and layer.
   template <typename Work>
   void shared_work(std::span<const int64_t> group, Work&& work);
-  // Appends run r's key and value rows of the layer's scratch to its caches.
+  // Appends run r's key and value rows of the layer's scratch to its caches; append_runs those
+  // of a group's runs in one call.
   void append_run(int64_t r, size_t layer);
+  void append_runs(std::span<const int64_t> group, size_t layer);
+  // Asks the backend for the counts every run queued this step (record_sparsity), in one call.
+  void queue_step_counts();
   // Whether run r chooses before its logits (its policy does not read them and nothing records
   // them), which are then computed at the chosen columns only.
   bool chooses_first(int64_t r, size_t layer);
@@ -360,6 +367,7 @@ class DecoderSession {
   // whether each run reads its logits before it selects (those select after the logits call).
   std::vector<std::vector<Backend::RunAttention>> attention_batches_;
   std::vector<uint8_t> logits_first_;
+  std::vector<Backend::RowCount> step_counts_;  // queue_step_counts' call
 };
 
 }  // namespace kvlens

@@ -60,13 +60,20 @@ void DecoderSession::step_attention(size_t layer) {
     // run), the costliest runs of the last step first. One hand-over to the threads per layer
     // instead of three, and each run's logits and mask are read back while still in its thread's
     // cache; a run's results do not depend on the grouping (the ops' arithmetic is per run).
+    // Where the tasks would run one after another anyway (this session is itself a task, as an
+    // eval's samples are), all runs are one group: the backend gets each op once for all of them
+    // (on the GPU one launch instead of one per run: the eval is bound by launches).
     // (grown only: a split step's groups use the first batches, and kept ones keep their storage)
     attention_batches_.resize(std::max(attention_batches_.size(), size_t(n)));
     logits_first_.resize(size_t(n));
-    backend_.run_tasks(n, [&](int64_t task) {
-      const std::span<const int64_t> alone(&run_order_[size_t(task)], 1);
-      attend_group(alone, layer, shared, attention_batches_[size_t(alone[0])]);
-    });
+    if (backend_.runs_tasks_in_order()) {
+      attend_group(run_order_, layer, shared, attention_batches_[0]);
+    } else {
+      backend_.run_tasks(n, [&](int64_t task) {
+        const std::span<const int64_t> alone(&run_order_[size_t(task)], 1);
+        attend_group(alone, layer, shared, attention_batches_[size_t(alone[0])]);
+      });
+    }
   } else {
     for (int64_t r = 0; r < n; ++r) prepare_attention(r, layer);
     attend_alike(layer, shared);
@@ -114,10 +121,12 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
   // The runs that choose first do so now; then the logits of every run that needs them, in one
   // call (each run's own: the caches differ by now) ...
   batch.clear();
+  const bool alone = group.size() == 1;
+  for (const int64_t r : group) prepare_attention(r, layer);
+  if (!alone) shared_work(group, [&] { append_runs(group, layer); });
   for (const int64_t r : group) {
-    prepare_attention(r, layer);
     timed_work(run_seconds_[size_t(r)], [&] {
-      append_run(r, layer);
+      if (alone) append_run(r, layer);
       if (!policy_step(runs_[size_t(r)])) {
         attend_unselected(r, layer, window);
         return;
@@ -183,6 +192,17 @@ void DecoderSession::append_run(int64_t r, size_t layer) {
   SessionRun& run = runs_[size_t(r)];
   backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer], run.v_cache[layer],
                      position_);
+}
+
+void DecoderSession::append_runs(std::span<const int64_t> group, size_t layer) {
+  std::vector<Backend::RunAppend> appends;
+  appends.reserve(group.size());
+  for (const int64_t r : group) {
+    SessionRun& run = runs_[size_t(r)];
+    appends.push_back(
+        {&k_rows_[size_t(r)], &v_rows_[size_t(r)], &run.k_cache[layer], &run.v_cache[layer]});
+  }
+  backend_.kv_append_runs(appends, position_);
 }
 
 void DecoderSession::attend_alike(size_t layer, int64_t shared) {
@@ -300,17 +320,27 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
   std::vector<int64_t>& counts = run.visible_counts[layer];
   if (decision == LayerDecision::Gated) {
     counts.resize(1);
-    backend_.count_nonzero_rows_deferred(*run.policy->gate(int64_t(layer)), 1, counts);
+    run.queued_counts.push_back({run.policy->gate(int64_t(layer)), 1, counts});
     run.gated_layers.push_back(int64_t(layer));
     return;
   }
   const DeviceTensor& mask = run.visible[layer];
   counts.resize(size_t(mask.dim(0)));
-  backend_.count_nonzero_rows_deferred(mask, cols, counts);
+  run.queued_counts.push_back({&mask, cols, counts});
   run.counted_layers.emplace_back(int64_t(layer), cols);
 }
 
+void DecoderSession::queue_step_counts() {
+  step_counts_.clear();
+  for (SessionRun& run : runs_) {
+    step_counts_.insert(step_counts_.end(), run.queued_counts.begin(), run.queued_counts.end());
+    run.queued_counts.clear();
+  }
+  if (!step_counts_.empty()) backend_.count_nonzero_rows_deferred_many(step_counts_);
+}
+
 void DecoderSession::drop_deferred_counts() noexcept {
+  for (SessionRun& run : runs_) run.queued_counts.clear();  // never asked for
   for (SessionRun& run : runs_) {
     if (run.counted_layers.empty() && run.gated_layers.empty()) continue;
     try {

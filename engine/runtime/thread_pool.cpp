@@ -100,6 +100,10 @@ void ThreadPool::worker_loop() {
   }
 }
 
+bool ThreadPool::inside_task() {
+  return tls_inside_task;
+}
+
 void ThreadPool::parallel_for(int64_t begin, int64_t end, const RangeFn& fn, int64_t grain) {
   if (end <= begin) return;
   grain = std::max<int64_t>(grain, 1);

@@ -24,6 +24,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return int(workers_.size()) + 1; }
+  // Whether the calling thread is running a task or chunk of some pool (its calls run inline).
+  static bool inside_task();
 
   // Calls fn(chunk_begin, chunk_end) over disjoint chunks covering [begin, end), each at least
   // `grain` long (except the last), and returns when all are done. Which thread runs which chunk

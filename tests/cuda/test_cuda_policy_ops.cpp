@@ -97,9 +97,9 @@ TEST_CASE("cuda policy ops: attention_logits and attention_visible", "[cuda]") {
   // D <= 80 keeps the logit bound below 1e-5 (see below); 578 columns span three 256-key tiles.
   // Caches up to 1024 positions take attention_visible's one-kernel path, wider ones its split
   // over slices (the 1536-position shape).
-  for (const Shape& s : {Shape{8, 2, 64, 600, 578, 0}, Shape{8, 2, 64, 600, 578, 100},
-                         Shape{6, 1, 80, 40, 33, 0}, Shape{4, 4, 16, 8, 1, 0},
-                         Shape{8, 2, 64, 1536, 1301, 0}}) {
+  for (const Shape& s :
+       {Shape{8, 2, 64, 600, 578, 0}, Shape{8, 2, 64, 600, 578, 100}, Shape{6, 1, 80, 40, 33, 0},
+        Shape{4, 4, 16, 8, 1, 0}, Shape{8, 2, 64, 1536, 1301, 0}}) {
     INFO("H " << s.heads << " G " << s.kv_heads << " D " << s.head_dim << " cols " << s.cols
               << " window " << s.window);
     const int64_t H = s.heads, D = s.head_dim, position = s.cols - 1;
@@ -261,6 +261,17 @@ TEST_CASE("cuda policy ops: select_top_k gives the CPU's selection exactly", "[c
             }
             CHECK(added <= std::max<int64_t>(k, 0));
           }
+          // The same selection after forced columns (sinks and recent, less the ineligible), in
+          // the GPU's one launch against the CPU's mark_columns then select_top_k.
+          const int64_t ones_end = std::min<int64_t>(3, c.cols);
+          const int64_t ones_begin = std::max<int64_t>(c.cols - 2, ones_end);
+          Pair marked = make_pair(b, with_sentinels, {c.rows, c.stride});
+          b.cpu->mark_and_select_top_k(s.cpu, c.cols, use_eligible ? &e.cpu : nullptr, ones_end,
+                                       ones_begin, k, marked.cpu);
+          b.gpu->mark_and_select_top_k(s.gpu, c.cols, use_eligible ? &e.gpu : nullptr, ones_end,
+                                       ones_begin, k, marked.gpu);
+          const auto [want_marked, got_marked] = read_both<uint8_t>(b, marked);
+          CHECK(got_marked == want_marked);
         }
       }
     }
@@ -308,6 +319,23 @@ TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
     CHECK(got == want);
   }
   CHECK_THROWS_AS(b.gpu->mark_columns(mask.gpu, cols, cols + 1, cols, nullptr), Error);
+  // keep_selected (an eviction policy's kept set after its selection): one pass against the
+  // default's mask_and and fill_columns, sinks inside, at and past the columns.
+  for (const int64_t sinks : {int64_t(0), int64_t(4), cols, stride}) {
+    INFO("sinks " << sinks);
+    Pair kept = make_pair(b, random_mask(size_t(H * stride), ++seed, 3), {H, stride});
+    b.cpu->keep_selected(kept.cpu, other.cpu, cols, sinks);
+    b.gpu->keep_selected(kept.gpu, other.gpu, cols, sinks);
+    const auto [want, got] = read_both<uint8_t>(b, kept);
+    CHECK(got == want);
+  }
+  {
+    Pair kept = make_pair(b, random_mask(size_t(H * stride), ++seed, 3), {H, stride});
+    const DeviceTensor short_rows = b.gpu->alloc(DType::U8, {H - 1, stride});
+    CHECK_THROWS_AS(b.gpu->keep_selected(kept.gpu, short_rows, cols, 1), Error);
+    CHECK_THROWS_AS(b.gpu->mark_and_select_top_k(kept.gpu, cols, &short_rows, 0, 0, 1, kept.gpu),
+                    Error);
+  }
   CHECK_THROWS_AS(b.gpu->mark_columns(mask.gpu, stride + 1, 0, 0, nullptr), Error);
   // count_nonzero_rows (counted on the GPU; the default reads the mask back), columns past cols
   // (set to 1 above) not counted.

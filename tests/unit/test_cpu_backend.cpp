@@ -889,6 +889,13 @@ TEST_CASE("ThreadPool::for_each and Backend::run_tasks run every task once, ops 
     backend->to_host(alone[size_t(t)], want.data(), want.size() * sizeof(float));
     CHECK(got == want);
   }
+  // Tasks run in order inside a task (and on a backend of one thread): a session then batches
+  // its runs' ops instead of making tasks of them.
+  CHECK_FALSE(backend->runs_tasks_in_order());
+  std::vector<std::atomic<int>> inside(3);
+  backend->run_tasks(3, [&](int64_t t) { inside[size_t(t)] = backend->runs_tasks_in_order(); });
+  for (auto& flag : inside) CHECK(flag.load() == 1);
+  CHECK(make_cpu_backend(1)->runs_tasks_in_order());
 }
 
 // --- attention kernels (cpu_dot_kernels.h): both kernel sets against double references, their

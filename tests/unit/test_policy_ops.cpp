@@ -506,6 +506,31 @@ TEST_CASE("fill_columns and mask_and on U8 rows", "[policy_ops]") {
   CHECK(read_u8(*backend, forced) ==
         padded(std::vector<std::vector<uint8_t>>{{1, 1, 0, 0, 0, 1, 1}, {1, 1, 0, 0, 0, 1, 1}}, 1));
   CHECK_THROWS_AS(backend->mark_columns(forced, kCols, 2, 5, &wrong), Error);
+
+  // mark_and_select_top_k: mark_columns (keep = eligible), then the k best of the rest.
+  const std::vector<std::vector<float>> scores = {{5, 1, 4, 2, 3, 0, 6}, {0, 9, 8, 7, 1, 2, 3}};
+  const DeviceTensor score_t = make_f32(*backend, padded(scores, kSentinel), {2, kStride});
+  DeviceTensor both = make_u8(*backend, padded(a, 1), {2, kStride});
+  backend->mark_and_select_top_k(score_t, kCols, &other, 1, 6, 2, both);
+  // row 0: forced {0, 6}, eligible (b) {0, 2, 4, 5}: forced less evicted {0}, then the 2 best
+  // eligible of {2, 4, 5} by score: 2 (4) and 4 (3); row 1: forced {0, 6} -> {6}, then 2 of
+  // eligible {2, 3, 4, 5}: 2 (8) and 3 (7).
+  CHECK(read_u8(*backend, both) ==
+        padded(std::vector<std::vector<uint8_t>>{{1, 0, 1, 0, 1, 0, 0}, {0, 0, 1, 1, 0, 0, 1}}, 1));
+  backend->mark_and_select_top_k(score_t, kCols, nullptr, 2, 5, 0, both);  // k 0: the marks only
+  CHECK(read_u8(*backend, both) ==
+        padded(std::vector<std::vector<uint8_t>>{{1, 1, 0, 0, 0, 1, 1}, {1, 1, 0, 0, 0, 1, 1}}, 1));
+  CHECK_THROWS_AS(backend->mark_and_select_top_k(score_t, kCols, &wrong, 2, 5, 1, both), Error);
+
+  // keep_selected: kept && selected, then the sinks kept.
+  DeviceTensor kept = make_u8(*backend, padded(a, 1), {2, kStride});
+  backend->keep_selected(kept, other, kCols, 2);
+  CHECK(read_u8(*backend, kept) ==
+        padded(std::vector<std::vector<uint8_t>>{{1, 1, 0, 0, 1, 1, 0}, {1, 1, 1, 0, 1, 0, 1}}, 1));
+  backend->keep_selected(kept, other, kCols, 0);
+  CHECK(read_u8(*backend, kept) ==
+        padded(std::vector<std::vector<uint8_t>>{{1, 0, 0, 0, 1, 1, 0}, {0, 0, 1, 0, 1, 0, 1}}, 1));
+  CHECK_THROWS_AS(backend->keep_selected(kept, wrong, kCols, 1), Error);
 }
 
 TEST_CASE("accumulate_rows adds, and forgets where keep is 0", "[policy_ops]") {

@@ -64,6 +64,16 @@ class CpuBackend final : public Backend {
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
     pool_.for_each(count, task);
   }
+  bool runs_tasks_in_order() const override {
+    return pool_.size() <= 1 || ThreadPool::inside_task();
+  }
+  // A step's counts, over the threads (they were counted in the runs' tasks before).
+  void count_nonzero_rows_deferred_many(std::span<const RowCount> masks) override {
+    pool_.for_each(int64_t(masks.size()), [&](int64_t i) {
+      const RowCount& m = masks[size_t(i)];
+      cpu_policy::count_nonzero_rows(*m.mask, m.cols, m.counts);
+    });
+  }
   int64_t lockstep_groups(int64_t runs, int64_t layer_weight_bytes, int64_t layers) const override {
     return cpu_lockstep_groups(runs, pool_.size(), layer_weight_bytes, layers, cache_bytes_);
   }
