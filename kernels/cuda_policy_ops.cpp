@@ -221,20 +221,10 @@ void CudaBackend::mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_
   check_launch("mask_and");
 }
 
+// mark_and_select_top_k with k = 0 (its checks are mark_columns'; scores are not read).
 void CudaBackend::mark_columns(DeviceTensor& mask, int64_t cols, int64_t ones_end,
                                int64_t ones_begin, const DeviceTensor* keep) {
-  const std::string op = "mark_columns";
-  require_cols(cols, op);
-  const RowShape shape = row_shape(mask, DType::U8, -1, cols, op, "mask");
-  if (ones_end < 0 || ones_end > cols || ones_begin < 0 || ones_begin > cols)
-    bad_argument(op + ": columns", cat({"bounds inside [0, ", std::to_string(cols), "]"}),
-                 cat({std::to_string(ones_end), ", ", std::to_string(ones_begin)}));
-  const cuda::RowsRef<const uint8_t> kept = optional_mask_ref(keep, shape.rows, cols, op, "keep");
-  if (shape.rows * cols == 0) return;
-  activate();
-  cuda::launch_mark_columns(rows_ref<uint8_t>(mask, shape), kept, shape.rows, cols, ones_end,
-                            ones_begin, stream());
-  check_launch("mark_columns");
+  mark_and_select_top_k(mask, cols, keep, ones_end, ones_begin, 0, mask);
 }
 
 void CudaBackend::mark_and_select_top_k(const DeviceTensor& scores, int64_t cols,
