@@ -27,13 +27,18 @@
 namespace kvlens::cuda {
 namespace {
 
-// From this many rows a fused norm is run as the rmsnorm op first (see rmsnorm_matmul_many).
+// From this many rows of at least this width a fused norm is run as the rmsnorm op first (see
+// rmsnorm_matmul_many). Narrower rows keep the fused kernel: normalising 10 rows of 256 in every
+// block costs less than the launch it saves (the demo model's coref eval, 10 runs, is bound by
+// launches).
 constexpr int64_t kSeparateNormRows = 4;
+constexpr int64_t kSeparateNormWidth = 1024;
 
 // Whether the products read the normalised rows from `normed` (the norm run first, once) rather
 // than normalise x in every block; `normed` must then suit the warp kernel as x did.
-bool norm_first(int64_t rows, const DeviceTensor& normed) {
-  return rows >= kSeparateNormRows && reinterpret_cast<uintptr_t>(normed.data) % 16 == 0;
+bool norm_first(int64_t rows, int64_t width, const DeviceTensor& normed) {
+  return rows >= kSeparateNormRows && width >= kSeparateNormWidth &&
+         reinterpret_cast<uintptr_t>(normed.data) % 16 == 0;
 }
 
 }  // namespace
@@ -116,10 +121,10 @@ void CudaBackend::matmul_add(const DeviceTensor& x, const DeviceTensor& w, Devic
 }
 
 // The norm in the products' kernel where the rows fit in its shared memory (the bits of
-// rmsnorm then matmul_many, normed included), for fewer than kSeparateNormRows rows: every block
-// of the fused kernel normalises all the rows again, which at 8 rows (lockstep) was about a
-// quarter of the gate/up kernel's instructions (ncu, H100), so from there the rmsnorm op runs
-// first, once.
+// rmsnorm then matmul_many, normed included), for fewer than kSeparateNormRows rows or rows
+// narrower than kSeparateNormWidth: every block of the fused kernel normalises all the rows
+// again, which at 8 rows of 2048 (lockstep, 1B shape) was about a quarter of the gate/up
+// kernel's instructions (ncu, H100), so there the rmsnorm op runs first, once.
 void CudaBackend::rmsnorm_matmul_many(const DeviceTensor& x, const DeviceTensor& norm_weight,
                                       float eps, DeviceTensor& normed,
                                       std::span<const DeviceTensor* const> ws,
@@ -131,7 +136,7 @@ void CudaBackend::rmsnorm_matmul_many(const DeviceTensor& x, const DeviceTensor&
     return;
   }
   activate();
-  if (norm_first(shape.rows, normed)) {
+  if (norm_first(shape.rows, shape.in, normed)) {
     rmsnorm(x, norm_weight, eps, normed);
     launch_products(normed, ws, ys, shape, false);
     return;
@@ -156,7 +161,7 @@ void CudaBackend::rmsnorm_gate_up(const DeviceTensor& x, const DeviceTensor& nor
   }
   activate();
   DeviceTensor* const act_out[] = {&act};
-  if (norm_first(shape.rows, normed)) {
+  if (norm_first(shape.rows, shape.in, normed)) {
     rmsnorm(x, norm_weight, eps, normed);
     launch_products(normed, ws, act_out, shape, false, nullptr, 0.0f, nullptr, true);
     return;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/common/error.h"
@@ -387,14 +388,19 @@ TEST_CASE("cuda backend: matmul_many and matmul_add give matmul's bits", "[cuda]
 
 TEST_CASE("cuda backend: the fused norm and products give the separate ops' bits", "[cuda]") {
   // rmsnorm_matmul_many and rmsnorm_gate_up stage the rows in the products' kernel and normalise
-  // them there (8 rows x 2048 fit shared memory; 16 rows do not and run unfused): the normed
-  // rows, the products and silu(gate) * up must have the bits of rmsnorm, matmul and silu_mul.
+  // them there, or run the rmsnorm op first (from 4 rows of 1024 or more; 16 rows of 2048 do not
+  // fit shared memory): either way the normed rows, the products and silu(gate) * up must have
+  // the bits of rmsnorm, matmul and silu_mul. Rows of 256 take the fused kernel at every count.
   Backends b;
   uint32_t seed = 300;
-  for (const int64_t n : {int64_t(1), int64_t(3), int64_t(8), int64_t(16)}) {
+  for (const auto& [n, in] : {std::pair{int64_t(1), int64_t(2048)},
+                              {int64_t(3), int64_t(2048)},
+                              {int64_t(8), int64_t(2048)},
+                              {int64_t(16), int64_t(2048)},
+                              {int64_t(10), int64_t(256)},
+                              {int64_t(4), int64_t(256)}}) {
     for (DType dtype : {DType::BF16, DType::F32}) {
-      INFO("rows " << n << " w " << dtype_name(dtype));
-      const int64_t in = 2048;
+      INFO("rows " << n << " width " << in << " w " << dtype_name(dtype));
       const DeviceTensor norm = raw_on_gpu(b, random_weight(dtype, {in}, ++seed));
       const DeviceTensor wq = raw_on_gpu(b, random_weight(dtype, {96, in}, ++seed));
       const DeviceTensor wk = raw_on_gpu(b, random_weight(dtype, {40, in}, ++seed));
