@@ -363,7 +363,11 @@ void CudaBackend::key_anchor_scores(const DeviceTensor& k_cache, int64_t cols,
                  cat({"a row count that is a multiple of the ", std::to_string(cache.kv_heads),
                       " KV heads"}),
                  describe(out));
-  const RowShape member_shape = row_shape(members, DType::U8, shape.rows, cols, op, "members");
+  // Members per row, or one row per KV head (Backend::key_anchor_scores).
+  const bool per_group =
+      members.shape.size() == 2 && members.dim(0) == cache.kv_heads && cache.kv_heads != shape.rows;
+  const RowShape member_shape =
+      row_shape(members, DType::U8, per_group ? cache.kv_heads : shape.rows, cols, op, "members");
   if (shape.rows == 0 || cols == 0) return;
   activate();
   cuda::KeyAnchorArgs args;
@@ -373,6 +377,7 @@ void CudaBackend::key_anchor_scores(const DeviceTensor& k_cache, int64_t cols,
   args.out = rows_ref<float>(out, shape);
   args.rows = shape.rows;
   args.rows_per_group = shape.rows / cache.kv_heads;
+  args.members_per_group = per_group;
   args.head_dim = cache.head_dim;
   args.capacity = cache.capacity;
   args.cols = cols;

@@ -317,7 +317,8 @@ __global__ void __launch_bounds__(kAnchorThreads) key_anchor_scores_kernel(KeyAn
   float* inverse = partial + (sums > threads ? sums : threads);  // [threads], 0: not a member
   const int64_t r = blockIdx.x;
   const C* keys = static_cast<const C*>(a.k_cache) + (r / a.rows_per_group) * a.capacity * D;
-  const uint8_t* member = a.members.data + r * a.members.stride;
+  const uint8_t* member =
+      a.members.data + (a.members_per_group ? r / a.rows_per_group : r) * a.members.stride;
   float* out = a.out.data + r * a.out.stride;
   constexpr float kTiny = 1e-12f;
   auto squared_norm = [&](const C* key) {

@@ -118,9 +118,10 @@ void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool a
 struct KeyAnchorArgs {
   const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
   DType cache_dtype = DType::F32;
-  RowsRef<const uint8_t> members;  // [rows, stride]
+  RowsRef<const uint8_t> members;  // [rows, stride], or [kv_heads, stride] (members_per_group)
   RowsRef<float> out;              // [rows, stride]
   int64_t rows = 0, rows_per_group = 1, head_dim = 0, capacity = 0, cols = 0;
+  bool members_per_group = false;  // one members row per KV head, shared by its rows
 };
 void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream);
 

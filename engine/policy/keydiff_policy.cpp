@@ -11,8 +11,8 @@
 // exactly and so ranks and ties the same. Both granularities therefore select once per KV group
 // (the policy is built at kv_head granularity), which spares H/G - 1 of every group's anchors,
 // scores and top-k selections. It never looks at attention, so it wants no probabilities.
-// State per layer: kept [G, stride] U8; a [H, stride] scratch mask (the group's kept set seen by
-// each query head).
+// State per layer: kept [G, stride] U8, which key_anchor_scores reads as the members of each of
+// the group's query heads.
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/policy_factories.h"
 
@@ -27,7 +27,6 @@ class KeydiffPolicy final : public BudgetedPolicy {
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
     }
-    members_ = backend.alloc(DType::U8, {shape.heads, shape.stride});
   }
 
   // Chooses without this step's logits (see Policy::reads_logits).
@@ -37,10 +36,9 @@ class KeydiffPolicy final : public BudgetedPolicy {
     if (stride <= shape_.stride) return;
     BudgetedPolicy::grow(stride);
     for (DeviceTensor& kept : kept_) kept = widen_columns(backend_, kept, stride, 1);
-    members_ = widen_columns(backend_, members_, stride);
   }
   int64_t state_bytes() const override {
-    return BudgetedPolicy::state_bytes() + tensor_bytes(kept_) + tensor_bytes({members_});
+    return BudgetedPolicy::state_bytes() + tensor_bytes(kept_);
   }
 
   LayerDecision select(const LayerStep& step, DeviceTensor& visible,
@@ -48,8 +46,7 @@ class KeydiffPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols();
-    backend_.expand_row_groups(kept_[l], cols, group(), members_);
-    backend_.key_anchor_scores(*step.k_cache, cols, members_, scores);
+    backend_.key_anchor_scores(*step.k_cache, cols, kept_[l], scores);
     select_budgeted(step, 1, at_selection_rows(scores, cols), &kept_[l], visible);
     evict_unselected(kept_[l], visible, cols);
     return LayerDecision::Masked;
@@ -57,7 +54,6 @@ class KeydiffPolicy final : public BudgetedPolicy {
 
  private:
   std::vector<DeviceTensor> kept_;
-  DeviceTensor members_;
 };
 
 }  // namespace

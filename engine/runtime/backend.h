@@ -405,8 +405,9 @@ class Backend {
                          DeviceTensor& out) = 0;
   // KeyDiff's score against the mean normalised key. Rows r of `members` (U8 [R, stride]) and
   // `out` (F32 [R, stride]) belong to KV head g = r / (R / G) of k_cache [G, capacity, D] (R a
-  // multiple of G). With k^ = k / max(||k||, 1e-12): anchor_r = the mean of k^_{g, j} over
-  // j < cols with members[r, j] != 0 (zero when there is none), and
+  // multiple of G); `members` may instead have G rows, row g serving every row of KV head g
+  // (then read as if expanded to R rows). With k^ = k / max(||k||, 1e-12): anchor_r = the mean
+  // of k^_{g, j} over j < cols with members[r, j] != 0 (zero when there is none), and
   // out[r, j] = -(k^_{g, j} . anchor_r) / max(||anchor_r||, 1e-12) = -cos(k_j, anchor_r) for
   // every j < cols, members or not (0 for a zero key or a zero anchor). F32 sums: the backends
   // agree within rounding (about 1e-6 absolute; cosines lie in [-1, 1]).

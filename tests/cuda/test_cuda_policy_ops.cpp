@@ -491,6 +491,25 @@ TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda
     check_within(want, got, std::vector<double>(want.size(), 1e-5), "key_anchor_scores");
     for (int64_t j = 0; j < cols; ++j) CHECK(got[size_t(j)] == 0.0f);  // zero anchor
     CHECK(got[size_t(cols)] == kSentinel);
+    // Members of one row per KV head (as keydiff passes its kept rows): the GPU's bits of those
+    // rows expanded to every query head.
+    if (rows == H) {
+      std::vector<uint8_t> per_group(size_t(G * stride));
+      std::vector<uint8_t> expanded(size_t(H * stride));
+      for (int64_t g = 0; g < G; ++g)
+        std::copy_n(members.begin() + (g * (H / G) + 1) * stride, stride,
+                    per_group.begin() + g * stride);
+      for (int64_t r = 0; r < H; ++r)
+        std::copy_n(per_group.begin() + (r / (H / G)) * stride, stride,
+                    expanded.begin() + r * stride);
+      const Pair m_group = make_pair(b, per_group, {G, stride});
+      const Pair m_expanded = make_pair(b, expanded, {H, stride});
+      Pair by_group = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
+      Pair by_row = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
+      b.gpu->key_anchor_scores(k.gpu, cols, m_group.gpu, by_group.gpu);
+      b.gpu->key_anchor_scores(k.gpu, cols, m_expanded.gpu, by_row.gpu);
+      CHECK(same_bits(read<float>(*b.gpu, by_group.gpu), read<float>(*b.gpu, by_row.gpu)));
+    }
   }
 }
 

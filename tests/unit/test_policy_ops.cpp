@@ -983,13 +983,33 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
     }
   }
 
+  SECTION("members of one row per KV head give the scores of those rows expanded") {
+    const int64_t groups = 2, rows = 8, capacity = 80, cols = 77, head_dim = 16;
+    const std::vector<float> keys = random_values(size_t(groups * capacity * head_dim), 96);
+    std::mt19937 rng(97);
+    std::vector<uint8_t> per_group(size_t(groups * capacity), 9);  // past cols: never read
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t j = 0; j < cols; ++j) per_group[size_t(g * capacity + j)] = uint8_t(rng() % 2);
+    std::vector<uint8_t> expanded;
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto row = per_group.begin() + (r / (rows / groups)) * capacity;
+      expanded.insert(expanded.end(), row, row + capacity);
+    }
+    const DeviceTensor k = make_f32(*backend, keys, {groups, capacity, head_dim});
+    DeviceTensor want = backend->alloc(DType::F32, {rows, capacity});
+    DeviceTensor got = backend->alloc(DType::F32, {rows, capacity});
+    backend->key_anchor_scores(k, cols, make_u8(*backend, expanded, {rows, capacity}), want);
+    backend->key_anchor_scores(k, cols, make_u8(*backend, per_group, {groups, capacity}), got);
+    CHECK(read_f32(*backend, got) == read_f32(*backend, want));
+  }
+
   SECTION("bad shapes are errors") {
     const DeviceTensor k = backend->alloc(DType::F32, {G, kStride, D});
     DeviceTensor out = backend->alloc(DType::F32, {3, kStride});  // not a multiple of G
     const DeviceTensor m3 = backend->alloc(DType::U8, {3, kStride});
     CHECK_THROWS_AS(backend->key_anchor_scores(k, kCols, m3, out), Error);
     DeviceTensor ok = backend->alloc(DType::F32, {H, kStride});
-    const DeviceTensor m_wrong = backend->alloc(DType::U8, {G, kStride});
+    const DeviceTensor m_wrong = backend->alloc(DType::U8, {G + 1, kStride});  // neither H nor G
     CHECK_THROWS_AS(backend->key_anchor_scores(k, kCols, m_wrong, ok), Error);
     const DeviceTensor m = backend->alloc(DType::U8, {H, kStride});
     CHECK_THROWS_AS(backend->key_anchor_scores(k, kStride + 1, m, ok), Error);

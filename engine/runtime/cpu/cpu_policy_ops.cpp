@@ -340,9 +340,15 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
   const int64_t rows = shape.rows;
   KVLENS_REQUIRE(groups > 0 && rows % groups == 0, op + ": out",
                  cat("a row count that is a multiple of the ", groups, " KV heads"), describe(out));
-  const RowShape member_shape = row_shape(members, DType::U8, rows, cols, op + ": members");
+  // Members per row, or one row per KV head: that row then serves each of the head's rows (a
+  // stride of 0; equal rows share one anchor below).
+  const bool per_group = members.shape.size() == 2 && members.dim(0) == groups && groups != rows;
+  const RowShape member_shape =
+      row_shape(members, DType::U8, per_group ? groups : rows, cols, op + ": members");
   if (rows == 0 || cols == 0) return;
   const int64_t rows_per_group = rows / groups;
+  const int64_t member_rows_per_group = per_group ? 1 : rows_per_group;
+  const int64_t member_stride = per_group ? 0 : member_shape.stride;
   // One task per KV head: its keys' lengths are computed once for all of its rows, and the
   // dots of every key with the rows' anchors are one pass of the attention logits kernel.
   context.pool.parallel_for(
@@ -352,9 +358,9 @@ void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int6
         for (int64_t g = begin; g < end; ++g) {
           key_anchor_group(
               context.kernels, k_cache.as<const float>() + g * capacity * head_dim, cols, head_dim,
-              members.as<const uint8_t>() + g * rows_per_group * member_shape.stride,
-              member_shape.stride, rows_per_group,
-              out.as<float>() + g * rows_per_group * shape.stride, shape.stride, scratch);
+              members.as<const uint8_t>() + g * member_rows_per_group * member_shape.stride,
+              member_stride, rows_per_group, out.as<float>() + g * rows_per_group * shape.stride,
+              shape.stride, scratch);
         }
       },
       grain_for(rows_per_group * cols * head_dim * 2));
