@@ -316,19 +316,23 @@ void CudaBackend::count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t 
   count_nonzero_rows_deferred_many({&one, 1});
 }
 
-// Every mask is checked before anything is queued; then one launch per kCountMasks masks.
+// Every mask is checked before anything is queued; then one launch per kCountMasks masks (a mask
+// without rows takes no slot, and no block of the kernel). The argument list is per thread and
+// reused (every step).
 void CudaBackend::count_nonzero_rows_deferred_many(std::span<const RowCount> masks) {
-  std::vector<cuda::CountArgs> args;
-  args.reserve(masks.size());
-  std::vector<RowShape> shapes;
-  shapes.reserve(masks.size());
-  for (const RowCount& m : masks) shapes.push_back(counted_rows(*m.mask, m.cols, m.counts));
-  for (size_t i = 0; i < masks.size(); ++i) {
-    if (shapes[i].rows == 0) continue;
-    args.push_back({rows_ref<const uint8_t>(*masks[i].mask, shapes[i]), shapes[i].rows,
-                    masks[i].cols, deferred_slots(masks[i].counts)});
+  thread_local std::vector<cuda::CountArgs> args;
+  args.clear();
+  for (const RowCount& m : masks) {
+    const RowShape shape = counted_rows(*m.mask, m.cols, m.counts);
+    args.push_back({rows_ref<const uint8_t>(*m.mask, shape), shape.rows, m.cols, nullptr});
   }
-  if (args.empty()) return;
+  bool any = false;
+  for (size_t i = 0; i < masks.size(); ++i) {
+    if (args[i].rows == 0) continue;
+    args[i].counts = deferred_slots(masks[i].counts);
+    any = true;
+  }
+  if (!any) return;
   cuda::launch_count_nonzero_rows(args, stream());
   check_launch("count_nonzero_rows");
 }

@@ -301,8 +301,8 @@ void CudaBackend::kv_append(const DeviceTensor& k, const DeviceTensor& v, Device
 // Every run checked first; runs whose caches share a dtype in one launch (all of them, in a
 // lockstep step).
 void CudaBackend::kv_append_runs(std::span<const RunAppend> runs, int64_t first_position) {
-  std::vector<cuda::AppendArgs> args;
-  args.reserve(runs.size());
+  thread_local std::vector<cuda::AppendArgs> args;  // reused: every layer of a lockstep step
+  args.clear();
   for (const RunAppend& run : runs)
     args.push_back(append_args(*run.k, *run.v, *run.k_cache, *run.v_cache, first_position));
   if (args.empty()) return;

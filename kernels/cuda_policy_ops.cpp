@@ -67,29 +67,20 @@ void CudaBackend::attention_logits(const DeviceTensor& q, const DeviceTensor& k_
   check_launch("attention_logits");
 }
 
-// Every run checked first; then one launch for runs alike in head counts, head dimension and
-// cache dtype (all of a lockstep step's), one per run otherwise. `shared` is not used: each run's
-// cache is read whole (the rows it shares with the others are in its own copy).
+// Every run checked first, then batched launches (launch_attention_logits). `shared` is not
+// used: each run's cache is read whole (the rows it shares with the others are in its own copy).
+// The argument lists are per thread and reused: these run in every layer of a lockstep step.
 void CudaBackend::attention_logits_runs(std::span<const RunAttention> runs, int64_t /*shared*/,
                                         int64_t position, int64_t window) {
-  std::vector<cuda::LogitArgs> args;
-  args.reserve(runs.size());
+  thread_local std::vector<cuda::LogitArgs> args;
+  args.clear();
   for (const RunAttention& run : runs) {
     cuda::LogitArgs one = logit_args(*run.q, *run.k_cache, position, window, *run.logits);
     if (one.heads > 0) args.push_back(one);
   }
   if (args.empty()) return;
   activate();
-  const auto alike = [&](const cuda::LogitArgs& a) {
-    return a.heads == args[0].heads && a.kv_heads == args[0].kv_heads &&
-           a.head_dim == args[0].head_dim && a.cache_dtype == args[0].cache_dtype;
-  };
-  if (std::all_of(args.begin(), args.end(), alike)) {
-    cuda::launch_attention_logits(args, sm_count_, stream());
-  } else {
-    for (const cuda::LogitArgs& one : args)
-      cuda::launch_attention_logits({&one, 1}, sm_count_, stream());
-  }
+  cuda::launch_attention_logits(args, sm_count_, stream());
   check_launch("attention_logits");
 }
 
@@ -155,8 +146,8 @@ void CudaBackend::attention_visible(const DeviceTensor& logits, int64_t cols,
 
 void CudaBackend::attention_visible_runs(std::span<const RunAttention> runs, int64_t /*shared*/,
                                          int64_t cols) {
-  std::vector<cuda::VisibleAttentionArgs> args;
-  args.reserve(runs.size());
+  thread_local std::vector<cuda::VisibleAttentionArgs> args;
+  args.clear();
   for (const RunAttention& run : runs) {
     const cuda::VisibleAttentionArgs one =
         visible_args(*run.logits, cols, run.visible, *run.v_cache, *run.out, run.probs);

@@ -542,6 +542,14 @@ __global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
 void launch_attention_logits(std::span<const LogitArgs> runs, int sm_count, cudaStream_t stream) {
   if (runs.empty()) return;
   const LogitArgs& first = runs[0];
+  const auto alike = [&](const LogitArgs& run) {
+    return run.heads == first.heads && run.kv_heads == first.kv_heads &&
+           run.head_dim == first.head_dim && run.cache_dtype == first.cache_dtype;
+  };
+  if (runs.size() > 1 && !std::all_of(runs.begin(), runs.end(), alike)) {
+    for (const LogitArgs& run : runs) launch_attention_logits({&run, 1}, sm_count, stream);
+    return;
+  }
   if (first.heads <= 0) return;
   // Enough key chunks to fill the GPU, strided beyond that; a captured step's grid is sized for
   // the whole cache (its context is known only on the device).

@@ -34,8 +34,9 @@ struct LogitArgs {
   const int64_t* step_position = nullptr;
   float scale = 1.0f;
 };
-// One launch for up to kBatchRuns runs (device_common.cuh) of the same head counts, head
-// dimension, cache dtype and columns: a lockstep step's runs of one layer.
+// One launch for up to kBatchRuns runs (device_common.cuh) of one layer at one position: a
+// lockstep step's. Runs that differ in head counts, head dimension or cache dtype go one at a
+// time.
 void launch_attention_logits(std::span<const LogitArgs> runs, int sm_count, cudaStream_t stream);
 
 // Softmax of each logits row over its visible columns, the weighted sum of value rows, and the

@@ -9,7 +9,6 @@
 // width on the context (known on the device), so a captured step replays at any position with
 // the arithmetic of an uncaptured one. Scratch: max[H] | slice_sum[S, H] | slice_acc[S, H, D].
 #include <algorithm>
-#include <vector>
 
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
@@ -293,32 +292,28 @@ int64_t visible_attention_scratch_floats(const VisibleAttentionArgs& args, int s
 
 void launch_attention_visible(std::span<const VisibleAttentionArgs> runs, float* scratch,
                               int sm_count, cudaStream_t stream) {
-  // Each run takes the path it would take alone (the capacity decides): the one-kernel runs in
-  // one launch where they are alike (a lockstep step's are), the others one after another over
-  // the same scratch.
+  // Each run takes the path it would take alone (the capacity decides): runs that all take the
+  // one kernel and are alike (a lockstep step's) share its launches; any other mix goes one run
+  // at a time, the split's over the same scratch.
   const auto one_kernel = [](const VisibleAttentionArgs& run) {
     return run.heads > 0 && run.capacity <= kWholeKeys &&
            (run.cols > 0 || run.step_position != nullptr);
   };
-  std::vector<VisibleAttentionArgs> whole;
-  whole.reserve(runs.size());
+  const auto alike = [&](const VisibleAttentionArgs& run) {
+    return one_kernel(run) && run.heads == runs[0].heads && run.head_dim == runs[0].head_dim &&
+           run.cache_dtype == runs[0].cache_dtype;
+  };
+  if (runs.empty()) return;
+  if (std::all_of(runs.begin(), runs.end(), alike)) {
+    launch_whole(runs, stream);
+    return;
+  }
   for (const VisibleAttentionArgs& run : runs) {
     if (one_kernel(run))
-      whole.push_back(run);
+      launch_whole({&run, 1}, stream);
     else
       launch_split(run, scratch, sm_count, stream);
   }
-  if (whole.empty()) return;
-  const VisibleAttentionArgs& first = whole[0];
-  const bool alike = std::all_of(whole.begin(), whole.end(), [&](const VisibleAttentionArgs& run) {
-    return run.heads == first.heads && run.head_dim == first.head_dim &&
-           run.cache_dtype == first.cache_dtype;
-  });
-  if (!alike) {
-    for (const VisibleAttentionArgs& run : whole) launch_whole({&run, 1}, stream);
-    return;
-  }
-  launch_whole(whole, stream);
 }
 
 }  // namespace kvlens::cuda

@@ -121,12 +121,10 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
   // The runs that choose first do so now; then the logits of every run that needs them, in one
   // call (each run's own: the caches differ by now) ...
   batch.clear();
-  const bool alone = group.size() == 1;
   for (const int64_t r : group) prepare_attention(r, layer);
-  if (!alone) shared_work(group, [&] { append_runs(group, layer); });
+  shared_work(group, [&] { append_runs(group, layer); });
   for (const int64_t r : group) {
     timed_work(run_seconds_[size_t(r)], [&] {
-      if (alone) append_run(r, layer);
       if (!policy_step(runs_[size_t(r)])) {
         attend_unselected(r, layer, window);
         return;
@@ -188,15 +186,9 @@ bool DecoderSession::chooses_first(int64_t r, size_t layer) {
          !run.policy->reads_logits(layer_step(run, layer, size_t(r)));
 }
 
-void DecoderSession::append_run(int64_t r, size_t layer) {
-  SessionRun& run = runs_[size_t(r)];
-  backend_.kv_append(k_rows_[size_t(r)], v_rows_[size_t(r)], run.k_cache[layer], run.v_cache[layer],
-                     position_);
-}
-
 void DecoderSession::append_runs(std::span<const int64_t> group, size_t layer) {
-  std::vector<Backend::RunAppend> appends;
-  appends.reserve(group.size());
+  thread_local std::vector<Backend::RunAppend> appends;  // reused: every layer of every step
+  appends.clear();
   for (const int64_t r : group) {
     SessionRun& run = runs_[size_t(r)];
     appends.push_back(
@@ -208,7 +200,7 @@ void DecoderSession::append_runs(std::span<const int64_t> group, size_t layer) {
 void DecoderSession::attend_alike(size_t layer, int64_t shared) {
   const ModelConfig& c = model_->config();
   const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
-  for (int64_t r = 0; r < n; ++r) append_run(r, layer);
+  append_runs(run_order_, layer);
   // 1. The logits of the runs that do not borrow them, in one call.
   attention_batch_.clear();
   for (int64_t r = 0; r < n; ++r) {
