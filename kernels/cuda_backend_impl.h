@@ -72,6 +72,8 @@ class CudaBackend final : public Backend {
   void kv_append(const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& k_cache,
                  DeviceTensor& v_cache, int64_t first_position) override;
   void kv_append_runs(std::span<const RunAppend> runs, int64_t first_position) override;
+  void rope_append_runs(std::span<const RunRopeAppend> runs, int64_t position,
+                        const DeviceTensor& inv_freq, float scale) override;
   void attention(const DeviceTensor& q, const DeviceTensor& k_cache, const DeviceTensor& v_cache,
                  int64_t first_position, int64_t window, Visibility visible, DeviceTensor& out,
                  DeviceTensor* logits_out) override;

@@ -317,6 +317,56 @@ void CudaBackend::kv_append_runs(std::span<const RunAppend> runs, int64_t first_
   }
 }
 
+// kv_append's checks and rope's for each run; runs whose caches share a dtype in one launch.
+void CudaBackend::rope_append_runs(std::span<const RunRopeAppend> runs, int64_t position,
+                                   const DeviceTensor& inv_freq, float scale) {
+  const std::string op = "rope_append_runs";
+  require(inv_freq, DType::F32, op, "inv_freq");
+  const int64_t rotary_dim = 2 * elements(inv_freq);
+  thread_local std::vector<cuda::RopeAppendArgs> args;  // reused: every layer of every step
+  args.clear();
+  for (const RunRopeAppend& run : runs) {
+    if (run.q == nullptr || run.k == nullptr || run.v == nullptr || run.k_cache == nullptr ||
+        run.v_cache == nullptr)
+      bad_argument(op + ": runs", "q, k, v and both caches for every run", "a null tensor");
+    require(*run.q, DType::F32, op, "q");
+    const cuda::AppendArgs append =
+        append_args(*run.k, *run.v, *run.k_cache, *run.v_cache, position);
+    const int64_t D = append.head_dim;
+    if (append.rows != 1 || append.v_cache == nullptr)
+      bad_argument(op + ": k", "one row [1, G, D] and a value cache", describe(*run.k));
+    if (run.q->shape.size() != 3 || run.q->dim(0) != 1 || run.q->dim(2) != D || rotary_dim == 0 ||
+        rotary_dim > D)
+      bad_argument(op + ": q",
+                   cat({"one row [1, heads, ", std::to_string(D),
+                        "], D >= ", std::to_string(rotary_dim), " rotated channels"}),
+                   describe(*run.q));
+    cuda::RopeAppendArgs& a = args.emplace_back();
+    a.q = run.q->as<float>();
+    a.k = run.k->as<float>();
+    a.v = append.v;
+    a.k_cache = append.k_cache;
+    a.v_cache = append.v_cache;
+    a.q_heads = elements(*run.q) / D;
+    a.kv_heads = append.kv_heads;
+    a.head_dim = D;
+    a.capacity = append.capacity;
+    a.position = position;
+    a.step_position = append.step_position;
+  }
+  if (args.empty()) return;
+  activate();
+  for (size_t first = 0; first < runs.size();) {
+    const DType dtype = runs[first].k_cache->dtype;
+    size_t end = first + 1;
+    while (end < runs.size() && runs[end].k_cache->dtype == dtype) ++end;
+    cuda::launch_rope_append(std::span(args).subspan(first, end - first), rotary_dim,
+                             inv_freq.as<float>(), scale, dtype, stream());
+    check_launch("rope_append_runs");
+    first = end;
+  }
+}
+
 void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,
                             const DeviceTensor& v_cache, int64_t first_position, int64_t window,
                             Visibility visible, DeviceTensor& out, DeviceTensor* logits_out) {

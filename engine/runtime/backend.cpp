@@ -35,6 +35,25 @@ void Backend::matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* c
   for (size_t i = 0; i < ws.size(); ++i) matmul(x, *ws[i], *ys[i]);
 }
 
+void Backend::rope_append_runs(std::span<const RunRopeAppend> runs, int64_t position,
+                               const DeviceTensor& inv_freq, float scale) {
+  thread_local std::vector<RunAppend> appends;  // reused: every layer of every step
+  appends.clear();
+  const int64_t positions[] = {position};
+  for (const RunRopeAppend& run : runs) {
+    if (run.q == nullptr || run.k == nullptr || run.v == nullptr || run.k_cache == nullptr ||
+        run.v_cache == nullptr)
+      throw Error("backend", "rope_append_runs: runs", "q, k, v and both caches for every run",
+                  "a null tensor");
+    if (run.q->shape.empty() || run.q->dim(0) != 1 || run.k->shape.empty() || run.k->dim(0) != 1)
+      throw Error("backend", "rope_append_runs: q, k", "one row each ([1, heads, D])",
+                  "q " + cpu_checks::describe(*run.q) + ", k " + cpu_checks::describe(*run.k));
+    rope_pair(*run.q, *run.k, positions, inv_freq, scale);
+    appends.push_back({run.k, run.v, run.k_cache, run.v_cache});
+  }
+  kv_append_runs(appends, position);
+}
+
 std::shared_ptr<void> Backend::alloc_host(size_t bytes) {
   return std::shared_ptr<void>(new std::byte[bytes], std::default_delete<std::byte[]>());
 }

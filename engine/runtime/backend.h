@@ -188,6 +188,19 @@ class Backend {
     for (const RunAppend& run : runs)
       kv_append(*run.k, *run.v, *run.k_cache, *run.v_cache, first_position);
   }
+  // A decode step's RoPE and cache append for several runs of one layer: each run's query row
+  // q [1, H, D] and key row k [1, G, D] rotated in place at `position` (rope_pair), then k and v
+  // appended there (kv_append_runs). What the default does, in one launch where the backend can
+  // (on the GPU one wait between kernels fewer per layer).
+  struct RunRopeAppend {
+    DeviceTensor* q = nullptr;
+    DeviceTensor* k = nullptr;
+    const DeviceTensor* v = nullptr;
+    DeviceTensor* k_cache = nullptr;
+    DeviceTensor* v_cache = nullptr;
+  };
+  virtual void rope_append_runs(std::span<const RunRopeAppend> runs, int64_t position,
+                                const DeviceTensor& inv_freq, float scale);
   // Causal attention of q[n, H, D] (positions first_position..+n-1) over the cache
   // [G, capacity, D] (GQA: query head h reads KV head h / (H/G)). Query row i sees keys
   // j in [max(0, p_i - window + 1), p_i] when window > 0, else [0, p_i], intersected with

@@ -459,6 +459,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
   const int64_t context = position_ + (per_run ? 1 : n);
   // transformers picks the RoPE table per forward call from its largest position.
   const DeviceTensor& inv_freq = rope_inv_freq(context);
+  step_inv_freq_ = &inv_freq;
 
   settle();                // the last step's counts
   drop_deferred_counts();  // left over only by a step that threw
@@ -529,6 +530,8 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
       backend_.rmsnorm(q_rows, layer.q_norm, eps, q_rows);
       backend_.rmsnorm(k_rows, layer.k_norm, eps, k_rows);
     }
+    // A run's step rotates its query and key as it appends (append_runs: one op for both).
+    if (per_run) return;
     const std::span<const int64_t> rows_positions = all_positions.subspan(size_t(first), size_t(m));
     backend_.rope_pair(q_heads_m, k_heads_m, rows_positions, inv_freq, model_->rope_scale);
   };

@@ -361,6 +361,7 @@ class DecoderSession {
   // step_attention's per-run row views of the current layer (the policies' LayerStep points at
   // them) and its backend calls' arguments.
   std::vector<DeviceTensor> input_rows_, q_rows_, out_rows_, k_rows_, v_rows_;
+  const DeviceTensor* step_inv_freq_ = nullptr;  // the step's RoPE table (append_runs reads it)
   std::vector<Backend::RunAttention> run_attention_, attention_batch_;
   // attend_group's call arguments per group (per run where each run is a task of its own), and
   // whether each run reads its logits before it selects (those select after the logits call).

@@ -186,15 +186,17 @@ bool DecoderSession::chooses_first(int64_t r, size_t layer) {
          !run.policy->reads_logits(layer_step(run, layer, size_t(r)));
 }
 
+// The runs' queries and keys are rotated here, not with the layer's projections: RoPE and the
+// append are one op.
 void DecoderSession::append_runs(std::span<const int64_t> group, size_t layer) {
-  thread_local std::vector<Backend::RunAppend> appends;  // reused: every layer of every step
+  thread_local std::vector<Backend::RunRopeAppend> appends;  // reused: every layer of every step
   appends.clear();
   for (const int64_t r : group) {
     SessionRun& run = runs_[size_t(r)];
-    appends.push_back(
-        {&k_rows_[size_t(r)], &v_rows_[size_t(r)], &run.k_cache[layer], &run.v_cache[layer]});
+    appends.push_back({&q_rows_[size_t(r)], &k_rows_[size_t(r)], &v_rows_[size_t(r)],
+                       &run.k_cache[layer], &run.v_cache[layer]});
   }
-  backend_.kv_append_runs(appends, position_);
+  backend_.rope_append_runs(appends, position_, *step_inv_freq_, model_->rope_scale);
 }
 
 void DecoderSession::attend_alike(size_t layer, int64_t shared) {

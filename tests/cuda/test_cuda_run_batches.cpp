@@ -4,6 +4,7 @@
 // (and 64 masks) of one launch make the ops split into several launches.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -191,4 +192,98 @@ TEST_CASE("cuda count_nonzero_rows_deferred_many gives count_nonzero_rows' count
   CHECK_THROWS_AS(gpu->count_nonzero_rows_deferred_many(too_wide), Error);
   gpu->synchronize();
   CHECK(untouched == std::vector<int64_t>(untouched.size(), -1));
+}
+
+TEST_CASE("cuda rope_append_runs gives rope_pair's and kv_append_runs' bits", "[cuda]") {
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  const int64_t H = 8, G = 2, capacity = 700, position = 513;
+  uint32_t seed = 1700;
+  struct Case {
+    const char* name;
+    int64_t runs, head_dim, half;  // half: rotated pairs (partial rotary below head_dim / 2)
+    float scale;
+  };
+  for (const Case& c : {Case{"18 runs (two launches), F32 and BF16 caches", 18, 64, 32, 1.0f},
+                        Case{"3 runs, partial rotary, scaled", 3, 80, 16, 1.19f}}) {
+    INFO(c.name);
+    const int64_t D = c.head_dim;
+    std::vector<float> inv_freq_values(size_t(c.half));
+    for (int64_t f = 0; f < c.half; ++f)
+      inv_freq_values[size_t(f)] = float(1.0 / std::pow(500000.0, double(2 * f) / double(D)));
+    const DeviceTensor inv_freq =
+        upload(*gpu, DType::F32, inv_freq_values, {int64_t(inv_freq_values.size())});
+    // Side 0: rope_pair and kv_append_runs; side 1: rope_append_runs. Caches random throughout.
+    struct Side {
+      std::vector<DeviceTensor> q, k, v, k_cache, v_cache;
+    } sides[2];
+    std::vector<float> first_key;
+    for (int64_t r = 0; r < c.runs; ++r) {
+      const DType dtype = r % 3 == 2 ? DType::BF16 : DType::F32;  // dtypes interleaved
+      const std::vector<float> q = random_values(size_t(H * D), ++seed, 2.0f);
+      const std::vector<float> k = random_values(size_t(G * D), ++seed, 2.0f);
+      if (r == 0) first_key = k;
+      const std::vector<float> v = random_values(size_t(G * D), ++seed);
+      const std::vector<uint8_t> ks = random_cache_bytes(dtype, size_t(G * capacity * D), ++seed);
+      const std::vector<uint8_t> vs = random_cache_bytes(dtype, size_t(G * capacity * D), ++seed);
+      for (Side& side : sides) {
+        side.q.push_back(upload(*gpu, DType::F32, q, {1, H, D}));
+        side.k.push_back(upload(*gpu, DType::F32, k, {1, G, D}));
+        side.v.push_back(upload(*gpu, DType::F32, v, {1, G, D}));
+        side.k_cache.push_back(upload(*gpu, dtype, ks, {G, capacity, D}));
+        side.v_cache.push_back(upload(*gpu, dtype, vs, {G, capacity, D}));
+      }
+    }
+    std::vector<Backend::RunAppend> appends;
+    std::vector<Backend::RunRopeAppend> fused;
+    for (size_t r = 0; r < size_t(c.runs); ++r) {
+      Side& apart = sides[0];
+      gpu->rope_pair(apart.q[r], apart.k[r], std::vector<int64_t>{position}, inv_freq, c.scale);
+      appends.push_back({&apart.k[r], &apart.v[r], &apart.k_cache[r], &apart.v_cache[r]});
+      Side& one = sides[1];
+      fused.push_back({&one.q[r], &one.k[r], &one.v[r], &one.k_cache[r], &one.v_cache[r]});
+    }
+    gpu->kv_append_runs(appends, position);
+    gpu->rope_append_runs(fused, position, inv_freq, c.scale);
+    for (size_t r = 0; r < size_t(c.runs); ++r) {
+      INFO("run " << r);
+      CHECK(same_bytes(read<float>(*gpu, sides[0].q[r]), read<float>(*gpu, sides[1].q[r])));
+      CHECK(same_bytes(read<float>(*gpu, sides[0].k[r]), read<float>(*gpu, sides[1].k[r])));
+      CHECK(same_bytes(read<uint8_t>(*gpu, sides[0].k_cache[r]),
+                       read<uint8_t>(*gpu, sides[1].k_cache[r])));
+      CHECK(same_bytes(read<uint8_t>(*gpu, sides[0].v_cache[r]),
+                       read<uint8_t>(*gpu, sides[1].v_cache[r])));
+    }
+    // Not vacuous: the keys were rotated (run 0's differs from its row before RoPE).
+    CHECK_FALSE(same_bytes(read<float>(*gpu, sides[1].k[0]), first_key));
+  }
+
+  // Errors name the op; nothing is queued for a call that fails.
+  const int64_t D = 64;
+  const DeviceTensor inv_freq =
+      upload(*gpu, DType::F32, std::vector<float>(size_t(D / 2), 0.5f), {D / 2});
+  const std::vector<float> q_values = random_values(size_t(H * D), 1799);
+  DeviceTensor q = upload(*gpu, DType::F32, q_values, {1, H, D});
+  DeviceTensor k = gpu->alloc(DType::F32, {1, G, D});
+  DeviceTensor v = gpu->alloc(DType::F32, {1, G, D});
+  DeviceTensor k_cache = gpu->alloc(DType::F32, {G, capacity, D});
+  DeviceTensor v_cache = gpu->alloc(DType::F32, {G, capacity, D});
+  DeviceTensor two_rows = gpu->alloc(DType::F32, {2, H, D});
+  DeviceTensor narrow_q = gpu->alloc(DType::F32, {1, H, D / 2});
+  const Backend::RunRopeAppend good{&q, &k, &v, &k_cache, &v_cache};
+  auto fails = [&](Backend::RunRopeAppend run, int64_t at) {
+    const std::vector<Backend::RunRopeAppend> runs = {good, run};
+    CHECK_THROWS_WITH(gpu->rope_append_runs(runs, at, inv_freq, 1.0f),
+                      Catch::Contains("rope_append_runs") || Catch::Contains("kv_append"));
+  };
+  Backend::RunRopeAppend missing = good;
+  missing.v = nullptr;
+  fails(missing, position);
+  Backend::RunRopeAppend rows = good;
+  rows.q = &two_rows;
+  fails(rows, position);
+  Backend::RunRopeAppend narrow = good;
+  narrow.q = &narrow_q;
+  fails(narrow, position);
+  fails(good, capacity);                              // past the cache
+  CHECK(same_bytes(read<float>(*gpu, q), q_values));  // the good run was not rotated either
 }

@@ -701,6 +701,58 @@ TEST_CASE("rope: partial rotary (first R of D channels) with cos/sin scaled", "[
       Error);
 }
 
+TEST_CASE("rope_append_runs: each run's rope_pair, then its rotated key and value appended",
+          "[backend]") {
+  auto backend = make_cpu_backend(1);
+  const int64_t heads = 4, groups = 2, head_dim = 10, half = 3, capacity = 8, position = 5;
+  const std::vector<float> inv_freq_values = {1.0f, 0.1f, 0.01f};  // partial rotary: 6 of 10
+  const DeviceTensor inv_freq = make_f32(*backend, inv_freq_values, {half});
+  const float scale = 1.19f;
+  struct Run {
+    DeviceTensor q, k, v, k_cache, v_cache;
+  };
+  auto make_runs = [&] {
+    std::vector<Run> runs;
+    for (uint32_t r = 0; r < 3; ++r) {
+      runs.push_back({make_f32(*backend, random_values(size_t(heads * head_dim), 80 + r),
+                               {1, heads, head_dim}),
+                      make_f32(*backend, random_values(size_t(groups * head_dim), 90 + r),
+                               {1, groups, head_dim}),
+                      make_f32(*backend, random_values(size_t(groups * head_dim), 100 + r),
+                               {1, groups, head_dim}),
+                      backend->alloc(DType::F32, {groups, capacity, head_dim}),
+                      backend->alloc(DType::F32, {groups, capacity, head_dim})});
+    }
+    return runs;
+  };
+  std::vector<Run> fused = make_runs(), apart = make_runs();
+  std::vector<Backend::RunRopeAppend> calls;
+  for (Run& run : fused) calls.push_back({&run.q, &run.k, &run.v, &run.k_cache, &run.v_cache});
+  backend->rope_append_runs(calls, position, inv_freq, scale);
+  for (Run& run : apart) {
+    backend->rope_pair(run.q, run.k, std::vector<int64_t>{position}, inv_freq, scale);
+    backend->kv_append(run.k, run.v, run.k_cache, run.v_cache, position);
+  }
+  for (size_t r = 0; r < fused.size(); ++r) {
+    for (auto member : {&Run::q, &Run::k, &Run::k_cache, &Run::v_cache}) {
+      const std::vector<float> got = read(*backend, fused[r].*member);
+      REQUIRE(got == read(*backend, apart[r].*member));
+    }
+    // The key went in rotated: not its value before the rotation.
+    const std::vector<float> cache = read(*backend, fused[r].k_cache);
+    const std::vector<float> raw = random_values(size_t(groups * head_dim), 90 + uint32_t(r));
+    CHECK(cache[size_t(position * head_dim)] != raw[0]);
+  }
+  // Errors: a missing tensor, or more than one row.
+  std::vector<Backend::RunRopeAppend> missing = {calls[0]};
+  missing[0].v = nullptr;
+  CHECK_THROWS_AS(backend->rope_append_runs(missing, position, inv_freq, scale), Error);
+  DeviceTensor two_rows = backend->alloc(DType::F32, {2, heads, head_dim});
+  std::vector<Backend::RunRopeAppend> rows = {calls[0]};
+  rows[0].q = &two_rows;
+  CHECK_THROWS_AS(backend->rope_append_runs(rows, position, inv_freq, scale), Error);
+}
+
 TEST_CASE("attention: decode with GQA, sliding window and visibility masks", "[backend]") {
   const bool simd = GENERATE(true, false);
   CpuBackendOptions options;
