@@ -27,6 +27,19 @@
 namespace kvlens::cuda {
 namespace {
 
+// launch(first, end, dtype) for each stretch [first, end) of consecutive runs whose caches share
+// a dtype (a kernel is instantiated per cache dtype; a lockstep step's runs are one stretch).
+template <typename Run, typename Launch>
+void for_cache_dtype_stretches(std::span<const Run> runs, Launch&& launch) {
+  for (size_t first = 0; first < runs.size();) {
+    const DType dtype = runs[first].k_cache->dtype;
+    size_t end = first + 1;
+    while (end < runs.size() && runs[end].k_cache->dtype == dtype) ++end;
+    launch(first, end, dtype);
+    first = end;
+  }
+}
+
 // From this many rows of at least this width a fused norm is run as the rmsnorm op first (see
 // rmsnorm_matmul_many). Narrower rows keep the fused kernel: normalising 10 rows of 256 in every
 // block costs less than the launch it saves (the demo model's coref eval, 10 runs, is bound by
@@ -307,14 +320,10 @@ void CudaBackend::kv_append_runs(std::span<const RunAppend> runs, int64_t first_
     args.push_back(append_args(*run.k, *run.v, *run.k_cache, *run.v_cache, first_position));
   if (args.empty()) return;
   activate();
-  for (size_t first = 0; first < runs.size();) {
-    const DType dtype = runs[first].k_cache->dtype;
-    size_t end = first + 1;
-    while (end < runs.size() && runs[end].k_cache->dtype == dtype) ++end;
+  for_cache_dtype_stretches(runs, [&](size_t first, size_t end, DType dtype) {
     cuda::launch_kv_append(std::span(args).subspan(first, end - first), dtype, stream());
     check_launch("kv_append");
-    first = end;
-  }
+  });
 }
 
 // kv_append's checks and rope's for each run; runs whose caches share a dtype in one launch.
@@ -356,15 +365,11 @@ void CudaBackend::rope_append_runs(std::span<const RunRopeAppend> runs, int64_t 
   }
   if (args.empty()) return;
   activate();
-  for (size_t first = 0; first < runs.size();) {
-    const DType dtype = runs[first].k_cache->dtype;
-    size_t end = first + 1;
-    while (end < runs.size() && runs[end].k_cache->dtype == dtype) ++end;
+  for_cache_dtype_stretches(runs, [&](size_t first, size_t end, DType dtype) {
     cuda::launch_rope_append(std::span(args).subspan(first, end - first), rotary_dim,
                              inv_freq.as<float>(), scale, dtype, stream());
     check_launch("rope_append_runs");
-    first = end;
-  }
+  });
 }
 
 void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,
