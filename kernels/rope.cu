@@ -33,10 +33,12 @@ __device__ __forceinline__ void rotate_head(float* v, int64_t rotary_dim, float 
     const float c = __fmul_rn(float(cd), scale);
     const float a = v[i];
     const float b = v[i + half];
-    v[i] = a * c - b * s;
-    v[i + half] = b * c + a * s;
-    store(i, v[i]);
-    store(i + half, v[i + half]);
+    const float rotated_a = a * c - b * s;
+    const float rotated_b = b * c + a * s;
+    v[i] = rotated_a;
+    v[i + half] = rotated_b;
+    store(i, rotated_a);
+    store(i + half, rotated_b);
   }
 }
 
@@ -102,7 +104,7 @@ void launch_rope_append(std::span<const RopeAppendArgs> runs, int64_t rotary_dim
                         cudaStream_t stream) {
   int64_t heads = 0;
   for (const RopeAppendArgs& run : runs) heads = std::max(heads, run.q_heads + run.kv_heads);
-  if (heads <= 0 || rotary_dim < 2) return;
+  if (heads <= 0) return;
   dispatch_weight(cache_dtype, [&](auto tag) {
     using C = decltype(tag);
     for_run_batches(runs, [&]<int kRuns>(const RunBatch<RopeAppendArgs, kRuns>& batch, int count) {

@@ -508,8 +508,9 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     for (int64_t r = 1; r < rows.dim(0); ++r) backend_.copy_rows(rows, 0, rows, r, 1, row_elems);
   };
   const std::span<const int64_t> all_positions(positions);
-  // The layer's projections up to the attention (norm, q/k/v, RoPE) and after it (o_proj and
-  // the MLP with their residuals), over rows [first, first + m).
+  // The layer's projections up to the attention (norm, q/k/v; RoPE for a chunk, while a run's
+  // step rotates as it appends) and after it (o_proj and the MLP with their residuals), over rows
+  // [first, first + m).
   auto project_input = [&](const BackendModel::Layer& layer, int64_t first, int64_t m) {
     DeviceTensor normed_m = row_range(normed, first, m), q_m = row_range(q, first, m);
     DeviceTensor k_m = row_range(k, first, m), v_m = row_range(v, first, m);

@@ -279,8 +279,8 @@ class DecoderSession {
   // (defined where attend_group uses it): no std::function to build twice per run and layer.
   template <typename Work>
   void shared_work(std::span<const int64_t> group, Work&& work);
-  // Appends the key and value rows of the group's runs (the layer's scratch) to their caches, in
-  // one backend call.
+  // Rotates the query and key rows of the group's runs (the layer's scratch) at the step's
+  // position and appends the keys and values to their caches, in one backend call.
   void append_runs(std::span<const int64_t> group, size_t layer);
   // Asks the backend for the counts every run queued this step (record_sparsity), in one call.
   void queue_step_counts();
