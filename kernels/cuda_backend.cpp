@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
-#include "engine/runtime/policy_op_math.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_backend_impl.h"
 #include "kernels/step_graph.cuh"

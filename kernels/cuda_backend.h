@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "engine/runtime/backend.h"
+#include "engine/backend/backend.h"
 
 namespace kvlens {
 

@@ -1,7 +1,7 @@
 // The CUDA backend's class (kvlens::Backend on one GPU), shared by the files that define its
 // members: cuda_backend.cpp (memory, copies, lanes, deferred counts, recorded steps),
 // cuda_model_ops.cpp (the decoder's ops) and cuda_policy_ops.cpp (the token-selection ops).
-// Shapes as in engine/runtime/backend.h. Internal to kernels/: the engine sees cuda_backend.h.
+// Shapes as in engine/backend/backend.h. Internal to kernels/: the engine sees cuda_backend.h.
 #pragma once
 
 #include <cublas_v2.h>
@@ -16,8 +16,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/runtime/backend.h"
-#include "engine/runtime/thread_pool.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/thread_pool.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_support.h"
 #include "kernels/step_graph.cuh"

@@ -1,4 +1,4 @@
-// The CUDA backend's decoder ops (engine/runtime/backend.h): embeddings, products (the
+// The CUDA backend's decoder ops (engine/backend/backend.h): embeddings, products (the
 // weight-streaming GEMV of kernels/gemv.cu for decode rows, cuBLAS for many rows), norms, RoPE,
 // the KV cache and attention, argmax and log-probabilities; argument checks name op and operand.
 #include <algorithm>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
-#include "engine/runtime/policy_op_math.h"
 #include "kernels/cuda_backend_impl.h"
 #include "kernels/decode_attention.cuh"
 #include "kernels/gemv.cuh"

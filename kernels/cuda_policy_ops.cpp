@@ -1,4 +1,4 @@
-// The CUDA backend's token-selection (policy) ops (engine/runtime/backend.h, "token-selection
+// The CUDA backend's token-selection (policy) ops (engine/backend/backend.h, "token-selection
 // ops"): argument checks, then the launchers of kernels/policy_ops.cu and the attention kernels.
 // Row tensors are [rows, stride]; only the first `cols` columns are read or written.
 #include <algorithm>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
-#include "engine/runtime/policy_op_math.h"
 #include "kernels/cuda_backend_impl.h"
 #include "kernels/policy_ops.cuh"
 

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/runtime/backend.h"
+#include "engine/backend/backend.h"
 #include "kernels/policy_ops.cuh"
 
 namespace kvlens::cuda {

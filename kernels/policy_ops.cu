@@ -1,10 +1,10 @@
 // Token-selection (policy) kernels (see policy_ops.cuh). The ranking key, the random values and
-// the page bound / cosine arithmetic come from engine/runtime/policy_op_math.h, the same code the
+// the page bound / cosine arithmetic come from engine/backend/policy_op_math.h, the same code the
 // CPU backend runs, so selections, random rows, page bounds and anchor similarities are
 // bit-identical across backends; the other float ops differ only by rounding order.
 #include <algorithm>
 
-#include "engine/runtime/policy_op_math.h"
+#include "engine/backend/policy_op_math.h"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/policy_ops.cuh"

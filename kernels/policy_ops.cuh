@@ -102,7 +102,7 @@ void launch_sum_row_groups(RowsRef<const float> x, int64_t groups, int64_t group
 // out[r, j] = mask[r / group, j] for r < rows.
 void launch_expand_row_groups(RowsRef<const uint8_t> mask, int64_t rows, int64_t group,
                               int64_t cols, RowsRef<uint8_t> out, cudaStream_t stream);
-// out[r, j] = random_unit(seed, stream_id, r, j) (engine/runtime/policy_op_math.h).
+// out[r, j] = random_unit(seed, stream_id, r, j) (engine/backend/policy_op_math.h).
 void launch_random_rows(uint64_t seed, uint64_t stream_id, int64_t rows, int64_t cols,
                         RowsRef<float> out, cudaStream_t stream);
 

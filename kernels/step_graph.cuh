@@ -10,7 +10,7 @@
 #include <memory>
 #include <span>
 
-#include "engine/runtime/backend.h"
+#include "engine/backend/backend.h"
 #include "kernels/norm_ops.cuh"
 
 namespace kvlens::cuda {

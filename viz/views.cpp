@@ -94,17 +94,15 @@ std::vector<int64_t> default_runs(const Trace& trace) {
 
 std::string run_title(const Trace& trace, int64_t run) {
   const TraceRun& r = trace.runs[size_t(run)];
-  if (r.policy == "dense") return "dense";
+  if (is_reference_policy(r.policy)) return r.policy;
   char text[64];
   std::snprintf(text, sizeof text, " s=%.2g", r.sparsity);
   return r.policy + text;
 }
 
 bool run_predicts_logits(const Trace& trace, int64_t run) {
-  const std::string& id = trace.runs[size_t(run)].policy;
-  for (const PolicyInfo& info : policy_infos())
-    if (info.id == id) return info.family.rfind("learned predictor", 0) == 0;
-  return id == "tokenbutler";
+  const PolicyInfo* info = find_policy_info(trace.runs[size_t(run)].policy);
+  return info && info->predicts_logits;
 }
 
 int64_t resolved_step(const Trace& trace, const ViewOptions& options) {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/eval/trace_queries.h"
 #include "engine/trace/trace.h"
+#include "engine/trace/trace_queries.h"
 #include "viz/figure.h"
 
 namespace kvlens::viz {

@@ -10,12 +10,14 @@
 #include "viz/layout.h"
 #include "viz/views.h"
 
+#include "engine/policy/registry.h"
+
 namespace kvlens::viz {
 namespace {
 
 int64_t dense_run(const Trace& trace) {
   for (size_t r = 0; r < trace.runs.size(); ++r)
-    if (trace.runs[r].policy == "dense") return int64_t(r);
+    if (is_reference_policy(trace.runs[r].policy)) return int64_t(r);
   return -1;
 }
 

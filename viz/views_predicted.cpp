@@ -8,8 +8,8 @@
 #include <memory>
 #include <span>
 
-#include "engine/eval/step_metrics.h"
 #include "engine/policy/registry.h"
+#include "engine/trace/step_metrics.h"
 #include "viz/layout.h"
 #include "viz/views.h"
 

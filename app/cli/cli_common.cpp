@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "engine/runtime/memory_estimate.h"
+#include "engine/session/memory_estimate.h"
 
 namespace kvlens::cli {
 namespace {

@@ -52,7 +52,7 @@ class ProgressBar {
 
 // Before any work on the CPU backend (other backends pass): the weights plus `runs` runs'
 // caches (and policy rows where `policies`) over `tokens` positions must fit MemAvailable
-// (engine/runtime/memory_estimate.h); throws kvlens::Error naming `what` and both figures.
+// (engine/session/memory_estimate.h); throws kvlens::Error naming `what` and both figures.
 void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t tokens, int64_t runs,
                       bool policies, const std::string& what);
 

@@ -14,13 +14,13 @@
 
 #include "app/cli/cli_common.h"
 #include "app/session/policy_runs.h"
+#include "engine/backend/bandwidth.h"
+#include "engine/backend/cpu/cpu_backend.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
+#include "engine/policy/predictor_runtime.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/bandwidth.h"
-#include "engine/runtime/cpu/cpu_backend.h"
-#include "engine/runtime/decoder_session.h"
-#include "engine/runtime/predictor_runtime.h"
+#include "engine/session/decoder_session.h"
 
 namespace kvlens::cli {
 namespace {
@@ -147,7 +147,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                        1 + (policies.empty() ? 0 : int64_t(split_comma_list(policies).size())),
                        !policies.empty(), "--context + --warmup + --steps");
       const auto backend = make_backend(common);
-      const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
+      const auto resident = upload_model(model, *backend, session::upload_options(common));
       const int64_t step_bytes = resident->step_weight_bytes();
 
       // Measured after the upload, before decoding, in this process: same memory, same load.
@@ -201,9 +201,8 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         runs = resolve_policy_runs(policies, sparsity, policy_args);
         lockstep.emplace(resident, SessionOptions{}, int64_t(runs.size()));
         for (size_t r = 0; r < runs.size(); ++r) {
-          if (runs[r].id == "dense") continue;
-          lockstep->set_policy(int64_t(r),
-                               make_policy(runs[r], lockstep->policy_shape(), *backend));
+          if (auto made = make_run_policy(runs[r], lockstep->policy_shape(), *backend))
+            lockstep->set_policy(int64_t(r), std::move(made));
         }
         prefill(*lockstep);
       }
@@ -261,11 +260,12 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       }
 
       const double step_median = median(step_seconds);
-      // The predictor's share of a step, where a tokenbutler run is listed.
+      // The predictor's share of a step, where a run of a policy that reads it is listed.
       const bool with_predictor =
           resident->predictor &&
-          std::any_of(runs.begin(), runs.end(),
-                      [](const PolicyConfig& listed) { return listed.id == "tokenbutler"; });
+          std::any_of(runs.begin(), runs.end(), [](const PolicyConfig& listed) {
+            return policy_info(listed.id).needs_predictor;
+          });
       const double predictor_median =
           with_predictor ? predictor_step_seconds(*resident, *backend, context, warmup, steps)
                          : 0.0;

@@ -37,7 +37,7 @@ constexpr int64_t kPerplexityChunk = 512;
 
 // CLI11 binds options to storage that must outlive the parse.
 struct EvalFlags {
-  std::string model_dir, task, policies = "dense", sparsities = "0";
+  std::string model_dir, task, policies = reference_policy().id, sparsities = "0";
   int64_t samples = 200, first_index = 0, window = 0, max_tokens = 0;
   uint64_t seed = 0;
   bool hard = false;
@@ -187,7 +187,7 @@ int run_eval(const CommonOptions& common) {
                      int64_t(runs.size()), true, "--window / --max-tokens");
   }
   const auto backend = make_backend(common);
-  const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
+  const auto resident = upload_model(model, *backend, session::upload_options(common));
 
   Json results = Json::array();
   std::printf("eval %s  model %s  backend %s  runs %zu in lockstep\n", flags.task.c_str(),

@@ -4,7 +4,8 @@
 #include "app/cli/cli_common.h"
 #include "app/session/model_input.h"
 #include "engine/common/error.h"
-#include "engine/runtime/scoring.h"
+#include "engine/policy/registry.h"
+#include "engine/session/scoring.h"
 
 namespace kvlens::cli {
 
@@ -39,10 +40,10 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       const std::vector<int32_t> prompt_ids =
           resolve_input_tokens(*model, text, tokens, "--tokens");
       check_cpu_memory(common, *model, int64_t(prompt_ids.size()) + max_new, 1,
-                       !policy_config.id.empty() && policy_config.id != "dense",
+                       !policy_config.id.empty() && !is_reference_policy(policy_config.id),
                        "prompt + --max-new");
       const auto backend = make_backend(common);
-      const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
+      const auto resident = upload_model(model, *backend, session::upload_options(common));
 
       const Tokenizer* tokenizer =
           (!print_ids && model->tokenizer) ? model->tokenizer.get() : nullptr;

@@ -5,7 +5,7 @@
 
 #include "app/cli/cli_common.h"
 #include "engine/model/model.h"
-#include "engine/runtime/memory_estimate.h"
+#include "engine/session/memory_estimate.h"
 
 namespace kvlens::cli {
 namespace {

@@ -9,7 +9,7 @@
 #include "app/session/model_input.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 
 namespace kvlens::cli {
 
@@ -50,7 +50,7 @@ void add_score_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           *model, text, tokens, *file_option ? "--text-file" : "--tokens", max_tokens);
       check_cpu_memory(common, *model, int64_t(ids.size()), 1, true, "the text's tokens");
       const auto backend = make_backend(common);
-      const auto resident = BackendModel::upload(model, *backend, session::upload_options(common));
+      const auto resident = upload_model(model, *backend, session::upload_options(common));
       ProgressBar bar(common.progress, "score");
       ScoreOptions options;
       options.chunk = chunk;

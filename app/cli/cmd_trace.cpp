@@ -11,13 +11,15 @@
 #include "app/session/policy_runs.h"
 #include "app/session/recording.h"
 #include "engine/common/error.h"
-#include "engine/trace/trace_recorder.h"
+#include "engine/policy/registry.h"
+#include "engine/session/trace_recorder.h"
 
 namespace kvlens::cli {
 namespace {
 
 struct TraceFlags {
-  std::string model_dir, prompt, policies = "dense", sparsities = "0.5", out_path, pools_path;
+  std::string model_dir, prompt, policies = reference_policy().id, sparsities = "0.5", out_path,
+                                 pools_path;
   std::string selected_heads;
   std::vector<std::string> policy_args;
   int64_t coref_index = -1, max_tokens = 0, prefill = 0, top_k = 10, memory_mb = 2048;

@@ -11,8 +11,8 @@
 
 #include "app/gui/imgui_canvas.h"
 #include "engine/common/comma_list.h"
-#include "engine/eval/trace_queries.h"
 #include "engine/policy/registry.h"
+#include "engine/trace/trace_queries.h"
 #include "viz/layout.h"
 
 namespace kvlens::app {

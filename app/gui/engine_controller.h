@@ -20,7 +20,7 @@ namespace kvlens::app {
 struct SessionConfig {
   std::string model_dir;
   session::RecordingSource source;
-  std::string policies = kDefaultPolicies;
+  std::string policies = default_policies();
   // The user named the policies (--policies, the sidebar, a script): tokenbutler is then kept
   // without a predictor (and fails); the default list leaves it out (policy_defaults.h).
   bool policies_asked = false;

@@ -24,7 +24,7 @@ bool has_display() {
 int main(int argc, char** argv) {
   using kvlens::app::LaunchOptions;
   CLI::App cli{"kvlens: step a decode under KV-cache policies and see what every head saw"};
-  std::string model, trace, prompt, policies = kvlens::app::kDefaultPolicies, predictor,
+  std::string model, trace, prompt, policies = kvlens::app::default_policies(), predictor,
                                     sparsity = "0.5", backend = "auto", script,
                                     out_dir = "kvlens-dashboard";
   int64_t sample = 0;

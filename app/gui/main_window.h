@@ -22,7 +22,7 @@ struct LaunchOptions {
   QString trace_path;
   int64_t coref_sample = 0;
   QString prompt;  // used instead of the sample when set
-  QString policies = kDefaultPolicies;
+  QString policies = QString::fromStdString(default_policies());
   bool policies_asked = false;  // --policies was given (policy_defaults.h)
   QString predictor_file;       // --predictor: the TokenButler predictor to load with the model
   QString sparsity = "0.5";

@@ -9,26 +9,27 @@
 
 namespace kvlens::app {
 
+std::string default_policies() {
+  return default_comparison_policies();
+}
+
 PolicyChoice choose_policies(const std::string& policies, bool asked, const Model& model) {
   PolicyChoice choice{policies, {}};
   if (asked) return choice;
-  const std::vector<std::string> ids = split_comma_list(policies);
-  bool listed = false;
-  for (const std::string& id : ids) listed = listed || id == kPredictorPolicy;
-  if (!listed) return choice;
-  bool registered = false;
-  for (const PolicyInfo& info : policy_infos())
-    registered = registered || info.id == kPredictorPolicy;
-  if (registered && model.predictor.predictor) return choice;
   choice.policies.clear();
-  for (const std::string& id : ids)
-    if (id != kPredictorPolicy) choice.policies += (choice.policies.empty() ? "" : ",") + id;
-  if (!registered) {
-    choice.note = std::string(kPredictorPolicy) + " left out: this build has no " +
-                  kPredictorPolicy + " policy";
-  } else {
-    choice.note = std::string(kPredictorPolicy) + " left out: " + model.dir +
-                  " has no predictor (--predictor FILE names one)";
+  for (const std::string& id : split_comma_list(policies)) {
+    const PolicyInfo* info = find_policy_info(id);
+    std::string why;
+    if (!info) {
+      why = id + " left out: this build has no " + id + " policy";
+    } else if (info->needs_predictor && !model.predictor.predictor) {
+      why = id + " left out: " + model.dir + " has no predictor (--predictor FILE names one)";
+    }
+    if (why.empty()) {
+      choice.policies += (choice.policies.empty() ? "" : ",") + id;
+    } else {
+      choice.note += (choice.note.empty() ? "" : "; ") + why;
+    }
   }
   return choice;
 }

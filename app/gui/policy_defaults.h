@@ -1,6 +1,6 @@
-// The app's default policies (dense, tokenbutler, h2o, quest at 50%) and what becomes of the
-// learned predictor's policy on a model without a predictor: a default list leaves tokenbutler out
-// and says so; a list the user asked for is kept as it is, so its tokenbutler fails as any bad
+// The app's default policies (the registry's default comparison, at 50%) and what becomes of a
+// policy that needs a learned predictor on a model without one: a default list leaves it out
+// and says so; a list the user asked for is kept as it is, so such a policy fails as any bad
 // policy does (an error dialog, the session kept). Shared by the window and the headless dashboard.
 #pragma once
 
@@ -10,8 +10,8 @@
 
 namespace kvlens::app {
 
-inline constexpr const char* kDefaultPolicies = "dense,tokenbutler,h2o,quest";
-inline constexpr const char* kPredictorPolicy = "tokenbutler";
+// The policies the app opens on (default_comparison_policies in engine/policy/registry.h).
+std::string default_policies();
 
 struct PolicyChoice {
   std::string policies;  // the list to run
@@ -19,8 +19,8 @@ struct PolicyChoice {
 };
 
 // `policies` as given when `asked` (the user named them: --policies, the sidebar's check boxes,
-// a script), else without tokenbutler when `model` has no predictor (or this build has no
-// tokenbutler policy), with a note saying why.
+// a script), else without the policies that need a predictor when `model` has none (and without
+// ids this build does not register), with a note saying why.
 PolicyChoice choose_policies(const std::string& policies, bool asked, const Model& model);
 
 // "FILE (variant hf, 1.23M parameters)" for the model's predictor, or "no predictor".

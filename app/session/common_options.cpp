@@ -1,8 +1,8 @@
 // Backend selection and model loading of the common options (common_options.h).
 #include "app/session/common_options.h"
 
+#include "engine/backend/cpu/cpu_backend.h"
 #include "engine/common/error.h"
-#include "engine/runtime/cpu/cpu_backend.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #endif

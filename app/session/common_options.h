@@ -5,9 +5,9 @@
 #include <memory>
 #include <string>
 
+#include "engine/backend/backend.h"
 #include "engine/model/model.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/decoder_session.h"
+#include "engine/session/decoder_session.h"
 
 namespace kvlens::session {
 
@@ -30,7 +30,7 @@ struct CommonOptions {
 // Backend by name; throws kvlens::Error when it is not available in this build or machine.
 std::unique_ptr<Backend> make_backend(const CommonOptions& common);
 
-// --dtype and --kv-dtype as BackendModel::upload takes them.
+// --dtype and --kv-dtype as upload_model takes them.
 UploadOptions upload_options(const CommonOptions& common);
 
 // Model::load with the --predictor override.

@@ -13,8 +13,9 @@ namespace kvlens::session {
 
 PolicyConfig resolve_policy(const PolicyOptions& options) {
   // Dense hides nothing, so any other value would label a result with a sparsity it does not have.
-  if (options.policy == "dense" && options.sparsity != 0.0) {
-    throw Error("--sparsity", "sparsity", "0 for policy dense (it hides no tokens)",
+  if (is_reference_policy(options.policy) && options.sparsity != 0.0) {
+    throw Error("--sparsity", "sparsity",
+                "0 for policy " + options.policy + " (it hides no tokens)",
                 std::to_string(options.sparsity));
   }
   PolicyConfig config{options.policy, options.sparsity, options.policy_args};

@@ -11,12 +11,13 @@
 #include "engine/eval/coref_pools.h"
 #include "engine/model/model.h"
 #include "engine/policy/policy.h"
+#include "engine/policy/registry.h"
 
 namespace kvlens::session {
 
 // --policy, --sparsity and --policy-arg (kvlens-cli's add_policy_options registers them).
 struct PolicyOptions {
-  std::string policy = "dense";
+  std::string policy = reference_policy().id;
   double sparsity = 0.0;
   std::vector<std::string> policy_args;
 };

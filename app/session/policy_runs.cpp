@@ -86,7 +86,8 @@ std::vector<PolicyConfig> resolve_policy_runs(const std::string& policies,
   std::vector<PolicyConfig> runs;
   for (const std::string& id : ids) {
     for (const double sparsity : sparsity_values) {
-      PolicyOptions requested{id, id == "dense" ? 0.0 : sparsity, {}};
+      const bool reference = is_reference_policy(id);
+      PolicyOptions requested{id, reference ? 0.0 : sparsity, {}};
       try {
         requested.policy_args = args_for(id, policy_args);
         runs.push_back(resolve_policy(requested));
@@ -95,7 +96,7 @@ std::vector<PolicyConfig> resolve_policy_runs(const std::string& policies,
         if (error.file() != "--policy") throw;
         throw Error("--policies", error.field(), error.expected(), error.found());
       }
-      if (id == "dense") break;
+      if (reference) break;  // hides nothing: one run whatever the sparsities
     }
   }
   return runs;

@@ -39,8 +39,7 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
                  static_cast<long long>(model.config.vocab_size));
   }
   recording.backend = make_backend(common);
-  recording.resident =
-      BackendModel::upload(recording.model, *recording.backend, upload_options(common));
+  recording.resident = upload_model(recording.model, *recording.backend, upload_options(common));
   recording.recorder =
       std::make_unique<TraceRecorder>(recording.resident, &tokenizer, tokens, runs, options);
   if (sample) {

@@ -10,7 +10,7 @@
 
 #include "app/session/common_options.h"
 #include "engine/model/model.h"
-#include "engine/trace/trace_recorder.h"
+#include "engine/session/trace_recorder.h"
 
 namespace kvlens::session {
 

@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "engine/common/error.h"
-#include "engine/runtime/decoder_session.h"
+#include "engine/session/decoder_session.h"
 
 namespace kvlens {
 namespace {

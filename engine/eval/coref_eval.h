@@ -11,7 +11,7 @@
 
 #include "engine/eval/coref_benchmark.h"
 #include "engine/eval/coref_pools.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 
 namespace kvlens {
 

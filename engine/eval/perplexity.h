@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 
 namespace kvlens {
 

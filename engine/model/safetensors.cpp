@@ -154,12 +154,6 @@ TensorEntry parse_entry(const std::string& name, const Json& value, uint64_t dat
 
 }  // namespace
 
-int64_t TensorView::numel() const {
-  int64_t count = 1;
-  for (const int64_t extent : shape) count *= extent;  // checked against the bytes at parse time
-  return count;
-}
-
 SafetensorsHeader parse_safetensors_header(std::string_view file_bytes, const std::string& source) {
   SafetensorsHeader header;
   if (file_bytes.size() < 8) {

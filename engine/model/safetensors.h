@@ -11,20 +11,9 @@
 
 #include "engine/common/dtype.h"
 #include "engine/common/mapped_file.h"
+#include "engine/common/tensor_view.h"
 
 namespace kvlens {
-
-// A tensor inside a mapped file; data points into the map (valid while the file lives).
-struct TensorView {
-  std::string name;
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;
-  const std::byte* data = nullptr;
-  size_t bytes = 0;
-  std::string file;  // the .safetensors file it lives in, for messages
-
-  int64_t numel() const;
-};
 
 struct TensorEntry {
   // Every safetensors dtype is accepted here (its size is known, so offsets can be checked);

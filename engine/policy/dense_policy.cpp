@@ -17,7 +17,7 @@ class DensePolicy final : public Policy {
 }  // namespace
 
 PolicyInfo dense_policy_info() {
-  return {"dense", "reference", "Every cached token is visible (S = {0..t}).", {}};
+  return {"dense", "reference", "Every cached token is visible (S = {0..t}).", {}, true};
 }
 
 std::unique_ptr<Policy> make_dense_policy(const PolicyShape&, Backend&, const ParamValues&,

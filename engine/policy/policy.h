@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/model/config.h"
 #include "engine/policy/policy_params.h"
-#include "engine/runtime/backend.h"
 
 namespace kvlens {
 
@@ -147,10 +147,21 @@ struct PolicyInfo {
   std::string family;
   std::string description;
   std::vector<ParamSpec> params;
+  // The reference policy (dense): every cached token visible, no state. A session runs it as
+  // the plain attention (no Policy object), evaluations and traces compare every run with it,
+  // and its sparsity is always 0. Exactly one registered policy has it.
+  bool reference = false;
+  // It reads the model's learned predictor (PolicyShape::predictor): a model without one cannot
+  // run it, and the app's default comparison leaves it out there.
+  bool needs_predictor = false;
+  // Its scores estimate the true attention logits (a learned predictor's, an approximate-logit
+  // method's): the predicted-vs-true view compares them with the true logits and reports the
+  // hit rate.
+  bool predicts_logits = false;
 };
 
 struct PolicyConfig {
-  std::string id = "dense";
+  std::string id = "dense";  // the reference policy (registry.h: reference_policy())
   double sparsity = 0.0;
   std::vector<std::string> args;  // key=value
 };

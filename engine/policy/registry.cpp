@@ -83,4 +83,35 @@ std::unique_ptr<Policy> make_policy(const PolicyConfig& config, const PolicyShap
   return entry(config.id).make(shape, backend, values, config.sparsity);
 }
 
+std::unique_ptr<Policy> make_run_policy(const PolicyConfig& config, const PolicyShape& shape,
+                                        Backend& backend) {
+  if (is_reference_policy(config.id)) {
+    validate_policy_config(config);
+    return nullptr;
+  }
+  return make_policy(config, shape, backend);
+}
+
+const PolicyInfo& reference_policy() {
+  for (const Entry& e : entries()) {
+    if (e.info.reference) return e.info;
+  }
+  throw Error("policy registry", "reference", "one policy marked as the reference", "none");
+}
+
+bool is_reference_policy(const std::string& id) {
+  return id == reference_policy().id;
+}
+
+const PolicyInfo* find_policy_info(const std::string& id) {
+  for (const PolicyInfo& info : policy_infos()) {
+    if (info.id == id) return &info;
+  }
+  return nullptr;
+}
+
+std::string default_comparison_policies() {
+  return reference_policy().id + ",tokenbutler,h2o,quest";
+}
+
 }  // namespace kvlens

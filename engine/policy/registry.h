@@ -21,5 +21,20 @@ void validate_policy_config(const PolicyConfig& config);
 // A policy instance for one run over a model of `shape`, its buffers in `backend`.
 std::unique_ptr<Policy> make_policy(const PolicyConfig& config, const PolicyShape& shape,
                                     Backend& backend);
+// make_policy for a session's run: null for the reference policy, which a session runs as its
+// plain attention path (DecoderSession::set_policy is then not called).
+std::unique_ptr<Policy> make_run_policy(const PolicyConfig& config, const PolicyShape& shape,
+                                        Backend& backend);
+
+// The reference policy (PolicyInfo::reference: dense), and whether `id` names it. Front ends
+// and sessions ask these instead of naming it.
+const PolicyInfo& reference_policy();
+bool is_reference_policy(const std::string& id);
+// The registered policy `id`, or null (an id no policy has now: a trace recorded with a plug-in
+// that is not loaded).
+const PolicyInfo* find_policy_info(const std::string& id);
+// The comparison a front end opens on when the user names none: the reference, the learned
+// predictor and two baselines (an eviction and a page method), comma separated.
+std::string default_comparison_policies();
 
 }  // namespace kvlens

@@ -8,7 +8,7 @@
 #include "engine/common/error.h"
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/policy_factories.h"
-#include "engine/runtime/predictor_runtime.h"
+#include "engine/policy/predictor_runtime.h"
 
 namespace kvlens {
 namespace {
@@ -66,10 +66,14 @@ std::string searched_text(const std::vector<std::string>& searched) {
 }  // namespace
 
 PolicyInfo tokenbutler_policy_info() {
-  return {"tokenbutler", "learned predictor (TokenButler)",
+  return {"tokenbutler",
+          "learned predictor (TokenButler)",
           "Top-B(t) tokens per (layer, head) by the TokenButler predictor's logits for this "
           "step, chosen afresh every step; nothing evicted.",
-          with_common_specs({})};
+          with_common_specs({}),
+          /*reference=*/false,
+          /*needs_predictor=*/true,
+          /*predicts_logits=*/true};
 }
 
 std::unique_ptr<Policy> make_tokenbutler_policy(const PolicyShape& shape, Backend& backend,

@@ -43,8 +43,8 @@
 #include <limits>
 #include <vector>
 
+#include "engine/backend/policy_op_math.h"
 #include "engine/policy/policy_factories.h"
-#include "engine/runtime/policy_op_math.h"
 
 namespace kvlens {
 namespace {

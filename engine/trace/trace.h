@@ -22,7 +22,7 @@ struct TraceToken {
 
 // One policy run of the trace.
 struct TraceRun {
-  std::string policy = "dense";     // registered policy id
+  std::string policy;               // registered policy id
   double sparsity = 0.0;            // nominal s
   std::vector<std::string> params;  // every resolved parameter, "key=value" (ParamValues order)
   int64_t first_step = 0;           // the policy applies from this step on (0: decode simulation)

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/common/error.h"
-#include "engine/runtime/backend.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_support.h"
 #include "tests/support/backend_checks.h"

@@ -7,12 +7,12 @@
 #include <memory>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/common/dtype.h"
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/decoder_session.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/decoder_session.h"
+#include "engine/session/scoring.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/bf16_reference.h"
 #include "tests/support/random_values.h"
@@ -187,17 +187,17 @@ TEST_CASE("a BF16 session's KV cache: the CPU refuses it, the GPU's stays close 
   auto gpu = make_cuda_backend(0);
   UploadOptions bf16;
   bf16.weight_dtype = DType::BF16;
-  CHECK(BackendModel::upload(model, *cpu, bf16)->kv_cache_dtype == DType::F32);
+  CHECK(upload_model(model, *cpu, bf16)->kv_cache_dtype == DType::F32);
   UploadOptions bf16_cache = bf16;
   bf16_cache.kv_cache_dtype = DType::BF16;
-  CHECK_THROWS_AS(BackendModel::upload(model, *cpu, bf16_cache), Error);
+  CHECK_THROWS_AS(upload_model(model, *cpu, bf16_cache), Error);
 
-  const auto narrow = BackendModel::upload(model, *gpu, bf16);
+  const auto narrow = upload_model(model, *gpu, bf16);
   REQUIRE(narrow->weight_dtype() == DType::BF16);
   REQUIRE(narrow->kv_cache_dtype == DType::BF16);  // the default follows the weights
   UploadOptions wide_cache = bf16;
   wide_cache.kv_cache_dtype = DType::F32;
-  const auto wide = BackendModel::upload(model, *gpu, wide_cache);
+  const auto wide = upload_model(model, *gpu, wide_cache);
 
   const std::vector<int32_t> tokens = model->require_tokenizer().encode(
       "Once upon a time there was a little girl who loved the sea. Every morning she walked to "
@@ -220,7 +220,7 @@ TEST_CASE("the BF16 path (BF16 weights and KV cache on the GPU) against transfor
   // The demo model's weights are BF16 on disk; the cache follows them by default on the GPU.
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto gpu = make_cuda_backend(0);
-  const auto resident = BackendModel::upload(model, *gpu);
+  const auto resident = upload_model(model, *gpu);
   REQUIRE(resident->kv_cache_dtype == DType::BF16);
   for (const test::Bf16PromptComparison& c : test::compare_with_bf16_reference(resident)) {
     INFO(c.prompt);
@@ -254,8 +254,8 @@ TEST_CASE("every policy's visible sets on a BF16 cache equal the F32 cache's but
   auto gpu = make_cuda_backend(0);
   UploadOptions f32_cache;
   f32_cache.kv_cache_dtype = DType::F32;
-  const auto narrow = BackendModel::upload(model, *gpu);
-  const auto wide = BackendModel::upload(model, *gpu, f32_cache);
+  const auto narrow = upload_model(model, *gpu);
+  const auto wide = upload_model(model, *gpu, f32_cache);
   const std::vector<int32_t> tokens = model->require_tokenizer().encode(
       "Old sea charts mark a valley where the vineyards climb up terraces. The place is: "
       "Rourstelk. Courage is often mistaken for its opposite by those in a hurry. The valley with "

@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/backend.h"
+#include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/policy_op_math.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/common/dtype.h"
 #include "engine/common/error.h"
-#include "engine/runtime/backend.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/random_values.h"
 

@@ -7,7 +7,7 @@
 
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/trace_rows_check.h"
@@ -26,11 +26,11 @@ TEST_CASE("cuda session matches the cpu session on every parity fixture", "[cuda
     const auto model = Model::load(dir);
     auto cpu = make_cpu_backend(2);
     auto gpu = make_cuda_backend(0);
-    const auto on_cpu = BackendModel::upload(model, *cpu);
+    const auto on_cpu = upload_model(model, *cpu);
     // The F32 path: an F32 KV cache, as the CPU keeps (BF16/F16 caches: the test below).
     UploadOptions f32_cache;
     f32_cache.kv_cache_dtype = DType::F32;
-    const auto on_gpu = BackendModel::upload(model, *gpu, f32_cache);
+    const auto on_gpu = upload_model(model, *gpu, f32_cache);
 
     DecoderSession cpu_session(on_cpu), gpu_session(on_gpu);
     std::vector<float> cpu_logits, gpu_logits;
@@ -68,7 +68,7 @@ TEST_CASE("a recorded step (CUDA graph) replays the op-by-op step's bits at ever
   // reset.
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto gpu = make_cuda_backend(0);
-  const auto on_gpu = BackendModel::upload(model, *gpu);
+  const auto on_gpu = upload_model(model, *gpu);
   SessionOptions op_by_op;
   op_by_op.record_steps = false;
   DecoderSession recorded(on_gpu), plain(on_gpu, op_by_op);
@@ -103,7 +103,7 @@ TEST_CASE("recorded steps stay exact where the RoPE table changes during a decod
     const std::vector<int32_t> tokens = reference["tokens"].get<std::vector<int32_t>>();
     const auto model = Model::load(dir);
     auto gpu = make_cuda_backend(0);
-    const auto on_gpu = BackendModel::upload(model, *gpu);
+    const auto on_gpu = upload_model(model, *gpu);
     SessionOptions op_by_op;
     op_by_op.record_steps = false;
     DecoderSession recorded(on_gpu), plain(on_gpu, op_by_op);
@@ -120,12 +120,12 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto cpu = make_cpu_backend(2);
   auto gpu = make_cuda_backend(0);
-  const auto on_cpu = BackendModel::upload(model, *cpu);
+  const auto on_cpu = upload_model(model, *cpu);
   // The F32 path: the demo model's weights are BF16, so its cache would be BF16 by default
   // (test_cuda_cache_dtype.cpp compares that one).
   UploadOptions f32_cache;
   f32_cache.kv_cache_dtype = DType::F32;
-  const auto on_gpu = BackendModel::upload(model, *gpu, f32_cache);
+  const auto on_gpu = upload_model(model, *gpu, f32_cache);
   const std::vector<int32_t> tokens = model->require_tokenizer().encode(
       "Old sea charts mark a valley where the vineyards climb up terraces. The place is: "
       "Rourstelk. Courage is often mistaken for its opposite by those in a hurry. The valley with "
@@ -167,7 +167,7 @@ TEST_CASE("a recording session's step graph records the op-by-op step's logits a
   // across the cache's growth past 256 positions.
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto gpu = make_cuda_backend(0);
-  const auto on_gpu = BackendModel::upload(model, *gpu);
+  const auto on_gpu = upload_model(model, *gpu);
   SessionOptions recording, op_by_op;
   recording.record_attention_logits = op_by_op.record_attention_logits = true;
   op_by_op.record_steps = false;
@@ -203,7 +203,7 @@ TEST_CASE("a trace recorded on the GPU holds every step's own rows", "[cuda]") {
   // step queued before this one is read): the rows must equal blocking reads of a session.
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto gpu = make_cuda_backend(0);
-  const auto on_gpu = BackendModel::upload(model, *gpu);
+  const auto on_gpu = upload_model(model, *gpu);
   std::vector<int32_t> tokens(40);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7919 + 13) % 8000);
   CHECK(test::check_trace_rows_match_session(on_gpu, tokens, {{"dense", 0.0, {}}}) == 40);
@@ -220,7 +220,7 @@ TEST_CASE("coref samples scored side by side on the GPU give the results of scor
   // every figure must be identical, and each sample's sparsity counts must be its own.
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto gpu = make_cuda_backend(0);
-  const auto on_gpu = BackendModel::upload(model, *gpu);
+  const auto on_gpu = upload_model(model, *gpu);
   const CorefPools pools = load_bundled_coref_pools();
   const Tokenizer& tokenizer = model->require_tokenizer();
   const std::vector<PolicyConfig> policies = {{"dense", 0.0, {}},

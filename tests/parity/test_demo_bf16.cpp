@@ -11,8 +11,8 @@
 // within the BF16-vs-F32 gap), where rounding alone decides.
 #include <catch2/catch.hpp>
 
+#include "engine/backend/backend.h"
 #include "engine/model/model.h"
-#include "engine/runtime/backend.h"
 #include "tests/support/bf16_reference.h"
 #include "tests/support/test_paths.h"
 
@@ -21,7 +21,7 @@ using namespace kvlens;
 TEST_CASE("demo model in BF16: the CPU path against transformers BF16 and F32", "[parity][demo]") {
   const auto model = Model::load(test::source_path("assets/models/demo"));
   auto cpu = make_cpu_backend();
-  const auto resident = BackendModel::upload(model, *cpu);
+  const auto resident = upload_model(model, *cpu);
   REQUIRE(resident->weight_dtype() == DType::BF16);
   REQUIRE(resident->kv_cache_dtype == DType::F32);
   constexpr double kF32Tolerance = 2e-3;

@@ -11,13 +11,13 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "engine/backend/backend.h"
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/coref_pools.h"
 #include "engine/model/model.h"
 #include "engine/model/tokenizer.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "engine/trace/trace.h"
 #include "tests/support/test_paths.h"
 
@@ -30,7 +30,7 @@ constexpr double kNllTolerance = 1e-4;
 struct DemoModel {
   std::unique_ptr<Backend> backend = make_cpu_backend();
   std::shared_ptr<const Model> model = Model::load(test::source_path("assets/models/demo"));
-  std::shared_ptr<const BackendModel> resident = BackendModel::upload(model, *backend);
+  std::shared_ptr<const BackendModel> resident = upload_model(model, *backend);
 };
 
 DemoModel& demo() {

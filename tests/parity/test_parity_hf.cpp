@@ -35,10 +35,10 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "engine/backend/backend.h"
 #include "engine/model/model.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/decoder_session.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/decoder_session.h"
+#include "engine/session/scoring.h"
 #include "tests/support/test_paths.h"
 
 namespace {
@@ -110,7 +110,7 @@ const LoadedFixture& fixture(const std::string& name) {
     loaded->doc = json::parse(in);
     REQUIRE(loaded->doc.at("model").get<std::string>() == name);
     loaded->backend = kvlens::make_cpu_backend();
-    loaded->model = BackendModel::upload(kvlens::Model::load(dir), *loaded->backend);
+    loaded->model = upload_model(kvlens::Model::load(dir), *loaded->backend);
     slot = std::move(loaded);
   }
   return *slot;

@@ -14,11 +14,11 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "engine/backend/backend.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/model/model.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/decoder_session.h"
+#include "engine/session/decoder_session.h"
 #include "tests/support/predictor_steps.h"
 #include "tests/support/test_paths.h"
 
@@ -106,7 +106,7 @@ TEST_CASE("a llama_butler folder opens as model + predictor and matches PyTorch"
 
   // The model part: the next-token logits at the last position (BF16 weights widened to F32 on
   // both sides; same tolerance argument as the other parity fixtures).
-  const auto resident = BackendModel::upload(model, *backend);
+  const auto resident = upload_model(model, *backend);
   DecoderSession session(resident);
   const DeviceTensor& logits = session.forward(tokens);
   std::vector<float> all(size_t(logits.numel()));

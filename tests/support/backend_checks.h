@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/backend.h"
+#include "engine/backend/backend.h"
 
 namespace kvlens::test {
 

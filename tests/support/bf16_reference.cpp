@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/mapped_file.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "tests/support/test_paths.h"
 
 namespace kvlens::test {

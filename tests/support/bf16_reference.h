@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/decoder_session.h"
+#include "engine/session/decoder_session.h"
 
 namespace kvlens::test {
 

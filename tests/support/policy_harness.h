@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/backend.h"
 
 namespace kvlens::test {
 

@@ -4,14 +4,14 @@
 #include <span>
 
 #include "engine/policy/registry.h"
-#include "engine/runtime/decoder_session.h"
+#include "engine/session/decoder_session.h"
 
 namespace kvlens::test {
 
 PredictedRows tokenbutler_predicted_rows(Backend& backend, std::shared_ptr<const Model> model,
                                          const std::vector<int32_t>& tokens, int64_t prefill,
                                          double sparsity) {
-  const auto resident = BackendModel::upload(std::move(model), backend);
+  const auto resident = upload_model(std::move(model), backend);
   DecoderSession session(resident);
   PolicyConfig config;
   config.id = "tokenbutler";

@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/model/model.h"
-#include "engine/runtime/backend.h"
 
 namespace kvlens::test {
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/runtime/decoder_session.h"
-#include "engine/trace/trace_recorder.h"
+#include "engine/session/decoder_session.h"
+#include "engine/session/trace_recorder.h"
 
 namespace kvlens::test {
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "engine/runtime/cpu/cpu_dot_kernels.h"
-#include "engine/runtime/cpu/cpu_matmul.h"
+#include "engine/backend/cpu/cpu_dot_kernels.h"
+#include "engine/backend/cpu/cpu_matmul.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;

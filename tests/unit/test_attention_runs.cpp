@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend.h"
 #include "engine/common/error.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/cpu/cpu_backend.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 

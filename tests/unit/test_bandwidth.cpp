@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/runtime/bandwidth.h"
+#include "engine/backend/bandwidth.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 

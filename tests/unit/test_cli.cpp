@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "engine/trace/trace.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -86,7 +86,7 @@ TEST_CASE("generate --ids prints the engine's greedy continuation", "[cli]") {
   for (int32_t id; in >> id;) printed.push_back(id);
 
   const auto backend = make_cpu_backend(1);
-  const auto model = BackendModel::upload(Model::load(dir), *backend);
+  const auto model = upload_model(Model::load(dir), *backend);
   GenerateOptions options;
   options.max_new = 7;  // stop_at_eos stays on, as in the CLI (eos is id 2 in tiny models)
   CHECK(printed == generate_greedy(model, std::vector<int32_t>{1, 2, 3}, options));

@@ -16,11 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cpu/cpu_dot_kernels.h"
+#include "engine/backend/cpu/cpu_matmul.h"
+#include "engine/backend/thread_pool.h"
 #include "engine/common/error.h"
-#include "engine/runtime/cpu/cpu_backend.h"
-#include "engine/runtime/cpu/cpu_dot_kernels.h"
-#include "engine/runtime/cpu/cpu_matmul.h"
-#include "engine/runtime/thread_pool.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 

@@ -7,7 +7,7 @@
 
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -32,7 +32,7 @@ Loaded load_tiny(const test::TinyLlamaSpec& spec, int threads = 2) {
   const std::string dir = test::write_tiny_llama(test::make_temp_dir("session"), spec);
   Loaded loaded;
   loaded.backend = make_cpu_backend(threads);
-  loaded.model = BackendModel::upload(Model::load(dir), *loaded.backend);
+  loaded.model = upload_model(Model::load(dir), *loaded.backend);
   return loaded;
 }
 

@@ -11,7 +11,7 @@
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/perplexity.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -31,7 +31,7 @@ Loaded load(const std::string& dir) {
   Loaded loaded;
   loaded.backend = make_cpu_backend(2);
   loaded.model = Model::load(dir);
-  loaded.resident = BackendModel::upload(loaded.model, *loaded.backend);
+  loaded.resident = upload_model(loaded.model, *loaded.backend);
   return loaded;
 }
 

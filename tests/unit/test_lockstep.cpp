@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/cpu/cpu_backend.h"
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/cpu/cpu_backend.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -29,7 +29,7 @@ Loaded load_tiny(const std::string& tag, const test::TinyLlamaSpec& spec = {}, i
   options.threads = threads;
   options.cache_bytes = size_t(32) << 20;  // the tiny weights' group passes fit: 2 threads split
   loaded.backend = make_cpu_backend(options);
-  loaded.model = BackendModel::upload(Model::load(dir), *loaded.backend);
+  loaded.model = upload_model(Model::load(dir), *loaded.backend);
   return loaded;
 }
 

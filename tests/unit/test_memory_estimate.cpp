@@ -6,7 +6,7 @@
 
 #include "engine/common/error.h"
 #include "engine/model/model.h"
-#include "engine/runtime/memory_estimate.h"
+#include "engine/session/memory_estimate.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 

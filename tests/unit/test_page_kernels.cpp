@@ -8,8 +8,8 @@
 #include <limits>
 #include <vector>
 
-#include "engine/runtime/cpu/cpu_dot_kernels.h"
-#include "engine/runtime/policy_op_math.h"
+#include "engine/backend/cpu/cpu_dot_kernels.h"
+#include "engine/backend/policy_op_math.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;

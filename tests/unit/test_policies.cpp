@@ -7,7 +7,7 @@
 
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "tests/support/error_message.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
@@ -207,7 +207,7 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   test::TinyLlamaSpec spec;
   const std::string dir = test::write_tiny_llama(test::make_temp_dir("policy-model"), spec);
   auto backend = make_cpu_backend(2);
-  const auto resident = BackendModel::upload(Model::load(dir), *backend);
+  const auto resident = upload_model(Model::load(dir), *backend);
   const std::vector<int32_t> tokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3, 8, 61};
   ScoreOptions dense;
   const ScoreResult reference = score_tokens(resident, tokens, dense);
@@ -236,7 +236,7 @@ TEST_CASE("effective sparsity: measured from the visible sets, per layer and hea
   test::TinyLlamaSpec spec;  // 2 layers, 4 heads
   const std::string dir = test::write_tiny_llama(test::make_temp_dir("sparsity-model"), spec);
   auto backend = make_cpu_backend(1);
-  const auto resident = BackendModel::upload(Model::load(dir), *backend);
+  const auto resident = upload_model(Model::load(dir), *backend);
   const std::vector<int32_t> tokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3};
   ScoreOptions options;
   options.policy = {"streaming", 0.5, {"sinks=1"}};  // layer 0 dense (dense_layers = 1)

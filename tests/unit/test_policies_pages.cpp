@@ -10,7 +10,7 @@
 
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/scoring.h"
+#include "engine/session/scoring.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 
@@ -322,7 +322,7 @@ TEST_CASE("quest and tokenfilter at sparsity 0 give the dense logits of the demo
           "[policy]") {
   auto backend = make_cpu_backend(2);
   const auto resident =
-      BackendModel::upload(Model::load(test::source_path("assets/models/demo")), *backend);
+      upload_model(Model::load(test::source_path("assets/models/demo")), *backend);
   std::vector<int32_t> tokens;
   for (int32_t i = 0; i < 40; ++i) tokens.push_back((i * 977 + 13) % 8192);  // 3 pages of 16
   const ScoreResult reference = score_tokens(resident, tokens);

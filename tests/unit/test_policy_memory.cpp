@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/model/model.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/backend.h"
-#include "engine/runtime/decoder_session.h"
+#include "engine/session/decoder_session.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -27,7 +27,7 @@ Loaded load_tiny(const test::TinyLlamaSpec& spec) {
   const std::string dir = test::write_tiny_llama(test::make_temp_dir("policy-memory"), spec);
   Loaded loaded;
   loaded.backend = make_cpu_backend(1);
-  loaded.model = BackendModel::upload(Model::load(dir), *loaded.backend);
+  loaded.model = upload_model(Model::load(dir), *loaded.backend);
   return loaded;
 }
 

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cpu/cpu_dot_kernels.h"
+#include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
-#include "engine/runtime/cpu/cpu_backend.h"
-#include "engine/runtime/cpu/cpu_dot_kernels.h"
-#include "engine/runtime/policy_op_math.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 

@@ -11,9 +11,9 @@
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/model/model.h"
+#include "engine/policy/predictor_runtime.h"
 #include "engine/policy/registry.h"
-#include "engine/runtime/decoder_session.h"
-#include "engine/runtime/predictor_runtime.h"
+#include "engine/session/decoder_session.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -143,7 +143,7 @@ TEST_CASE("predictor errors name the file, the field and the expectation", "[pre
 TEST_CASE("tokenbutler without a predictor says where it looked", "[predictor][policy]") {
   const std::string dir = tiny_model("tokenbutler_none", false);
   auto backend = make_cpu_backend(1);
-  const auto resident = BackendModel::upload(Model::load(dir), *backend);
+  const auto resident = upload_model(Model::load(dir), *backend);
   DecoderSession session(resident);
   PolicyConfig config{"tokenbutler", 0.5, {}};
   const std::string message =
@@ -194,7 +194,7 @@ TEST_CASE("tokenbutler keeps the top B(t) tokens by its predicted logits, at bot
   const std::string dir = tiny_model("tokenbutler_select");
   auto backend = make_cpu_backend(1);
   const auto model = Model::load(dir);
-  const auto resident = BackendModel::upload(model, *backend);
+  const auto resident = upload_model(model, *backend);
   const std::string granularity = GENERATE(std::string("query_head"), std::string("kv_head"));
   INFO(granularity);
   DecoderSession session(resident);

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "engine/runtime/cpu/cpu_dot_kernels.h"
+#include "engine/backend/cpu/cpu_dot_kernels.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;

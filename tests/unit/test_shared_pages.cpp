@@ -11,9 +11,9 @@
 #include <unistd.h>
 #endif
 
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cpu/cpu_shared_pages.h"
 #include "engine/common/error.h"
-#include "engine/runtime/cpu/cpu_backend.h"
-#include "engine/runtime/cpu/cpu_shared_pages.h"
 
 using namespace kvlens;
 

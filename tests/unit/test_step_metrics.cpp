@@ -1,4 +1,4 @@
-// The per-step metrics of POLICIES.md (engine/eval/step_metrics.h) on small rows whose answers
+// The per-step metrics of POLICIES.md (engine/trace/step_metrics.h) on small rows whose answers
 // are worked out by hand in the comments: oracle sets (and the engine's oracle policy on random
 // rows), recall, top-50% agreement, KL / rank / top-k over vocabulary rows, Pearson and Jaccard
 // matrices and the consensus mean.
@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/eval/step_metrics.h"
+#include "engine/trace/step_metrics.h"
 #include "tests/support/error_message.h"
 #include "tests/support/policy_harness.h"
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "engine/common/error.h"
-#include "engine/eval/trace_queries.h"
+#include "engine/trace/trace_queries.h"
 #include "tests/support/small_trace.h"
 
 using namespace kvlens;

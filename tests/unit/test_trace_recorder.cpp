@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "engine/model/model.h"
-#include "engine/runtime/scoring.h"
-#include "engine/trace/trace_recorder.h"
+#include "engine/session/scoring.h"
+#include "engine/session/trace_recorder.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -28,7 +28,7 @@ Loaded load_tiny(const std::string& tag) {
   Loaded loaded;
   loaded.dir = test::write_tiny_llama(test::make_temp_dir(tag), test::TinyLlamaSpec{});
   loaded.backend = make_cpu_backend(2);
-  loaded.model = BackendModel::upload(Model::load(loaded.dir), *loaded.backend);
+  loaded.model = upload_model(Model::load(loaded.dir), *loaded.backend);
   return loaded;
 }
 

@@ -1,4 +1,4 @@
-// BackendModel::upload with UploadOptions (kvlens-cli --dtype / --kv-dtype) on the CPU: weights
+// upload_model with UploadOptions (kvlens-cli --dtype / --kv-dtype) on the CPU: weights
 // converted on load as torch's .to(dtype) converts them, and the KV cache dtypes the CPU keeps.
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include "engine/common/dtype.h"
 #include "engine/common/error.h"
 #include "engine/model/model.h"
-#include "engine/runtime/decoder_session.h"
+#include "engine/session/decoder_session.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -23,7 +23,7 @@ TEST_CASE("upload --dtype bf16 rounds F32 weights to nearest even, --dtype f32 w
   const auto model = Model::load(test::write_tiny_llama(test::make_temp_dir("upload-f32"), spec));
   UploadOptions bf16;
   bf16.weight_dtype = DType::BF16;
-  const auto narrow = BackendModel::upload(model, *backend, bf16);
+  const auto narrow = upload_model(model, *backend, bf16);
   REQUIRE(narrow->weight_dtype() == DType::BF16);
   REQUIRE(narrow->layers[0].attn_norm.dtype == DType::BF16);
   REQUIRE(narrow->kv_cache_dtype == DType::F32);  // the CPU keeps F32 caches
@@ -45,7 +45,7 @@ TEST_CASE("upload --dtype bf16 rounds F32 weights to nearest even, --dtype f32 w
   const auto half = Model::load(test::write_tiny_llama(test::make_temp_dir("upload-f16"), spec));
   UploadOptions f32;
   f32.weight_dtype = DType::F32;
-  const auto wide = BackendModel::upload(half, *backend, f32);
+  const auto wide = upload_model(half, *backend, f32);
   REQUIRE(wide->weight_dtype() == DType::F32);
   const TensorView& half_wq = half->weights.layers[0].wq;
   const auto* widened = wide->layers[0].wq.as<const float>();
@@ -63,11 +63,11 @@ TEST_CASE("upload refuses dtypes it cannot give", "[upload]") {
   const auto model = Model::load(test::write_tiny_llama(test::make_temp_dir("upload-bad"), spec));
   UploadOptions f16_weights;
   f16_weights.weight_dtype = DType::F16;
-  CHECK_THROWS_AS(BackendModel::upload(model, *backend, f16_weights), Error);
+  CHECK_THROWS_AS(upload_model(model, *backend, f16_weights), Error);
   UploadOptions bf16_cache;
   bf16_cache.kv_cache_dtype = DType::BF16;
-  CHECK_THROWS_AS(BackendModel::upload(model, *backend, bf16_cache), Error);
+  CHECK_THROWS_AS(upload_model(model, *backend, bf16_cache), Error);
   SessionOptions options;
   options.kv_cache_dtype = DType::F16;
-  CHECK_THROWS_AS(DecoderSession(BackendModel::upload(model, *backend), options), Error);
+  CHECK_THROWS_AS(DecoderSession(upload_model(model, *backend), options), Error);
 }

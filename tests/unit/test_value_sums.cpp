@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/cpu/cpu_dot_kernels.h"
+#include "engine/backend/cpu/cpu_dot_kernels.h"
 #include "tests/support/random_values.h"
 
 using namespace kvlens;

@@ -1,0 +1,25 @@
+// The layer math every supported family shares: the pre-norm attention inputs and the SwiGLU
+// MLP with its residuals (Llama's layout; the families add to it, engine/arch/<family>.cpp).
+#include <span>
+
+#include "engine/arch/architecture.h"
+
+namespace kvlens::arch {
+
+void norm_and_qkv(Backend& backend, const ModelConfig& config, const BackendModel::Layer& layer,
+                  LayerRows& rows) {
+  const DeviceTensor* const weights[] = {&layer.wq, &layer.wk, &layer.wv};
+  DeviceTensor* const outputs[] = {&rows.q, &rows.k, &rows.v};
+  backend.rmsnorm_matmul_many(rows.hidden, layer.attn_norm, float(config.rms_norm_eps), rows.normed,
+                              weights, outputs);
+}
+
+void output_and_swiglu(Backend& backend, const ModelConfig& config,
+                       const BackendModel::Layer& layer, LayerRows& rows) {
+  backend.matmul_add(rows.attn, layer.wo, rows.proj, rows.hidden);
+  backend.rmsnorm_gate_up(rows.hidden, layer.mlp_norm, float(config.rms_norm_eps), rows.normed,
+                          layer.w_gate, layer.w_up, rows.gate, rows.up, rows.act);
+  backend.matmul_add(rows.act, layer.w_down, rows.proj, rows.hidden);
+}
+
+}  // namespace kvlens::arch

@@ -1,0 +1,125 @@
+// Teacher-forced scoring and greedy generation over DecoderSession.
+#include "engine/session/scoring.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/common/error.h"
+#include "engine/policy/registry.h"
+
+namespace kvlens {
+
+ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens,
+                         const ScoreOptions& options) {
+  return std::move(score_tokens_lockstep(std::move(model), tokens,
+                                         std::span<const PolicyConfig>(&options.policy, 1), options)
+                       .front());
+}
+
+std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendModel> model,
+                                               std::span<const int32_t> tokens,
+                                               std::span<const PolicyConfig> policies,
+                                               const ScoreOptions& options) {
+  const int64_t n = int64_t(tokens.size());
+  if (n == 0) throw Error("input", "tokens", "at least one token to score");
+  if (policies.empty()) throw Error("input", "policies", "at least one policy to score under");
+  const int64_t chunk = std::max<int64_t>(1, options.chunk);
+  const auto runs = int64_t(policies.size());
+  Backend& backend = *model->backend;
+  DecoderSession session(model, {}, runs);
+  // Reference (dense) runs take the plain attention path; every other policy steps one token at a
+  // time from options.prefill on (the decode simulation when it is 0).
+  bool any_policy = false;
+  for (int64_t r = 0; r < runs; ++r) {
+    std::unique_ptr<Policy> policy =
+        make_run_policy(policies[size_t(r)], session.policy_shape(), backend);
+    if (!policy) continue;  // the reference: the plain path
+    session.set_policy(r, std::move(policy), options.prefill);
+    any_policy = true;
+  }
+  std::vector<ScoreResult> results(static_cast<size_t>(runs));
+  for (ScoreResult& result : results) {
+    result.tokens.assign(tokens.begin(), tokens.end());
+    result.argmax.resize(size_t(n));
+    result.nll.resize(size_t(n - 1));
+  }
+  std::vector<double> log_probs;
+  std::vector<int32_t> argmax;
+  for (int64_t begin = 0, rows = 0; begin < n; begin += rows) {
+    rows = std::min(chunk, n - begin);
+    if (any_policy) rows = begin < options.prefill ? std::min(rows, options.prefill - begin) : 1;
+    const DeviceTensor& logits = session.forward(tokens.subspan(size_t(begin), size_t(rows)));
+    // A chunk's logits are shared by every run; a step has one row per run.
+    const bool per_run = rows == 1;
+    argmax.resize(size_t(logits.dim(0)));
+    backend.argmax_rows(logits, argmax);
+    const int64_t scored = std::min(rows, n - 1 - begin);  // the very last row has no target
+    if (scored > 0) {
+      // Row i of a chunk predicts tokens[begin + i + 1]; every run's row predicts tokens[begin +
+      // 1].
+      std::vector<int32_t> targets;
+      if (per_run) {
+        targets.assign(size_t(logits.dim(0)), tokens[size_t(begin + 1)]);
+      } else {
+        targets.assign(tokens.begin() + begin + 1, tokens.begin() + begin + 1 + scored);
+      }
+      DeviceTensor scored_logits = logits;
+      scored_logits.shape[0] = int64_t(targets.size());
+      log_probs.resize(targets.size());
+      backend.log_prob_rows(scored_logits, targets, log_probs);
+    }
+    for (int64_t r = 0; r < runs; ++r) {
+      ScoreResult& result = results[size_t(r)];
+      for (int64_t i = 0; i < rows; ++i) {
+        const size_t row = size_t(per_run ? r : i);
+        result.argmax[size_t(begin + i)] = argmax[row];
+        if (i < scored) result.nll[size_t(begin + i)] = -log_probs[row];
+      }
+    }
+    if (options.progress) options.progress(begin + rows, n);
+  }
+  for (int64_t r = 0; r < runs; ++r) {
+    ScoreResult& result = results[size_t(r)];
+    result.sparsity = session.run(r).sparsity;
+    double total = 0.0;
+    for (const double value : result.nll) total += value;
+    result.ppl = result.nll.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                    : std::exp(total / double(result.nll.size()));
+  }
+  return results;
+}
+
+std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,
+                                     std::span<const int32_t> prompt,
+                                     const GenerateOptions& options) {
+  if (prompt.empty()) throw Error("input", "prompt", "at least one token");
+  const ModelConfig& config = model->config();
+  Backend& backend = *model->backend;
+  DecoderSession session(model);
+  if (auto policy = make_run_policy(options.policy, session.policy_shape(), backend))
+    session.set_policy(std::move(policy));
+  const int64_t total = int64_t(prompt.size()) + options.max_new;
+  int32_t next = 0;
+  auto advance = [&](int32_t token) {
+    const DeviceTensor& logits = session.forward(std::span<const int32_t>(&token, 1));
+    backend.argmax_rows(logits, std::span<int32_t>(&next, 1));
+    if (options.progress) options.progress(session.position(), total);
+  };
+  for (const int32_t token : prompt) advance(token);
+  std::vector<int32_t> generated;
+  for (int64_t i = 0; i < options.max_new; ++i) {
+    generated.push_back(next);
+    if (options.on_token) options.on_token(next);
+    const bool is_eos = std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(),
+                                  int64_t(next)) != config.eos_token_ids.end();
+    if (options.stop_at_eos && is_eos) break;
+    if (i + 1 < options.max_new) {
+      if (session.position() >= config.max_position_embeddings) break;
+      advance(next);
+    }
+  }
+  return generated;
+}
+
+}  // namespace kvlens
