@@ -25,6 +25,12 @@ ALLOWED["app/session"] = EVERYTHING | {"app/session"}
 ALLOWED["app/cli"] = EVERYTHING | {"app/session", "app/cli"}
 ALLOWED["app/gui"] = EVERYTHING | {"app/session", "app/gui"}
 ALLOWED["python"] = EVERYTHING | {"app/session", "python"}
+# python/embed: the interpreter of --policy-file, below app/ (the front ends link it); it
+# includes the policy adapter (python/src/py_policy.h), not the module's app/session parts.
+ALLOWED["python/embed"] = {f"engine/{layer}" for layer in ENGINE} | {"include/kvlens", "python",
+                                                                      "python/embed"}
+for front_end in ("app/session", "app/cli", "app/gui"):
+    ALLOWED[front_end].add("python/embed")
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -201,9 +201,19 @@ bool TraceRecorder::step() {
   for (int64_t r = 0; r < int64_t(policies_.size()); ++r)
     records.push_back(record_run(capture, r, t, row_of(r), row_of(reference_run_)));
   capture.fence.reset();
+  last_logits_ = all_logits;
   trace_.add_step(std::move(records));
   if (next_failed) std::rethrow_exception(next_failed);
   return true;
+}
+
+std::span<const float> TraceRecorder::output_logits(int64_t run) const {
+  if (!last_logits_) return {};
+  if (run < 0 || run >= int64_t(policies_.size()))
+    throw Error("trace", "run", "a traced run in [0, " + std::to_string(policies_.size()) + ")",
+                std::to_string(run));
+  const int64_t vocab = model_->config().vocab_size;
+  return {last_logits_ + run * vocab, size_t(vocab)};
 }
 
 StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, int64_t t,

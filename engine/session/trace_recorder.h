@@ -43,6 +43,9 @@ class TraceRecorder {
   int64_t steps_total() const { return int64_t(tokens_.size()); }
   const Trace& trace() const { return trace_; }
   Trace& trace() { return trace_; }
+  // The next-token logits [vocab] of traced run `run` at the step the last step() recorded (host
+  // memory of the recorder, valid until the next step()); empty before the first step.
+  std::span<const float> output_logits(int64_t run) const;
 
  private:
   // One step's rows in host memory the backend fills while it goes on (a capture buffer).
@@ -77,6 +80,7 @@ class TraceRecorder {
   static constexpr int64_t kCaptures = 3;  // steps t, t + 1 and t + 2
   Capture captures_[kCaptures];
   int64_t queued_ = 0;  // the steps before this one have run (or are queued) in the session
+  const float* last_logits_ = nullptr;  // [runs, vocab] of the last recorded step (its capture)
   // Set when a step ran but its rows could not be queued: the session is past the trace then.
   std::string broken_;
   ThreadPool pool_;  // a step's rows are reduced to its metrics on these threads

@@ -1,0 +1,48 @@
+// The embedded interpreter of --policy-file (policy_file.h). The interpreter is started once and
+// never finalized (policy instances may be destroyed late, from any thread); between calls into
+// Python the GIL is released, so the engine's threads take it in the policies' functions.
+#include "python/embed/policy_file.h"
+
+#include <pybind11/embed.h>
+#include <pybind11/stl.h>
+
+#include "engine/common/error.h"
+#include "python/src/py_policy.h"
+
+namespace py = pybind11;
+
+PYBIND11_EMBEDDED_MODULE(_kvlens_embedded, m) {
+  m.doc() = "kvlens inside kvlens-cli / the app: the Python policy types and their registration";
+  kvlens::python::bind_policy_types(m);
+}
+
+namespace kvlens::python {
+namespace {
+
+void start_interpreter() {
+  if (Py_IsInitialized()) return;
+  py::initialize_interpreter(false);  // no signal handlers: Ctrl+C stays the program's
+  {
+    // The kvlens package: beside the build's module, in the source tree, or installed.
+    py::list path = py::module_::import("sys").attr("path");
+    for (const char* dir : {KVLENS_PYTHON_INSTALLED_DIR, KVLENS_PYTHON_SOURCE_DIR})
+      path.insert(0, dir);
+  }
+  PyEval_SaveThread();  // the GIL is taken where Python runs
+}
+
+}  // namespace
+
+std::vector<std::string> load_policy_file(const std::string& path) {
+  start_interpreter();
+  py::gil_scoped_acquire gil;
+  try {
+    return py::module_::import("kvlens")
+        .attr("load_policy_file")(path)
+        .cast<std::vector<std::string>>();
+  } catch (const py::error_already_set& e) {
+    throw Error(path, "--policy-file", "a Python file defining kvlens.Policy subclasses", e.what());
+  }
+}
+
+}  // namespace kvlens::python
