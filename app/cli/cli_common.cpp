@@ -30,7 +30,14 @@ void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t t
                  available_memory_bytes(), what);
 }
 
+void add_policy_file_option(CLI::App& command, CommonOptions& common) {
+  command.add_option("--policy-file", common.policy_files,
+                     "A Python file whose kvlens.Policy classes are registered as policies "
+                     "(repeatable)");
+}
+
 void add_common_options(CLI::App& command, CommonOptions& common) {
+  add_policy_file_option(command, common);
   command.add_option("--backend", common.backend, "Compute backend: cpu or cuda")
       ->capture_default_str();
   command.add_option("--threads", common.threads, "CPU threads (0 = all cores)")

@@ -58,6 +58,8 @@ void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t t
 
 // Adds --backend, --threads, --cpu-kernels and --progress to a subcommand.
 void add_common_options(CLI::App& command, CommonOptions& common);
+// Adds --policy-file (repeatable; add_common_options includes it).
+void add_policy_file_option(CLI::App& command, CommonOptions& common);
 // Adds --predictor to a subcommand that opens a model.
 void add_predictor_option(CLI::App& command, CommonOptions& common);
 // Adds --policy, --sparsity and --policy-arg (generate, score).

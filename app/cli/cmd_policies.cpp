@@ -25,8 +25,9 @@ nlohmann::json describe(const ParamSpec& spec) {
 
 }  // namespace
 
-void add_policies_command(CLI::App& app, CommonOptions&, CommandFn& run) {
+void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   auto* command = app.add_subcommand("policies", "List the token-selection policies");
+  add_policy_file_option(*command, common);
   static bool json = false;
   command->add_flag("--json", json, "Print the registry as JSON");
   command->callback([&run] {

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "app/cli/cli_common.h"
+#include "app/session/python_policies.h"
 #include "engine/common/error.h"
 
 int main(int argc, char** argv) {
@@ -31,7 +32,9 @@ int main(int argc, char** argv) {
     return app.exit(error);
   }
   try {
-    return run ? run() : 2;
+    if (!run) return 2;
+    kvlens::session::load_policy_files(common.policy_files);
+    return run();
   } catch (const kvlens::Error& error) {
     std::fprintf(stderr, "kvlens-cli: error: %s\n", error.what());
     return 1;

@@ -7,10 +7,14 @@
 #include <QGuiApplication>
 #include <QSurfaceFormat>
 #include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
 
 #include "app/gui/headless.h"
 #include "app/gui/main_window.h"
 #include "app/gui/script_runner.h"
+#include "app/session/python_policies.h"
 #include "viz/qt/qt_messages.h"
 
 namespace {
@@ -46,11 +50,22 @@ int main(int argc, char** argv) {
   cli.add_flag("--headless", headless, "Render the dashboard to PNG files instead of a window");
   cli.add_option("--out", out_dir, "Headless: the folder for the PNG files")->capture_default_str();
   cli.add_flag("--dark", dark, "Dark theme");
+  std::vector<std::string> policy_files;
+  cli.add_option("--policy-file", policy_files,
+                 "A Python file whose kvlens.Policy classes join the policy list (repeatable)");
   cli.allow_extras();  // Qt's own options (-platform, ...)
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return cli.exit(error);
+  }
+  // A file that fails is reported and left out: it does not keep the app from starting.
+  for (const std::string& file : policy_files) {
+    try {
+      kvlens::session::load_policy_files({file});
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "kvlens: %s\n", error.what());
+    }
   }
   LaunchOptions options;
   options.model_dir = QString::fromStdString(model);

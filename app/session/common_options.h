@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/backend/backend.h"
 #include "engine/model/model.h"
@@ -25,6 +26,9 @@ struct CommonOptions {
   // cache's dtype: auto (the weights' dtype on the GPU, F32 on the CPU), f32, bf16 or f16.
   std::string dtype = "auto";
   std::string kv_dtype = "auto";
+  // --policy-file: Python files whose kvlens.Policy subclasses are registered before the command
+  // runs (app/session/python_policies.h).
+  std::vector<std::string> policy_files;
 };
 
 // Backend by name; throws kvlens::Error when it is not available in this build or machine.
