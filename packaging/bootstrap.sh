@@ -23,6 +23,8 @@ log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 # --- dependencies -----------------------------------------------------------------------------
 packages=(build-essential cmake pkg-config python3 zlib1g-dev libicu-dev nlohmann-json3-dev
   libcli11-dev catch2
+  # the kvlens Python module and --policy-file (built with Debian's python3)
+  python3-dev python3-numpy pybind11-dev
   # the figures and the desktop app: Qt 6, Dear ImGui, the bundled font; Xvfb and Mesa to open
   # the window without a display
   qt6-base-dev qt6-svg-dev libqt6opengl6-dev libxkbcommon-dev libimgui-dev fonts-dejavu-core

@@ -1,0 +1,32 @@
+"""Shared set-up of the Python module's tests: exit 4 (ctest's SKIP_RETURN_CODE) when the module
+was not built, the kvlens-cli to compare with, a scratch folder."""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import kvlens  # noqa: F401  (PYTHONPATH=<build>/python, set by ctest)
+except ImportError as error:
+    print(f"skipped: the kvlens module was not built ({error})")
+    sys.exit(4)
+
+import kvlens  # noqa: E402
+
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLI = os.environ.get("KVLENS_CLI_PATH", os.path.join(SOURCE_DIR, "build", "app", "kvlens-cli"))
+DEMO = kvlens.demo_model()
+SCRATCH = tempfile.mkdtemp(prefix="kvlens-python-test-")
+
+
+def cli(*args):
+    """Runs kvlens-cli; returns its stdout (a failure fails the test with its stderr)."""
+    done = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"kvlens-cli {' '.join(map(str, args))}: {done.stderr}")
+    return done.stdout
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(message)

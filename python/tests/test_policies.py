@@ -1,0 +1,140 @@
+"""Python policies through the C contract: examples/policies/h2o.py gives the built-in h2o's
+visible sets and scores step by step in lockstep with it, in the module and in kvlens-cli
+(--policy-file); tova runs within its budget; errors name the policy. Prints the Python
+overhead per step (CPU, demo model)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from common import CLI, DEMO, SCRATCH, SOURCE_DIR, check, cli, kvlens
+
+if not kvlens._core.has_plugin_adapter:
+    print("skipped: this build has no plug-in adapter (engine/policy/plugin_policy.cpp)")
+    sys.exit(4)
+
+EXAMPLES = os.path.join(SOURCE_DIR, "examples", "policies")
+H2O, TOVA = os.path.join(EXAMPLES, "h2o.py"), os.path.join(EXAMPLES, "tova.py")
+check(kvlens.load_policy_file(H2O) == ["h2o_py"], "h2o.py defines h2o_py")
+check(kvlens.load_policy_file(TOVA) == ["tova"], "tova.py defines tova")
+listed = {p["id"]: p for p in kvlens.policies()}
+check(listed["h2o_py"]["description"].startswith("Keeps the most recent tokens"), "its docstring")
+check([p["name"] for p in listed["h2o_py"]["params"]][-1] == "heavy_frac", "its knob")
+model = kvlens.Model(DEMO)
+
+
+def run(policies, sample, sparsity=0.5, args=None):
+    session = kvlens.Session(model, policies=policies, sparsity=sparsity, coref_sample=sample,
+                             policy_args=args)
+    seconds = []
+    while True:
+        start = time.perf_counter()
+        if not session.step():
+            break
+        seconds.append(time.perf_counter() - start)
+    return session, seconds
+
+
+# Lockstep with the built-in: the same sets and scores at every step, layer and head.
+for sample, sparsity, args in ((0, 0.5, None), (1, 0.7, None), (2, 0.5, ["heavy_frac=0.25"]),
+                               (3, 0.3, ["window=8", "sinks=2"]), (4, 0.5, ["granularity=kv_head"])):
+    session, _ = run("h2o,h2o_py", sample, sparsity, args)
+    for t in range(session.step_count):
+        a, b = session.rows(run=0, step=t), session.rows(run=1, step=t)
+        check(a.decisions == b.decisions, f"sample {sample} step {t}: decisions")
+        check(np.array_equal(a.visible, b.visible),
+              f"sample {sample} step {t}: visible sets differ "
+              f"({np.argwhere(a.visible != b.visible)[:5].tolist()})")
+        check(np.array_equal(a.scores, b.scores, equal_nan=True),
+              f"sample {sample} step {t}: scores differ")
+        check(a.top_ids == b.top_ids, f"sample {sample} step {t}: next-token top-k")
+    print(f"sample {sample} (s={sparsity}, {args}): h2o_py = h2o at all {session.step_count} "
+          "steps (visible sets, scores, top-k)")
+
+# TOVA: within the budget, one set per layer, evicted tokens never return.
+session, _ = run("tova", 0)
+last = None
+for t in range(session.step_count):
+    rows = session.rows(run=0, step=t)
+    for l, decision in enumerate(rows.decisions):
+        if decision != "masked":
+            continue
+        check(np.all(rows.visible[l] == rows.visible[l, :1]), "every head sees the same tokens")
+    if last is not None:
+        check(not np.any(rows.visible[1:, 0, :-1] & ~last[1:, 0]), f"step {t}: a token returned")
+    last = rows.visible
+print("tova: one set per layer, no token returns")
+
+# The Python overhead per step: the same session with a Python run against a built-in run.
+class Scores(kvlens.Policy):
+    """Ranks by this step's true logits (the oracle's scores), through Python."""
+    name = "oracle_py"
+    needs = {"logits"}
+
+    def select(self, step):
+        return step.logits
+
+
+kvlens.register_policy(Scores)
+for python_id, builtin in (("oracle_py", "oracle"), ("h2o_py", "h2o"), ("tova", "h2o")):
+    timings = {}
+    for policies in (f"dense,{builtin}", f"dense,{python_id}"):
+        medians = []
+        for sample in range(3):
+            _, seconds = run(policies, sample)
+            medians.append(np.median(seconds))
+        timings[policies] = float(np.median(medians))
+    base, mine = timings[f"dense,{builtin}"], timings[f"dense,{python_id}"]
+    calls = model.config["layers"] - 1
+    print(f"overhead: {python_id} {1e3 * mine:.3f} ms a step against {builtin} "
+          f"{1e3 * base:.3f} ms: {1e3 * (mine - base):+.3f} ms a step "
+          f"({1e6 * (mine - base) / calls:+.1f} us per select of {calls} layers; CPU, demo model)")
+
+# In kvlens-cli: --policy-file, the same accuracy as the built-in.
+out = os.path.join(SCRATCH, "eval.json")
+cli("eval", "--model", DEMO, "--task", "coref", "--policy-file", H2O, "--policies", "h2o_py,h2o",
+    "--sparsity", "0.5", "--samples", 20, "--json", out)
+results = {r["policy"]: r for r in json.load(open(out))["results"]}
+for key in ("accuracy", "coverage", "effective_sparsity", "effective_sparsity_per_layer"):
+    check(results["h2o_py"][key] == results["h2o"][key], f"kvlens-cli: {key} differs")
+print(f"kvlens-cli eval --policy-file h2o.py: h2o_py accuracy {results['h2o_py']['accuracy']} = "
+      f"h2o {results['h2o']['accuracy']}")
+listing = cli("policies", "--policy-file", TOVA)
+check("tova" in listing and "lowest attention" in listing, "kvlens-cli policies lists tova")
+
+# Errors name the policy.
+class Broken(kvlens.Policy):
+    """Fails at its first step."""
+    name = "broken_py"
+
+    def select(self, step):
+        raise ValueError("no idea")
+
+
+kvlens.register_policy(Broken)
+try:
+    run("broken_py", 0)
+    raise AssertionError("a failing select is an error")
+except kvlens.Error as error:
+    check("broken_py" in str(error) and "no idea" in str(error), str(error))
+
+
+class NoRule(kvlens.Policy):
+    def select(self, step):
+        return kvlens.DENSE
+
+
+try:
+    kvlens.register_policy(NoRule)
+    raise AssertionError("a policy without a docstring is refused")
+except ValueError as error:
+    check("docstring" in str(error), str(error))
+bad = os.path.join(SCRATCH, "bad.py")
+open(bad, "w").write("import nonexistent_module\n")
+done = subprocess.run([CLI, "policies", "--policy-file", bad], capture_output=True, text=True)
+check(done.returncode != 0 and "bad.py" in done.stderr and "nonexistent_module" in done.stderr,
+      done.stderr)
+print("ok")
