@@ -58,6 +58,13 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
 }
 
+void add_plugin_option(CLI::App& command, CommonOptions& common) {
+  command.add_option("--plugin", common.plugins,
+                     "A policy plug-in (shared library against include/kvlens/policy_plugin.h) "
+                     "to load before the policies are read (repeatable); the folders in "
+                     "$KVLENS_PLUGIN_PATH and ~/.local/share/kvlens/plugins are loaded too");
+}
+
 void add_policy_options(CLI::App& command, PolicyOptions& options) {
   command.add_option("--policy", options.policy, "Token-selection policy id")
       ->capture_default_str();

@@ -60,6 +60,9 @@ void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t t
 void add_common_options(CLI::App& command, CommonOptions& common);
 // Adds --predictor to a subcommand that opens a model.
 void add_predictor_option(CLI::App& command, CommonOptions& common);
+// Adds --plugin FILE.so (repeatable) to a subcommand that takes policies: main() registers
+// them (with the plug-in folders' own) before the command runs.
+void add_plugin_option(CLI::App& command, CommonOptions& common);
 // Adds --policy, --sparsity and --policy-arg (generate, score).
 void add_policy_options(CLI::App& command, PolicyOptions& options);
 

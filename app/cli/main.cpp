@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "app/cli/cli_common.h"
 #include "engine/common/error.h"
@@ -31,6 +33,11 @@ int main(int argc, char** argv) {
     return app.exit(error);
   }
   try {
+    // Plug-ins first, so that every command sees their policies as built-ins.
+    std::vector<std::string> warnings;
+    kvlens::session::load_plugins(common, warnings);
+    for (const std::string& warning : warnings)
+      std::fprintf(stderr, "kvlens-cli: warning: %s\n", warning.c_str());
     return run ? run() : 2;
   } catch (const kvlens::Error& error) {
     std::fprintf(stderr, "kvlens-cli: error: %s\n", error.what());
