@@ -191,6 +191,8 @@ class CudaBackend final : public Backend {
   cuda::StepState* step_state() const { return static_cast<cuda::StepState*>(step_state_.get()); }
   const int64_t* step_position(int64_t position, const std::string& op) const;
   cudaStream_t stream() const { return lane().stream; }
+  bool host_memory() const override { return false; }
+  void* native_stream() override { return stream(); }
 
   // Copies host values (ids, positions, targets) to device memory for the next kernel.
   template <typename T>

@@ -30,14 +30,7 @@ void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t t
                  available_memory_bytes(), what);
 }
 
-void add_policy_file_option(CLI::App& command, CommonOptions& common) {
-  command.add_option("--policy-file", common.policy_files,
-                     "A Python file whose kvlens.Policy classes are registered as policies "
-                     "(repeatable)");
-}
-
 void add_common_options(CLI::App& command, CommonOptions& common) {
-  add_policy_file_option(command, common);
   command.add_option("--backend", common.backend, "Compute backend: cpu or cuda")
       ->capture_default_str();
   command.add_option("--threads", common.threads, "CPU threads (0 = all cores)")
@@ -63,6 +56,16 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
       ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
       ->capture_default_str();
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
+}
+
+void add_plugin_option(CLI::App& command, CommonOptions& common) {
+  command.add_option("--plugin", common.plugins,
+                     "A policy plug-in (shared library against include/kvlens/policy_plugin.h) "
+                     "to load before the policies are read (repeatable); the folders in "
+                     "$KVLENS_PLUGIN_PATH and ~/.local/share/kvlens/plugins are loaded too");
+  command.add_option("--policy-file", common.policy_files,
+                     "A Python file whose kvlens.Policy classes are registered as policies "
+                     "(repeatable; embedded CPython)");
 }
 
 void add_policy_options(CLI::App& command, PolicyOptions& options) {

@@ -58,10 +58,11 @@ void check_cpu_memory(const CommonOptions& common, const Model& model, int64_t t
 
 // Adds --backend, --threads, --cpu-kernels and --progress to a subcommand.
 void add_common_options(CLI::App& command, CommonOptions& common);
-// Adds --policy-file (repeatable; add_common_options includes it).
-void add_policy_file_option(CLI::App& command, CommonOptions& common);
 // Adds --predictor to a subcommand that opens a model.
 void add_predictor_option(CLI::App& command, CommonOptions& common);
+// Adds --plugin FILE.so and --policy-file FILE.py (repeatable) to a subcommand that takes
+// policies: main() registers them (with the plug-in folders' own) before the command runs.
+void add_plugin_option(CLI::App& command, CommonOptions& common);
 // Adds --policy, --sparsity and --policy-arg (generate, score).
 void add_policy_options(CLI::App& command, PolicyOptions& options);
 

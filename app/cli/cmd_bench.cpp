@@ -128,6 +128,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                       "Policy parameter key=value or policy.key=value (repeatable)");
   add_common_options(*command, common);
   add_predictor_option(*command, common);
+  add_plugin_option(*command, common);
   command->callback([&run, &common] {
     run = [&common] {
       const auto model = load_model(common, model_dir);

@@ -307,6 +307,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                            ->check(CLI::NonNegativeNumber);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
+  add_plugin_option(*command, common);
   command->callback([&run, &common] { run = [&common] { return run_eval(common); }; });
 }
 

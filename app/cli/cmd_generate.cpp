@@ -28,6 +28,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
   add_policy_options(*command, policy);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
+  add_plugin_option(*command, common);
   command->callback([&run, &common, prompt_option, tokens_option] {
     run = [&common, prompt_option, tokens_option] {
       if (!*prompt_option && !*tokens_option) {

@@ -27,8 +27,8 @@ nlohmann::json describe(const ParamSpec& spec) {
 
 void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   auto* command = app.add_subcommand("policies", "List the token-selection policies");
-  add_policy_file_option(*command, common);
   static bool json = false;
+  add_plugin_option(*command, common);
   command->add_flag("--json", json, "Print the registry as JSON");
   command->callback([&run] {
     run = [] {
@@ -37,16 +37,23 @@ void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
         for (const PolicyInfo& info : policy_infos()) {
           nlohmann::json params = nlohmann::json::array();
           for (const ParamSpec& spec : info.params) params.push_back(describe(spec));
+          const std::string source = policy_source(info.id);
           out.push_back({{"id", info.id},
                          {"family", info.family},
                          {"description", info.description},
-                         {"params", params}});
+                         {"params", params},
+                         {"reference", info.reference},
+                         {"needs_predictor", info.needs_predictor},
+                         {"predicts_logits", info.predicts_logits},
+                         {"plugin", source.empty() ? nlohmann::json() : nlohmann::json(source)}});
         }
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
       }
       for (const PolicyInfo& info : policy_infos()) {
-        std::printf("%-12s %s\n%12s %s\n", info.id.c_str(), info.family.c_str(), "",
+        const std::string source = policy_source(info.id);
+        std::printf("%-12s %s%s\n%12s %s\n", info.id.c_str(), info.family.c_str(),
+                    source.empty() ? "" : ("  [plug-in " + source + "]").c_str(), "",
                     info.description.c_str());
         for (const ParamSpec& spec : info.params) {
           std::printf("%14s%s=%s (%s) %s\n", "", spec.name.c_str(), spec.default_value.c_str(),

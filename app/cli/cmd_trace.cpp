@@ -165,6 +165,7 @@ void add_trace_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                       "layer:head,... whose rows are kept past the memory budget");
   add_common_options(*command, common);
   add_predictor_option(*command, common);
+  add_plugin_option(*command, common);
   command->callback([&run, &common, prompt] {
     run = [&common, prompt] { return run_trace(common, bool(*prompt)); };
   });

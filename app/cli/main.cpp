@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "app/cli/cli_common.h"
 #include "app/session/python_policies.h"
@@ -32,9 +34,13 @@ int main(int argc, char** argv) {
     return app.exit(error);
   }
   try {
-    if (!run) return 2;
+    // Plug-ins first, so that every command sees their policies as built-ins.
+    std::vector<std::string> warnings;
+    kvlens::session::load_plugins(common, warnings);
+    for (const std::string& warning : warnings)
+      std::fprintf(stderr, "kvlens-cli: warning: %s\n", warning.c_str());
     kvlens::session::load_policy_files(common.policy_files);
-    return run();
+    return run ? run() : 2;
   } catch (const kvlens::Error& error) {
     std::fprintf(stderr, "kvlens-cli: error: %s\n", error.what());
     return 1;

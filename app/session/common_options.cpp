@@ -3,6 +3,7 @@
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/common/error.h"
+#include "engine/policy/plugin_policy.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #endif
@@ -28,6 +29,15 @@ std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
 #endif
   }
   throw Error("--backend", "backend", "cpu or cuda", common.backend);
+}
+
+void load_plugins(const CommonOptions& common, std::vector<std::string>& warnings) {
+  for (const std::string& folder : default_plugin_folders()) {
+    std::vector<std::string> errors;
+    load_policy_plugin_folder(folder, errors);
+    for (const std::string& error : errors) warnings.push_back(error + " (skipped)");
+  }
+  for (const std::string& file : common.plugins) load_policy_plugin(file);
 }
 
 UploadOptions upload_options(const CommonOptions& common) {

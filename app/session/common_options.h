@@ -26,6 +26,9 @@ struct CommonOptions {
   // cache's dtype: auto (the weights' dtype on the GPU, F32 on the CPU), f32, bf16 or f16.
   std::string dtype = "auto";
   std::string kv_dtype = "auto";
+  // --plugin: policy plug-ins (shared libraries, include/kvlens/policy_plugin.h) to register
+  // before the command runs, besides those of the plug-in folders (load_plugins).
+  std::vector<std::string> plugins;
   // --policy-file: Python files whose kvlens.Policy subclasses are registered before the command
   // runs (app/session/python_policies.h).
   std::vector<std::string> policy_files;
@@ -36,6 +39,11 @@ std::unique_ptr<Backend> make_backend(const CommonOptions& common);
 
 // --dtype and --kv-dtype as upload_model takes them.
 UploadOptions upload_options(const CommonOptions& common);
+
+// Registers the plug-ins of the folders searched at start (default_plugin_folders: a bad file
+// there is a line in `warnings`, and is skipped), then `common.plugins` (a bad one throws
+// kvlens::Error naming the file). Idempotent: a plug-in loaded twice is registered once.
+void load_plugins(const CommonOptions& common, std::vector<std::string>& warnings);
 
 // Model::load with the --predictor override.
 std::shared_ptr<const Model> load_model(const CommonOptions& common, const std::string& model_dir);

@@ -2,6 +2,7 @@
 // one (backend.h). Masks are U8 [rows, stride]; counts are host values, one per row.
 #include "engine/backend/backend.h"
 
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -24,6 +25,27 @@ void Backend::count_nonzero_rows(const DeviceTensor& mask, int64_t cols,
   to_host(mask, host.data(), host.size());
   for (int64_t r = 0; r < shape.rows; ++r)
     counts[size_t(r)] = count_nonzero(host.data() + r * shape.stride, cols);
+}
+
+void Backend::count_nonfinite_rows_deferred(const DeviceTensor& x, int64_t cols,
+                                            std::span<int64_t> counts) {
+  const cpu_checks::OpName op{"count_nonfinite_rows_deferred"};
+  cpu_checks::require_cols(cols, op);
+  const cpu_checks::RowShape shape =
+      cpu_checks::row_shape(x, DType::F32, int64_t(counts.size()), cols, op + ": x");
+  // Host memory is read where it is; a device's rows come back first.
+  std::vector<float> copy;
+  const float* rows = x.as<const float>();
+  if (!host_memory()) {
+    copy.resize(size_t(shape.rows * shape.stride));
+    to_host(x, copy.data(), copy.size() * sizeof(float));
+    rows = copy.data();
+  }
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    int64_t bad = 0;
+    for (int64_t j = 0; j < cols; ++j) bad += std::isfinite(rows[r * shape.stride + j]) ? 0 : 1;
+    counts[size_t(r)] = bad;
+  }
 }
 
 void Backend::matmul_many(const DeviceTensor& x, std::span<const DeviceTensor* const> ws,

@@ -59,6 +59,13 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Whether DeviceTensor::data of this backend is host memory the CPU may read and write (the
+  // CPU backend), or device memory (CUDA). A policy plug-in that reads host memory only gets
+  // copies on a backend without it.
+  virtual bool host_memory() const { return true; }
+  // The queue the calling thread's ops go to (a cudaStream_t on CUDA: a task of run_tasks has
+  // its own), for work of a plug-in's own ordered with them; null where there is none.
+  virtual void* native_stream() { return nullptr; }
 
   // --- memory ---
   // Makes weights usable by the backend. The CPU backend aliases the mapped file (F32/BF16) and
@@ -353,6 +360,11 @@ class Backend {
   virtual void count_nonzero_rows_deferred_many(std::span<const RowCount> masks) {
     for (const RowCount& m : masks) count_nonzero_rows_deferred(*m.mask, m.cols, m.counts);
   }
+  // counts[r] = how many of x[r, 0:cols] are NaN or infinite (F32 [rows, stride]; host counts
+  // that hold their values once the next synchronize() has returned): a plug-in's scores checked
+  // without waiting for the device. The default reads the rows back and counts at once.
+  virtual void count_nonfinite_rows_deferred(const DeviceTensor& x, int64_t cols,
+                                             std::span<int64_t> counts);
   // mask[r, j] = (mask[r, j] && other[r, j]) for j < cols (U8 0/1, both [rows, stride]).
   virtual void mask_and(DeviceTensor& mask, const DeviceTensor& other, int64_t cols) = 0;
   // A selection's forced columns (sinks and recent tokens) less the evicted ones: for j < cols,

@@ -39,7 +39,4 @@ std::vector<std::string> load_policy_plugin_folder(const std::string& folder,
 // $XDG_DATA_HOME/kvlens/plugins (~/.local/share/kvlens/plugins).
 std::vector<std::string> default_plugin_folders();
 
-// The plug-in a registered policy comes from ("" for a built-in).
-std::string policy_source(const std::string& id);
-
 }  // namespace kvlens

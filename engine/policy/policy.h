@@ -91,6 +91,8 @@ struct PolicyShape {
   // model's lookup looked when it found none (for the tokenbutler policy's error).
   std::shared_ptr<const BackendPredictor> predictor;
   std::vector<std::string> predictor_searched;
+  int64_t hidden_size = 0;    // E (0 where unknown: a policy built outside a session)
+  int64_t max_positions = 0;  // max_position_embeddings (0 where unknown)
 };
 
 class Policy {
@@ -129,6 +131,12 @@ class Policy {
   // The gate of a layer whose last select returned Gated (backend memory, U8 [1, 1]); null
   // otherwise (the default: a policy that never gates).
   virtual const DeviceTensor* gate(int64_t /*layer*/) const { return nullptr; }
+  // Seconds spent so far outside kvlens's own ops: in a plug-in's code (`plugin`) and in the
+  // copies that carry a host-only plug-in's inputs and answers across (`copies`). Built-ins: 0.
+  struct ExternalSeconds {
+    double plugin = 0.0, copies = 0.0;
+  };
+  virtual ExternalSeconds external_seconds() const { return {}; }
 };
 
 // `src` [R, S] copied into columns [0, S) of `dst` [R, S'] (S' >= S), row by row, on the

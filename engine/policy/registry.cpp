@@ -2,6 +2,8 @@
 #include "engine/policy/registry.h"
 
 #include <functional>
+#include <mutex>
+#include <utility>
 
 #include "engine/common/error.h"
 #include "engine/policy/policy_factories.h"
@@ -9,16 +11,22 @@
 namespace kvlens {
 namespace {
 
-using Factory = std::unique_ptr<Policy> (*)(const PolicyShape&, Backend&, const ParamValues&,
-                                            double);
-
 struct Entry {
   PolicyInfo info;
-  Factory make;
+  PolicyFactory make;
+  std::string source;  // "" for a built-in; the plug-in's file or class otherwise
 };
 
-const std::vector<Entry>& entries() {
-  static const std::vector<Entry> table = {
+// Built-ins first, in POLICIES.md's order, then the registered plug-ins in the order they came.
+// Registration happens while nothing steps (start-up, a plug-in loaded from a command or the
+// app's File menu between sessions); the mutex keeps two registrations apart.
+std::mutex& registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::vector<Entry>& entries() {
+  static std::vector<Entry> table = {
       {dense_policy_info(), make_dense_policy},
       {oracle_policy_info(), make_oracle_policy},
       {random_policy_info(), make_random_policy},
@@ -32,6 +40,15 @@ const std::vector<Entry>& entries() {
       {tokenbutler_policy_info(), make_tokenbutler_policy},
   };
   return table;
+}
+
+std::vector<PolicyInfo>& infos_table() {
+  static std::vector<PolicyInfo> infos = [] {
+    std::vector<PolicyInfo> out;
+    for (const Entry& e : entries()) out.push_back(e.info);
+    return out;
+  }();
+  return infos;
 }
 
 const Entry& entry(const std::string& id) {
@@ -61,12 +78,28 @@ std::vector<ParamSpec> with_common_specs(std::vector<ParamSpec> own) {
 }
 
 const std::vector<PolicyInfo>& policy_infos() {
-  static const std::vector<PolicyInfo> infos = [] {
-    std::vector<PolicyInfo> out;
-    for (const Entry& e : entries()) out.push_back(e.info);
-    return out;
-  }();
-  return infos;
+  return infos_table();
+}
+
+const PolicyInfo& register_policy(PolicyInfo info, PolicyFactory make, const std::string& source) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const Entry& e : entries()) {
+    if (e.info.id != info.id) continue;
+    if (!source.empty() && e.source == source) return e.info;  // the same plug-in again
+    throw Error(
+        source, "name", "a policy id no other policy has",
+        "'" + info.id + "', already " +
+            (e.source.empty() ? std::string("a built-in policy") : "registered by " + e.source));
+  }
+  if (info.reference)
+    throw Error(source, "reference", "a policy that is not the reference", "true");
+  entries().push_back({std::move(info), std::move(make), source});
+  infos_table().push_back(entries().back().info);
+  return infos_table().back();
+}
+
+std::string policy_source(const std::string& id) {
+  return entry(id).source;
 }
 
 const PolicyInfo& policy_info(const std::string& id) {

@@ -2,6 +2,7 @@
 // and the app list policies and build their controls from one description.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,8 +11,21 @@
 
 namespace kvlens {
 
-// Every registered policy, in the order POLICIES.md lists them.
+// Every registered policy: the built-ins in the order POLICIES.md lists them, then the plug-ins
+// in the order they were registered. A registration may move the vector: keep ids, not
+// references, across one.
 const std::vector<PolicyInfo>& policy_infos();
+
+// Makes a run's instance from the resolved parameters and the sparsity.
+using PolicyFactory = std::function<std::unique_ptr<Policy>(const PolicyShape&, Backend&,
+                                                            const ParamValues&, double)>;
+// Adds a policy (a plug-in's: engine/policy/plugin_policy.h) under info.id, its parameters
+// being info.params (the common knobs included). `source` names where it comes from in messages
+// and in `policy_source`. An id already taken is an error naming both sources, unless the same
+// source registers it again (then a no-op returning the existing info).
+const PolicyInfo& register_policy(PolicyInfo info, PolicyFactory make, const std::string& source);
+// Where a registered policy comes from: "" for a built-in, a plug-in's file or class otherwise.
+std::string policy_source(const std::string& id);
 // Throws kvlens::Error naming the id and listing the known ones.
 const PolicyInfo& policy_info(const std::string& id);
 

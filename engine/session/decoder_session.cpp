@@ -500,7 +500,9 @@ PolicyShape DecoderSession::policy_shape() const {
           c.head_dim,
           row_stride(),
           model_->predictor,
-          model_->model->predictor.searched};
+          model_->model->predictor.searched,
+          c.hidden_size,
+          c.max_position_embeddings};
 }
 
 void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, int64_t first_step) {

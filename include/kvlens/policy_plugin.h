@@ -36,8 +36,12 @@ typedef enum kvlens_param_type {
   KVLENS_PARAM_CHOICE = 3
 } kvlens_param_type;
 
+/* A knob named like one of the common knobs (sinks, window, dense_layers, granularity,
+ * budget_tokens, min_keep, budget_excludes_sinks; `kvlens-cli policies` lists them) sets that
+ * knob's default, range and description for this policy instead (Quest's dense_layers = 2); it
+ * must have the knob's type, and create() does not receive it: kvlens applies it. */
 typedef struct kvlens_param {
-  const char* name;          /* [a-z0-9_]+, unique, not one of the common knobs */
+  const char* name;          /* [a-z0-9_]+, unique */
   int32_t type;              /* kvlens_param_type */
   const char* description;   /* one line */
   double default_value;      /* CHOICE: an index into choices */

@@ -21,6 +21,7 @@
 
 #if KVLENS_PY_POLICIES
 #include "engine/policy/plugin_policy.h"
+#include "engine/policy/registry.h"
 #endif
 #if KVLENS_HAVE_CUDA
 #include <cuda_runtime_api.h>
