@@ -93,9 +93,12 @@ const PolicyInfo& register_policy(PolicyInfo info, PolicyFactory make, const std
   }
   if (info.reference)
     throw Error(source, "reference", "a policy that is not the reference", "true");
+  // The table is made from the entries on first use: made before this entry joins them, or a
+  // registration before any policy_infos() call lists the policy twice.
+  std::vector<PolicyInfo>& infos = infos_table();
   entries().push_back({std::move(info), std::move(make), source});
-  infos_table().push_back(entries().back().info);
-  return infos_table().back();
+  infos.push_back(entries().back().info);
+  return infos.back();
 }
 
 std::string policy_source(const std::string& id) {
