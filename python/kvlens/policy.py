@@ -143,7 +143,7 @@ def _describe(cls):
     source_file = ""
     try:
         source_file = inspect.getsourcefile(cls) or ""
-    except TypeError:
+    except (TypeError, OSError):  # defined in an interactive session
         pass
     module = cls.__module__
     source = f"python:{source_file or module}:{cls.__qualname__}"

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -228,10 +229,24 @@ struct PolicyClass {
   std::vector<std::vector<std::string>> choices;
   std::vector<std::vector<const char*>> choice_pointers;
   std::vector<kvlens_param> params;
+  // The params create() receives values for (in order): those not named like a common knob,
+  // whose value kvlens applies itself.
+  std::vector<size_t> own;
   PyObject* cls = nullptr;  // the class new instances are made of (a reference held for good)
   bool torch = false;
 };
 constexpr int kSlots = 64;
+
+// Time spent in the Python policies' select() and observe() calls, the GIL's taking included
+// (updated under the GIL): what Python costs a step, for kvlens._core._python_policy_stats().
+struct CallStats {
+  int64_t selects = 0, observes = 0;
+  double seconds = 0.0;
+};
+CallStats call_stats;
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 std::shared_ptr<PolicyClass> slots[kSlots];  // used under the GIL
 
 void* create_in_slot(int slot, const kvlens_model_shape* shape, const double* values, char* error,
@@ -244,17 +259,18 @@ void* create_in_slot(int slot, const kvlens_model_shape* shape, const double* va
                 std::min<size_t>(sizeof(instance->shape), shape->struct_size));
     instance->torch = k.torch;
     py::dict kwargs;
-    for (size_t i = 0; i < k.params.size(); ++i) {
+    for (size_t j = 0; j < k.own.size(); ++j) {
+      const size_t i = k.own[j];
       const std::string& type = k.param_types[i];
       const py::str key(k.param_names[i]);
       if (type == "int") {
-        kwargs[key] = int64_t(values[i]);
+        kwargs[key] = int64_t(values[j]);
       } else if (type == "bool") {
-        kwargs[key] = values[i] != 0.0;
+        kwargs[key] = values[j] != 0.0;
       } else if (type == "choice") {
-        kwargs[key] = k.choices[i].at(size_t(values[i]));
+        kwargs[key] = k.choices[i].at(size_t(values[j]));
       } else {
-        kwargs[key] = values[i];
+        kwargs[key] = values[j];
       }
     }
     const py::object shape_object =
@@ -304,6 +320,7 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
 [[maybe_unused]] int32_t select_step(void* state, const kvlens_step* step, kvlens_answer* answer,
                                      char* error, size_t error_size) {
   auto* instance = static_cast<Instance*>(state);
+  const double start = now_seconds();
   py::gil_scoped_acquire gil;
   instance->step.step = step;
   instance->step.answer = answer;
@@ -333,6 +350,8 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
     decision = KVLENS_FAILED;
   }
   instance->step.active = false;
+  call_stats.selects += 1;
+  call_stats.seconds += now_seconds() - start;
   return decision;
 }
 
@@ -340,6 +359,7 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
                                       char* error, size_t error_size) {
   auto* instance = static_cast<Instance*>(state);
   if (!instance->observe) return 0;
+  const double start = now_seconds();
   py::gil_scoped_acquire gil;
   instance->observation.obs = observation;
   instance->observation.active = true;
@@ -360,6 +380,8 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
     status = 1;
   }
   instance->observation.active = false;
+  call_stats.observes += 1;
+  call_stats.seconds += now_seconds() - start;
   return status;
 }
 
@@ -437,6 +459,9 @@ std::string register_python_policy(py::handle cls) {
     param.choices = k->choice_pointers[i].empty() ? nullptr : k->choice_pointers[i].data();
     param.choice_count = int32_t(k->choice_pointers[i].size());
     k->params.push_back(param);
+    bool common = false;
+    for (const ParamSpec& knob : common_param_specs()) common |= knob.name == k->param_names[i];
+    if (!common) k->own.push_back(i);
   }
   k->torch = d["torch"].cast<bool>();
   kvlens_policy_plugin& t = k->table;
@@ -647,6 +672,18 @@ void bind_policy_types(py::module_& m) {
       });
 
   m.def("_register_policy", &register_python_policy, py::arg("cls"));
+  m.def(
+      "_python_policy_stats",
+      [](bool reset) {
+        py::dict d;
+        d["selects"] = call_stats.selects;
+        d["observes"] = call_stats.observes;
+        d["seconds"] = call_stats.seconds;
+        if (reset) call_stats = {};
+        return d;
+      },
+      py::arg("reset") = false,
+      "Calls of Python policies' select() / observe() and the seconds they took, GIL included");
   m.def("_policy_source", &policy_source_of, py::arg("id"));
 }
 
