@@ -6,6 +6,8 @@
 #include <pybind11/embed.h>
 #include <pybind11/stl.h>
 
+#include <string>
+
 #include "engine/common/error.h"
 #include "python/src/py_policy.h"
 
@@ -23,10 +25,15 @@ void start_interpreter() {
   if (Py_IsInitialized()) return;
   py::initialize_interpreter(false);  // no signal handlers: Ctrl+C stays the program's
   {
-    // The kvlens package: beside the build's module, in the source tree, or installed.
     py::list path = py::module_::import("sys").attr("path");
-    for (const char* dir : {KVLENS_PYTHON_INSTALLED_DIR, KVLENS_PYTHON_SOURCE_DIR})
-      path.insert(0, dir);
+    // The kvlens package: the source tree's (a build), else where `cmake --install` put it.
+    path.insert(0, KVLENS_PYTHON_SOURCE_DIR);
+    const std::string installed = KVLENS_PYTHON_INSTALLED_DIRS;
+    for (size_t begin = 0, end; begin <= installed.size(); begin = end + 1) {
+      end = installed.find(':', begin);
+      if (end == std::string::npos) end = installed.size();
+      path.append(installed.substr(begin, end - begin));
+    }
   }
   PyEval_SaveThread();  // the GIL is taken where Python runs
 }

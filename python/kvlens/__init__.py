@@ -53,8 +53,8 @@ def load_policy_file(path):
 
 
 if not embedded:
-    from ._kvlens import (Model, Session, StepRows, Trace, eval_coref, eval_ppl, load_trace,
-                          policies)
+    from ._kvlens import (Model, Session, StepRows, Trace, eval_coref, eval_ppl, load_plugin,
+                          load_trace, policies)
 
     has_figures = _core.has_figures
     has_cuda = _core.has_cuda

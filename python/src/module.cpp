@@ -23,6 +23,9 @@
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/perplexity.h"
 #include "engine/policy/registry.h"
+#if KVLENS_PY_POLICIES
+#include "engine/policy/plugin_policy.h"
+#endif
 #include "engine/session/decoder_session.h"
 #include "engine/session/trace_recorder.h"
 #include "engine/trace/trace.h"
@@ -722,6 +725,19 @@ PYBIND11_MODULE(_kvlens, m) {
   m.def("eval_ppl", &eval_ppl, py::arg("model"), py::arg("text"), py::arg("policies") = "dense",
         py::arg("sparsity") = "0", py::arg("policy_args") = py::none(), py::arg("window") = 0,
         py::arg("max_tokens") = 0, "kvlens-cli eval --task ppl over a text");
+
+  m.def(
+      "load_plugin",
+      [](const std::string& path) {
+#if KVLENS_PY_POLICIES
+        return load_policy_plugin(path).id;
+#else
+        throw Error(path, "plug-in", "a kvlens built with the plug-in adapter",
+                    "one built without it");
+        return std::string();
+#endif
+      },
+      py::arg("path"), "Loads a C policy plug-in (FILE.so, kvlens-cli's --plugin); returns its id");
 
   bind_policy_types(m);
 }

@@ -56,6 +56,18 @@ for sample, sparsity, args in ((0, 0.5, None), (1, 0.7, None), (2, 0.5, ["heavy_
     print(f"sample {sample} (s={sparsity}, {args}): h2o_py = h2o at all {session.step_count} "
           "steps (visible sets, scores, top-k)")
 
+# Built-in, C plug-in and Python policy in one lockstep session.
+plugin = os.path.join(os.path.dirname(os.path.dirname(CLI)), "examples", "policies",
+                      "libkvlens_h2o_c.so")
+if os.path.exists(plugin):
+    c_id = kvlens.load_plugin(plugin)
+    session, _ = run(f"h2o,{c_id},h2o_py", 5)
+    for t in range(session.step_count):
+        rows = [session.rows(run=r, step=t).visible for r in range(3)]
+        check(np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2]),
+              f"step {t}: h2o, {c_id} and h2o_py differ")
+    print(f"h2o, {c_id} (C plug-in) and h2o_py in lockstep: the same sets at every step")
+
 # TOVA: within the budget, one set per layer, evicted tokens never return.
 session, _ = run("tova", 0)
 last = None
