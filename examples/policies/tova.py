@@ -12,7 +12,8 @@ class Tova(kvlens.Policy):
     """TOVA: at each step, while a layer's cache holds more than the budget, evict the cached
     token with the lowest attention from the current query, averaged over the layer's heads;
     evicted tokens never return. Every head of a layer sees the same tokens; the current token
-    and the first `sinks` tokens are never evicted."""
+    and the first `sinks` tokens are never evicted (while the budget is below them, the last
+    sinks are hidden)."""
 
     name = "tova"
     family = "eviction (TOVA, Python)"
@@ -39,12 +40,17 @@ class Tova(kvlens.Policy):
         probs /= probs.sum(axis=1, keepdims=True)
         attention = probs.mean(axis=0)
         step.scores[...] = attention
+        sinks = min(step.sinks, t)
         excess = int(keep.sum()) - budget
         if excess > 0:
-            protected = min(step.sinks, max(budget - 1, 0))
             candidates = np.flatnonzero(keep)
-            candidates = candidates[(candidates >= protected) & (candidates != t)]
+            candidates = candidates[(candidates >= sinks) & (candidates != t)]
             order = np.argsort(attention[candidates], kind="stable")
             keep[candidates[order[:excess]]] = False
-        step.visible[...] = keep
+        visible = step.visible
+        visible[...] = keep
+        if excess > 0 and int(keep.sum()) > budget:
+            # A budget smaller than the sinks and the current token: the last sinks are hidden
+            # at this step (not evicted: they are seen again once the budget allows).
+            visible[:, max(budget - 1, 0):sinks] = False
         return kvlens.VISIBLE

@@ -49,6 +49,8 @@ def load_policy_file(path):
     classes = policy_classes(namespace)
     if not classes:
         raise ValueError(f"{path}: defines no kvlens.Policy subclass")
+    for cls in classes:
+        cls._kvlens_file = os.path.abspath(path)
     return [register_policy(cls).policy_id for cls in classes]
 
 

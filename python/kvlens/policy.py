@@ -140,11 +140,12 @@ def _describe(cls):
     if cls.select is Policy.select:
         raise ValueError(f"{cls.__qualname__}: defines no select(step)")
     name = cls.name or cls.__name__.lower()
-    source_file = ""
-    try:
-        source_file = inspect.getsourcefile(cls) or ""
-    except (TypeError, OSError):  # defined in an interactive session
-        pass
+    source_file = cls.__dict__.get("_kvlens_file", "")  # set by load_policy_file
+    if not source_file:
+        try:
+            source_file = inspect.getsourcefile(cls) or ""
+        except (TypeError, OSError):  # defined in an interactive session
+            pass
     module = cls.__module__
     source = f"python:{source_file or module}:{cls.__qualname__}"
     if cls.tensors not in ("numpy", "torch"):
