@@ -57,8 +57,9 @@ struct PyModel {
 // One run's step of a trace, its rows as arrays over the record (no copies; the arrays keep the
 // trace's owner alive).
 struct PyStepRows {
-  const StepRecord* record = nullptr;
+  const Trace* trace = nullptr;
   int64_t step = 0, run = 0, layers = 0, heads = 0;
+  const StepRecord& record() const { return trace->steps()[size_t(step)][size_t(run)]; }
 };
 
 // A stepping lockstep session: a TraceRecorder over a model's resident weights.
@@ -67,6 +68,13 @@ struct PySession {
   std::vector<PolicyConfig> runs;
   std::unique_ptr<TraceRecorder> recorder;
   double last_step_seconds = 0.0;
+  // The recorder waits for the steps still in flight, whose Python policies take the GIL.
+  ~PySession() {
+    if (recorder && Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      recorder.reset();
+    }
+  }
 };
 
 // A trace loaded from a file (a session's trace is its recorder's).
@@ -251,21 +259,21 @@ PyStepRows step_rows(const Trace& trace, int64_t step, int64_t run) {
   if (run < 0 || run >= int64_t(records.size()))
     throw Error("trace", "run", "a run in [0, " + std::to_string(records.size()) + ")",
                 std::to_string(run));
-  return {&records[size_t(run)], step, run, trace.model.layers, trace.model.heads};
+  return {&trace, step, run, trace.model.layers, trace.model.heads};
 }
 
 // The rows' shape: [layers, heads, columns] when every head was kept, else [kept, columns].
 std::vector<py::ssize_t> rows_shape(const PyStepRows& r) {
-  const auto kept = py::ssize_t(r.record->kept_heads.size());
+  const auto kept = py::ssize_t(r.record().kept_heads.size());
   if (kept == r.layers * r.heads && kept > 0)
-    return {py::ssize_t(r.layers), py::ssize_t(r.heads), py::ssize_t(r.record->columns)};
-  return {kept, py::ssize_t(r.record->columns)};
+    return {py::ssize_t(r.layers), py::ssize_t(r.heads), py::ssize_t(r.record().columns)};
+  return {kept, py::ssize_t(r.record().columns)};
 }
 
 // Softmax of the true logits over the visible set (what the attention computed): per kept row,
 // dense layers over every column, skipped layers all zero. A computed array (float32).
 py::array_t<float> probabilities_of(const PyStepRows& r) {
-  const StepRecord& rec = *r.record;
+  const StepRecord& rec = r.record();
   const auto shape = rows_shape(r);
   py::array_t<float> out(shape);
   float* o = out.mutable_data();
@@ -523,53 +531,54 @@ PYBIND11_MODULE(_kvlens, m) {
                          "views over the trace (read-only; kept alive by this object)")
       .def_readonly("step", &PyStepRows::step)
       .def_readonly("run", &PyStepRows::run)
-      .def_property_readonly("columns", [](const PyStepRows& r) { return r.record->columns; })
+      .def_property_readonly("columns", [](const PyStepRows& r) { return r.record().columns; })
       .def_property_readonly(
           "logits",
           [](py::object self) {
             const auto& r = self.cast<const PyStepRows&>();
-            return readonly_array(r.record->logits.data(), rows_shape(r), self);
+            return readonly_array(r.record().logits.data(), rows_shape(r), self);
           },
           "True pre-softmax attention logits")
       .def_property_readonly(
           "scores",
           [](py::object self) {
             const auto& r = self.cast<const PyStepRows&>();
-            return readonly_array(r.record->scores.data(), rows_shape(r), self);
+            return readonly_array(r.record().scores.data(), rows_shape(r), self);
           },
           "The policy's scores (a tokenbutler run's: its predictor's logits)")
       .def_property_readonly(
           "visible",
           [](py::object self) {
             const auto& r = self.cast<const PyStepRows&>();
-            return readonly_bool_array(r.record->visible.data(), rows_shape(r), self);
+            return readonly_bool_array(r.record().visible.data(), rows_shape(r), self);
           },
           "Visible sets (bool)")
       .def_property_readonly(
           "probabilities", [](const PyStepRows& r) { return probabilities_of(r); },
           "Softmax of the logits over each visible set (computed; a new array)")
-      .def_property_readonly("kept_heads", [](const PyStepRows& r) { return r.record->kept_heads; })
+      .def_property_readonly("kept_heads",
+                             [](const PyStepRows& r) { return r.record().kept_heads; })
       .def_property_readonly("visible_counts",
                              [](py::object self) {
                                const auto& r = self.cast<const PyStepRows&>();
-                               return readonly_array(r.record->visible_counts.data(),
+                               return readonly_array(r.record().visible_counts.data(),
                                                      {py::ssize_t(r.layers), py::ssize_t(r.heads)},
                                                      self);
                              })
       .def_property_readonly("decisions",
                              [](const PyStepRows& r) {
                                std::vector<std::string> out;
-                               for (LayerDecision d : r.record->decisions)
+                               for (LayerDecision d : r.record().decisions)
                                  out.push_back(decision_name(d));
                                return out;
                              })
-      .def_property_readonly("top_ids", [](const PyStepRows& r) { return r.record->top.ids; })
+      .def_property_readonly("top_ids", [](const PyStepRows& r) { return r.record().top.ids; })
       .def_property_readonly("top_log_probs",
-                             [](const PyStepRows& r) { return r.record->top.log_probs; })
-      .def_property_readonly("top_texts", [](const PyStepRows& r) { return r.record->top.texts; })
-      .def_property_readonly("argmax", [](const PyStepRows& r) { return r.record->argmax; })
+                             [](const PyStepRows& r) { return r.record().top.log_probs; })
+      .def_property_readonly("top_texts", [](const PyStepRows& r) { return r.record().top.texts; })
+      .def_property_readonly("argmax", [](const PyStepRows& r) { return r.record().argmax; })
       .def_property_readonly("metrics",
-                             [](const PyStepRows& r) { return metrics_dict(r.record->metrics); });
+                             [](const PyStepRows& r) { return metrics_dict(r.record().metrics); });
 
   py::class_<PyTrace>(m, "Trace", "A recording: tokens, runs and per step and run their rows")
       .def_property_readonly("step_count", [](const PyTrace& t) { return t.trace->step_count(); })
