@@ -19,6 +19,7 @@
 #include "app/session/output_file.h"
 #include "app/session/policy_runs.h"
 #include "engine/common/error.h"
+#include "engine/common/mapped_file.h"
 #include "engine/eval/coref_benchmark.h"
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/perplexity.h"
@@ -262,6 +263,18 @@ PyStepRows step_rows(const Trace& trace, int64_t step, int64_t run) {
   return {&trace, step, run, trace.model.layers, trace.model.heads};
 }
 
+// A run by index, or by policy id (the first run of that policy).
+int64_t run_index(const Trace& trace, const py::object& run) {
+  if (!py::isinstance<py::str>(run)) return run.cast<int64_t>();
+  const std::string id = run.cast<std::string>();
+  std::string ids;
+  for (size_t r = 0; r < trace.runs.size(); ++r) {
+    if (trace.runs[r].policy == id) return int64_t(r);
+    ids += (ids.empty() ? "" : ", ") + trace.runs[r].policy;
+  }
+  throw Error("trace", "run", "a run index or one of " + ids, "'" + id + "'");
+}
+
 // The rows' shape: [layers, heads, columns] when every head was kept, else [kept, columns].
 std::vector<py::ssize_t> rows_shape(const PyStepRows& r) {
   const auto kept = py::ssize_t(r.record().kept_heads.size());
@@ -381,12 +394,16 @@ py::list eval_coref(const std::shared_ptr<PyModel>& model, const py::object& pol
 // kvlens-cli eval's chunk inside a perplexity window (cmd_eval.cpp's kPerplexityChunk).
 constexpr int64_t kPerplexityChunk = 512;
 
-py::list eval_ppl(const std::shared_ptr<PyModel>& model, const std::string& text,
+py::list eval_ppl(const std::shared_ptr<PyModel>& model, std::optional<std::string> text,
                   const py::object& policies, const py::object& sparsity,
-                  const py::object& policy_args, int64_t window, int64_t max_tokens) {
+                  const py::object& policy_args, int64_t window, int64_t max_tokens,
+                  const std::string& text_file) {
+  if (text.has_value() == !text_file.empty())
+    throw Error("eval_ppl", "text", "one of text= or text_file=");
+  if (!text) text = read_text_file(text_file);  // as kvlens-cli eval --text-file reads it
   const auto runs = session::resolve_policy_runs(join_list(policies), join_list(sparsity),
                                                  string_list(policy_args));
-  std::vector<int32_t> tokens = model->model->require_tokenizer().encode(text, true);
+  std::vector<int32_t> tokens = model->model->require_tokenizer().encode(*text, true);
   if (max_tokens > 0 && int64_t(tokens.size()) > max_tokens) tokens.resize(size_t(max_tokens));
   if (window <= 0) window = model->model->config.max_position_embeddings;
   std::vector<PerplexityResult> results;
@@ -636,11 +653,11 @@ PYBIND11_MODULE(_kvlens, m) {
                              [](const PyTrace& t) { return t.trace->degraded_from_step(); })
       .def(
           "rows",
-          [](const PyTrace& t, int64_t step, int64_t run) {
-            return step_rows(*t.trace, step, run);
+          [](const PyTrace& t, int64_t step, const py::object& run) {
+            return step_rows(*t.trace, step, run_index(*t.trace, run));
           },
           py::arg("step") = -1, py::arg("run") = 0, py::keep_alive<0, 1>(),
-          "Run `run`'s rows at `step` (negative: from the end)")
+          "Run `run`'s rows (an index or a policy id) at `step` (negative: from the end)")
       .def(
           "save",
           [](const PyTrace& t, const std::string& path) {
@@ -706,11 +723,12 @@ PYBIND11_MODULE(_kvlens, m) {
           py::keep_alive<0, 1>())
       .def(
           "rows",
-          [](PySession& s, int64_t run, int64_t step) {
-            return step_rows(s.recorder->trace(), step, run);
+          [](PySession& s, const py::object& run, int64_t step) {
+            const Trace& trace = s.recorder->trace();
+            return step_rows(trace, step, run_index(trace, run));
           },
           py::arg("run") = 0, py::arg("step") = -1, py::keep_alive<0, 1>(),
-          "Run `run`'s rows at `step` (default: the last recorded)")
+          "Run `run`'s rows (an index or a policy id) at `step` (default: the last recorded)")
       .def(
           "output_logits",
           [](PySession& s, int64_t run) {
@@ -731,9 +749,11 @@ PYBIND11_MODULE(_kvlens, m) {
         py::arg("seed") = 0, py::arg("first_index") = 0, py::arg("hard") = false,
         py::arg("pools") = "", py::arg("per_sample") = false,
         "kvlens-cli eval --task coref: one row per (policy, sparsity)");
-  m.def("eval_ppl", &eval_ppl, py::arg("model"), py::arg("text"), py::arg("policies") = "dense",
-        py::arg("sparsity") = "0", py::arg("policy_args") = py::none(), py::arg("window") = 0,
-        py::arg("max_tokens") = 0, "kvlens-cli eval --task ppl over a text");
+  m.def("eval_ppl", &eval_ppl, py::arg("model"), py::arg("text") = py::none(),
+        py::arg("policies") = "dense", py::arg("sparsity") = "0",
+        py::arg("policy_args") = py::none(), py::arg("window") = 0, py::arg("max_tokens") = 0,
+        py::arg("text_file") = "",
+        "kvlens-cli eval --task ppl over a text (or text_file, read as --text-file is)");
 
   m.def(
       "load_plugin",

@@ -27,7 +27,7 @@ out = os.path.join(SCRATCH, "ppl.json")
 cli("eval", "--model", DEMO, "--task", "ppl", "--policies", "dense,h2o", "--sparsity", "0.5",
     "--text-file", text, "--window", 256, "--max-tokens", 600, "--json", out)
 expected = json.load(open(out))["results"]
-rows = kvlens.eval_ppl(model, open(text).read(), "dense,h2o", sparsity=0.5, window=256,
+rows = kvlens.eval_ppl(model, policies="dense,h2o", sparsity=0.5, window=256, text_file=text,
                        max_tokens=600)
 for mine, theirs in zip(rows, expected):
     for key, value in theirs.items():
