@@ -261,7 +261,11 @@ void Dashboard::sidebar() {
         policy_checked_[i] = checked;
         pending_.policies_asked = true;  // the user's own list from now on
       }
-      if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", infos[i].description.c_str());
+      if (ImGui::IsItemHovered()) {
+        const std::string source = policy_source(infos[i].id);
+        ImGui::SetTooltip("%s%s%s", infos[i].description.c_str(),
+                          source.empty() ? "" : "\nplug-in: ", source.c_str());
+      }
     }
     float sparsity = float(std::atof(pending_.sparsities.c_str()));
     if (ImGui::SliderFloat("sparsity", &sparsity, 0.0f, 0.95f, "%.2f")) {

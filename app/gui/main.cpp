@@ -7,10 +7,15 @@
 #include <QGuiApplication>
 #include <QSurfaceFormat>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "app/gui/headless.h"
 #include "app/gui/main_window.h"
 #include "app/gui/script_runner.h"
+#include "app/session/common_options.h"
+#include "engine/common/error.h"
+#include "engine/policy/plugin_policy.h"
 #include "viz/qt/qt_messages.h"
 
 namespace {
@@ -42,6 +47,11 @@ int main(int argc, char** argv) {
                  "folder's own)");
   cli.add_option("--sparsity", sparsity, "Sparsity of the policies")->capture_default_str();
   cli.add_option("--backend", backend, "auto, cpu or cuda")->capture_default_str();
+  std::vector<std::string> plugins;
+  cli.add_option("--plugin", plugins,
+                 "A policy plug-in (shared library against include/kvlens/policy_plugin.h) to "
+                 "load at start (repeatable); the folders in $KVLENS_PLUGIN_PATH and "
+                 "~/.local/share/kvlens/plugins are loaded too");
   cli.add_option("--script", script, "Drive the window from a script file (see script_runner.h)");
   cli.add_flag("--headless", headless, "Render the dashboard to PNG files instead of a window");
   cli.add_option("--out", out_dir, "Headless: the folder for the PNG files")->capture_default_str();
@@ -51,6 +61,22 @@ int main(int argc, char** argv) {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return cli.exit(error);
+  }
+  // Plug-ins before anything reads the policy list. The app opens anyway: a policy that did not
+  // load fails as an unknown one would, in a dialog.
+  {
+    kvlens::session::CommonOptions plugin_options;
+    std::vector<std::string> warnings;
+    for (const std::string& file : plugins) {
+      try {
+        kvlens::load_policy_plugin(file);
+      } catch (const kvlens::Error& error) {
+        warnings.push_back(error.what());
+      }
+    }
+    kvlens::session::load_plugins(plugin_options, warnings);
+    for (const std::string& warning : warnings)
+      std::fprintf(stderr, "kvlens: warning: %s\n", warning.c_str());
   }
   LaunchOptions options;
   options.model_dir = QString::fromStdString(model);
