@@ -326,7 +326,7 @@ void Dashboard::sidebar() {
     ImGui::Checkbox("selected head in detail", &options_.head_detail);
     int quantity = int(options_.quantity);
     if (ImGui::Combo("show", &quantity,
-                     "logits\0probabilities\0policy scores (tokenbutler: predicted logits)\0"))
+                     "logits\0probabilities\0policy scores (a predictor's: predicted logits)\0"))
       options_.quantity = HeadQuantity(quantity);
     ImGui::Checkbox("log scale", &options_.log_scale);
     int metric = int(options_.consensus);

@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
   cli.add_option("--coref-sample", sample, "Co-reference sample to record")->capture_default_str();
   cli.add_option("--prompt", prompt, "Record this text instead of a sample");
   cli.add_option("--policies", policies,
-                 "Comma-separated policy ids (by default tokenbutler is left out when the model "
-                 "has no predictor)")
+                 "Comma-separated policy ids (by default a policy that needs a predictor is left "
+                 "out when the model has none)")
       ->capture_default_str();
   cli.add_option("--predictor", predictor,
                  "TokenButler predictor.safetensors to load with the model (default: the model "
