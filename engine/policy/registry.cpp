@@ -83,6 +83,7 @@ const std::vector<PolicyInfo>& policy_infos() {
 
 const PolicyInfo& register_policy(PolicyInfo info, PolicyFactory make, const std::string& source) {
   std::lock_guard<std::mutex> lock(registry_mutex());
+  std::vector<PolicyInfo>& infos = infos_table();  // made from the entries before this one
   for (const Entry& e : entries()) {
     if (e.info.id != info.id) continue;
     if (!source.empty() && e.source == source) return e.info;  // the same plug-in again
@@ -94,8 +95,8 @@ const PolicyInfo& register_policy(PolicyInfo info, PolicyFactory make, const std
   if (info.reference)
     throw Error(source, "reference", "a policy that is not the reference", "true");
   entries().push_back({std::move(info), std::move(make), source});
-  infos_table().push_back(entries().back().info);
-  return infos_table().back();
+  infos.push_back(entries().back().info);
+  return infos.back();
 }
 
 std::string policy_source(const std::string& id) {

@@ -156,7 +156,10 @@ TEST_CASE("the C plug-ins h2o, quest and tokenbutler give the built-ins' visible
 }
 
 TEST_CASE("a plug-in is listed with its rule, family, knobs and file", "[plugin]") {
+  // Loaded before anything read the list (as kvlens-cli does): listed once.
   const PolicyInfo& info = load_policy_plugin(example_plugin("quest"));
+  CHECK(std::count_if(policy_infos().begin(), policy_infos().end(),
+                      [](const PolicyInfo& listed) { return listed.id == "quest_c"; }) == 1);
   CHECK(info.id == "quest_c");
   CHECK(info.description.find("upper bound") != std::string::npos);
   CHECK(policy_source("quest_c") == example_plugin("quest"));
