@@ -17,6 +17,7 @@
 #include "engine/common/error.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_backend_impl.h"
+#include "kernels/reductions.cuh"
 #include "kernels/step_graph.cuh"
 
 namespace kvlens::cuda {
@@ -335,6 +336,19 @@ void CudaBackend::count_nonzero_rows_deferred_many(std::span<const RowCount> mas
   if (!any) return;
   cuda::launch_count_nonzero_rows(args, stream());
   check_launch("count_nonzero_rows");
+}
+
+// A plug-in's scores checked where they are: the counts come back with the step's others.
+void CudaBackend::count_nonfinite_rows_deferred(const DeviceTensor& x, int64_t cols,
+                                                std::span<int64_t> counts) {
+  const std::string op = "count_nonfinite_rows_deferred";
+  require_cols(cols, op);
+  const RowShape shape = row_shape(x, DType::F32, int64_t(counts.size()), cols, op, "x");
+  if (shape.rows == 0) return;
+  activate();
+  cuda::launch_count_nonfinite_rows(x.as<const float>(), shape.rows, shape.stride, cols,
+                                    deferred_slots(counts), stream());
+  check_launch("count_nonfinite_rows");
 }
 
 bool CudaBackend::runs_tasks_in_order() const {

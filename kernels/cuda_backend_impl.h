@@ -138,6 +138,8 @@ class CudaBackend final : public Backend {
   void count_nonzero_rows_deferred(const DeviceTensor& mask, int64_t cols,
                                    std::span<int64_t> counts) override;
   void count_nonzero_rows_deferred_many(std::span<const RowCount> masks) override;
+  void count_nonfinite_rows_deferred(const DeviceTensor& x, int64_t cols,
+                                     std::span<int64_t> counts) override;
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override;
   bool runs_tasks_in_order() const override;
 

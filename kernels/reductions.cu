@@ -84,4 +84,32 @@ void launch_log_prob_rows(const float* x, int64_t rows, int64_t cols, const int3
   launch_dependent(log_prob_kernel, unsigned(rows), kThreads, 0, stream, x, cols, targets, out);
 }
 
+namespace {
+
+__global__ void count_nonfinite_kernel(const float* x, int64_t stride, int64_t cols,
+                                       int64_t* counts) {
+  begin_dependent_grid();
+  __shared__ int partial[32];
+  const float* row = x + int64_t(blockIdx.x) * stride;
+  int bad = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) bad += isfinite(row[j]) ? 0 : 1;
+  for (int offset = 16; offset > 0; offset >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, offset);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = bad;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t total = 0;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) total += partial[w];
+    counts[blockIdx.x] = total;
+  }
+}
+
+}  // namespace
+
+void launch_count_nonfinite_rows(const float* x, int64_t rows, int64_t stride, int64_t cols,
+                                 int64_t* counts, cudaStream_t stream) {
+  if (rows <= 0) return;
+  launch_dependent(count_nonfinite_kernel, unsigned(rows), kThreads, 0, stream, x, stride, cols,
+                   counts);
+}
+
 }  // namespace kvlens::cuda

@@ -16,4 +16,9 @@ void launch_argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out
 void launch_log_prob_rows(const float* x, int64_t rows, int64_t cols, const int32_t* targets,
                           double* out, cudaStream_t stream);
 
+// counts[r] = how many of x[r, 0:cols] are NaN or infinite (x rows `stride` apart; counts in
+// device memory). One block per row.
+void launch_count_nonfinite_rows(const float* x, int64_t rows, int64_t stride, int64_t cols,
+                                 int64_t* counts, cudaStream_t stream);
+
 }  // namespace kvlens::cuda

@@ -230,6 +230,14 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       // and its policy's select and observe; the projections, computed for all runs at once, are
       // not split), for the breakdown.
       std::vector<std::vector<double>> run_task_seconds(runs.size());
+      // Per lockstep run of a plug-in: the seconds of each step spent in its own code and in
+      // the copies to and from host memory made for it (Policy::external_seconds).
+      std::vector<std::vector<double>> run_plugin_seconds(runs.size()), run_copy_seconds(runs.size());
+      std::vector<Policy::ExternalSeconds> external_before(runs.size());
+      auto external_now = [&](size_t r) {
+        const Policy* policy = lockstep->run(int64_t(r)).policy.get();
+        return policy ? policy->external_seconds() : Policy::ExternalSeconds{};
+      };
       step_seconds.reserve(size_t(steps));
       if (!lockstep) {
         for (int64_t i = 0; i < steps; ++i) {
@@ -250,8 +258,14 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           token = next;
         }
         for (int64_t i = 0; i <= count; ++i) {
+          for (size_t r = 0; r < runs.size(); ++r) external_before[r] = external_now(r);
           const double seconds = timed_step(*lockstep, block_tokens[size_t(i)]).first;
           if (i == 0) continue;
+          for (size_t r = 0; r < runs.size(); ++r) {
+            const Policy::ExternalSeconds after = external_now(r);
+            run_plugin_seconds[r].push_back(after.plugin - external_before[r].plugin);
+            run_copy_seconds[r].push_back(after.copies - external_before[r].copies);
+          }
           lockstep_seconds.push_back(seconds);
           const std::vector<double>& tasks = lockstep->run_step_seconds();
           for (size_t r = 0; r < runs.size() && r < tasks.size(); ++r)
@@ -316,9 +330,16 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           const double lockstep_median = median(lockstep_seconds);
           nlohmann::json run_tasks = nlohmann::json::array();
           for (size_t r = 0; r < runs.size(); ++r) {
-            run_tasks.push_back({{"policy", runs[r].id},
-                                 {"sparsity", runs[r].sparsity},
-                                 {"task_seconds_median", median(run_task_seconds[r])}});
+            nlohmann::json task = {{"policy", runs[r].id},
+                                   {"sparsity", runs[r].sparsity},
+                                   {"task_seconds_median", median(run_task_seconds[r])}};
+            const std::string source = policy_source(runs[r].id);
+            if (!source.empty()) {
+              task["plugin"] = source;
+              task["plugin_seconds_median"] = median(run_plugin_seconds[r]);
+              task["plugin_copy_seconds_median"] = median(run_copy_seconds[r]);
+            }
+            run_tasks.push_back(task);
           }
           out["lockstep"] = {{"policies", policies},
                              {"sparsity", sparsity},
@@ -376,6 +397,11 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           std::printf(
               "  run %-3zu %-12s %.3f ms per step (own attention and policy work, median)\n", r,
               runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
+          if (!policy_source(runs[r].id).empty()) {
+            std::printf("          plug-in      %.3f ms per step in its own code, %.3f ms in copies "
+                        "to and from host memory (medians; part of the above)\n",
+                        median(run_plugin_seconds[r]) * 1e3, median(run_copy_seconds[r]) * 1e3);
+          }
         }
       }
       if (with_predictor) {

@@ -261,7 +261,11 @@ void Dashboard::sidebar() {
         policy_checked_[i] = checked;
         pending_.policies_asked = true;  // the user's own list from now on
       }
-      if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", infos[i].description.c_str());
+      if (ImGui::IsItemHovered()) {
+        const std::string source = policy_source(infos[i].id);
+        ImGui::SetTooltip("%s%s%s", infos[i].description.c_str(),
+                          source.empty() ? "" : "\nplug-in: ", source.c_str());
+      }
     }
     float sparsity = float(std::atof(pending_.sparsities.c_str()));
     if (ImGui::SliderFloat("sparsity", &sparsity, 0.0f, 0.95f, "%.2f")) {
@@ -322,7 +326,7 @@ void Dashboard::sidebar() {
     ImGui::Checkbox("selected head in detail", &options_.head_detail);
     int quantity = int(options_.quantity);
     if (ImGui::Combo("show", &quantity,
-                     "logits\0probabilities\0policy scores (tokenbutler: predicted logits)\0"))
+                     "logits\0probabilities\0policy scores (a predictor's: predicted logits)\0"))
       options_.quantity = HeadQuantity(quantity);
     ImGui::Checkbox("log scale", &options_.log_scale);
     int metric = int(options_.consensus);

@@ -7,14 +7,16 @@
 #include <QGuiApplication>
 #include <QSurfaceFormat>
 #include <cstdio>
-#include <exception>
 #include <string>
 #include <vector>
 
 #include "app/gui/headless.h"
 #include "app/gui/main_window.h"
 #include "app/gui/script_runner.h"
+#include "app/session/common_options.h"
 #include "app/session/python_policies.h"
+#include "engine/common/error.h"
+#include "engine/policy/plugin_policy.h"
 #include "viz/qt/qt_messages.h"
 
 namespace {
@@ -38,34 +40,55 @@ int main(int argc, char** argv) {
   cli.add_option("--coref-sample", sample, "Co-reference sample to record")->capture_default_str();
   cli.add_option("--prompt", prompt, "Record this text instead of a sample");
   cli.add_option("--policies", policies,
-                 "Comma-separated policy ids (by default tokenbutler is left out when the model "
-                 "has no predictor)")
+                 "Comma-separated policy ids (by default a policy that needs a predictor is left "
+                 "out when the model has none)")
       ->capture_default_str();
   cli.add_option("--predictor", predictor,
                  "TokenButler predictor.safetensors to load with the model (default: the model "
                  "folder's own)");
   cli.add_option("--sparsity", sparsity, "Sparsity of the policies")->capture_default_str();
   cli.add_option("--backend", backend, "auto, cpu or cuda")->capture_default_str();
+  std::vector<std::string> plugins;
+  cli.add_option("--plugin", plugins,
+                 "A policy plug-in (shared library against include/kvlens/policy_plugin.h) to "
+                 "load at start (repeatable); the folders in $KVLENS_PLUGIN_PATH and "
+                 "~/.local/share/kvlens/plugins are loaded too");
+  std::vector<std::string> policy_files;
+  cli.add_option("--policy-file", policy_files,
+                 "A Python file whose kvlens.Policy classes join the policy list, each with its "
+                 "docstring (repeatable; embedded CPython)");
   cli.add_option("--script", script, "Drive the window from a script file (see script_runner.h)");
   cli.add_flag("--headless", headless, "Render the dashboard to PNG files instead of a window");
   cli.add_option("--out", out_dir, "Headless: the folder for the PNG files")->capture_default_str();
   cli.add_flag("--dark", dark, "Dark theme");
-  std::vector<std::string> policy_files;
-  cli.add_option("--policy-file", policy_files,
-                 "A Python file whose kvlens.Policy classes join the policy list (repeatable)");
   cli.allow_extras();  // Qt's own options (-platform, ...)
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return cli.exit(error);
   }
-  // A file that fails is reported and left out: it does not keep the app from starting.
-  for (const std::string& file : policy_files) {
-    try {
-      kvlens::session::load_policy_files({file});
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "kvlens: %s\n", error.what());
+  // Plug-ins before anything reads the policy list. The app opens anyway: a policy that did not
+  // load fails as an unknown one would, in a dialog.
+  {
+    kvlens::session::CommonOptions plugin_options;
+    std::vector<std::string> warnings;
+    for (const std::string& file : plugins) {
+      try {
+        kvlens::load_policy_plugin(file);
+      } catch (const kvlens::Error& error) {
+        warnings.push_back(error.what());
+      }
     }
+    kvlens::session::load_plugins(plugin_options, warnings);
+    for (const std::string& file : policy_files) {
+      try {
+        kvlens::session::load_policy_files({file});
+      } catch (const kvlens::Error& error) {
+        warnings.push_back(error.what());
+      }
+    }
+    for (const std::string& warning : warnings)
+      std::fprintf(stderr, "kvlens: warning: %s\n", warning.c_str());
   }
   LaunchOptions options;
   options.model_dir = QString::fromStdString(model);

@@ -20,6 +20,7 @@
 #include "app/gui/bundled_paths.h"
 #include "app/session/output_file.h"
 #include "engine/common/error.h"
+#include "engine/policy/plugin_policy.h"
 #include "viz/qt/painter_renderer.h"
 
 namespace kvlens::app {
@@ -118,6 +119,11 @@ void MainWindow::build_menus() {
     const QString path = QFileDialog::getOpenFileName(this, "Open a recording", QString(),
                                                       "kvlens traces (*.kvtrace)");
     if (!path.isEmpty()) open_trace(path);
+  });
+  file->addAction("Load policy &plug-in...", this, [this] {
+    const QString path = QFileDialog::getOpenFileName(this, "Load a policy plug-in", QString(),
+                                                      "policy plug-ins (*.so);;all files (*)");
+    if (!path.isEmpty()) load_plugin(path);
   });
   recent_menu_ = file->addMenu("Open &recent");
   rebuild_recent_menu();
@@ -233,6 +239,19 @@ void MainWindow::update_status() {
     memory += QString(" (budget reached at step %1: selected heads only)")
                   .arg(trace->degraded_from_step());
   memory_label_->setText(memory);
+}
+
+bool MainWindow::load_plugin(const QString& path) {
+  try {
+    const PolicyInfo& info = load_policy_plugin(path.toStdString());
+    const QString note = "policy " + QString::fromStdString(info.id) + " loaded from " + path;
+    notes_shown_ << note;
+    statusBar()->showMessage(note, 15000);
+    return true;
+  } catch (const Error& error) {
+    show_error("kvlens: could not load the plug-in", QString::fromStdString(error.what()));
+    return false;
+  }
 }
 
 void MainWindow::show_error(const QString& title, const QString& message) {

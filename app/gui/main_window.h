@@ -46,6 +46,9 @@ class MainWindow : public QMainWindow {
   bool open_model(const QString& dir);
   bool open_trace(const QString& path);
   bool save_trace(const QString& path);
+  // Registers a policy plug-in (a shared library against include/kvlens/policy_plugin.h): its
+  // policy joins the sidebar's list; a bad file gets an error dialog.
+  bool load_plugin(const QString& path);
   // .png / .svg / .pdf: the current view's figure; .csv / .json: the data behind it.
   bool export_view(const QString& path);
 

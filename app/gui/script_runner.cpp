@@ -106,6 +106,8 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     dashboard.restart();
   } else if (command == "open-model") {
     window_.open_model(joined);
+  } else if (command == "load-plugin") {
+    window_.load_plugin(joined);
   } else if (command == "open-trace") {
     window_.open_trace(joined);
   } else if (command == "save-trace") {

@@ -1,7 +1,7 @@
 // Script mode: drives the real window from a text file, one command per line ('#' comments), so
 // tests can load, step, switch views, compare, export and quit as a user would:
 //   open-sample I | open-prompt TEXT | policies ID,... | sparsity X | restart
-//   open-model DIR | open-trace FILE | save-trace FILE
+//   open-model DIR | open-trace FILE | save-trace FILE | load-plugin FILE.so
 //   step N | back N | goto T | play | pause | wait-idle | wait MS
 //   view heads|predicted|retention|consensus|logits | compare ID|I,... | head L H
 //   detail on|off | quantity logits|probabilities|scores | consensus pearson|jaccard

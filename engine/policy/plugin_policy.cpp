@@ -156,6 +156,13 @@ class PluginPolicy final : public BudgetedPolicy {
                Backend& backend, CommonKnobs knobs, const std::vector<double>& values)
       : BudgetedPolicy(shape, backend, knobs), def_(std::move(def)), table_(*def_->table) {
     const bool device_ok = (table_.memories & KVLENS_ACCEPTS_CUDA) != 0;
+    const bool host_ok = table_.memories == 0 || (table_.memories & KVLENS_ACCEPTS_HOST) != 0;
+    if (backend.host_memory() && !host_ok) {
+      throw Error(def_->owner(), "memories",
+                  "a plug-in that works on host memory (this session runs on the " +
+                      backend.name() + " backend)",
+                  "device memory only");
+    }
     copies_ = !backend.host_memory() && !device_ok;
     memory_ = backend.host_memory() || copies_ ? KVLENS_MEMORY_HOST : KVLENS_MEMORY_CUDA;
     if ((table_.needs & KVLENS_NEEDS_PREDICTOR) != 0) {
@@ -277,9 +284,9 @@ class PluginPolicy final : public BudgetedPolicy {
     kvlens_answer answer{};
     answer.struct_size = sizeof answer;
     answer.recent = knobs_.window;
-    backend_.axpby_rows(scores, 1.0f, zero_row_, 0.0f, cols);
-    backend_.fill_columns(visible, 0, cols, 0);
-    if (!eligible_.empty()) backend_.fill_columns(eligible_, 0, cols, 1);
+    fill_rows(scores, cols, 0);
+    fill_rows(visible, cols, 0);
+    if (!eligible_.empty()) fill_rows(eligible_, cols, 1);
     answer.scores = static_cast<float*>(writable(scores, scores_copy_));
     answer.visible = static_cast<uint8_t*>(writable(visible, visible_copy_));
     if (!eligible_.empty())
@@ -360,6 +367,22 @@ class PluginPolicy final : public BudgetedPolicy {
   static std::string message(const char* error) {
     const std::string text(error, strnlen(error, kErrorSize));
     return text.empty() ? "(no message)" : text;
+  }
+
+  // Columns [0, cols) of every row set to `byte` (F32 rows: 0 only): written where they are on
+  // the host, by the backend's ops on a device.
+  void fill_rows(DeviceTensor& rows, int64_t cols, uint8_t byte) {
+    const int64_t count = rows.dim(0), stride = rows.dim(1);
+    const size_t size = dtype_size(rows.dtype);
+    if (backend_.host_memory()) {
+      auto* data = static_cast<std::byte*>(rows.data);
+      for (int64_t r = 0; r < count; ++r)
+        std::memset(data + size_t(r * stride) * size, byte, size_t(cols) * size);
+    } else if (rows.dtype == DType::F32) {
+      backend_.axpby_rows(rows, 1.0f, zero_row_, 0.0f, cols);
+    } else {
+      backend_.fill_columns(rows, 0, cols, byte);
+    }
   }
 
   // The tensor's memory as the plug-in may read it: itself, or a host copy (made now).

@@ -83,6 +83,7 @@ const std::vector<PolicyInfo>& policy_infos() {
 
 const PolicyInfo& register_policy(PolicyInfo info, PolicyFactory make, const std::string& source) {
   std::lock_guard<std::mutex> lock(registry_mutex());
+  std::vector<PolicyInfo>& infos = infos_table();  // made from the entries before this one
   for (const Entry& e : entries()) {
     if (e.info.id != info.id) continue;
     if (!source.empty() && e.source == source) return e.info;  // the same plug-in again
@@ -93,9 +94,6 @@ const PolicyInfo& register_policy(PolicyInfo info, PolicyFactory make, const std
   }
   if (info.reference)
     throw Error(source, "reference", "a policy that is not the reference", "true");
-  // The table is made from the entries on first use: made before this entry joins them, or a
-  // registration before any policy_infos() call lists the policy twice.
-  std::vector<PolicyInfo>& infos = infos_table();
   entries().push_back({std::move(info), std::move(make), source});
   infos.push_back(entries().back().info);
   return infos.back();

@@ -162,6 +162,9 @@ typedef struct kvlens_observation {
 
 /* ---- The plug-in --------------------------------------------------------------------------- */
 
+/* What a plug-in declares and the functions kvlens calls: one static instance per library,
+ * returned by its entry point. Calls for one instance never overlap; different instances (runs)
+ * may be called from different threads at once, so keep state in the instance. */
 typedef struct kvlens_policy_plugin {
   uint32_t abi_version; /* KVLENS_POLICY_ABI_VERSION */
   uint32_t struct_size; /* sizeof(kvlens_policy_plugin) */

@@ -191,6 +191,27 @@ TEST_CASE("at a high-DPI scale the window fits the screen and draws sharp", "[ui
   CHECK(distinct_colors(dir + "/zoomed.png") > 200);
 }
 
+TEST_CASE("a policy plug-in loads in the app, runs beside the built-ins and exports", "[ui][app]") {
+  // File > Load policy plug-in (the script's load-plugin), then a run of it next to h2o; a bad
+  // file is an error dialog that keeps the session.
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("app");
+  std::ofstream(dir + "/broken.so") << "not a library";
+  const std::string plugin = std::string(KVLENS_EXAMPLE_PLUGIN_DIR) + "/libkvlens_h2o_c.so";
+  const test::CommandResult result = run_app(
+      dir,
+      script({"load-plugin $DIR/broken.so", "expect-error broken.so", "close-dialogs",
+              "load-plugin " + plugin, "expect-note h2o_c", "policies dense,h2o,h2o_c", "restart",
+              "wait-idle", "step 12", "wait-idle", "compare h2o,h2o_c", "view retention",
+              "export $DIR/retention.json", "screenshot $DIR/plugin.png", "quit"},
+             dir));
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  const std::string exported = read_file(dir + "/retention.json");
+  CHECK(exported.find("h2o_c") != std::string::npos);
+  CHECK(distinct_colors(dir + "/plugin.png") > 50);
+}
+
 TEST_CASE("a policy list with spaces keeps every policy across a restart", "[ui][app]") {
   // The sidebar's check boxes come from --policies; a restart records what they say.
   REQUIRE(have_xvfb());

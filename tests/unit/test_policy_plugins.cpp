@@ -156,7 +156,10 @@ TEST_CASE("the C plug-ins h2o, quest and tokenbutler give the built-ins' visible
 }
 
 TEST_CASE("a plug-in is listed with its rule, family, knobs and file", "[plugin]") {
+  // Loaded before anything read the list (as kvlens-cli does): listed once.
   const PolicyInfo& info = load_policy_plugin(example_plugin("quest"));
+  CHECK(std::count_if(policy_infos().begin(), policy_infos().end(),
+                      [](const PolicyInfo& listed) { return listed.id == "quest_c"; }) == 1);
   CHECK(info.id == "quest_c");
   CHECK(info.description.find("upper bound") != std::string::npos);
   CHECK(policy_source("quest_c") == example_plugin("quest"));
@@ -317,4 +320,44 @@ TEST_CASE("kvlens-cli --plugin runs a plug-in and reports a bad one in one line"
                         std::istreambuf_iterator<char>());
   CHECK(all.find("warning") != std::string::npos);
   CHECK(all.find("broken.so") != std::string::npos);
+}
+
+TEST_CASE("the keynorm example keeps the smallest-norm keys beyond the forced tokens", "[plugin]") {
+  load_policy_plugin(example_plugin("keynorm"));
+  const Demo demo = load_demo();
+  const ModelConfig& c = demo.resident->config();
+  DecoderSession session(demo.resident);
+  // No sinks, no window: every visible column but the current one was chosen by its key's norm.
+  session.set_policy(make_run_policy({"keynorm", 0.5, {"sinks=0"}}, session.policy_shape(),
+                                     *demo.backend));
+  const std::vector<int32_t> tokens = {1, 40, 312, 77, 9, 1024, 55, 18, 600, 7, 31, 2048, 5, 88};
+  for (const int32_t token : tokens) session.forward(std::span<const int32_t>(&token, 1));
+  const SessionRun& run = session.run(0);
+  const int64_t cols = session.position(), t = cols - 1, group = c.num_heads / c.num_kv_heads;
+  int64_t checked = 0;
+  for (int64_t l = 1; l < c.num_layers; ++l) {
+    REQUIRE(run.decisions[size_t(l)] == LayerDecision::Masked);
+    const int64_t stride = run.visible[size_t(l)].dim(1);
+    const float* keys = run.k_cache[size_t(l)].as<float>();
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const uint8_t* visible = run.visible[size_t(l)].as<uint8_t>() + h * stride;
+      auto norm = [&](int64_t j) {
+        double sum = 0;
+        for (int64_t d = 0; d < c.head_dim; ++d) {
+          const double x = keys[((h / group) * stride + j) * c.head_dim + d];
+          sum += x * x;
+        }
+        return sum;
+      };
+      double largest_kept = 0, smallest_hidden = 1e300;
+      for (int64_t j = 0; j < t; ++j) {
+        if (visible[j]) largest_kept = std::max(largest_kept, norm(j));
+        else smallest_hidden = std::min(smallest_hidden, norm(j));
+      }
+      CHECK(visible[t] == 1);
+      CHECK(largest_kept <= smallest_hidden);
+      ++checked;
+    }
+  }
+  CHECK(checked == (c.num_layers - 1) * c.num_heads);
 }
