@@ -19,6 +19,7 @@
 
 #include "app/gui/bundled_paths.h"
 #include "app/session/output_file.h"
+#include "app/session/python_policies.h"
 #include "engine/common/error.h"
 #include "engine/policy/plugin_policy.h"
 #include "viz/qt/painter_renderer.h"
@@ -122,7 +123,7 @@ void MainWindow::build_menus() {
   });
   file->addAction("Load policy &plug-in...", this, [this] {
     const QString path = QFileDialog::getOpenFileName(this, "Load a policy plug-in", QString(),
-                                                      "policy plug-ins (*.so);;all files (*)");
+                                                      "policy plug-ins (*.so *.py);;all files (*)");
     if (!path.isEmpty()) load_plugin(path);
   });
   recent_menu_ = file->addMenu("Open &recent");
@@ -243,8 +244,16 @@ void MainWindow::update_status() {
 
 bool MainWindow::load_plugin(const QString& path) {
   try {
-    const PolicyInfo& info = load_policy_plugin(path.toStdString());
-    const QString note = "policy " + QString::fromStdString(info.id) + " loaded from " + path;
+    // A Python file (kvlens.Policy classes, embedded CPython) or a C plug-in.
+    std::vector<std::string> ids;
+    if (path.endsWith(".py"))
+      ids = session::load_policy_files({path.toStdString()});
+    else
+      ids.push_back(load_policy_plugin(path.toStdString()).id);
+    QString names;
+    for (const std::string& id : ids)
+      names += (names.isEmpty() ? "" : ", ") + QString::fromStdString(id);
+    const QString note = "policy " + names + " loaded from " + path;
     notes_shown_ << note;
     statusBar()->showMessage(note, 15000);
     return true;
