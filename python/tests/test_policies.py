@@ -96,6 +96,41 @@ class Scores(kvlens.Policy):
 
 
 kvlens.register_policy(Scores)
+
+
+class Inspect(kvlens.Policy):
+    """Checks what select() is given: views over kvlens' buffers, inputs read-only."""
+    name = "inspect_py"
+    needs = {"logits", "eligible", "cache", "previous_visible"}
+    seen = []
+
+    def select(self, step):
+        if step.step == 20 and step.layer == 3:
+            logits = step.logits
+            Inspect.seen.append({
+                "view": not logits.flags.owndata and logits.base is not None,
+                "inputs read-only": not logits.flags.writeable and not step.query.flags.writeable,
+                "answers writable": step.scores.flags.writeable and step.eligible.flags.writeable,
+                "shapes": (logits.shape, step.query.shape, step.keys.shape, step.eligible.shape,
+                           step.layer_input.shape, step.previous_visible.shape),
+                "dtypes": (str(logits.dtype), str(step.eligible.dtype), str(step.keys.dtype)),
+            })
+            Inspect.kept = step
+        return step.logits
+
+
+kvlens.register_policy(Inspect)
+session, _ = run("inspect_py", 0)
+seen = Inspect.seen[0]
+H, G, D, E = (model.config[k] for k in ("heads", "kv_heads", "head_dim", "hidden_size"))
+check(seen["view"] and seen["inputs read-only"] and seen["answers writable"], str(seen))
+check(seen["shapes"] == ((H, 21), (H, D), (G, 21, D), (H, 21), (E,), (H, 21)), str(seen))
+try:
+    Inspect.kept.logits
+    raise AssertionError("a step kept past its call must not be readable")
+except ValueError as error:
+    check("only valid during" in str(error), str(error))
+print(f"select() is given views: {seen}")
 for python_id, builtin in (("oracle_py", "oracle"), ("h2o_py", "h2o"), ("tova", "h2o")):
     timings, steps = {}, 0
     for policies in (f"dense,{builtin}", f"dense,{python_id}"):
