@@ -198,9 +198,10 @@ def _call_on_stream(method, view, stream):
 
 
 def policy_classes(namespace):
-    """The kvlens.Policy subclasses a module (or dict) defines itself, in definition order."""
+    """The kvlens.Policy subclasses a module (or dict) defines itself, in definition order (a
+    base class without its own select() is left out)."""
     items = namespace.items() if isinstance(namespace, dict) else vars(namespace).items()
     module_name = namespace.get("__name__") if isinstance(namespace, dict) else namespace.__name__
     return [v for _, v in items
             if isinstance(v, type) and issubclass(v, Policy) and v is not Policy
-            and v.__module__ == module_name]
+            and v.__module__ == module_name and v.select is not Policy.select]

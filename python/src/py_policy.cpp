@@ -424,6 +424,11 @@ std::string policy_source_of(const std::string& id) {
 
 std::string register_python_policy(py::handle cls) {
 #if KVLENS_PY_POLICIES
+  // What the calls use, made now on this thread under the GIL: made first inside a call, on one
+  // of the engine's threads, a function-local static that imports (NumPy's C API, the helpers)
+  // would deadlock with another thread waiting for it while holding the GIL.
+  py::detail::npy_api::get();
+  helpers();
   const py::module_ policy_module = py::module_::import("kvlens.policy");
   // The class's description, normalised by kvlens.policy (name, family, rule, params, needs).
   const py::dict d = policy_module.attr("_describe")(cls);
