@@ -158,6 +158,23 @@ for key in ("accuracy", "coverage", "effective_sparsity", "effective_sparsity_pe
     check(results["h2o_py"][key] == results["h2o"][key], f"kvlens-cli: {key} differs")
 print(f"kvlens-cli eval --policy-file h2o.py: h2o_py accuracy {results['h2o_py']['accuracy']} = "
       f"h2o {results['h2o']['accuracy']}")
+# A file that imports no NumPy itself (the first arrays are then made on the engine's threads:
+# this hung once), with a base class of its own that is not a policy.
+plain = os.path.join(SCRATCH, "plain.py")
+open(plain, "w").write(
+    "import kvlens\n"
+    "class Base(kvlens.Policy):\n"
+    "    needs = {'logits'}\n"
+    "class Neg(Base):\n"
+    "    \"\"\"Ranks by minus the logits (a worst case).\"\"\"\n"
+    "    name = 'neg_py'\n"
+    "    def select(self, step):\n"
+    "        return -step.logits\n")
+done = subprocess.run([CLI, "eval", "--model", DEMO, "--task", "coref", "--policy-file", plain,
+                       "--policies", "neg_py,h2o", "--sparsity", "0.5", "--samples", "8"],
+                      capture_output=True, text=True, timeout=300)
+check(done.returncode == 0 and "neg_py" in done.stdout, done.stderr)
+print("kvlens-cli eval --policy-file: a file without NumPy, with a base class of its own")
 listing = cli("policies", "--policy-file", TOVA)
 check("tova" in listing and "lowest attention" in listing, "kvlens-cli policies lists tova")
 
