@@ -13,6 +13,13 @@ except ImportError as error:
 
 import kvlens  # noqa: E402
 
+# Under ctest, only this build's module counts (not one installed earlier).
+_build = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+if _build and os.environ.get("KVLENS_CLI_PATH") and not os.path.abspath(kvlens.__file__).startswith(
+        os.path.abspath(_build) + os.sep):
+    print(f"skipped: this build made no kvlens module (found {kvlens.__file__} instead)")
+    sys.exit(4)
+
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLI = os.environ.get("KVLENS_CLI_PATH", os.path.join(SOURCE_DIR, "build", "app", "kvlens-cli"))
 DEMO = kvlens.demo_model()
