@@ -189,6 +189,8 @@ _streams = {}
 
 def _call_on_stream(method, view, stream):
     """Calls method(view) with torch's current stream set to the session's (CUDA)."""
+    if not stream:  # the legacy default stream: torch's own default
+        return method(view)
     import torch
     s = _streams.get(stream)
     if s is None:
