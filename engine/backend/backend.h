@@ -9,8 +9,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "engine/backend/op_extension.h"
 #include "engine/common/dtype.h"
 #include "engine/common/tensor_view.h"
 
@@ -57,8 +59,28 @@ class StepGraph {
 
 class Backend {
  public:
-  virtual ~Backend() = default;
+  Backend();
+  virtual ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  // The name op extensions are registered under ("cpu", "cuda").
   virtual std::string name() const = 0;
+
+  // --- op extensions (op_extension.h) ---
+  // This backend's instance of the extension interface T (an OpExtension with a
+  // `static constexpr std::string_view kExtensionName`), made by the factory registered for
+  // (T::kExtensionName, name()) on the first call and kept until the backend goes: later calls
+  // return the same object. Thread-safe. Throws kvlens::Error naming the extension and the
+  // backend when no factory is registered. A caller fetches it once (a policy in its
+  // constructor), not per step.
+  template <typename T>
+  T& extension() {
+    OpExtension& instance = extension_named(T::kExtensionName);
+    T* typed = dynamic_cast<T*>(&instance);
+    if (typed == nullptr) wrong_extension_type(T::kExtensionName);
+    return *typed;
+  }
+  OpExtension& extension_named(std::string_view extension);
 
   // --- memory ---
   // Makes weights usable by the backend. The CPU backend aliases the mapped file (F32/BF16) and
@@ -478,6 +500,11 @@ class Backend {
   // rows[...] = 0 where keep[0] == 0 (every element, exact zeros); unchanged otherwise. rows F32,
   // keep U8 [1, 1] in backend memory: a gated layer's attention output.
   virtual void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) = 0;
+
+ private:
+  struct ExtensionCache;
+  [[noreturn]] void wrong_extension_type(std::string_view extension) const;
+  std::unique_ptr<ExtensionCache> extensions_;
 };
 
 // The CPU reference backend with `threads` worker threads (0 = hardware concurrency).
