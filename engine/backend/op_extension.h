@@ -6,7 +6,9 @@
 // on first use and kept by that backend object until it goes.
 //
 // Registration is explicit (static initialisers of a static library are dropped by the linker):
-// whoever provides an implementation calls register_op_extension before a backend asks for it.
+// the CPU implementations register themselves the first time a policy asks for its ops
+// (quest_ops(backend), ...), the CUDA ones through register_cuda_policy_ops()
+// (kernels/policy/cuda_policy_ops.h), which whoever makes a CUDA backend calls.
 #pragma once
 
 #include <functional>

@@ -1,6 +1,6 @@
 // Op extensions (engine/backend/op_extension.h): one instance per backend object, made once even
 // when asked for from several threads at once, and an error naming the extension and the backend
-// where none is registered.
+// where none is registered; the policies' extensions on the CPU backend register on first use.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -14,6 +14,9 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/op_extension.h"
 #include "engine/common/error.h"
+#include "engine/policy/keydiff_ops.h"
+#include "engine/policy/quest_ops.h"
+#include "engine/policy/tokenfilter_ops.h"
 
 using namespace kvlens;
 
@@ -67,4 +70,20 @@ TEST_CASE("op extensions: made once per backend object, errors name the extensio
     CHECK(message.find("no-such-extension") != std::string::npos);
     CHECK(message.find("'cpu'") != std::string::npos);
   }
+}
+
+TEST_CASE("op extensions: the policies' CPU implementations register on their first use",
+          "[op_extension]") {
+  const auto a = make_cpu_backend(1), b = make_cpu_backend(1);
+  // keydiff_ops, quest_ops and tokenfilter_ops register the CPU implementation once, then the
+  // backend hands out its one instance (backend.extension<T>() gives the same afterwards).
+  KeyDiffOps& keydiff = keydiff_ops(*a);
+  CHECK(&keydiff == &keydiff_ops(*a));
+  CHECK(&keydiff == &a->extension<KeyDiffOps>());
+  QuestOps& quest = quest_ops(*a);
+  CHECK(&quest == &a->extension<QuestOps>());
+  TokenFilterOps& filter = tokenfilter_ops(*b);
+  CHECK(&filter == &b->extension<TokenFilterOps>());
+  CHECK(&filter != &tokenfilter_ops(*a));
+  for (const char* name : {"keydiff", "quest", "tokenfilter"}) CHECK(has_op_extension(name, "cpu"));
 }
