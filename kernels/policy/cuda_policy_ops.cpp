@@ -71,7 +71,7 @@ class CudaKeyDiffOps final : public KeyDiffOps {
                    cat({"a row count that is a multiple of the ", std::to_string(cache.kv_heads),
                         " KV heads"}),
                    describe(out));
-    // Members per row, or one row per KV head (Backend::key_anchor_scores).
+    // Members per row, or one row per KV head (KeyDiffOps::key_anchor_scores).
     const bool per_group = members.shape.size() == 2 && members.dim(0) == cache.kv_heads &&
                            cache.kv_heads != shape.rows;
     const RowShape member_shape =
