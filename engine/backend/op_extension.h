@@ -29,7 +29,9 @@ class OpExtension {
   virtual ~OpExtension() = default;
 };
 
-// Makes `backend`'s instance of one extension (the backend's name() is the one registered).
+// Makes `backend`'s instance of one extension (the backend's name() is the one registered). It
+// runs while that backend's cache of instances is locked: it must not ask the backend for an
+// extension itself.
 using OpExtensionFactory = std::function<std::unique_ptr<OpExtension>(Backend& backend)>;
 
 // Registers (or replaces) the factory of `extension` for backends named `backend`. Thread-safe.
