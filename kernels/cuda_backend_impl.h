@@ -1,7 +1,8 @@
 // The CUDA backend's class (kvlens::Backend on one GPU), shared by the files that define its
 // members: cuda_backend.cpp (memory, copies, lanes, deferred counts, recorded steps),
 // cuda_model_ops.cpp (the decoder's ops) and cuda_policy_ops.cpp (the token-selection ops).
-// Shapes as in engine/backend/backend.h. Internal to kernels/: the engine sees cuda_backend.h.
+// Shapes as in engine/backend/backend.h. Internal to kernels/ (and kernels/policy/, the policies'
+// op extensions): the engine sees cuda_backend.h.
 #pragma once
 
 #include <cublas_v2.h>
@@ -116,21 +117,24 @@ class CudaBackend final : public Backend {
                   int64_t cols) override;
   void pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
                  DeviceTensor& out) override;
-  void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols, const DeviceTensor& members,
-                         DeviceTensor& out) override;
-  void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
-                          int64_t page_size, DeviceTensor& page_min,
-                          DeviceTensor& page_max) override;
-  void page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
-                   const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
-                   DeviceTensor& out) override;
   void select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size, int64_t k,
                     DeviceTensor& selected) override;
-  void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
-                            DeviceTensor& anchor, DeviceTensor& similarity) override;
-  void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
-                         DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep) override;
   void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) override;
+
+  // --- for the policies' op extensions (kernels/policy/cuda_policy_ops.cpp) ---
+  // Makes this backend's device current on the calling thread (before a launch).
+  void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+  // The stream the calling thread's ops go to: its lane's inside a task of run_tasks, else the
+  // main one (ordered with every other op of this backend, recorded by record_step).
+  cudaStream_t stream() const { return lane().stream; }
+  // One cache [G, capacity, D] of F32, BF16 or F16; with cols >= 0 it must hold that many
+  // positions.
+  struct CacheShape {
+    int64_t kv_heads = 0, capacity = 0, head_dim = 0;
+  };
+  static CacheShape cache_shape(const DeviceTensor& cache, const std::string& op, const char* name,
+                                int64_t cols = -1);
+
   std::unique_ptr<StepGraph> record_step(int64_t position, int64_t rows,
                                          const std::function<void()>& record) override;
   double copy_bandwidth_gbps(size_t bytes, int repeats) override;
@@ -177,22 +181,13 @@ class CudaBackend final : public Backend {
   void launch_visible(std::span<const cuda::VisibleAttentionArgs> runs);
 
   // Operands of the cache and page ops, shared by the model and policy ops (cuda_policy_ops.cpp).
-  struct CacheShape {
-    int64_t kv_heads = 0, capacity = 0, head_dim = 0;
-  };
-  static CacheShape cache_shape(const DeviceTensor& cache, const std::string& op, const char* name,
-                                int64_t cols = -1);
-  static int64_t page_summary_pages(const DeviceTensor& page_min, const DeviceTensor& page_max,
-                                    const CacheShape& expected, const std::string& op);
   static void require_page_size(int64_t page_size, const std::string& op);
   static CacheShape cache_shape(const DeviceTensor& k_cache, const DeviceTensor& v_cache,
                                 const std::string& op);
 
   // The device, streams and host copies (cuda_backend.cpp).
-  void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
   cuda::StepState* step_state() const { return static_cast<cuda::StepState*>(step_state_.get()); }
   const int64_t* step_position(int64_t position, const std::string& op) const;
-  cudaStream_t stream() const { return lane().stream; }
   bool host_memory() const override { return false; }
   void* native_stream() override { return stream(); }
 

@@ -1,7 +1,7 @@
-// Token-selection (policy) kernels (see policy_ops.cuh). The ranking key, the random values and
-// the page bound / cosine arithmetic come from engine/backend/policy_op_math.h, the same code the
-// CPU backend runs, so selections, random rows, page bounds and anchor similarities are
-// bit-identical across backends; the other float ops differ only by rounding order.
+// Token-selection (policy) kernels of the core ops (see policy_ops.cuh; the policies' own ops are
+// in kernels/policy/). The ranking key and the random values come from
+// engine/backend/policy_op_math.h, the same code the CPU backend runs, so selections and random
+// rows are bit-identical across backends; the other float ops differ only by rounding order.
 #include <algorithm>
 
 #include "engine/backend/policy_op_math.h"
@@ -16,9 +16,6 @@ constexpr int kThreads = 256;  // element-wise kernels and select_top_k
 constexpr int kLogitThreads = 128;
 constexpr int kLogitWarps = kLogitThreads / 32;
 constexpr int kLogitKeys = 32;  // keys per attention_logits block
-constexpr int kAnchorThreads = 256;
-constexpr int kBoundThreads = 128;
-constexpr int kStageBatch = 8;  // loads a thread has in flight while staging page summaries
 
 // Grid-stride loop over the cells of a rows x cols region: f(r, j) for each.
 template <typename F>
@@ -297,169 +294,6 @@ __global__ void pool_rows_kernel(RowsRef<const float> x, int64_t rows, int64_t c
   });
 }
 
-// One block per row, a thread per key where the work is per key: first the member keys' norms,
-// a tile of kAnchorThreads keys at a time, whose normalised keys the threads then sum by channel
-// (splits = threads / D partial sums per channel, each over every splits-th key of the tile), then
-// each key's cosine to the anchor. A warp per key, with a butterfly for every norm and dot, took
-// 105 us a row at 512 tokens on an H100; this takes 44 us (32 blocks: still a chain of memory
-// latencies). Fixed assignment and order: the result does not depend on scheduling. Shared memory
-// (dynamic): anchor[D] | partial sums[max(threads, D)] | inverse norms[threads].
-template <typename C>
-__global__ void __launch_bounds__(kAnchorThreads) key_anchor_scores_kernel(KeyAnchorArgs a) {
-  begin_dependent_grid();
-  extern __shared__ float shared[];
-  __shared__ unsigned scratch[32];
-  const int64_t D = a.head_dim;
-  const int threads = blockDim.x;
-  const int64_t splits = D < threads ? threads / D : 1, sums = splits * D;
-  float* anchor = shared;
-  float* partial = shared + D;                                   // [splits][D]
-  float* inverse = partial + (sums > threads ? sums : threads);  // [threads], 0: not a member
-  const int64_t r = blockIdx.x;
-  const C* keys = static_cast<const C*>(a.k_cache) + (r / a.rows_per_group) * a.capacity * D;
-  const uint8_t* member =
-      a.members.data + (a.members_per_group ? r / a.rows_per_group : r) * a.members.stride;
-  float* out = a.out.data + r * a.out.stride;
-  constexpr float kTiny = 1e-12f;
-  auto squared_norm = [&](const C* key) {
-    float sum = 0.0f;
-#pragma unroll 4
-    for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
-      float chunk[kKeyChunk];
-      load_chunk(key, D, d0, chunk);
-#pragma unroll
-      for (int i = 0; i < kKeyChunk; ++i) sum = fmaf(chunk[i], chunk[i], sum);
-    }
-    return sum;
-  };
-
-  for (int64_t c = threadIdx.x; c < sums; c += threads) partial[c] = 0.0f;
-  unsigned count = 0;
-  for (int64_t tile = 0; tile < a.cols; tile += threads) {
-    const int64_t j = tile + threadIdx.x;
-    float inv = 0.0f;
-    if (j < a.cols && member[j] != 0) {
-      inv = 1.0f / fmaxf(sqrtf(squared_norm(keys + j * D)), kTiny);
-      ++count;
-    }
-    inverse[threadIdx.x] = inv;
-    __syncthreads();
-    const int64_t in_tile = a.cols - tile < threads ? a.cols - tile : threads;
-    for (int64_t c = threadIdx.x; c < sums; c += threads) {
-      const int64_t d = c % D;
-      float sum = partial[c];
-#pragma unroll 8
-      for (int64_t i = c / D; i < in_tile; i += splits) {
-        const float weight = inverse[i];
-        const float value = to_f32(keys[(tile + i) * D + d]);
-        if (weight != 0.0f) sum = fmaf(value, weight, sum);
-      }
-      partial[c] = sum;
-    }
-    __syncthreads();
-  }
-  count = block_reduce(count, SumOp{}, 0u, scratch);  // also a barrier
-  for (int64_t d = threadIdx.x; d < D; d += threads) {
-    float sum = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) sum += partial[s * D + d];
-    anchor[d] = count > 0 ? sum / float(count) : 0.0f;
-  }
-  __syncthreads();
-  float anchor_squared = 0.0f;
-  for (int64_t d = 0; d < D; ++d) anchor_squared = fmaf(anchor[d], anchor[d], anchor_squared);
-  const float anchor_norm = fmaxf(sqrtf(anchor_squared), kTiny);
-  for (int64_t j = threadIdx.x; j < a.cols; j += threads) {
-    const C* key = keys + j * D;
-    float dot = 0.0f, squared = 0.0f;
-#pragma unroll 4
-    for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
-      float chunk[kKeyChunk];
-      load_chunk(key, D, d0, chunk);
-#pragma unroll
-      for (int i = 0; i < kKeyChunk; ++i) {
-        const float weight = d0 + i < D ? anchor[d0 + i] : 0.0f;
-        dot = fmaf(weight, chunk[i], dot);
-        squared = fmaf(chunk[i], chunk[i], squared);
-      }
-    }
-    out[j] = -dot / (fmaxf(sqrtf(squared), kTiny) * anchor_norm);
-  }
-}
-
-// Quest's page summaries: one thread per (KV head, page, channel), columns in order with the
-// CPU's comparisons (exact, so the same bits).
-template <typename C>
-__global__ void page_minmax_kernel(PageMinMaxArgs a) {
-  begin_dependent_grid();
-  const int64_t count = a.last - a.first + 1, D = a.head_dim;
-  for_each_cell(a.kv_heads * count, D, [&](int64_t row, int64_t d) {
-    const int64_t g = row / count, p = a.first + row % count;
-    const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
-    const int64_t j0 = p * a.page_size;
-    const int64_t j1 = j0 + a.page_size < a.end ? j0 + a.page_size : a.end;
-    float lo = to_f32(keys[j0 * D + d]), hi = lo;
-    for (int64_t j = j0 + 1; j < j1; ++j) {
-      const float x = to_f32(keys[j * D + d]);
-      lo = x < lo ? x : lo;
-      hi = hi < x ? x : hi;
-    }
-    a.page_min[(g * a.pages + p) * D + d] = lo;
-    a.page_max[(g * a.pages + p) * D + d] = hi;
-  });
-}
-
-// Block (KV head g, tile of `tile` pages): the tile's page summaries and the group's queries in
-// shared memory, a thread per (query head of the group, page) running the shared page_bound
-// arithmetic, then the bounds written to the tile's columns by every thread. (A thread per (head,
-// page) reading its summaries from global memory waited on each channel's load in turn: 24 us at
-// 512 tokens on an H100; this kernel 18 us, still well above its few microseconds of work: not
-// found.) Shared memory (dynamic): page_min | page_max [tile][D] | q [group][D] | bounds
-// [group][tile].
-__global__ void page_bounds_kernel(PageBoundArgs a, int64_t tile) {
-  begin_dependent_grid();
-  extern __shared__ float shared[];
-  const int64_t D = a.head_dim, group = a.heads / a.kv_heads, g = blockIdx.x;
-  const int64_t used = (a.cols + a.page_size - 1) / a.page_size;
-  const int64_t first = int64_t(blockIdx.y) * tile;
-  const int64_t pages = used - first < tile ? used - first : tile;
-  float* low = shared;
-  float* high = low + tile * D;
-  float* q = high + tile * D;
-  float* bounds = q + group * D;
-  const float* __restrict__ lows = a.page_min + (g * a.pages + first) * D;
-  const float* __restrict__ highs = a.page_max + (g * a.pages + first) * D;
-  // kStageBatch elements of each a thread requested before any is stored (one at a time, each
-  // load waited for the one before: 22.7 us a call, against 18.4).
-  const int64_t staged = pages * D;
-  for (int64_t i0 = threadIdx.x; i0 < staged; i0 += int64_t(blockDim.x) * kStageBatch) {
-    float low_batch[kStageBatch], high_batch[kStageBatch];
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int64_t i = i0 + int64_t(b) * blockDim.x;
-      low_batch[b] = i < staged ? lows[i] : 0.0f;
-      high_batch[b] = i < staged ? highs[i] : 0.0f;
-    }
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int64_t i = i0 + int64_t(b) * blockDim.x;
-      if (i < staged) low[i] = low_batch[b], high[i] = high_batch[b];
-    }
-  }
-  for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < group * pages; c += blockDim.x) {
-    const int64_t h = c / pages, p = c % pages;
-    bounds[h * tile + p] = page_bound(q + h * D, low + p * D, high + p * D, D, a.max_only, a.scale);
-  }
-  __syncthreads();
-  const int64_t begin = first * a.page_size;
-  const int64_t end = begin + pages * a.page_size < a.cols ? begin + pages * a.page_size : a.cols;
-  for (int64_t i = threadIdx.x; i < group * (end - begin); i += blockDim.x) {
-    const int64_t h = i / (end - begin), j = begin + i % (end - begin);
-    a.out.data[(g * group + h) * a.out.stride + j] = bounds[h * tile + (j / a.page_size - first)];
-  }
-}
-
 // Page p's ranking key (top_k_key of its fmax score, the page index as tie-break) and cost (its
 // unselected columns), as the CPU computes them.
 __device__ __forceinline__ void page_key_cost(const float* score, const uint8_t* chosen, int64_t p,
@@ -516,24 +350,6 @@ __global__ void select_pages_kernel(RowsRef<const float> scores, RowsRef<uint8_t
     const int64_t j0 = p * page_size;
     const int64_t j1 = j0 + page_size < cols ? j0 + page_size : cols;
     for (int64_t j = j0; j < j1; ++j) chosen[j] = 1;
-  }
-}
-
-// One thread per KV head: the shared cosine_similarity, then the EMA step with the CPU's
-// roundings (both products, then the sum).
-template <typename C>
-__global__ void anchor_cosine_kernel(AnchorCosineArgs a) {
-  begin_dependent_grid();
-  const int64_t D = a.head_dim;
-  const float keep = a.decay, take = 1.0f - a.decay;
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < a.kv_heads;
-       g += int64_t(gridDim.x) * blockDim.x) {
-    const C* column = static_cast<const C*>(a.cache) + (g * a.capacity + a.column) * D;
-    float x[kMaxAnchorDim];  // the column widened (exact), for the shared host/device arithmetic
-    for (int64_t d = 0; d < D; ++d) x[d] = to_f32(column[d]);
-    float* anchor = a.anchor + g * D;
-    a.similarity[g] = cosine_similarity(x, anchor, D);
-    for (int64_t d = 0; d < D; ++d) anchor[d] = add_rn(mul_rn(keep, anchor[d]), mul_rn(take, x[d]));
   }
 }
 
@@ -668,46 +484,6 @@ void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool a
                    cols, average, kernel, out);
 }
 
-void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream) {
-  if (args.rows <= 0 || args.cols <= 0) return;
-  const int64_t sums = std::max<int64_t>(args.head_dim, kAnchorThreads);
-  const size_t shared_bytes = size_t(args.head_dim + sums + kAnchorThreads) * sizeof(float);
-  dispatch_weight(args.cache_dtype, [&](auto tag) {
-    launch_dependent(key_anchor_scores_kernel<decltype(tag)>, unsigned(args.rows), kAnchorThreads,
-                     shared_bytes, stream, args);
-  });
-}
-
-void launch_page_minmax_update(const PageMinMaxArgs& args, cudaStream_t stream) {
-  const int64_t count = args.kv_heads * (args.last - args.first + 1) * args.head_dim;
-  if (count <= 0) return;
-  dispatch_weight(args.cache_dtype, [&](auto tag) {
-    launch_dependent(page_minmax_kernel<decltype(tag)>, grid_for(count, kThreads), kThreads, 0,
-                     stream, args);
-  });
-}
-
-void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream) {
-  const int64_t used = (args.cols + args.page_size - 1) / args.page_size;
-  if (args.heads <= 0 || args.kv_heads <= 0 || used <= 0) return;
-  // Pages a block: up to 32, with the tile's summaries in 32 KiB.
-  int64_t tile = std::clamp<int64_t>(4096 / args.head_dim, 1, 32);
-  const int64_t group = args.heads / args.kv_heads;
-  auto bytes = [&](int64_t pages) {
-    return size_t(2 * pages * args.head_dim + group * args.head_dim + group * pages) *
-           sizeof(float);
-  };
-  while (tile > 1 && bytes(tile) > 48 * 1024) tile /= 2;
-  const size_t shared_bytes = bytes(tile);
-  if (shared_bytes > 48 * 1024) {  // many query heads a KV head with wide heads
-    // (a refusal shows at the launch, which the caller checks)
-    cudaFuncSetAttribute(page_bounds_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         int(shared_bytes));
-  }
-  const dim3 grid(unsigned(args.kv_heads), unsigned((used + tile - 1) / tile));
-  launch_dependent(page_bounds_kernel, grid, kBoundThreads, shared_bytes, stream, args, tile);
-}
-
 void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected, int64_t rows,
                          int64_t cols, int64_t page_size, int64_t k, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || k <= 0) return;
@@ -716,23 +492,6 @@ void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected,
 }
 
 namespace {
-
-__global__ void token_filter_step_kernel(const float* similarity, int64_t kv_heads, double eta,
-                                         double target, int64_t column, double* state,
-                                         RowsRef<float> scores, int64_t rows, uint8_t* keep) {
-  begin_dependent_grid();
-  __shared__ float score;
-  if (threadIdx.x == 0) {
-    double s_kv = 0.0;
-    const bool skip = token_filter_step(similarity, kv_heads, eta, target, state, &s_kv);
-    keep[0] = skip ? 0 : 1;
-    score = float(s_kv);
-  }
-  __syncthreads();
-  if (similarity == nullptr) return;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
-    scores.data[r * scores.stride + column] = score;
-}
 
 __global__ void zero_unless_kernel(float* rows, int64_t count, const uint8_t* keep) {
   begin_dependent_grid();
@@ -744,27 +503,10 @@ __global__ void zero_unless_kernel(float* rows, int64_t count, const uint8_t* ke
 
 }  // namespace
 
-void launch_token_filter_step(const float* similarity, int64_t kv_heads, double eta, double target,
-                              int64_t column, double* state, RowsRef<float> scores, int64_t rows,
-                              uint8_t* keep, cudaStream_t stream) {
-  launch_dependent(token_filter_step_kernel, 1, 128, 0, stream, similarity, kv_heads, eta, target,
-                   column, state, scores, rows, keep);
-}
-
 void launch_zero_unless(float* rows, int64_t count, const uint8_t* keep, cudaStream_t stream) {
   if (count <= 0) return;
   launch_dependent(zero_unless_kernel, grid_for(count, kThreads), kThreads, 0, stream, rows, count,
                    keep);
-}
-
-void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream) {
-  if (args.kv_heads <= 0) return;
-  constexpr int kAnchorHeadThreads = 64;
-  dispatch_weight(args.cache_dtype, [&](auto tag) {
-    launch_dependent(anchor_cosine_kernel<decltype(tag)>,
-                     grid_for(args.kv_heads, kAnchorHeadThreads), kAnchorHeadThreads, 0, stream,
-                     args);
-  });
 }
 
 }  // namespace kvlens::cuda

@@ -1,4 +1,5 @@
-// Token-selection (policy) kernels of the CUDA backend; the contracts are those of backend.h.
+// Token-selection (policy) kernels of the CUDA backend's core ops; the contracts are those of
+// backend.h. The policies' own ops (op extensions) are in kernels/policy/.
 // Row buffers are [rows, stride] row-major and only columns j < cols are touched; every operand
 // has its own stride. KV caches are read in their own dtype (F32, BF16 or F16), widened exactly.
 // Launchers only enqueue on `stream`; the backend checks the arguments first and the launch
@@ -114,69 +115,12 @@ void launch_axpby_rows(RowsRef<float> y, float alpha, RowsRef<const float> x, fl
 // clipped to [0, cols), in increasing column order (odd kernel).
 void launch_pool_rows(RowsRef<const float> x, int64_t rows, int64_t cols, bool average,
                       int64_t kernel, RowsRef<float> out, cudaStream_t stream);
-// out[r, j] = -cos(k[g, j], mean of the normalised member keys of row r), g = r / rows_per_group.
-// One block per row.
-struct KeyAnchorArgs {
-  const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
-  DType cache_dtype = DType::F32;
-  RowsRef<const uint8_t> members;  // [rows, stride], or [kv_heads, stride] (members_per_group)
-  RowsRef<float> out;              // [rows, stride]
-  int64_t rows = 0, rows_per_group = 1, head_dim = 0, capacity = 0, cols = 0;
-  bool members_per_group = false;  // one members row per KV head, shared by its rows
-};
-void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream);
-
-// Quest's page summaries: for pages first..last, page_min / page_max [kv_heads, pages, D] =
-// channel-wise min / max of the keys in [p * page_size, min((p + 1) * page_size, end)). One
-// thread per (KV head, page, channel), columns in order.
-struct PageMinMaxArgs {
-  const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
-  DType cache_dtype = DType::F32;
-  float* page_min = nullptr;  // [kv_heads, pages, head_dim]
-  float* page_max = nullptr;
-  int64_t kv_heads = 0, capacity = 0, head_dim = 0, pages = 0;
-  int64_t page_size = 1, first = 0, last = -1, end = 0;
-};
-void launch_page_minmax_update(const PageMinMaxArgs& args, cudaStream_t stream);
-
-// out[h, j] = page_bound(q[h], page summaries of KV head h / (H/G), page j / page_size) for
-// j < cols. One thread per (head, page), channels in order.
-struct PageBoundArgs {
-  const float* q = nullptr;  // [heads, head_dim]
-  const float* page_min = nullptr;
-  const float* page_max = nullptr;  // [kv_heads, pages, head_dim]
-  RowsRef<float> out;               // [heads, stride]
-  int64_t heads = 0, kv_heads = 0, head_dim = 0, pages = 0, page_size = 1, cols = 0;
-  bool max_only = false;
-  float scale = 1.0f;
-};
-void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream);
-
 // Per row: whole pages best first (top_k_key of the page's fmax score, page index) while their
 // unselected columns fit in k; a cost-weighted radix select of the first page that does not
 // fit, one block per row.
 void launch_select_pages(RowsRef<const float> scores, RowsRef<uint8_t> selected, int64_t rows,
                          int64_t cols, int64_t page_size, int64_t k, cudaStream_t stream);
 
-// similarity[g] = cosine_similarity(cache[g, column], anchor[g]); then anchor[g] = decay *
-// anchor[g] + (1 - decay) * cache[g, column]. One thread per KV head.
-// head_dim at most kMaxAnchorDim (the column is widened into registers first).
-constexpr int64_t kMaxAnchorDim = 512;
-struct AnchorCosineArgs {
-  const void* cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
-  DType cache_dtype = DType::F32;
-  float* anchor = nullptr;      // [kv_heads, head_dim]
-  float* similarity = nullptr;  // [kv_heads]
-  int64_t kv_heads = 0, capacity = 0, head_dim = 0, column = 0;
-  float decay = 0.0f;
-};
-void launch_anchor_cosine_update(const AnchorCosineArgs& args, cudaStream_t stream);
-
-// Backend::token_filter_step: one thread decides (token_filter_step of policy_op_math.h on the
-// doubles of `state`), the block writes the scores column. similarity null: the layer's first step.
-void launch_token_filter_step(const float* similarity, int64_t kv_heads, double eta, double target,
-                              int64_t column, double* state, RowsRef<float> scores, int64_t rows,
-                              uint8_t* keep, cudaStream_t stream);
 // Backend::zero_unless: rows[0 .. count) = 0 where keep[0] == 0.
 void launch_zero_unless(float* rows, int64_t count, const uint8_t* keep, cudaStream_t stream);
 

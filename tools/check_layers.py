@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks that every folder includes only the folders at or below its layer (DESIGN.md's layout):
-engine/ bottom to top, then kernels/ (the CUDA backend: the backend's layer and below), viz/
+engine/ bottom to top, then kernels/ (the CUDA backend: the backend's layer and below; its
+kernels/policy/, the policies' op extensions, also engine/policy), viz/
 (figures: reads the trace) and app/, python/ on top. Prints each include that points up and exits
 1, or prints the layer table and exits 0. Usage: tools/check_layers.py [REPO_ROOT]"""
 import pathlib
@@ -17,9 +18,13 @@ ALLOWED["engine/backend"].discard("engine/model")
 ALLOWED["include/kvlens"] = set()
 ALLOWED["engine/policy"].add("include/kvlens")
 ALLOWED["kernels"] = {"engine/common", "engine/backend", "kernels"}
+# The policies' op extensions on the GPU implement interfaces declared beside the policies: the
+# CUDA backend's layer plus engine/policy, nothing else above the backend.
+ALLOWED["kernels/policy"] = ALLOWED["kernels"] | {"engine/policy", "kernels/policy"}
 ALLOWED["viz"] = {"engine/common", "engine/model", "engine/backend", "engine/policy",
                   "engine/trace", "viz"}
 EVERYTHING = set(ALLOWED) | {f"engine/{layer}" for layer in ENGINE} | {"viz", "kernels",
+                                                                        "kernels/policy",
                                                                         "include/kvlens"}
 ALLOWED["app/session"] = EVERYTHING | {"app/session"}
 ALLOWED["app/cli"] = EVERYTHING | {"app/session", "app/cli"}

@@ -6,6 +6,7 @@
 #include "engine/policy/plugin_policy.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
+#include "kernels/policy/cuda_policy_ops.h"
 #endif
 
 namespace kvlens::session {
@@ -23,6 +24,7 @@ std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
     if (!cuda_device_available()) {
       throw Error("--backend", "cuda", "a CUDA device (none was found; use --backend cpu)");
     }
+    register_cuda_policy_ops();  // the policies' own ops on the GPU (keydiff, quest, ...)
     return make_cuda_backend(0);
 #else
     throw Error("--backend", "cuda", "a build with the CUDA backend (this one has cpu only)");

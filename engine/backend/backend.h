@@ -9,8 +9,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "engine/backend/op_extension.h"
 #include "engine/common/dtype.h"
 #include "engine/common/tensor_view.h"
 
@@ -57,7 +59,11 @@ class StepGraph {
 
 class Backend {
  public:
-  virtual ~Backend() = default;
+  Backend();
+  virtual ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  // The name op extensions are registered under ("cpu", "cuda").
   virtual std::string name() const = 0;
   // Whether DeviceTensor::data of this backend is host memory the CPU may read and write (the
   // CPU backend), or device memory (CUDA). A policy plug-in that reads host memory only gets
@@ -67,6 +73,22 @@ class Backend {
   // its own), for work of a plug-in's own ordered with them; null where there is none.
   virtual void* native_stream() { return nullptr; }
 
+  // --- op extensions (op_extension.h) ---
+  // This backend's instance of the extension interface T (an OpExtension with a
+  // `static constexpr std::string_view kExtensionName`), made by the factory registered for
+  // (T::kExtensionName, name()) on the first call and kept until the backend goes: later calls
+  // return the same object. Thread-safe. Throws kvlens::Error naming the extension and the
+  // backend when no factory is registered. A caller fetches it once (a policy in its
+  // constructor), not per step.
+  template <typename T>
+  T& extension() {
+    OpExtension& instance = extension_named(T::kExtensionName);
+    T* typed = dynamic_cast<T*>(&instance);
+    if (typed == nullptr) wrong_extension_type(T::kExtensionName);
+    return *typed;
+  }
+  OpExtension& extension_named(std::string_view extension);
+
   // --- memory ---
   // Makes weights usable by the backend. The CPU backend aliases the mapped file (F32/BF16) and
   // converts F16 to F32, and keeps matrices repacked for its matmul too; device backends copy.
@@ -74,9 +96,9 @@ class Backend {
   virtual DeviceTensor upload_weight(const TensorView& view, std::shared_ptr<void> keep_alive) = 0;
   virtual DeviceTensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
   // Whether the ops that read or write a KV cache (kv_append, attention, attention_logits,
-  // attention_visible, key_anchor_scores, page_minmax_update, anchor_cosine_update) take caches
-  // of `dtype`: F32 always; the CUDA backend also BF16 and F16 (stored rounded to nearest even,
-  // read widened exactly, all arithmetic in F32).
+  // attention_visible, and the extensions' cache ops: key_anchor_scores, page_minmax_update,
+  // anchor_cosine_update) take caches of `dtype`: F32 always; the CUDA backend also BF16 and F16
+  // (stored rounded to nearest even, read widened exactly, all arithmetic in F32).
   virtual bool supports_cache_dtype(DType dtype) const { return dtype == DType::F32; }
   // True when a and b (the same dtype and shape) hold the same bytes and the backend can tell
   // cheaply; false when they differ or it cannot tell without a synchronization (the default).
@@ -284,6 +306,8 @@ class Backend {
   }
 
   // --- token-selection (policy) ops: one decode step (n == 1) of one layer ---
+  // The ops several policies or the session share. An op that serves one policy is that
+  // policy's op extension (engine/policy/*_ops.h: keydiff, quest, tokenfilter).
   // Row tensors are [rows, stride] row-major (F32 scores, U8 0/1 masks); only the first `cols`
   // columns (the candidates 0..t) are read or written, so policy state can live in buffers sized
   // for the whole context and grow without copies. Ties always go to the higher column (the more
@@ -428,68 +452,26 @@ class Backend {
   enum class Pool { Max, Average };
   virtual void pool_rows(const DeviceTensor& x, int64_t cols, Pool pool, int64_t kernel,
                          DeviceTensor& out) = 0;
-  // KeyDiff's score against the mean normalised key. Rows r of `members` (U8 [R, stride]) and
-  // `out` (F32 [R, stride]) belong to KV head g = r / (R / G) of k_cache [G, capacity, D] (R a
-  // multiple of G); `members` may instead have G rows, row g serving every row of KV head g
-  // (then read as if expanded to R rows). With k^ = k / max(||k||, 1e-12): anchor_r = the mean
-  // of k^_{g, j} over j < cols with members[r, j] != 0 (zero when there is none), and
-  // out[r, j] = -(k^_{g, j} . anchor_r) / max(||anchor_r||, 1e-12) = -cos(k_j, anchor_r) for
-  // every j < cols, members or not (0 for a zero key or a zero anchor). F32 sums: the backends
-  // agree within rounding (about 1e-6 absolute; cosines lie in [-1, 1]).
-  virtual void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols,
-                                 const DeviceTensor& members, DeviceTensor& out) = 0;
-  // Quest's page summaries. Page p holds columns [p * page_size, (p + 1) * page_size). For every
-  // page p that intersects [begin, end): page_min[g, p, :] and page_max[g, p, :] = the
-  // channel-wise min and max of k_cache[g, j, :] over j in [p * page_size, min((p + 1) *
-  // page_size, end)), recomputed from the page's first column, so calling with begin = the
-  // previous end keeps a growing last page (and a prefill written meanwhile) up to date. Other
-  // pages are untouched. page_min, page_max F32 [G, P, D] with P >= ceil(end / page_size). Plain
-  // comparisons in column order (x < m, m < x): exact, the same bits on every backend.
-  virtual void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
-                                  int64_t page_size, DeviceTensor& page_min,
-                                  DeviceTensor& page_max) = 0;
-  // Quest's page upper bound of each query head, on the logit scale, written to every column of
-  // the page: out[h, j] = U(h, j / page_size) for j < cols, where with q = q[0, h, :] and the page
-  // summaries of KV head g = h / (H/G): U = (sum_c max(q_c * min_c, q_c * max_c)) * s, or with
-  // max_only U = (sum_c |q_c| * max_c) * s (the TokenButler code's bound), s = the attention
-  // op's F32 scale 1/sqrt(D). Every product rounded, the max taken, then added in channel order
-  // (page_bound in policy_op_math.h): the same bits on every backend. q [1, H, D]; page_min and
-  // page_max [G, P, D] with P * page_size >= cols; out F32 [H, stride].
-  virtual void page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
-                           const DeviceTensor& page_max, int64_t cols, int64_t page_size,
-                           bool max_only, DeviceTensor& out) = 0;
-  // Whole-page selection under a token budget, per row r. Page p (columns [p * page_size,
-  // (p + 1) * page_size) clipped to cols) ranks by its best score (fmax over its columns: NaN
-  // ignored unless all are NaN) under top_k_key's order with the page index as the tie-break
-  // (ties to the more recent page). Its cost is the number of its columns not yet selected;
-  // pages costing 0 take no part. Pages are taken best first while the running cost stays <= k;
-  // the first page that does not fit ends the choice (the top pages, as Quest takes them; the
+  // Whole-page selection under a token budget, per row r (core, not quest's extension: the
+  // shared BudgetedPolicy::select_into calls it for any policy that budgets by pages). Page p
+  // (columns [p * page_size, (p + 1) * page_size) clipped to cols) ranks by its best score (fmax
+  // over its columns: NaN ignored unless all are NaN) under top_k_key's order with the page index
+  // as the tie-break (ties to the more recent page). Its cost is the number of its columns not yet
+  // selected; pages costing 0 take no part. Pages are taken best first while the running cost stays
+  // <= k; the first page that does not fit ends the choice (the top pages, as Quest takes them; the
   // budget it leaves is not spent on part of a page). A taken page gets every column selected;
   // columns already selected (forced ones) are kept. scores F32, selected U8, both [R, stride].
   virtual void select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size, int64_t k,
                             DeviceTensor& selected) = 0;
-  // Token filtering's similarity to an EMA anchor, per KV head g of cache [G, capacity, D]:
-  // with x = cache[g, column, :] and a = anchor[g, :] (F32 [G, D]), similarity[g] = x . a /
-  // (max(||x||, 1e-12) * max(||a||, 1e-12)) (0 for a zero vector), then a <- decay * a +
-  // (1 - decay) * x (each product rounded, then added; decay = 0 sets a = x, the first token).
-  // similarity F32 with G elements. Sequential F32 sums per head (cosine_similarity in
-  // policy_op_math.h): the same bits on every backend.
-  virtual void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
-                                    DeviceTensor& anchor, DeviceTensor& similarity) = 0;
-  // Token filtering's decision for one layer and step, on the backend (tokenfilter_policy.cpp has
-  // the rule). state, U8 [8 * kTokenFilterState] holding doubles (token_filter_step in
-  // policy_op_math.h: the running variances of the per-head similarities, tau, the layer's steps
-  // and skips), is updated; similarity F32 [2 * G] (the key then the value similarities), or null
-  // at the layer's first step (no decision: not skipped); scores[r, column] = float(S_kv) for every
-  // row r of the F32 [R, stride] scores (not written at the first step); keep U8 [1, 1] = 0 when
-  // the token skips the layer, else 1. The same double arithmetic on every backend (no fused
-  // multiply-adds): the same bits.
-  virtual void token_filter_step(const DeviceTensor* similarity, double eta, double target,
-                                 int64_t column, DeviceTensor& state, DeviceTensor& scores,
-                                 DeviceTensor& keep) = 0;
   // rows[...] = 0 where keep[0] == 0 (every element, exact zeros); unchanged otherwise. rows F32,
-  // keep U8 [1, 1] in backend memory: a gated layer's attention output.
+  // keep U8 [1, 1] in backend memory: a gated layer's attention output (core: the session
+  // applies it for any policy whose gate() is set).
   virtual void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) = 0;
+
+ private:
+  struct ExtensionCache;
+  [[noreturn]] void wrong_extension_type(std::string_view extension) const;
+  std::unique_ptr<ExtensionCache> extensions_;
 };
 
 // The CPU reference backend with `threads` worker threads (0 = hardware concurrency).

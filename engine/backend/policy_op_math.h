@@ -118,9 +118,9 @@ KVLENS_HOST_DEVICE inline float fmax_inline(float best, float value) {
 }
 
 // Quest's page upper bound for one query row q[n] against a page's channel-wise key minimum
-// lo[n] and maximum hi[n] (page_bounds in backend.h): the largest q . k any key inside the box
-// can reach, sum_c max(q_c lo_c, q_c hi_c), or the TokenButler code's sum_c |q_c| hi_c when
-// max_only; summed in channel order, then scaled to the logit scale.
+// lo[n] and maximum hi[n] (page_bounds in engine/policy/quest_ops.h): the largest q . k any key
+// inside the box can reach, sum_c max(q_c lo_c, q_c hi_c), or the TokenButler code's sum_c |q_c|
+// hi_c when max_only; summed in channel order, then scaled to the logit scale.
 KVLENS_HOST_DEVICE inline float page_bound(const float* q, const float* lo, const float* hi,
                                            int64_t n, bool max_only, float scale) {
   float sum = 0.0f;
@@ -167,8 +167,8 @@ KVLENS_HOST_DEVICE inline double ddiv_rn(double a, double b) {
 #endif
 }
 
-// Token filtering's per-layer state (Backend::token_filter_step), doubles: Welford's count, mean
-// and M2 of the key similarities, the same for the values, the threshold tau, and the layer's
+// Token filtering's per-layer state (TokenFilterOps::token_filter_step), doubles: Welford's count,
+// mean and M2 of the key similarities, the same for the values, the threshold tau, and the layer's
 // steps and skips so far.
 enum TokenFilterSlot {
   kTfKeyCount,
@@ -230,7 +230,8 @@ KVLENS_HOST_DEVICE inline bool token_filter_step(const float* similarity, int64_
 }
 
 // cos(x, y) over n values with the conventions of key_anchor_scores: norms clamped to 1e-12, so
-// a zero vector gives 0. Three sequential F32 sums (anchor_cosine_update in backend.h).
+// a zero vector gives 0. Three sequential F32 sums (anchor_cosine_update in
+// engine/policy/tokenfilter_ops.h).
 KVLENS_HOST_DEVICE inline float cosine_similarity(const float* x, const float* y, int64_t n) {
   float dot = 0.0f, xx = 0.0f, yy = 0.0f;
   for (int64_t c = 0; c < n; ++c) {

@@ -11,9 +11,10 @@
 // exactly and so ranks and ties the same. Both granularities therefore select once per KV group
 // (the policy is built at kv_head granularity), which spares H/G - 1 of every group's anchors,
 // scores and top-k selections. It never looks at attention, so it wants no probabilities.
-// State per layer: kept [G, stride] U8, which key_anchor_scores reads as the members of each of
-// the group's query heads.
+// State per layer: kept [G, stride] U8, which key_anchor_scores (keydiff_ops.h) reads as the
+// members of each of the group's query heads.
 #include "engine/policy/budgeted_policy.h"
+#include "engine/policy/keydiff_ops.h"
 #include "engine/policy/policy_factories.h"
 
 namespace kvlens {
@@ -22,7 +23,7 @@ namespace {
 class KeydiffPolicy final : public BudgetedPolicy {
  public:
   KeydiffPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs)
-      : BudgetedPolicy(shape, backend, knobs) {
+      : BudgetedPolicy(shape, backend, knobs), ops_(keydiff_ops(backend)) {
     for (int64_t l = 0; l < shape.layers; ++l) {
       kept_.push_back(backend.alloc(DType::U8, {selection_rows(), shape.stride}));
       backend.fill_columns(kept_.back(), 0, shape.stride, 1);
@@ -46,13 +47,14 @@ class KeydiffPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols();
-    backend_.key_anchor_scores(*step.k_cache, cols, kept_[l], scores);
+    ops_.key_anchor_scores(*step.k_cache, cols, kept_[l], scores);
     select_budgeted(step, 1, at_selection_rows(scores, cols), &kept_[l], visible);
     evict_unselected(kept_[l], visible, cols);
     return LayerDecision::Masked;
   }
 
  private:
+  KeyDiffOps& ops_;  // the backend's keydiff extension, fetched once
   std::vector<DeviceTensor> kept_;
 };
 

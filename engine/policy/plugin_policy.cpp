@@ -415,6 +415,12 @@ class PluginPolicy final : public BudgetedPolicy {
       const float* rows = copies_ ? reinterpret_cast<const float*>(scores_copy_.host.data())
                                   : scores.as<const float>();
       for (int64_t h = 0; h < H; ++h) {
+        // NaN and infinities have every exponent bit set: counted with integer ops the compiler
+        // vectorises (this check runs on every plug-in answer), located only when one is there.
+        const auto* bits = reinterpret_cast<const uint32_t*>(rows + h * shape_.stride);
+        uint32_t bad = 0;
+        for (int64_t j = 0; j < cols; ++j) bad |= uint32_t((bits[j] & 0x7f800000u) == 0x7f800000u);
+        if (bad == 0) continue;
         for (int64_t j = 0; j < cols; ++j) {
           const float value = rows[h * shape_.stride + j];
           if (!std::isfinite(value)) {

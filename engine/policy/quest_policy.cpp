@@ -46,6 +46,7 @@
 
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/policy_factories.h"
+#include "engine/policy/quest_ops.h"
 
 namespace kvlens {
 namespace {
@@ -55,6 +56,7 @@ class QuestPolicy final : public BudgetedPolicy {
   QuestPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs, int64_t page_size,
               bool max_only)
       : BudgetedPolicy(shape, backend, knobs),
+        ops_(quest_ops(backend)),
         page_size_(page_size),
         max_only_(max_only),
         filled_(size_t(shape.layers), 0) {
@@ -104,9 +106,9 @@ class QuestPolicy final : public BudgetedPolicy {
     // page is always recomputed, so a step run again over changed keys stays right; a position
     // behind the summaries (a session started over) rebuilds them all.
     const int64_t begin = filled_[l] <= cols ? std::min(filled_[l], t) : 0;
-    backend_.page_minmax_update(*step.k_cache, begin, cols, page_size_, page_min_[l], page_max_[l]);
+    ops_.page_minmax_update(*step.k_cache, begin, cols, page_size_, page_min_[l], page_max_[l]);
     filled_[l] = cols;
-    backend_.page_bounds(*step.q, page_min_[l], page_max_[l], cols, page_size_, max_only_, scores);
+    ops_.page_bounds(*step.q, page_min_[l], page_max_[l], cols, page_size_, max_only_, scores);
 
     const int64_t budget = knobs_.budget(t);
     if (budget >= cols) return LayerDecision::Dense;
@@ -117,6 +119,7 @@ class QuestPolicy final : public BudgetedPolicy {
   }
 
  private:
+  QuestOps& ops_;  // the backend's quest extension (page summaries and bounds), fetched once
   int64_t page_size_;
   bool max_only_;
   std::vector<int64_t> filled_;  // per layer: the columns the summaries cover

@@ -45,6 +45,7 @@
 
 #include "engine/backend/policy_op_math.h"
 #include "engine/policy/policy_factories.h"
+#include "engine/policy/tokenfilter_ops.h"
 
 namespace kvlens {
 namespace {
@@ -59,6 +60,7 @@ class TokenfilterPolicy final : public Policy {
   TokenfilterPolicy(const PolicyShape& shape, Backend& backend, const TokenfilterSettings& settings)
       : shape_(shape),
         backend_(backend),
+        ops_(tokenfilter_ops(backend)),
         settings_(settings),
         similarities_(backend.alloc(DType::F32, {2, shape.kv_heads})),
         zeros_(backend.alloc(DType::F32, {1, shape.stride})) {
@@ -108,12 +110,12 @@ class TokenfilterPolicy final : public Policy {
     // decay 0 at the layer's first step: the anchors become this token's k and v.
     const bool first = !layer.started;
     const float decay = first ? 0.0f : float(settings_.ema);
-    backend_.anchor_cosine_update(*step.k_cache, t, decay, layer.anchor_k, sim_k);
-    backend_.anchor_cosine_update(*step.v_cache, t, decay, layer.anchor_v, sim_v);
+    ops_.anchor_cosine_update(*step.k_cache, t, decay, layer.anchor_k, sim_k);
+    ops_.anchor_cosine_update(*step.v_cache, t, decay, layer.anchor_v, sim_v);
     layer.started = true;
     // The decision and the threshold's update stay on the backend (the gate): no read-back.
-    backend_.token_filter_step(first ? nullptr : &similarities_, settings_.eta, target_, t,
-                               layer.state, scores, layer.gate);
+    ops_.token_filter_step(first ? nullptr : &similarities_, settings_.eta, target_, t, layer.state,
+                           scores, layer.gate);
     // Target 0 never skips: the plain dense layer, bit for bit.
     return first || target_ <= 0.0 ? LayerDecision::Dense : LayerDecision::Gated;
   }
@@ -136,6 +138,7 @@ class TokenfilterPolicy final : public Policy {
 
   PolicyShape shape_;
   Backend& backend_;
+  TokenFilterOps& ops_;  // the backend's tokenfilter extension, fetched once
   TokenfilterSettings settings_;
   int64_t first_tail_ = 0;
   double target_ = 0.0;

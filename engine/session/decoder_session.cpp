@@ -54,9 +54,9 @@ DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, Sessio
   }
   runs_.resize(size_t(runs));
   identical_rows_.assign(size_t(model_->config().num_layers), 0);
-  lockstep_groups_ = runs > 1 ? backend_.lockstep_groups(runs, model_->layer_weight_bytes(),
-                                                         int64_t(model_->layers.size()))
-                              : 1;
+  plan_.reset(runs, runs > 1 ? backend_.lockstep_groups(runs, model_->layer_weight_bytes(),
+                                                        int64_t(model_->layers.size()))
+                             : 1);
 }
 
 void DecoderSession::ensure_scratch(int64_t n) {
@@ -294,8 +294,8 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     run.pending_observe = -1;  // left over only by a step that threw
   }
   if (per_run) {
-    order_runs_by_cost();
-    plan_groups();
+    plan_.order_by_cost();
+    plan_.plan_groups();
     // Every layer's step_attention reads the runs' rows of the same scratch tensors.
     input_rows_.resize(size_t(n));
     q_rows_.resize(size_t(n));
@@ -303,17 +303,17 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     k_rows_.resize(size_t(n));
     v_rows_.resize(size_t(n));
     for (int64_t r = 0; r < n; ++r) {
-      const int64_t slot = slot_of_run_[size_t(r)];
+      const int64_t slot = plan_.slot_of_run[size_t(r)];
       input_rows_[size_t(r)] = row_view(normed, slot);
       q_rows_[size_t(r)] = row_view(q_heads, slot);
       out_rows_[size_t(r)] = row_view(attn_heads, slot);
       k_rows_[size_t(r)] = row_view(k_heads, slot);
       v_rows_[size_t(r)] = row_view(v_heads, slot);
     }
-    if (!rows_in_run_order_) {
+    if (!plan_.rows_in_run_order) {
       slot_tokens_.resize(size_t(n));
       for (int64_t r = 0; r < n; ++r)
-        slot_tokens_[size_t(slot_of_run_[size_t(r)])] = tokens[size_t(r)];
+        slot_tokens_[size_t(plan_.slot_of_run[size_t(r)])] = tokens[size_t(r)];
       tokens = slot_tokens_;
     }
   }
@@ -371,13 +371,13 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
   for (size_t l = 0; l < model_->layers.size(); ++l) {
     const BackendModel::Layer& layer = model_->layers[l];
     const bool alike_in = alike;
-    if (per_run && !alike_in && splits_runs()) {
+    if (per_run && !alike_in && plan_.splits()) {
       // From here on no row depends on another: each group of runs goes through the layers left
       // on its own thread.
       split_runs([&](int64_t group_index) {
-        const int64_t first = group_bounds_[size_t(group_index)];
-        const int64_t m = group_bounds_[size_t(group_index) + 1] - first;
-        const std::span<const int64_t> group(run_of_slot_.data() + first, size_t(m));
+        const int64_t first = plan_.group_bounds[size_t(group_index)];
+        const int64_t m = plan_.group_bounds[size_t(group_index) + 1] - first;
+        const std::span<const int64_t> group(plan_.run_of_slot.data() + first, size_t(m));
         for (size_t own = l; own < model_->layers.size(); ++own) {
           project_input(model_->layers[own], first, m);
           attend_group(group, own, std::min(identical_rows_[own], position_),
@@ -385,7 +385,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
           project_output(model_->layers[own], first, m);
         }
         for (const int64_t r : group) {
-          timed_work(run_seconds_[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
+          timed_work(plan_.run_seconds[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
         }
       });
       split = true;
@@ -445,8 +445,8 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     if (std::any_of(runs_.begin(), runs_.end(),
                     [](const SessionRun& run) { return run.pending_observe >= 0; })) {
       backend_.run_tasks(n, [&](int64_t task) {
-        const int64_t r = run_order_[size_t(task)];
-        timed_work(run_seconds_[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
+        const int64_t r = plan_.run_order[size_t(task)];
+        timed_work(plan_.run_seconds[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
       });
     }
   }
@@ -457,10 +457,10 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     // in run order first (in proj's scratch), so the logits come out in run order.
     const int64_t m = alike ? 1 : n;
     DeviceTensor normed_m = row_range(normed, 0, m), logits_m = row_range(logits_view_, 0, m);
-    if (per_run && !alike && !rows_in_run_order_) {
+    if (per_run && !alike && !plan_.rows_in_run_order) {
       backend_.rmsnorm(row_range(hidden, 0, m), model_->final_norm, eps, normed_m);
       for (int64_t r = 0; r < n; ++r)
-        backend_.copy_rows(normed, slot_of_run_[size_t(r)], proj, r, 1, E);
+        backend_.copy_rows(normed, plan_.slot_of_run[size_t(r)], proj, r, 1, E);
       backend_.matmul(proj, model_->lm_head, logits_m);
     } else {
       const DeviceTensor* const head[] = {&model_->lm_head};

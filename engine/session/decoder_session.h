@@ -18,6 +18,8 @@
 #include "engine/model/model.h"
 #include "engine/policy/policy.h"
 #include "engine/policy/sparsity_stats.h"
+#include "engine/session/lockstep_plan.h"
+#include "engine/session/step_capture.h"
 
 namespace kvlens {
 
@@ -148,7 +150,7 @@ class DecoderSession {
   // its policy's select and observe, and in the layers where it computes its own logits also its
   // attention (append, logits, softmax and value sums; where a group of runs makes one call for
   // all of them, an even share of it). Empty before the first step.
-  const std::vector<double>& run_step_seconds() const { return run_seconds_; }
+  const std::vector<double>& run_step_seconds() const { return plan_.run_seconds; }
   const std::vector<DeviceTensor>& visible() const { return run(0).visible; }
   const std::vector<DeviceTensor>& policy_scores() const { return run(0).scores; }
   const std::vector<LayerDecision>& decisions() const { return run(0).decisions; }
@@ -179,18 +181,8 @@ class DecoderSession {
   // same at every position (only the position and the token change), so the backend may record
   // it once (Backend::record_step) and replay it.
   bool recordable_step(bool per_run, int64_t rows) const;
-  // The addresses a recorded step holds: a step recorded over other buffers is stale.
-  struct StepGraphKey {
-    const void* hidden = nullptr;
-    const void* logits = nullptr;
-    const void* cache = nullptr;
-    const void* policy_logits = nullptr;
-    const void* recorded_logits = nullptr;
-    int64_t capacity = 0;
-    const void* rope = nullptr;  // the inv_freq table the step reads (longrope: short or long)
-    bool operator==(const StepGraphKey&) const = default;
-  };
-  StepGraphKey step_graph_key() const;
+  // The addresses a recording of this step would hold (StepCapture::Key).
+  StepCapture::Key step_graph_key() const;
   // The inverse frequencies of a forward call up to position seq_len - 1: one of the model's
   // tables, or (dynamic NTK past its original context) rope_scratch_ filled for that seq_len.
   const DeviceTensor& rope_inv_freq(int64_t seq_len);
@@ -216,15 +208,8 @@ class DecoderSession {
   void prepare_attention(int64_t r, size_t layer);
   // Marks run r's probabilities of `layer` for its policy's observe (pending_observe).
   void await_observe(int64_t r, size_t layer);
-  // Whether a lockstep step, once its rows differ, goes on in groups of runs (split_runs): where
-  // the backend's lockstep_groups for this session is above 1.
-  bool splits_runs() const;
-  // The step's groups of runs (lockstep_groups_ of them) and the rows that hold them: the
-  // costliest runs of the last step spread so that the groups cost about the same, each group's
-  // runs in consecutive rows.
-  void plan_groups();
-  // Calls work(g) for each group g of plan_groups (its rows group_bounds_[g] ..
-  // group_bounds_[g + 1] - 1) as the backend's concurrent tasks. Each group goes through the
+  // Calls work(g) for each group g of plan_.plan_groups (its rows plan_.group_bounds[g] ..
+  // plan_.group_bounds[g + 1] - 1) as the backend's concurrent tasks. Each group goes through the
   // layers left alone: rows no longer depend on each other, so the threads need not meet at
   // every op, and a group's matmuls over its rows give the bits of the whole batch (the kernels'
   // fixed order per row). No logits are shared meanwhile, and identical_rows_ of those layers
@@ -239,8 +224,9 @@ class DecoderSession {
   // await_observe. The results do not depend on the group (the ops' arithmetic is per run).
   void attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                     std::vector<Backend::RunAttention>& batch);
-  // Runs work() and shares its seconds out evenly to the group's runs (run_seconds_). A template
-  // (defined where attend_group uses it): no std::function to build twice per run and layer.
+  // Runs work() and shares its seconds out evenly to the group's runs (plan_.run_seconds). A
+  // template (defined where attend_group uses it): no std::function to build twice per run and
+  // layer.
   template <typename Work>
   void shared_work(std::span<const int64_t> group, Work&& work);
   // Rotates the query and key rows of the group's runs (the layer's scratch) at the step's
@@ -274,17 +260,9 @@ class DecoderSession {
     return run.policy && position_ >= run.first_step;
   }
 
-  // The recorded step and the buffers it holds; the key of the last step run op by op (a step
-  // over the same buffers is recorded); whether the backend cannot record (then never tried
-  // again).
-  std::unique_ptr<StepGraph> step_graph_;
-  StepGraphKey step_graph_key_, unrecorded_key_;
-  bool step_graphs_unavailable_ = false;
+  StepCapture capture_;        // the recorded step of a lone dense run (step_capture.cpp)
   DeviceTensor rope_scratch_;  // dynamic NTK: the table of the last long call
   int64_t rope_scratch_length_ = 0;
-
-  // Sorts run_order_ by the runs' cost in the last step (costliest first) and clears it.
-  void order_runs_by_cost();
 
   std::shared_ptr<const BackendModel> model_;
   Backend& backend_;
@@ -304,17 +282,11 @@ class DecoderSession {
   std::vector<int64_t> logits_source_;
   std::vector<int64_t> twins_;  // the runs that copy another run's attention output
   std::vector<SessionRun> runs_;
-  // The order in which a step hands the runs to the backend's threads, and each run's seconds of
-  // attention and policy work in the step (longest first: the threads then finish together).
-  std::vector<int64_t> run_order_;
-  std::vector<double> run_seconds_;
-  std::vector<double> last_run_seconds_;  // run_seconds_ of the step before
-  double row_seconds_ = 0.0;  // a split step's projections per row (split_runs' estimate)
-  // This step's rows: the run each row holds and back, and the groups' first rows (plan_groups).
-  std::vector<int64_t> run_of_slot_, slot_of_run_, group_bounds_;
-  bool rows_in_run_order_ = true;     // row r holds run r for every r
+  // The order in which a step hands the runs to the backend's threads (longest first: the
+  // threads then finish together), each run's seconds of attention and policy work, the rows
+  // that hold the runs and the groups of a split step.
+  LockstepPlan plan_;
   std::vector<int32_t> slot_tokens_;  // the step's tokens in row order (where not run order)
-  int64_t lockstep_groups_ = 1;       // the backend's lockstep_groups for this session's runs
   // Scratch activations sized for the largest row count seen so far.
   int64_t scratch_rows_ = 0;
   DeviceTensor hidden_, normed_, q_, k_, v_, attn_out_, proj_, gate_, up_, act_, logits_;

@@ -67,10 +67,10 @@ void DecoderSession::step_attention(size_t layer) {
     attention_batches_.resize(std::max(attention_batches_.size(), size_t(n)));
     logits_first_.resize(size_t(n));
     if (backend_.runs_tasks_in_order()) {
-      attend_group(run_order_, layer, shared, attention_batches_[0]);
+      attend_group(plan_.run_order, layer, shared, attention_batches_[0]);
     } else {
       backend_.run_tasks(n, [&](int64_t task) {
-        const std::span<const int64_t> alone(&run_order_[size_t(task)], 1);
+        const std::span<const int64_t> alone(&plan_.run_order[size_t(task)], 1);
         attend_group(alone, layer, shared, attention_batches_[size_t(alone[0])]);
       });
     }
@@ -111,7 +111,7 @@ template <typename Work>
 void DecoderSession::shared_work(std::span<const int64_t> group, Work&& work) {
   double seconds = 0.0;
   timed_work(seconds, work);
-  for (const int64_t r : group) run_seconds_[size_t(r)] += seconds / double(group.size());
+  for (const int64_t r : group) plan_.run_seconds[size_t(r)] += seconds / double(group.size());
 }
 
 void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
@@ -124,7 +124,7 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
   for (const int64_t r : group) prepare_attention(r, layer);
   shared_work(group, [&] { append_runs(group, layer); });
   for (const int64_t r : group) {
-    timed_work(run_seconds_[size_t(r)], [&] {
+    timed_work(plan_.run_seconds[size_t(r)], [&] {
       if (!policy_step(runs_[size_t(r)])) {
         attend_unselected(r, layer, window);
         return;
@@ -140,7 +140,7 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
   for (const int64_t r : group) {
     if (!run_attention_[size_t(r)].out) continue;  // attended already
     if (logits_first_[size_t(r)])
-      timed_work(run_seconds_[size_t(r)], [&] { select_run(r, layer, cols); });
+      timed_work(plan_.run_seconds[size_t(r)], [&] { select_run(r, layer, cols); });
     if (run_attention_[size_t(r)].out) batch.push_back(run_attention_[size_t(r)]);
   }
   shared_work(group, [&] { backend_.attention_visible_runs(batch, shared, cols); });
@@ -202,7 +202,7 @@ void DecoderSession::append_runs(std::span<const int64_t> group, size_t layer) {
 void DecoderSession::attend_alike(size_t layer, int64_t shared) {
   const ModelConfig& c = model_->config();
   const int64_t n = runs(), H = c.num_heads, cols = position_ + 1;
-  append_runs(run_order_, layer);
+  append_runs(plan_.run_order, layer);
   // 1. The logits of the runs that do not borrow them, in one call.
   attention_batch_.clear();
   for (int64_t r = 0; r < n; ++r) {
@@ -212,8 +212,8 @@ void DecoderSession::attend_alike(size_t layer, int64_t shared) {
   // 2. Each policy run's observation of the previous layer and its selection on the backend's
   // threads.
   backend_.run_tasks(n, [&](int64_t task) {
-    const int64_t r = run_order_[size_t(task)];
-    timed_work(run_seconds_[size_t(r)], [&] { select_run(r, layer, cols); });
+    const int64_t r = plan_.run_order[size_t(task)];
+    timed_work(plan_.run_seconds[size_t(r)], [&] { select_run(r, layer, cols); });
   });
   // 3. Softmax over each run's visible set and the value sums. A run with run 0's logits that
   // sees everything gets the output (and probabilities) of the first such run, preferably one

@@ -13,11 +13,11 @@ namespace kvlens {
 bool DecoderSession::recordable_step(bool per_run, int64_t rows) const {
   // Dynamic NTK past its original context reads a table made for each position: op by op.
   return per_run && rows == 1 && runs() == 1 && !runs_[0].policy && options_.record_steps &&
-         !step_graphs_unavailable_ &&
+         !capture_.unavailable &&
          model_->config().rope_table(position_ + 1) != ModelConfig::RopeTable::kPerLength;
 }
 
-DecoderSession::StepGraphKey DecoderSession::step_graph_key() const {
+StepCapture::Key DecoderSession::step_graph_key() const {
   const SessionRun& run = runs_[0];
   // longrope switches to its long table past the original context: a step recorded with the
   // short one is stale then.
@@ -37,29 +37,29 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
   if (!recordable_step(per_run, n)) return forward_ops(tokens, per_run);
   grow_caches(position_ + 1);
   ensure_scratch(1);
-  const StepGraphKey key = step_graph_key();
+  const StepCapture::Key key = step_graph_key();
   const int64_t position = position_;
-  if (!step_graph_ || !(key == step_graph_key_)) {
-    step_graph_.reset();
-    if (!(key == unrecorded_key_)) {
+  if (!capture_.graph || !(key == capture_.key)) {
+    capture_.graph.reset();
+    if (!(key == capture_.unrecorded)) {
       // The first step over these buffers runs op by op (it allocates what steps keep).
-      unrecorded_key_ = key;
+      capture_.unrecorded = key;
       return forward_ops(tokens, per_run);
     }
     try {
-      step_graph_ = backend_.record_step(position, 1, [&] { forward_ops(tokens, per_run); });
+      capture_.graph = backend_.record_step(position, 1, [&] { forward_ops(tokens, per_run); });
     } catch (const Error&) {
-      step_graph_.reset();  // an op the backend cannot record: this session runs op by op
+      capture_.graph.reset();  // an op the backend cannot record: this session runs op by op
     }
-    if (!step_graph_) {
-      step_graphs_unavailable_ = true;
+    if (!capture_.graph) {
+      capture_.unavailable = true;
       position_ = position;  // a failed recording ran nothing
       return forward_ops(tokens, per_run);
     }
-    step_graph_key_ = key;
+    capture_.key = key;
     // Recording ran forward_ops' host side (position_ advanced, logits_view_ set); the replay
     // below runs its ops.
-    step_graph_->replay(position, tokens);
+    capture_.graph->replay(position, tokens);
     return logits_view_;
   }
   // What forward_ops does on the host for this step, then the recorded ops.
@@ -70,9 +70,9 @@ const DeviceTensor& DecoderSession::forward_rows(std::span<const int32_t> tokens
     for (size_t l = 0; l < size_t(model_->config().num_layers); ++l) record_layer_logits(run, l);
   }
   run.pending_observe = -1;
-  order_runs_by_cost();
+  plan_.order_by_cost();
   logits_view_ = tensor::view(logits_, {1, model_->config().vocab_size});
-  step_graph_->replay(position, tokens);
+  capture_.graph->replay(position, tokens);
   position_ += 1;
   return logits_view_;
 }

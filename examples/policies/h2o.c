@@ -93,8 +93,9 @@ static int32_t observe(void* opaque, const kvlens_observation* seen, char* error
    * query head: the group shares it); the sinks stay. */
   for (int64_t r = 0; r < s->rows; ++r) {
     const uint8_t* visible = seen->visible + (s->kv_heads_select ? r * s->group : r) * seen->stride;
-    for (int64_t j = 0; j < cols; ++j) kept[r * s->stride + j] = kept[r * s->stride + j] && visible[j];
-    for (int64_t j = 0; j < s->sinks && j < cols; ++j) kept[r * s->stride + j] = 1;
+    uint8_t* row = kept + r * s->stride;
+    for (int64_t j = 0; j < cols; ++j) row[j] = (uint8_t)(row[j] & (visible[j] != 0));
+    for (int64_t j = 0; j < s->sinks && j < cols; ++j) row[j] = 1;
   }
   /* Evicted tokens' scores are forgotten (per query head; one KV head's tokens once evicted are
    * never chosen again, so its heads need not forget them). */
@@ -102,8 +103,13 @@ static int32_t observe(void* opaque, const kvlens_observation* seen, char* error
     float* sums = s->accumulated[l] + h * s->stride;
     const float* probabilities = seen->probabilities + h * seen->stride;
     const uint8_t* keep = s->kv_heads_select ? NULL : kept + h * s->stride;
-    for (int64_t j = 0; j < cols; ++j)
-      sums[j] = (keep && !keep[j] ? 0.0f : sums[j]) + probabilities[j];
+    /* sums * keep is the sum or +0 exactly (sums >= 0, keep 0 or 1): the built-in's bits, in a
+     * loop the compiler vectorises. */
+    if (keep) {
+      for (int64_t j = 0; j < cols; ++j) sums[j] = sums[j] * (float)keep[j] + probabilities[j];
+    } else {
+      for (int64_t j = 0; j < cols; ++j) sums[j] = sums[j] + probabilities[j];
+    }
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "kernels/cuda_backend.h"
+#include "kernels/policy/cuda_policy_ops.h"
 
 namespace {
 
@@ -31,5 +32,7 @@ int main(int argc, char** argv) {
     std::printf("skipped: no CUDA device\n");
     return 4;
   }
+  // Every test's CUDA backend gets the policies' op extensions (keydiff, quest, tokenfilter).
+  kvlens::register_cuda_policy_ops();
   return Catch::Session().run(argc, argv);
 }

@@ -10,7 +10,10 @@
 #include "engine/backend/backend.h"
 #include "engine/common/dtype.h"
 #include "engine/common/error.h"
+#include "engine/policy/keydiff_ops.h"
+#include "engine/policy/quest_ops.h"
 #include "engine/policy/registry.h"
+#include "engine/policy/tokenfilter_ops.h"
 #include "engine/session/decoder_session.h"
 #include "engine/session/scoring.h"
 #include "kernels/cuda_backend.h"
@@ -138,8 +141,8 @@ TEST_CASE("cuda KV caches in BF16 and F16 give the ops of an F32 cache of the sa
 
       DeviceTensor anchors_a = gpu->alloc(DType::F32, {kHeads, kCapacity});
       DeviceTensor anchors_b = gpu->alloc(DType::F32, {kHeads, kCapacity});
-      gpu->key_anchor_scores(narrow_k, kContext, visible, anchors_a);
-      gpu->key_anchor_scores(wide_k, kContext, visible, anchors_b);
+      keydiff_ops(*gpu).key_anchor_scores(narrow_k, kContext, visible, anchors_a);
+      keydiff_ops(*gpu).key_anchor_scores(wide_k, kContext, visible, anchors_b);
       require_same_bits(host_f32(*gpu, anchors_a), host_f32(*gpu, anchors_b));
 
       const int64_t page = 16, pages = kCapacity / page;
@@ -147,8 +150,8 @@ TEST_CASE("cuda KV caches in BF16 and F16 give the ops of an F32 cache of the sa
       DeviceTensor max_a = gpu->alloc(DType::F32, {kKvHeads, pages, kDim});
       DeviceTensor min_b = gpu->alloc(DType::F32, {kKvHeads, pages, kDim});
       DeviceTensor max_b = gpu->alloc(DType::F32, {kKvHeads, pages, kDim});
-      gpu->page_minmax_update(narrow_k, 0, kContext, page, min_a, max_a);
-      gpu->page_minmax_update(wide_k, 0, kContext, page, min_b, max_b);
+      quest_ops(*gpu).page_minmax_update(narrow_k, 0, kContext, page, min_a, max_a);
+      quest_ops(*gpu).page_minmax_update(wide_k, 0, kContext, page, min_b, max_b);
       require_same_bits(host_f32(*gpu, min_a), host_f32(*gpu, min_b));
       require_same_bits(host_f32(*gpu, max_a), host_f32(*gpu, max_b));
 
@@ -157,10 +160,10 @@ TEST_CASE("cuda KV caches in BF16 and F16 give the ops of an F32 cache of the sa
       DeviceTensor similarity_a = gpu->alloc(DType::F32, {kKvHeads});
       DeviceTensor similarity_b = gpu->alloc(DType::F32, {kKvHeads});
       for (int64_t column = 0; column < 5; ++column) {
-        gpu->anchor_cosine_update(narrow_k, column, column == 0 ? 0.0f : 0.9f, anchor_a,
-                                  similarity_a);
-        gpu->anchor_cosine_update(wide_k, column, column == 0 ? 0.0f : 0.9f, anchor_b,
-                                  similarity_b);
+        tokenfilter_ops(*gpu).anchor_cosine_update(narrow_k, column, column == 0 ? 0.0f : 0.9f,
+                                                   anchor_a, similarity_a);
+        tokenfilter_ops(*gpu).anchor_cosine_update(wide_k, column, column == 0 ? 0.0f : 0.9f,
+                                                   anchor_b, similarity_b);
         require_same_bits(host_f32(*gpu, similarity_a), host_f32(*gpu, similarity_b));
       }
       require_same_bits(host_f32(*gpu, anchor_a), host_f32(*gpu, anchor_b));

@@ -19,6 +19,9 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
+#include "engine/policy/keydiff_ops.h"
+#include "engine/policy/quest_ops.h"
+#include "engine/policy/tokenfilter_ops.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
@@ -485,8 +488,8 @@ TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda
     std::fill(members.begin(), members.begin() + stride, uint8_t(0));  // row 0: no member
     const Pair m = make_pair(b, members, {rows, stride});
     Pair out = make_pair(b, std::vector<float>(size_t(rows * stride), kSentinel), {rows, stride});
-    b.cpu->key_anchor_scores(k.cpu, cols, m.cpu, out.cpu);
-    b.gpu->key_anchor_scores(k.gpu, cols, m.gpu, out.gpu);
+    keydiff_ops(*b.cpu).key_anchor_scores(k.cpu, cols, m.cpu, out.cpu);
+    keydiff_ops(*b.gpu).key_anchor_scores(k.gpu, cols, m.gpu, out.gpu);
     const auto [want, got] = read_both<float>(b, out);
     check_within(want, got, std::vector<double>(want.size(), 1e-5), "key_anchor_scores");
     for (int64_t j = 0; j < cols; ++j) CHECK(got[size_t(j)] == 0.0f);  // zero anchor
@@ -506,8 +509,8 @@ TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda
       const Pair m_expanded = make_pair(b, expanded, {H, stride});
       Pair by_group = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
       Pair by_row = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
-      b.gpu->key_anchor_scores(k.gpu, cols, m_group.gpu, by_group.gpu);
-      b.gpu->key_anchor_scores(k.gpu, cols, m_expanded.gpu, by_row.gpu);
+      keydiff_ops(*b.gpu).key_anchor_scores(k.gpu, cols, m_group.gpu, by_group.gpu);
+      keydiff_ops(*b.gpu).key_anchor_scores(k.gpu, cols, m_expanded.gpu, by_row.gpu);
       CHECK(same_bits(read<float>(*b.gpu, by_group.gpu), read<float>(*b.gpu, by_row.gpu)));
     }
   }
@@ -534,8 +537,8 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
       for (const auto& [begin, end] :
            {std::pair{int64_t(0), int64_t(900)}, std::pair{int64_t(900), int64_t(901)},
             std::pair{int64_t(901), cols}}) {
-        b.cpu->page_minmax_update(k.cpu, begin, end, page_size, lo.cpu, hi.cpu);
-        b.gpu->page_minmax_update(k.gpu, begin, end, page_size, lo.gpu, hi.gpu);
+        quest_ops(*b.cpu).page_minmax_update(k.cpu, begin, end, page_size, lo.cpu, hi.cpu);
+        quest_ops(*b.gpu).page_minmax_update(k.gpu, begin, end, page_size, lo.gpu, hi.gpu);
       }
       {
         const auto [want_lo, got_lo] = read_both<float>(b, lo);
@@ -548,8 +551,8 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
       for (const bool max_only : {false, true}) {
         INFO("max_only " << max_only);
         Pair out = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
-        b.cpu->page_bounds(q.cpu, lo.cpu, hi.cpu, cols, page_size, max_only, out.cpu);
-        b.gpu->page_bounds(q.gpu, lo.gpu, hi.gpu, cols, page_size, max_only, out.gpu);
+        quest_ops(*b.cpu).page_bounds(q.cpu, lo.cpu, hi.cpu, cols, page_size, max_only, out.cpu);
+        quest_ops(*b.gpu).page_bounds(q.gpu, lo.gpu, hi.gpu, cols, page_size, max_only, out.gpu);
         const auto [want, got] = read_both<float>(b, out);
         CHECK(same_bits(got, want));
         CHECK(got[size_t(cols)] == kSentinel);
@@ -560,7 +563,8 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
     const Pair q = make_pair(b, random_values(size_t(H * 16), ++seed), {1, H, 16});
     const Pair lo = make_pair(b, std::vector<float>(size_t(G * 10 * 16)), {G, 10, 16});
     Pair out = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
-    CHECK_THROWS_AS(b.gpu->page_bounds(q.gpu, lo.gpu, lo.gpu, cols, 16, false, out.gpu), Error);
+    CHECK_THROWS_AS(quest_ops(*b.gpu).page_bounds(q.gpu, lo.gpu, lo.gpu, cols, 16, false, out.gpu),
+                    Error);
   }
 
   // select_pages: integer work on the same scores, so the same selection. Scores constant per
@@ -603,14 +607,17 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
          {std::pair{int64_t(0), 0.0f}, std::pair{int64_t(5), 0.9f}, std::pair{int64_t(6), 0.9f},
           std::pair{int64_t(1000), 0.3f}}) {
       INFO("D " << head_dim << " column " << column);
-      b.cpu->anchor_cosine_update(c.cpu, column, decay, anchor.cpu, similarity.cpu);
-      b.gpu->anchor_cosine_update(c.gpu, column, decay, anchor.gpu, similarity.gpu);
+      tokenfilter_ops(*b.cpu).anchor_cosine_update(c.cpu, column, decay, anchor.cpu,
+                                                   similarity.cpu);
+      tokenfilter_ops(*b.gpu).anchor_cosine_update(c.gpu, column, decay, anchor.gpu,
+                                                   similarity.gpu);
       const auto [want_sim, got_sim] = read_both<float>(b, similarity);
       const auto [want_anchor, got_anchor] = read_both<float>(b, anchor);
       CHECK(same_bits(got_sim, want_sim));
       CHECK(same_bits(got_anchor, want_anchor));
     }
-    CHECK_THROWS_AS(b.gpu->anchor_cosine_update(c.gpu, stride, 0.5f, anchor.gpu, similarity.gpu),
+    CHECK_THROWS_AS(tokenfilter_ops(*b.gpu).anchor_cosine_update(c.gpu, stride, 0.5f, anchor.gpu,
+                                                                 similarity.gpu),
                     Error);
   }
 
@@ -635,10 +642,10 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
       for (float& x : sims) x = 0.5f + 0.5f * x;  // mostly positive, as cosines of neighbours
       const Pair similarity = make_pair(b, sims, {2, kv_heads});
       const double target = step < 30 ? 0.4 : 0.0;
-      b.cpu->token_filter_step(step == 0 ? nullptr : &similarity.cpu, 0.05, target, step, state.cpu,
-                               scores.cpu, keep.cpu);
-      b.gpu->token_filter_step(step == 0 ? nullptr : &similarity.gpu, 0.05, target, step, state.gpu,
-                               scores.gpu, keep.gpu);
+      tokenfilter_ops(*b.cpu).token_filter_step(step == 0 ? nullptr : &similarity.cpu, 0.05, target,
+                                                step, state.cpu, scores.cpu, keep.cpu);
+      tokenfilter_ops(*b.gpu).token_filter_step(step == 0 ? nullptr : &similarity.gpu, 0.05, target,
+                                                step, state.gpu, scores.gpu, keep.gpu);
       const auto [want_state, got_state] = read_both<uint8_t>(b, state);
       const auto [want_keep, got_keep] = read_both<uint8_t>(b, keep);
       const auto [want_scores, got_scores] = read_both<float>(b, scores);
@@ -655,7 +662,8 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
     CHECK(skipped > 0);  // the comparison covered both outcomes
     CHECK(skipped < 39);
     DeviceTensor small = b.gpu->alloc(DType::U8, {8});
-    CHECK_THROWS_AS(b.gpu->token_filter_step(nullptr, 0.1, 0.2, 0, small, scores.gpu, keep.gpu),
+    CHECK_THROWS_AS(tokenfilter_ops(*b.gpu).token_filter_step(nullptr, 0.1, 0.2, 0, small,
+                                                              scores.gpu, keep.gpu),
                     Error);
   }
 }

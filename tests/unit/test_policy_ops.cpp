@@ -17,6 +17,9 @@
 #include "engine/backend/cpu/cpu_dot_kernels.h"
 #include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
+#include "engine/policy/keydiff_ops.h"
+#include "engine/policy/quest_ops.h"
+#include "engine/policy/tokenfilter_ops.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 
@@ -894,7 +897,7 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
     const DeviceTensor m = make_u8(*backend, padded(members, 1), {H, kStride});
     DeviceTensor out =
         make_f32(*backend, std::vector<float>(size_t(H * kStride), kSentinel), {H, kStride});
-    backend->key_anchor_scores(k, kCols, m, out);
+    keydiff_ops(*backend).key_anchor_scores(k, kCols, m, out);
     const std::vector<float> got = read_f32(*backend, out);
     CHECK(std::vector<float>(got.begin(), got.begin() + kCols) ==
           std::vector<float>{0, 0, 0, -1, 0, 0, 0});  // -0 == 0
@@ -910,7 +913,7 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
                                                    std::vector<uint8_t>(kCols, 1)};
     const DeviceTensor m2 = make_u8(*backend, padded(all, 0), {G, kStride});
     DeviceTensor out2 = backend->alloc(DType::F32, {G, kStride});
-    backend->key_anchor_scores(k, kCols, m2, out2);
+    keydiff_ops(*backend).key_anchor_scores(k, kCols, m2, out2);
     const std::vector<float> got2 = read_f32(*backend, out2);
     const std::vector<double> want =
         reference_anchor_scores(keys, kStride, D, 0, kCols, std::vector<uint8_t>(kCols, 1));
@@ -932,7 +935,7 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
     const DeviceTensor k = make_f32(*backend, keys, {groups, capacity, head_dim});
     const DeviceTensor m = make_u8(*backend, members, {rows, capacity});
     DeviceTensor out = backend->alloc(DType::F32, {rows, capacity});
-    backend->key_anchor_scores(k, cols, m, out);
+    keydiff_ops(*backend).key_anchor_scores(k, cols, m, out);
     const std::vector<float> got = read_f32(*backend, out);
     double worst = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
@@ -964,7 +967,8 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
       members.insert(members.end(), row->begin(), row->end());
     const DeviceTensor k = make_f32(*backend, keys, {groups, capacity, head_dim});
     DeviceTensor out = backend->alloc(DType::F32, {rows, capacity});
-    backend->key_anchor_scores(k, cols, make_u8(*backend, members, {rows, capacity}), out);
+    keydiff_ops(*backend).key_anchor_scores(k, cols, make_u8(*backend, members, {rows, capacity}),
+                                            out);
     const std::vector<float> got = read_f32(*backend, out);
     for (int64_t r = 0; r < rows; ++r) {
       // The same KV head's keys alone (G = 1) with this row's members alone.
@@ -974,8 +978,9 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
       const std::vector<uint8_t> own_members(members.begin() + r * capacity,
                                              members.begin() + (r + 1) * capacity);
       DeviceTensor alone = backend->alloc(DType::F32, {1, capacity});
-      backend->key_anchor_scores(make_f32(*backend, own_keys, {1, capacity, head_dim}), cols,
-                                 make_u8(*backend, own_members, {1, capacity}), alone);
+      keydiff_ops(*backend).key_anchor_scores(make_f32(*backend, own_keys, {1, capacity, head_dim}),
+                                              cols, make_u8(*backend, own_members, {1, capacity}),
+                                              alone);
       const std::vector<float> want = read_f32(*backend, alone);
       INFO("row " << r);
       CHECK(std::vector<float>(got.begin() + r * capacity, got.begin() + r * capacity + cols) ==
@@ -998,8 +1003,10 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
     const DeviceTensor k = make_f32(*backend, keys, {groups, capacity, head_dim});
     DeviceTensor want = backend->alloc(DType::F32, {rows, capacity});
     DeviceTensor got = backend->alloc(DType::F32, {rows, capacity});
-    backend->key_anchor_scores(k, cols, make_u8(*backend, expanded, {rows, capacity}), want);
-    backend->key_anchor_scores(k, cols, make_u8(*backend, per_group, {groups, capacity}), got);
+    keydiff_ops(*backend).key_anchor_scores(k, cols, make_u8(*backend, expanded, {rows, capacity}),
+                                            want);
+    keydiff_ops(*backend).key_anchor_scores(k, cols,
+                                            make_u8(*backend, per_group, {groups, capacity}), got);
     CHECK(read_f32(*backend, got) == read_f32(*backend, want));
   }
 
@@ -1007,12 +1014,12 @@ TEST_CASE("key_anchor_scores: -cos to the mean normalised member key, per KV hea
     const DeviceTensor k = backend->alloc(DType::F32, {G, kStride, D});
     DeviceTensor out = backend->alloc(DType::F32, {3, kStride});  // not a multiple of G
     const DeviceTensor m3 = backend->alloc(DType::U8, {3, kStride});
-    CHECK_THROWS_AS(backend->key_anchor_scores(k, kCols, m3, out), Error);
+    CHECK_THROWS_AS(keydiff_ops(*backend).key_anchor_scores(k, kCols, m3, out), Error);
     DeviceTensor ok = backend->alloc(DType::F32, {H, kStride});
     const DeviceTensor m_wrong = backend->alloc(DType::U8, {G + 1, kStride});  // neither H nor G
-    CHECK_THROWS_AS(backend->key_anchor_scores(k, kCols, m_wrong, ok), Error);
+    CHECK_THROWS_AS(keydiff_ops(*backend).key_anchor_scores(k, kCols, m_wrong, ok), Error);
     const DeviceTensor m = backend->alloc(DType::U8, {H, kStride});
-    CHECK_THROWS_AS(backend->key_anchor_scores(k, kStride + 1, m, ok), Error);
+    CHECK_THROWS_AS(keydiff_ops(*backend).key_anchor_scores(k, kStride + 1, m, ok), Error);
   }
 }
 
@@ -1053,7 +1060,7 @@ TEST_CASE("page_minmax_update: channel-wise key min and max per page, grown step
   constexpr int64_t kPages = 4, kPageSize = 3;
 
   DeviceTensor lo = sentinel_pages(*backend, kPages), hi = sentinel_pages(*backend, kPages);
-  backend->page_minmax_update(k, 0, kCols, kPageSize, lo, hi);
+  quest_ops(*backend).page_minmax_update(k, 0, kCols, kPageSize, lo, hi);
   const std::vector<float> got_lo = read_f32(*backend, lo), got_hi = read_f32(*backend, hi);
   auto page = [&](const std::vector<float>& values, int64_t g, int64_t p) {
     return std::vector<float>(values.begin() + (g * kPages + p) * D,
@@ -1078,27 +1085,28 @@ TEST_CASE("page_minmax_update: channel-wise key min and max per page, grown step
   // Step by step: [0, 4) then [4, 7). The second call recomputes page 1 from its first column,
   // so the result equals one call over [0, 7); a call touches only the pages it intersects.
   DeviceTensor lo2 = sentinel_pages(*backend, kPages), hi2 = sentinel_pages(*backend, kPages);
-  backend->page_minmax_update(k, 0, 4, kPageSize, lo2, hi2);
+  quest_ops(*backend).page_minmax_update(k, 0, 4, kPageSize, lo2, hi2);
   CHECK(page(read_f32(*backend, lo2), 0, 1) == std::vector<float>{-1, 0, 2, 0});  // column 3 only
   CHECK(page(read_f32(*backend, lo2), 0, 2) == std::vector<float>(size_t(D), kSentinel));
-  backend->page_minmax_update(k, 4, kCols, kPageSize, lo2, hi2);
+  quest_ops(*backend).page_minmax_update(k, 4, kCols, kPageSize, lo2, hi2);
   CHECK(read_f32(*backend, lo2) == got_lo);
   CHECK(read_f32(*backend, hi2) == got_hi);
   DeviceTensor lo3 = sentinel_pages(*backend, kPages), hi3 = sentinel_pages(*backend, kPages);
-  backend->page_minmax_update(k, 6, kCols, kPageSize, lo3, hi3);
+  quest_ops(*backend).page_minmax_update(k, 6, kCols, kPageSize, lo3, hi3);
   CHECK(page(read_f32(*backend, lo3), 0, 1) == std::vector<float>(size_t(D), kSentinel));
   CHECK(page(read_f32(*backend, lo3), 0, 2) == std::vector<float>{5, 5, 5, 5});
-  backend->page_minmax_update(k, 3, 3, kPageSize, lo3, hi3);  // an empty range: nothing
+  quest_ops(*backend).page_minmax_update(k, 3, 3, kPageSize, lo3, hi3);  // an empty range: nothing
   CHECK(page(read_f32(*backend, lo3), 0, 1) == std::vector<float>(size_t(D), kSentinel));
 
   // Errors: a range past the capacity, too few pages, page size 0, another G or D.
-  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kStride + 1, 4, lo, hi), Error);
+  CHECK_THROWS_AS(quest_ops(*backend).page_minmax_update(k, 0, kStride + 1, 4, lo, hi), Error);
   DeviceTensor few = sentinel_pages(*backend, 2);
-  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, few, few), Error);
-  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, 0, lo, hi), Error);
+  CHECK_THROWS_AS(quest_ops(*backend).page_minmax_update(k, 0, kCols, kPageSize, few, few), Error);
+  CHECK_THROWS_AS(quest_ops(*backend).page_minmax_update(k, 0, kCols, 0, lo, hi), Error);
   DeviceTensor wrong = backend->alloc(DType::F32, {1, kPages, D});
-  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, wrong, wrong), Error);
-  CHECK_THROWS_AS(backend->page_minmax_update(k, 0, kCols, kPageSize, lo, few), Error);
+  CHECK_THROWS_AS(quest_ops(*backend).page_minmax_update(k, 0, kCols, kPageSize, wrong, wrong),
+                  Error);
+  CHECK_THROWS_AS(quest_ops(*backend).page_minmax_update(k, 0, kCols, kPageSize, lo, few), Error);
 }
 
 TEST_CASE("page_bounds over many pages is page_bound's arithmetic bit for bit", "[policy_ops]") {
@@ -1118,7 +1126,7 @@ TEST_CASE("page_bounds over many pages is page_bound's arithmetic bit for bit", 
   for (const bool max_only : {false, true}) {
     DeviceTensor out = make_f32(
         *backend, std::vector<float>(size_t(kHeads * kRowStride), kSentinel), {kHeads, kRowStride});
-    backend->page_bounds(q_t, lo_t, hi_t, kColumns, kPageSize, max_only, out);
+    quest_ops(*backend).page_bounds(q_t, lo_t, hi_t, kColumns, kPageSize, max_only, out);
     const std::vector<float> got = read_f32(*backend, out);
     for (int64_t h = 0; h < kHeads; ++h) {
       const int64_t base = (h / (kHeads / kGroups)) * kPages * kDim;
@@ -1161,7 +1169,7 @@ TEST_CASE("page_bounds: Quest's bound and the max_only bound on the logit scale"
     INFO("max_only " << max_only);
     DeviceTensor out =
         make_f32(*backend, std::vector<float>(size_t(H * kStride), kSentinel), {H, kStride});
-    backend->page_bounds(q_t, lo_t, hi_t, kCols, kPageSize, max_only, out);
+    quest_ops(*backend).page_bounds(q_t, lo_t, hi_t, kCols, kPageSize, max_only, out);
     const std::vector<float> got = read_f32(*backend, out);
     for (int64_t j = 0; j < 3; ++j) CHECK(got[size_t(j)] == (max_only ? 2.5f : 3.0f));
     for (int64_t h = 0; h < H; ++h) {
@@ -1186,14 +1194,16 @@ TEST_CASE("page_bounds: Quest's bound and the max_only bound on the logit scale"
 
   // Errors: pages that do not cover the columns, G not dividing H, another D.
   DeviceTensor out = backend->alloc(DType::F32, {H, kStride});
-  CHECK_THROWS_AS(backend->page_bounds(q_t, lo_t, hi_t, kCols, 2, false, out), Error);
+  CHECK_THROWS_AS(quest_ops(*backend).page_bounds(q_t, lo_t, hi_t, kCols, 2, false, out), Error);
   const DeviceTensor three = backend->alloc(DType::F32, {3, kPages, D});
-  CHECK_THROWS_AS(backend->page_bounds(q_t, three, three, kCols, kPageSize, false, out), Error);
-  const DeviceTensor wide = backend->alloc(DType::F32, {G, kPages, D + 1});
-  CHECK_THROWS_AS(backend->page_bounds(q_t, wide, wide, kCols, kPageSize, false, out), Error);
-  DeviceTensor short_rows = backend->alloc(DType::F32, {H, 5});
-  CHECK_THROWS_AS(backend->page_bounds(q_t, lo_t, hi_t, kCols, kPageSize, false, short_rows),
+  CHECK_THROWS_AS(quest_ops(*backend).page_bounds(q_t, three, three, kCols, kPageSize, false, out),
                   Error);
+  const DeviceTensor wide = backend->alloc(DType::F32, {G, kPages, D + 1});
+  CHECK_THROWS_AS(quest_ops(*backend).page_bounds(q_t, wide, wide, kCols, kPageSize, false, out),
+                  Error);
+  DeviceTensor short_rows = backend->alloc(DType::F32, {H, 5});
+  CHECK_THROWS_AS(
+      quest_ops(*backend).page_bounds(q_t, lo_t, hi_t, kCols, kPageSize, false, short_rows), Error);
 }
 
 TEST_CASE("select_pages: whole pages best first while they fit, forced columns kept",
@@ -1317,27 +1327,29 @@ TEST_CASE("anchor_cosine_update: cosine to the anchor, then the EMA step", "[pol
 
   // Column 2, decay 0.5: cos((3, 4, 0, 0), e1) = 3/5; the zero vector gives 0. Anchors:
   // 0.5 e1 + 0.5 (3, 4, 0, 0) = (2, 2, 0, 0) and 0.5 e2 + 0 = (0, 0.5, 0, 0).
-  backend->anchor_cosine_update(c, 2, 0.5f, anchor, similarity);
+  tokenfilter_ops(*backend).anchor_cosine_update(c, 2, 0.5f, anchor, similarity);
   CHECK(read_f32(*backend, similarity) == std::vector<float>{0.6f, 0.0f});
   CHECK(read_f32(*backend, anchor) == std::vector<float>{2, 2, 0, 0, 0, 0.5f, 0, 0});
   // Column 3, decay 0: cos((0, 0, 0, 2), (2, 2, 0, 0)) = 0, cos((1, 1, 0, 0), (0, 0.5, 0, 0)) =
   // 1/sqrt(2); the anchors become the column's vectors exactly.
-  backend->anchor_cosine_update(c, 3, 0.0f, anchor, similarity);
+  tokenfilter_ops(*backend).anchor_cosine_update(c, 3, 0.0f, anchor, similarity);
   const std::vector<float> sim = read_f32(*backend, similarity);
   CHECK(sim[0] == 0.0f);
   CHECK(sim[1] == Approx(1.0 / std::sqrt(2.0)).margin(1e-7));
   CHECK(read_f32(*backend, anchor) == std::vector<float>{0, 0, 0, 2, 1, 1, 0, 0});
   // Decay 1 keeps the anchor; the similarity is still computed.
-  backend->anchor_cosine_update(c, 2, 1.0f, anchor, similarity);
+  tokenfilter_ops(*backend).anchor_cosine_update(c, 2, 1.0f, anchor, similarity);
   CHECK(read_f32(*backend, anchor) == std::vector<float>{0, 0, 0, 2, 1, 1, 0, 0});
   CHECK(read_f32(*backend, similarity) == std::vector<float>{0.0f, 0.0f});
 
   // Errors: a column past the capacity, another anchor shape, a similarity of another size.
-  CHECK_THROWS_AS(backend->anchor_cosine_update(c, kStride, 0.5f, anchor, similarity), Error);
+  CHECK_THROWS_AS(
+      tokenfilter_ops(*backend).anchor_cosine_update(c, kStride, 0.5f, anchor, similarity), Error);
   DeviceTensor wide = backend->alloc(DType::F32, {G, D + 1});
-  CHECK_THROWS_AS(backend->anchor_cosine_update(c, 2, 0.5f, wide, similarity), Error);
+  CHECK_THROWS_AS(tokenfilter_ops(*backend).anchor_cosine_update(c, 2, 0.5f, wide, similarity),
+                  Error);
   DeviceTensor three = backend->alloc(DType::F32, {3});
-  CHECK_THROWS_AS(backend->anchor_cosine_update(c, 2, 0.5f, anchor, three), Error);
+  CHECK_THROWS_AS(tokenfilter_ops(*backend).anchor_cosine_update(c, 2, 0.5f, anchor, three), Error);
 }
 
 TEST_CASE("token_filter_step: the rule by hand, the state it keeps, and its errors",
@@ -1356,7 +1368,7 @@ TEST_CASE("token_filter_step: the rule by hand, the state it keeps, and its erro
     return std::vector<double>(values, values + kTokenFilterState);
   };
   // The first step: no similarity, no decision (kept), the threshold moves by eta * (0 - target).
-  backend->token_filter_step(nullptr, 0.1, 0.25, 0, state, scores, keep);
+  tokenfilter_ops(*backend).token_filter_step(nullptr, 0.1, 0.25, 0, state, scores, keep);
   CHECK(read_u8(*backend, keep) == std::vector<uint8_t>{1});
   std::vector<double> s = read_state();
   CHECK(s[kTfSteps] == 1.0);
@@ -1365,7 +1377,7 @@ TEST_CASE("token_filter_step: the rule by hand, the state it keeps, and its erro
   // Two KV heads, keys (0.9, 0.7), values (0.8, 0.8): s_k = 0.8, s_v = 0.8; the value variance
   // is 0, so alpha = 0.5 and S_kv = 0.8 > tau = 0.475: skipped; ratio 1/2, tau += 0.1 * 0.25.
   DeviceTensor similarity = make_f32(*backend, {0.9f, 0.7f, 0.8f, 0.8f}, {2, 2});
-  backend->token_filter_step(&similarity, 0.1, 0.25, 2, state, scores, keep);
+  tokenfilter_ops(*backend).token_filter_step(&similarity, 0.1, 0.25, 2, state, scores, keep);
   CHECK(read_u8(*backend, keep) == std::vector<uint8_t>{0});
   s = read_state();
   CHECK(s[kTfKeyCount] == 2.0);
@@ -1381,7 +1393,7 @@ TEST_CASE("token_filter_step: the rule by hand, the state it keeps, and its erro
     CHECK(written[size_t(r * kStride + 1)] == 7.0f);  // other columns untouched
   }
   // Target 0 never skips, whatever the similarity.
-  backend->token_filter_step(&similarity, 0.1, 0.0, 3, state, scores, keep);
+  tokenfilter_ops(*backend).token_filter_step(&similarity, 0.1, 0.0, 3, state, scores, keep);
   CHECK(read_u8(*backend, keep) == std::vector<uint8_t>{1});
 
   // zero_unless: zeros where the gate is 0, untouched where it is 1.
@@ -1394,10 +1406,14 @@ TEST_CASE("token_filter_step: the rule by hand, the state it keeps, and its erro
 
   // Errors: a state of another size, an odd similarity, a column past the scores, a U8 rows.
   DeviceTensor small = backend->alloc(DType::U8, {8});
-  CHECK_THROWS_AS(backend->token_filter_step(nullptr, 0.1, 0.2, 0, small, scores, keep), Error);
+  CHECK_THROWS_AS(
+      tokenfilter_ops(*backend).token_filter_step(nullptr, 0.1, 0.2, 0, small, scores, keep),
+      Error);
   DeviceTensor odd = make_f32(*backend, {0.1f, 0.2f, 0.3f}, {3});
-  CHECK_THROWS_AS(backend->token_filter_step(&odd, 0.1, 0.2, 0, state, scores, keep), Error);
-  CHECK_THROWS_AS(backend->token_filter_step(nullptr, 0.1, 0.2, kStride, state, scores, keep),
-                  Error);
+  CHECK_THROWS_AS(
+      tokenfilter_ops(*backend).token_filter_step(&odd, 0.1, 0.2, 0, state, scores, keep), Error);
+  CHECK_THROWS_AS(
+      tokenfilter_ops(*backend).token_filter_step(nullptr, 0.1, 0.2, kStride, state, scores, keep),
+      Error);
   CHECK_THROWS_AS(backend->zero_unless(closed, keep), Error);
 }

@@ -649,40 +649,18 @@ class CpuBackend final : public Backend {
                  DeviceTensor& out) override {
     cpu_policy::pool_rows(x, cols, pool, kernel, out);
   }
-  void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols, const DeviceTensor& members,
-                         DeviceTensor& out) override {
-    cpu_policy::key_anchor_scores(policy_context(), k_cache, cols, members, out);
-  }
-  void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
-                          int64_t page_size, DeviceTensor& page_min,
-                          DeviceTensor& page_max) override {
-    cpu_policy::page_minmax_update(k_cache, begin, end, page_size, page_min, page_max);
-  }
-  void page_bounds(const DeviceTensor& q, const DeviceTensor& page_min,
-                   const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
-                   DeviceTensor& out) override {
-    cpu_policy::page_bounds(policy_context(), q, page_min, page_max, cols, page_size, max_only,
-                            out);
-  }
   void select_pages(const DeviceTensor& scores, int64_t cols, int64_t page_size, int64_t k,
                     DeviceTensor& selected) override {
     cpu_policy::select_pages(policy_context(), scores, cols, page_size, k, selected);
-  }
-  void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
-                            DeviceTensor& anchor, DeviceTensor& similarity) override {
-    cpu_policy::anchor_cosine_update(cache, column, decay, anchor, similarity);
-  }
-  void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
-                         DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep) override {
-    cpu_policy::token_filter_step(similarity, eta, target, column, state, scores, keep);
   }
   void zero_unless(DeviceTensor& rows, const DeviceTensor& keep) override {
     cpu_policy::zero_unless(rows, keep);
   }
 
- private:
+  // The pool and kernels the policies' CPU op extensions run on (cpu_policy::context_of).
   cpu_policy::Context policy_context() { return {pool_, kernels_}; }
 
+ private:
   // x seen as [rows, width]; returns width.
   int64_t check_rows(const DeviceTensor& x, int64_t rows, OpName op) {
     require_f32(x, op + ": x");
@@ -725,6 +703,13 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) {
 std::string_view cpu_backend_isa(const Backend& backend) {
   const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
   return cpu ? cpu->isa() : std::string_view();
+}
+
+cpu_policy::Context cpu_policy::context_of(Backend& backend) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  if (cpu == nullptr)
+    throw Error(kWhere, "cpu_policy::context_of: backend", "the CPU backend", backend.name());
+  return cpu->policy_context();
 }
 
 int cpu_backend_threads(const Backend& backend) {

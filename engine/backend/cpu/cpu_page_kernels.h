@@ -1,7 +1,8 @@
 // Quest's page kernels of the CPU backend, one query head or one selection row at a time: the
 // page bounds of page_bounds and each page's best score and cost for select_pages (contracts in
-// backend.h). Page summaries are [pages, head_dim] rows of channel minima and maxima. The
-// portable kernels and the AVX2 ones give the same bits; pick_dot_kernels chooses.
+// engine/policy/quest_ops.h and backend.h). Page summaries are [pages, head_dim] rows of channel
+// minima and maxima. The portable kernels and the AVX2 ones give the same bits; pick_dot_kernels
+// chooses.
 #pragma once
 
 #include <cstdint>

@@ -33,6 +33,11 @@ struct Context {
   const DotKernels& kernels;
 };
 
+// The thread pool and kernel set of `backend`, a CPU backend (cpu_backend.cpp), for the policies'
+// op extensions on the CPU (engine/policy/*_ops_cpu.cpp); valid while the backend is. Throws
+// kvlens::Error when `backend` is not the CPU backend.
+Context context_of(Backend& backend);
+
 void attention_logits(const Context& context, const DeviceTensor& q, const DeviceTensor& k_cache,
                       int64_t position, int64_t window, DeviceTensor& logits);
 void attention_visible(const Context& context, const DeviceTensor& logits, int64_t cols,
@@ -56,19 +61,8 @@ void axpby_rows(const Context& context, DeviceTensor& y, float alpha, const Devi
                 float beta, int64_t cols);
 void pool_rows(const DeviceTensor& x, int64_t cols, Backend::Pool pool, int64_t kernel,
                DeviceTensor& out);
-void key_anchor_scores(const Context& context, const DeviceTensor& k_cache, int64_t cols,
-                       const DeviceTensor& members, DeviceTensor& out);
-void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end, int64_t page_size,
-                        DeviceTensor& page_min, DeviceTensor& page_max);
-void page_bounds(const Context& context, const DeviceTensor& q, const DeviceTensor& page_min,
-                 const DeviceTensor& page_max, int64_t cols, int64_t page_size, bool max_only,
-                 DeviceTensor& out);
 void select_pages(const Context& context, const DeviceTensor& scores, int64_t cols,
                   int64_t page_size, int64_t k, DeviceTensor& selected);
-void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
-                          DeviceTensor& anchor, DeviceTensor& similarity);
-void token_filter_step(const DeviceTensor* similarity, double eta, double target, int64_t column,
-                       DeviceTensor& state, DeviceTensor& scores, DeviceTensor& keep);
 void zero_unless(DeviceTensor& rows, const DeviceTensor& keep);
 
 }  // namespace kvlens::cpu_policy

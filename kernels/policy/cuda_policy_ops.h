@@ -1,0 +1,15 @@
+// The policies' op extensions on the CUDA backend (engine/backend/op_extension.h): keydiff,
+// quest and tokenfilter ops, whose interfaces live beside the policies (engine/policy/*_ops.h).
+// Built as kvlens_cuda_policy_ops, which links kvlens_cuda and kvlens_policy (kvlens_cuda itself
+// links only the backend layer).
+#pragma once
+
+namespace kvlens {
+
+// Registers the CUDA implementations of every policy op extension for backends named "cuda".
+// Idempotent and thread-safe. Whoever makes a CUDA backend that policies will run on calls it
+// (app/session's make_backend, the cuda test suite's main): registration by static initialisers
+// would be dropped by the linker from a static library.
+void register_cuda_policy_ops();
+
+}  // namespace kvlens

@@ -1,0 +1,802 @@
+// The table of every backend op (backend_op_table.h). Inputs are uniform in [-1, 1) unless an
+// entry says otherwise, so sum_k |x_k w_k| <= terms bounds every dot product's magnitude; the
+// tolerances below follow from that (worst cases, not fitted to runs).
+#include "tests/support/backend_op_table.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <span>
+#include <sstream>
+#include <utility>
+
+#include "engine/backend/policy_op_math.h"
+#include "engine/common/dtype.h"
+#include "engine/common/tensor_view.h"
+#include "engine/policy/keydiff_ops.h"
+#include "engine/policy/quest_ops.h"
+#include "engine/policy/tokenfilter_ops.h"
+#include "tests/support/tiny_checkpoint.h"
+
+namespace kvlens::test {
+
+namespace {
+
+constexpr double kEps32 = 1.0 / (1 << 24);  // 2^-24, F32's unit roundoff
+
+// Two F32 dot products of `terms` products each, summed in any orders (lanes, trees, FMA or
+// not), differ by at most 2 * (terms + 2) * 2^-24 * sum |x_k w_k| (the gamma_n bound of each
+// side plus slack for its higher-order part), with sum |x_k w_k| <= magnitude.
+Tolerance dot_tolerance(int64_t terms, double magnitude) {
+  return {2.0 * double(terms + 2) * kEps32 * magnitude, 0.0};
+}
+
+std::string cat_name(std::initializer_list<std::pair<const char*, int64_t>> parts,
+                     const std::string& op) {
+  std::string name = op;
+  for (const auto& [key, value] : parts) {
+    name += ' ';
+    name += key;
+    name += std::to_string(value);
+  }
+  return name;
+}
+
+// inv_freq of a rotation of R channels (RoPE's base 10000), as the model code makes it.
+std::vector<float> inv_freq_values(int64_t rotary) {
+  std::vector<float> values(size_t(rotary / 2));
+  for (int64_t i = 0; i < rotary / 2; ++i)
+    values[size_t(i)] = float(1.0 / std::pow(10000.0, double(2 * i) / double(rotary)));
+  return values;
+}
+
+// The shapes of the attention-family entries: H query heads over G KV heads of D channels, a
+// cache of `capacity` positions of which `filled` hold keys.
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim, capacity, filled;
+};
+constexpr AttentionShape kAttentionShapes[] = {
+    {4, 2, 32, 40, 29},  // GQA, a partial cache
+    {6, 3, 20, 24, 24},  // a head dimension off the vector widths, the cache full
+    {2, 2, 64, 70, 1},   // MHA, one position
+};
+std::string shape_name(const std::string& op, const AttentionShape& s) {
+  return cat_name({{"H", s.heads},
+                   {"G", s.kv_heads},
+                   {"D", s.head_dim},
+                   {"cap", s.capacity},
+                   {"filled", s.filled}},
+                  op);
+}
+
+// Row-op shapes: rows x cols used of a stride.
+struct RowShape {
+  int64_t rows, cols, stride;
+};
+constexpr RowShape kRowShapes[] = {{4, 13, 16}, {3, 70, 77}, {8, 1, 4}};
+std::string rows_name(const std::string& op, const RowShape& s) {
+  return cat_name({{"rows", s.rows}, {"cols", s.cols}, {"stride", s.stride}}, op);
+}
+
+// Caches [G, capacity, D] with `filled` positions of random keys and values (the rest zero).
+struct Caches {
+  DeviceTensor k, v;
+};
+Caches filled_caches(OpRun& r, const AttentionShape& s) {
+  std::vector<float> k = r.values(s.kv_heads * s.capacity * s.head_dim);
+  std::vector<float> v = r.values(s.kv_heads * s.capacity * s.head_dim);
+  for (int64_t g = 0; g < s.kv_heads; ++g)
+    for (int64_t j = s.filled; j < s.capacity; ++j)
+      for (int64_t d = 0; d < s.head_dim; ++d) {
+        const size_t at = size_t((g * s.capacity + j) * s.head_dim + d);
+        k[at] = v[at] = 0.0f;
+      }
+  const std::vector<int64_t> shape = {s.kv_heads, s.capacity, s.head_dim};
+  return {r.f32_of(k, shape), r.f32_of(v, shape)};
+}
+
+std::vector<OpEntry> make_table() {
+  std::vector<OpEntry> entries;
+  auto add = [&](std::string name, Tolerance tolerance, std::function<void(OpRun&)> run) {
+    entries.push_back({std::move(name), tolerance, std::move(run)});
+  };
+
+  // ----------------------------------------------------------------- memory and copies
+  for (const RowShape& s : kRowShapes) {
+    // Copies move bytes: exact.
+    add(rows_name("copy_rows", s), kExact, [s](OpRun& r) {
+      const DeviceTensor src = r.f32({s.rows, s.stride});
+      DeviceTensor dst = r.f32({s.rows + 2, s.stride});
+      r.backend().copy_rows(src, 1, dst, 2, s.rows - 1, s.stride);
+      r.out("dst", dst);
+    });
+    add(rows_name("broadcast_rows", s), kExact, [s](OpRun& r) {
+      const DeviceTensor src = r.u8({s.rows, s.stride}, 50);
+      DeviceTensor a = r.u8({s.rows, s.stride}, 50), b = r.u8({s.rows + 1, s.stride}, 50);
+      DeviceTensor* const dsts[] = {&a, &b};
+      r.backend().broadcast_rows(src, 0, dsts, 1, s.rows - 1, s.stride);
+      r.out("a", a);
+      r.out("b", b);
+    });
+    // Read-back behind a fence: the bytes themselves.
+    add(rows_name("rows_to_host_async", s), kExact, [s](OpRun& r) {
+      const DeviceTensor src = r.f32({s.rows, s.stride});
+      std::shared_ptr<void> host = r.backend().alloc_host(size_t(s.rows * s.cols) * sizeof(float));
+      r.backend().rows_to_host_async(src, s.rows, s.cols, host.get());
+      r.backend().fence()->wait();
+      const float* values = static_cast<const float*>(host.get());
+      r.out("host", std::vector<double>(values, values + s.rows * s.cols));
+    });
+  }
+
+  // ----------------------------------------------------------------- model ops
+  for (const DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    // A row copy of the table (BF16/F16 widened exactly): exact.
+    add("embed " + std::string(dtype_name(dtype)) + " vocab50 E24", kExact, [dtype](OpRun& r) {
+      const DeviceTensor table = r.weight({50, 24}, dtype);
+      const std::vector<int32_t> ids = {0, 49, 7, 7, 31};
+      DeviceTensor out = r.backend().alloc(DType::F32, {5, 24});
+      r.backend().embed(table, ids, out);
+      r.out("out", out);
+    });
+  }
+  struct Product {
+    int64_t n, in, out;
+  };
+  for (const Product p : {Product{1, 37, 19}, Product{5, 64, 48}, Product{17, 96, 40}}) {
+    for (const DType dtype : {DType::F32, DType::BF16}) {
+      const std::string suffix = cat_name({{"n", p.n}, {"in", p.in}, {"out", p.out}}, "") + " " +
+                                 std::string(dtype_name(dtype));
+      // Dot products of `in` terms of magnitude <= 1 (BF16 weights widened exactly).
+      const Tolerance dot = dot_tolerance(p.in, double(p.in));
+      add("matmul" + suffix, dot, [p, dtype](OpRun& r) {
+        const DeviceTensor x = r.f32({p.n, p.in});
+        const DeviceTensor w = r.weight({p.out, p.in}, dtype);
+        DeviceTensor y = r.backend().alloc(DType::F32, {p.n, p.out});
+        r.backend().matmul(x, w, y);
+        r.out("y", y);
+      });
+      add("matmul_many" + suffix, dot, [p, dtype](OpRun& r) {
+        const DeviceTensor x = r.f32({p.n, p.in});
+        const DeviceTensor w0 = r.weight({p.out, p.in}, dtype);
+        const DeviceTensor w1 = r.weight({p.out + 3, p.in}, dtype);
+        DeviceTensor y0 = r.backend().alloc(DType::F32, {p.n, p.out});
+        DeviceTensor y1 = r.backend().alloc(DType::F32, {p.n, p.out + 3});
+        const DeviceTensor* const ws[] = {&w0, &w1};
+        DeviceTensor* const ys[] = {&y0, &y1};
+        r.backend().matmul_many(x, ws, ys);
+        r.out("y0", y0);
+        r.out("y1", y1);
+      });
+      // The product plus acc (|acc| <= 1): one more rounding of a value <= in + 1.
+      const Tolerance dot_add = {dot.abs + 2.0 * kEps32 * double(p.in + 1), 0.0};
+      add("matmul_add" + suffix, dot_add, [p, dtype](OpRun& r) {
+        const DeviceTensor x = r.f32({p.n, p.in});
+        const DeviceTensor w = r.weight({p.out, p.in}, dtype);
+        DeviceTensor scratch = r.backend().alloc(DType::F32, {p.n, p.out});
+        DeviceTensor acc = r.f32({p.n, p.out});
+        r.backend().matmul_add(x, w, scratch, acc);
+        r.out("acc", acc);
+      });
+      // normed = x / rms(x) * weight: |normed| <= sqrt(in) (all the energy in one element), so
+      // the products' magnitude is <= in * sqrt(in); the norm itself within rmsnorm's 1e-5.
+      const Tolerance normed_dot = {dot.abs * std::sqrt(double(p.in)) + 1e-5, 1e-5};
+      add("rmsnorm_matmul_many" + suffix, normed_dot, [p, dtype](OpRun& r) {
+        const DeviceTensor x = r.f32({p.n, p.in});
+        const DeviceTensor norm = r.weight({p.in}, dtype);
+        const DeviceTensor w0 = r.weight({p.out, p.in}, dtype);
+        const DeviceTensor w1 = r.weight({p.out + 1, p.in}, dtype);
+        DeviceTensor normed = r.backend().alloc(DType::F32, {p.n, p.in});
+        DeviceTensor y0 = r.backend().alloc(DType::F32, {p.n, p.out});
+        DeviceTensor y1 = r.backend().alloc(DType::F32, {p.n, p.out + 1});
+        const DeviceTensor* const ws[] = {&w0, &w1};
+        DeviceTensor* const ys[] = {&y0, &y1};
+        r.backend().rmsnorm_matmul_many(x, norm, 1e-5f, normed, ws, ys);
+        r.out("normed", normed);
+        r.out("y0", y0);
+        r.out("y1", y1);
+      });
+      // act = silu(gate) * up with gate and up products as above, each within normed_dot: act
+      // moves by |up| * 1.1 (silu's largest slope) times gate's error plus |silu(gate)| times
+      // up's. |gate| and |up| are sums of `in` random-sign terms of the seeded values (|normed|
+      // about 1): below 10 here, so 20 times a product's bound, plus act's own roundings.
+      // gate and up may stay unwritten (the fused form), so only normed and act are compared.
+      const Tolerance act = {20.0 * normed_dot.abs + 1e-5, 1e-5};
+      add("rmsnorm_gate_up" + suffix, act, [p, dtype](OpRun& r) {
+        const DeviceTensor x = r.f32({p.n, p.in});
+        const DeviceTensor norm = r.weight({p.in}, dtype);
+        const DeviceTensor w_gate = r.weight({p.out, p.in}, dtype);
+        const DeviceTensor w_up = r.weight({p.out, p.in}, dtype);
+        DeviceTensor normed = r.backend().alloc(DType::F32, {p.n, p.in});
+        DeviceTensor gate = r.backend().alloc(DType::F32, {p.n, p.out});
+        DeviceTensor up = r.backend().alloc(DType::F32, {p.n, p.out});
+        DeviceTensor out = r.backend().alloc(DType::F32, {p.n, p.out});
+        r.backend().rmsnorm_gate_up(x, norm, 1e-5f, normed, w_gate, w_up, gate, up, out);
+        r.out("normed", normed);
+        r.out("act", out);
+      });
+    }
+  }
+  for (const Product p : {Product{1, 37, 0}, Product{6, 256, 0}}) {
+    // The sum of squares' order differs (lanes or warps), moving the F32 inverse root by a few
+    // ulp: 1e-5 relative is ~80 ulp.
+    add(cat_name({{"n", p.n}, {"E", p.in}}, "rmsnorm"), {1e-7, 1e-5}, [p](OpRun& r) {
+      const DeviceTensor x = r.f32({p.n, p.in});
+      const DeviceTensor w = r.weight({p.in});
+      DeviceTensor y = r.backend().alloc(DType::F32, {p.n, p.in});
+      r.backend().rmsnorm(x, w, 1e-6f, y);
+      r.out("y", y);
+    });
+    // Mean and variance summed in other orders, then one normalisation: as rmsnorm.
+    add(cat_name({{"n", p.n}, {"E", p.in}}, "layer_norm"), {1e-5, 1e-5}, [p](OpRun& r) {
+      const DeviceTensor x = r.f32({p.n, p.in});
+      const DeviceTensor w = r.weight({p.in}), b = r.weight({p.in});
+      DeviceTensor y = r.backend().alloc(DType::F32, {p.n, p.in});
+      r.backend().layer_norm(x, w, b, 1e-5f, y);
+      r.out("y", y);
+    });
+    // Element-wise: silu(g) * u is an exp, a division and a product; the backends' exp and
+    // division differ by an ulp or two: 1e-5 relative.
+    add(cat_name({{"n", p.n}, {"F", p.in}}, "silu_mul"), {1e-7, 1e-5}, [p](OpRun& r) {
+      const DeviceTensor gate = r.f32({p.n, p.in}, 4.0f), up = r.f32({p.n, p.in});
+      DeviceTensor out = r.backend().alloc(DType::F32, {p.n, p.in});
+      r.backend().silu_mul(gate, up, out);
+      r.out("out", out);
+    });
+    // The same F32 sum, then the activation in double rounded once on every backend: 2 ulp of
+    // max(1, |y|) (the CUDA suite's bound), i.e. 1.2e-7 absolute and 1.2e-7 relative.
+    for (const auto act :
+         {Backend::Activation::None, Backend::Activation::Gelu, Backend::Activation::Silu}) {
+      const int which = act == Backend::Activation::None   ? 0
+                        : act == Backend::Activation::Gelu ? 1
+                                                           : 2;
+      add(cat_name({{"n", p.n}, {"F", p.in}, {"act", which}}, "bias_activation"), {1.2e-7, 1.2e-7},
+          [p, act](OpRun& r) {
+            DeviceTensor x = r.f32({p.n, p.in}, 3.0f);
+            const DeviceTensor bias = r.weight({p.in});
+            r.backend().bias_activation(x, &bias, act);
+            r.out("x", x);
+            DeviceTensor y = r.f32({p.n, p.in}, 3.0f);
+            r.backend().bias_activation(y, nullptr, act);
+            r.out("x without bias", y);
+          });
+    }
+    // One IEEE addition per element: exact.
+    add(cat_name({{"n", p.n}, {"E", p.in}}, "add_inplace"), kExact, [p](OpRun& r) {
+      DeviceTensor x = r.f32({p.n, p.in});
+      const DeviceTensor y = r.f32({p.n, p.in});
+      r.backend().add_inplace(x, y);
+      r.out("x", x);
+    });
+  }
+  struct RopeShape {
+    int64_t n, heads, head_dim, rotary;
+    float scale;
+  };
+  for (const RopeShape s : {RopeShape{1, 4, 32, 32, 1.0f}, RopeShape{3, 2, 64, 64, 1.0f},
+                            RopeShape{2, 3, 48, 24, 1.25f}}) {
+    const std::string name =
+        cat_name({{"n", s.n}, {"H", s.heads}, {"D", s.head_dim}, {"R", s.rotary}}, "");
+    // cos and sin of position * inv_freq from the backends' own sincos (an ulp or two apart,
+    // more for the large angles of far positions): 1e-5 relative, 1e-6 absolute near 0.
+    const Tolerance rope = {1e-6, 1e-5};
+    add("rope" + name, rope, [s](OpRun& r) {
+      DeviceTensor x = r.f32({s.n, s.heads, s.head_dim});
+      const DeviceTensor inv_freq = r.f32_of(inv_freq_values(s.rotary), {s.rotary / 2});
+      const std::vector<int64_t> positions = {0, 5, 517};
+      r.backend().rope(x, std::span(positions).first(size_t(s.n)), inv_freq, s.scale);
+      r.out("x", x);
+    });
+    add("rope_pair" + name, rope, [s](OpRun& r) {
+      DeviceTensor q = r.f32({s.n, s.heads, s.head_dim});
+      DeviceTensor k = r.f32({s.n, 1, s.head_dim});
+      const DeviceTensor inv_freq = r.f32_of(inv_freq_values(s.rotary), {s.rotary / 2});
+      const std::vector<int64_t> positions = {3, 4, 4095};
+      r.backend().rope_pair(q, k, std::span(positions).first(size_t(s.n)), inv_freq, s.scale);
+      r.out("q", q);
+      r.out("k", k);
+    });
+  }
+  for (const AttentionShape& s : kAttentionShapes) {
+    const int64_t H = s.heads, G = s.kv_heads, D = s.head_dim;
+    // Writes rows: exact.
+    add(shape_name("kv_append", s), kExact, [=](OpRun& r) {
+      Caches c = filled_caches(r, s);
+      const int64_t n = std::min<int64_t>(3, s.capacity - s.filled + 1);
+      const DeviceTensor k = r.f32({n, G, D}), v = r.f32({n, G, D});
+      r.backend().kv_append(k, v, c.k, c.v, s.capacity - n);
+      r.out("k_cache", c.k);
+      r.out("v_cache", c.v);
+      DeviceTensor keys_only = r.f32({G, s.capacity, D});
+      DeviceTensor none;
+      r.backend().kv_append(k, v, keys_only, none, 0);
+      r.out("keys only", keys_only);
+    });
+    add(shape_name("kv_append_runs", s), kExact, [=](OpRun& r) {
+      Caches a = filled_caches(r, s), b = filled_caches(r, s);
+      const DeviceTensor ka = r.f32({1, G, D}), va = r.f32({1, G, D});
+      const DeviceTensor kb = r.f32({1, G, D}), vb = r.f32({1, G, D});
+      const Backend::RunAppend runs[] = {{&ka, &va, &a.k, &a.v}, {&kb, &vb, &b.k, &b.v}};
+      r.backend().kv_append_runs(runs, s.capacity - 1);
+      r.out("a.k", a.k);
+      r.out("a.v", a.v);
+      r.out("b.k", b.k);
+      r.out("b.v", b.v);
+    });
+    // rope's tolerance; the appended rows are the rotated keys (the same tolerance).
+    add(shape_name("rope_append_runs", s), {1e-6, 1e-5}, [=](OpRun& r) {
+      Caches a = filled_caches(r, s), b = filled_caches(r, s);
+      DeviceTensor qa = r.f32({1, H, D}), ka = r.f32({1, G, D});
+      DeviceTensor qb = r.f32({1, H, D}), kb = r.f32({1, G, D});
+      const DeviceTensor va = r.f32({1, G, D}), vb = r.f32({1, G, D});
+      const DeviceTensor inv_freq = r.f32_of(inv_freq_values(D), {D / 2});
+      const Backend::RunRopeAppend runs[] = {{&qa, &ka, &va, &a.k, &a.v},
+                                             {&qb, &kb, &vb, &b.k, &b.v}};
+      r.backend().rope_append_runs(runs, s.capacity - 1, inv_freq, 1.0f);
+      for (auto [name, tensor] :
+           {std::pair{"qa", &qa}, std::pair{"qb", &qb}, std::pair{"a.k", &a.k},
+            std::pair{"b.k", &b.k}, std::pair{"a.v", &a.v}, std::pair{"b.v", &b.v}})
+        r.out(name, *tensor);
+    });
+    // Softmax-weighted sums of D-term logits (scale 1/sqrt(D)) over up to `filled` values in
+    // [-1, 1]: the logits differ by a dot product's rounding, the exponentials and the sums'
+    // orders (online softmax, tiles) by a few ulp of the weights: 1e-4 absolute and relative
+    // (the CUDA suite's bound for attention). The logits: the dot bound times the scale.
+    const Tolerance attention_tolerance = {1e-4, 1e-4};
+    add(shape_name("attention prefill", s), attention_tolerance, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      const int64_t n = std::min<int64_t>(3, s.filled);
+      const DeviceTensor q = r.f32({n, H, D});
+      DeviceTensor out = r.backend().alloc(DType::F32, {n, H, D});
+      DeviceTensor logits = r.f32({n, H, s.capacity});
+      r.backend().attention(q, c.k, c.v, s.filled - n, 0, {}, out, &logits);
+      r.out("out", out);
+      r.out("logits", logits);
+      DeviceTensor windowed = r.backend().alloc(DType::F32, {n, H, D});
+      r.backend().attention(q, c.k, c.v, s.filled - n, 4, {}, windowed, nullptr);
+      r.out("out, window 4", windowed);
+    });
+    add(shape_name("attention decode visible", s), attention_tolerance, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      const DeviceTensor q = r.f32({1, H, D});
+      std::vector<uint8_t> mask = r.bits(H * s.filled, 60);
+      mask[0] = 1;  // every head sees something
+      for (int64_t h = 0; h < H; ++h) mask[size_t(h * s.filled + s.filled - 1)] = 1;
+      const DeviceTensor visible = r.u8_of(mask, {H, s.filled});
+      DeviceTensor out = r.backend().alloc(DType::F32, {1, H, D});
+      DeviceTensor logits = r.f32({1, H, s.capacity});
+      r.backend().attention(q, c.k, c.v, s.filled - 1, 0, {&visible}, out, &logits);
+      r.out("out", out);
+      r.out("logits", logits);
+    });
+    const Tolerance logit_tolerance =
+        dot_tolerance(D, double(D) / std::sqrt(double(D)));  // scale * sum |q k| <= sqrt(D)
+    add(shape_name("attention_logits", s), logit_tolerance, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      const DeviceTensor q = r.f32({1, H, D});
+      DeviceTensor logits = r.f32({H, s.capacity});
+      r.backend().attention_logits(q, c.k, s.filled - 1, 0, logits);
+      r.out("logits", logits);
+      DeviceTensor windowed = r.f32({H, s.capacity});
+      r.backend().attention_logits(q, c.k, s.filled - 1, 5, windowed);
+      r.out("logits, window 5", windowed);
+    });
+    // Probabilities from the same logits (inputs, not computed): exp and the sum's order, a few
+    // ulp: 1e-5 relative. The value sums: values in [-1, 1] weighted by them: 1e-5 absolute.
+    const Tolerance visible_tolerance = {1e-5, 1e-5};
+    add(shape_name("attention_visible", s), visible_tolerance, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      const DeviceTensor logits = r.f32({H, s.capacity}, 4.0f);
+      std::vector<uint8_t> mask = r.bits(H * s.capacity, 50);
+      mask[size_t(s.filled - 1)] = 1;
+      const DeviceTensor visible = r.u8_of(mask, {H, s.capacity});
+      DeviceTensor out = r.backend().alloc(DType::F32, {1, H, D});
+      DeviceTensor probs = r.f32({H, s.capacity});
+      r.backend().attention_visible(logits, s.filled, &visible, c.v, out, &probs);
+      r.out("out", out);
+      r.out("probs", probs);
+      DeviceTensor all_out = r.backend().alloc(DType::F32, {1, H, D});
+      r.backend().attention_visible(logits, s.filled, nullptr, c.v, all_out, nullptr);
+      r.out("out, all visible", all_out);
+      DeviceTensor no_out, probs_only = r.f32({H, s.capacity});
+      r.backend().attention_visible(logits, s.filled, nullptr, c.v, no_out, &probs_only);
+      r.out("probs only", probs_only);
+    });
+    // The batched forms: each run's results within the single-run op's tolerances (the larger
+    // of the two, as logits and the softmax are both compared).
+    add(shape_name("attention_logits_runs and attention_visible_runs", s),
+        {std::max(logit_tolerance.abs, 1e-4), 1e-4}, [=](OpRun& r) {
+          const Caches a = filled_caches(r, s), b = filled_caches(r, s);
+          const DeviceTensor qa = r.f32({1, H, D}), qb = r.f32({1, H, D});
+          DeviceTensor la = r.f32({H, s.capacity}), lb = r.f32({H, s.capacity});
+          DeviceTensor oa = r.backend().alloc(DType::F32, {1, H, D});
+          DeviceTensor ob = r.backend().alloc(DType::F32, {1, H, D});
+          DeviceTensor pa = r.f32({H, s.capacity});
+          const Backend::RunAttention runs[] = {{&qa, &a.k, &a.v, &la, nullptr, &oa, &pa},
+                                                {&qb, &b.k, &b.v, &lb, nullptr, &ob, nullptr}};
+          r.backend().attention_logits_runs(runs, 0, s.filled - 1, 0);
+          r.backend().attention_visible_runs(runs, 0, s.filled);
+          for (auto [name, tensor] :
+               {std::pair{"la", &la}, std::pair{"lb", &lb}, std::pair{"oa", &oa},
+                std::pair{"ob", &ob}, std::pair{"pa", &pa}})
+            r.out(name, *tensor);
+        });
+  }
+  for (const Product p : {Product{1, 1000, 0}, Product{4, 37, 0}}) {
+    // Ids: exact (ties, from whole-number inputs, go to the lower index everywhere).
+    add(cat_name({{"n", p.n}, {"V", p.in}}, "argmax_rows"), kExact, [p](OpRun& r) {
+      const DeviceTensor x = r.f32_of(r.levels(p.n * p.in, 7), {p.n, p.in});
+      std::vector<int32_t> ids(size_t(p.n));
+      r.backend().argmax_rows(x, ids);
+      r.out("ids", std::vector<double>(ids.begin(), ids.end()));
+    });
+    // Sums of V exponentials in double: ~1e-12 relative apart; 1e-9 is far below F32
+    // resolution (the CUDA suite's bound).
+    add(cat_name({{"n", p.n}, {"V", p.in}}, "log_prob_rows"), {1e-9, 1e-9}, [p](OpRun& r) {
+      const DeviceTensor x = r.f32({p.n, p.in}, 8.0f);
+      std::vector<int32_t> targets(size_t(p.n));
+      for (auto& id : targets) id = int32_t(r.below(p.in));
+      std::vector<double> out(size_t(p.n));
+      r.backend().log_prob_rows(x, targets, out);
+      r.out("log p", out);
+    });
+  }
+
+  // ----------------------------------------------------------------- selection and row ops
+  // Every op here promises the same bits on every backend (backend.h): exact.
+  for (const RowShape& s : kRowShapes) {
+    const int64_t R = s.rows, C = s.cols, S = s.stride;
+    add(rows_name("select_top_k", s), kExact, [=](OpRun& r) {
+      std::vector<float> scores = r.levels(R * S, 5);  // ties
+      if (C > 4) scores[2] = std::numeric_limits<float>::quiet_NaN();
+      const DeviceTensor sc = r.f32_of(scores, {R, S});
+      const DeviceTensor eligible = r.u8({R, S}, 70);
+      for (const int64_t k : {int64_t(1), C / 2, C + 3}) {
+        DeviceTensor selected = r.u8({R, S}, 10);  // forced columns kept
+        r.backend().select_top_k(sc, C, &eligible, k, selected);
+        r.out("selected k" + std::to_string(k), selected);
+        DeviceTensor all = r.backend().alloc(DType::U8, {R, S});
+        r.backend().select_top_k(sc, C, nullptr, k, all);
+        r.out("selected, all eligible, k" + std::to_string(k), all);
+      }
+    });
+    add(rows_name("fill_columns", s), kExact, [=](OpRun& r) {
+      DeviceTensor mask = r.u8({R, S}, 50);
+      r.backend().fill_columns(mask, C / 3, C, 1);
+      r.backend().fill_columns(mask, 0, C / 4, 0);
+      r.out("mask", mask);
+    });
+    add(rows_name("count_nonzero_rows", s), kExact, [=](OpRun& r) {
+      const DeviceTensor mask = r.u8({R, S}, 40);
+      std::vector<int64_t> counts(static_cast<size_t>(R)), deferred(static_cast<size_t>(R)),
+          many(static_cast<size_t>(R));
+      r.backend().count_nonzero_rows(mask, C, counts);
+      r.backend().count_nonzero_rows_deferred(mask, C, deferred);
+      const Backend::RowCount masks[] = {{&mask, C - 1 > 0 ? C - 1 : C, many}};
+      r.backend().count_nonzero_rows_deferred_many(masks);
+      r.backend().synchronize();
+      r.out("counts", std::vector<double>(counts.begin(), counts.end()));
+      r.out("deferred", std::vector<double>(deferred.begin(), deferred.end()));
+      r.out("many", std::vector<double>(many.begin(), many.end()));
+    });
+    add(rows_name("mask_and", s), kExact, [=](OpRun& r) {
+      DeviceTensor mask = r.u8({R, S}, 60);
+      const DeviceTensor other = r.u8({R, S}, 60);
+      r.backend().mask_and(mask, other, C);
+      r.out("mask", mask);
+    });
+    add(rows_name("mark_columns", s), kExact, [=](OpRun& r) {
+      DeviceTensor mask = r.u8({R, S}, 50), plain = r.u8({R, S}, 50);
+      const DeviceTensor keep = r.u8({R, S}, 70);
+      r.backend().mark_columns(mask, C, std::min<int64_t>(2, C), C - C / 3, &keep);
+      r.backend().mark_columns(plain, C, 1, C, nullptr);
+      r.out("mask", mask);
+      r.out("mask, no keep", plain);
+    });
+    add(rows_name("mark_and_select_top_k", s), kExact, [=](OpRun& r) {
+      const DeviceTensor sc = r.f32_of(r.levels(R * S, 6), {R, S});
+      const DeviceTensor eligible = r.u8({R, S}, 70);
+      for (const int64_t k : {int64_t(0), int64_t(2), C}) {
+        DeviceTensor selected = r.u8({R, S}, 30);
+        r.backend().mark_and_select_top_k(sc, C, &eligible, std::min<int64_t>(1, C), C - 1, k,
+                                          selected);
+        r.out("selected k" + std::to_string(k), selected);
+      }
+    });
+    add(rows_name("keep_selected", s), kExact, [=](OpRun& r) {
+      DeviceTensor kept = r.u8({R, S}, 80);
+      const DeviceTensor selected = r.u8({R, S}, 50);
+      r.backend().keep_selected(kept, selected, C, 2);
+      r.out("kept", kept);
+    });
+    add(rows_name("accumulate_rows", s), kExact, [=](OpRun& r) {
+      DeviceTensor acc = r.f32({R, S}), plain = r.f32({R, S});
+      const DeviceTensor x = r.f32({R, S});
+      const DeviceTensor keep = r.u8({R, S}, 70);
+      r.backend().accumulate_rows(acc, x, &keep, C);
+      r.backend().accumulate_rows(plain, x, nullptr, C);
+      r.out("acc", acc);
+      r.out("acc, keep all", plain);
+    });
+    add(rows_name("sum_row_groups and expand_row_groups", s), kExact, [=](OpRun& r) {
+      const int64_t group = 2;
+      const DeviceTensor x = r.f32({R * group, S});
+      DeviceTensor sums = r.f32({R, S});
+      r.backend().sum_row_groups(x, C, group, sums);
+      r.out("sums", sums);
+      const DeviceTensor mask = r.u8({R, S}, 50);
+      DeviceTensor expanded = r.u8({R * group, S}, 50);
+      r.backend().expand_row_groups(mask, C, group, expanded);
+      r.out("expanded", expanded);
+    });
+    add(rows_name("random_rows", s), kExact, [=](OpRun& r) {
+      DeviceTensor out = r.f32({R, S});
+      r.backend().random_rows(0x5eed, 3, C, out);
+      r.out("random", out);
+    });
+    add(rows_name("axpby_rows", s), kExact, [=](OpRun& r) {
+      const DeviceTensor x = r.f32({R, S}), row = r.f32({1, S});
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 1.0f}, std::pair{-1.0f, 1.0f},
+                                        std::pair{0.75f, 0.0f}, std::pair{0.3f, -1.7f}}) {
+        DeviceTensor y = r.f32({R, S});
+        r.backend().axpby_rows(y, alpha, x, beta, C);
+        r.out("y", y);
+        DeviceTensor broadcast = r.f32({R, S});
+        r.backend().axpby_rows(broadcast, alpha, row, beta, C);
+        r.out("y, broadcast row", broadcast);
+      }
+    });
+    add(rows_name("pool_rows", s), kExact, [=](OpRun& r) {
+      std::vector<float> values = r.values(R * S);
+      if (C > 5) values[3] = std::numeric_limits<float>::quiet_NaN();
+      const DeviceTensor x = r.f32_of(values, {R, S});
+      for (const int64_t kernel : {int64_t(1), int64_t(3), int64_t(7)}) {
+        for (const auto pool : {Backend::Pool::Max, Backend::Pool::Average}) {
+          DeviceTensor out = r.f32({R, S});
+          r.backend().pool_rows(x, C, pool, kernel, out);
+          r.out("pool kernel " + std::to_string(kernel), out);
+        }
+      }
+    });
+    add(rows_name("select_pages", s), kExact, [=](OpRun& r) {
+      const DeviceTensor sc = r.f32_of(r.levels(R * S, 4), {R, S});
+      for (const int64_t page_size : {int64_t(1), int64_t(4)}) {
+        for (const int64_t k : {int64_t(1), int64_t(5), C}) {
+          DeviceTensor selected = r.u8({R, S}, 10);
+          r.backend().select_pages(sc, C, page_size, k, selected);
+          r.out("selected page " + std::to_string(page_size) + " k" + std::to_string(k), selected);
+        }
+      }
+    });
+    add(rows_name("zero_unless", s), kExact, [=](OpRun& r) {
+      for (const uint8_t gate : {uint8_t(0), uint8_t(1)}) {
+        DeviceTensor rows = r.f32({R, S});
+        const DeviceTensor keep = r.u8_of({gate}, {1, 1});
+        r.backend().zero_unless(rows, keep);
+        r.out("rows gate " + std::to_string(gate), rows);
+      }
+    });
+  }
+
+  // ----------------------------------------------------------------- op extensions
+  for (const AttentionShape& s : kAttentionShapes) {
+    const int64_t H = s.heads, G = s.kv_heads, D = s.head_dim, C = s.filled;
+    // keydiff: cosines in [-1, 1] from F32 sums in other orders (KeyDiffOps' contract: about
+    // 1e-6). These keys are random, not sharing a direction, so the anchor (a mean of n unit
+    // vectors) has a norm near n^-1/2 and its rounding grows by that much: 1e-5 absolute, the
+    // CUDA suite's bound for key_anchor_scores.
+    add(shape_name("keydiff.key_anchor_scores", s), {1e-5, 0.0}, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      KeyDiffOps& ops = keydiff_ops(r.backend());
+      const DeviceTensor members = r.u8({H, s.capacity}, 60);
+      DeviceTensor out = r.f32({H, s.capacity});
+      ops.key_anchor_scores(c.k, C, members, out);
+      r.out("per row", out);
+      const DeviceTensor group_members = r.u8({G, s.capacity}, 60);
+      DeviceTensor by_group = r.f32({H, s.capacity});
+      ops.key_anchor_scores(c.k, C, group_members, by_group);
+      r.out("per KV head", by_group);
+    });
+    // quest: plain comparisons and page_bound's fixed roundings: exact (QuestOps' contract).
+    add(shape_name("quest.page_minmax_update and page_bounds", s), kExact, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      QuestOps& ops = quest_ops(r.backend());
+      const int64_t page_size = 4, pages = (s.capacity + page_size - 1) / page_size;
+      DeviceTensor lo = r.f32({G, pages, D}), hi = r.f32({G, pages, D});
+      ops.page_minmax_update(c.k, 0, C / 2, page_size, lo, hi);  // then the rest, incrementally
+      ops.page_minmax_update(c.k, C / 2, C, page_size, lo, hi);
+      r.out("page_min", lo);
+      r.out("page_max", hi);
+      const DeviceTensor q = r.f32({1, H, D});
+      for (const bool max_only : {false, true}) {
+        DeviceTensor bounds = r.f32({H, s.capacity});
+        ops.page_bounds(q, lo, hi, C, page_size, max_only, bounds);
+        r.out(max_only ? "bounds, max only" : "bounds", bounds);
+      }
+    });
+    // tokenfilter: cosine_similarity's and token_filter_step's fixed arithmetic: exact
+    // (TokenFilterOps' contract).
+    add(shape_name("tokenfilter.anchor_cosine_update and token_filter_step", s), kExact,
+        [=](OpRun& r) {
+          const Caches c = filled_caches(r, s);
+          TokenFilterOps& ops = tokenfilter_ops(r.backend());
+          DeviceTensor anchor_k = r.backend().alloc(DType::F32, {G, D});
+          DeviceTensor anchor_v = r.backend().alloc(DType::F32, {G, D});
+          DeviceTensor similarities = r.backend().alloc(DType::F32, {2, G});
+          auto row = [&](int64_t i) {
+            DeviceTensor one = similarities;
+            one.data = similarities.as<float>() + i * G;
+            one.shape = {G};
+            return one;
+          };
+          double initial[kTokenFilterState] = {};
+          initial[kTfTau] = 0.5;
+          DeviceTensor state = r.backend().alloc(DType::U8, {int64_t(sizeof initial)});
+          r.backend().from_host(state, initial, sizeof initial);
+          DeviceTensor scores = r.f32({H, s.capacity});
+          DeviceTensor keep = r.backend().alloc(DType::U8, {1, 1});
+          for (int64_t t = 0; t < C; ++t) {
+            DeviceTensor sim_k = row(0), sim_v = row(1);
+            const float decay = t == 0 ? 0.0f : 0.9f;
+            ops.anchor_cosine_update(c.k, t, decay, anchor_k, sim_k);
+            ops.anchor_cosine_update(c.v, t, decay, anchor_v, sim_v);
+            ops.token_filter_step(t == 0 ? nullptr : &similarities, 0.1, 0.3, t, state, scores,
+                                  keep);
+            r.out("similarities at " + std::to_string(t), similarities);
+            r.out("keep at " + std::to_string(t), keep);
+          }
+          r.out("anchor_k", anchor_k);
+          r.out("anchor_v", anchor_v);
+          r.out("state", state);
+          r.out("scores", scores);
+        });
+  }
+  return entries;
+}
+
+// Same bits, or both NaN (an x86 add keeps a NaN operand's payload, a GPU add makes the
+// canonical NaN).
+bool same_value(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return a == b && std::signbit(a) == std::signbit(b);
+}
+
+}  // namespace
+
+std::vector<float> OpRun::values(int64_t count, float scale) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) x = (float(rng_() >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale;
+  return v;
+}
+
+std::vector<float> OpRun::levels(int64_t count, int levels) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) x = float(rng_() % uint32_t(levels));
+  return v;
+}
+
+std::vector<uint8_t> OpRun::bits(int64_t count, int percent) {
+  std::vector<uint8_t> v(static_cast<size_t>(count));
+  for (uint8_t& x : v) x = rng_() % 100 < uint32_t(percent) ? 1 : 0;
+  return v;
+}
+
+DeviceTensor OpRun::f32(std::vector<int64_t> shape, float scale) {
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;
+  return f32_of(values(count, scale), std::move(shape));
+}
+
+DeviceTensor OpRun::f32_of(const std::vector<float>& host, std::vector<int64_t> shape) {
+  DeviceTensor t = backend_.alloc(DType::F32, std::move(shape));
+  REQUIRE(size_t(t.numel()) == host.size());
+  backend_.from_host(t, host.data(), host.size() * sizeof(float));
+  return t;
+}
+
+DeviceTensor OpRun::u8(std::vector<int64_t> shape, int percent) {
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;
+  return u8_of(bits(count, percent), std::move(shape));
+}
+
+DeviceTensor OpRun::u8_of(const std::vector<uint8_t>& host, std::vector<int64_t> shape) {
+  DeviceTensor t = backend_.alloc(DType::U8, std::move(shape));
+  REQUIRE(size_t(t.numel()) == host.size());
+  backend_.from_host(t, host.data(), host.size());
+  return t;
+}
+
+DeviceTensor OpRun::weight(std::vector<int64_t> shape, DType dtype, float scale) {
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;
+  const std::vector<float> v = values(count, scale);
+  auto bytes = std::make_shared<std::vector<std::byte>>(size_t(count) * dtype_size(dtype));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::F32) {
+      std::memcpy(bytes->data() + i * 4, &v[i], 4);
+    } else {
+      const uint16_t half = dtype == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16_bits(v[i]);
+      std::memcpy(bytes->data() + i * 2, &half, 2);
+    }
+  }
+  TensorView view;
+  view.name = "op table weight";
+  view.dtype = dtype;
+  view.shape = std::move(shape);
+  view.data = bytes->data();
+  view.bytes = bytes->size();
+  view.file = "tests/support/backend_op_table.cpp";
+  return backend_.upload_weight(view, bytes);
+}
+
+void OpRun::out(const std::string& name, const DeviceTensor& tensor) {
+  std::vector<double> values(size_t(tensor.numel()));
+  if (tensor.dtype == DType::F32) {
+    std::vector<float> host(values.size());
+    backend_.to_host(tensor, host.data(), host.size() * sizeof(float));
+    values.assign(host.begin(), host.end());
+  } else {
+    REQUIRE(tensor.dtype == DType::U8);
+    std::vector<uint8_t> host(values.size());
+    backend_.to_host(tensor, host.data(), host.size());
+    values.assign(host.begin(), host.end());
+  }
+  out(name, std::move(values));
+}
+
+void OpRun::out(const std::string& name, std::vector<double> values) {
+  outputs.push_back({name, std::move(values)});
+}
+
+const std::vector<OpEntry>& backend_op_table() {
+  static const std::vector<OpEntry> table = make_table();
+  return table;
+}
+
+void check_op_entry(const OpEntry& entry, Backend& reference, Backend& backend) {
+  // One seed per entry name: the same inputs on both backends.
+  const uint32_t seed = uint32_t(std::hash<std::string>{}(entry.name));
+  OpRun want(reference, seed), got(backend, seed);
+  entry.run(want);
+  entry.run(got);
+  REQUIRE(want.outputs.size() == got.outputs.size());
+  for (size_t o = 0; o < want.outputs.size(); ++o) {
+    const OpOutput& w = want.outputs[o];
+    const OpOutput& g = got.outputs[o];
+    REQUIRE(w.name == g.name);
+    REQUIRE(w.values.size() == g.values.size());
+    size_t bad = 0, worst = 0;
+    double worst_excess = 0.0;
+    for (size_t i = 0; i < w.values.size(); ++i) {
+      const double a = w.values[i], b = g.values[i];
+      bool ok;
+      double excess = 0.0;
+      if (entry.tolerance.exact() || !std::isfinite(a) || !std::isfinite(b)) {
+        ok = same_value(a, b);
+        excess = ok ? 0.0 : std::numeric_limits<double>::infinity();
+      } else {
+        const double allowed = entry.tolerance.abs + entry.tolerance.rel * std::fabs(a);
+        excess = std::fabs(a - b) / allowed;
+        ok = excess <= 1.0;
+      }
+      if (!ok && (bad++ == 0 || excess > worst_excess)) worst = i, worst_excess = excess;
+    }
+    std::ostringstream message;
+    message.precision(9);
+    message << entry.name << " on " << backend.name() << ": output '" << w.name << "': " << bad
+            << " of " << w.values.size() << " elements outside "
+            << (entry.tolerance.exact() ? std::string("the same bits")
+                                        : "abs " + std::to_string(entry.tolerance.abs) + " + rel " +
+                                              std::to_string(entry.tolerance.rel));
+    if (bad)
+      message << "; worst [" << worst << "] want " << w.values[worst] << " got " << g.values[worst];
+    INFO(message.str());
+    CHECK(bad == 0);
+  }
+}
+
+}  // namespace kvlens::test
