@@ -1,22 +1,17 @@
 #!/usr/bin/env bash
-# The CUDA build of the kvlens module on a GPU machine with torch (a venv at $PY, default
-# /opt/torch/.venv/bin/python3, with pybind11 and numpy), then python/tests/gpu_torch.py: torch
-# policies on CUDA tensors through DLPack against the built-in h2o, and the Python time per step.
-# ICU_DIR: an ICU (include/unicode, lib/libicuuc.so*, libicudata.so*) where the machine has no
-# libicu-dev (the dev VM's, carried). Usage: tools/python_gpu_check.sh [ICU_DIR]
+# On the GPU machine (the device tool, carrying .deps as tools/gpu_build.sh says, from the
+# repository root): the CUDA build of the kvlens module for the machine's Python with torch
+# (PYTHON, default python3; its pip pybind11 when it has one, else Debian's from .deps), then
+# python/tests/gpu_torch.py: torch policies on CUDA tensors through DLPack and NumPy ones through
+# host copies, against the built-in h2o in lockstep, with the Python time per step.
 set -euo pipefail
-root=$PWD
-icu=${1:-/usr}
-[ "$icu" = /usr ] || (cd $icu/lib && for n in uc data; do ln -sf libicu$n.so.72.1 libicu$n.so.72; ln -sf libicu$n.so.72.1 libicu$n.so; done)
-export LD_LIBRARY_PATH=$icu/lib:${LD_LIBRARY_PATH:-}
-py=${PY:-/opt/torch/.venv/bin/python3}
-start=$(date +%s)
-cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVLENS_CUDA=ON -DKVLENS_QT=OFF \
-  -DKVLENS_BUILD_TESTS=OFF -DICU_ROOT=$icu -DPython3_EXECUTABLE=$py \
-  -Dpybind11_DIR=$($py -c 'import pybind11; print(pybind11.get_cmake_dir())') > /tmp/cfg.log 2>&1 || { tail -30 /tmp/cfg.log; exit 1; }
-grep "kvlens:" /tmp/cfg.log
-ninja -C /tmp/b -j16 _kvlens kvlens-cli kvlens_h2o_c > /tmp/build.log 2>&1 || { grep -E "error|Error" -A5 /tmp/build.log | head -60; exit 1; }
-grep -E "warning" /tmp/build.log | grep -v "^/usr\|nvcc" | head -20 || true
-echo "build: $(( $(date +%s) - start )) s"
+py=${PYTHON:-$(command -v python3)}
+build=/tmp/kvlens-python-build
+pybind11_dir=$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null ||
+  echo /tmp/kvlens-deps/usr/lib/cmake/pybind11)
+PYTHON=$py tools/gpu_build.sh . $build _kvlens kvlens-cli kvlens_h2o_c -- -Dpybind11_DIR=$pybind11_dir
+export LD_LIBRARY_PATH=/tmp/kvlens-deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# kvlens-cli's embedded interpreter finds torch through PYTHONPATH (a venv is not its prefix).
+site=$("$py" -c 'import site; print(site.getsitepackages()[0])')
 cd python/tests
-PYTHONPATH=/tmp/b/python:$($py -c "import site; print(site.getsitepackages()[0])") KVLENS_CLI_PATH=/tmp/b/app/kvlens-cli $py gpu_torch.py
+PYTHONPATH=$build/python:$site KVLENS_CLI_PATH=$build/app/kvlens-cli "$py" gpu_torch.py
