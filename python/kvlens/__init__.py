@@ -67,7 +67,12 @@ if not embedded:
         return os.environ["KVLENS_ASSETS_DIR"]
 
     if not os.environ.get("KVLENS_ASSETS_DIR"):
-        for _candidate in (_core.assets_dir_source, _core.assets_dir_installed):
+        # Installed: <prefix>/lib/python3*/dist-packages/kvlens -> <prefix>/share/kvlens; else the
+        # source tree the module was built from, or the prefix it was configured with.
+        _installed = os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 4,
+                                  "share", "kvlens")
+        for _candidate in (os.path.normpath(_installed), _core.assets_dir_source,
+                           _core.assets_dir_installed):
             if os.path.isdir(_candidate):
                 os.environ["KVLENS_ASSETS_DIR"] = _candidate
                 break

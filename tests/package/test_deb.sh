@@ -42,3 +42,17 @@ else
   echo "(no kvlens app in this build: its part is skipped)"
 fi
 "$here/check_installed.sh" "$root/usr/bin" "$share/models/demo" $app
+# The Python module, where Debian's python3 finds it (built with KVLENS_PYTHON): it opens the
+# package's demo model from the package's own share/kvlens.
+python_dir="$root/usr/lib/python3/dist-packages/kvlens"
+if [ -d "$python_dir" ] && [ -x /usr/bin/python3 ]; then
+  echo "== kvlens Python module ($python_dir)"
+  (cd "$work" && env -u KVLENS_ASSETS_DIR PYTHONPATH="$root/usr/lib/python3/dist-packages" \
+    /usr/bin/python3 -c '
+import os, sys, kvlens
+assert kvlens.__file__.startswith(sys.argv[1]), kvlens.__file__
+assert kvlens.demo_model().startswith(sys.argv[2]), kvlens.demo_model()
+rows = kvlens.eval_coref(kvlens.Model(kvlens.demo_model()), "h2o", sparsity=0.5, samples=2)
+print("module from the package: demo model", kvlens.demo_model(), "h2o accuracy", rows[0]["accuracy"])
+' "$root/usr/lib/python3/dist-packages" "$root/usr/share/kvlens")
+fi
