@@ -6,7 +6,10 @@
 #include <pybind11/embed.h>
 #include <pybind11/stl.h>
 
+#include <filesystem>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "engine/common/error.h"
 #include "python/src/py_policy.h"
@@ -25,14 +28,27 @@ void start_interpreter() {
   if (Py_IsInitialized()) return;
   py::initialize_interpreter(false);  // no signal handlers: Ctrl+C stays the program's
   {
-    py::list path = py::module_::import("sys").attr("path");
-    // The kvlens package: the source tree's (a build), else where `cmake --install` put it.
-    path.insert(0, KVLENS_PYTHON_SOURCE_DIR);
+    // The kvlens package: beside this executable when installed (<prefix>/bin/..), else the
+    // source tree's (a build), else where `cmake --install` was configured to put it.
+    std::vector<std::string> dirs;
+    std::error_code error;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+    if (!error) {
+      const std::filesystem::path prefix = exe.parent_path().parent_path();
+      dirs.push_back((prefix / "lib/python3/dist-packages").string());
+      dirs.push_back((prefix / ("lib/python" KVLENS_PYTHON_VERSION "/dist-packages")).string());
+    }
+    dirs.push_back(KVLENS_PYTHON_SOURCE_DIR);
     const std::string installed = KVLENS_PYTHON_INSTALLED_DIRS;
     for (size_t begin = 0, end; begin <= installed.size(); begin = end + 1) {
       end = installed.find(':', begin);
       if (end == std::string::npos) end = installed.size();
-      path.append(installed.substr(begin, end - begin));
+      dirs.push_back(installed.substr(begin, end - begin));
+    }
+    py::list path = py::module_::import("sys").attr("path");
+    size_t at = 0;
+    for (const std::string& dir : dirs) {
+      if (std::filesystem::is_directory(dir + "/kvlens", error)) path.insert(at++, dir);
     }
   }
   PyEval_SaveThread();  // the GIL is taken where Python runs

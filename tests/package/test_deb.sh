@@ -56,3 +56,9 @@ rows = kvlens.eval_coref(kvlens.Model(kvlens.demo_model()), "h2o", sparsity=0.5,
 print("module from the package: demo model", kvlens.demo_model(), "h2o accuracy", rows[0]["accuracy"])
 ' "$root/usr/lib/python3/dist-packages" "$root/usr/share/kvlens")
 fi
+if [ -d "$python_dir" ]; then
+  # --policy-file in the package's kvlens-cli: its embedded interpreter takes the package's module.
+  listing=$("$root/usr/bin/kvlens-cli" policies --policy-file "$here/../../examples/policies/tova.py")
+  echo "$listing" | grep -q "^tova " || { echo "kvlens-cli --policy-file: no tova" >&2; exit 1; }
+  echo "kvlens-cli --policy-file from the package: tova registered"
+fi
