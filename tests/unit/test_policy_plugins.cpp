@@ -247,6 +247,7 @@ TEST_CASE("NaN or infinite scores end the run with an error naming the plug-in a
 
 TEST_CASE("a visible set too large or without the current token is an error", "[plugin]") {
   static kvlens_policy_plugin everything = test_table("too_many");
+  everything.needs = KVLENS_ANSWERS_VISIBLE;
   everything.select = [](void*, const kvlens_step* step, kvlens_answer* answer, char*,
                          size_t) -> int32_t {
     std::memset(answer->visible, 1, size_t(step->cols));  // head 0 sees every column
@@ -258,12 +259,22 @@ TEST_CASE("a visible set too large or without the current token is an error", "[
   CHECK(message.find("at most") != std::string::npos);
 
   static kvlens_policy_plugin empty = test_table("no_current");
+  empty.needs = KVLENS_ANSWERS_VISIBLE;
   empty.select = [](void*, const kvlens_step*, kvlens_answer*, char*, size_t) -> int32_t {
     return KVLENS_VISIBLE;  // nothing marked
   };
   register_plugin_policy(&empty, "empty.so", nullptr);
   message = run_tiny("no_current");
   CHECK(message.find("without the current token") != std::string::npos);
+
+  // A visible set from a plug-in that did not say it answers with one.
+  static kvlens_policy_plugin undeclared = test_table("undeclared_visible");
+  undeclared.select = [](void*, const kvlens_step*, kvlens_answer* answer, char*,
+                         size_t) -> int32_t {
+    return answer->visible == nullptr ? KVLENS_VISIBLE : KVLENS_FAILED;
+  };
+  register_plugin_policy(&undeclared, "undeclared.so", nullptr);
+  CHECK(run_tiny("undeclared_visible").find("KVLENS_ANSWERS_VISIBLE") != std::string::npos);
 }
 
 TEST_CASE("a plug-in that fails on one step stops its run with its message, and kvlens goes on",
