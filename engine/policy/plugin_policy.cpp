@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "engine/backend/tensor_views.h"
 #include "engine/common/error.h"
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/predictor_runtime.h"
@@ -218,10 +219,12 @@ class PluginPolicy final : public BudgetedPolicy {
     predictor_scores_ = widen_columns(backend_, predictor_scores_, stride);
     eligible_ = widen_columns(backend_, eligible_, stride);
     for (DeviceTensor& rows : previous_visible_) rows = widen_columns(backend_, rows, stride);
+    shared_scores_ = widen_columns(backend_, shared_scores_, stride);
+    shared_chosen_ = widen_columns(backend_, shared_chosen_, stride);
   }
   int64_t state_bytes() const override {
     std::vector<DeviceTensor> own = previous_visible_;
-    own.insert(own.end(), {predictor_scores_, eligible_});
+    own.insert(own.end(), {predictor_scores_, eligible_, shared_scores_, shared_chosen_});
     return BudgetedPolicy::state_bytes() + tensor_bytes(own);
   }
   ExternalSeconds external_seconds() const override { return {plugin_seconds_, copy_seconds_}; }
@@ -328,8 +331,13 @@ class PluginPolicy final : public BudgetedPolicy {
         throw Error(def_->owner(), where + ": page_size", "0 (tokens) or a page size > 0",
                     std::to_string(answer.page_size));
       }
-      select_budgeted(step, answer.recent, at_selection_rows(scores, cols),
-                      eligible_.empty() ? nullptr : &eligible_, visible, budget, answer.page_size);
+      if (answer.shared != 0) {
+        select_shared(step, answer, scores, visible, budget);
+      } else {
+        select_budgeted(step, answer.recent, at_selection_rows(scores, cols),
+                        eligible_.empty() ? nullptr : &eligible_, visible, budget,
+                        answer.page_size);
+      }
     } else {
       upload(visible, visible_copy_);
       check_visible(visible, cols, budget, where);
@@ -371,6 +379,23 @@ class PluginPolicy final : public BudgetedPolicy {
   static std::string message(const char* error) {
     const std::string text(error, strnlen(error, kErrorSize));
     return text.empty() ? "(no message)" : text;
+  }
+
+  // One set for every head: the scores summed over the heads ([1, stride]) ranked once, the
+  // choice given to every head (as lazyllm's sets are).
+  void select_shared(const LayerStep& step, const kvlens_answer& answer, const DeviceTensor& scores,
+                     DeviceTensor& visible, int64_t budget) {
+    const int64_t cols = step.cols(), H = shape_.heads;
+    if (shared_scores_.empty()) {
+      shared_scores_ = backend_.alloc(DType::F32, {1, shape_.stride});
+      shared_chosen_ = backend_.alloc(DType::U8, {1, shape_.stride});
+    }
+    backend_.sum_row_groups(scores, cols, H, shared_scores_);
+    DeviceTensor first_eligible;
+    if (!eligible_.empty()) first_eligible = tensor::row_view(eligible_, 0);
+    select_into(step, answer.recent, shared_scores_, eligible_.empty() ? nullptr : &first_eligible,
+                shared_chosen_, budget, answer.page_size);
+    backend_.expand_row_groups(shared_chosen_, cols, H, visible);
   }
 
   // Columns [0, cols) of every row of U8 rows set to `byte`, where the plug-in writes them: the
@@ -491,6 +516,7 @@ class PluginPolicy final : public BudgetedPolicy {
   int32_t memory_ = KVLENS_MEMORY_HOST;
   std::optional<PredictorState> predictor_;
   DeviceTensor predictor_scores_, eligible_;
+  DeviceTensor shared_scores_, shared_chosen_;  // [1, stride]: a shared answer's row and set
   std::vector<DeviceTensor> previous_visible_, last_visible_;
   std::vector<uint8_t> has_previous_;
   Rows input_copy_, query_copy_, keys_copy_, values_copy_, logits_copy_, predictor_copy_,

@@ -143,6 +143,8 @@ typedef struct kvlens_answer {
                         included), as the window knob is. KVLENS_SCORES only. */
   int64_t page_size; /* in: 0. > 0: the budget left after the forced tokens buys whole pages of
                         this many columns, ranked by their best score (Quest). */
+  int32_t shared;    /* in: 0. 1: one set for every head of the layer, ranked by the scores
+                        summed over the heads (eligible: its first row). KVLENS_SCORES only. */
 } kvlens_answer;
 
 /* select()'s return values. */
