@@ -22,14 +22,14 @@ class Architecture {
   virtual ~Architecture() = default;
   // The model_type values it serves, comma separated (for messages and `info`).
   virtual std::string_view model_types() const = 0;
-  // normed = input_norm(hidden), then q, k, v (before RoPE). The session rotates q and k.
+  // normed = input_norm(hidden), then q, k, v (before RoPE). The session rotates q and k. The
+  // default is Llama's (arch::norm_and_qkv); a family overrides what it adds.
   virtual void attention_inputs(Backend& backend, const ModelConfig& config,
-                                const BackendModel::Layer& layer, LayerRows& rows) const = 0;
+                                const BackendModel::Layer& layer, LayerRows& rows) const;
   // hidden += o_proj(attn); then hidden += mlp(post_attention_norm(hidden)), normed, gate, up,
-  // act and proj used as scratch.
+  // act and proj used as scratch. The default is Llama's SwiGLU (arch::output_and_swiglu).
   virtual void attention_output_and_mlp(Backend& backend, const ModelConfig& config,
-                                        const BackendModel::Layer& layer,
-                                        LayerRows& rows) const = 0;
+                                        const BackendModel::Layer& layer, LayerRows& rows) const;
 };
 
 // The architecture of config.model_type (one of those ModelConfig accepts); throws

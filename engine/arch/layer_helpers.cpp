@@ -23,3 +23,18 @@ void output_and_swiglu(Backend& backend, const ModelConfig& config,
 }
 
 }  // namespace kvlens::arch
+
+namespace kvlens {
+
+void Architecture::attention_inputs(Backend& backend, const ModelConfig& config,
+                                    const BackendModel::Layer& layer, LayerRows& rows) const {
+  arch::norm_and_qkv(backend, config, layer, rows);
+}
+
+void Architecture::attention_output_and_mlp(Backend& backend, const ModelConfig& config,
+                                            const BackendModel::Layer& layer,
+                                            LayerRows& rows) const {
+  arch::output_and_swiglu(backend, config, layer, rows);
+}
+
+}  // namespace kvlens

@@ -9,14 +9,6 @@ namespace {
 class Llama final : public Architecture {
  public:
   std::string_view model_types() const override { return "llama, mistral, llama_butler"; }
-  void attention_inputs(Backend& backend, const ModelConfig& config,
-                        const BackendModel::Layer& layer, LayerRows& rows) const override {
-    arch::norm_and_qkv(backend, config, layer, rows);
-  }
-  void attention_output_and_mlp(Backend& backend, const ModelConfig& config,
-                                const BackendModel::Layer& layer, LayerRows& rows) const override {
-    arch::output_and_swiglu(backend, config, layer, rows);
-  }
 };
 
 }  // namespace

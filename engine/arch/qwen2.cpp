@@ -16,10 +16,6 @@ class Qwen2 final : public Architecture {
     backend.bias_activation(rows.k, &layer.bk, Backend::Activation::None);
     backend.bias_activation(rows.v, &layer.bv, Backend::Activation::None);
   }
-  void attention_output_and_mlp(Backend& backend, const ModelConfig& config,
-                                const BackendModel::Layer& layer, LayerRows& rows) const override {
-    arch::output_and_swiglu(backend, config, layer, rows);
-  }
 };
 
 }  // namespace

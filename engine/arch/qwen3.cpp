@@ -21,10 +21,6 @@ class Qwen3 final : public Architecture {
     backend.rmsnorm(q_heads, layer.q_norm, eps, q_heads);
     backend.rmsnorm(k_heads, layer.k_norm, eps, k_heads);
   }
-  void attention_output_and_mlp(Backend& backend, const ModelConfig& config,
-                                const BackendModel::Layer& layer, LayerRows& rows) const override {
-    arch::output_and_swiglu(backend, config, layer, rows);
-  }
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -476,5 +477,18 @@ class Backend {
 
 // The CPU reference backend with `threads` worker threads (0 = hardware concurrency).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+// Backend::extension<T>() with `CpuImpl` (constructed from the backend) registered for the CPU
+// backend on the first call: the accessor a policy's op extension offers beside its CPU code
+// (quest_ops(backend), ...), so the CPU side needs no registration call of its own.
+template <typename T, typename CpuImpl>
+T& extension_with_cpu(Backend& backend) {
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    register_op_extension(std::string(T::kExtensionName), "cpu",
+                          [](Backend& b) { return std::make_unique<CpuImpl>(b); });
+  });
+  return backend.extension<T>();
+}
 
 }  // namespace kvlens

@@ -170,12 +170,7 @@ class CpuKeyDiffOps final : public KeyDiffOps {
 }  // namespace
 
 KeyDiffOps& keydiff_ops(Backend& backend) {
-  static std::once_flag registered;
-  std::call_once(registered, [] {
-    register_op_extension(std::string(KeyDiffOps::kExtensionName), "cpu",
-                          [](Backend& b) { return std::make_unique<CpuKeyDiffOps>(b); });
-  });
-  return backend.extension<KeyDiffOps>();
+  return extension_with_cpu<KeyDiffOps, CpuKeyDiffOps>(backend);
 }
 
 }  // namespace kvlens

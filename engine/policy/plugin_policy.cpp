@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "engine/backend/tensor_views.h"
 #include "engine/common/error.h"
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/predictor_runtime.h"
@@ -181,7 +182,6 @@ class PluginPolicy final : public BudgetedPolicy {
     }
     has_previous_.assign(size_t(shape.layers), 0);
     last_visible_.resize(size_t(shape.layers));
-    zero_row_ = backend.alloc(DType::F32, {1, shape.stride});
     kvlens_model_shape model{sizeof(kvlens_model_shape),
                              shape.layers,
                              shape.heads,
@@ -219,11 +219,12 @@ class PluginPolicy final : public BudgetedPolicy {
     predictor_scores_ = widen_columns(backend_, predictor_scores_, stride);
     eligible_ = widen_columns(backend_, eligible_, stride);
     for (DeviceTensor& rows : previous_visible_) rows = widen_columns(backend_, rows, stride);
-    zero_row_ = backend_.alloc(DType::F32, {1, stride});
+    shared_scores_ = widen_columns(backend_, shared_scores_, stride);
+    shared_chosen_ = widen_columns(backend_, shared_chosen_, stride);
   }
   int64_t state_bytes() const override {
     std::vector<DeviceTensor> own = previous_visible_;
-    own.insert(own.end(), {predictor_scores_, eligible_, zero_row_});
+    own.insert(own.end(), {predictor_scores_, eligible_, shared_scores_, shared_chosen_});
     return BudgetedPolicy::state_bytes() + tensor_bytes(own);
   }
   ExternalSeconds external_seconds() const override { return {plugin_seconds_, copy_seconds_}; }
@@ -284,11 +285,12 @@ class PluginPolicy final : public BudgetedPolicy {
     kvlens_answer answer{};
     answer.struct_size = sizeof answer;
     answer.recent = knobs_.window;
-    fill_rows(scores, cols, 0);
-    fill_rows(visible, cols, 0);
-    if (!eligible_.empty()) fill_rows(eligible_, cols, 1);
+    const bool answers_visible = (table_.needs & KVLENS_ANSWERS_VISIBLE) != 0;
     answer.scores = static_cast<float*>(writable(scores, scores_copy_));
-    answer.visible = static_cast<uint8_t*>(writable(visible, visible_copy_));
+    if (answers_visible) {
+      answer.visible = static_cast<uint8_t*>(writable(visible, visible_copy_));
+      fill_rows(visible, visible_copy_, cols, 0);
+    }
     if (!eligible_.empty())
       answer.eligible = static_cast<uint8_t*>(writable(eligible_, eligible_copy_));
 
@@ -303,8 +305,13 @@ class PluginPolicy final : public BudgetedPolicy {
         has_previous_[l] = 0;
         return LayerDecision::Dense;
       case KVLENS_SCORES:
-      case KVLENS_VISIBLE:
         break;
+      case KVLENS_VISIBLE:
+        if (answers_visible) break;
+        throw Error(def_->owner(), where + ": decision",
+                    "KVLENS_SCORES or KVLENS_DENSE (KVLENS_VISIBLE needs KVLENS_ANSWERS_VISIBLE in "
+                    "needs)",
+                    "KVLENS_VISIBLE");
       case KVLENS_FAILED:
         throw Error(def_->owner(), where, "a decision", "a failure: " + message(error));
       default:
@@ -324,8 +331,13 @@ class PluginPolicy final : public BudgetedPolicy {
         throw Error(def_->owner(), where + ": page_size", "0 (tokens) or a page size > 0",
                     std::to_string(answer.page_size));
       }
-      select_budgeted(step, answer.recent, at_selection_rows(scores, cols),
-                      eligible_.empty() ? nullptr : &eligible_, visible, budget, answer.page_size);
+      if (answer.shared != 0) {
+        select_shared(step, answer, scores, visible, budget);
+      } else {
+        select_budgeted(step, answer.recent, at_selection_rows(scores, cols),
+                        eligible_.empty() ? nullptr : &eligible_, visible, budget,
+                        answer.page_size);
+      }
     } else {
       upload(visible, visible_copy_);
       check_visible(visible, cols, budget, where);
@@ -369,20 +381,30 @@ class PluginPolicy final : public BudgetedPolicy {
     return text.empty() ? "(no message)" : text;
   }
 
-  // Columns [0, cols) of every row set to `byte` (F32 rows: 0 only): written where they are on
-  // the host, by the backend's ops on a device.
-  void fill_rows(DeviceTensor& rows, int64_t cols, uint8_t byte) {
-    const int64_t count = rows.dim(0), stride = rows.dim(1);
-    const size_t size = dtype_size(rows.dtype);
-    if (backend_.host_memory()) {
-      auto* data = static_cast<std::byte*>(rows.data);
-      for (int64_t r = 0; r < count; ++r)
-        std::memset(data + size_t(r * stride) * size, byte, size_t(cols) * size);
-    } else if (rows.dtype == DType::F32) {
-      backend_.axpby_rows(rows, 1.0f, zero_row_, 0.0f, cols);
-    } else {
-      backend_.fill_columns(rows, 0, cols, byte);
+  // One set for every head: the scores summed over the heads ([1, stride]) ranked once, the
+  // choice given to every head (as lazyllm's sets are).
+  void select_shared(const LayerStep& step, const kvlens_answer& answer, const DeviceTensor& scores,
+                     DeviceTensor& visible, int64_t budget) {
+    const int64_t cols = step.cols(), H = shape_.heads;
+    if (shared_scores_.empty()) {
+      shared_scores_ = backend_.alloc(DType::F32, {1, shape_.stride});
+      shared_chosen_ = backend_.alloc(DType::U8, {1, shape_.stride});
     }
+    backend_.sum_row_groups(scores, cols, H, shared_scores_);
+    DeviceTensor first_eligible;
+    if (!eligible_.empty()) first_eligible = tensor::row_view(eligible_, 0);
+    select_into(step, answer.recent, shared_scores_, eligible_.empty() ? nullptr : &first_eligible,
+                shared_chosen_, budget, answer.page_size);
+    backend_.expand_row_groups(shared_chosen_, cols, H, visible);
+  }
+
+  // Columns [0, cols) of every row of U8 rows set to `byte`, where the plug-in writes them: the
+  // host (the rows themselves, or their host copy), or the device (the backend's op).
+  void fill_rows(DeviceTensor& rows, Rows& copy, int64_t cols, uint8_t byte) {
+    const int64_t count = rows.dim(0), stride = rows.dim(1);
+    if (memory_ == KVLENS_MEMORY_CUDA) return backend_.fill_columns(rows, 0, cols, byte);
+    auto* data = copies_ ? reinterpret_cast<uint8_t*>(copy.host.data()) : rows.as<uint8_t>();
+    for (int64_t r = 0; r < count; ++r) std::memset(data + r * stride, byte, size_t(cols));
   }
 
   // The tensor's memory as the plug-in may read it: itself, or a host copy (made now).
@@ -394,11 +416,13 @@ class PluginPolicy final : public BudgetedPolicy {
     copy_seconds_ += seconds_since(start);
     return copy.host.data();
   }
-  // The same for a buffer it writes: the host copy starts as the tensor's contents.
+  // The same for a buffer it writes: a host buffer of the tensor's size (the plug-in writes
+  // every column in use; upload() sends it back).
   void* writable(DeviceTensor& tensor, Rows& copy) {
     if (!copies_) return tensor.data;
     copy.device = tensor;
-    return const_cast<void*>(readable(tensor, copy));
+    copy.host.resize(tensor.bytes());
+    return copy.host.data();
   }
   void upload(DeviceTensor& tensor, Rows& copy) {
     if (!copies_) return;
@@ -491,7 +515,8 @@ class PluginPolicy final : public BudgetedPolicy {
   bool copies_ = false;
   int32_t memory_ = KVLENS_MEMORY_HOST;
   std::optional<PredictorState> predictor_;
-  DeviceTensor predictor_scores_, eligible_, zero_row_;
+  DeviceTensor predictor_scores_, eligible_;
+  DeviceTensor shared_scores_, shared_chosen_;  // [1, stride]: a shared answer's row and set
   std::vector<DeviceTensor> previous_visible_, last_visible_;
   std::vector<uint8_t> has_previous_;
   Rows input_copy_, query_copy_, keys_copy_, values_copy_, logits_copy_, predictor_copy_,

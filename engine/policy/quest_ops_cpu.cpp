@@ -142,12 +142,7 @@ class CpuQuestOps final : public QuestOps {
 }  // namespace
 
 QuestOps& quest_ops(Backend& backend) {
-  static std::once_flag registered;
-  std::call_once(registered, [] {
-    register_op_extension(std::string(QuestOps::kExtensionName), "cpu",
-                          [](Backend& b) { return std::make_unique<CpuQuestOps>(b); });
-  });
-  return backend.extension<QuestOps>();
+  return extension_with_cpu<QuestOps, CpuQuestOps>(backend);
 }
 
 }  // namespace kvlens

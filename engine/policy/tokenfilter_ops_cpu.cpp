@@ -95,12 +95,7 @@ class CpuTokenFilterOps final : public TokenFilterOps {
 }  // namespace
 
 TokenFilterOps& tokenfilter_ops(Backend& backend) {
-  static std::once_flag registered;
-  std::call_once(registered, [] {
-    register_op_extension(std::string(TokenFilterOps::kExtensionName), "cpu",
-                          [](Backend& b) { return std::make_unique<CpuTokenFilterOps>(b); });
-  });
-  return backend.extension<TokenFilterOps>();
+  return extension_with_cpu<TokenFilterOps, CpuTokenFilterOps>(backend);
 }
 
 }  // namespace kvlens

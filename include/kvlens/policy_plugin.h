@@ -66,9 +66,12 @@ enum {
   KVLENS_NEEDS_CACHE = 1u << 3,
   /* step->previous_visible: this layer's visible set at the previous step. */
   KVLENS_NEEDS_PREVIOUS_VISIBLE = 1u << 4,
-  /* answer->eligible is given (all 1 on entry) for the policy to mark evicted columns; without
-   * this bit it is NULL and every column is eligible. */
-  KVLENS_NEEDS_ELIGIBLE = 1u << 5
+  /* answer->eligible is given for the policy to mark evicted columns; without this bit it is
+   * NULL and every column is eligible. */
+  KVLENS_NEEDS_ELIGIBLE = 1u << 5,
+  /* answer->visible is given, zeroed, and select() may return KVLENS_VISIBLE; without this bit
+   * it is NULL and KVLENS_VISIBLE is an error (a policy that only ranks costs no zeroing). */
+  KVLENS_ANSWERS_VISIBLE = 1u << 6
 };
 
 /* Where the pointers of a step live. */
@@ -123,20 +126,25 @@ typedef struct kvlens_step {
                                       at its first step or where that step was dense */
 } kvlens_step;
 
-/* What select() answers into. kvlens fills the defaults before the call. */
+/* What select() answers into. Write every candidate column [0, cols) of every row of what you
+ * answer with: the buffers are not cleared between steps (that would cost a pass each), except
+ * `visible`, which arrives zeroed. */
 typedef struct kvlens_answer {
   uint32_t struct_size;
-  float* scores;     /* [H, stride], zeroed: the importance of each candidate (higher is kept).
-                        With KVLENS_SCORES they rank; with KVLENS_VISIBLE they are recorded for
-                        the views. Finite numbers only in columns [0, cols). */
-  uint8_t* eligible; /* [selection_rows, stride], all 1 (KVLENS_NEEDS_ELIGIBLE, else NULL):
-                        write 0 where a column may never be chosen (an evicted token), even
+  float* scores;     /* [H, stride]: the importance of each candidate (higher is kept), written
+                        for every candidate whatever the decision: with KVLENS_SCORES they rank,
+                        with KVLENS_VISIBLE the views show them. Finite numbers only. */
+  uint8_t* eligible; /* [selection_rows, stride] (KVLENS_NEEDS_ELIGIBLE, else NULL): 1 where a
+                        column may be chosen, 0 where it may never be (an evicted token), even
                         where it would be forced. KVLENS_SCORES only. */
-  uint8_t* visible;  /* [H, stride], zeroed: 1 where a head sees the column (KVLENS_VISIBLE). */
+  uint8_t* visible;  /* [H, stride], zeroed (KVLENS_ANSWERS_VISIBLE, else NULL): 1 where a head
+                        sees the column (KVLENS_VISIBLE). */
   int64_t recent;    /* in: the window knob; the most recent tokens forced visible (current one
                         included), as the window knob is. KVLENS_SCORES only. */
   int64_t page_size; /* in: 0. > 0: the budget left after the forced tokens buys whole pages of
                         this many columns, ranked by their best score (Quest). */
+  int32_t shared;    /* in: 0. 1: one set for every head of the layer, ranked by the scores
+                        summed over the heads (eligible: its first row). KVLENS_SCORES only. */
 } kvlens_answer;
 
 /* select()'s return values. */

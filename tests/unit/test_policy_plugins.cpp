@@ -247,6 +247,7 @@ TEST_CASE("NaN or infinite scores end the run with an error naming the plug-in a
 
 TEST_CASE("a visible set too large or without the current token is an error", "[plugin]") {
   static kvlens_policy_plugin everything = test_table("too_many");
+  everything.needs = KVLENS_ANSWERS_VISIBLE;
   everything.select = [](void*, const kvlens_step* step, kvlens_answer* answer, char*,
                          size_t) -> int32_t {
     std::memset(answer->visible, 1, size_t(step->cols));  // head 0 sees every column
@@ -258,12 +259,22 @@ TEST_CASE("a visible set too large or without the current token is an error", "[
   CHECK(message.find("at most") != std::string::npos);
 
   static kvlens_policy_plugin empty = test_table("no_current");
+  empty.needs = KVLENS_ANSWERS_VISIBLE;
   empty.select = [](void*, const kvlens_step*, kvlens_answer*, char*, size_t) -> int32_t {
     return KVLENS_VISIBLE;  // nothing marked
   };
   register_plugin_policy(&empty, "empty.so", nullptr);
   message = run_tiny("no_current");
   CHECK(message.find("without the current token") != std::string::npos);
+
+  // A visible set from a plug-in that did not say it answers with one.
+  static kvlens_policy_plugin undeclared = test_table("undeclared_visible");
+  undeclared.select = [](void*, const kvlens_step*, kvlens_answer* answer, char*,
+                         size_t) -> int32_t {
+    return answer->visible == nullptr ? KVLENS_VISIBLE : KVLENS_FAILED;
+  };
+  register_plugin_policy(&undeclared, "undeclared.so", nullptr);
+  CHECK(run_tiny("undeclared_visible").find("KVLENS_ANSWERS_VISIBLE") != std::string::npos);
 }
 
 TEST_CASE("a plug-in that fails on one step stops its run with its message, and kvlens goes on",
@@ -328,8 +339,8 @@ TEST_CASE("the keynorm example keeps the smallest-norm keys beyond the forced to
   const ModelConfig& c = demo.resident->config();
   DecoderSession session(demo.resident);
   // No sinks, no window: every visible column but the current one was chosen by its key's norm.
-  session.set_policy(make_run_policy({"keynorm", 0.5, {"sinks=0"}}, session.policy_shape(),
-                                     *demo.backend));
+  session.set_policy(
+      make_run_policy({"keynorm", 0.5, {"sinks=0"}}, session.policy_shape(), *demo.backend));
   const std::vector<int32_t> tokens = {1, 40, 312, 77, 9, 1024, 55, 18, 600, 7, 31, 2048, 5, 88};
   for (const int32_t token : tokens) session.forward(std::span<const int32_t>(&token, 1));
   const SessionRun& run = session.run(0);
@@ -351,8 +362,10 @@ TEST_CASE("the keynorm example keeps the smallest-norm keys beyond the forced to
       };
       double largest_kept = 0, smallest_hidden = 1e300;
       for (int64_t j = 0; j < t; ++j) {
-        if (visible[j]) largest_kept = std::max(largest_kept, norm(j));
-        else smallest_hidden = std::min(smallest_hidden, norm(j));
+        if (visible[j])
+          largest_kept = std::max(largest_kept, norm(j));
+        else
+          smallest_hidden = std::min(smallest_hidden, norm(j));
       }
       CHECK(visible[t] == 1);
       CHECK(largest_kept <= smallest_hidden);
@@ -360,4 +373,46 @@ TEST_CASE("the keynorm example keeps the smallest-norm keys beyond the forced to
     }
   }
   CHECK(checked == (c.num_layers - 1) * c.num_heads);
+}
+
+TEST_CASE("a shared answer gives every head of a layer one set, by the scores summed over heads",
+          "[plugin]") {
+  // Head h scores column j by (j * (h + 1)) % 7: no head alone ranks as the sum does.
+  static kvlens_policy_plugin table = test_table("shared_sum");
+  table.select = [](void*, const kvlens_step* step, kvlens_answer* answer, char*,
+                    size_t) -> int32_t {
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t j = 0; j < step->cols; ++j)
+        answer->scores[h * step->stride + j] = float((j * (h + 1)) % 7);
+    answer->shared = 1;
+    return KVLENS_SCORES;
+  };
+  register_plugin_policy(&table, "shared.so", nullptr);
+  const std::string dir = test::write_tiny_llama(test::make_temp_dir("plugin-shared"), {});
+  auto backend = make_cpu_backend(1);
+  const auto resident = upload_model(Model::load(dir), *backend);
+  const ModelConfig& c = resident->config();
+  REQUIRE(c.num_heads == 4);
+  DecoderSession session(resident);
+  session.set_policy(
+      make_run_policy({"shared_sum", 0.5, {"sinks=0"}}, session.policy_shape(), *backend));
+  for (const int32_t token : {1, 5, 9, 2, 33, 7, 7, 12, 40, 3, 8, 61})
+    session.forward(std::span<const int32_t>(&token, 1));
+  const SessionRun& run = session.run(0);
+  const int64_t cols = session.position(), t = cols - 1;
+  const int64_t stride = run.visible[1].dim(1);
+  const uint8_t* visible = run.visible[1].as<uint8_t>();
+  for (int64_t h = 1; h < 4; ++h)
+    CHECK(std::memcmp(visible, visible + h * stride, size_t(cols)) == 0);
+  // Beyond the current token, every kept column sums at least as high as every hidden one.
+  auto sum = [](int64_t j) { return (j % 7) + (2 * j % 7) + (3 * j % 7) + (4 * j % 7); };
+  int64_t lowest_kept = 1 << 30, highest_hidden = -1;
+  for (int64_t j = 0; j < t; ++j) {
+    if (visible[j])
+      lowest_kept = std::min<int64_t>(lowest_kept, sum(j));
+    else
+      highest_hidden = std::max<int64_t>(highest_hidden, sum(j));
+  }
+  CHECK(visible[t] == 1);
+  CHECK(lowest_kept >= highest_hidden);
 }
