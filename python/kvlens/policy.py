@@ -31,6 +31,10 @@ the model's TokenButler predictor), "cache" (step.keys / step.values), "previous
 `select(step)` returns one of: an array of scores [heads, cols] (NumPy or torch); `step.scores`
 written in place and `kvlens.SCORES`; `kvlens.visible(mask)` (a bool [heads, cols] set) or
 `step.visible` written in place and `kvlens.VISIBLE`; `kvlens.DENSE` (every token this layer).
+A buffer the policy reads (step.scores, step.eligible) it writes whole, every candidate column:
+kvlens does not clear them between steps; one it leaves alone gets the defaults (scores 0,
+eligible 1). `step.recent`, `step.page_size` (Quest's pages) and `step.shared` (one set for the
+whole layer, ranked by the scores summed over the heads) shape a SCORES answer.
 The step's arrays are views over kvlens' buffers, valid during the call only (copy to keep).
 With `tensors = "torch"` they are torch tensors (on the GPU through DLPack, on the session's
 stream); otherwise NumPy arrays (on a CUDA session kvlens then copies them to the host).

@@ -126,6 +126,9 @@ struct StepView {
   const kvlens_step* step = nullptr;
   kvlens_answer* answer = nullptr;
   bool active = false;
+  // The answer buffers the policy was given this call (kvlens does not clear them between
+  // steps: what a policy leaves alone is filled with the contract's defaults after the call).
+  bool scores_given = false, eligible_given = false;
 };
 struct ObservationView {
   Instance* instance = nullptr;
@@ -317,6 +320,29 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
   delete instance;
 }
 
+// The buffers the policy did not ask for this call, set to the contract's defaults: scores 0
+// (every candidate of every head), eligible 1. A policy that reads a buffer writes all of it.
+void fill_rows(void* data, size_t item, int64_t rows_n, int64_t cols, int64_t stride, int value,
+               const kvlens_step& s) {
+  if (!data) return;
+  if (s.memory == KVLENS_MEMORY_CUDA) {
+#if KVLENS_HAVE_CUDA
+    cudaMemset2DAsync(data, size_t(stride) * item, value, size_t(cols) * item, size_t(rows_n),
+                      static_cast<cudaStream_t>(s.stream));
+#endif
+    return;
+  }
+  for (int64_t r = 0; r < rows_n; ++r)
+    std::memset(static_cast<char*>(data) + size_t(r * stride) * item, value, size_t(cols) * item);
+}
+
+void fill_untouched(const StepView& v) {
+  const kvlens_step& s = *v.step;
+  if (!v.scores_given)
+    fill_rows(v.answer->scores, sizeof(float), v.instance->shape.heads, s.cols, s.stride, 0, s);
+  if (!v.eligible_given) fill_rows(v.answer->eligible, 1, s.selection_rows, s.cols, s.stride, 1, s);
+}
+
 [[maybe_unused]] int32_t select_step(void* state, const kvlens_step* step, kvlens_answer* answer,
                                      char* error, size_t error_size) {
   auto* instance = static_cast<Instance*>(state);
@@ -325,6 +351,7 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
   instance->step.step = step;
   instance->step.answer = answer;
   instance->step.active = true;
+  instance->step.scores_given = instance->step.eligible_given = false;
   int32_t decision = KVLENS_FAILED;
   try {
     const py::handle view(instance->step_object);
@@ -345,6 +372,7 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
     if (decision != KVLENS_DENSE && decision != KVLENS_SCORES && decision != KVLENS_VISIBLE)
       throw py::value_error("select() answered " + std::to_string(decision) +
                             ": kvlens.DENSE, kvlens.SCORES or kvlens.VISIBLE");
+    if (decision != KVLENS_DENSE) fill_untouched(instance->step);
   } catch (const std::exception& e) {
     write_error(e.what(), error, error_size);
     decision = KVLENS_FAILED;
@@ -392,7 +420,8 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
       {"predictor", KVLENS_NEEDS_PREDICTOR},
       {"cache", KVLENS_NEEDS_CACHE},
       {"previous_visible", KVLENS_NEEDS_PREVIOUS_VISIBLE},
-      {"eligible", KVLENS_NEEDS_ELIGIBLE}};
+      {"eligible", KVLENS_NEEDS_ELIGIBLE},
+      {"visible", KVLENS_ANSWERS_VISIBLE}};
   uint32_t bits = 0;
   for (const py::handle item : needs) {
     const std::string name = py::str(item);
@@ -405,7 +434,7 @@ constexpr auto kCreates = make_creates(std::make_index_sequence<kSlots>());
     }
     if (!known)
       throw Error(cls, "needs",
-                  "logits, probabilities, predictor, cache, previous_visible or eligible",
+                  "logits, probabilities, predictor, cache, previous_visible, eligible or visible",
                   "'" + name + "'");
   }
   return bits;
@@ -477,7 +506,9 @@ std::string register_python_policy(py::handle cls) {
   t.rule = k->rule.c_str();
   t.params = k->params.empty() ? nullptr : k->params.data();
   t.param_count = int32_t(k->params.size());
-  t.needs = needs_bits(d["needs"], label);
+  // A Python policy may always answer with a set (kvlens.visible(mask)): the zeroing this asks
+  // for is small beside a call into Python.
+  t.needs = needs_bits(d["needs"], label) | KVLENS_ANSWERS_VISIBLE;
   t.memories = KVLENS_ACCEPTS_HOST;
   if (k->torch) {
     // torch tensors on the device through DLPack; without torch the adapter's host copies.
@@ -616,6 +647,7 @@ void bind_policy_types(py::module_& m) {
                              [](py::handle self) {
                                const auto& v = self.cast<const StepView&>();
                                const kvlens_step& s = active_step(v);
+                               const_cast<StepView&>(v).scores_given = true;
                                return rows(*v.instance, self, v.answer->scores,
                                            v.instance->shape.heads, s.cols, s.stride, true);
                              })
@@ -623,6 +655,7 @@ void bind_policy_types(py::module_& m) {
                              [](py::handle self) {
                                const auto& v = self.cast<const StepView&>();
                                const kvlens_step& s = active_step(v);
+                               const_cast<StepView&>(v).eligible_given = true;
                                return rows(*v.instance, self, v.answer->eligible, s.selection_rows,
                                            s.cols, s.stride, true, true);
                              })
@@ -652,7 +685,19 @@ void bind_policy_types(py::module_& m) {
           [](StepView& v, int64_t page_size) {
             active_step(v);
             v.answer->page_size = page_size;
-          });
+          })
+      .def_property(
+          "shared",
+          [](const StepView& v) {
+            active_step(v);
+            return v.answer->shared != 0;
+          },
+          [](StepView& v, bool shared) {
+            active_step(v);
+            v.answer->shared = shared ? 1 : 0;
+          },
+          "True: one set for every head of the layer, ranked by the scores summed over the heads "
+          "(kvlens.SCORES answers)");
 
   py::class_<ObservationView>(m, "_Observation",
                               "What observe() gets after a (step, layer)'s attention: the "

@@ -149,6 +149,39 @@ for python_id, builtin in (("oracle_py", "oracle"), ("h2o_py", "h2o"), ("tova", 
           f"each, GIL included); step {1e3 * mine:.3f} ms against {1e3 * base:.3f} ms with "
           f"{builtin} (CPU, demo model, median step)")
 
+# The answer buffers are not cleared between steps: what a policy leaves alone gets the
+# defaults (a set answered without scores records zero scores); step.shared ranks one set for
+# the whole layer.
+class Recent(kvlens.Policy):
+    """Sees the current token and the one before it, as a set."""
+    name = "recent_py"
+
+    def select(self, step):
+        mask = np.zeros((self.shape.heads, step.cols), bool)
+        mask[:, max(step.cols - 2, 0):] = True
+        return kvlens.visible(mask)
+
+
+class SharedLogits(kvlens.Policy):
+    """One set per layer, ranked by the true logits summed over the heads."""
+    name = "shared_py"
+    needs = {"logits"}
+
+    def select(self, step):
+        step.shared = True
+        return step.logits
+
+
+kvlens.register_policy(Recent)
+kvlens.register_policy(SharedLogits)
+session, _ = run("recent_py", 1, 0.0)
+other, _ = run("shared_py", 1, 0.9)
+for t in range(2, session.step_count):
+    a, b = session.rows(run=0, step=t), other.rows(run=0, step=t)
+    check(np.all(a.visible_counts[1:] == 2) and np.all(a.scores[1:] == 0), f"step {t}: recent_py")
+    check(np.all(b.visible[1:] == b.visible[1:, :1]), f"step {t}: shared_py, one set per layer")
+print("a set answered without scores records zeros; step.shared gives one set per layer")
+
 # In kvlens-cli: --policy-file, the same accuracy as the built-in.
 out = os.path.join(SCRATCH, "eval.json")
 cli("eval", "--model", DEMO, "--task", "coref", "--policy-file", H2O, "--policies", "h2o_py,h2o",
