@@ -340,6 +340,9 @@ py::dict result_row(const PolicyConfig& run, const SparsityStats& stats) {
   row["coverage"] = py::none();
   row["ppl"] = py::none();
   row["samples"] = py::none();
+  // A plug-in's results say which file ran (as kvlens-cli eval --json's do).
+  const std::string source = policy_source_of(run.id);
+  if (!source.empty()) row["plugin"] = source;
   if (stats.steps > 0) {
     row["effective_sparsity_per_layer"] = stats.per_layer();
     row["effective_sparsity_per_head"] = stats.per_head();
