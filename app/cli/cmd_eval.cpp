@@ -144,9 +144,13 @@ void print_table(const std::vector<Json>& rows) {
 }
 
 Json result_row(const PolicyConfig& run) {
-  return {{"policy", run.id},    {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
-          {"accuracy", nullptr}, {"coverage", nullptr},      {"ppl", nullptr},
-          {"samples", nullptr}};
+  Json row = {{"policy", run.id},    {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
+              {"accuracy", nullptr}, {"coverage", nullptr},      {"ppl", nullptr},
+              {"samples", nullptr}};
+  // A plug-in's results say which file ran (reproducible from the JSON alone).
+  const std::string source = policy_source(run.id);
+  if (!source.empty()) row["plugin"] = source;
+  return row;
 }
 
 int run_eval(const CommonOptions& common) {

@@ -1,7 +1,10 @@
-// CUDA vs CPU for the token-selection (policy) ops of backend.h, on seeded random inputs. Masks,
-// selections and random values must agree exactly (integer work, or the one shared definition in
-// policy_op_math.h); F32 results within a tolerance argued per op. Row buffers are [rows, stride]
-// with stride > cols, and the columns past cols hold sentinels that must survive on both sides.
+// The CUDA backend's token-selection (policy) ops beyond the op table (which compares every op
+// with the CPU's: tests/support/backend_op_table.cpp): the GPU's own bit-equalities (the
+// attention op's logits, probabilities without an output, per-group members), comparisons over
+// sequences of calls on one mask (ranges, marks, kept sets), the deferred counts, keys that share
+// a direction, quest's and tokenfilter's ops over runs of steps, and argument errors. Row buffers
+// are [rows, stride] with stride > cols, and the columns past cols hold sentinels that must
+// survive.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -30,10 +33,7 @@ using namespace kvlens;
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kSentinel = 123.0f;
-constexpr uint8_t kMaskSentinel = 9;
 
 using kvlens::test::check_within;
 using kvlens::test::random_values;
@@ -94,196 +94,84 @@ std::vector<uint8_t> random_mask(size_t count, uint32_t seed, unsigned one_in) {
 
 }  // namespace
 
-TEST_CASE("cuda policy ops: attention_logits and attention_visible", "[cuda]") {
+// attention_logits and attention_visible against the CPU at these shapes: the op table's
+// "attention_logits wide rows" and "attention_visible probs/out" entries. Here the GPU's own
+// equalities: attention_logits gives the attention op's logits bit for bit and keeps the columns
+// past cols, a head that sees nothing outputs zeros, probabilities without an output are those
+// with one, and no output at all is an error.
+TEST_CASE(
+    "cuda policy ops: attention_logits is the attention op's logits, attention_visible's "
+    "probabilities alone",
+    "[cuda]") {
   Backends b;
+  Backend& gpu = *b.gpu;
   uint32_t seed = 500;
-  // D <= 80 keeps the logit bound below 1e-5 (see below); 578 columns span three 256-key tiles.
-  // Caches up to 1024 positions take attention_visible's one-kernel path, wider ones its split
-  // over slices (the 1536-position shape).
+  // 578 columns span three 256-key tiles; caches up to 1024 positions take attention_visible's
+  // one-kernel path, wider ones its split over slices (the 1536-position shape).
   for (const Shape& s :
        {Shape{8, 2, 64, 600, 578, 0}, Shape{8, 2, 64, 600, 578, 100}, Shape{6, 1, 80, 40, 33, 0},
         Shape{4, 4, 16, 8, 1, 0}, Shape{8, 2, 64, 1536, 1301, 0}}) {
     INFO("H " << s.heads << " G " << s.kv_heads << " D " << s.head_dim << " cols " << s.cols
               << " window " << s.window);
     const int64_t H = s.heads, D = s.head_dim, position = s.cols - 1;
-    const std::vector<float> qs = random_values(size_t(H * D), ++seed, 2.0f);
-    const std::vector<float> ks = random_values(size_t(s.kv_heads * s.stride * D), ++seed);
-    const std::vector<float> vs = random_values(size_t(s.kv_heads * s.stride * D), ++seed);
-    const Pair q = make_pair(b, qs, {1, H, D});
-    const Pair k = make_pair(b, ks, {s.kv_heads, s.stride, D});
-    const Pair v = make_pair(b, vs, {s.kv_heads, s.stride, D});
+    const Pair q = make_pair(b, random_values(size_t(H * D), ++seed, 2.0f), {1, H, D});
+    const Pair k = make_pair(b, random_values(size_t(s.kv_heads * s.stride * D), ++seed),
+                             {s.kv_heads, s.stride, D});
+    const Pair v = make_pair(b, random_values(size_t(s.kv_heads * s.stride * D), ++seed),
+                             {s.kv_heads, s.stride, D});
     const std::vector<float> sentinels(size_t(H * s.stride), kSentinel);
 
     Pair logits = make_pair(b, sentinels, {H, s.stride});
-    b.cpu->attention_logits(q.cpu, k.cpu, position, s.window, logits.cpu);
-    b.gpu->attention_logits(q.gpu, k.gpu, position, s.window, logits.gpu);
-    const auto [want_logits, got_logits] = read_both<float>(b, logits);
-    // Each logit is scale * (a D-term F32 dot product); the two sides sum it in different orders
-    // (CPU: 16 lanes and a pairwise tree, FMA or not; GPU: 32 lanes and a butterfly), so they
-    // differ by at most 2 * (D + 2) * 2^-24 * scale * sum_d |q_d k_d| (the gamma_D bound of each
-    // side, plus the scaling's rounding): for D <= 80 that is below 1e-5 of scale * sum |q k|,
-    // the tolerance used. Relative to the logit itself would fail for cancelling sums near 0.
-    // -inf (outside the window) and the sentinels past cols must match exactly.
-    const double scale = 1.0 / std::sqrt(double(D));
-    std::vector<double> tolerance(want_logits.size(), 0.0);
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t j = 0; j < s.cols; ++j) {
-        double magnitude = 0.0;
-        const int64_t g = h / (H / s.kv_heads);
-        for (int64_t d = 0; d < D; ++d)
-          magnitude += std::fabs(double(qs[size_t(h * D + d)]) *
-                                 double(ks[size_t((g * s.stride + j) * D + d)]));
-        tolerance[size_t(h * s.stride + j)] = 1e-5 * scale * magnitude + 1e-30;
-      }
-    check_within(want_logits, got_logits, tolerance, "attention_logits");
-
-    // The GPU's attention_logits are the GPU attention op's logits bit for bit (one warp_dot).
-    Pair dense_out = make_pair(b, std::vector<float>(size_t(H * D)), {1, H, D});
-    DeviceTensor dense_logits = b.gpu->alloc(DType::F32, {1, H, s.cols});
-    b.gpu->attention(q.gpu, k.gpu, v.gpu, position, s.window, {}, dense_out.gpu, &dense_logits);
-    const std::vector<float> op_logits = read<float>(*b.gpu, dense_logits);
-    for (int64_t h = 0; h < H; ++h)
+    gpu.attention_logits(q.gpu, k.gpu, position, s.window, logits.gpu);
+    const std::vector<float> got_logits = read<float>(gpu, logits.gpu);
+    DeviceTensor dense_out = gpu.alloc(DType::F32, {1, H, D});
+    DeviceTensor dense_logits = gpu.alloc(DType::F32, {1, H, s.cols});
+    gpu.attention(q.gpu, k.gpu, v.gpu, position, s.window, {}, dense_out, &dense_logits);
+    const std::vector<float> op_logits = read<float>(gpu, dense_logits);
+    for (int64_t h = 0; h < H; ++h) {
       CHECK(same_bits(
           std::vector<float>(op_logits.begin() + h * s.cols, op_logits.begin() + (h + 1) * s.cols),
           std::vector<float>(got_logits.begin() + h * s.stride,
                              got_logits.begin() + h * s.stride + s.cols)));
+      for (int64_t j = s.cols; j < s.stride; ++j)
+        CHECK(got_logits[size_t(h * s.stride + j)] == kSentinel);
+    }
 
-    // attention_visible from the same logits on both sides (the CPU's, uploaded).
-    const Pair shared_logits = make_pair(b, want_logits, {H, s.stride});
     std::vector<uint8_t> mask = random_mask(size_t(H * s.stride), ++seed, 4);  // ~1/4 visible
     for (int64_t h = 0; h < H; ++h) mask[size_t(h * s.stride + position)] = 1;
-    if (H > 1)  // head 1 sees nothing: zeros on both sides
+    if (H > 1)  // head 1 sees nothing: zeros
       std::fill(mask.begin() + s.stride, mask.begin() + 2 * s.stride, uint8_t(0));
     const Pair visible = make_pair(b, mask, {H, s.stride});
     for (bool masked : {false, true}) {
       INFO("masked " << masked);
       Pair out = make_pair(b, std::vector<float>(size_t(H * D), kSentinel), {1, H, D});
       Pair probs = make_pair(b, sentinels, {H, s.stride});
-      b.cpu->attention_visible(shared_logits.cpu, s.cols, masked ? &visible.cpu : nullptr, v.cpu,
-                               out.cpu, &probs.cpu);
-      b.gpu->attention_visible(shared_logits.gpu, s.cols, masked ? &visible.gpu : nullptr, v.gpu,
-                               out.gpu, &probs.gpu);
-      const auto [want_p, got_p] = read_both<float>(b, probs);
-      const auto [want_out, got_out] = read_both<float>(b, out);
-      // Probabilities are exp(z - max) / sum over n <= 578 visible keys: the exponentials differ
-      // by a few ulp (CUDA expf within 2 ulp, glibc within 1) and the sums by their summation
-      // order (CPU sequential, GPU per-thread partials and a tree). The worst case of a
-      // sequential sum is (n - 1) * 2^-24 relative (3.4e-5 for n = 578), but the rounding errors
-      // of a sum of positive terms behave like a random walk, ~sqrt(n) * 2^-24 = 1.4e-6, so
-      // 1e-5 relative (+1e-12 for tiny probabilities) keeps a margin of about 7.
-      std::vector<double> p_tolerance(want_p.size());
-      for (size_t i = 0; i < want_p.size(); ++i)
-        p_tolerance[i] = 1e-5 * std::fabs(double(want_p[i])) + 1e-12;
-      check_within(want_p, got_p, p_tolerance, "attention_visible probs");
-      // The output mixes value rows of both signs, so its error scales with sum_j p_j |v_jd|
-      // (the terms), not with |out_d|: 1e-5 of that, by the same argument.
-      std::vector<double> out_tolerance(want_out.size());
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t g = h / (H / s.kv_heads);
-        for (int64_t d = 0; d < D; ++d) {
-          double magnitude = 0.0;
-          for (int64_t j = 0; j < s.cols; ++j)
-            magnitude += double(want_p[size_t(h * s.stride + j)]) *
-                         std::fabs(double(vs[size_t((g * s.stride + j) * D + d)]));
-          out_tolerance[size_t(h * D + d)] = 1e-5 * magnitude + 1e-12;
-        }
-      }
-      check_within(want_out, got_out, out_tolerance, "attention_visible out");
+      gpu.attention_visible(logits.gpu, s.cols, masked ? &visible.gpu : nullptr, v.gpu, out.gpu,
+                            &probs.gpu);
+      const std::vector<float> got_p = read<float>(gpu, probs.gpu);
+      const std::vector<float> got_out = read<float>(gpu, out.gpu);
       if (masked && H > 1)
         for (int64_t d = 0; d < D; ++d) CHECK(got_out[size_t(D + d)] == 0.0f);
-      // Without an output only the probabilities are computed: the GPU's same bits as with one.
+      // Without an output only the probabilities are computed: the same bits as with one.
       Pair probs_only = make_pair(b, sentinels, {H, s.stride});
       DeviceTensor no_output;
-      b.gpu->attention_visible(shared_logits.gpu, s.cols, masked ? &visible.gpu : nullptr, v.gpu,
-                               no_output, &probs_only.gpu);
-      const auto [unused_p, got_p_only] = read_both<float>(b, probs_only);
-      CHECK(got_p_only == got_p);
-      CHECK_THROWS_AS(
-          b.gpu->attention_visible(shared_logits.gpu, s.cols, nullptr, v.gpu, no_output, nullptr),
-          Error);
+      gpu.attention_visible(logits.gpu, s.cols, masked ? &visible.gpu : nullptr, v.gpu, no_output,
+                            &probs_only.gpu);
+      CHECK(read<float>(gpu, probs_only.gpu) == got_p);
+      CHECK_THROWS_AS(gpu.attention_visible(logits.gpu, s.cols, nullptr, v.gpu, no_output, nullptr),
+                      Error);
     }
   }
 }
 
-TEST_CASE("cuda policy ops: select_top_k gives the CPU's selection exactly", "[cuda]") {
-  Backends b;
-  uint32_t seed = 600;
-  struct Case {
-    int64_t rows, stride, cols;
-  };
-  for (const Case& c : {Case{8, 4200, 4100}, Case{5, 300, 257}, Case{3, 10, 7}, Case{2, 4, 1}}) {
-    for (int pattern = 0; pattern < 4; ++pattern) {
-      INFO("rows " << c.rows << " cols " << c.cols << " pattern " << pattern);
-      std::mt19937 rng(++seed);
-      std::vector<float> scores(size_t(c.rows * c.stride));
-      for (float& v : scores) {
-        const uint32_t u = rng() % 32;
-        switch (pattern) {
-          case 0:  // distinct-ish normal values
-            v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
-            break;
-          case 1:  // heavy ties, NaN, +-inf, +-0
-            v = u == 0   ? kNaN
-                : u == 1 ? kNegInf
-                : u == 2 ? INFINITY
-                : u == 3 ? -0.0f
-                         : float(int(rng() % 7) - 3) * 0.25f;
-            break;
-          case 2:  // all equal: the highest columns win
-            v = 0.5f;
-            break;
-          default:  // probabilities, as the oracle ranks (tiny positive values, some exact 0)
-            v = u < 4 ? 0.0f : std::ldexp(float(rng() % 1000), -int(rng() % 40));
-        }
-      }
-      const std::vector<uint8_t> forced = random_mask(scores.size(), ++seed, 9);
-      std::vector<uint8_t> partly = random_mask(scores.size(), ++seed, 3);
-      for (auto& e : partly) e = uint8_t(!e);  // ~2/3 eligible
-      std::vector<uint8_t> with_sentinels = forced;
-      for (int64_t r = 0; r < c.rows; ++r)
-        for (int64_t j = c.cols; j < c.stride; ++j)
-          with_sentinels[size_t(r * c.stride + j)] = kMaskSentinel;
-      const Pair s = make_pair(b, scores, {c.rows, c.stride});
-      const Pair e = make_pair(b, partly, {c.rows, c.stride});
-      for (int64_t k : {int64_t(0), int64_t(1), int64_t(2), c.cols / 3, c.cols - 1, c.cols + 5}) {
-        for (bool use_eligible : {false, true}) {
-          INFO("k " << k << " eligible " << use_eligible);
-          Pair selected = make_pair(b, with_sentinels, {c.rows, c.stride});
-          b.cpu->select_top_k(s.cpu, c.cols, use_eligible ? &e.cpu : nullptr, k, selected.cpu);
-          b.gpu->select_top_k(s.gpu, c.cols, use_eligible ? &e.gpu : nullptr, k, selected.gpu);
-          const auto [want, got] = read_both<uint8_t>(b, selected);
-          CHECK(got == want);
-          // The CPU side is checked by hand in tests/unit; here one sanity check: forced columns
-          // stay, and at most k were added per row.
-          for (int64_t r = 0; r < c.rows; ++r) {
-            int64_t added = 0;
-            for (int64_t j = 0; j < c.cols; ++j) {
-              const size_t i = size_t(r * c.stride + j);
-              if (forced[i]) REQUIRE(want[i] == 1);
-              added += !forced[i] && want[i];
-            }
-            CHECK(added <= std::max<int64_t>(k, 0));
-          }
-          // The same selection after forced columns (sinks and recent, less the ineligible), in
-          // the GPU's one launch against the CPU's mark_columns then select_top_k.
-          const int64_t ones_end = std::min<int64_t>(3, c.cols);
-          const int64_t ones_begin = std::max<int64_t>(c.cols - 2, ones_end);
-          Pair marked = make_pair(b, with_sentinels, {c.rows, c.stride});
-          b.cpu->mark_and_select_top_k(s.cpu, c.cols, use_eligible ? &e.cpu : nullptr, ones_end,
-                                       ones_begin, k, marked.cpu);
-          b.gpu->mark_and_select_top_k(s.gpu, c.cols, use_eligible ? &e.gpu : nullptr, ones_end,
-                                       ones_begin, k, marked.gpu);
-          const auto [want_marked, got_marked] = read_both<uint8_t>(b, marked);
-          CHECK(got_marked == want_marked);
-        }
-      }
-    }
-  }
-}
+// select_top_k and mark_and_select_top_k against the CPU (rows of 4100, 257, 7 and 1 columns;
+// distinct, tied with NaN/+-inf/+-0, all-equal and probability scores; k from 0 past the
+// columns, with and without eligibility, forced columns): the op table
+// (tests/support/backend_op_table.cpp), which also runs every row op at rows of 1001 and 4100.
 
-TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
+TEST_CASE("cuda policy ops: mask ops over ranges, deferred counts and argument errors", "[cuda]") {
   Backends b;
-  const int64_t H = 8, G = 2, group = H / G, stride = 1030, cols = 1001;
+  const int64_t H = 8, stride = 1030, cols = 1001;
   uint32_t seed = 700;
 
   // fill_columns, then mask_and with a random mask.
@@ -377,92 +265,20 @@ TEST_CASE("cuda policy ops: mask and row ops agree exactly", "[cuda]") {
     CHECK(later == want);
   }
 
-  // accumulate_rows: one F32 add per element (or a replacement), so bit-identical.
-  std::vector<float> acc_values = random_values(size_t(H * stride), ++seed);
-  acc_values[3] = kNaN;
-  acc_values[4] = INFINITY;
-  Pair acc = make_pair(b, acc_values, {H, stride});
-  const Pair x = make_pair(b, random_values(size_t(H * stride), ++seed), {H, stride});
-  const Pair keep = make_pair(b, random_mask(size_t(H * stride), ++seed, 2), {H, stride});
-  for (const Pair* k : {static_cast<const Pair*>(nullptr), &keep}) {
-    b.cpu->accumulate_rows(acc.cpu, x.cpu, k ? &k->cpu : nullptr, cols);
-    b.gpu->accumulate_rows(acc.gpu, x.gpu, k ? &k->gpu : nullptr, cols);
-    const auto [want, got] = read_both<float>(b, acc);
-    CHECK(same_bits(got, want));
-  }
-
-  // sum_row_groups adds the rows of a group in the same order on both: bit-identical.
-  Pair sums =
-      make_pair(b, std::vector<float>(size_t(G * (stride + 3)), kSentinel), {G, stride + 3});
-  b.cpu->sum_row_groups(x.cpu, cols, group, sums.cpu);
-  b.gpu->sum_row_groups(x.gpu, cols, group, sums.gpu);
-  {
-    const auto [want, got] = read_both<float>(b, sums);
-    CHECK(same_bits(got, want));
-    CHECK(got[size_t(cols)] == kSentinel);
-  }
-
-  // expand_row_groups: a copy.
-  const Pair groups = make_pair(b, random_mask(size_t(G * stride), ++seed, 2), {G, stride});
-  Pair expanded =
-      make_pair(b, std::vector<uint8_t>(size_t(H * stride), kMaskSentinel), {H, stride});
-  b.cpu->expand_row_groups(groups.cpu, cols, group, expanded.cpu);
-  b.gpu->expand_row_groups(groups.gpu, cols, group, expanded.gpu);
-  {
-    const auto [want, got] = read_both<uint8_t>(b, expanded);
-    CHECK(got == want);
-  }
-
-  // random_rows: the shared integer hash, so bit-identical for any seed and stream.
-  for (auto [seed64, stream] :
-       {std::pair{uint64_t(0), uint64_t(0)}, std::pair{uint64_t(42), uint64_t(7)},
-        std::pair{~uint64_t(0), uint64_t(1) << 63}}) {
-    Pair random = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
-    b.cpu->random_rows(seed64, stream, cols, random.cpu);
-    b.gpu->random_rows(seed64, stream, cols, random.gpu);
-    const auto [want, got] = read_both<float>(b, random);
-    CHECK(same_bits(got, want));
-  }
+  // accumulate_rows (onto NaN and inf), sum_row_groups (into wider rows) and expand_row_groups
+  // against the CPU at these sizes: the op table.
+  // random_rows against the CPU (the shared integer hash, extreme seeds and streams): the op
+  // table.
 }
 
-TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda]") {
+TEST_CASE("cuda policy ops: pool_rows rejects an even kernel, key_anchor_scores", "[cuda]") {
   Backends b;
   const int64_t H = 8, G = 2, stride = 1030, cols = 1001;
-  uint32_t seed = 800;
+  uint32_t seed = 803;  // past the three seeds the moved axpby_rows inputs took
 
-  // axpby_rows: the contract fixes the roundings (beta * y, then one fma; or alpha * x alone),
-  // and both sides run exactly those, so bit-identical, broadcast or not.
-  std::vector<float> y_values = random_values(size_t(H * stride), ++seed);
-  y_values[5] = kNaN;
-  y_values[6] = INFINITY;
-  const Pair x = make_pair(b, random_values(size_t(H * stride), ++seed), {H, stride});
-  const Pair x_row = make_pair(b, random_values(size_t(stride), ++seed), {1, stride});
-  for (const Pair* source : {&x, &x_row}) {
-    for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-1.0f, 1.0f},
-                               std::pair{0.125f, 1.0f}, std::pair{1.0f / 3, 0.7f}}) {
-      INFO("alpha " << alpha << " beta " << beta << " broadcast " << (source == &x_row));
-      Pair y = make_pair(b, y_values, {H, stride});
-      b.cpu->axpby_rows(y.cpu, alpha, source->cpu, beta, cols);
-      b.gpu->axpby_rows(y.gpu, alpha, source->gpu, beta, cols);
-      const auto [want, got] = read_both<float>(b, y);
-      CHECK(same_bits(got, want));
-      CHECK(got[size_t(cols)] == y_values[size_t(cols)]);  // past cols: untouched
-    }
-  }
-
-  // pool_rows: max is a selection (fmax on both), average the same left-to-right F32 sum and one
-  // IEEE division on both: bit-identical.
+  // axpby_rows (NaN and inf in y, broadcast rows) and pool_rows (kernels 1 to 2049) against the
+  // CPU: the op table. Here pool_rows' error and key_anchor_scores on keys that share a direction.
   const Pair scores = make_pair(b, random_values(size_t(H * stride), ++seed), {H, stride});
-  for (auto pool : {Backend::Pool::Max, Backend::Pool::Average}) {
-    for (int64_t kernel : {int64_t(1), int64_t(5), int64_t(7), int64_t(2049)}) {
-      INFO("kernel " << kernel << " average " << (pool == Backend::Pool::Average));
-      Pair out = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
-      b.cpu->pool_rows(scores.cpu, cols, pool, kernel, out.cpu);
-      b.gpu->pool_rows(scores.gpu, cols, pool, kernel, out.gpu);
-      const auto [want, got] = read_both<float>(b, out);
-      CHECK(same_bits(got, want));
-    }
-  }
   Pair scratch = make_pair(b, std::vector<float>(size_t(H * stride)), {H, stride});
   CHECK_THROWS_AS(b.gpu->pool_rows(scores.gpu, cols, Backend::Pool::Max, 4, scratch.gpu), Error);
 
@@ -516,8 +332,9 @@ TEST_CASE("cuda policy ops: axpby_rows, pool_rows and key_anchor_scores", "[cuda
   }
 }
 
-TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agree bit for bit",
-          "[cuda]") {
+TEST_CASE(
+    "cuda policy ops: quest's page ops and tokenfilter's ops agree bit for bit, and their errors",
+    "[cuda]") {
   Backends b;
   const int64_t H = 8, G = 2, stride = 1030, cols = 1001;
   uint32_t seed = 900;
@@ -567,31 +384,8 @@ TEST_CASE("cuda policy ops: quest's page ops and tokenfilter's anchor update agr
                     Error);
   }
 
-  // select_pages: integer work on the same scores, so the same selection. Scores constant per
-  // page (as quest writes them) with ties across pages, and per-column noise; forced columns.
-  for (const int64_t page_size : {int64_t(16), int64_t(1), int64_t(7), int64_t(2000)}) {
-    std::vector<float> per_page = random_values(size_t(H * stride), ++seed);
-    for (int64_t r = 0; r < H; ++r)
-      for (int64_t j = 0; j < stride; ++j) {
-        float& v = per_page[size_t(r * stride + j)];
-        v = per_page[size_t(r * stride + (j / page_size) * page_size)];
-        if (r == 1) v = std::round(v);  // many equal pages: ties to the recent one
-        if (r == 2 && j % 5 == 0) v = kNaN;
-      }
-    const std::vector<float> noisy = random_values(size_t(H * stride), ++seed);
-    for (const std::vector<float>* scores_values : {&std::as_const(per_page), &noisy}) {
-      const Pair scores = make_pair(b, *scores_values, {H, stride});
-      const std::vector<uint8_t> forced = random_mask(size_t(H * stride), ++seed, 9);
-      for (const int64_t k : {int64_t(1), int64_t(16), int64_t(333), int64_t(999), int64_t(5000)}) {
-        INFO("page_size " << page_size << " k " << k);
-        Pair selected = make_pair(b, forced, {H, stride});
-        b.cpu->select_pages(scores.cpu, cols, page_size, k, selected.cpu);
-        b.gpu->select_pages(scores.gpu, cols, page_size, k, selected.gpu);
-        const auto [want, got] = read_both<uint8_t>(b, selected);
-        CHECK(got == want);
-      }
-    }
-  }
+  // select_pages against the CPU (page-constant scores with ties and NaN, noise; page sizes 1 to
+  // 2000; k to 5000): the op table.
 
   // anchor_cosine_update: the shared cosine_similarity and EMA roundings, identical; a few
   // steps in a row, one KV head with a zero vector.

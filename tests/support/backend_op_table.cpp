@@ -76,7 +76,11 @@ std::string shape_name(const std::string& op, const AttentionShape& s) {
 struct RowShape {
   int64_t rows, cols, stride;
 };
-constexpr RowShape kRowShapes[] = {{4, 13, 16}, {3, 70, 77}, {8, 1, 4}};
+// The last two: rows long enough for the CUDA kernels' block-strided loops and the CPU's vector
+// loops with a tail (from tests/cuda/test_cuda_policy_ops.cpp's 8 x 1001 of 1030, 8 x 4100 of
+// 4200).
+constexpr RowShape kRowShapes[] = {
+    {4, 13, 16}, {3, 70, 77}, {8, 1, 4}, {8, 1001, 1030}, {8, 4100, 4200}};
 std::string rows_name(const std::string& op, const RowShape& s) {
   return cat_name({{"rows", s.rows}, {"cols", s.cols}, {"stride", s.stride}}, op);
 }
@@ -146,6 +150,115 @@ std::vector<OpEntry> make_table() {
   struct Product {
     int64_t n, in, out;
   };
+  {
+    // A large table and ids at both ends (tests/cuda/test_cuda_backend.cpp's embed case): exact.
+    for (const DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      add("embed " + std::string(dtype_name(dtype)) + " vocab1000 E96", kExact, [dtype](OpRun& r) {
+        const DeviceTensor table = r.weight({1000, 96}, dtype);
+        const std::vector<int32_t> ids = {0, 999, 5, 5, 123, 998, 1};
+        DeviceTensor out = r.backend().alloc(DType::F32, {7, 96});
+        r.backend().embed(table, ids, out);
+        r.out("out", out);
+      });
+    }
+  }
+  // matmul alone at the shapes that take the CUDA backend's other paths (from
+  // tests/cuda/test_cuda_backend.cpp): few rows take the weight-streaming GEMV (vector loads
+  // where `in` allows them, scalar loads otherwise, one output feature, 4 features a warp from 3
+  // rows on), rows too long for shared memory are staged in chunks (8 x 4000, 13 x 2600), and
+  // many rows take cuBLAS (20 x 4096 x 4100: BF16/F16 widened in two slices of 2^24 elements).
+  // F16 weights here too. The tolerance is the table's dot bound with sum |x w| bounded by `in`
+  // (the hand test bounded it per element by the actual sum, about in / 4 for these inputs: the
+  // same formula, within a factor of about 4).
+  for (const Product p : {Product{1, 257, 131}, Product{7, 96, 300}, Product{3, 64, 1},
+                          Product{1, 2048, 333}, Product{16, 520, 70}, Product{12, 1000, 9},
+                          Product{20, 4096, 4100}, Product{8, 4000, 37}, Product{13, 2600, 5}}) {
+    for (const DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      add("matmul path" + cat_name({{"n", p.n}, {"in", p.in}, {"out", p.out}}, "") + " " +
+              std::string(dtype_name(dtype)),
+          dot_tolerance(p.in, double(p.in)), [p, dtype](OpRun& r) {
+            const DeviceTensor x = r.f32({p.n, p.in});
+            const DeviceTensor w = r.weight({p.out, p.in}, dtype);
+            DeviceTensor y = r.backend().alloc(DType::F32, {p.n, p.out});
+            r.backend().matmul(x, w, y);
+            r.out("y", y);
+          });
+    }
+  }
+  // rmsnorm with a long row (4099: off every vector width, many warps), BF16 and F32 weights,
+  // two epsilons, and in place (y aliases x), from tests/cuda/test_cuda_backend.cpp; inputs in
+  // [-3, 3). The tolerance of the rmsnorm entries below.
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    for (const float eps : {1e-5f, 1e-6f}) {
+      add("rmsnorm n5 E4099 " + std::string(dtype_name(dtype)) +
+              (eps == 1e-5f ? " eps1e-5" : " eps1e-6"),
+          {1e-7, 1e-5}, [dtype, eps](OpRun& r) {
+            const std::vector<float> xs = r.values(5 * 4099, 3.0f);
+            const DeviceTensor x = r.f32_of(xs, {5, 4099});
+            const DeviceTensor w = r.weight({4099}, dtype);
+            DeviceTensor y = r.backend().alloc(DType::F32, {5, 4099});
+            r.backend().rmsnorm(x, w, eps, y);
+            r.out("y", y);
+            DeviceTensor inplace = r.f32_of(xs, {5, 4099});
+            r.backend().rmsnorm(inplace, w, eps, inplace);
+            r.out("y in place", inplace);
+          });
+    }
+  }
+  // silu_mul over 5 x 1001 with gates whose exp overflows (-100: silu is -0), is huge (90) or 0;
+  // add_inplace at the same size. The tolerances of the entries below.
+  add("silu_mul n5 F1001 overflowing gates", {1e-7, 1e-5}, [](OpRun& r) {
+    std::vector<float> gate = r.values(5 * 1001, 6.0f);
+    gate[0] = -100.0f;
+    gate[1] = 90.0f;
+    gate[2] = 0.0f;
+    const DeviceTensor g = r.f32_of(gate, {5, 1001}), u = r.f32({5, 1001});
+    DeviceTensor out = r.backend().alloc(DType::F32, {5, 1001});
+    r.backend().silu_mul(g, u, out);
+    r.out("out", out);
+  });
+  add("add_inplace n5 E1001", kExact, [](OpRun& r) {
+    DeviceTensor x = r.f32({5, 1001});
+    const DeviceTensor y = r.f32({5, 1001});
+    r.backend().add_inplace(x, y);
+    r.out("x", x);
+  });
+  // rope at llama-3's base (500000) with D 64 and 128 over far (131071), consecutive and repeated
+  // positions, and phi3's partial rotary (96 of 128) with a longrope factor scaling cos and sin at
+  // positions up to 70000 (tests/cuda/test_cuda_backend.cpp). The rope entries' tolerance; the
+  // channels past the rotary ones are compared too (untouched: the same bits).
+  for (const int64_t head_dim : {int64_t(64), int64_t(128)}) {
+    for (const auto& positions :
+         {std::vector<int64_t>{0, 1, 517, 4095}, std::vector<int64_t>{10, 11, 12, 13, 14},
+          std::vector<int64_t>{131071}, std::vector<int64_t>{77, 77, 77}}) {
+      add("rope base500000" + cat_name({{"n", int64_t(positions.size())},
+                                        {"H", 6},
+                                        {"D", head_dim},
+                                        {"first", positions[0]}},
+                                       ""),
+          {1e-6, 1e-5}, [head_dim, positions](OpRun& r) {
+            std::vector<float> inv_freq(size_t(head_dim / 2));
+            for (int64_t i = 0; i < head_dim / 2; ++i)
+              inv_freq[size_t(i)] =
+                  float(1.0 / std::pow(500000.0, double(2 * i) / double(head_dim)));
+            const DeviceTensor freq = r.f32_of(inv_freq, {head_dim / 2});
+            DeviceTensor x = r.f32({int64_t(positions.size()), 6, head_dim});
+            r.backend().rope(x, positions, freq);
+            r.out("x", x);
+          });
+    }
+  }
+  add("rope partial n4 H3 D128 R96 longrope scale", {1e-6, 1e-5}, [](OpRun& r) {
+    const std::vector<int64_t> positions = {0, 3, 4096, 70000};
+    const DeviceTensor freq = r.f32_of(inv_freq_values(96), {48});
+    DeviceTensor x = r.f32({4, 3, 128});
+    r.backend().rope(x, positions, freq, 1.1902381f);
+    r.out("x", x);
+    DeviceTensor q = r.f32({4, 3, 128}), k = r.f32({4, 2, 128});
+    r.backend().rope_pair(q, k, positions, freq, 1.1902381f);
+    r.out("rope_pair q", q);
+    r.out("rope_pair k", k);
+  });
   for (const Product p : {Product{1, 37, 19}, Product{5, 64, 48}, Product{17, 96, 40}}) {
     for (const DType dtype : {DType::F32, DType::BF16}) {
       const std::string suffix = cat_name({{"n", p.n}, {"in", p.in}, {"out", p.out}}, "") + " " +
@@ -425,6 +538,126 @@ std::vector<OpEntry> make_table() {
             r.out(name, *tensor);
         });
   }
+  // attention at the shapes and cases of tests/cuda/test_cuda_backend.cpp, which take the CUDA
+  // kernels' paths: GQA 8 over 2 with a whole prefill, a chunk with a window, decode with and
+  // without logits, windows, masks (head 1 sees nothing) and a mask inside a window; a context of
+  // 600 (several 256-key tiles) with a peaky softmax (q scaled by 4) and a 600-row prefill;
+  // decode over 5123 keys (many slices of the split kernel), GQA 4; one KV head (MQA) at D 80.
+  // The output within the attention entries' 1e-4; the logits within the larger of that and the
+  // dot bound for q in [-q_scale, q_scale) (scale * sum |q k| <= q_scale * sqrt(D)).
+  struct AttentionCase {
+    int64_t first, rows, window;
+    bool mask, logits;
+    int q_scale;
+  };
+  const std::pair<AttentionShape, std::vector<AttentionCase>> attention_cases[] = {
+      {{8, 2, 64, 96, 41},
+       {{0, 41, 0, false, true, 1},
+        {36, 5, 8, false, true, 1},
+        {40, 1, 0, false, true, 1},
+        {40, 1, 0, false, false, 1},
+        {40, 1, 16, false, true, 1},
+        {40, 1, 0, true, true, 1},
+        {40, 1, 20, true, true, 2},
+        {40, 1, 0, true, false, 1}}},
+      {{4, 4, 128, 700, 600},
+       {{599, 1, 0, false, true, 4},
+        {597, 3, 300, false, true, 4},
+        {0, 600, 0, false, false, 1},
+        {599, 1, 0, true, true, 4},
+        {599, 1, 513, true, true, 1}}},
+      {{32, 8, 64, 5200, 5123},
+       {{5122, 1, 0, false, true, 2},
+        {5122, 1, 1000, true, true, 2},
+        {5122, 1, 0, true, false, 8}}},
+      {{6, 1, 80, 40, 33},
+       {{32, 1, 0, false, true, 1}, {0, 33, 5, false, true, 1}, {32, 1, 0, true, true, 1}}},
+  };
+  for (const auto& shape_cases : attention_cases) {
+    const AttentionShape s = shape_cases.first;
+    for (const AttentionCase& a : shape_cases.second) {
+      const int64_t H = s.heads, D = s.head_dim, context = a.first + a.rows;
+      const double logit_bound =
+          dot_tolerance(D, double(a.q_scale) * double(D) / std::sqrt(double(D))).abs;
+      add(shape_name("attention case", s) + cat_name({{"first", a.first},
+                                                      {"rows", a.rows},
+                                                      {"window", a.window},
+                                                      {"mask", a.mask},
+                                                      {"logits", a.logits},
+                                                      {"qscale", a.q_scale}},
+                                                     ""),
+          {std::max(1e-4, logit_bound), 1e-4}, [=](OpRun& r) {
+            const Caches c = filled_caches(r, s);
+            const DeviceTensor q = r.f32({a.rows, H, D}, float(a.q_scale));
+            DeviceTensor mask;
+            Visibility visible;
+            if (a.mask) {
+              std::vector<uint8_t> bits = r.bits(H * context, 50);
+              for (int64_t h = 0; h < H; ++h) bits[size_t(h * context + context - 1)] = 1;
+              if (H > 1) std::fill(bits.begin() + context, bits.begin() + 2 * context, uint8_t(0));
+              mask = r.u8_of(bits, {H, context});
+              visible.mask = &mask;
+            }
+            DeviceTensor out = r.backend().alloc(DType::F32, {a.rows, H, D});
+            DeviceTensor logits = r.f32({a.rows, H, context});
+            r.backend().attention(q, c.k, c.v, a.first, a.window, visible, out,
+                                  a.logits ? &logits : nullptr);
+            r.out("out", out);
+            if (a.logits) r.out("logits", logits);
+          });
+    }
+  }
+  // attention_logits and attention_visible at the shapes of tests/cuda/test_cuda_policy_ops.cpp:
+  // 578 columns over three 256-key tiles (with and without a window of 100), MQA at D 80, one
+  // column, and 1301 of 1536 (attention_visible's split over slices); q in [-2, 2), logits rows
+  // wider than the columns. attention_visible from logits in [-4, 4) with about a quarter of the
+  // keys visible (head 1 none), probabilities and outputs apart: probabilities within 1e-5
+  // relative (exponentials a few ulp apart, sums of n <= 1301 positive terms in other orders: a
+  // random walk of ~sqrt(n) 2^-24), the outputs within 1e-5 absolute (sums of p |v| <= 1 terms).
+  struct LogitShape {
+    int64_t heads, kv_heads, head_dim, stride, cols, window;
+  };
+  for (const LogitShape s : {LogitShape{8, 2, 64, 600, 578, 0}, LogitShape{8, 2, 64, 600, 578, 100},
+                             LogitShape{6, 1, 80, 40, 33, 0}, LogitShape{4, 4, 16, 8, 1, 0},
+                             LogitShape{8, 2, 64, 1536, 1301, 0}}) {
+    const std::string name = cat_name({{"H", s.heads},
+                                       {"G", s.kv_heads},
+                                       {"D", s.head_dim},
+                                       {"stride", s.stride},
+                                       {"cols", s.cols},
+                                       {"window", s.window}},
+                                      "");
+    const int64_t H = s.heads, G = s.kv_heads, D = s.head_dim;
+    add("attention_logits wide rows" + name,
+        dot_tolerance(D, 2.0 * double(D) / std::sqrt(double(D))), [=](OpRun& r) {
+          const DeviceTensor q = r.f32({1, H, D}, 2.0f);
+          const DeviceTensor k = r.f32({G, s.stride, D});
+          DeviceTensor logits = r.f32({H, s.stride});
+          r.backend().attention_logits(q, k, s.cols - 1, s.window, logits);
+          r.out("logits", logits);
+        });
+    auto visible_run = [=](OpRun& r, bool probs) {
+      const DeviceTensor v = r.f32({G, s.stride, D});
+      const DeviceTensor logits = r.f32({H, s.stride}, 4.0f);
+      std::vector<uint8_t> mask = r.bits(H * s.stride, 25);
+      for (int64_t h = 0; h < H; ++h) mask[size_t(h * s.stride + s.cols - 1)] = 1;
+      if (H > 1) std::fill(mask.begin() + s.stride, mask.begin() + 2 * s.stride, uint8_t(0));
+      const DeviceTensor visible = r.u8_of(mask, {H, s.stride});
+      for (const bool masked : {false, true}) {
+        DeviceTensor out = r.f32({1, H, D});
+        DeviceTensor p = r.f32({H, s.stride});
+        r.backend().attention_visible(logits, s.cols, masked ? &visible : nullptr, v, out, &p);
+        if (probs)
+          r.out(masked ? "probs, masked" : "probs", p);
+        else
+          r.out(masked ? "out, masked" : "out", out);
+      }
+    };
+    add("attention_visible probs" + name, {1e-12, 1e-5},
+        [visible_run](OpRun& r) { visible_run(r, true); });
+    add("attention_visible out" + name, {1e-5, 0.0},
+        [visible_run](OpRun& r) { visible_run(r, false); });
+  }
   for (const Product p : {Product{1, 1000, 0}, Product{4, 37, 0}}) {
     // Ids: exact (ties, from whole-number inputs, go to the lower index everywhere).
     add(cat_name({{"n", p.n}, {"V", p.in}}, "argmax_rows"), kExact, [p](OpRun& r) {
@@ -580,6 +813,156 @@ std::vector<OpEntry> make_table() {
       }
     });
   }
+
+  // ----------------------------------------------------------------- selection: hard inputs
+  // From tests/cuda/test_cuda_policy_ops.cpp, every op here exact. select_top_k and
+  // mark_and_select_top_k on four score patterns (distinct normal-like values; heavy ties with
+  // NaN, +-inf and +-0; all equal, where the higher columns win; tiny probabilities with exact
+  // zeros), at rows of 4100 of 4200 (the CUDA kernels' long-row path), 257 of 300, 7 of 10 and 1
+  // of 4, for k 0, 1, 2, cols / 3, cols - 1 and past cols, with and without eligibility, forced
+  // columns kept.
+  struct SelectShape {
+    int64_t rows, cols, stride;
+  };
+  for (const SelectShape c : {SelectShape{8, 4100, 4200}, SelectShape{5, 257, 300},
+                              SelectShape{3, 7, 10}, SelectShape{2, 1, 4}}) {
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      add(cat_name({{"rows", c.rows}, {"cols", c.cols}, {"stride", c.stride}, {"pattern", pattern}},
+                   "select_top_k and mark_and_select_top_k, hard scores"),
+          kExact, [c, pattern](OpRun& r) {
+            const int64_t count = c.rows * c.stride;
+            std::vector<float> scores = r.values(count);
+            const std::vector<float> noise = r.values(count);
+            for (size_t i = 0; i < scores.size(); ++i) {
+              const int64_t u = r.below(32);
+              float& v = scores[i];
+              switch (pattern) {
+                case 0:  // distinct-ish: a sum of two uniforms
+                  v = v + noise[i];
+                  break;
+                case 1:  // heavy ties, NaN, +-inf, +-0
+                  v = u == 0   ? std::numeric_limits<float>::quiet_NaN()
+                      : u == 1 ? -std::numeric_limits<float>::infinity()
+                      : u == 2 ? std::numeric_limits<float>::infinity()
+                      : u == 3 ? -0.0f
+                               : float(r.below(7) - 3) * 0.25f;
+                  break;
+                case 2:  // all equal
+                  v = 0.5f;
+                  break;
+                default:  // probabilities: tiny positive values, some exact 0
+                  v = u < 4 ? 0.0f : std::ldexp(float(r.below(1000)), -int(r.below(40)));
+              }
+            }
+            const DeviceTensor s = r.f32_of(scores, {c.rows, c.stride});
+            const DeviceTensor eligible = r.u8({c.rows, c.stride}, 67);
+            const std::vector<uint8_t> forced = r.bits(count, 11);
+            const int64_t ones_end = std::min<int64_t>(3, c.cols);
+            const int64_t ones_begin = std::max<int64_t>(c.cols - 2, ones_end);
+            for (const int64_t k :
+                 {int64_t(0), int64_t(1), int64_t(2), c.cols / 3, c.cols - 1, c.cols + 5}) {
+              for (const bool use_eligible : {false, true}) {
+                const std::string tag =
+                    " k" + std::to_string(k) + (use_eligible ? " eligible" : " all eligible");
+                DeviceTensor selected = r.u8_of(forced, {c.rows, c.stride});
+                r.backend().select_top_k(s, c.cols, use_eligible ? &eligible : nullptr, k,
+                                         selected);
+                r.out("selected" + tag, selected);
+                DeviceTensor marked = r.u8_of(forced, {c.rows, c.stride});
+                r.backend().mark_and_select_top_k(s, c.cols, use_eligible ? &eligible : nullptr,
+                                                  ones_end, ones_begin, k, marked);
+                r.out("marked" + tag, marked);
+              }
+            }
+          });
+    }
+  }
+  // select_pages on scores constant per page (as quest writes them) with ties across pages
+  // (row 1) and NaN (row 2), and on per-column noise, at page sizes 16, 1, 7 and one past the
+  // row (2000), k from 1 past the columns (5000), forced columns kept.
+  add("select_pages rows8 cols1001 stride1030 page scores", kExact, [](OpRun& r) {
+    const int64_t H = 8, stride = 1030, cols = 1001;
+    for (const int64_t page_size : {int64_t(16), int64_t(1), int64_t(7), int64_t(2000)}) {
+      std::vector<float> per_page = r.values(H * stride);
+      for (int64_t row = 0; row < H; ++row)
+        for (int64_t j = 0; j < stride; ++j) {
+          float& v = per_page[size_t(row * stride + j)];
+          v = per_page[size_t(row * stride + (j / page_size) * page_size)];
+          if (row == 1) v = std::round(v);
+          if (row == 2 && j % 5 == 0) v = std::numeric_limits<float>::quiet_NaN();
+        }
+      const std::vector<float> noisy = r.values(H * stride);
+      for (const std::vector<float>* values : {&std::as_const(per_page), &noisy}) {
+        const DeviceTensor scores = r.f32_of(*values, {H, stride});
+        const std::vector<uint8_t> forced = r.bits(H * stride, 11);
+        for (const int64_t k :
+             {int64_t(1), int64_t(16), int64_t(333), int64_t(999), int64_t(5000)}) {
+          DeviceTensor selected = r.u8_of(forced, {H, stride});
+          r.backend().select_pages(scores, cols, page_size, k, selected);
+          r.out("selected page " + std::to_string(page_size) + " k" + std::to_string(k), selected);
+        }
+      }
+    }
+  });
+  // accumulate_rows onto NaN and inf, and 8 query heads over 2 KV groups (4 rows a group):
+  // sum_row_groups into rows wider than the mask's, expand_row_groups.
+  add("accumulate_rows, sum_row_groups, expand_row_groups H8 G2 cols1001 stride1030", kExact,
+      [](OpRun& r) {
+        const int64_t H = 8, G = 2, stride = 1030, cols = 1001;
+        std::vector<float> acc_values = r.values(H * stride);
+        acc_values[3] = std::numeric_limits<float>::quiet_NaN();
+        acc_values[4] = std::numeric_limits<float>::infinity();
+        DeviceTensor acc = r.f32_of(acc_values, {H, stride});
+        const DeviceTensor x = r.f32({H, stride});
+        const DeviceTensor keep = r.u8({H, stride}, 50);
+        r.backend().accumulate_rows(acc, x, nullptr, cols);
+        r.out("acc", acc);
+        r.backend().accumulate_rows(acc, x, &keep, cols);
+        r.out("acc, keep", acc);
+        DeviceTensor sums = r.f32({G, stride + 3});
+        r.backend().sum_row_groups(x, cols, H / G, sums);
+        r.out("sums", sums);
+        const DeviceTensor groups = r.u8({G, stride}, 50);
+        DeviceTensor expanded = r.u8({H, stride}, 50);
+        r.backend().expand_row_groups(groups, cols, H / G, expanded);
+        r.out("expanded", expanded);
+      });
+  // random_rows at seeds and streams at the ends of their ranges.
+  add("random_rows rows8 cols1001 stride1030 extreme seeds", kExact, [](OpRun& r) {
+    for (const auto& [seed, stream] :
+         {std::pair{uint64_t(0), uint64_t(0)}, std::pair{uint64_t(42), uint64_t(7)},
+          std::pair{~uint64_t(0), uint64_t(1) << 63}}) {
+      DeviceTensor out = r.f32({8, 1030});
+      r.backend().random_rows(seed, stream, 1001, out);
+      r.out("random " + std::to_string(seed), out);
+    }
+  });
+  // pool_rows with kernels 5 and one wider than the row (2049).
+  add("pool_rows rows8 cols1001 stride1030 kernels 5 and 2049", kExact, [](OpRun& r) {
+    const DeviceTensor x = r.f32({8, 1030});
+    for (const int64_t kernel : {int64_t(5), int64_t(2049)}) {
+      for (const auto pool : {Backend::Pool::Max, Backend::Pool::Average}) {
+        DeviceTensor out = r.f32({8, 1030});
+        r.backend().pool_rows(x, 1001, pool, kernel, out);
+        r.out("pool kernel " + std::to_string(kernel), out);
+      }
+    }
+  });
+  // axpby_rows with NaN and inf in y, alpha 1/3 and beta 0.7 (roundings the contract fixes).
+  add("axpby_rows rows8 cols1001 stride1030 special values", kExact, [](OpRun& r) {
+    std::vector<float> y_values = r.values(8 * 1030);
+    y_values[5] = std::numeric_limits<float>::quiet_NaN();
+    y_values[6] = std::numeric_limits<float>::infinity();
+    const DeviceTensor x = r.f32({8, 1030}), row = r.f32({1, 1030});
+    for (const DeviceTensor* source : {&x, &row}) {
+      for (const auto& [alpha, beta] :
+           {std::pair{1.0f, 0.0f}, std::pair{0.125f, 1.0f}, std::pair{1.0f / 3, 0.7f}}) {
+        DeviceTensor y = r.f32_of(y_values, {8, 1030});
+        r.backend().axpby_rows(y, alpha, *source, beta, 1001);
+        r.out(source == &row ? "y, broadcast row" : "y", y);
+      }
+    }
+  });
 
   // ----------------------------------------------------------------- op extensions
   for (const AttentionShape& s : kAttentionShapes) {

@@ -176,7 +176,7 @@ TEST_CASE("a plug-in is listed with its rule, family, knobs and file", "[plugin]
   const size_t count = policy_infos().size();
   load_policy_plugin(example_plugin("quest"));
   CHECK(policy_infos().size() == count);
-  CHECK(find_policy_info("tokenbutler_c") == nullptr);
+  CHECK(find_policy_info("no_such_policy") == nullptr);
   CHECK(load_policy_plugin(example_plugin("tokenbutler")).predicts_logits);
 }
 
@@ -308,11 +308,16 @@ TEST_CASE("kvlens-cli --plugin runs a plug-in and reports a bad one in one line"
   const std::string model = test::source_path("assets/models/demo");
   const std::string ok = cli + " eval --model " + model +
                          " --task coref --samples 2 --policies h2o,h2o_c --sparsity 0.5 --plugin " +
-                         example_plugin("h2o") + " > " + out + " 2>&1";
+                         example_plugin("h2o") + " --json " + out + ".json > " + out + " 2>&1";
   REQUIRE(std::system(ok.c_str()) == 0);
   std::ifstream in(out);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(text.find("h2o_c") != std::string::npos);
+  // The JSON names the file a plug-in's results came from.
+  std::ifstream json_in(out + ".json");
+  const std::string json((std::istreambuf_iterator<char>(json_in)),
+                         std::istreambuf_iterator<char>());
+  CHECK(json.find("\"plugin\": \"" + example_plugin("h2o") + "\"") != std::string::npos);
   const std::string bad = cli + " policies --plugin /nonexistent/x.so > " + out + " 2>&1";
   CHECK(std::system(bad.c_str()) != 0);
   std::ifstream again(out);
