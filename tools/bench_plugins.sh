@@ -7,11 +7,12 @@
 # usage: tools/bench_plugins.sh CLI MODEL [--backend cpu|cuda] [--context N] [--rounds R]
 #                               [--steps N] [--sparsity X] BUILTIN=PLUGIN.so[:ID] ...
 #   e.g. tools/bench_plugins.sh build/app/kvlens-cli assets/models/demo \
-#          h2o=build/examples/policies/libkvlens_h2o_c.so:h2o_c
+#          h2o=build/examples/policies/libkvlens_h2o_c.so:h2o_c h2o=examples/policies/h2o.py:h2o_py
+#   (a .py file is a Python policy file: --policy-file)
 # ID defaults to the built-in's id with _c. Prints one line per plug-in; medians of the rounds'
 # medians.
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 cli=$1 model=$2
 shift 2
 backend=cpu context=512 rounds=5 steps=64 sparsity=0.5 pairs=()
@@ -32,10 +33,12 @@ for pair in "${pairs[@]}"; do
   builtin=${pair%%=*} rest=${pair#*=}
   file=${rest%%:*} id=${rest#*:}
   [ "$id" = "$rest" ] && id=${builtin}_c
+  load=(--plugin "$file")
+  [[ $file == *.py ]] && load=(--policy-file "$file")
   for round in $(seq "$rounds"); do
     for policy in "$builtin" "$id"; do
       "$cli" bench --backend "$backend" --model "$model" --context "$context" --steps "$steps" \
-        --policies "$policy" --sparsity "$sparsity" --plugin "$file" --json \
+        --policies "$policy" --sparsity "$sparsity" "${load[@]}" --json \
         >"$work/$builtin.$policy.$round.json"
     done
   done
