@@ -508,7 +508,8 @@ PYBIND11_MODULE(_kvlens, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      error_type(e.what());
+      // (PyErr_SetString: pybind11 3 deprecates calling the exception, 2.10 lacks set_error)
+      PyErr_SetString(error_type.ptr(), e.what());
     }
   });
 
@@ -718,12 +719,12 @@ PYBIND11_MODULE(_kvlens, m) {
                                }
                                return out;
                              })
-      .def_property_readonly(
-          "trace",
-          [](PySession& s) {
-            return PyTrace{nullptr, &s.recorder->trace()};
-          },
-          py::keep_alive<0, 1>())
+      // (a cpp_function: pybind11 3's def_property takes no keep_alive of its own)
+      .def_property_readonly("trace", py::cpp_function(
+                                          [](PySession& s) {
+                                            return PyTrace{nullptr, &s.recorder->trace()};
+                                          },
+                                          py::keep_alive<0, 1>()))
       .def(
           "rows",
           [](PySession& s, const py::object& run, int64_t step) {
