@@ -41,6 +41,7 @@ cmake -S "$source_dir" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVLENS_
   { tail -40 "$build.configure.log"; exit 1; }
 grep "kvlens:" "$build.configure.log" || true
 ninja -C "$build" ${targets[@]+"${targets[@]}"} >"$build.build.log" 2>&1 ||
-  { grep -E "error|Error" -A6 "$build.build.log" | head -80; exit 1; }
+  { grep -E "FAILED:|error|undefined reference|cannot find" -A8 "$build.build.log" | grep -v "^\[" |
+      cut -c1-400 | head -80; exit 1; }
 echo "built $build in $(( $(date +%s) - start )) s"
 echo "export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:\$LD_LIBRARY_PATH"
