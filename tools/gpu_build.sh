@@ -28,6 +28,11 @@ if [ ! -d $deps/usr ]; then
   # ICU's unversioned names point at the versioned files of libicu72's .deb.
   (cd $deps/usr/lib/x86_64-linux-gnu && for n in uc data i18n io; do
      [ -e libicu$n.so.72 ] || continue; ln -sf libicu$n.so.72 libicu$n.so; done)
+  # zlib1g-dev's libz.so points at the runtime of zlib1g, which is the machine's own: link it
+  # there (its static libz.a is not position-independent, so the Python module cannot take it).
+  (cd $deps/usr/lib/x86_64-linux-gnu && rm -f libz.a &&
+     for z in /lib/x86_64-linux-gnu/libz.so.1 /usr/lib/x86_64-linux-gnu/libz.so.1; do
+       [ -e $z ] && ln -sf $z libz.so && break; done)
 fi
 export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 python=${PYTHON:-$(command -v python3)}
