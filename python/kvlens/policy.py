@@ -191,16 +191,23 @@ def _answer(step, result):
 _streams = {}
 
 
-def _call_on_stream(method, view, stream):
-    """Calls method(view) with torch's current stream set to the session's (CUDA)."""
+def _call_on_stream(method, view, stream, answer=None):
+    """Calls method(view) with torch's current stream set to the session's (CUDA), and, for a
+    select(), turns its result into the answer on that stream too: the copy of a returned tensor
+    into the answer's buffers must be ordered before kvlens's own ops read them."""
+    def call():
+        result = method(view)
+        if answer is None or isinstance(result, int):
+            return result
+        return answer(view, result)
     if not stream:  # the legacy default stream: torch's own default
-        return method(view)
+        return call()
     import torch
     s = _streams.get(stream)
     if s is None:
         s = _streams[stream] = torch.cuda.ExternalStream(stream)
     with torch.cuda.stream(s):
-        return method(view)
+        return call()
 
 
 def policy_classes(namespace):
