@@ -10,7 +10,10 @@
 #          (device tool: carry .deps; run from the repository root)
 # Prints the configure summary and the build time; exits non-zero on a failed build. The scratch
 # prefix is /tmp/kvlens-deps; LD_LIBRARY_PATH must name its lib folder to run what was built
-# (ICU): source the printed line.
+# (ICU): source the printed line. The Python module links its C++ runtime statically: the
+# machine's compiler (/opt/gcc) is newer than the libstdc++ its Python and torch load first, and
+# the module crashed in libstdc++'s inline code against the older one (seen on an H100, a
+# segmentation fault in read_utf8_code_point as a session was made).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 source_dir=$1 build=$2
@@ -42,6 +45,7 @@ cmake -S "$source_dir" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVLENS_
   -DCMAKE_PREFIX_PATH="$deps/usr;$deps/usr/share/cmake;$deps/usr/lib/cmake" \
   -DICU_ROOT=$deps/usr -DCMAKE_CXX_FLAGS="-isystem $deps/usr/include" \
   -DPython3_EXECUTABLE="$python" -Dpybind11_DIR=$deps/usr/lib/cmake/pybind11 \
+  "-DCMAKE_MODULE_LINKER_FLAGS=-static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL" \
   ${cmake_args[@]+"${cmake_args[@]}"} >"$build.configure.log" 2>&1 ||
   { tail -40 "$build.configure.log"; exit 1; }
 grep "kvlens:" "$build.configure.log" || true
