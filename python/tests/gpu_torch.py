@@ -1,5 +1,5 @@
-"""On a GPU (not a ctest: run by hand where torch and CUDA are): Python policies on a CUDA
-session. examples/policies/h2o_torch.py gets CUDA tensors through DLPack and runs on the
+"""On a GPU (ctest cuda:python_torch; exit 4, skipped, without torch, CUDA or the module):
+Python policies on a CUDA session. examples/policies/h2o_torch.py gets CUDA tensors through DLPack and runs on the
 session's stream; h2o.py (NumPy) gets the adapter's host copies; both give the built-in h2o's
 visible sets in lockstep with it. Prints the Python time per step."""
 import json
@@ -12,9 +12,14 @@ import numpy as np
 
 from common import CLI, DEMO, SCRATCH, SOURCE_DIR, check, cli, kvlens
 
-import torch  # noqa: E402
-
-check(torch.cuda.is_available(), "a CUDA device")
+try:
+    import torch  # noqa: E402
+except ImportError:
+    print("skipped: no torch")
+    sys.exit(4)
+if not torch.cuda.is_available() or not kvlens.has_cuda:
+    print("skipped: no CUDA device, or a module built without the CUDA backend")
+    sys.exit(4)
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "policies")
 kvlens.load_policy_file(os.path.join(EXAMPLES, "h2o_torch.py"))
 kvlens.load_policy_file(os.path.join(EXAMPLES, "h2o.py"))
