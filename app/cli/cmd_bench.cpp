@@ -232,7 +232,8 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       std::vector<std::vector<double>> run_task_seconds(runs.size());
       // Per lockstep run of a plug-in: the seconds of each step spent in its own code and in
       // the copies to and from host memory made for it (Policy::external_seconds).
-      std::vector<std::vector<double>> run_plugin_seconds(runs.size()), run_copy_seconds(runs.size());
+      std::vector<std::vector<double>> run_plugin_seconds(runs.size()),
+          run_copy_seconds(runs.size());
       std::vector<Policy::ExternalSeconds> external_before(runs.size());
       auto external_now = [&](size_t r) {
         const Policy* policy = lockstep->run(int64_t(r)).policy.get();
@@ -398,9 +399,10 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
               "  run %-3zu %-12s %.3f ms per step (own attention and policy work, median)\n", r,
               runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
           if (!policy_source(runs[r].id).empty()) {
-            std::printf("          plug-in      %.3f ms per step in its own code, %.3f ms in copies "
-                        "to and from host memory (medians; part of the above)\n",
-                        median(run_plugin_seconds[r]) * 1e3, median(run_copy_seconds[r]) * 1e3);
+            std::printf(
+                "          plug-in      %.3f ms per step in its own code, %.3f ms in copies "
+                "to and from host memory (medians; part of the above)\n",
+                median(run_plugin_seconds[r]) * 1e3, median(run_copy_seconds[r]) * 1e3);
           }
         }
       }

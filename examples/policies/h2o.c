@@ -55,8 +55,8 @@ static int ensure_stride(h2o_state* s, const kvlens_step* step) {
   }
   if (step->stride <= s->stride) return 1;
   for (int64_t l = 0; l < s->layers; ++l) {
-    s->accumulated[l] = (float*)widen_rows(s->accumulated[l], s->heads, s->stride, step->stride,
-                                           sizeof(float), 0);
+    s->accumulated[l] =
+        (float*)widen_rows(s->accumulated[l], s->heads, s->stride, step->stride, sizeof(float), 0);
     s->kept[l] = (uint8_t*)widen_rows(s->kept[l], s->rows, s->stride, step->stride, 1, 1);
     if (!s->accumulated[l] || !s->kept[l]) return 0;
   }
@@ -74,7 +74,8 @@ static int32_t select_step(void* opaque, const kvlens_step* step, kvlens_answer*
   const int64_t l = step->layer, cols = step->cols, stride = step->stride;
   s->sinks = step->sinks;
   for (int64_t h = 0; h < s->heads; ++h)
-    memcpy(answer->scores + h * stride, s->accumulated[l] + h * s->stride, (size_t)cols * sizeof(float));
+    memcpy(answer->scores + h * stride, s->accumulated[l] + h * s->stride,
+           (size_t)cols * sizeof(float));
   for (int64_t r = 0; r < s->rows; ++r)
     memcpy(answer->eligible + r * stride, s->kept[l] + r * s->stride, (size_t)cols);
   const int64_t heavy = (int64_t)floor(s->heavy_frac * (double)step->budget);

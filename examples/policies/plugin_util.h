@@ -19,8 +19,8 @@ static inline void* widen_rows(void* old, int64_t rows, int64_t old_stride, int6
   if (!grown) return NULL;
   memset(grown, fill, (size_t)(rows * new_stride) * elem);
   for (int64_t r = 0; old && r < rows; ++r)
-    memcpy(grown + (size_t)(r * new_stride) * elem, (unsigned char*)old + (size_t)(r * old_stride) * elem,
-           (size_t)old_stride * elem);
+    memcpy(grown + (size_t)(r * new_stride) * elem,
+           (unsigned char*)old + (size_t)(r * old_stride) * elem, (size_t)old_stride * elem);
   free(old);
   return grown;
 }

@@ -41,11 +41,11 @@ typedef enum kvlens_param_type {
  * knob's default, range and description for this policy instead (Quest's dense_layers = 2); it
  * must have the knob's type, and create() does not receive it: kvlens applies it. */
 typedef struct kvlens_param {
-  const char* name;          /* [a-z0-9_]+, unique */
-  int32_t type;              /* kvlens_param_type */
-  const char* description;   /* one line */
-  double default_value;      /* CHOICE: an index into choices */
-  double min_value;          /* INT, FLOAT: inclusive bounds (use -HUGE_VAL / HUGE_VAL for none) */
+  const char* name;        /* [a-z0-9_]+, unique */
+  int32_t type;            /* kvlens_param_type */
+  const char* description; /* one line */
+  double default_value;    /* CHOICE: an index into choices */
+  double min_value;        /* INT, FLOAT: inclusive bounds (use -HUGE_VAL / HUGE_VAL for none) */
   double max_value;
   const char* const* choices; /* CHOICE: choice_count strings; NULL otherwise */
   int32_t choice_count;
@@ -93,7 +93,7 @@ typedef struct kvlens_model_shape {
   int64_t layers, heads, kv_heads, head_dim, hidden_size;
   int64_t max_positions; /* max_position_embeddings: no step reaches it */
   int32_t has_predictor;
-  int32_t memory;        /* kvlens_memory of every step's pointers for this instance */
+  int32_t memory; /* kvlens_memory of every step's pointers for this instance */
 } kvlens_model_shape;
 
 /* ---- One step ------------------------------------------------------------------------------ */
@@ -102,25 +102,25 @@ typedef struct kvlens_model_shape {
  * g = h / (H / G). Pointers are in `memory`; NULL where not asked for. */
 typedef struct kvlens_step {
   uint32_t struct_size;
-  int32_t memory;      /* kvlens_memory */
-  void* stream;        /* cudaStream_t of the session on CUDA, NULL on the host */
-  int64_t step;        /* t: the token just appended (its key is column t) */
-  int64_t layer;       /* l, at least the dense_layers knob (earlier layers are dense) */
-  int64_t cols;        /* t + 1 candidates */
-  int64_t stride;      /* columns of every row buffer below (it grows with the context) */
-  int64_t budget;      /* B(t): the most tokens a head may see, everything forced included */
-  int64_t sinks;       /* the common knobs, resolved */
+  int32_t memory; /* kvlens_memory */
+  void* stream;   /* cudaStream_t of the session on CUDA, NULL on the host */
+  int64_t step;   /* t: the token just appended (its key is column t) */
+  int64_t layer;  /* l, at least the dense_layers knob (earlier layers are dense) */
+  int64_t cols;   /* t + 1 candidates */
+  int64_t stride; /* columns of every row buffer below (it grows with the context) */
+  int64_t budget; /* B(t): the most tokens a head may see, everything forced included */
+  int64_t sinks;  /* the common knobs, resolved */
   int64_t window;
   int32_t kv_head_granularity; /* 1: one selection per KV head (selection_rows = G) */
   int64_t selection_rows;      /* rows of `eligible` and of a shared selection: H or G */
-  const float* layer_input; /* [E]: this layer's attention input (after its input RMSNorm) */
-  const float* query;       /* [H, D] after RoPE */
-  const void* keys;         /* [G, stride, D] in cache_dtype (needs KVLENS_NEEDS_CACHE on host) */
-  const void* values;       /* [G, stride, D] in cache_dtype */
-  int32_t cache_dtype;      /* kvlens_dtype */
-  int32_t keys_rotated;     /* 1: cached keys are after RoPE (always, in version 1) */
-  const float* logits;      /* [H, stride] true logits (KVLENS_NEEDS_LOGITS), else NULL */
-  const float* predictor_scores; /* [H, stride] (KVLENS_NEEDS_PREDICTOR), else NULL */
+  const float* layer_input;    /* [E]: this layer's attention input (after its input RMSNorm) */
+  const float* query;          /* [H, D] after RoPE */
+  const void* keys;     /* [G, stride, D] in cache_dtype (needs KVLENS_NEEDS_CACHE on host) */
+  const void* values;   /* [G, stride, D] in cache_dtype */
+  int32_t cache_dtype;  /* kvlens_dtype */
+  int32_t keys_rotated; /* 1: cached keys are after RoPE (always, in version 1) */
+  const float* logits;  /* [H, stride] true logits (KVLENS_NEEDS_LOGITS), else NULL */
+  const float* predictor_scores;   /* [H, stride] (KVLENS_NEEDS_PREDICTOR), else NULL */
   const uint8_t* previous_visible; /* [H, stride]: what each head saw at this layer's previous
                                       step (columns < t; KVLENS_NEEDS_PREVIOUS_VISIBLE), NULL
                                       at its first step or where that step was dense */
@@ -174,15 +174,15 @@ typedef struct kvlens_observation {
  * returned by its entry point. Calls for one instance never overlap; different instances (runs)
  * may be called from different threads at once, so keep state in the instance. */
 typedef struct kvlens_policy_plugin {
-  uint32_t abi_version; /* KVLENS_POLICY_ABI_VERSION */
-  uint32_t struct_size; /* sizeof(kvlens_policy_plugin) */
-  const char* name;     /* the policy id: [a-z0-9_.-]+, not a built-in's */
-  const char* family;   /* a few words: "eviction", "page selection", "learned predictor" */
-  const char* rule;     /* one paragraph: the exact rule it runs */
+  uint32_t abi_version;       /* KVLENS_POLICY_ABI_VERSION */
+  uint32_t struct_size;       /* sizeof(kvlens_policy_plugin) */
+  const char* name;           /* the policy id: [a-z0-9_.-]+, not a built-in's */
+  const char* family;         /* a few words: "eviction", "page selection", "learned predictor" */
+  const char* rule;           /* one paragraph: the exact rule it runs */
   const kvlens_param* params; /* its own knobs (the common ones come from kvlens) */
   int32_t param_count;
-  uint32_t needs;       /* KVLENS_NEEDS_* bits */
-  uint32_t memories;    /* KVLENS_ACCEPTS_* bits (0 means host only) */
+  uint32_t needs;          /* KVLENS_NEEDS_* bits */
+  uint32_t memories;       /* KVLENS_ACCEPTS_* bits (0 means host only) */
   int32_t predicts_logits; /* 1: its scores estimate the true logits (predicted-vs-true view) */
 
   /* Makes a policy instance for one run. `values` holds one value per param, in order (defaults

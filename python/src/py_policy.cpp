@@ -358,9 +358,9 @@ void fill_untouched(const StepView& v) {
     py::object result;
     if (step->memory == KVLENS_MEMORY_CUDA) {
       // The answer is made on the session's stream too (_call_on_stream).
-      result = helpers().call_on_stream(py::handle(instance->select), view,
-                                        reinterpret_cast<uintptr_t>(step->stream),
-                                        helpers().answer);
+      result =
+          helpers().call_on_stream(py::handle(instance->select), view,
+                                   reinterpret_cast<uintptr_t>(step->stream), helpers().answer);
     } else {
       result = py::reinterpret_steal<py::object>(
           PyObject_CallOneArg(instance->select, instance->step_object));

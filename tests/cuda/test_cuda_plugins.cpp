@@ -44,8 +44,10 @@ TEST_CASE("cuda plug-ins give the built-ins' visible sets, scores and logits", "
   REQUIRE(resident->predictor);
   const CorefPools pools = load_bundled_coref_pools();
   const ModelConfig& c = resident->config();
-  const std::vector<std::pair<std::string, std::string>> pairs = {
-      {"h2o", "h2o_c"}, {"quest", "quest_c"}, {"tokenbutler", "tokenbutler_c"}, {"h2o", "h2o_cuda"}};
+  const std::vector<std::pair<std::string, std::string>> pairs = {{"h2o", "h2o_c"},
+                                                                  {"quest", "quest_c"},
+                                                                  {"tokenbutler", "tokenbutler_c"},
+                                                                  {"h2o", "h2o_cuda"}};
   for (const std::vector<std::string>& knobs :
        {std::vector<std::string>{}, std::vector<std::string>{"granularity=kv_head"}}) {
     std::vector<PolicyConfig> policies;
@@ -80,7 +82,8 @@ TEST_CASE("cuda plug-ins give the built-ins' visible sets, scores and logits", "
             const auto sb = host_copy<float>(*gpu, b.scores[size_t(l)]);
             for (int64_t h = 0; h < c.num_heads; ++h) {
               INFO("layer " << l << " head " << h);
-              REQUIRE(std::memcmp(va.data() + h * stride, vb.data() + h * stride, size_t(cols)) == 0);
+              REQUIRE(std::memcmp(va.data() + h * stride, vb.data() + h * stride, size_t(cols)) ==
+                      0);
               REQUIRE(std::memcmp(sa.data() + h * stride, sb.data() + h * stride,
                                   size_t(cols) * sizeof(float)) == 0);
             }
