@@ -147,8 +147,18 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // A [rows, stride] row buffer of the backend and, where the plug-in cannot read the backend's
 // memory, its host mirror.
 struct Rows {
-  DeviceTensor device;
   std::vector<std::byte> host;
+};
+
+// The (step, layer) of a select, spelled out only when an error names it (a select runs in every
+// layer of every step: no string is made on the way).
+struct SelectPlace {
+  int64_t step = -1, layer = -1;
+  bool known() const { return step >= 0; }
+  std::string field(const std::string& what = "") const {
+    return "select at step " + std::to_string(step) + ", layer " + std::to_string(layer) +
+           (what.empty() ? "" : ": " + what);
+  }
 };
 
 class PluginPolicy final : public BudgetedPolicy {
@@ -298,8 +308,7 @@ class PluginPolicy final : public BudgetedPolicy {
     const auto start = std::chrono::steady_clock::now();
     const int32_t decision = table_.select(state_, &in, &answer, error, sizeof error);
     plugin_seconds_ += seconds_since(start);
-    const std::string where =
-        "select at step " + std::to_string(t) + ", layer " + std::to_string(step.layer);
+    const SelectPlace where{t, step.layer};
     switch (decision) {
       case KVLENS_DENSE:
         has_previous_[l] = 0;
@@ -308,14 +317,14 @@ class PluginPolicy final : public BudgetedPolicy {
         break;
       case KVLENS_VISIBLE:
         if (answers_visible) break;
-        throw Error(def_->owner(), where + ": decision",
+        throw Error(def_->owner(), where.field("decision"),
                     "KVLENS_SCORES or KVLENS_DENSE (KVLENS_VISIBLE needs KVLENS_ANSWERS_VISIBLE in "
                     "needs)",
                     "KVLENS_VISIBLE");
       case KVLENS_FAILED:
-        throw Error(def_->owner(), where, "a decision", "a failure: " + message(error));
+        throw Error(def_->owner(), where.field(), "a decision", "a failure: " + message(error));
       default:
-        throw Error(def_->owner(), where + ": decision",
+        throw Error(def_->owner(), where.field("decision"),
                     "KVLENS_DENSE, KVLENS_SCORES, KVLENS_VISIBLE or KVLENS_FAILED",
                     std::to_string(decision));
     }
@@ -325,10 +334,10 @@ class PluginPolicy final : public BudgetedPolicy {
     if (decision == KVLENS_SCORES) {
       if (!eligible_.empty()) upload(eligible_, eligible_copy_);
       if (answer.recent < 0)
-        throw Error(def_->owner(), where + ": recent", "a count >= 0",
+        throw Error(def_->owner(), where.field("recent"), "a count >= 0",
                     std::to_string(answer.recent));
       if (answer.page_size < 0) {
-        throw Error(def_->owner(), where + ": page_size", "0 (tokens) or a page size > 0",
+        throw Error(def_->owner(), where.field("page_size"), "0 (tokens) or a page size > 0",
                     std::to_string(answer.page_size));
       }
       if (answer.shared != 0) {
@@ -420,7 +429,6 @@ class PluginPolicy final : public BudgetedPolicy {
   // every column in use; upload() sends it back).
   void* writable(DeviceTensor& tensor, Rows& copy) {
     if (!copies_) return tensor.data;
-    copy.device = tensor;
     copy.host.resize(tensor.bytes());
     return copy.host.data();
   }
@@ -433,7 +441,7 @@ class PluginPolicy final : public BudgetedPolicy {
 
   // NaN or infinite scores end the run with an error naming the step: at once where the rows
   // are host memory, else at the next select (counted on the backend without a wait).
-  void check_scores(const DeviceTensor& scores, int64_t cols, const std::string& where) {
+  void check_scores(const DeviceTensor& scores, int64_t cols, const SelectPlace& where) {
     const int64_t H = shape_.heads;
     if (memory_ == KVLENS_MEMORY_HOST) {
       const float* rows = copies_ ? reinterpret_cast<const float*>(scores_copy_.host.data())
@@ -449,7 +457,7 @@ class PluginPolicy final : public BudgetedPolicy {
           const float value = rows[h * shape_.stride + j];
           if (!std::isfinite(value)) {
             throw Error(def_->owner(),
-                        where + ": scores[" + std::to_string(h) + ", " + std::to_string(j) + "]",
+                        where.field("scores[" + std::to_string(h) + ", " + std::to_string(j) + "]"),
                         "a finite number", std::to_string(value));
           }
         }
@@ -457,16 +465,16 @@ class PluginPolicy final : public BudgetedPolicy {
       return;
     }
     deferred_counts_.assign(size_t(H), 0);
-    deferred_where_ = where;
+    deferred_place_ = where;
     backend_.count_nonfinite_rows_deferred(scores, cols, deferred_counts_);
   }
   void check_deferred() {
-    if (deferred_where_.empty()) return;
-    const std::string where = std::move(deferred_where_);
-    deferred_where_.clear();
+    if (!deferred_place_.known()) return;
+    const SelectPlace where = deferred_place_;
+    deferred_place_ = {};
     for (size_t h = 0; h < deferred_counts_.size(); ++h) {
       if (deferred_counts_[h] != 0) {
-        throw Error(def_->owner(), where + ": scores of head " + std::to_string(h),
+        throw Error(def_->owner(), where.field("scores of head " + std::to_string(h)),
                     "finite numbers", std::to_string(deferred_counts_[h]) + " NaN or infinite");
       }
     }
@@ -474,7 +482,7 @@ class PluginPolicy final : public BudgetedPolicy {
 
   // A visible set must hold the current token and at most B(t) columns in every row.
   void check_visible(const DeviceTensor& visible, int64_t cols, int64_t budget,
-                     const std::string& where) {
+                     const SelectPlace& where) {
     const int64_t H = shape_.heads, stride = shape_.stride;
     const uint8_t* rows = nullptr;
     if (memory_ == KVLENS_MEMORY_HOST) {
@@ -489,7 +497,7 @@ class PluginPolicy final : public BudgetedPolicy {
       const uint8_t* row = rows + h * stride;
       const int64_t count = cols - std::count(row, row + cols, uint8_t(0));
       if (row[cols - 1] == 0 || count > budget) {
-        throw Error(def_->owner(), where + ": visible row of head " + std::to_string(h),
+        throw Error(def_->owner(), where.field("visible row of head " + std::to_string(h)),
                     "the current token (column " + std::to_string(cols - 1) + ") and at most " +
                         std::to_string(budget) + " columns (the budget)",
                     std::to_string(count) + " columns" +
@@ -523,7 +531,7 @@ class PluginPolicy final : public BudgetedPolicy {
       previous_copy_, scores_copy_, visible_copy_, eligible_copy_, probs_copy_;
   std::vector<uint8_t> visible_check_;
   std::vector<int64_t> deferred_counts_;
-  std::string deferred_where_;
+  SelectPlace deferred_place_;  // scores counted on the device, checked at the next select
   double plugin_seconds_ = 0.0, copy_seconds_ = 0.0;
 };
 
