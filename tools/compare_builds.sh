@@ -34,6 +34,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 bench_model=${bench_model:-$model}
+# Both builds read this checkout's bundled files (an old build's own source tree may be gone).
+export KVLENS_ASSETS_DIR=${KVLENS_ASSETS_DIR:-$root/assets}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 policies=dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm

@@ -346,20 +346,22 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
                      row_range(proj, first, m),   row_range(gate, first, m),
                      row_range(up, first, m),     row_range(act, first, m)};
   };
+  // The views are made once per forward (a layer's math is the hot path): every row, the first
+  // row alone (rows alike), or a split group's rows (made once per group in split_runs).
+  LayerRows all_rows = layer_rows(0, n), first_row = layer_rows(0, 1);
   // The layer's math up to the attention (the family's norm, q/k/v and extras; RoPE for a
   // chunk, while a run's step rotates as it appends) and after it (o_proj and the MLP with their
-  // residuals), over rows [first, first + m).
-  auto project_input = [&](const BackendModel::Layer& layer, int64_t first, int64_t m) {
-    LayerRows rows = layer_rows(first, m);
+  // residuals), over `rows`, rows [first, first + rows' count) of the scratch.
+  auto project_input = [&](const BackendModel::Layer& layer, LayerRows& rows, int64_t first) {
     architecture.attention_inputs(backend_, c, layer, rows);
     // A run's step rotates its query and key as it appends (append_runs: one op for both).
     if (per_run) return;
+    const int64_t m = rows.q.dim(0);
     DeviceTensor q_heads_m = row_range(q_heads, first, m), k_heads_m = row_range(k_heads, first, m);
     const std::span<const int64_t> rows_positions = all_positions.subspan(size_t(first), size_t(m));
     backend_.rope_pair(q_heads_m, k_heads_m, rows_positions, inv_freq, model_->rope_scale);
   };
-  auto project_output = [&](const BackendModel::Layer& layer, int64_t first, int64_t m) {
-    LayerRows rows = layer_rows(first, m);
+  auto project_output = [&](const BackendModel::Layer& layer, LayerRows& rows) {
     architecture.attention_output_and_mlp(backend_, c, layer, rows);
   };
 
@@ -378,11 +380,12 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
         const int64_t first = plan_.group_bounds[size_t(group_index)];
         const int64_t m = plan_.group_bounds[size_t(group_index) + 1] - first;
         const std::span<const int64_t> group(plan_.run_of_slot.data() + first, size_t(m));
+        LayerRows group_rows = layer_rows(first, m);
         for (size_t own = l; own < model_->layers.size(); ++own) {
-          project_input(model_->layers[own], first, m);
+          project_input(model_->layers[own], group_rows, first);
           attend_group(group, own, std::min(identical_rows_[own], position_),
                        attention_batches_[size_t(group_index)]);
-          project_output(model_->layers[own], first, m);
+          project_output(model_->layers[own], group_rows);
         }
         for (const int64_t r : group) {
           timed_work(plan_.run_seconds[size_t(r)], [&] { observe_pending(runs_[size_t(r)]); });
@@ -391,7 +394,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
       split = true;
       break;
     }
-    project_input(layer, 0, alike_in ? 1 : n);
+    project_input(layer, alike_in ? first_row : all_rows, 0);
     if (alike_in) {
       // The runs' layer inputs, queries, keys and values (their policies read them).
       for (DeviceTensor* rows : {&normed, &q, &k, &v}) copy_first_row(*rows);
@@ -437,7 +440,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     // Alike inputs and alike attention outputs (every run dense here) give alike outputs.
     const bool alike_out = alike_in && rows_alike(attn);
     alike = alike_out;
-    project_output(layer, 0, alike_out ? 1 : n);
+    project_output(layer, alike_out ? first_row : all_rows);
     if (alike_out) copy_first_row(hidden);
   }
   if (per_run && !split) {
