@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "engine/common/comma_list.h"
 #include "engine/common/error.h"
@@ -98,6 +99,16 @@ std::string run_title(const Trace& trace, int64_t run) {
   char text[64];
   std::snprintf(text, sizeof text, " s=%.2g", r.sparsity);
   return r.policy + text;
+}
+
+Color run_color(const Trace& trace, int64_t run, const Theme&) {
+  // The policy's place in the registry (stable within a build); a policy this build does not
+  // know (a saved trace's, a plug-in not loaded) by a hash of its id.
+  const std::string& id = trace.runs[size_t(run)].policy;
+  const auto& infos = policy_infos();
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (infos[i].id == id) return run_color(int64_t(i));
+  return run_color(int64_t(std::hash<std::string>{}(id) % 8));
 }
 
 bool run_predicts_logits(const Trace& trace, int64_t run) {

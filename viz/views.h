@@ -37,7 +37,12 @@ struct ViewOptions {
   ConsensusMetric consensus = ConsensusMetric::Pearson;
   int64_t retention_layer = -1, retention_head = -1;  // retention scope (-1: all)
   bool dark = false;
-  float width = 1280;  // canvas width; heights follow the content
+  float width = 1280;  // canvas width
+  // The canvas height the figure may fill (the app's view area); 0: the content decides. Views
+  // whose maps can grow (the heads grid) use it to fill both directions.
+  float height = 0;
+  // Token positions to highlight in every view that has a column per token (a token search).
+  std::vector<int64_t> highlight_tokens;
   // The data behind the figure (View::data). Its tables grow with heads x tokens, so the app
   // builds the figure it redraws without them and asks again with them to export.
   bool with_data = true;
@@ -72,6 +77,10 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step);
 // The runs a dashboard shows side by side when a trace opens: the first three (fewer when the
 // trace has fewer).
 std::vector<int64_t> default_runs(const Trace& trace);
+
+// A run's colour: its policy's (the same policy keeps one colour in every view and comparison,
+// whatever its position), legible as text and lines on the theme's background.
+Color run_color(const Trace& trace, int64_t run, const Theme& theme);
 
 // "policy s=0.5" for a run, as the panels title it.
 std::string run_title(const Trace& trace, int64_t run);
