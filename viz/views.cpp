@@ -101,10 +101,13 @@ std::string run_title(const Trace& trace, int64_t run) {
   return r.policy + text;
 }
 
-Color run_color(const Trace& trace, int64_t run, const Theme&) {
+Color run_color(const Trace& trace, int64_t run, const Theme& theme) {
+  return policy_color(trace.runs[size_t(run)].policy, theme);
+}
+
+Color policy_color(const std::string& id, const Theme&) {
   // The policy's place in the registry (stable within a build); a policy this build does not
   // know (a saved trace's, a plug-in not loaded) by a hash of its id.
-  const std::string& id = trace.runs[size_t(run)].policy;
   const auto& infos = policy_infos();
   for (size_t i = 0; i < infos.size(); ++i)
     if (infos[i].id == id) return run_color(int64_t(i));

@@ -43,6 +43,8 @@ struct ViewOptions {
   float height = 0;
   // Token positions to highlight in every view that has a column per token (a token search).
   std::vector<int64_t> highlight_tokens;
+  // The token whose story the history view tells (-1: none).
+  int64_t focus_token = -1;
   // The data behind the figure (View::data). Its tables grow with heads x tokens, so the app
   // builds the figure it redraws without them and asks again with them to export.
   bool with_data = true;
@@ -81,6 +83,8 @@ std::vector<int64_t> default_runs(const Trace& trace);
 // A run's colour: its policy's (the same policy keeps one colour in every view and comparison,
 // whatever its position), legible as text and lines on the theme's background.
 Color run_color(const Trace& trace, int64_t run, const Theme& theme);
+// The same colour by policy id (the app's run list, before anything is recorded).
+Color policy_color(const std::string& policy, const Theme& theme);
 
 // "policy s=0.5" for a run, as the panels title it.
 std::string run_title(const Trace& trace, int64_t run);

@@ -1,17 +1,16 @@
-// Dashboard: the sidebar, the view area and the stepping logic.
+// Dashboard: the frame, the stepping logic and the view area (the sidebar is
+// dashboard_sidebar.cpp).
 #include "app/gui/dashboard.h"
 
 #include <imgui.h>
-#include <imgui_stdlib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 
 #include "app/gui/imgui_canvas.h"
-#include "engine/common/comma_list.h"
-#include "engine/policy/registry.h"
 #include "engine/trace/trace_queries.h"
 #include "viz/layout.h"
 
@@ -22,19 +21,78 @@ double now_seconds() {
   return ImGui::GetTime();
 }
 
-const char* const kViewTitles[] = {"Heads", "Predicted vs true", "Retention", "Consensus",
-                                   "Logits"};
+std::string lower(std::string text) {
+  for (char& c : text) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+// Trims the spaces at both ends (a token's text often starts with one the user does not type).
+std::string trimmed(const std::string& text) {
+  const size_t begin = text.find_first_not_of(' ');
+  if (begin == std::string::npos) return {};
+  return text.substr(begin, text.find_last_not_of(' ') - begin + 1);
+}
 
 }  // namespace
 
+const char* tab_title(Tab tab) {
+  static const char* const titles[kTabCount] = {"Heads",     "Predicted vs true", "Retention",
+                                                "History",   "Consensus",         "Logits",
+                                                "Generate"};
+  return titles[int(tab)];
+}
+
+bool tab_view(Tab tab, viz::ViewKind& kind) {
+  switch (tab) {
+    case Tab::Heads:
+      kind = viz::ViewKind::Heads;
+      return true;
+    case Tab::Predicted:
+      kind = viz::ViewKind::Predicted;
+      return true;
+    case Tab::Retention:
+      kind = viz::ViewKind::Retention;
+      return true;
+    case Tab::History:
+      return false;  // TODO(merge): viz::ViewKind::History
+    case Tab::Consensus:
+      kind = viz::ViewKind::Consensus;
+      return true;
+    case Tab::Logits:
+      kind = viz::ViewKind::Logits;
+      return true;
+    case Tab::Generate:
+      return false;
+  }
+  return false;
+}
+
+Tab tab_of(viz::ViewKind kind) {
+  for (int t = 0; t < kTabCount; ++t) {
+    viz::ViewKind shown;
+    if (tab_view(Tab(t), shown) && shown == kind) return Tab(t);
+  }
+  return Tab::Heads;
+}
+
 Dashboard::Dashboard(ImGuiCanvas& canvas, EngineController& engine)
     : canvas_(canvas), engine_(engine), drawer_(canvas) {}
+
+viz::ViewKind Dashboard::view() const {
+  viz::ViewKind kind = viz::ViewKind::Heads;
+  tab_view(tab_, kind);
+  return kind;
+}
 
 void Dashboard::on_opened() {
   head_maps_.clear();  // a new trace
   options_.head_maps = &head_maps_;
   options_.with_data = false;  // drawn each step; view_for_export() for exports
+  options_.highlight_tokens.clear();
+  token_query_.clear();
+  options_.focus_token = -1;
   cursor_ = -1;
+  target_step_ = -1;
   follow_ = true;
   key_.clear();
   built_.reset();
@@ -42,99 +100,177 @@ void Dashboard::on_opened() {
   options_.runs = viz::default_runs(trace);
   options_.layer = std::min<int64_t>(options_.layer, trace.model.layers - 1);
   options_.head = std::min<int64_t>(options_.head, trace.model.heads - 1);
+  if (trace.step_count() > 0) cursor_ = trace.step_count() - 1;
+}
+
+void Dashboard::on_replaced() {
+  // The same text with other runs: the step, the selected head, the token search and the compare
+  // picks stay (the picks by policy, budget and knobs; the ones no longer recorded drop out).
+  head_maps_.clear();
+  key_.clear();
+  built_.reset();
+  const Trace& trace = *engine_.trace();
+  std::vector<int64_t> runs = runs_with_keys(trace, kept_runs_);
+  if (runs.empty()) runs = viz::default_runs(trace);
+  options_.runs = runs;
+  if (cursor_ >= trace.step_count()) cursor_ = trace.step_count() - 1;
+  if (follow_) cursor_ = trace.step_count() - 1;
 }
 
 void Dashboard::on_stepped(int64_t step) {
-  if (follow_ || cursor_ < 0) cursor_ = step;
+  if (target_step_ >= 0) {
+    cursor_ = std::min(step, target_step_);
+    if (cursor_ >= target_step_) target_step_ = -1;
+  } else if (follow_ || cursor_ < 0) {
+    cursor_ = step;
+  }
 }
 
 void Dashboard::step_forward(int count) {
   const Trace* trace = engine_.trace();
-  if (!trace) return;
+  if (!trace || count <= 0) return;
   const int64_t recorded = trace->step_count();
-  if (cursor_ + count < recorded) {
-    cursor_ += count;
-    follow_ = cursor_ == recorded - 1;
+  const int64_t last = std::max<int64_t>(engine_.steps_total(), recorded) - 1;
+  // Presses while the cursor waits for the recording add up.
+  const int64_t from = std::max(cursor_, target_step_);
+  const int64_t wanted = std::min<int64_t>(from + count, last);
+  if (wanted < recorded) {
+    cursor_ = wanted;
+    target_step_ = -1;
+    follow_ = cursor_ == recorded - 1 && engine_.busy();
     return;
   }
   cursor_ = recorded - 1;
-  follow_ = true;
-  engine_.step(int(cursor_ + count - (recorded - 1)));
+  target_step_ = wanted;
+  follow_ = false;
 }
 
 void Dashboard::step_back(int count) {
   if (cursor_ < 0) return;
-  cursor_ = std::max<int64_t>(0, cursor_ - count);
+  cursor_ = std::max<int64_t>(0, std::max(cursor_, target_step_) - count);
+  target_step_ = -1;
   follow_ = false;
 }
 
 void Dashboard::go_to_step(int64_t step) {
   const Trace* trace = engine_.trace();
   if (!trace || trace->step_count() == 0) return;
-  cursor_ = std::clamp<int64_t>(step, 0, trace->step_count() - 1);
-  follow_ = cursor_ == trace->step_count() - 1;
+  target_step_ = -1;
+  const int64_t last = std::max<int64_t>(engine_.steps_total(), trace->step_count()) - 1;
+  step = std::clamp<int64_t>(step, 0, last);
+  if (step >= trace->step_count()) {
+    cursor_ = trace->step_count() - 1;
+    target_step_ = step;
+    follow_ = false;
+    return;
+  }
+  cursor_ = step;
+  follow_ = cursor_ == trace->step_count() - 1 && engine_.busy();
 }
 
 void Dashboard::set_playing(bool playing) {
   playing_ = playing;
   last_play_seconds_ = 0.0;
+  // Play from the start when the cursor is at the end of the text.
+  const Trace* trace = engine_.trace();
+  if (playing && trace && engine_.done() && cursor_ >= trace->step_count() - 1) cursor_ = 0;
+  follow_ = false;
+}
+
+void Dashboard::sync_runs_to_config() {
+  const std::string spec = run_rows_.spec();
+  if (!spec.empty()) pending_.policies = spec;
+}
+
+bool Dashboard::changes_pending() const {
+  if (!engine_.trace() || engine_.config().model_dir.empty()) return false;  // (a saved trace)
+  const SessionConfig& shown = engine_.config();
+  const RunRows shown_rows = RunRows::parse(shown.policies, shown.sparsities);
+  const RunRows pending_rows = RunRows::parse(pending_.policies, pending_.sparsities);
+  return shown.model_dir != pending_.model_dir || shown_rows.rows() != pending_rows.rows() ||
+         shown.source.coref_index != pending_.source.coref_index ||
+         shown.source.hard != pending_.source.hard ||
+         (pending_.source.coref_index < 0 && shown.source.prompt != pending_.source.prompt);
 }
 
 void Dashboard::restart() {
   set_playing(false);
-  std::string policies;
-  const auto& infos = policy_infos();
-  for (size_t i = 0; i < infos.size() && i < policy_checked_.size(); ++i)
-    if (policy_checked_[i]) policies += (policies.empty() ? "" : ",") + infos[i].id;
-  // Ids without a check box (not in this build's registry) stay: the recording reports them
-  // (or, in the default list, leaves tokenbutler out with a note).
-  for (const std::string& id : split_comma_list(pending_.policies)) {
-    bool known = false;
-    for (const PolicyInfo& info : infos) known = known || info.id == id;
-    if (!known && !policy_checked_.empty()) policies += (policies.empty() ? "" : ",") + id;
-  }
-  if (!policies.empty()) pending_.policies = policies;
-  engine_.open(pending_);
+  sync_runs_to_config();
+  const Trace* trace = engine_.trace();
+  kept_runs_.clear();
+  if (trace)
+    for (const int64_t r : options_.runs) kept_runs_.push_back(run_key(*trace, r));
+  // The same text keeps the step on screen: the old recording stays until the new one gets there.
+  const SessionConfig& shown = engine_.config();
+  const bool same_text = trace && shown.model_dir == pending_.model_dir &&
+                         shown.source.coref_index == pending_.source.coref_index &&
+                         shown.source.hard == pending_.source.hard &&
+                         shown.source.prompt == pending_.source.prompt;
+  const int64_t wanted = std::max(cursor_, target_step_);
+  engine_.open(pending_, same_text && !follow_ ? wanted + 1 : 1);
 }
 
 void Dashboard::set_policies(const std::string& policies) {
   pending_.policies = policies;
   pending_.policies_asked = true;
-  policy_checked_.clear();  // the check boxes are set from the list at the next frame
+  run_rows_ = RunRows::parse(pending_.policies, pending_.sparsities);
+}
+
+size_t Dashboard::find_token(const std::string& query) {
+  token_query_ = query;
+  options_.highlight_tokens.clear();
+  const Trace* trace = engine_.trace();
+  const std::string wanted = lower(trimmed(query));
+  if (!trace || wanted.empty()) return 0;
+  for (size_t t = 0; t < trace->tokens.size(); ++t) {
+    const std::string text = lower(trimmed(trace->tokens[t].text));
+    if (!text.empty() && text.find(wanted) != std::string::npos)
+      options_.highlight_tokens.push_back(int64_t(t));
+  }
+  return options_.highlight_tokens.size();
+}
+
+void Dashboard::focus_token(int64_t token) {
+  options_.focus_token = token;
 }
 
 void Dashboard::playback() {
-  if (!playing_ || engine_.busy()) return;
+  if (!playing_) return;
   const double now = now_seconds();
   if (now - last_play_seconds_ < 1.0 / std::max(0.5f, play_rate_)) return;
   last_play_seconds_ = now;
   const Trace* trace = engine_.trace();
   if (!trace) return;
-  if (engine_.done() && cursor_ >= trace->step_count() - 1) {
-    playing_ = false;  // the end of the text
-    return;
+  if (cursor_ >= trace->step_count() - 1) {
+    if (engine_.done() || !engine_.busy()) playing_ = false;  // the end of the text
+    return;                                                   // (else wait for the recording)
   }
-  step_forward(1);
+  ++cursor_;
 }
 
 std::string Dashboard::view_key() const {
   const Trace* trace = engine_.trace();
-  std::string key = std::to_string(int(view_)) + "|" + std::to_string(cursor_) + "|" +
+  std::string key = std::to_string(int(tab_)) + "|" + std::to_string(cursor_) + "|" +
                     std::to_string(trace ? trace->step_count() : -1) + "|" +
                     std::to_string(reinterpret_cast<uintptr_t>(trace));
   for (const int64_t r : options_.runs) key += "," + std::to_string(r);
-  char tail[160];
-  std::snprintf(tail, sizeof tail, "|%lld|%lld|%d|%d|%d|%d|%lld|%lld|%d|%.0f|%g",
+  key += "|t";
+  for (const int64_t t : options_.highlight_tokens) key += "," + std::to_string(t);
+  char tail[200];
+  std::snprintf(tail, sizeof tail, "|%lld|%lld|%d|%d|%d|%d|%lld|%lld|%d|%.0f|%.0f|%g|%lld",
                 (long long)options_.layer, (long long)options_.head, int(options_.head_detail),
                 int(options_.quantity), int(options_.log_scale), int(options_.consensus),
                 (long long)options_.retention_layer, (long long)options_.retention_head,
-                int(options_.dark), double(options_.width), double(options_.pixel_scale));
+                int(options_.dark), double(options_.width), double(options_.height),
+                double(options_.pixel_scale), (long long)options_.focus_token);
   return key + tail;
 }
 
 std::shared_ptr<const viz::View> Dashboard::current_view() {
   const Trace* trace = engine_.trace();
-  if (!trace || cursor_ < 0 || cursor_ >= trace->step_count()) return nullptr;
+  viz::ViewKind kind;
+  if (!trace || cursor_ < 0 || cursor_ >= trace->step_count() || !tab_view(tab_, kind))
+    return nullptr;
   const std::string key = view_key();
   if (key == key_) return built_;
   // While playing, recording or dragging the step slider, the figure follows the steps at most
@@ -143,14 +279,17 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
   // every map afresh). Explicit steps and option changes rebuild at once.
   const double now = now_seconds();
   const double interval = std::max(0.08, 3.0 * build_seconds_);
-  if (built_ && (playing_ || engine_.busy() || scrubbing_) && now - built_seconds_ < interval)
+  if (built_ && (playing_ || (engine_.busy() && follow_) || scrubbing_) &&
+      now - built_seconds_ < interval) {
+    canvas_.request_frames();  // (come back for the newest step)
     return built_;
+  }
   built_seconds_ = now;
   key_ = key;
   options_.step = cursor_;
   const auto start = std::chrono::steady_clock::now();
   try {
-    built_ = std::make_shared<viz::View>(viz::build_view(*trace, view_, options_));
+    built_ = std::make_shared<viz::View>(viz::build_view(*trace, kind, options_));
     build_error_.clear();
   } catch (const std::exception& e) {
     built_.reset();
@@ -164,21 +303,31 @@ std::shared_ptr<const viz::View> Dashboard::current_view() {
 
 std::shared_ptr<const viz::View> Dashboard::view_for_export(bool with_data) {
   const Trace* trace = engine_.trace();
-  if (!trace || cursor_ < 0 || cursor_ >= trace->step_count()) return nullptr;
+  viz::ViewKind kind;
+  if (!trace || cursor_ < 0 || cursor_ >= trace->step_count() || !tab_view(tab_, kind))
+    return nullptr;
   viz::ViewOptions options = options_;
   options.step = cursor_;
   options.with_data = with_data;
-  // Full detail (not the screen's), without disturbing the screen's kept maps.
+  // Full detail (not the screen's), without disturbing the screen's kept maps; an export's size
+  // follows its content, not the window's.
   options.pixel_scale = 0.0f;
   options.head_maps = nullptr;
-  return std::make_shared<viz::View>(viz::build_view(*trace, view_, options));
+  options.width = 1280.0f;
+  options.height = 0.0f;
+  return std::make_shared<viz::View>(viz::build_view(*trace, kind, options));
 }
 
-void Dashboard::apply_hit(const FigureHit& hit) {
+void Dashboard::act_on_hit(const FigureHit& hit) {
   int a = 0, l = 0, h = 0;
+  long long t = 0;
   if (std::sscanf(hit.id.c_str(), "head %d:%d:%d", &a, &l, &h) == 3) {
     options_.layer = l;
     options_.head = h;
+  } else if (std::sscanf(hit.id.c_str(), "token %d:%lld", &a, &t) == 2) {
+    // A token in the retention view: its history.
+    focus_token(t);
+    tab_ = Tab::History;
   } else if (hit.id == "steps") {
     go_to_step(hit.col);
   } else if (hit.id == "hit rate grid") {
@@ -189,6 +338,7 @@ void Dashboard::apply_hit(const FigureHit& hit) {
 
 void Dashboard::frame() {
   playback();
+  canvas_.set_animating(playing_);
   if (style_dark_ != int(options_.dark)) {  // the window's chrome follows the figures' theme
     style_dark_ = int(options_.dark);
     if (options_.dark) {
@@ -208,7 +358,7 @@ void Dashboard::frame() {
                    ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_NoSavedSettings |
                    ImGuiWindowFlags_NoBackground);
   ImGui::PushFont(canvas_.ui_font());
-  ImGui::BeginChild("sidebar", ImVec2(310, 0), true);
+  ImGui::BeginChild("sidebar", ImVec2(330, 0), true);
   sidebar();
   ImGui::EndChild();
   ImGui::SameLine();
@@ -220,182 +370,61 @@ void Dashboard::frame() {
   ImGui::PopStyleVar();
 }
 
-void Dashboard::sidebar() {
-  const Trace* trace = engine_.trace();
-  if (ImGui::CollapsingHeader("Text and policies", ImGuiTreeNodeFlags_DefaultOpen)) {
-    // What the open recording runs on: the model folder and its TokenButler predictor.
-    if (trace && !engine_.config().model_dir.empty()) {
-      ImGui::TextWrapped("model: %s", engine_.config().model_dir.c_str());
-      ImGui::TextWrapped("predictor: %s", engine_.predictor().toUtf8().constData());
-      if (!engine_.note().isEmpty()) {
-        ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
-        ImGui::TextWrapped("(%s)", engine_.note().toUtf8().constData());
-        ImGui::PopStyleColor();
-      }
-    } else if (trace) {
-      ImGui::TextDisabled("a saved trace: no model or predictor loaded");
-    }
-    bool sample = pending_.source.coref_index >= 0;
-    if (ImGui::RadioButton("Co-reference sample", sample)) pending_.source.coref_index = 0;
-    ImGui::SameLine();
-    if (ImGui::RadioButton("Prompt", !sample)) pending_.source.coref_index = -1;
-    if (pending_.source.coref_index >= 0) {
-      int index = int(pending_.source.coref_index);
-      if (ImGui::InputInt("sample", &index)) pending_.source.coref_index = std::max(0, index);
-      ImGui::Checkbox("hard (2-3 locations)", &pending_.source.hard);
-    } else {
-      ImGui::InputTextMultiline("##prompt", &pending_.source.prompt, ImVec2(-1, 80));
-    }
-    const auto& infos = policy_infos();
-    if (policy_checked_.size() != infos.size()) {
-      const std::vector<std::string> chosen = split_comma_list(pending_.policies);
-      policy_checked_.assign(infos.size(), 0);
-      for (size_t i = 0; i < infos.size(); ++i)
-        policy_checked_[i] = std::find(chosen.begin(), chosen.end(), infos[i].id) != chosen.end();
-    }
-    ImGui::TextUnformatted("Policies");
-    for (size_t i = 0; i < infos.size(); ++i) {
-      bool checked = policy_checked_[i];
-      if (i % 2) ImGui::SameLine(150);
-      if (ImGui::Checkbox(infos[i].id.c_str(), &checked)) {
-        policy_checked_[i] = checked;
-        pending_.policies_asked = true;  // the user's own list from now on
-      }
-      if (ImGui::IsItemHovered()) {
-        const std::string source = policy_source(infos[i].id);
-        ImGui::SetTooltip("%s%s%s", infos[i].description.c_str(),
-                          source.empty() ? "" : "\nplug-in: ", source.c_str());
-      }
-    }
-    float sparsity = float(std::atof(pending_.sparsities.c_str()));
-    if (ImGui::SliderFloat("sparsity", &sparsity, 0.0f, 0.95f, "%.2f")) {
-      char text[16];
-      std::snprintf(text, sizeof text, "%.2f", sparsity);
-      pending_.sparsities = text;
-    }
-    if (ImGui::Button(engine_.trace() ? "Restart with these" : "Start")) restart();
-  }
-
-  if (ImGui::CollapsingHeader("Step", ImGuiTreeNodeFlags_DefaultOpen)) {
-    const int64_t recorded = trace ? trace->step_count() : 0;
-    if (ImGui::Button("|<")) go_to_step(0);
-    ImGui::SameLine();
-    if (ImGui::Button("<")) step_back(1);
-    ImGui::SameLine();
-    if (ImGui::Button(">")) step_forward(1);
-    ImGui::SameLine();
-    if (ImGui::Button(">>10")) step_forward(10);
-    ImGui::SameLine();
-    if (ImGui::Button(playing_ ? "Pause" : "Play")) set_playing(!playing_);
-    ImGui::SliderFloat("steps/s", &play_rate_, 1.0f, 60.0f, "%.0f");
-    if (recorded > 0) {
-      int step = int(std::max<int64_t>(cursor_, 0));
-      if (ImGui::SliderInt("step", &step, 0, int(recorded - 1))) go_to_step(step);
-      scrubbing_ = ImGui::IsItemActive();
-      ImGui::Text("recorded %lld of %lld%s", (long long)recorded, (long long)engine_.steps_total(),
-                  engine_.busy() ? "  (stepping...)" : "");
-      if (cursor_ >= 0 && cursor_ < int64_t(trace->tokens.size()))
-        ImGui::Text("token: '%s'",
-                    viz::token_label(trace->tokens[size_t(cursor_)].text, 24).c_str());
-    } else {
-      ImGui::TextDisabled(trace ? "press > to step" : "start a recording");
-    }
-  }
-
-  if (trace && ImGui::CollapsingHeader("Compare (up to 4)", ImGuiTreeNodeFlags_DefaultOpen)) {
-    for (int64_t r = 0; r < int64_t(trace->runs.size()); ++r) {
-      auto found = std::find(options_.runs.begin(), options_.runs.end(), r);
-      bool shown = found != options_.runs.end();
-      ImGui::PushStyleColor(ImGuiCol_Text, [&] {
-        const viz::Color c =
-            shown ? viz::run_color(found - options_.runs.begin()) : viz::Color{160, 160, 168, 255};
-        return ImVec4(c.r / 255.f, c.g / 255.f, c.b / 255.f, 1.f);
-      }());
-      if (ImGui::Checkbox(viz::run_title(*trace, r).c_str(), &shown)) {
-        if (shown && options_.runs.size() < 4) options_.runs.push_back(r);
-        if (!shown && options_.runs.size() > 1) options_.runs.erase(found);
-      }
-      ImGui::PopStyleColor();
-    }
-  }
-
-  if (trace && ImGui::CollapsingHeader("Head and view options", ImGuiTreeNodeFlags_DefaultOpen)) {
-    int layer = int(options_.layer), head = int(options_.head);
-    if (ImGui::SliderInt("layer", &layer, 0, int(trace->model.layers - 1))) options_.layer = layer;
-    if (ImGui::SliderInt("head", &head, 0, int(trace->model.heads - 1))) options_.head = head;
-    ImGui::Checkbox("selected head in detail", &options_.head_detail);
-    int quantity = int(options_.quantity);
-    if (ImGui::Combo("show", &quantity,
-                     "logits\0probabilities\0policy scores (a predictor's: predicted logits)\0"))
-      options_.quantity = HeadQuantity(quantity);
-    ImGui::Checkbox("log scale", &options_.log_scale);
-    int metric = int(options_.consensus);
-    if (ImGui::Combo("consensus", &metric, "Pearson\0Jaccard\0"))
-      options_.consensus = ConsensusMetric(metric);
-    int scope = options_.retention_layer < 0 ? 0 : options_.retention_head < 0 ? 1 : 2;
-    if (ImGui::Combo("retention", &scope, "all heads\0selected layer\0selected head\0")) {
-      options_.retention_layer = scope == 0 ? -1 : options_.layer;
-      options_.retention_head = scope == 2 ? options_.head : -1;
-    }
-    if (scope >= 1) options_.retention_layer = options_.layer;
-    if (scope == 2) options_.retention_head = options_.head;
-  }
-
-  if (trace && trace->coref.present &&
-      ImGui::CollapsingHeader("Co-reference answer", ImGuiTreeNodeFlags_DefaultOpen)) {
-    ImGui::TextWrapped("answer '%s': tokens %lld-%lld (boxed in Retention)",
-                       trace->coref.answer.c_str(), (long long)trace->coref.answer_token_begin,
-                       (long long)trace->coref.answer_token_end - 1);
-    for (const int64_t r : options_.runs) {
-      const std::vector<AnswerPrediction> predictions = answer_predictions(*trace, r);
-      std::string line = viz::run_title(*trace, r) + ":";
-      if (predictions.empty()) line += " not reached yet";
-      for (const AnswerPrediction& p : predictions) {
-        line += std::string(" ") + (p.correct ? "[ok] " : "[x] ") +
-                (p.predicted_text.empty() ? "#" + std::to_string(p.predicted)
-                                          : viz::token_label(p.predicted_text, 16));
-      }
-      ImGui::TextWrapped("%s", line.c_str());
-    }
-  }
-}
-
-void Dashboard::view_area() {
-  // A view chosen elsewhere (menu, script) selects its tab; until the tab bar shows it, the
-  // tabs do not overwrite the choice.
-  const bool forcing = shown_tab_ != int(view_);
-  if (ImGui::BeginTabBar("view tabs")) {
-    for (int v = 0; v < 5; ++v) {
-      const ImGuiTabItemFlags flags =
-          forcing && int(view_) == v ? ImGuiTabItemFlags_SetSelected : 0;
-      if (ImGui::BeginTabItem(kViewTitles[v], nullptr, flags)) {
-        if (!forcing) view_ = viz::ViewKind(v);
-        if (forcing && int(view_) == v) shown_tab_ = v;
-        ImGui::EndTabItem();
-      }
-    }
-    ImGui::EndTabBar();
-  }
-  if (!forcing) shown_tab_ = int(view_);
-  ImGui::SameLine(ImGui::GetWindowWidth() - 270);
+void Dashboard::zoom_controls() {
+  // Fixed places from the right edge, so no button moves under the pointer as the zoom's label
+  // changes width.
+  const float right = ImGui::GetWindowContentRegionMax().x;
+  const float button = ImGui::GetFrameHeight() * 1.6f;
+  ImGui::SameLine(right - 4 * button - 3 * 4 - 64);
   if (zoom_ > 0) {
     ImGui::TextDisabled("%4.0f%%", double(zoom_) * 100.0);
   } else {
-    ImGui::TextDisabled(" fit ");
+    ImGui::TextDisabled(" fit");
   }
-  ImGui::SameLine();
-  if (ImGui::SmallButton("Fit")) zoom_ = 0.0f;
-  ImGui::SameLine();
-  if (ImGui::SmallButton("100%")) zoom_ = 1.0f;
-  ImGui::SameLine();
-  if (ImGui::SmallButton("-")) zoom_ = std::max(0.25f, (zoom_ > 0 ? zoom_ : 1.0f) / 1.25f);
-  ImGui::SameLine();
-  if (ImGui::SmallButton("+")) zoom_ = std::min(8.0f, (zoom_ > 0 ? zoom_ : 1.0f) * 1.25f);
+  const auto small = [&](const char* label, const char* tip, int index) {
+    ImGui::SameLine(right - float(4 - index) * (button + 4));
+    const bool clicked = ImGui::Button(label, ImVec2(button, 0));
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", tip);
+    return clicked;
+  };
+  if (small("Fit", "Fit the figure to the view area (Ctrl+0)", 0)) zoom_ = 0.0f;
+  if (small("1:1", "Lay the figure out at 1280 units, 100% (Ctrl+wheel zooms)", 1)) zoom_ = 1.0f;
+  if (small("\u2212##zoom", "Zoom out (Ctrl+wheel down)", 2))
+    zoom_ = std::max(0.25f, (zoom_ > 0 ? zoom_ : 1.0f) / 1.25f);
+  if (small("+##zoom", "Zoom in (Ctrl+wheel up)", 3))
+    zoom_ = std::min(8.0f, (zoom_ > 0 ? zoom_ : 1.0f) * 1.25f);
+}
 
-  // Fit: the figure is laid out at the area's width (text at its own size, no scaling);
-  // zoomed: at the default width, scaled.
-  const float available = ImGui::GetContentRegionAvail().x - ImGui::GetStyle().ScrollbarSize;
-  options_.width = zoom_ > 0 ? 1280.0f : std::max(640.0f, std::floor(available));
+void Dashboard::view_area() {
+  // A tab chosen elsewhere (menu, script, a click) selects its tab; until the tab bar shows it,
+  // the tabs do not overwrite the choice.
+  const bool forcing = shown_tab_ != int(tab_);
+  if (ImGui::BeginTabBar("view tabs")) {
+    for (int t = 0; t < kTabCount; ++t) {
+      const ImGuiTabItemFlags flags =
+          forcing && int(tab_) == t ? ImGuiTabItemFlags_SetSelected : 0;
+      if (ImGui::BeginTabItem(tab_title(Tab(t)), nullptr, flags)) {
+        if (!forcing) tab_ = Tab(t);
+        if (forcing && int(tab_) == t) shown_tab_ = t;
+        ImGui::EndTabItem();
+      }
+      if (ImGui::IsItemHovered()) ImGui::SetTooltip("Ctrl+%d", t + 1);
+    }
+    ImGui::EndTabBar();
+  }
+  if (!forcing) shown_tab_ = int(tab_);
+  if (tab_ == Tab::Generate) {
+    generate_area();
+    return;
+  }
+  zoom_controls();
+
+  // Fit: the figure is laid out at the area's size (text at its own size, no scaling); zoomed:
+  // at the default width, scaled.
+  const ImVec2 available = ImGui::GetContentRegionAvail();
+  const float scrollbar = ImGui::GetStyle().ScrollbarSize;
+  options_.width = zoom_ > 0 ? 1280.0f : std::max(640.0f, std::floor(available.x - scrollbar));
+  options_.height = zoom_ > 0 ? 0.0f : std::max(360.0f, std::floor(available.y - scrollbar));
   // Grid maps pooled to the pixels they cover; the scale rounded up to a power of two so that a
   // zoom rebuilds the maps only when it crosses one.
   const float pixels = (zoom_ > 0 ? zoom_ : 1.0f) * ImGui::GetIO().DisplayFramebufferScale.x;
@@ -405,8 +434,10 @@ void Dashboard::view_area() {
   if (!view) {
     if (!build_error_.empty()) {
       ImGui::TextWrapped("%s", build_error_.c_str());
+    } else if (engine_.busy()) {
+      ImGui::TextDisabled("Recording the first step...");
     } else {
-      ImGui::TextDisabled(engine_.trace() ? "No step recorded yet: press > (Right arrow)."
+      ImGui::TextDisabled(engine_.trace() ? "Nothing recorded: the text has no step to show."
                                           : "Open a model or a .kvtrace (File menu).");
     }
   } else {
@@ -414,7 +445,7 @@ void Dashboard::view_area() {
       zoom_ = std::clamp((zoom_ > 0 ? zoom_ : 1.0f) * (ImGui::GetIO().MouseWheel > 0 ? 1.1f : 0.9f),
                          0.25f, 8.0f);
     const std::optional<FigureHit> hit = drawer_.draw(zoom_ > 0 ? zoom_ : 1.0f);
-    if (hit) apply_hit(*hit);
+    if (hit) act_on_hit(*hit);
     // Pan: drag with the right or middle button.
     if (ImGui::IsWindowHovered() && (ImGui::IsMouseDragging(ImGuiMouseButton_Right) ||
                                      ImGui::IsMouseDragging(ImGuiMouseButton_Middle))) {
@@ -424,6 +455,14 @@ void Dashboard::view_area() {
     }
   }
   ImGui::EndChild();
+}
+
+}  // namespace kvlens::app
+
+namespace kvlens::app {
+
+void Dashboard::generate_area() {
+  ImGui::TextDisabled("Generation: coming with the session's generate_runs.");
 }
 
 }  // namespace kvlens::app

@@ -15,6 +15,8 @@ namespace kvlens::app {
 class EngineController::Worker : public QObject {
  public:
   std::unique_ptr<session::Recording> recording;
+  // The generation whose recording was asked to stop (cancel); read on the worker thread.
+  std::atomic<uint64_t> stopped{0};
 };
 
 namespace {
@@ -34,6 +36,13 @@ session::CommonOptions backend_options(const SessionConfig& config, QString& nam
   return common;
 }
 
+bool same_tokens(const Trace& a, const Trace& b) {
+  if (a.tokens.size() != b.tokens.size()) return false;
+  for (size_t i = 0; i < a.tokens.size(); ++i)
+    if (a.tokens[i].id != b.tokens[i].id) return false;
+  return true;
+}
+
 }  // namespace
 
 EngineController::EngineController(QObject* parent) : QObject(parent) {
@@ -45,22 +54,27 @@ EngineController::EngineController(QObject* parent) : QObject(parent) {
 }
 
 EngineController::~EngineController() {
-  cancel_ = true;
+  ++generation_;  // the worker's loop stops at its next step
   thread_.quit();
   thread_.wait();
 }
 
-void EngineController::open(const SessionConfig& config) {
-  if (busy_) cancel_ = true;
+void EngineController::cancel() {
+  worker_->stopped = generation_.load();
+}
+
+void EngineController::open(const SessionConfig& config, int64_t show_from_steps) {
   busy_ = true;
   const uint64_t generation = ++generation_;
-  QMetaObject::invokeMethod(worker_, [this, config, generation] {
+  QMetaObject::invokeMethod(worker_, [this, config, generation, show_from_steps] {
+    if (generation != generation_) return;  // a later open is queued behind this one
     QString backend, predictor, note;
     std::unique_ptr<session::Recording> recording;
     std::shared_ptr<Trace> header;
     int64_t total = 0;
     QString error;
     try {
+      worker_->recording.reset();  // the previous model's memory goes before the next loads
       const session::CommonOptions common = backend_options(config, backend);
       const std::shared_ptr<const Model> model =
           Model::load(config.model_dir, config.predictor_file);
@@ -78,31 +92,91 @@ void EngineController::open(const SessionConfig& config) {
     } catch (const std::exception& e) {
       error = QString::fromUtf8(e.what());
     }
-    if (error.isEmpty()) worker_->recording = std::move(recording);
-    QMetaObject::invokeMethod(
-        this, [this, config, header, total, backend, predictor, note, error, generation] {
-          if (generation != generation_) return;  // a later open or saved trace replaced it
-          busy_ = false;
-          cancel_ = false;
-          if (!error.isEmpty()) {
-            emit failed(error);
-            return;
-          }
-          trace_ = header;
-          config_ = config;
-          steps_total_ = total;
-          backend_name_ = backend;
-          predictor_ = predictor;
-          note_ = note;
-          emit opened();
-        });
+    QMetaObject::invokeMethod(this, [this, config, header, total, backend, predictor, note, error,
+                                     generation, show_from_steps] {
+      if (generation != generation_) return;  // a later open or saved trace replaced it
+      if (!error.isEmpty()) {
+        busy_ = false;
+        emit failed(error);
+        emit idle();
+        return;
+      }
+      incoming_ = header;
+      incoming_config_ = config;
+      incoming_total_ = total;
+      incoming_backend_ = backend;
+      incoming_predictor_ = predictor;
+      incoming_note_ = note;
+      show_from_steps_ = trace_ ? std::min(std::max<int64_t>(show_from_steps, 1), total) : 0;
+      if (incoming_->step_count() >= show_from_steps_) take_incoming();
+    });
+    if (!error.isEmpty()) return;
+    worker_->recording = std::move(recording);
+    record_rest(generation);
   });
 }
 
+void EngineController::record_rest(uint64_t generation) {
+  // Worker thread: every step to the end of the text, each handed to the UI thread at once.
+  QString error;
+  while (generation == generation_ && worker_->stopped != generation) {
+    TraceRecorder& recorder = *worker_->recording->recorder;
+    bool more = false;
+    try {
+      more = recorder.step();
+    } catch (const std::exception& e) {
+      error = QString::fromUtf8(e.what());
+      break;
+    }
+    if (!more) break;
+    // The window's trace takes the rows; the recorder keeps the summaries (rows held once).
+    auto records = std::make_shared<std::vector<StepRecord>>(
+        recorder.trace().hand_over_step(recorder.trace().step_count() - 1));
+    QMetaObject::invokeMethod(this, [this, records, generation] {
+      if (generation != generation_) return;  // the trace was replaced meanwhile
+      Trace& target = incoming_ ? *incoming_ : *trace_;
+      try {
+        target.add_step(std::move(*records));
+      } catch (const std::exception& e) {
+        emit failed(QString::fromUtf8(e.what()));
+        return;
+      }
+      if (incoming_) {
+        if (incoming_->step_count() >= show_from_steps_) take_incoming();
+      } else {
+        emit stepped(trace_->step_count() - 1);
+      }
+    });
+  }
+  QMetaObject::invokeMethod(this, [this, error, generation] {
+    if (generation != generation_) return;  // a newer open keeps busy_
+    if (incoming_) take_incoming();         // (fewer steps than asked for: show what there is)
+    busy_ = false;
+    if (!error.isEmpty()) emit failed(error);
+    emit idle();
+  });
+}
+
+void EngineController::take_incoming() {
+  const bool same_text = trace_ && same_tokens(*trace_, *incoming_);
+  trace_ = std::move(incoming_);
+  incoming_.reset();
+  config_ = incoming_config_;
+  steps_total_ = incoming_total_;
+  backend_name_ = incoming_backend_;
+  predictor_ = incoming_predictor_;
+  note_ = incoming_note_;
+  if (same_text) {
+    emit replaced();
+  } else {
+    emit opened();
+  }
+}
+
 void EngineController::show_trace(std::shared_ptr<Trace> trace) {
-  cancel_ = true;
-  ++generation_;  // steps of the recording still on their way are dropped
-  busy_ = false;  // (their end is dropped too: nothing is left to step)
+  ++generation_;  // a recording on its way stops, and its steps are dropped
+  busy_ = false;
+  incoming_.reset();
   QMetaObject::invokeMethod(worker_, [this] { worker_->recording.reset(); });
   trace_ = std::move(trace);
   steps_total_ = trace_->step_count();
@@ -111,46 +185,6 @@ void EngineController::show_trace(std::shared_ptr<Trace> trace) {
   note_.clear();
   config_ = SessionConfig{};
   emit opened();
-}
-
-void EngineController::step(int count) {
-  if (busy_ || !trace_ || done() || count <= 0) return;
-  busy_ = true;
-  cancel_ = false;
-  const uint64_t generation = generation_;
-  QMetaObject::invokeMethod(worker_, [this, count, generation] {
-    QString error;
-    for (int i = 0; i < count && !cancel_; ++i) {
-      TraceRecorder& recorder = *worker_->recording->recorder;
-      bool more = false;
-      try {
-        more = recorder.step();
-      } catch (const std::exception& e) {
-        error = QString::fromUtf8(e.what());
-        break;
-      }
-      if (!more) break;
-      // The window's trace takes the rows; the recorder keeps the summaries (rows held once).
-      auto records = std::make_shared<std::vector<StepRecord>>(
-          recorder.trace().hand_over_step(recorder.trace().step_count() - 1));
-      QMetaObject::invokeMethod(this, [this, records, generation] {
-        if (generation != generation_) return;  // the trace was replaced meanwhile
-        try {
-          trace_->add_step(std::move(*records));
-        } catch (const std::exception& e) {
-          emit failed(QString::fromUtf8(e.what()));
-          return;
-        }
-        emit stepped(trace_->step_count() - 1);
-      });
-    }
-    QMetaObject::invokeMethod(this, [this, error, generation] {
-      if (generation != generation_) return;  // an open now in progress keeps busy_
-      busy_ = false;
-      if (!error.isEmpty()) emit failed(error);
-      emit idle();
-    });
-  });
 }
 
 }  // namespace kvlens::app

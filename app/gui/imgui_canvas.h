@@ -41,6 +41,8 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
   int64_t frames() const { return frames_; }
   double frames_per_second() const { return fps_; }
   bool wants_text_input() const;
+  void request_frames(int = 2) { update(); }
+  void set_animating(bool) {}
 
  signals:
   // A key ImGui did not take (no text field active): the window's stepping shortcuts.

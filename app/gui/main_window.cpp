@@ -5,16 +5,20 @@
 #include <QActionGroup>
 #include <QApplication>
 #include <QCloseEvent>
+#include <QDialog>
+#include <QDialogButtonBox>
 #include <QDir>
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QKeyEvent>
 #include <QMenuBar>
 #include <QMessageBox>
+#include <QPlainTextEdit>
 #include <QScreen>
 #include <QSettings>
 #include <QStatusBar>
 #include <QTimer>
+#include <QVBoxLayout>
 #include <cmath>
 
 #include "app/gui/bundled_paths.h"
@@ -36,19 +40,29 @@ MainWindow::MainWindow(const LaunchOptions& options) {
     show_error("kvlens", QString::fromStdString(message));
   };
   connect(canvas_, &ImGuiCanvas::unhandled_key, this, &MainWindow::on_key);
+  dashboard_->on_edit_prompt = [this] { edit_prompt(); };
   connect(&engine_, &EngineController::opened, this, [this] {
     dashboard_->on_opened();
-    if (engine_.trace()->step_count() > 0)
-      dashboard_->on_stepped(engine_.trace()->step_count() - 1);
+    canvas_->request_frames();
     update_status();
     if (!engine_.note().isEmpty()) {
       notes_shown_ << engine_.note();
       statusBar()->showMessage(engine_.note(), 15000);
     }
   });
-  connect(&engine_, &EngineController::stepped, this,
-          [this](qint64 step) { dashboard_->on_stepped(step); });
-  connect(&engine_, &EngineController::idle, this, &MainWindow::update_status);
+  connect(&engine_, &EngineController::replaced, this, [this] {
+    dashboard_->on_replaced();
+    canvas_->request_frames();
+    update_status();
+  });
+  connect(&engine_, &EngineController::stepped, this, [this](qint64 step) {
+    dashboard_->on_stepped(step);
+    canvas_->request_frames();
+  });
+  connect(&engine_, &EngineController::idle, this, [this] {
+    canvas_->request_frames();
+    update_status();
+  });
   connect(&engine_, &EngineController::failed, this,
           [this](const QString& message) { show_error("kvlens: could not run", message); });
 
@@ -66,8 +80,10 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   status_timer->start(250);
 
   QSettings settings;
-  restoreGeometry(settings.value("window/geometry").toByteArray());
-  if (!settings.contains("window/geometry")) {
+  // A geometry too small to use (a window closed while minimised, or by a window manager that
+  // never mapped it) is not restored.
+  if (!restoreGeometry(settings.value("window/geometry").toByteArray()) ||
+      width() < kMinimumWidth || height() < kMinimumHeight) {
     // 1480 x 920, or what fits the screen (a laptop, or a high-DPI scale that leaves fewer
     // logical pixels).
     const QSize room = screen() ? screen()->availableGeometry().size() * 0.95 : QSize(1480, 920);
@@ -77,7 +93,7 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   const bool restore = options.script_path.isEmpty();
   set_dark(options.dark || (restore && settings.value("view/dark", false).toBool()));
   if (restore)
-    dashboard_->set_view(viz::ViewKind(std::clamp(settings.value("view/kind", 0).toInt(), 0, 4)));
+    dashboard_->set_tab(Tab(std::clamp(settings.value("view/tab", 0).toInt(), 0, kTabCount - 1)));
 
   SessionConfig& config = dashboard_->pending_config();
   QString no_model;  // why there is no model to open (the bundled one missing)
@@ -145,11 +161,10 @@ void MainWindow::build_menus() {
 
   QMenu* view = menuBar()->addMenu("&View");
   auto* views = new QActionGroup(this);
-  const char* const titles[] = {"&Heads", "&Predicted vs true", "&Retention", "&Consensus",
-                                "&Logits"};
-  for (int v = 0; v < 5; ++v) {
-    QAction* action = view->addAction(titles[v], QKeySequence(QString("Ctrl+%1").arg(v + 1)), this,
-                                      [this, v] { dashboard_->set_view(viz::ViewKind(v)); });
+  for (int t = 0; t < kTabCount; ++t) {
+    QAction* action =
+        view->addAction(QString("&") + tab_title(Tab(t)), QKeySequence(QString("Ctrl+%1").arg(t + 1)),
+                        this, [this, t] { dashboard_->set_tab(Tab(t)); });
     action->setCheckable(true);
     views->addAction(action);
   }
@@ -158,26 +173,30 @@ void MainWindow::build_menus() {
   dark->setCheckable(true);
   connect(dark, &QAction::toggled, this, &MainWindow::set_dark);
   connect(view, &QMenu::aboutToShow, this, [this, views, dark] {
-    views->actions()[int(dashboard_->view())]->setChecked(true);
+    views->actions()[int(dashboard_->tab())]->setChecked(true);
     dark->setChecked(dashboard_->options().dark);
   });
 
   QMenu* run = menuBar()->addMenu("&Run");
+  run->addAction("&Record with the sidebar's runs", QKeySequence("Ctrl+R"), this,
+                 [this] { dashboard_->restart(); });
   run->addAction("&Step  (Right)", this, [this] { dashboard_->step_forward(1); });
   run->addAction("Step &x10  (Shift+Right)", this, [this] { dashboard_->step_forward(10); });
   run->addAction("Step &back  (Left)", this, [this] { dashboard_->step_back(1); });
   run->addAction("&Play / pause  (Space)", this,
                  [this] { dashboard_->set_playing(!dashboard_->playing()); });
-  run->addAction("&Restart the recording", this, [this] { dashboard_->restart(); });
 
   QMenu* help = menuBar()->addMenu("&Help");
+  help->addAction("&Keys and gestures", QKeySequence(Qt::Key_F1), this,
+                  [this] { dashboard_->show_help(!dashboard_->help_open()); });
   help->addAction("&About kvlens", this, [this] {
     QMessageBox::about(
         this, "About kvlens",
         "kvlens: which cached tokens does an LLM really need?\n\nStep a decode under "
         "KV-cache token-selection policies and see what every head saw.\n\nKeys: "
         "Right/Left step, Shift+Right steps 10, Space plays, Home/End go to the "
-        "first/last step, Ctrl+E exports the view, Ctrl+1..5 switch views.");
+        "first/last step, Ctrl+E exports the view, Ctrl+1..7 switch views; F1 lists every key "
+        "and gesture.");
   });
 }
 
@@ -217,10 +236,18 @@ void MainWindow::update_status() {
     return;
   }
   const int64_t cursor = dashboard_->cursor();
+  QString recording;
+  if (engine_.pending_steps() >= 0) {
+    recording = QString(" (re-recording %1 of %2)")
+                    .arg(engine_.pending_steps())
+                    .arg(engine_.pending_total());
+  } else if (engine_.busy()) {
+    recording = QString(" (recording %1 of %2)").arg(trace->step_count()).arg(engine_.steps_total());
+  }
   step_label_->setText(QString("step %1 of %2%3")
                            .arg(cursor < 0 ? QString("-") : QString::number(cursor))
                            .arg(engine_.steps_total())
-                           .arg(engine_.busy() ? " (stepping)" : ""));
+                           .arg(recording));
   QString sparsity;
   if (cursor >= 0 && cursor < trace->step_count()) {
     for (const int64_t r : dashboard_->options().runs) {
@@ -240,6 +267,30 @@ void MainWindow::update_status() {
     memory += QString(" (budget reached at step %1: selected heads only)")
                   .arg(trace->degraded_from_step());
   memory_label_->setText(memory);
+}
+
+void MainWindow::edit_prompt() {
+  // A Qt editor: it wraps, scrolls and has the platform's text editing (ImGui 1.86's does not
+  // wrap). In script mode it is never shown: scripts set the prompt with open-prompt.
+  if (script_mode_) return;
+  QDialog dialog(this);
+  dialog.setWindowTitle("kvlens: the prompt");
+  auto* editor = new QPlainTextEdit(&dialog);
+  editor->setPlainText(QString::fromStdString(dashboard_->pending_config().source.prompt));
+  editor->setLineWrapMode(QPlainTextEdit::WidgetWidth);
+  auto* buttons = new QDialogButtonBox(QDialogButtonBox::Ok | QDialogButtonBox::Cancel, &dialog);
+  connect(buttons, &QDialogButtonBox::accepted, &dialog, &QDialog::accept);
+  connect(buttons, &QDialogButtonBox::rejected, &dialog, &QDialog::reject);
+  auto* layout = new QVBoxLayout(&dialog);
+  layout->addWidget(new QLabel("Every token of this text is stepped; Run > Record records it.",
+                               &dialog));
+  layout->addWidget(editor);
+  layout->addWidget(buttons);
+  dialog.resize(640, 360);
+  if (dialog.exec() != QDialog::Accepted) return;
+  dashboard_->pending_config().source.coref_index = -1;
+  dashboard_->pending_config().source.prompt = editor->toPlainText().toStdString();
+  canvas_->request_frames();
 }
 
 bool MainWindow::load_plugin(const QString& path) {
@@ -380,8 +431,9 @@ void MainWindow::rebuild_recent_menu() {
 
 void MainWindow::closeEvent(QCloseEvent* event) {
   QSettings settings;
-  settings.setValue("window/geometry", saveGeometry());
-  settings.setValue("view/kind", int(dashboard_->view()));
+  if (!isMinimized() && width() >= kMinimumWidth && height() >= kMinimumHeight)
+    settings.setValue("window/geometry", saveGeometry());
+  settings.setValue("view/tab", int(dashboard_->tab()));
   engine_.cancel();
   QMainWindow::closeEvent(event);
 }

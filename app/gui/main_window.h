@@ -60,6 +60,8 @@ class MainWindow : public QMainWindow {
   void close_dialogs();
   void set_dark(bool dark);
   void update_status();
+  // The smallest window size kept in the settings and restored (smaller ones are not usable).
+  static constexpr int kMinimumWidth = 640, kMinimumHeight = 400;
 
  protected:
   void closeEvent(QCloseEvent* event) override;
@@ -69,6 +71,7 @@ class MainWindow : public QMainWindow {
   void add_recent(const QString& path);
   void rebuild_recent_menu();
   void show_error(const QString& title, const QString& message);
+  void edit_prompt();
   void on_key(int key, Qt::KeyboardModifiers modifiers);
 
   EngineController engine_;

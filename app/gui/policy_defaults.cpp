@@ -17,7 +17,9 @@ PolicyChoice choose_policies(const std::string& policies, bool asked, const Mode
   PolicyChoice choice{policies, {}};
   if (asked) return choice;
   choice.policies.clear();
-  for (const std::string& id : split_comma_list(policies)) {
+  for (const std::string& item : split_comma_list(policies)) {
+    // (a run spec, "h2o@0.3:recent=16", names its policy first)
+    const std::string id = item.substr(0, item.find_first_of("@:"));
     const PolicyInfo* info = find_policy_info(id);
     std::string why;
     if (!info) {
@@ -26,7 +28,7 @@ PolicyChoice choose_policies(const std::string& policies, bool asked, const Mode
       why = id + " left out: " + model.dir + " has no predictor (--predictor FILE names one)";
     }
     if (why.empty()) {
-      choice.policies += (choice.policies.empty() ? "" : ",") + id;
+      choice.policies += (choice.policies.empty() ? "" : ",") + item;
     } else {
       choice.note += (choice.note.empty() ? "" : "; ") + why;
     }

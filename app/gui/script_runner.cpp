@@ -131,7 +131,11 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
   } else if (command == "wait-idle") {
     // settled() already holds when a command runs
   } else if (command == "view") {
-    dashboard.set_view(viz::parse_view(joined.toStdString()));
+    if (joined == "generate") {
+      dashboard.set_tab(Tab::Generate);
+    } else {
+      dashboard.set_view(viz::parse_view(joined.toStdString()));
+    }
   } else if (command == "compare") {
     const Trace* trace = window_.engine().trace();
     if (!trace) throw std::runtime_error("compare: nothing recorded");
@@ -198,6 +202,50 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     std::fflush(stdout);
   } else if (command == "speed") {
     dashboard.set_play_rate(float(number(0)));
+  } else if (command == "runs") {
+    // The sidebar's run rows (run specs), not recorded until `restart`.
+    dashboard.set_policies(joined.toStdString());
+  } else if (command == "expect-pending") {
+    if (joined != "yes" && joined != "no") throw std::runtime_error("expect-pending: yes or no");
+    if (dashboard.changes_pending() != (joined == "yes"))
+      throw std::runtime_error(("expect-pending: changes pending is " +
+                                std::string(dashboard.changes_pending() ? "yes" : "no"))
+                                   .c_str());
+  } else if (command == "expect-compare") {
+    // The runs compared, by title ("dense,h2o s=0.3"), in order.
+    const Trace* trace = window_.engine().trace();
+    QStringList shown;
+    for (const int64_t r : dashboard.options().runs)
+      shown << QString::fromStdString(viz::run_title(*trace, r));
+    if (shown.join(',') != joined)
+      throw std::runtime_error(
+          ("expect-compare: comparing '" + shown.join(',') + "', not '" + joined + "'")
+              .toStdString());
+  } else if (command == "expect-head") {
+    if (dashboard.options().layer != number(0) || dashboard.options().head != number(1))
+      throw std::runtime_error("expect-head: the selected head is " +
+                               std::to_string(dashboard.options().layer) + " " +
+                               std::to_string(dashboard.options().head));
+  } else if (command == "find") {
+    dashboard.find_token(joined.toStdString());
+  } else if (command == "expect-highlighted") {
+    if (int64_t(dashboard.options().highlight_tokens.size()) != number(0))
+      throw std::runtime_error("expect-highlighted: " +
+                               std::to_string(dashboard.options().highlight_tokens.size()) +
+                               " tokens highlighted");
+  } else if (command == "click-token") {
+    // What a click on a token of the retention view does (run, token).
+    dashboard.act_on_hit(FigureHit{"token " + args.value(0).toStdString() + ":" +
+                                       args.value(1).toStdString(),
+                                   0, 0});
+  } else if (command == "expect-tab") {
+    if (QString(tab_title(dashboard.tab())).toLower() != joined.toLower())
+      throw std::runtime_error(("expect-tab: the tab shown is " +
+                                QString(tab_title(dashboard.tab())))
+                                   .toStdString());
+  } else if (command == "help") {
+    if (joined != "on" && joined != "off") throw std::runtime_error("help: on or off");
+    dashboard.show_help(joined == "on");
   } else if (command == "close-dialogs") {
     window_.close_dialogs();
   } else if (command == "quit") {

@@ -9,6 +9,9 @@
 //   theme dark|light | export FILE | screenshot FILE | expect-error TEXT | close-dialogs | quit
 //   expect-note TEXT (a status bar note said it) | expect-predictor TEXT (the sidebar's predictor)
 //   speed STEPS_PER_SECOND | report (frames drawn, frame rate, steps recorded, on stdout)
+//   runs SPEC,... (the sidebar's runs; `restart` records them) | expect-pending yes|no
+//   expect-compare TITLE,... | expect-head L H | find TEXT | expect-highlighted N
+//   click-token RUN TOKEN | expect-tab NAME | help on|off | view generate
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.
 #pragma once
 

@@ -94,7 +94,7 @@ test::CommandResult run_headless(const std::string& out, const std::string& args
 TEST_CASE("the window loads, steps, switches views, compares, exports and quits", "[ui][app]") {
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");
-  const test::CommandResult result = run_app(dir, script({"step 30",
+  const test::CommandResult result = run_app(dir, script({"goto 29",
                                                           "view heads",
                                                           "screenshot $DIR/heads.png",
                                                           "export $DIR/heads.svg",
@@ -133,9 +133,10 @@ TEST_CASE("the window loads, steps, switches views, compares, exports and quits"
   // Step back moved the view to step 19; the data behind the logits view says so.
   CHECK(read_file(dir + "/logits.json").find("\"step\": 19.0") != std::string::npos);
   CHECK(read_file(dir + "/logits-dense.png") != read_file(dir + "/logits-quest.png"));
-  // The recording saved from the window loads without the model, with its 30 steps.
+  // The recording saved from the window loads without the model, with every step of the text
+  // (recorded in the background from the start, without a key press).
   const Trace saved = load_trace(dir + "/run.kvtrace");
-  CHECK(saved.step_count() == 30);
+  CHECK(saved.step_count() == 111);
   CHECK(saved.runs.size() == (default_runs_tokenbutler() ? 4 : 3));
   CHECK(saved.coref.present);
   // An export has the figure's full detail whatever the zoom on screen (at 25% the window pools
@@ -152,7 +153,7 @@ TEST_CASE("bad model folders and traces show an error dialog and keep the sessio
   save_trace(test::make_small_trace(4), dir + "/good.kvtrace");
   const test::CommandResult result = run_app(
       dir,
-      script({"step 5", "open-model $DIR/not-a-model", "expect-error config.json",
+      script({"goto 4", "open-model $DIR/not-a-model", "expect-error config.json",
               "screenshot $DIR/dialog.png", "close-dialogs", "open-trace $DIR/bad.kvtrace",
               "expect-error bad.kvtrace", "close-dialogs", "view logits", "export $DIR/kept.json",
               "open-trace $DIR/good.kvtrace", "export $DIR/small.json", "quit"},
@@ -175,7 +176,7 @@ TEST_CASE("at a high-DPI scale the window fits the screen and draws sharp", "[ui
   const std::string dir = test::make_temp_dir("app");
   const test::CommandResult result =
       run_app(dir,
-              script({"step 5", "view heads", "screenshot $DIR/dpi.png", "zoom 300",
+              script({"goto 4", "view heads", "screenshot $DIR/dpi.png", "zoom 300",
                       "screenshot $DIR/zoomed.png", "quit"},
                      dir),
               "", "2200x1600", "QT_SCALE_FACTOR=2");
@@ -202,7 +203,7 @@ TEST_CASE("a policy plug-in loads in the app, runs beside the built-ins and expo
       dir,
       script({"load-plugin $DIR/broken.so", "expect-error broken.so", "close-dialogs",
               "load-plugin " + plugin, "expect-note h2o_c", "policies dense,h2o,h2o_c", "restart",
-              "wait-idle", "step 12", "wait-idle", "compare h2o,h2o_c", "view retention",
+              "wait-idle", "goto 11", "wait-idle", "compare h2o,h2o_c", "view retention",
               "export $DIR/retention.json", "screenshot $DIR/plugin.png", "quit"},
              dir));
   INFO(result.out << result.err);
@@ -217,7 +218,7 @@ TEST_CASE("a policy list with spaces keeps every policy across a restart", "[ui]
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("app");
   const test::CommandResult result =
-      run_app(dir, "restart\nstep 2\ncompare dense,h2o\nquit\n", "--policies 'dense, h2o'");
+      run_app(dir, "restart\ngoto 1\ncompare dense,h2o\nquit\n", "--policies 'dense, h2o'");
   INFO(result.out << result.err);
   CHECK(result.exit_code == 0);
 }
@@ -263,7 +264,7 @@ TEST_CASE("the default session runs tokenbutler when the model has a predictor",
       butler ? "expect-predictor predictor.safetensors (variant\n"
              : "expect-predictor no predictor\nexpect-note tokenbutler left out\n";
   const test::CommandResult result =
-      run_app(dir, script({"step 3", checks, "view predicted", "export $DIR/predicted.json",
+      run_app(dir, script({"goto 2", checks, "view predicted", "export $DIR/predicted.json",
                            "save-trace $DIR/run.kvtrace", "quit"},
                           dir));
   INFO(result.out << result.err);
@@ -284,7 +285,7 @@ TEST_CASE("an asked-for tokenbutler without a predictor is an error that keeps t
   if (!demo_has_predictor()) {
     // Restarting with tokenbutler named: an error dialog, and the recording before it stays.
     const test::CommandResult result = run_app(
-        dir, script({"step 3", "policies dense,tokenbutler", "restart", "expect-error tokenbutler",
+        dir, script({"goto 2", "policies dense,tokenbutler", "restart", "expect-error tokenbutler",
                      "close-dialogs", "view logits", "export $DIR/kept.json", "quit"},
                     dir));
     INFO(result.out << result.err);
