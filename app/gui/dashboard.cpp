@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "app/gui/imgui_canvas.h"
+#include "app/gui/policy_defaults.h"
 #include "engine/trace/trace_queries.h"
 #include "viz/layout.h"
 
@@ -124,6 +125,22 @@ void Dashboard::on_stepped(int64_t step) {
   } else if (follow_ || cursor_ < 0) {
     cursor_ = step;
   }
+}
+
+std::string Dashboard::on_recorded() {
+  const Trace* trace = engine_.trace();
+  if (head_chosen_ || !trace) return {};
+  const HeadChoice choice = typical_predicted_head(*trace, trace->step_count() - 1);
+  if (!choice.found) return {};
+  options_.layer = choice.layer;
+  options_.head = choice.head;
+  return "selected " + choice.why;
+}
+
+void Dashboard::select_head(int64_t layer, int64_t head) {
+  options_.layer = layer;
+  options_.head = head;
+  head_chosen_ = true;
 }
 
 void Dashboard::step_forward(int count) {
@@ -322,8 +339,7 @@ void Dashboard::act_on_hit(const FigureHit& hit) {
   int a = 0, l = 0, h = 0;
   long long t = 0;
   if (std::sscanf(hit.id.c_str(), "head %d:%d:%d", &a, &l, &h) == 3) {
-    options_.layer = l;
-    options_.head = h;
+    select_head(l, h);
   } else if (std::sscanf(hit.id.c_str(), "token %d:%lld", &a, &t) == 2) {
     // A token in the retention view: its history.
     focus_token(t);
@@ -331,8 +347,7 @@ void Dashboard::act_on_hit(const FigureHit& hit) {
   } else if (hit.id == "steps") {
     go_to_step(hit.col);
   } else if (hit.id == "hit rate grid") {
-    options_.layer = hit.row;
-    options_.head = hit.col;
+    select_head(hit.row, hit.col);
   }
 }
 
@@ -459,10 +474,3 @@ void Dashboard::view_area() {
 
 }  // namespace kvlens::app
 
-namespace kvlens::app {
-
-void Dashboard::generate_area() {
-  ImGui::TextDisabled("Generation: coming with the session's generate_runs.");
-}
-
-}  // namespace kvlens::app

@@ -72,6 +72,8 @@ class Dashboard {
   void focus_token(int64_t token);
   // What a click on a figure's hover region does (select a head, a token's history, a step).
   void act_on_hit(const FigureHit& hit);
+  // Generates max_new tokens under each run (the Generate tab shows them).
+  void generate(int64_t max_new);
   void show_help(bool show) { help_open_ = show; }
   bool help_open() const { return help_open_; }
 
@@ -79,6 +81,11 @@ class Dashboard {
   void on_opened();
   void on_replaced();
   void on_stepped(int64_t step);
+  // The recording reached its end: unless the user chose a head, the typical head of the
+  // predicting run is selected (policy_defaults.h); returns why, or empty.
+  std::string on_recorded();
+  // Selects a head as the user does (it then stays across recordings).
+  void select_head(int64_t layer, int64_t head);
 
   // The figure of the current view as the screen shows it: without its data, its head maps
   // pooled to the screen's pixels (null before a step is recorded or on the Generate tab).
@@ -106,7 +113,7 @@ class Dashboard {
   void coref_section();
   // dashboard.cpp
   void view_area();
-  void generate_area();
+  void generate_area();  // dashboard_generate.cpp
   void zoom_controls();
   void playback();
   std::string view_key() const;
@@ -126,6 +133,7 @@ class Dashboard {
   bool playing_ = false;
   bool scrubbing_ = false;  // the step slider is being dragged
   bool help_open_ = false;
+  bool head_chosen_ = false;  // the user selected a head: no default replaces it
   float play_rate_ = 8.0f;  // steps per second
   double last_play_seconds_ = 0.0;
   float zoom_ = 0.0f;    // 0: fit the view area

@@ -245,10 +245,12 @@ void Dashboard::head_section() {
     return;
   int layer = int(options_.layer), head = int(options_.head);
   ImGui::SetNextItemWidth(180);
-  if (ImGui::SliderInt("layer", &layer, 0, int(trace->model.layers - 1))) options_.layer = layer;
+  if (ImGui::SliderInt("layer", &layer, 0, int(trace->model.layers - 1)))
+    select_head(layer, options_.head);
   tooltip("The selected head's layer (or click a map; Ctrl+click to type)");
   ImGui::SetNextItemWidth(180);
-  if (ImGui::SliderInt("head", &head, 0, int(trace->model.heads - 1))) options_.head = head;
+  if (ImGui::SliderInt("head", &head, 0, int(trace->model.heads - 1)))
+    select_head(options_.layer, head);
   tooltip("The selected head (or click a map; Ctrl+click to type)");
   ImGui::Checkbox("selected head in detail", &options_.head_detail);
   tooltip("Heads: the selected head alone, with its tokens labelled");

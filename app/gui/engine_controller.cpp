@@ -65,6 +65,7 @@ void EngineController::cancel() {
 
 void EngineController::open(const SessionConfig& config, int64_t show_from_steps) {
   busy_ = true;
+  stop_generating_ = true;  // (a generation of the old recording ends at its next token)
   const uint64_t generation = ++generation_;
   QMetaObject::invokeMethod(worker_, [this, config, generation, show_from_steps] {
     if (generation != generation_) return;  // a later open is queued behind this one
@@ -173,10 +174,64 @@ void EngineController::take_incoming() {
   }
 }
 
+void EngineController::generate(int64_t max_new) {
+  if (generating_) return;
+  if (!trace_ || config_.model_dir.empty()) {
+    emit failed("Generate: a saved trace has no model to generate with; open a model.");
+    return;
+  }
+  generating_ = true;
+  stop_generating_ = false;
+  generated_.clear();
+  generated_max_new_ = max_new;
+  const uint64_t generation = generation_;
+  // Queued behind the recording on the worker thread: it runs once the text is recorded.
+  QMetaObject::invokeMethod(worker_, [this, max_new, generation] {
+    QString error;
+    std::vector<session::GeneratedText> result;
+    try {
+      if (generation != generation_ || !worker_->recording)
+        throw Error("generate", "recording", "the recording the request was made for",
+                    "another one");
+      const session::Recording& recording = *worker_->recording;
+      const Trace& trace = recording.recorder->trace();
+      std::vector<int32_t> prompt;
+      for (const TraceToken& token : trace.tokens) prompt.push_back(token.id);
+      session::GenerationOptions options;
+      options.max_new = max_new;
+      options.cancel = &stop_generating_;
+      options.on_step = [this](const std::vector<session::GeneratedText>& so_far) {
+        auto copy = std::make_shared<std::vector<session::GeneratedText>>(so_far);
+        QMetaObject::invokeMethod(this, [this, copy] {
+          if (!generating_) return;
+          generated_ = *copy;
+          emit generated_step();
+        });
+      };
+      result = session::generate_runs(recording.resident, prompt, recording.recorder->policies(),
+                                      options);
+    } catch (const std::exception& e) {
+      error = QString::fromUtf8(e.what());
+    }
+    QMetaObject::invokeMethod(this, [this, result, error] {
+      generating_ = false;
+      if (!error.isEmpty()) {
+        emit failed(error);
+      } else {
+        generated_ = result;
+      }
+      emit generated_step();
+      emit idle();
+    });
+  });
+}
+
 void EngineController::show_trace(std::shared_ptr<Trace> trace) {
   ++generation_;  // a recording on its way stops, and its steps are dropped
   busy_ = false;
   incoming_.reset();
+  stop_generating_ = true;
+  generated_.clear();
   QMetaObject::invokeMethod(worker_, [this] { worker_->recording.reset(); });
   trace_ = std::move(trace);
   steps_total_ = trace_->step_count();

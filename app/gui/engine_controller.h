@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "app/gui/policy_defaults.h"
+#include "app/session/generation.h"
 #include "app/session/recording.h"
 #include "engine/trace/trace.h"
 
@@ -49,6 +50,15 @@ class EngineController : public QObject {
   void open(const SessionConfig& config, int64_t show_from_steps = 1);
   // Stops recording (what was recorded stays); idle() follows.
   void cancel();
+  // Generates `max_new` tokens after the recording's text under each of its runs, every run
+  // decoding freely (session/generation.h), once the recording is done; generated() after each
+  // token and at the end. A saved trace has no model to generate with (failed()).
+  void generate(int64_t max_new);
+  void stop_generating() { stop_generating_ = true; }
+  bool generating() const { return generating_; }
+  // Each run's continuation so far (the recording's runs, in order), and the titles they go by.
+  const std::vector<session::GeneratedText>& generated() const { return generated_; }
+  int64_t generated_max_new() const { return generated_max_new_; }
   // Shows a saved trace instead of a recording (nothing more to record); opened() follows.
   void show_trace(std::shared_ptr<Trace> trace);
 
@@ -75,6 +85,7 @@ class EngineController : public QObject {
   // A recording of the same text replaced the one on screen (other policies or budgets).
   void replaced();
   void stepped(qint64 step);
+  void generated_step();
   void idle();
   void failed(const QString& message);
 
@@ -96,6 +107,10 @@ class EngineController : public QObject {
   QString backend_name_;
   QString predictor_, note_;
   bool busy_ = false;
+  bool generating_ = false;
+  std::atomic<bool> stop_generating_{false};
+  std::vector<session::GeneratedText> generated_;
+  int64_t generated_max_new_ = 0;
   // The newest open or saved trace: work for an older one stops (worker) or is dropped (UI).
   std::atomic<uint64_t> generation_{0};
 };

@@ -65,7 +65,10 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
     viz::ViewOptions view_options;
     view_options.runs = viz::default_runs(trace);
     view_options.dark = options.dark;
-    view_options.layer = std::min<int64_t>(2, trace.model.layers - 1);  // past the dense layers
+    const HeadChoice head = typical_predicted_head(trace, trace.step_count() - 1);
+    view_options.layer = head.found ? head.layer : std::min<int64_t>(2, trace.model.layers - 1);
+    view_options.head = head.head;
+    if (head.found) std::printf("kvlens: selected %s\n", head.why.c_str());
     std::string shown;
     for (const int64_t run : view_options.runs)
       shown += (shown.empty() ? "" : ", ") + viz::run_title(trace, run);

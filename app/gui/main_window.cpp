@@ -60,6 +60,13 @@ MainWindow::MainWindow(const LaunchOptions& options) {
     canvas_->request_frames();
   });
   connect(&engine_, &EngineController::idle, this, [this] {
+    if (engine_.done()) {
+      const QString why = QString::fromStdString(dashboard_->on_recorded());
+      if (!why.isEmpty()) {
+        notes_shown_ << why;
+        statusBar()->showMessage(why, 15000);
+      }
+    }
     canvas_->request_frames();
     update_status();
   });

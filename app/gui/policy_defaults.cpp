@@ -1,11 +1,15 @@
 // choose_policies and predictor_summary (policy_defaults.h).
 #include "app/gui/policy_defaults.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "engine/common/comma_list.h"
 #include "engine/policy/registry.h"
+#include "engine/trace/trace_queries.h"
+#include "viz/views.h"
 
 namespace kvlens::app {
 
@@ -50,6 +54,34 @@ std::string predictor_summary(const Model& model) {
   }
   return predictor->path + " (variant " + PredictorConfig::variant_name(predictor->config.variant) +
          ", " + size + ")";
+}
+
+HeadChoice typical_predicted_head(const Trace& trace, int64_t step) {
+  HeadChoice choice;
+  if (step < 0 || step >= trace.step_count()) return choice;
+  for (int64_t run = 0; run < int64_t(trace.runs.size()); ++run) {
+    if (!viz::run_predicts_logits(trace, run)) continue;
+    const std::vector<double> rates = head_accuracy_grid(trace, run, step);
+    std::vector<std::pair<double, int64_t>> scored;  // (hit rate, layer * heads + head)
+    for (size_t i = 0; i < rates.size(); ++i)
+      if (std::isfinite(rates[i])) scored.emplace_back(rates[i], int64_t(i));
+    if (scored.empty()) continue;
+    std::sort(scored.begin(), scored.end());
+    const auto& [rate, index] = scored[(scored.size() - 1) / 2];
+    choice.layer = index / trace.model.heads;
+    choice.head = index % trace.model.heads;
+    choice.found = true;
+    char why[200];
+    std::snprintf(why, sizeof why,
+                  "head %lld.%lld: %s's median head by top-50%% hit rate, %.2f (heads range "
+                  "%.2f-%.2f)",
+                  (long long)choice.layer, (long long)choice.head,
+                  viz::run_title(trace, run).c_str(), rate, scored.front().first,
+                  scored.back().first);
+    choice.why = why;
+    return choice;
+  }
+  return choice;
 }
 
 }  // namespace kvlens::app

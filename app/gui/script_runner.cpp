@@ -40,7 +40,7 @@ void ScriptRunner::fail(const QString& message) {
 }
 
 bool ScriptRunner::settled() const {
-  return !window_.engine().busy();
+  return !window_.engine().busy() && !window_.engine().generating();
 }
 
 void ScriptRunner::tick() {
@@ -143,8 +143,7 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     if (runs.size() > 4) throw std::runtime_error("compare: 1 to 4 runs");
     dashboard.options().runs = runs;
   } else if (command == "head") {
-    dashboard.options().layer = number(0);
-    dashboard.options().head = number(1);
+    dashboard.select_head(number(0), number(1));
   } else if (command == "detail") {
     if (joined != "on" && joined != "off") throw std::runtime_error("detail: on or off");
     dashboard.options().head_detail = joined == "on";
@@ -227,7 +226,26 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
                                std::to_string(dashboard.options().layer) + " " +
                                std::to_string(dashboard.options().head));
   } else if (command == "find") {
-    dashboard.find_token(joined.toStdString());
+    std::printf("find: %zu tokens highlighted\n", dashboard.find_token(joined.toStdString()));
+    std::fflush(stdout);
+  } else if (command == "generate") {
+    dashboard.generate(number(0));
+  } else if (command == "report-generated") {
+    // One line per run: its title, where it departs from dense (-1: never) and its text.
+    const Trace* trace = window_.engine().trace();
+    const auto& texts = window_.engine().generated();
+    if (!trace || texts.size() != trace->runs.size())
+      throw std::runtime_error("report-generated: nothing generated");
+    for (size_t r = 0; r < texts.size(); ++r) {
+      QString ids;
+      for (const int32_t id : texts[r].ids) ids += (ids.isEmpty() ? "" : ",") + QString::number(id);
+      std::printf("generated: %s | departs %lld | ids %s | %s\n",
+                  viz::run_title(*trace, int64_t(r)).c_str(), (long long)texts[r].first_departure,
+                  ids.toLocal8Bit().constData(), texts[r].text.c_str());
+    }
+    std::fflush(stdout);
+  } else if (command == "resize") {
+    window_.resize(int(number(0)), int(number(1)));
   } else if (command == "expect-highlighted") {
     if (int64_t(dashboard.options().highlight_tokens.size()) != number(0))
       throw std::runtime_error("expect-highlighted: " +

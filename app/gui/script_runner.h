@@ -11,7 +11,8 @@
 //   speed STEPS_PER_SECOND | report (frames drawn, frame rate, steps recorded, on stdout)
 //   runs SPEC,... (the sidebar's runs; `restart` records them) | expect-pending yes|no
 //   expect-compare TITLE,... | expect-head L H | find TEXT | expect-highlighted N
-//   click-token RUN TOKEN | expect-tab NAME | help on|off | view generate
+//   click-token RUN TOKEN | expect-tab NAME | help on|off | view generate | resize W H
+//   generate N | report-generated (one line per run: departure, ids, text)
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.
 #pragma once
 

@@ -42,6 +42,8 @@ class TraceRecorder {
   bool done() const { return trace_.step_count() >= int64_t(tokens_.size()); }
   int64_t steps_total() const { return int64_t(tokens_.size()); }
   const Trace& trace() const { return trace_; }
+  // The runs recorded, as resolved (one per trace run, in order).
+  const std::vector<PolicyConfig>& policies() const { return policies_; }
   Trace& trace() { return trace_; }
   // The next-token logits [vocab] of traced run `run` at the step the last step() recorded (host
   // memory of the recorder, valid until the next step()); empty before the first step.

@@ -1,0 +1,137 @@
+// The app's session as a researcher works it: the text records in the background from the start;
+// other runs (each with its own budget) re-record without losing the step, the compare picks or
+// the selected head, and an unrecorded change is marked; a token search, a token's history, the
+// A-B diff of any two runs, a window size that is never restored unusable.
+#ifdef KVLENS_APP_PATH
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/trace/trace.h"
+#include "tests/ui/app_runner.h"
+
+using namespace kvlens;
+using namespace kvlens::test::app;
+
+TEST_CASE("the app records the whole text in the background without a key press", "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = kvlens::test::make_temp_dir("app");
+  // No step command: the view follows the recording to the text's last step.
+  const auto result = run_app(
+      dir, script({"report", "view logits", "export $DIR/last.json", "save-trace $DIR/all.kvtrace",
+                   "screenshot $DIR/opened.png", "quit"},
+                  dir));
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.out.find("steps 111 ") != std::string::npos);
+  CHECK(read_file(dir + "/last.json").find("\"step\": 110.0") != std::string::npos);
+  CHECK(load_trace(dir + "/all.kvtrace").step_count() == 111);
+  CHECK(distinct_colors(dir + "/opened.png") > 200);
+}
+
+TEST_CASE("re-recording keeps the step, the compare picks and the head, and marks a pending change",
+          "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = kvlens::test::make_temp_dir("app");
+  const std::string second = default_runs_tokenbutler() ? "tokenbutler" : "quest";
+  const auto result = run_app(
+      dir, script({"goto 20", "compare " + second + ",h2o", "head 3 5",
+                   // h2o at two budgets and the picks' runs again (the budgets they had)
+                   "runs dense," + second + "@0.5,h2o@0.5,h2o@0.3,h2o@0.7", "expect-pending yes",
+                   "screenshot $DIR/pending.png", "restart", "expect-pending no",
+                   "expect-compare " + second + " s=0.5,h2o s=0.5", "expect-head 3 5",
+                   "view logits", "export $DIR/kept.json",
+                   // per-run budgets compared: h2o at 0.3 against h2o at 0.7, A - B in Retention
+                   "compare h2o@0.3,h2o@0.7", "view retention", "export $DIR/budgets.json",
+                   "screenshot $DIR/budgets.png", "save-trace $DIR/budgets.kvtrace", "quit"},
+                  dir));
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(read_file(dir + "/kept.json").find("\"step\": 20.0") != std::string::npos);
+  const Trace saved = load_trace(dir + "/budgets.kvtrace");
+  REQUIRE(saved.runs.size() == 5);
+  CHECK(saved.runs[3].policy == "h2o");
+  CHECK(saved.runs[3].sparsity == Approx(0.3));
+  CHECK(saved.runs[4].sparsity == Approx(0.7));
+  const std::string budgets = read_file(dir + "/budgets.json");
+  CHECK(budgets.find("fraction A - B") != std::string::npos);
+  CHECK(distinct_colors(dir + "/pending.png") > 200);
+}
+
+TEST_CASE("a token search highlights the token in every view and a click on a token opens its history",
+          "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = kvlens::test::make_temp_dir("app");
+  const auto result = run_app(
+      dir, script({"goto 60", "find the", "view heads", "detail on", "screenshot $DIR/found.png",
+                   "save-trace $DIR/run.kvtrace", "view retention", "click-token 1 30",
+                   "expect-tab history", "screenshot $DIR/history.png", "export $DIR/history.json",
+                   "quit"},
+                  dir));
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  // As many highlighted as tokens of the text hold "the" (any case, spaces trimmed).
+  const Trace trace = load_trace(dir + "/run.kvtrace");
+  size_t expected = 0;
+  for (const TraceToken& token : trace.tokens) {
+    std::string text = token.text;
+    for (char& c : text) c = char(std::tolower(static_cast<unsigned char>(c)));
+    expected += text.find("the") != std::string::npos;
+  }
+  REQUIRE(expected > 0);
+  CHECK(result.out.find("find: " + std::to_string(expected) + " tokens highlighted") !=
+        std::string::npos);
+  CHECK(distinct_colors(dir + "/history.png") > 20);
+  CHECK(read_file(dir + "/history.json").find("30") != std::string::npos);
+}
+
+TEST_CASE("a window closed too small is not restored at that size", "[ui][app]") {
+  // Xvfb without a window manager once left a 200 x 100 geometry in the settings, and every
+  // later launch with those settings opened that small.
+  REQUIRE(have_xvfb());
+  const std::string dir = kvlens::test::make_temp_dir("app");
+  const auto first = run_app(dir, "resize 200 100\nquit\n");
+  INFO(first.out << first.err);
+  REQUIRE(first.exit_code == 0);
+  // (run_app writes the script to the same folder: the settings folder is kept)
+  const auto second = run_app(dir, script({"screenshot $DIR/next.png", "quit"}, dir));
+  INFO(second.out << second.err);
+  REQUIRE(second.exit_code == 0);
+  const auto [width, height] = png_size(dir + "/next.png");
+  CHECK(width >= 640);
+  CHECK(height >= 400);
+}
+#endif  // KVLENS_APP_PATH
+
+#ifdef KVLENS_APP_PATH
+TEST_CASE("a typed prompt is continued under each run with the first departure from dense marked",
+          "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = kvlens::test::make_temp_dir("app");
+  const std::string prompt = "Tom had a red ball. Tom";
+  const auto result =
+      run_app(dir,
+              script({"runs dense,h2o@0.0,streaming@0.9", "restart", "generate 12",
+                      "expect-tab generate", "report-generated", "screenshot $DIR/generate.png",
+                      "quit"},
+                     dir),
+              "--prompt '" + prompt + "'");
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  // Dense's continuation is kvlens-cli generate's (greedy, the same prompt).
+  const auto cli = kvlens::test::run_command(kvlens::test::cli_path() + " generate --model " +
+                                             kvlens::test::source_path("assets/models/demo") +
+                                             " --prompt '" + prompt + "' --max-new 12 --ids");
+  REQUIRE(cli.exit_code == 0);
+  std::string cli_ids = cli.out.substr(cli.out.rfind(prompt) + prompt.size());
+  while (!cli_ids.empty() && cli_ids.back() == '\n') cli_ids.pop_back();
+  for (char& c : cli_ids) c = c == ' ' ? ',' : c;
+  CHECK(result.out.find("generated: dense | departs -1 | ids " + cli_ids + " |") !=
+        std::string::npos);
+  // h2o hiding nothing says what dense says; a run that sees 10% of the text may not.
+  CHECK(result.out.find("generated: h2o s=0 | departs -1 | ids " + cli_ids + " |") !=
+        std::string::npos);
+  CHECK(result.out.find("generated: streaming s=0.9 | departs ") != std::string::npos);
+  CHECK(distinct_colors(dir + "/generate.png") > 20);
+}
+#endif  // KVLENS_APP_PATH
