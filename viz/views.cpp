@@ -50,6 +50,69 @@ ConsensusMetric parse_consensus(const std::string& text, const std::string& flag
   throw Error(flag, "metric", "pearson or jaccard", "'" + text + "'");
 }
 
+namespace {
+
+// Two parameter values: numbers compare by value ("0.30" names a recorded 0.29999999999999999),
+// anything else by its text.
+bool same_value(const std::string& a, const std::string& b) {
+  char *end_a = nullptr, *end_b = nullptr;
+  const double x = std::strtod(a.c_str(), &end_a), y = std::strtod(b.c_str(), &end_b);
+  const bool numbers = !a.empty() && !b.empty() && *end_a == 0 && *end_b == 0;
+  return numbers ? x == y : a == b;
+}
+
+std::string value_of(const std::vector<std::string>& params, const std::string& key, bool& found) {
+  for (const std::string& param : params) {
+    const size_t eq = param.find('=');
+    if (param.compare(0, eq, key) == 0 && eq == key.size()) {
+      found = true;
+      return param.substr(eq + 1);
+    }
+  }
+  found = false;
+  return {};
+}
+
+// How well a run spec ID[@SPARSITY][:KEY=VALUE...] (docs/policy_specs.md) names a trace run: 0
+// not at all; 1 the id, the sparsity when given and every knob among its recorded parameters; 2
+// also no other parameter off its default (the run that spec recorded).
+int spec_match(const TraceRun& run, const std::string& spec) {
+  const size_t colon = spec.find(':');
+  const std::string head = spec.substr(0, colon);
+  const size_t at = head.find('@');
+  if (head.substr(0, at) != run.policy) return 0;
+  if (at != std::string::npos) {
+    const std::string text = head.substr(at + 1);
+    char* end = nullptr;
+    const double sparsity = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != 0 || sparsity != run.sparsity) return 0;
+  }
+  std::vector<std::string> knobs;
+  for (size_t begin = colon; begin != std::string::npos;) {
+    const size_t end = spec.find(':', begin + 1);
+    knobs.push_back(spec.substr(begin + 1, end == std::string::npos ? end : end - begin - 1));
+    begin = end;
+  }
+  for (const std::string& knob : knobs) {
+    const size_t eq = knob.find('=');
+    if (eq == std::string::npos) return 0;
+    bool found = false;
+    const std::string value = value_of(run.params, knob.substr(0, eq), found);
+    if (!found || !same_value(value, knob.substr(eq + 1))) return 0;
+  }
+  const PolicyInfo* info = find_policy_info(run.policy);
+  if (!info) return 1;
+  for (const ParamSpec& param : info->params) {
+    bool recorded = false, given = false;
+    const std::string value = value_of(run.params, param.name, recorded);
+    value_of(knobs, param.name, given);
+    if (recorded && !given && !same_value(value, param.default_value)) return 1;
+  }
+  return 2;
+}
+
+}  // namespace
+
 std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
                                 const std::string& flag) {
   std::vector<int64_t> runs;
@@ -57,6 +120,14 @@ std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
     int64_t index = -1;
     for (size_t r = 0; r < trace.runs.size() && index < 0; ++r)
       if (trace.runs[r].policy == item) index = int64_t(r);
+    // A run spec: the run it recorded, else the first run that has everything it says.
+    if (index < 0 && item.find_first_of("@:") != std::string::npos) {
+      int best = 0;
+      for (size_t r = 0; r < trace.runs.size() && best < 2; ++r) {
+        const int match = spec_match(trace.runs[r], item);
+        if (match > best) best = match, index = int64_t(r);
+      }
+    }
     if (index < 0) {
       char* end = nullptr;
       const long long value = std::strtoll(item.c_str(), &end, 10);
@@ -65,9 +136,15 @@ std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
     }
     if (index < 0) {
       std::string known;
-      for (size_t r = 0; r < trace.runs.size(); ++r)
-        known += (r ? ", " : "") + std::to_string(r) + " " + trace.runs[r].policy;
-      throw Error(flag, "run", "a run index or policy id of the trace (" + known + ")",
+      for (size_t r = 0; r < trace.runs.size(); ++r) {
+        const TraceRun& run = trace.runs[r];
+        char sparsity[32] = "";
+        if (!is_reference_policy(run.policy))
+          std::snprintf(sparsity, sizeof sparsity, "@%g", run.sparsity);
+        known += (r ? ", " : "") + std::to_string(r) + " " + run.policy + sparsity;
+      }
+      throw Error(flag, "run",
+                  "a run index, policy id or run spec (h2o@0.3) of the trace (" + known + ")",
                   "'" + item + "'");
     }
     runs.push_back(index);

@@ -115,17 +115,20 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_flag("--json", json, "Print the results as one JSON object");
   command->add_option("--policies", policies,
                       "Also step these policies in lockstep at the same context and report the "
-                      "time ratio to the dense session of this process (comma-separated ids)");
+                      "time ratio to the dense session of this process (comma-separated ids or run "
+                      "specs ID@SPARSITY[:KEY=VALUE...], docs/policy_specs.md)");
   command
       ->add_option("--block", block,
                    "With --policies: the dense and lockstep sessions take turns in blocks of this "
                    "many steps, the first of each untimed")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 20))
       ->capture_default_str();
-  command->add_option("--sparsity", sparsity, "Sparsities of the --policies runs")
+  command
+      ->add_option("--sparsity", sparsity, "Sparsities of the --policies runs given as plain ids")
       ->capture_default_str();
   command->add_option("--policy-arg", policy_args,
-                      "Policy parameter key=value or policy.key=value (repeatable)");
+                      "Policy parameter key=value or policy.key=value (repeatable; a run "
+                      "spec's own :key=value wins)");
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);
@@ -333,6 +336,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           for (size_t r = 0; r < runs.size(); ++r) {
             nlohmann::json task = {{"policy", runs[r].id},
                                    {"sparsity", runs[r].sparsity},
+                                   {"run", session::run_spec(runs[r])},
                                    {"task_seconds_median", median(run_task_seconds[r])}};
             const std::string source = policy_source(runs[r].id);
             if (!source.empty()) {
@@ -397,7 +401,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         for (size_t r = 0; r < runs.size(); ++r) {
           std::printf(
               "  run %-3zu %-12s %.3f ms per step (own attention and policy work, median)\n", r,
-              runs[r].id.c_str(), median(run_task_seconds[r]) * 1e3);
+              session::run_spec(runs[r]).c_str(), median(run_task_seconds[r]) * 1e3);
           if (!policy_source(runs[r].id).empty()) {
             std::printf(
                 "          plug-in      %.3f ms per step in its own code, %.3f ms in copies "

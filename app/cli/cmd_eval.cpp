@@ -122,15 +122,24 @@ void write_csv_row(std::ostream& out, const Json& row) {
 // beside the task's scores.
 void print_table(const std::vector<Json>& rows) {
   const bool coref = flags.task == "coref";
-  std::printf("%-12s %8s %9s ", "policy", "sparsity", "effective");
+  // The policy and the run's own knobs (its sparsity has a column): h2o:window=16.
+  const auto label_of = [](const Json& row) {
+    const std::string spec = row["run"].get<std::string>();
+    const size_t knobs = spec.find(':');
+    return row["policy"].get<std::string>() +
+           (knobs == std::string::npos ? "" : spec.substr(knobs));
+  };
+  int width = 12;
+  for (const Json& row : rows) width = std::max(width, int(label_of(row).size()));
+  std::printf("%-*s %8s %9s ", width, "policy", "sparsity", "effective");
   if (coref) {
     std::printf("%9s %9s %8s\n", "accuracy", "coverage", "samples");
   } else {
     std::printf("%10s %8s %9s\n", "ppl", "windows", "tokens");
   }
   for (const Json& row : rows) {
-    std::printf("%-12s %8.3f %9.3f ", row["policy"].get<std::string>().c_str(),
-                row["sparsity"].get<double>(), row["effective_sparsity"].get<double>());
+    std::printf("%-*s %8.3f %9.3f ", width, label_of(row).c_str(), row["sparsity"].get<double>(),
+                row["effective_sparsity"].get<double>());
     if (coref) {
       std::printf("%9.4f %9.4f %8lld\n", row["accuracy"].get<double>(),
                   row["coverage"].get<double>(), (long long)row["samples"].get<int64_t>());
@@ -144,8 +153,15 @@ void print_table(const std::vector<Json>& rows) {
 }
 
 Json result_row(const PolicyConfig& run) {
-  Json row = {{"policy", run.id},    {"sparsity", run.sparsity}, {"effective_sparsity", 0.0},
-              {"accuracy", nullptr}, {"coverage", nullptr},      {"ppl", nullptr},
+  // "run": the canonical run spec, which tells apart two runs of one policy and sparsity that
+  // differ in a knob (h2o@0.7 and h2o@0.7:window=16).
+  Json row = {{"policy", run.id},
+              {"sparsity", run.sparsity},
+              {"run", session::run_spec(run)},
+              {"effective_sparsity", 0.0},
+              {"accuracy", nullptr},
+              {"coverage", nullptr},
+              {"ppl", nullptr},
               {"samples", nullptr}};
   // A plug-in's results say which file ran (reproducible from the JSON alone).
   const std::string source = policy_source(run.id);
@@ -220,6 +236,7 @@ int run_eval(const CommonOptions& common) {
         for (const CorefSampleResult& s : result.per_sample) {
           const Json line = {{"policy", runs[i].id},
                              {"sparsity", runs[i].sparsity},
+                             {"run", session::run_spec(runs[i])},
                              {"index", s.index},
                              {"answer", s.answer},
                              {"tokens", s.tokens},
@@ -273,18 +290,21 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_option("--task", flags.task, "coref or ppl")->required();
   command
       ->add_option("--policies", flags.policies,
-                   "Comma-separated policy ids (kvlens-cli policies lists them)")
+                   "Comma-separated policy ids (kvlens-cli policies lists them) or run specs "
+                   "ID@SPARSITY[:KEY=VALUE...], e.g. dense,h2o@0.3,h2o@0.7:window=16 "
+                   "(docs/policy_specs.md)")
       ->capture_default_str();
   command
       ->add_option("--sparsity", flags.sparsities,
-                   "Comma-separated sparsities in [0,1); one result per (policy, sparsity)")
+                   "Comma-separated sparsities in [0,1); one result per (policy, sparsity) for "
+                   "each plain id of --policies (a run spec with @ keeps its own)")
       ->capture_default_str();
   command->add_option("--json", flags.json_path, "Write the results as JSON to this file");
   command->add_option("--csv", flags.csv_path,
                       "Also write one CSV line per (policy, sparsity): a sweep for plotting");
   command->add_option("--policy-arg", flags.policy_args,
                       "Policy parameter key=value for every policy that has it, or "
-                      "policy.key=value for one (repeatable)");
+                      "policy.key=value for one (repeatable; a run spec's own :key=value wins)");
   options.samples =
       command->add_option("--samples", flags.samples, "coref: number of samples (default 200)")
           ->check(CLI::PositiveNumber);

@@ -1,19 +1,56 @@
-// kvlens-cli generate: greedy continuation of a prompt, streamed as it is produced.
+// kvlens-cli generate: greedy continuation of a prompt, streamed as it is produced; with
+// --policies, each run's own greedy continuation (app/session/generation.h), one line per run
+// with where it first departs from dense's.
+#include <charconv>
 #include <cstdio>
 
 #include "app/cli/cli_common.h"
+#include "app/session/generation.h"
 #include "app/session/model_input.h"
+#include "app/session/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
 #include "engine/session/scoring.h"
 
 namespace kvlens::cli {
+namespace {
+
+// One line per run: "SPEC<TAB>DEPARTURE<TAB>CONTINUATION" (DEPARTURE: the index of the first new
+// token that differs from dense's, "-" where none does). The text marks the departure with "▶"
+// and escapes backslashes, tabs and newlines, so every run stays on one line; with --ids the
+// continuation is the new token ids.
+void print_run_texts(const std::vector<session::GeneratedText>& texts, bool print_ids) {
+  for (const session::GeneratedText& text : texts) {
+    std::string line;
+    for (size_t i = 0; i < text.ids.size(); ++i) {
+      const bool departs = int64_t(i) == text.first_departure;
+      if (print_ids) {
+        line += (i ? " " : "") + std::string(departs ? "▶" : "") + std::to_string(text.ids[i]);
+        continue;
+      }
+      if (departs) line += "▶";
+      for (const char c : text.pieces[i]) {
+        line += c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\t' ? "\\t" : std::string(1, c);
+      }
+    }
+    const std::string departure =
+        text.first_departure < 0 ? "-" : std::to_string(text.first_departure);
+    std::printf("%s\t%s\t%s\n", text.spec.c_str(), departure.c_str(), line.c_str());
+  }
+}
+
+std::string number_text(double value) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, value).ptr);
+}
+
+}  // namespace
 
 void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   auto* command = app.add_subcommand(
       "generate",
       "Greedy generation. Prints the prompt and its continuation (with --ids: the new token ids)");
-  static std::string model_dir, prompt, tokens;
+  static std::string model_dir, prompt, tokens, policies;
   static int64_t max_new = 32;
   static bool print_ids = false;
   static PolicyOptions policy;
@@ -26,13 +63,42 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       ->check(CLI::NonNegativeNumber);
   command->add_flag("--ids", print_ids, "Print the generated token ids instead of text");
   add_policy_options(*command, policy);
+  auto* policies_option = command->add_option(
+      "--policies", policies,
+      "Generate under several runs at once, one line per run (SPEC, the first token that "
+      "departs from dense's or -, the text with ▶ there): ids or run specs "
+      "ID[@SPARSITY][:KEY=VALUE...], "
+      "e.g. dense,h2o@0.3,h2o@0.7:window=16 (a plain id takes --sparsity)");
+  policies_option->excludes(command->get_option("--policy"));
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);
-  command->callback([&run, &common, prompt_option, tokens_option] {
-    run = [&common, prompt_option, tokens_option] {
+  command->callback([&run, &common, prompt_option, tokens_option, policies_option] {
+    run = [&common, prompt_option, tokens_option, policies_option] {
       if (!*prompt_option && !*tokens_option) {
         throw Error("generate", "--prompt or --tokens", "one of them");
+      }
+      if (*policies_option) {
+        const std::vector<PolicyConfig> runs = session::resolve_policy_runs(
+            policies, number_text(policy.sparsity), policy.policy_args);
+        const auto model = load_model(common, model_dir);
+        const std::optional<std::string> text =
+            *prompt_option ? std::optional<std::string>(prompt) : std::nullopt;
+        const std::vector<int32_t> prompt_ids =
+            resolve_input_tokens(*model, text, tokens, "--tokens");
+        if (!print_ids && !model->tokenizer) {
+          throw Error(model_dir, "tokenizer.json", "a tokenizer to print text (or pass --ids)");
+        }
+        check_cpu_memory(common, *model, int64_t(prompt_ids.size()) + max_new,
+                         int64_t(runs.size()) + 1, true, "prompt + --max-new");
+        const auto backend = make_backend(common);
+        const auto resident = upload_model(model, *backend, session::upload_options(common));
+        ProgressBar bar(common.progress, "generate");
+        session::GenerationOptions options;
+        options.max_new = max_new;
+        options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
+        print_run_texts(session::generate_runs(resident, prompt_ids, runs, options), print_ids);
+        return 0;
       }
       const PolicyConfig policy_config = resolve_policy(policy);
       const auto model = load_model(common, model_dir);

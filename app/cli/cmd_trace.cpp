@@ -139,12 +139,18 @@ void add_trace_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                                  "Trace co-reference sample I instead of a prompt")
                     ->check(CLI::NonNegativeNumber);
   prompt->excludes(coref);
-  command->add_option("--policies", flags.policies, "Comma-separated policy ids")
+  command
+      ->add_option("--policies", flags.policies,
+                   "Comma-separated policy ids or run specs ID@SPARSITY[:KEY=VALUE...], e.g. "
+                   "dense,h2o@0.3,h2o@0.7:window=16 (docs/policy_specs.md)")
       ->capture_default_str();
-  command->add_option("--sparsity", flags.sparsities, "Comma-separated sparsities in [0,1)")
+  command
+      ->add_option("--sparsity", flags.sparsities,
+                   "Comma-separated sparsities in [0,1), for each plain id of --policies")
       ->capture_default_str();
   command->add_option("--policy-arg", flags.policy_args,
-                      "Policy parameter key=value or policy.key=value (repeatable)");
+                      "Policy parameter key=value or policy.key=value (repeatable; a run "
+                      "spec's own :key=value wins)");
   command->add_option("--out", flags.out_path, "The .kvtrace file to write")->required();
   command->add_option("--seed", flags.seed, "coref: generator seed (default 0)");
   command->add_flag("--hard", flags.hard, "coref: 2-3 locations per sample");

@@ -292,3 +292,69 @@ TEST_CASE("bad input: one clear message and a non-zero exit", "[cli][errors]") {
                     {"--backend", "tpu"});
   }
 }
+
+TEST_CASE("run specs through the CLI: generate --policies, eval's run labels, their errors",
+          "[cli][policy_specs]") {
+  const std::string dir = tiny_model();
+  const std::string prompt = " --tokens 1,5,9,13,17,21,25,29 --max-new 12 --ids";
+  SECTION("generate --policies: one line per run, SPEC, DEPARTURE, ids; dense's are generate's") {
+    const auto alone = run_command(cli() + " generate --model " + dir + prompt);
+    REQUIRE(alone.exit_code == 0);
+    const auto result = run_command(cli() + " generate --model " + dir + prompt +
+                                    " --policies dense,h2o@0,random@0.8:sinks=1 --sparsity 0.5");
+    INFO(result.err);
+    REQUIRE(result.exit_code == 0);
+    std::istringstream lines(result.out);
+    std::vector<std::vector<std::string>> rows;
+    for (std::string line; std::getline(lines, line);) {
+      std::vector<std::string> fields;
+      std::istringstream split(line);
+      for (std::string field; std::getline(split, field, '\t');) fields.push_back(field);
+      rows.push_back(fields);
+    }
+    REQUIRE(rows.size() == 3);
+    std::string dense_ids = alone.out.substr(0, alone.out.find('\n'));
+    CHECK(rows[0] == std::vector<std::string>{"dense", "-", dense_ids});
+    CHECK(rows[1] == std::vector<std::string>{"h2o@0", "-", dense_ids});
+    REQUIRE(rows[2].size() == 3);
+    CHECK(rows[2][0] == "random@0.8:sinks=1");
+    // The departure index points at the ▶-marked id, the first one unlike dense's.
+    if (rows[2][1] != "-") {
+      std::istringstream ids(rows[2][2]), reference(dense_ids);
+      std::vector<std::string> run_ids, dense;
+      for (std::string id; ids >> id;) run_ids.push_back(id);
+      for (std::string id; reference >> id;) dense.push_back(id);
+      const size_t departure = std::stoul(rows[2][1]);
+      REQUIRE(departure < run_ids.size());
+      CHECK(run_ids[departure].rfind("▶", 0) == 0);
+      for (size_t i = 0; i < departure; ++i) CHECK(run_ids[i] == dense[i]);
+    }
+  }
+  SECTION("eval: a run spec's knobs label its row and its JSON") {
+    const std::string json = test::make_temp_dir("cli") + "/eval.json";
+    const auto result = run_command(
+        cli() + " eval --model " + test::source_path("assets/models/demo") +
+        " --task coref --samples 2 --policies dense,h2o@0.7,h2o@0.7:window=16 --json " + json);
+    INFO(result.err);
+    REQUIRE(result.exit_code == 0);
+    CHECK(result.out.find("h2o:window=16 ") != std::string::npos);
+    std::ifstream in(json);
+    const auto parsed = nlohmann::json::parse(in);
+    std::vector<std::string> specs;
+    for (const auto& row : parsed["results"]) specs.push_back(row["run"]);
+    CHECK(specs == std::vector<std::string>{"dense", "h2o@0.7", "h2o@0.7:window=16"});
+  }
+  SECTION("errors name --policies and the item") {
+    require_failure("generate --model " + dir + prompt + " --policies dense,h2o@1.5",
+                    {"--policies", "[0, 1)", "h2o@1.5"});
+    require_failure("generate --model " + dir + prompt + " --policies h2o@0.5:nope=1",
+                    {"--policies", "nope", "h2o@0.5:nope=1"});
+    // A CLI11 usage error (no "kvlens-cli: error:" prefix): one of the two, not both.
+    const auto both = run_command(cli() + " generate --model " + dir + prompt +
+                                  " --policies h2o@0.5 --policy h2o");
+    CHECK(both.exit_code != 0);
+    CHECK(both.err.find("--policy excludes --policies") != std::string::npos);
+    require_failure("eval --model " + dir + " --task coref --policies h2o,h2o@0.5 --sparsity 0.5",
+                    {"--policies", "each run listed once", "h2o@0.5"});
+  }
+}
