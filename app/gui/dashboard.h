@@ -133,7 +133,8 @@ class Dashboard {
   bool playing_ = false;
   bool scrubbing_ = false;  // the step slider is being dragged
   bool help_open_ = false;
-  bool head_chosen_ = false;  // the user selected a head: no default replaces it
+  bool head_chosen_ = false;
+  int64_t generate_tokens_ = 32;  // the Generate tab's token count  // the user selected a head: no default replaces it
   float play_rate_ = 8.0f;  // steps per second
   double last_play_seconds_ = 0.0;
   float zoom_ = 0.0f;    // 0: fit the view area

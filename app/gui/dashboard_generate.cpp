@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "app/gui/dashboard.h"
+#include "app/gui/imgui_canvas.h"
 #include "engine/policy/registry.h"
 #include "viz/layout.h"
 
@@ -61,17 +62,16 @@ void flow_pieces(const std::vector<std::string>& pieces, int64_t departure, ImVe
 
 void Dashboard::generate_area() {
   const Trace* trace = engine_.trace();
-  static int max_new = 32;
+  int max_new = int(generate_tokens_);
   ImGui::SetNextItemWidth(120);
-  ImGui::InputInt("tokens", &max_new, 8, 32);
-  max_new = std::clamp(max_new, 1, 4096);
+  if (ImGui::InputInt("tokens", &max_new, 8, 32)) generate_tokens_ = std::clamp(max_new, 1, 4096);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("How many tokens each run generates");
   ImGui::SameLine();
   if (engine_.generating()) {
     if (ImGui::Button("Stop")) engine_.stop_generating();
   } else {
     ImGui::BeginDisabled(!trace || engine_.config().model_dir.empty());
-    if (ImGui::Button("Generate")) generate(max_new);
+    if (ImGui::Button("Generate")) generate(generate_tokens_);
     ImGui::EndDisabled();
   }
   if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
@@ -128,7 +128,8 @@ void Dashboard::generate_area() {
 }
 
 void Dashboard::generate(int64_t max_new) {
-  engine_.generate(max_new);
+  generate_tokens_ = std::clamp<int64_t>(max_new, 1, 4096);
+  engine_.generate(generate_tokens_);
   tab_ = Tab::Generate;
 }
 
