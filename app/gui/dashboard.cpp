@@ -224,7 +224,7 @@ void Dashboard::restart() {
                          shown.source.hard == pending_.source.hard &&
                          shown.source.prompt == pending_.source.prompt;
   const int64_t wanted = std::max(cursor_, target_step_);
-  engine_.open(pending_, same_text && !follow_ ? wanted + 1 : 1);
+  engine_.open(pending_, same_text ? wanted + 1 : 1);
 }
 
 void Dashboard::set_policies(const std::string& policies) {

@@ -23,6 +23,14 @@ ImVec4 to_imgui(viz::Color c) {
   return ImVec4(c.r / 255.f, c.g / 255.f, c.b / 255.f, c.a / 255.f);
 }
 
+// A progress bar in the style's button colours (ImGui's default histogram yellow reads as a
+// warning).
+void progress(float fraction, const char* label) {
+  ImGui::PushStyleColor(ImGuiCol_PlotHistogram, ImGui::GetStyleColorVec4(ImGuiCol_ButtonActive));
+  ImGui::ProgressBar(fraction, ImVec2(-1, 0), label);
+  ImGui::PopStyleColor();
+}
+
 }  // namespace
 
 void Dashboard::sidebar() {
@@ -160,10 +168,10 @@ void Dashboard::runs_section() {
     char label[96];
     std::snprintf(label, sizeof label, "re-recording %lld / %lld",
                   (long long)engine_.pending_steps(), (long long)engine_.pending_total());
-    ImGui::ProgressBar(engine_.pending_total() > 0 ? float(engine_.pending_steps()) /
-                                                         float(engine_.pending_total())
-                                                   : 0.0f,
-                       ImVec2(-1, 0), label);
+    progress(engine_.pending_total() > 0
+                 ? float(engine_.pending_steps()) / float(engine_.pending_total())
+                 : 0.0f,
+             label);
     tooltip("The view switches to the new recording when it reaches the step on screen");
   }
 }
@@ -203,7 +211,7 @@ void Dashboard::step_section() {
     std::snprintf(label, sizeof label, "%s %lld of %lld steps",
                   engine_.busy() && engine_.pending_steps() < 0 ? "recording" : "recorded",
                   (long long)recorded, (long long)engine_.steps_total());
-    ImGui::ProgressBar(float(recorded) / float(total), ImVec2(-1, 0), label);
+    progress(float(recorded) / float(total), label);
     tooltip("The whole text records in the background; the views show each step as it arrives");
     if (target_step_ >= 0) ImGui::TextDisabled("going to step %lld...", (long long)target_step_);
     if (cursor_ >= 0 && cursor_ < int64_t(trace->tokens.size()))

@@ -13,6 +13,7 @@
 #include <QKeyEvent>
 #include <QMenuBar>
 #include <QMessageBox>
+#include <QPalette>
 #include <QPlainTextEdit>
 #include <QScreen>
 #include <QSettings>
@@ -232,6 +233,29 @@ void MainWindow::on_key(int key, Qt::KeyboardModifiers modifiers) {
 
 void MainWindow::set_dark(bool dark) {
   dashboard_->options().dark = dark;
+  // The Qt chrome (menus, status bar, dialogs) follows the canvas's theme.
+  static const QPalette light_palette = QApplication::palette();
+  if (dark) {
+    QPalette palette;
+    const QColor window(37, 37, 38), base(24, 24, 26), text(230, 230, 232), muted(140, 140, 146);
+    palette.setColor(QPalette::Window, window);
+    palette.setColor(QPalette::WindowText, text);
+    palette.setColor(QPalette::Base, base);
+    palette.setColor(QPalette::AlternateBase, window);
+    palette.setColor(QPalette::Text, text);
+    palette.setColor(QPalette::Button, window);
+    palette.setColor(QPalette::ButtonText, text);
+    palette.setColor(QPalette::ToolTipBase, window);
+    palette.setColor(QPalette::ToolTipText, text);
+    palette.setColor(QPalette::Highlight, QColor(66, 120, 200));
+    palette.setColor(QPalette::HighlightedText, Qt::white);
+    palette.setColor(QPalette::Disabled, QPalette::Text, muted);
+    palette.setColor(QPalette::Disabled, QPalette::WindowText, muted);
+    palette.setColor(QPalette::Disabled, QPalette::ButtonText, muted);
+    QApplication::setPalette(palette);
+  } else {
+    QApplication::setPalette(light_palette);
+  }
   QSettings().setValue("view/dark", dark);
 }
 
