@@ -37,9 +37,8 @@ std::string trimmed(const std::string& text) {
 }  // namespace
 
 const char* tab_title(Tab tab) {
-  static const char* const titles[kTabCount] = {"Heads",     "Predicted vs true", "Retention",
-                                                "History",   "Consensus",         "Logits",
-                                                "Generate"};
+  static const char* const titles[kTabCount] = {
+      "Heads", "Predicted vs true", "Retention", "History", "Consensus", "Logits", "Generate"};
   return titles[int(tab)];
 }
 
@@ -416,8 +415,7 @@ void Dashboard::view_area() {
   const bool forcing = shown_tab_ != int(tab_);
   if (ImGui::BeginTabBar("view tabs")) {
     for (int t = 0; t < kTabCount; ++t) {
-      const ImGuiTabItemFlags flags =
-          forcing && int(tab_) == t ? ImGuiTabItemFlags_SetSelected : 0;
+      const ImGuiTabItemFlags flags = forcing && int(tab_) == t ? ImGuiTabItemFlags_SetSelected : 0;
       if (ImGui::BeginTabItem(tab_title(Tab(t)), nullptr, flags)) {
         if (!forcing) tab_ = Tab(t);
         if (forcing && int(tab_) == t) shown_tab_ = t;
@@ -473,4 +471,3 @@ void Dashboard::view_area() {
 }
 
 }  // namespace kvlens::app
-

@@ -100,7 +100,7 @@ class Dashboard {
   RunRows& run_rows() { return run_rows_; }
 
   std::function<void(const std::string&)> on_error;  // bad options the view rejects
-  std::function<void()> on_edit_prompt;             // opens the prompt editor (a Qt dialog)
+  std::function<void()> on_edit_prompt;              // opens the prompt editor (a Qt dialog)
 
  private:
   // dashboard_sidebar.cpp
@@ -134,7 +134,8 @@ class Dashboard {
   bool scrubbing_ = false;  // the step slider is being dragged
   bool help_open_ = false;
   bool head_chosen_ = false;
-  int64_t generate_tokens_ = 32;  // the Generate tab's token count  // the user selected a head: no default replaces it
+  int64_t generate_tokens_ =
+      32;  // the Generate tab's token count  // the user selected a head: no default replaces it
   float play_rate_ = 8.0f;  // steps per second
   double last_play_seconds_ = 0.0;
   float zoom_ = 0.0f;    // 0: fit the view area

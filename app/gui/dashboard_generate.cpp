@@ -75,8 +75,9 @@ void Dashboard::generate_area() {
     ImGui::EndDisabled();
   }
   if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip("Continue the text under each run's policy, greedily, every run on its own "
-                      "(after the recording has finished)");
+    ImGui::SetTooltip(
+        "Continue the text under each run's policy, greedily, every run on its own "
+        "(after the recording has finished)");
   const std::vector<session::GeneratedText>& texts = engine_.generated();
   if (engine_.generating()) {
     ImGui::SameLine();

@@ -58,8 +58,7 @@ void Dashboard::text_section() {
     ImGui::TextDisabled("a saved trace: no model or predictor loaded");
   }
   const bool sample = pending_.source.coref_index >= 0;
-  if (ImGui::RadioButton("Co-reference sample", sample) && !sample)
-    pending_.source.coref_index = 0;
+  if (ImGui::RadioButton("Co-reference sample", sample) && !sample) pending_.source.coref_index = 0;
   tooltip("A generated co-reference text whose answer every run must retrieve from the cache");
   ImGui::SameLine();
   if (ImGui::RadioButton("Prompt", !sample) && sample) pending_.source.coref_index = -1;
@@ -93,8 +92,7 @@ void Dashboard::runs_section() {
   for (size_t i = 0; i < rows.size(); ++i) {
     RunRow& row = rows[i];
     ImGui::PushID(int(i));
-    const viz::Color color =
-        viz::policy_color(row.policy, viz::theme_of(options_));
+    const viz::Color color = viz::policy_color(row.policy, viz::theme_of(options_));
     ImGui::ColorButton("##colour", to_imgui(color),
                        ImGuiColorEditFlags_NoTooltip | ImGuiColorEditFlags_NoDragDrop,
                        ImVec2(ImGui::GetFrameHeight() * 0.6f, ImGui::GetFrameHeight()));
@@ -161,8 +159,7 @@ void Dashboard::runs_section() {
   if (pending) ImGui::PopStyleColor(2);
   tooltip("Record the text with these runs; the view keeps its step, picks and head");
   if (pending) {
-    ImGui::TextColored(to_imgui(viz::theme_of(options_).accent),
-                       "\u25CF changes not recorded yet");
+    ImGui::TextColored(to_imgui(viz::theme_of(options_).accent), "\u25CF changes not recorded yet");
   }
   if (engine_.pending_steps() >= 0) {
     char label[96];
@@ -218,8 +215,9 @@ void Dashboard::step_section() {
       ImGui::Text("step %lld, token '%s'", (long long)cursor_,
                   viz::token_label(trace->tokens[size_t(cursor_)].text, 24).c_str());
   } else {
-    ImGui::TextDisabled(engine_.busy() ? "recording..." : trace ? "nothing to step"
-                                                                : "open a model or a trace");
+    ImGui::TextDisabled(engine_.busy() ? "recording..."
+                        : trace        ? "nothing to step"
+                                       : "open a model or a trace");
   }
 }
 
@@ -273,8 +271,9 @@ void Dashboard::head_section() {
   ImGui::SetNextItemWidth(180);
   if (ImGui::Combo("show", &quantity, "logits\0probabilities\0policy scores\0"))
     options_.quantity = HeadQuantity(quantity);
-  tooltip("What the head maps show: attention logits, probabilities, or the policy's scores (a "
-          "predictor's: predicted logits)");
+  tooltip(
+      "What the head maps show: attention logits, probabilities, or the policy's scores (a "
+      "predictor's: predicted logits)");
   const bool probabilities = options_.quantity == HeadQuantity::Probabilities;
   ImGui::BeginDisabled(!probabilities);
   bool log_scale = options_.log_scale && probabilities;

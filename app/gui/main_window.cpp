@@ -170,9 +170,9 @@ void MainWindow::build_menus() {
   QMenu* view = menuBar()->addMenu("&View");
   auto* views = new QActionGroup(this);
   for (int t = 0; t < kTabCount; ++t) {
-    QAction* action =
-        view->addAction(QString("&") + tab_title(Tab(t)), QKeySequence(QString("Ctrl+%1").arg(t + 1)),
-                        this, [this, t] { dashboard_->set_tab(Tab(t)); });
+    QAction* action = view->addAction(QString("&") + tab_title(Tab(t)),
+                                      QKeySequence(QString("Ctrl+%1").arg(t + 1)), this,
+                                      [this, t] { dashboard_->set_tab(Tab(t)); });
     action->setCheckable(true);
     views->addAction(action);
   }
@@ -273,7 +273,8 @@ void MainWindow::update_status() {
                     .arg(engine_.pending_steps())
                     .arg(engine_.pending_total());
   } else if (engine_.busy()) {
-    recording = QString(" (recording %1 of %2)").arg(trace->step_count()).arg(engine_.steps_total());
+    recording =
+        QString(" (recording %1 of %2)").arg(trace->step_count()).arg(engine_.steps_total());
   }
   step_label_->setText(QString("step %1 of %2%3")
                            .arg(cursor < 0 ? QString("-") : QString::number(cursor))
@@ -313,8 +314,8 @@ void MainWindow::edit_prompt() {
   connect(buttons, &QDialogButtonBox::accepted, &dialog, &QDialog::accept);
   connect(buttons, &QDialogButtonBox::rejected, &dialog, &QDialog::reject);
   auto* layout = new QVBoxLayout(&dialog);
-  layout->addWidget(new QLabel("Every token of this text is stepped; Run > Record records it.",
-                               &dialog));
+  layout->addWidget(
+      new QLabel("Every token of this text is stepped; Run > Record records it.", &dialog));
   layout->addWidget(editor);
   layout->addWidget(buttons);
   dialog.resize(640, 360);

@@ -248,19 +248,17 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     window_.resize(int(number(0)), int(number(1)));
   } else if (command == "expect-highlighted") {
     if (int64_t(dashboard.options().highlight_tokens.size()) != number(0))
-      throw std::runtime_error("expect-highlighted: " +
-                               std::to_string(dashboard.options().highlight_tokens.size()) +
-                               " tokens highlighted");
+      throw std::runtime_error(
+          "expect-highlighted: " + std::to_string(dashboard.options().highlight_tokens.size()) +
+          " tokens highlighted");
   } else if (command == "click-token") {
     // What a click on a token of the retention view does (run, token).
-    dashboard.act_on_hit(FigureHit{"token " + args.value(0).toStdString() + ":" +
-                                       args.value(1).toStdString(),
-                                   0, 0});
+    dashboard.act_on_hit(FigureHit{
+        "token " + args.value(0).toStdString() + ":" + args.value(1).toStdString(), 0, 0});
   } else if (command == "expect-tab") {
     if (QString(tab_title(dashboard.tab())).toLower() != joined.toLower())
-      throw std::runtime_error(("expect-tab: the tab shown is " +
-                                QString(tab_title(dashboard.tab())))
-                                   .toStdString());
+      throw std::runtime_error(
+          ("expect-tab: the tab shown is " + QString(tab_title(dashboard.tab()))).toStdString());
   } else if (command == "help") {
     if (joined != "on" && joined != "off") throw std::runtime_error("help: on or off");
     dashboard.show_help(joined == "on");

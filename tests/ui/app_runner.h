@@ -45,13 +45,14 @@ inline std::string xvfb_run(const std::string& dir, const std::string& screen) {
 
 // Runs the app on a script in a fresh settings folder, under its own X server.
 inline kvlens::test::CommandResult run_app(const std::string& dir, const std::string& script,
-                            const std::string& args = "", const std::string& screen = "1600x1000",
-                            const std::string& env = "") {
+                                           const std::string& args = "",
+                                           const std::string& screen = "1600x1000",
+                                           const std::string& env = "") {
   std::ofstream(dir + "/script.txt") << script;
   // (this suite's own QT_QPA_PLATFORM=offscreen must not reach the app: it draws with OpenGL)
-  return kvlens::test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir + "/config " + env +
-                           " timeout 120 " + xvfb_run(dir, screen) + KVLENS_APP_PATH " --script " +
-                           dir + "/script.txt " + args);
+  return kvlens::test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir + "/config " +
+                                   env + " timeout 120 " + xvfb_run(dir, screen) +
+                                   KVLENS_APP_PATH " --script " + dir + "/script.txt " + args);
 }
 
 // Script lines, "$DIR" standing for the test's folder.
@@ -81,11 +82,10 @@ inline bool default_runs_tokenbutler() {
 
 // The app without a display (it renders the dashboard to PNGs in `out`), with extra arguments.
 inline kvlens::test::CommandResult run_headless(const std::string& out, const std::string& args) {
-  return kvlens::test::run_command("env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH
-                           " --out " +
-                           out + " " + args);
+  return kvlens::test::run_command(
+      "env -u DISPLAY -u WAYLAND_DISPLAY -u QT_QPA_PLATFORM " KVLENS_APP_PATH " --out " + out +
+      " " + args);
 }
-
 
 }  // namespace kvlens::test::app
 #endif  // KVLENS_APP_PATH

@@ -17,10 +17,10 @@ TEST_CASE("the app records the whole text in the background without a key press"
   REQUIRE(have_xvfb());
   const std::string dir = kvlens::test::make_temp_dir("app");
   // No step command: the view follows the recording to the text's last step.
-  const auto result = run_app(
-      dir, script({"report", "view logits", "export $DIR/last.json", "save-trace $DIR/all.kvtrace",
-                   "screenshot $DIR/opened.png", "quit"},
-                  dir));
+  const auto result =
+      run_app(dir, script({"report", "view logits", "export $DIR/last.json",
+                           "save-trace $DIR/all.kvtrace", "screenshot $DIR/opened.png", "quit"},
+                          dir));
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   CHECK(result.out.find("steps 111 ") != std::string::npos);
@@ -58,16 +58,17 @@ TEST_CASE("re-recording keeps the step, the compare picks and the head, and mark
   CHECK(distinct_colors(dir + "/pending.png") > 200);
 }
 
-TEST_CASE("a token search highlights the token in every view and a click on a token opens its history",
-          "[ui][app]") {
+TEST_CASE(
+    "a token search highlights the token in every view and a click on a token opens its history",
+    "[ui][app]") {
   REQUIRE(have_xvfb());
   const std::string dir = kvlens::test::make_temp_dir("app");
-  const auto result = run_app(
-      dir, script({"goto 60", "find the", "view heads", "detail on", "screenshot $DIR/found.png",
-                   "save-trace $DIR/run.kvtrace", "view retention", "click-token 1 30",
-                   "expect-tab history", "screenshot $DIR/history.png", "export $DIR/history.json",
-                   "quit"},
-                  dir));
+  const auto result =
+      run_app(dir, script({"goto 60", "find the", "view heads", "detail on",
+                           "screenshot $DIR/found.png", "save-trace $DIR/run.kvtrace",
+                           "view retention", "click-token 1 30", "expect-tab history",
+                           "screenshot $DIR/history.png", "export $DIR/history.json", "quit"},
+                          dir));
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   // As many highlighted as tokens of the text hold "the" (any case, spaces trimmed).
@@ -109,13 +110,12 @@ TEST_CASE("a typed prompt is continued under each run with the first departure f
   REQUIRE(have_xvfb());
   const std::string dir = kvlens::test::make_temp_dir("app");
   const std::string prompt = "Tom had a red ball. Tom";
-  const auto result =
-      run_app(dir,
-              script({"runs dense,h2o@0.0,streaming@0.9", "restart", "generate 12",
-                      "expect-tab generate", "report-generated", "screenshot $DIR/generate.png",
-                      "quit"},
-                     dir),
-              "--prompt '" + prompt + "'");
+  const auto result = run_app(
+      dir,
+      script({"runs dense,h2o@0.0,streaming@0.9", "restart", "generate 12", "expect-tab generate",
+              "report-generated", "screenshot $DIR/generate.png", "quit"},
+             dir),
+      "--prompt '" + prompt + "'");
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   // Dense's continuation is kvlens-cli generate's (greedy, the same prompt).

@@ -12,13 +12,12 @@
 #include "engine/policy/registry.h"
 #include "engine/trace/trace.h"
 #include "tests/support/small_trace.h"
-#include "tests/ui/app_runner.h"
 #include "tests/support/test_paths.h"
+#include "tests/ui/app_runner.h"
 
 using namespace kvlens;
 using namespace kvlens::test::app;
 namespace fs = std::filesystem;
-
 
 TEST_CASE("the window loads, steps, switches views, compares, exports and quits", "[ui][app]") {
   REQUIRE(have_xvfb());
