@@ -412,8 +412,13 @@ TEST_CASE("the predicted view names a predictor's scores and shows each head's h
   CHECK(has_text(butler.figure, "predicted logit"));  // the scatter's axis
   CHECK(has_text(butler.figure, "the predictor's logits against the true attention logits"));
   CHECK_FALSE(has_text(butler.figure, "policy scores"));
+  // (a dense run has no scores: the view leaves it out; an h2o run beside the predictor stays)
   options.runs = {0, 1};
-  const View both = build_view(trace, ViewKind::Predicted, options);
+  Trace mixed = trace;
+  mixed.truncate_steps(0);
+  mixed.runs[0] = {"h2o", 0.5, {}, 0};
+  for (const std::vector<StepRecord>& step : trace.steps()) mixed.add_step({step[1], step[1]});
+  const View both = build_view(mixed, ViewKind::Predicted, options);
   CHECK(has_text(both.figure, "policy scores"));
   CHECK(has_text(both.figure, "predicted logits"));
 }
