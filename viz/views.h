@@ -79,6 +79,8 @@ int64_t resolved_step(const Trace& trace, const ViewOptions& options);
 // Per view (views_*.cpp); build_view checks the options first.
 View heads_view(const Trace& trace, const ViewOptions& options, int64_t step);
 View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step);
+// Its token chips' hover grids have the id "token R:T" (R: the run's index in the trace, run A's in
+// the two-run difference; T: the token), for a click to open T's history under R.
 View retention_view(const Trace& trace, const ViewOptions& options, int64_t step);
 View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step);
 View logits_view(const Trace& trace, const ViewOptions& options, int64_t step);

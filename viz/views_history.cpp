@@ -172,6 +172,16 @@ View history_view(const Trace& trace, const ViewOptions& options, int64_t step) 
   f.text({x + 14, y}, "no rows (memory budget)", 11, theme.foreground);
   y += 12;
 
+  const int64_t degraded = trace.degraded_from_step();
+  if (!one_head && degraded >= 0 && degraded <= step) {
+    y += 16;
+    f.text({16, y},
+           "From step " + std::to_string(degraded) +
+               " the trace kept only the selected heads' rows (memory budget): shares there are "
+               "of those heads",
+           11, theme.accent);
+  }
+
   // The focused token's story, a line or three per run.
   const float story_w = options.width - 32;
   if (options.focus_token >= 0) {

@@ -111,10 +111,11 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     }
     f.text({area.x, area.y + h + 14}, line, 11, theme.foreground);
     if (answer_step && true_token >= 0) {
+      // (a line of its own: four runs at 950 units leave no room beside the ranks)
       const bool right = record.argmax == true_token;
-      f.text({area.x + text_width(line, 11) + 12, area.y + h + 14},
-             right ? "answer token right" : "answer token wrong", 11,
+      f.text({area.x, area.y + h + 30}, right ? "answer token right" : "answer token wrong", 11,
              right ? theme.foreground : theme.accent, HAlign::Left, VAlign::Baseline, true);
+      h += 16;
     }
     tallest = std::max(tallest, h + 24);
     for (size_t k = 0; k < record.top.ids.size(); ++k) {

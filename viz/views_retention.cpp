@@ -158,7 +158,10 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
     float x = legend_text(f, bars, y, "B sees more", theme.foreground, true);
     x = legend_bar(f, x, y, -1.0, 1.0, diverging_colormap(), theme);
     x = legend_text(f, x, y, "A sees more", theme.foreground, true);
-    legend_text(f, x + 8, y, "neutral: the same share of heads in both", theme.muted);
+    // (at narrow widths the gloss goes to a line of its own rather than off the canvas)
+    const std::string neutral = "neutral: the same share of heads in both";
+    if (x + 8 + text_width(neutral, 11) > options.width - 16) x = bars - 8, y += 18;
+    legend_text(f, x + 8, y, neutral, theme.muted);
     y += 22;
   }
   {

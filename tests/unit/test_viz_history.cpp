@@ -196,6 +196,7 @@ TEST_CASE("the history view shows each run's tokens x steps by state", "[viz]") 
     CHECK(has_text(view.figure, "back"));
     CHECK(has_text(view.figure, "no rows (memory budget)"));
   }
+  options.dark = false;
   const View view = build_view(trace, ViewKind::History, options);
   // Hover: "history <run>" grids, a row per token and a column per step.
   const HoverGrid* grid = grid_with_id(view.figure, "history 0");
