@@ -224,9 +224,19 @@ View history_view(const Trace& trace, const ViewOptions& options, int64_t step) 
 
   // Token labels, right-aligned against the first panel.
   f.text({left - 6, title_y}, "token", 10, theme.muted, HAlign::Right);
+  // Marked labels on rows closer than a line go side by side, each left of the one above.
+  float marked_y = -1e9f, marked_shift = 0, marked_w = 0;
   for (int64_t j = 0; j < tokens; ++j) {
     const bool marked = is_highlighted(j) || j == options.focus_token;
     if (j % label_every != 0 && !marked) continue;
+    // (a marked token's label is always drawn: the regular labels too close to it give way)
+    auto near_marked = [&](int64_t m) {
+      return m != j && m >= 0 && std::abs(float(m - j)) * row_h < label_size + 1;
+    };
+    if (!marked && (near_marked(options.focus_token) ||
+                    std::any_of(options.highlight_tokens.begin(), options.highlight_tokens.end(),
+                                near_marked)))
+      continue;
     TextItem label;
     label.anchor = {left - 6, grid_y + (float(j) + 0.5f) * row_h};
     label.text = token_label(trace.tokens[size_t(j)].text, 14);
@@ -239,6 +249,12 @@ View history_view(const Trace& trace, const ViewOptions& options, int64_t step) 
     label.v = VAlign::Middle;
     label.bold = marked;
     if (is_highlighted(j)) label.background = mix(theme.background, theme.accent, 0.3);
+    if (marked) {
+      marked_shift = label.anchor.y - marked_y < label_size + 1 ? marked_shift + marked_w + 4 : 0;
+      marked_y = label.anchor.y;
+      marked_w = text_width(label.text, label_size) + 4;
+      label.anchor.x -= marked_shift;
+    }
     f.add(std::move(label));
   }
 
