@@ -273,76 +273,87 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
     const Color color = run_color(trace, run, theme);
     f.text({margin, y}, run_title(trace, run), 13, color, HAlign::Left, VAlign::Baseline, true);
     const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
-    if (record.decisions[size_t(options.layer)] != LayerDecision::Masked) {
-      f.text({margin + text_width(run_title(trace, run), 13) + 16, y},
-             "no scores at layer " + std::to_string(options.layer) +
-                 " (not ranked there); layers with scores: " + masked_layers(trace, run, step),
-             11, theme.muted);
-    }
+    // Where the policy did not rank tokens at the selected layer there is nothing to compare:
+    // a line says so and the grid (a click there picks a head) stands alone.
+    const bool ranked = record.decisions[size_t(options.layer)] == LayerDecision::Masked;
     y += 34;
-    const HeadMatrix scores =
-        head_matrix(trace, run, options.layer, options.head, HeadQuantity::Scores, step);
-    const HeadMatrix logits =
-        head_matrix(trace, run, options.layer, options.head, HeadQuantity::Logits, step);
-    map_panel(f, trace, {margin, y, panel, panel}, scores, false, scores_name, theme, where,
-              options.highlight_tokens);
-    map_panel(f, trace, {margin + panel + gap, y, panel, panel}, logits, true,
-              "true logits (hidden dimmed)", theme, where, options.highlight_tokens);
+    if (!ranked) {
+      f.text({margin, y + 20},
+             "No scores at layer " + std::to_string(options.layer) + ": the policy does not rank",
+             12, theme.foreground);
+      f.text({margin, y + 38},
+             "tokens there. Layers with scores: " + masked_layers(trace, run, step) + ".", 12,
+             theme.foreground);
+      f.text({margin, y + 56}, "Pick one of their heads in the grid.", 12, theme.muted);
+    }
+    if (ranked) {
+      const HeadMatrix scores =
+          head_matrix(trace, run, options.layer, options.head, HeadQuantity::Scores, step);
+      const HeadMatrix logits =
+          head_matrix(trace, run, options.layer, options.head, HeadQuantity::Logits, step);
+      map_panel(f, trace, {margin, y, panel, panel}, scores, false, scores_name, theme, where,
+                options.highlight_tokens);
+      map_panel(f, trace, {margin + panel + gap, y, panel, panel}, logits, true,
+                "true logits (hidden dimmed)", theme, where, options.highlight_tokens);
 
-    // The scatter at this step.
-    const PredictedVsTrue p = predicted_vs_true(trace, run, step, options.layer, options.head);
-    const Box plot{margin + 2 * (panel + gap) + 20, y, panel - 20, panel};
-    // The ranges padded by 5% so that the extreme points are drawn whole.
-    ValueScale xs = ValueScale::fitted(p.logits), ys = ValueScale::fitted(p.scores);
-    for (ValueScale* s : {&xs, &ys}) {
-      const double pad = 0.05 * (s->hi - s->lo);
-      s->lo -= pad, s->hi += pad;
-    }
-    axes(f, plot, nice_ticks(xs.lo, xs.hi, 4), xs.lo, xs.hi, nice_ticks(ys.lo, ys.hi, 4), ys.lo,
-         ys.hi, "true logit", predicted ? "predicted logit" : "score", theme);
-    const uint8_t* shown_row = record.visible_row(options.layer, options.head, H);
-    int64_t points = 0;
-    for (size_t j = 0; j < p.scores.size(); ++j) {
-      const bool seen = shown_row && shown_row[j];
-      view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run), double(options.layer),
-                                double(options.head), double(step), double(j), double(p.scores[j]),
-                                double(p.logits[j]), double(seen)});
-      if (!std::isfinite(p.scores[j]) || !std::isfinite(p.logits[j])) continue;
-      CircleItem dot;
-      dot.center = {plot.x + float(xs.normalise(p.logits[j])) * plot.w,
-                    plot.bottom() - float(ys.normalise(p.scores[j])) * plot.h};
-      dot.radius = 2.6f;
-      dot.fill = seen ? color : Color{0, 0, 0, 0};
-      dot.stroke = seen ? Color{0, 0, 0, 0} : theme.muted;
-      f.add(dot);
-      if (std::find(options.highlight_tokens.begin(), options.highlight_tokens.end(), int64_t(j)) !=
-          options.highlight_tokens.end())
-        f.add(CircleItem{dot.center, 5.5f, {0, 0, 0, 0}, theme.accent});
-      ++points;
-    }
-    // (as p.accuracy: only where the policy chose a set at the layer); two lines, so that a
-    // narrow panel holds them
-    const double hits = std::isnan(p.accuracy) ? kNaN : hit_rate(p.scores, p.logits);
-    f.text({plot.x, plot.y - 18},
-           "Pearson " + format_value(p.pearson) + "  Spearman " + format_value(p.spearman), 10,
-           theme.foreground);
-    f.text({plot.x, plot.y - 6}, "top-50% hit rate " + format_value(hits), 10, theme.foreground);
-    if (points == 0) {
-      f.text({plot.x + plot.w / 2, plot.y + plot.h / 2}, "no scores at this layer", 11, theme.muted,
-             HAlign::Center, VAlign::Middle);
-    } else {  // the legend of the two kinds of points
-      const float ly = plot.bottom() + 46;
-      CircleItem seen_dot{{plot.x + 4, ly - 3}, 2.6f, color, {0, 0, 0, 0}};
-      CircleItem hidden_dot{{plot.x + 44, ly - 3}, 2.6f, {0, 0, 0, 0}, theme.muted};
-      f.add(seen_dot);
-      f.text({plot.x + 10, ly}, "seen", 10, theme.muted);
-      f.add(hidden_dot);
-      f.text({plot.x + 50, ly}, "hidden", 10, theme.muted);
+      // The scatter at this step.
+      const PredictedVsTrue p = predicted_vs_true(trace, run, step, options.layer, options.head);
+      const Box plot{margin + 2 * (panel + gap) + 20, y, panel - 20, panel};
+      // The ranges padded by 5% so that the extreme points are drawn whole.
+      ValueScale xs = ValueScale::fitted(p.logits), ys = ValueScale::fitted(p.scores);
+      for (ValueScale* s : {&xs, &ys}) {
+        const double pad = 0.05 * (s->hi - s->lo);
+        s->lo -= pad, s->hi += pad;
+      }
+      axes(f, plot, nice_ticks(xs.lo, xs.hi, 4), xs.lo, xs.hi, nice_ticks(ys.lo, ys.hi, 4), ys.lo,
+           ys.hi, "true logit", predicted ? "predicted logit" : "score", theme);
+      const uint8_t* shown_row = record.visible_row(options.layer, options.head, H);
+      int64_t points = 0;
+      for (size_t j = 0; j < p.scores.size(); ++j) {
+        const bool seen = shown_row && shown_row[j];
+        view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run),
+                                  double(options.layer), double(options.head), double(step),
+                                  double(j), double(p.scores[j]), double(p.logits[j]),
+                                  double(seen)});
+        if (!std::isfinite(p.scores[j]) || !std::isfinite(p.logits[j])) continue;
+        CircleItem dot;
+        dot.center = {plot.x + float(xs.normalise(p.logits[j])) * plot.w,
+                      plot.bottom() - float(ys.normalise(p.scores[j])) * plot.h};
+        dot.radius = 2.6f;
+        dot.fill = seen ? color : Color{0, 0, 0, 0};
+        dot.stroke = seen ? Color{0, 0, 0, 0} : theme.muted;
+        f.add(dot);
+        if (std::find(options.highlight_tokens.begin(), options.highlight_tokens.end(),
+                      int64_t(j)) != options.highlight_tokens.end())
+          f.add(CircleItem{dot.center, 5.5f, {0, 0, 0, 0}, theme.accent});
+        ++points;
+      }
+      // (as p.accuracy: only where the policy chose a set at the layer); two lines, so that a
+      // narrow panel holds them
+      const double hits = std::isnan(p.accuracy) ? kNaN : hit_rate(p.scores, p.logits);
+      f.text({plot.x, plot.y - 18},
+             "Pearson " + format_value(p.pearson) + "  Spearman " + format_value(p.spearman), 10,
+             theme.foreground);
+      f.text({plot.x, plot.y - 6}, "top-50% hit rate " + format_value(hits), 10, theme.foreground);
+      if (points == 0) {
+        f.text({plot.x + plot.w / 2, plot.y + plot.h / 2}, "no scores at this layer", 11,
+               theme.muted, HAlign::Center, VAlign::Middle);
+      } else {  // the legend of the two kinds of points
+        const float ly = plot.bottom() + 46;
+        CircleItem seen_dot{{plot.x + 4, ly - 3}, 2.6f, color, {0, 0, 0, 0}};
+        CircleItem hidden_dot{{plot.x + 44, ly - 3}, 2.6f, {0, 0, 0, 0}, theme.muted};
+        f.add(seen_dot);
+        f.text({plot.x + 10, ly}, "seen", 10, theme.muted);
+        f.add(hidden_dot);
+        f.text({plot.x + 50, ly}, "hidden", 10, theme.muted);
+      }
     }
 
     // Every head's hit rate at this step, on layer (rows) and head (columns) axes.
     const std::vector<double> grid = head_hit_rate_grid(trace, run, step);
-    const float gx = margin + 3 * (panel + gap) + 22;
+    // (beside the note where the maps are left out)
+    const float gx = ranked ? margin + 3 * (panel + gap) + 22
+                            : std::min(margin + 3 * (panel + gap) + 22, margin + 380.0f);
     const float cell = std::min((panel - 22) / float(H), (panel - 10) / float(L));
     f.text({gx - 22, y - 6}, "top-50% hit rate per head", 11, theme.foreground);
     for (int64_t l = 0; l < L; ++l) {
@@ -386,7 +397,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
                                 format_value((*shared_grid)[size_t(r * H + c)]);
                        },
                        "hit rate grid"});
-    y += std::max(panel + 54, float(L) * cell + 60);
+    y += std::max(ranked ? panel + 54 : 0.0f, float(L) * cell + 60);
   }
   f.height = y + 8;
   return view;

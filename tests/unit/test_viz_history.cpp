@@ -320,6 +320,16 @@ TEST_CASE("the predicted view leaves out runs without scores and sums up each la
       heatmap(images[1]->box, logits.values, nullptr, logits.rows, logits.cols,
               ValueScale::fitted(logits.values), sequential_colormap(), light_theme(), 512);
   CHECK(images[1]->pixels != logits_undimmed.pixels);
+
+  // At a layer the policy leaves dense: no empty maps, a line naming the layers with scores,
+  // and the grid to pick one of their heads.
+  options.layer = 0;
+  options.runs = {1};
+  const View dense_layer = build_view(trace, ViewKind::Predicted, options);
+  CHECK(items_of<ImageItem>(dense_layer.figure).size() == 1);  // the grid's colour bar only
+  CHECK(has_text(dense_layer.figure, "No scores at layer 0"));
+  CHECK(has_text(dense_layer.figure, "Layers with scores: 1."));
+  CHECK(grid_with_id(dense_layer.figure, "hit rate grid") != nullptr);
 }
 
 TEST_CASE("step axes have integer ticks only", "[viz]") {
