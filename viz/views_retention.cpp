@@ -261,6 +261,10 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
     f.text({16, y}, "boxed: the final mention's answer tokens ('" + trace.coref.answer + "')", 11,
            theme.muted);
   }
+  if (!options.highlight_tokens.empty()) {
+    y += 16;
+    f.text({16, y}, "framed with a bar above: the searched tokens", 11, theme.muted);
+  }
   f.height = y + 20;
   return view;
 }

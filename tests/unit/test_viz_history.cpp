@@ -263,8 +263,10 @@ TEST_CASE("searched tokens are marked in the history, retention and predicted vi
   options.highlight_tokens = {2, 3};
   CHECK(accent_frames(build_view(trace, ViewKind::History, options), 1.5f) ==
         accent_frames(plain_history, 1.5f) + 2);
-  CHECK(foreground_frames(build_view(trace, ViewKind::Retention, options)) ==
-        foreground_frames(plain_retention) + 2);
+  const View retention = build_view(trace, ViewKind::Retention, options);
+  CHECK(foreground_frames(retention) == foreground_frames(plain_retention) + 2);
+  CHECK(has_text(retention.figure, "the searched tokens"));
+  CHECK_FALSE(has_text(plain_retention.figure, "the searched tokens"));
   // Two maps per run frame each searched column.
   CHECK(accent_frames(build_view(trace, ViewKind::Predicted, options), 1.5f) ==
         accent_frames(plain_predicted, 1.5f) + 4);
