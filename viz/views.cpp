@@ -14,10 +14,10 @@ namespace kvlens::viz {
 
 ViewKind parse_view(const std::string& name) {
   for (const ViewKind kind : {ViewKind::Heads, ViewKind::Predicted, ViewKind::Retention,
-                              ViewKind::Consensus, ViewKind::Logits}) {
+                              ViewKind::Consensus, ViewKind::Logits, ViewKind::History}) {
     if (name == view_name(kind)) return kind;
   }
-  throw Error("view", "name", "one of heads, predicted, retention, consensus, logits",
+  throw Error("view", "name", "one of heads, predicted, retention, consensus, logits, history",
               "'" + name + "'");
 }
 
@@ -33,6 +33,8 @@ const char* view_name(ViewKind kind) {
       return "consensus";
     case ViewKind::Logits:
       return "logits";
+    case ViewKind::History:
+      return "history";
   }
   return "heads";
 }
@@ -241,6 +243,9 @@ View build_view(const Trace& trace, ViewKind kind, const ViewOptions& options) {
       break;
     case ViewKind::Logits:
       view = logits_view(trace, options, step);
+      break;
+    case ViewKind::History:
+      view = history_view(trace, options, step);
       break;
   }
   // (the grid-sized tables are skipped as they are built; the small ones are dropped here)

@@ -1,7 +1,8 @@
-// The five views of the app as figures built from a Trace (through engine/eval/trace_queries):
+// The views of the app as figures built from a Trace (through engine/eval/trace_queries):
 // heads (per-(layer, head) attention maps, or one head in detail), predicted vs true, retention,
-// consensus and logits. One to four runs: more than one is compare mode (panels side by side,
-// the retention view's diff of the first two). Each view also returns the data it shows.
+// consensus, logits and a token's history. One to four runs: more than one is compare mode
+// (panels side by side, the retention view's diff of the first two). Each view also returns the
+// data it shows.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,10 @@
 
 namespace kvlens::viz {
 
-enum class ViewKind { Heads, Predicted, Retention, Consensus, Logits };
+enum class ViewKind { Heads, Predicted, Retention, Consensus, Logits, History };
 
-// "heads", "predicted", "retention", "consensus", "logits"; throws kvlens::Error otherwise.
+// "heads", "predicted", "retention", "consensus", "logits", "history"; throws kvlens::Error
+// otherwise.
 ViewKind parse_view(const std::string& name);
 const char* view_name(ViewKind kind);
 // "logits", "probabilities", "scores" / "pearson", "jaccard"; throws kvlens::Error naming `flag`.
@@ -43,7 +45,12 @@ struct ViewOptions {
   float height = 0;
   // Token positions to highlight in every view that has a column per token (a token search).
   std::vector<int64_t> highlight_tokens;
-  // The token whose story the history view tells (-1: none).
+  // History view: the selected head (layer, head) alone, each cell in its state's colour; false:
+  // the retention scope (retention_layer / retention_head), shaded by the fraction of its heads
+  // that see the token.
+  bool history_per_head = false;
+  // History view: a token whose row is outlined and whose story is told in a line per run (-1:
+  // none). A click on a retention or history cell gives it (see their hover ids).
   int64_t focus_token = -1;
   // The data behind the figure (View::data). Its tables grow with heads x tokens, so the app
   // builds the figure it redraws without them and asks again with them to export.
@@ -72,9 +79,15 @@ int64_t resolved_step(const Trace& trace, const ViewOptions& options);
 // Per view (views_*.cpp); build_view checks the options first.
 View heads_view(const Trace& trace, const ViewOptions& options, int64_t step);
 View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step);
+// Its token chips' hover grids have the id "token R:T" (R: the run's index in the trace, run A's in
+// the two-run difference; T: the token), for a click to open T's history under R.
 View retention_view(const Trace& trace, const ViewOptions& options, int64_t step);
 View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step);
 View logits_view(const Trace& trace, const ViewOptions& options, int64_t step);
+// Tokens (rows) x steps [0, step] (columns) per run, side by side. Its hover grids have the id
+// "history R" (R: the run's index in the trace), one cell per (row = token, column = step): a
+// click there may focus the token and go to the step.
+View history_view(const Trace& trace, const ViewOptions& options, int64_t step);
 
 // The runs a dashboard shows side by side when a trace opens: the first three (fewer when the
 // trace has fewer).

@@ -51,6 +51,19 @@ float top_k_bars(Figure& f, const Trace& trace, Box area, const StepRecord& reco
   return y - area.y;
 }
 
+// Ticks for a step axis over [0, last]: round values about `count` of them, integers only (a
+// step has no fractions; a short recording gets one tick per step).
+std::vector<double> step_ticks(int64_t last, int count) {
+  std::vector<double> ticks;
+  for (const double v : nice_ticks(0.0, double(last), count)) {
+    // (nice_ticks sums its step: 5 x 0.2 comes out a hair above 1)
+    if (std::abs(v - std::round(v)) < 1e-6 && (ticks.empty() || std::round(v) > ticks.back()))
+      ticks.push_back(std::round(v));
+  }
+  if (ticks.empty()) ticks.push_back(0.0);
+  return ticks;
+}
+
 }  // namespace
 
 View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
@@ -85,9 +98,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     const int64_t run = columns[c];
     const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
     const auto found = std::find(options.runs.begin(), options.runs.end(), run);
-    const Color color = found == options.runs.end()
-                            ? theme.muted
-                            : run_color(int64_t(found - options.runs.begin()));
+    const Color color = found == options.runs.end() ? theme.muted : run_color(trace, run, theme);
     const Box area{margin + float(c) * col_w, top + 18, col_w - 16, 0};
     float h = top_k_bars(f, trace, area, record, run_title(trace, run), color, true_token, theme);
     const StepMetrics& m = record.metrics;
@@ -100,10 +111,11 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     }
     f.text({area.x, area.y + h + 14}, line, 11, theme.foreground);
     if (answer_step && true_token >= 0) {
+      // (a line of its own: four runs at 950 units leave no room beside the ranks)
       const bool right = record.argmax == true_token;
-      f.text({area.x + text_width(line, 11) + 12, area.y + h + 14},
-             right ? "answer token right" : "answer token wrong", 11,
+      f.text({area.x, area.y + h + 30}, right ? "answer token right" : "answer token wrong", 11,
              right ? theme.foreground : theme.accent, HAlign::Left, VAlign::Baseline, true);
+      h += 16;
     }
     tallest = std::max(tallest, h + 24);
     for (size_t k = 0; k < record.top.ids.size(); ++k) {
@@ -128,7 +140,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     }
   }
   if (hi <= 0) hi = 1;
-  axes(f, plot, nice_ticks(0, double(std::max<int64_t>(steps - 1, 1)), 8), 0,
+  axes(f, plot, step_ticks(std::max<int64_t>(steps - 1, 1), 8), 0,
        double(std::max<int64_t>(steps - 1, 1)), nice_ticks(0, hi, 3), 0, hi, "step",
        use_kl ? "KL vs dense" : "NLL", theme);
   auto x_at = [&](int64_t t) {
@@ -140,7 +152,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     f.rect({x0, plot.y, x1 - x0, plot.h}, mix(theme.grid, theme.background, 0.5));
     f.text({x1, plot.y - 6}, "answer", 10, theme.muted, HAlign::Right);
     for (size_t i = 0; i < options.runs.size(); ++i) {
-      const Color color = run_color(int64_t(i));
+      const Color color = run_color(trace, options.runs[i], theme);
       for (const AnswerPrediction& a : answer_predictions(trace, options.runs[i])) {
         const Point at{x_at(a.position), plot.y + 8 + float(i) * 9};
         if (a.correct) {
@@ -162,7 +174,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     const int64_t run = options.runs[i];
     if (use_kl && run == dense) continue;
     LineItem series;
-    series.color = run_color(int64_t(i));
+    series.color = run_color(trace, run, theme);
     series.width = 1.5f;
     for (int64_t t = 0; t < steps; ++t) {
       const StepMetrics& m = trace.steps()[size_t(t)][size_t(run)].metrics;

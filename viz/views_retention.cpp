@@ -4,8 +4,11 @@
 // every head in scope at 50% nearly every token is seen by some head under every policy, so a
 // seen / not seen reading tells runs apart only at one head. With two runs the text first shows
 // their difference (fraction under A minus fraction under B on the diverging map: A's end orange
-// like A's run colour, B's blue like B's, equal fractions neutral), then each run's own text; with
-// one, three or four runs each run's own text. Hover gives every run's count and fraction.
+// blue, equal fractions neutral) for any two runs, then each run's own text; with one, three or
+// four runs each run's own text. Hover gives every run's count and fraction. Each token chip's
+// hover grid has the id "token R:T" (R: the run's index in the trace, A's in the difference; T:
+// the token's position), for a click to open that token's history; searched tokens
+// (ViewOptions::highlight_tokens) are outlined and marked above.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -48,9 +51,11 @@ struct Chip {
 };
 
 // The text from y on, one chip per token styled by style(j), wrapped at the figure's width, the
-// answer tokens boxed and the step's token underlined; returns the y below the last line.
+// answer tokens boxed, the step's token underlined and the highlighted ones outlined and marked;
+// chip j's hover id is "token <run>:<j>". Returns the y below the last line.
 float token_flow(Figure& f, const Trace& trace, int64_t step, float y, const Theme& theme,
-                 const std::function<Chip(size_t)>& style, const std::vector<std::string>& hovers) {
+                 const std::function<Chip(size_t)>& style, const std::vector<std::string>& hovers,
+                 int64_t run, const std::vector<int64_t>& highlight) {
   const float size = 13, line_h = 24, left = 16, right = f.width - 16;
   const int64_t answer_begin = trace.coref.present ? trace.coref.answer_token_begin : -1;
   const int64_t answer_end = trace.coref.present ? trace.coref.answer_token_end : -1;
@@ -72,10 +77,15 @@ float token_flow(Figure& f, const Trace& trace, int64_t step, float y, const The
     if (int64_t(j) >= answer_begin && int64_t(j) < answer_end)
       f.rect({x, y - size - 3, w, size + 8}, {0, 0, 0, 0}, theme.accent, 1.5f);
     if (int64_t(j) == step) f.line({x, y + 5}, {x + w, y + 5}, theme.accent, 2.0f);
+    if (std::find(highlight.begin(), highlight.end(), int64_t(j)) != highlight.end()) {
+      // (a search hit: a heavier frame than the answer's and a bar above, seen in a long text)
+      f.rect({x - 1, y - size - 4, w + 2, size + 10}, {0, 0, 0, 0}, theme.foreground, 2.0f);
+      f.rect({x - 1, y - size - 8, w + 2, 3}, theme.accent);
+    }
     f.hover.push_back({{x, y - size - 2, w, line_h},
                        1,
                        1,
-                       "token " + std::to_string(j),
+                       "token " + std::to_string(run) + ":" + std::to_string(j),
                        [hover = hovers[j]](int64_t, int64_t) { return hover; },
                        "token " + std::to_string(j)});
     x += w + 2;
@@ -143,10 +153,15 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
       16 + std::max(diff ? text_width(diff_label, 11) : 0.0f, text_width(fraction_label, 11)) + 8;
   if (diff) {
     legend_text(f, 16, y, diff_label, theme.foreground);
-    float x = legend_text(f, bars, y, "B sees more", run_color(1), true);
+    // (the bar's ends say which run sees more; the labels stay the text colour whichever
+    // policies A and B are)
+    float x = legend_text(f, bars, y, "B sees more", theme.foreground, true);
     x = legend_bar(f, x, y, -1.0, 1.0, diverging_colormap(), theme);
-    x = legend_text(f, x, y, "A sees more", run_color(0), true);
-    legend_text(f, x + 8, y, "neutral: the same share of heads in both", theme.muted);
+    x = legend_text(f, x, y, "A sees more", theme.foreground, true);
+    // (at narrow widths the gloss goes to a line of its own rather than off the canvas)
+    const std::string neutral = "neutral: the same share of heads in both";
+    if (x + 8 + text_width(neutral, 11) > options.width - 16) x = bars - 8, y += 18;
+    legend_text(f, x + 8, y, neutral, theme.muted);
     y += 22;
   }
   {
@@ -219,11 +234,14 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
           chip.color = chip.strike ? theme.muted : text_on(chip.background, theme);
           return chip;
         },
-        hovers);
+        hovers, options.runs[0], options.highlight_tokens);
     y += 8;
   }
   for (size_t r = 0; r < n; ++r) {
-    if (n > 1) section((diff ? (r == 0 ? "A: " : "B: ") : "") + titles[r], run_color(int64_t(r)));
+    if (n > 1) {
+      section((diff ? (r == 0 ? "A: " : "B: ") : "") + titles[r],
+              run_color(trace, options.runs[r], theme));
+    }
     y = token_flow(
         f, trace, step, y, theme,
         [&](size_t j) {
@@ -235,13 +253,17 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
           chip.color = chip.strike ? theme.muted : text_on(chip.background, theme);
           return chip;
         },
-        hovers);
+        hovers, options.runs[r], options.highlight_tokens);
     y += 8;
   }
   if (trace.coref.present) {
     y += 4;
     f.text({16, y}, "boxed: the final mention's answer tokens ('" + trace.coref.answer + "')", 11,
            theme.muted);
+  }
+  if (!options.highlight_tokens.empty()) {
+    y += 16;
+    f.text({16, y}, "framed with a bar above: the searched tokens", 11, theme.muted);
   }
   f.height = y + 20;
   return view;

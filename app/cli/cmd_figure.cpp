@@ -2,9 +2,12 @@
 // app draws, exported to PNG, SVG or PDF (viz/qt/painter_renderer), with the data behind it as CSV
 // or JSON. Without Qt 6 in the build the command exists and says so.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "app/cli/cli_common.h"
+#include "engine/common/comma_list.h"
 #include "engine/common/error.h"
 
 #if KVLENS_HAVE_QT
@@ -21,10 +24,11 @@ namespace {
 
 struct FigureFlags {
   std::string trace_path, view = "heads", out_path, data_path, runs = "0",
-                          quantity = "probabilities", consensus = "pearson", theme = "light";
-  int64_t step = -1, layer = 0, head = 0, retention_layer = -1, retention_head = -1;
-  bool detail = false, linear = false;
-  double width = 1280, scale = 2.0;
+                          quantity = "probabilities", consensus = "pearson", theme = "light",
+                          highlight;
+  int64_t step = -1, layer = 0, head = 0, retention_layer = -1, retention_head = -1, token = -1;
+  bool detail = false, linear = false, per_head = false;
+  double width = 1280, height = 0, scale = 2.0;
 };
 FigureFlags flags;
 
@@ -58,6 +62,18 @@ int run_figure() {
   options.retention_head = flags.retention_head;
   options.dark = flags.theme == "dark";
   options.width = float(flags.width);
+  options.height = float(flags.height);
+  options.history_per_head = flags.per_head;
+  options.focus_token = flags.token;
+  const std::vector<std::string> highlight =
+      flags.highlight.empty() ? std::vector<std::string>{} : split_comma_list(flags.highlight);
+  for (const std::string& item : highlight) {
+    char* end = nullptr;
+    const long long position = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || !end || *end != 0 || position < 0)
+      throw Error("--highlight", "token", "a token position (an integer >= 0)", "'" + item + "'");
+    options.highlight_tokens.push_back(position);
+  }
   options.with_data = !flags.data_path.empty();
   const Trace trace = load_trace(flags.trace_path);
   options.runs = viz::parse_runs(trace, flags.runs, "--runs");
@@ -88,7 +104,9 @@ void add_figure_command(CLI::App& app, CommonOptions&, CommandFn& run) {
   auto* command = app.add_subcommand(
       "figure", "Export one of the app's views of a .kvtrace as PNG, SVG or PDF");
   command->add_option("--trace", flags.trace_path, "The .kvtrace file")->required();
-  command->add_option("--view", flags.view, "heads, predicted, retention, consensus or logits")
+  command
+      ->add_option("--view", flags.view,
+                   "heads, predicted, retention, consensus, logits or history")
       ->capture_default_str();
   command->add_option("--out", flags.out_path, "Output .png, .svg or .pdf")->required();
   command->add_option("--data", flags.data_path, "Also write the data behind it (.csv or .json)");
@@ -97,9 +115,13 @@ void add_figure_command(CLI::App& app, CommonOptions&, CommandFn& run) {
                    "Runs to show, by index or policy id; 2-4 runs compare side by side")
       ->capture_default_str();
   command->add_option("--step", flags.step, "Step to show (default: the last)");
-  command->add_option("--layer", flags.layer, "Selected layer (heads --detail, predicted)")
+  command
+      ->add_option("--layer", flags.layer,
+                   "Selected layer (heads --detail, predicted, history --per-head)")
       ->capture_default_str();
-  command->add_option("--head", flags.head, "Selected head (heads --detail, predicted)")
+  command
+      ->add_option("--head", flags.head,
+                   "Selected head (heads --detail, predicted, history --per-head)")
       ->capture_default_str();
   command->add_flag("--detail", flags.detail, "heads: the selected head alone, with token labels");
   command->add_option("--quantity", flags.quantity, "heads: logits, probabilities or scores")
@@ -108,13 +130,24 @@ void add_figure_command(CLI::App& app, CommonOptions&, CommandFn& run) {
   command->add_option("--consensus", flags.consensus, "consensus: pearson or jaccard")
       ->capture_default_str();
   command->add_option("--retention-layer", flags.retention_layer,
-                      "retention: count the heads of this layer only");
+                      "retention, history: count the heads of this layer only");
   command->add_option("--retention-head", flags.retention_head,
-                      "retention: count this head of each layer in scope only");
+                      "retention, history: count this head of each layer in scope only");
+  command->add_flag("--per-head", flags.per_head,
+                    "history: the selected head (--layer, --head) alone, by state");
+  command->add_option("--token", flags.token,
+                      "history: a token position whose row is outlined and whose story is told");
+  command->add_option("--highlight", flags.highlight,
+                      "Token positions to mark in every view (comma-separated, a token search)");
   command->add_option("--theme", flags.theme, "light or dark")->capture_default_str();
   command->add_option("--width", flags.width, "Canvas width in figure units (CSS pixels)")
       ->capture_default_str()
       ->check(CLI::Range(320.0, 8000.0));
+  command
+      ->add_option("--height", flags.height,
+                   "The view area's height the figure may fill (0: the content decides)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 20000.0));
   command->add_option("--scale", flags.scale, "PNG pixels per unit")
       ->capture_default_str()
       ->check(CLI::Range(0.25, 8.0));

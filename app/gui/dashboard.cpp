@@ -54,7 +54,8 @@ bool tab_view(Tab tab, viz::ViewKind& kind) {
       kind = viz::ViewKind::Retention;
       return true;
     case Tab::History:
-      return false;  // TODO(merge): viz::ViewKind::History
+      kind = viz::ViewKind::History;
+      return true;
     case Tab::Consensus:
       kind = viz::ViewKind::Consensus;
       return true;
@@ -273,12 +274,13 @@ std::string Dashboard::view_key() const {
   key += "|t";
   for (const int64_t t : options_.highlight_tokens) key += "," + std::to_string(t);
   char tail[200];
-  std::snprintf(tail, sizeof tail, "|%lld|%lld|%d|%d|%d|%d|%lld|%lld|%d|%.0f|%.0f|%g|%lld",
+  std::snprintf(tail, sizeof tail, "|%lld|%lld|%d|%d|%d|%d|%lld|%lld|%d|%.0f|%.0f|%g|%lld|%d",
                 (long long)options_.layer, (long long)options_.head, int(options_.head_detail),
                 int(options_.quantity), int(options_.log_scale), int(options_.consensus),
                 (long long)options_.retention_layer, (long long)options_.retention_head,
                 int(options_.dark), double(options_.width), double(options_.height),
-                double(options_.pixel_scale), (long long)options_.focus_token);
+                double(options_.pixel_scale), (long long)options_.focus_token,
+                int(options_.history_per_head));
   return key + tail;
 }
 
@@ -343,6 +345,10 @@ void Dashboard::act_on_hit(const FigureHit& hit) {
     // A token in the retention view: its history.
     focus_token(t);
     tab_ = Tab::History;
+  } else if (std::sscanf(hit.id.c_str(), "history %d", &a) == 1) {
+    // A cell of a token's history: that token, at that step.
+    focus_token(hit.row);
+    go_to_step(hit.col);
   } else if (hit.id == "steps") {
     go_to_step(hit.col);
   } else if (hit.id == "hit rate grid") {

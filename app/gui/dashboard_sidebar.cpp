@@ -294,6 +294,9 @@ void Dashboard::head_section() {
     options_.retention_head = scope == 2 ? options_.head : -1;
   }
   tooltip("Retention and History: over which heads a token counts as kept");
+  ImGui::Checkbox("history of the selected head", &options_.history_per_head);
+  tooltip("History: the selected head's own states (visible, hidden, evicted, back) instead of "
+          "the share of the heads above that see each token");
   if (scope >= 1) options_.retention_layer = options_.layer;
   if (scope == 2) options_.retention_head = options_.head;
 }

@@ -126,7 +126,7 @@ TEST_CASE("kvlens-cli figure exports every view of a .kvtrace with its data", "[
   const std::string dir = test::make_temp_dir("figure");
   save_trace(test::make_small_trace(5), dir + "/run.kvtrace");
   const std::string cli = test::cli_path() + " figure --trace " + dir + "/run.kvtrace";
-  for (const char* view : {"heads", "predicted", "retention", "consensus", "logits"}) {
+  for (const char* view : {"heads", "predicted", "retention", "consensus", "logits", "history"}) {
     const std::string out = dir + "/" + view;
     const test::CommandResult result =
         test::run_command(cli + " --view " + view + " --runs dense,h2o --layer 1 --out " + out +
@@ -141,6 +141,46 @@ TEST_CASE("kvlens-cli figure exports every view of a .kvtrace with its data", "[
   REQUIRE(json.exit_code == 0);
   CHECK(read_file(dir + "/d.json").find("\"columns\"") != std::string::npos);
   CHECK(read_file(dir + "/d.pdf").substr(0, 5) == "%PDF-");
+}
+
+TEST_CASE("kvlens-cli figure --view history draws a token's history and writes its states",
+          "[ui][cli]") {
+  const std::string dir = test::make_temp_dir("figure");
+  save_trace(test::make_small_trace(5), dir + "/run.kvtrace");
+  const std::string cli = test::cli_path() + " figure --trace " + dir + "/run.kvtrace";
+  const test::CommandResult result = test::run_command(
+      cli + " --view history --runs h2o,dense --per-head --layer 1 --head 0 --token 1" +
+      " --highlight 2,3 --width 950 --out " + dir + "/h.png --data " + dir + "/h.csv");
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.out.find("history view, 950x") != std::string::npos);
+  QImage image(QString::fromStdString(dir + "/h.png"));
+  REQUIRE_FALSE(image.isNull());
+  CHECK(distinct_colors(image) > 8);
+  // Token 1 under h2o's L1 H0 (head 2 of the small trace): seen at step 1 (its own), evicted at 2.
+  const std::string csv = read_file(dir + "/h.csv");
+  CHECK(csv.find("run,policy,token,text,step,state") == 0);
+  CHECK(csv.find("1,h2o,1, The,2,evicted") != std::string::npos);
+  CHECK(csv.find("0,dense,1, The,2,visible") != std::string::npos);
+  // A focused token past the text, a searched token that is no position: one clear error each.
+  const test::CommandResult bad_token =
+      test::run_command(cli + " --view history --token 6 --out " + dir + "/x.png");
+  CHECK(bad_token.exit_code == 1);
+  CHECK(bad_token.err.find("focus_token") != std::string::npos);
+  const test::CommandResult bad_highlight =
+      test::run_command(cli + " --view history --highlight 2,x --out " + dir + "/x.png");
+  CHECK(bad_highlight.exit_code == 1);
+  CHECK(bad_highlight.err.find("--highlight") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/x.png"));
+}
+
+TEST_CASE("the retention diff's legend renders its minus sign", "[ui][export]") {
+  // "A − B" with U+2212: the exported SVG carries the character (the font has it: the PNG's
+  // text is drawn from the bundled DejaVu Sans).
+  const std::string dir = test::make_temp_dir("figure");
+  const View view = small_view(ViewKind::Retention, {1, 0});
+  export_figure(view.figure, dir + "/r.svg");
+  CHECK(read_file(dir + "/r.svg").find("A \u2212 B") != std::string::npos);
 }
 
 TEST_CASE("kvlens-cli figure reports bad input in one line", "[ui][cli]") {

@@ -140,7 +140,7 @@ TEST_CASE("heatmaps pool blocks by their largest value and dim hidden cells", "[
 TEST_CASE("every view builds from a trace, alone and in compare mode", "[viz]") {
   const Trace trace = test::make_small_trace(5);
   for (const ViewKind kind : {ViewKind::Heads, ViewKind::Predicted, ViewKind::Retention,
-                              ViewKind::Consensus, ViewKind::Logits}) {
+                              ViewKind::Consensus, ViewKind::Logits, ViewKind::History}) {
     for (const std::vector<int64_t>& runs : {std::vector<int64_t>{1}, {0, 1}}) {
       ViewOptions options;
       options.runs = runs;
@@ -350,7 +350,7 @@ TEST_CASE("retention with two runs shows the difference of their fractions", "[v
   // Hover gives both runs' counts and fractions and the difference.
   std::string hover;
   for (const HoverGrid& grid : diff.figure.hover)
-    if (grid.id == "token 0") hover = grid.describe(0, 0);
+    if (grid.id == "token 0:0") hover = grid.describe(0, 0);
   CHECK(hover.find("dense: seen by 4 of 4 heads (1)") != std::string::npos);
   CHECK(hover.find("h2o s=0.5: seen by 3 of 4 heads (0.75)") != std::string::npos);
   CHECK(hover.find("A \u2212 B: +0.25") != std::string::npos);
@@ -412,8 +412,13 @@ TEST_CASE("the predicted view names a predictor's scores and shows each head's h
   CHECK(has_text(butler.figure, "predicted logit"));  // the scatter's axis
   CHECK(has_text(butler.figure, "the predictor's logits against the true attention logits"));
   CHECK_FALSE(has_text(butler.figure, "policy scores"));
+  // (a dense run has no scores: the view leaves it out; an h2o run beside the predictor stays)
   options.runs = {0, 1};
-  const View both = build_view(trace, ViewKind::Predicted, options);
+  Trace mixed = trace;
+  mixed.truncate_steps(0);
+  mixed.runs[0] = {"h2o", 0.5, {}, 0};
+  for (const std::vector<StepRecord>& step : trace.steps()) mixed.add_step({step[1], step[1]});
+  const View both = build_view(mixed, ViewKind::Predicted, options);
   CHECK(has_text(both.figure, "policy scores"));
   CHECK(has_text(both.figure, "predicted logits"));
 }
