@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Regenerates the app's pictures in the docs: app.png (the README's) and one PNG per view, each
+# taken by the real window (BUILD/app/kvlens) under Xvfb at 1600x1000 on the bundled demo model,
+# driven by --script (app/gui/script_runner.h) with a fresh settings folder. Fails loudly: a
+# missing tool or binary, a failing script line, or a missing, mis-sized or blank picture.
+#   tools/screenshots.sh [BUILD_DIR=build] [OUT_DIR=docs/screenshots]
+# A new view is one line in SHOTS below: "name|script line; script line; ...".
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=$(cd "${1:-$root/build}" 2>/dev/null && pwd) || { echo "screenshots.sh: no build folder '${1:-$root/build}'" >&2; exit 2; }
+out=${2:-$root/docs/screenshots}
+app=$build/app/kvlens
+width=1600 height=1000
+# The step every picture shows: near the end of co-reference sample 0 (110 decode steps), where
+# the final mention reads back the location.
+step=${KVLENS_SCREENSHOT_STEP:-100}
+
+# What each picture shows, after the default session (dense, tokenbutler, h2o, quest at 50%; the
+# first three compared) has recorded up to $step.
+SHOTS=(
+  "app|view heads"
+  "heads|view heads"
+  "heads-detail|view heads; head 3 2; detail on"
+  "predicted|view predicted; head 3 2"
+  "retention|view retention; compare tokenbutler,h2o"
+  "consensus|view consensus"
+  "logits|view logits"
+  # "history|view history"      (add once the app has the view)
+  # "generate|view generate"
+)
+
+command -v xvfb-run >/dev/null || { echo "screenshots.sh: xvfb-run not found (Debian: xvfb xauth)" >&2; exit 1; }
+[ -x "$app" ] || { echo "screenshots.sh: no app at $app (build it: ninja -C $build kvlens)" >&2; exit 1; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# width x height of a PNG from its IHDR chunk (no image library needed)
+png_size() { od -An -tu1 -j16 -N8 "$1" | awk '{printf "%dx%d", $1*16777216+$2*65536+$3*256+$4, $5*16777216+$6*65536+$7*256+$8}'; }
+
+shrink() {
+  # pngquant: 256 colours, lossy but invisible on these flat-coloured views; optipng: lossless.
+  if command -v pngquant >/dev/null; then pngquant --force --skip-if-larger --quality 70-95 --output "$1" -- "$1" || true; fi
+  if command -v optipng >/dev/null; then optipng -quiet -o2 "$1"; fi
+}
+
+for shot in "${SHOTS[@]}"; do
+  name=${shot%%|*}
+  commands=${shot#*|}
+  dir=$work/$name
+  mkdir -p "$dir/config"
+  {
+    echo "step $step"
+    echo "wait-idle"
+    tr ';' '\n' <<<"$commands" | sed 's/^ *//'
+    echo "wait-idle"
+    echo "wait 300"  # a few frames after the last change, so the picture shows it
+    echo "screenshot $dir/shot.png"
+    echo "quit"
+  } >"$dir/script.txt"
+  echo "screenshots.sh: $name ($commands)"
+  # The app draws with OpenGL: an offscreen Qt platform from the caller must not reach it.
+  if ! env -u QT_QPA_PLATFORM XDG_CONFIG_HOME="$dir/config" timeout 180 \
+    xvfb-run -a -f "$dir/Xauthority" -s "-screen 0 ${width}x${height}x24" \
+    "$app" --script "$dir/script.txt" >"$dir/log.txt" 2>&1; then
+    echo "screenshots.sh: $name: the app failed; its output:" >&2
+    cat "$dir/log.txt" >&2
+    exit 1
+  fi
+  [ -s "$dir/shot.png" ] || { echo "screenshots.sh: $name: no picture written" >&2; cat "$dir/log.txt" >&2; exit 1; }
+  # The window opens at its first size (1480 x 920 on this screen), the picture is the window.
+  size=$(png_size "$dir/shot.png")
+  w=${size%x*} h=${size#*x}
+  if [ "$w" -lt 1200 ] || [ "$w" -gt "$width" ] || [ "$h" -lt 700 ] || [ "$h" -gt "$height" ]; then
+    echo "screenshots.sh: $name: picture is $size, expected the window within ${width}x${height}" >&2
+    exit 1
+  fi
+  # A blank or black window compresses to almost nothing; a drawn view is tens of kB.
+  bytes=$(stat -c %s "$dir/shot.png")
+  [ "$bytes" -gt 20000 ] || { echo "screenshots.sh: $name: picture of $bytes bytes looks blank" >&2; exit 1; }
+  shrink "$dir/shot.png"
+  cp "$dir/shot.png" "$out/$name.png"
+done
+
+total=$(du -cb "$out"/*.png | tail -1 | cut -f1)
+echo "screenshots.sh: ${#SHOTS[@]} pictures in $out ($((total / 1024)) KiB in all)"
