@@ -3,7 +3,7 @@
 # taken by the real window (BUILD/app/kvlens) under Xvfb at 1600x1000 on the bundled demo model,
 # driven by --script (app/gui/script_runner.h) with a fresh settings folder. Fails loudly: a
 # missing tool or binary, a failing script line, or a missing, mis-sized or blank picture.
-#   tools/screenshots.sh [BUILD_DIR=build] [OUT_DIR=docs/screenshots]
+#   tools/screenshots.sh [BUILD_DIR=build] [OUT_DIR=docs/screenshots] [NAME...]   (NAME: only those)
 # A new view is one line in SHOTS below: "name|script line; script line; ...".
 set -euo pipefail
 
@@ -12,9 +12,9 @@ build=$(cd "${1:-$root/build}" 2>/dev/null && pwd) || { echo "screenshots.sh: no
 out=${2:-$root/docs/screenshots}
 app=$build/app/kvlens
 width=1600 height=1000
-# The step every picture shows: near the end of co-reference sample 0 (110 decode steps), where
-# the final mention reads back the location.
-step=${KVLENS_SCREENSHOT_STEP:-100}
+# How far every picture has stepped: near the end of co-reference sample 0 (110 decode steps),
+# inside the final mention that reads back the location.
+step=${KVLENS_SCREENSHOT_STEP:-108}
 
 # What each picture shows, after the default session (dense, tokenbutler, h2o, quest at 50%; the
 # first three compared) has recorded up to $step.
@@ -22,13 +22,26 @@ SHOTS=(
   "app|view heads"
   "heads|view heads"
   "heads-detail|view heads; head 3 2; detail on"
-  "predicted|view predicted; head 3 2"
+  "predicted|view predicted; compare tokenbutler,h2o; head 3 2"
   "retention|view retention; compare tokenbutler,h2o"
   "consensus|view consensus"
   "logits|view logits"
+  "dark|theme dark; view heads"
   # "history|view history"      (add once the app has the view)
   # "generate|view generate"
 )
+
+# Only the pictures named after the folders, if any.
+if [ $# -gt 2 ]; then
+  wanted=()
+  for name in "${@:3}"; do
+    match=""
+    for shot in "${SHOTS[@]}"; do [ "${shot%%|*}" = "$name" ] && match=$shot; done
+    [ -n "$match" ] || { echo "screenshots.sh: no picture named '$name' (known: $(printf '%s ' "${SHOTS[@]%%|*}"))" >&2; exit 2; }
+    wanted+=("$match")
+  done
+  SHOTS=("${wanted[@]}")
+fi
 
 command -v xvfb-run >/dev/null || { echo "screenshots.sh: xvfb-run not found (Debian: xvfb xauth)" >&2; exit 1; }
 [ -x "$app" ] || { echo "screenshots.sh: no app at $app (build it: ninja -C $build kvlens)" >&2; exit 1; }
@@ -85,4 +98,4 @@ for shot in "${SHOTS[@]}"; do
 done
 
 total=$(du -cb "$out"/*.png | tail -1 | cut -f1)
-echo "screenshots.sh: ${#SHOTS[@]} pictures in $out ($((total / 1024)) KiB in all)"
+echo "screenshots.sh: ${#SHOTS[@]} made; the PNGs in $out come to $((total / 1024)) KiB"
