@@ -84,8 +84,9 @@ def self_test():
     cases = {
         "good": ({"README.md": good_readme}, []),
         "broken link": ({"README.md": good_readme + "[gone](docs/gone.md)\n"}, ["docs/gone.md"]),
-        "broken image in docs": ({"README.md": good_readme, "docs/cli.md": "![v](screenshots/no.png)"},
-                                 ["screenshots/no.png"]),
+        "broken image in docs": (
+            {"README.md": good_readme, "docs/cli.md": "![v](screenshots/no.png)"},
+            ["screenshots/no.png"]),
         "missing heading": ({"README.md": good_readme.replace("#info", "#nothing")},
                             ["no heading '#nothing'"]),
         "too long": ({"README.md": good_readme + "line\n" * MAX_README_LINES}, ["lines; expected"]),

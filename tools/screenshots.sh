@@ -3,12 +3,14 @@
 # taken by the real window (BUILD/app/kvlens) under Xvfb at 1600x1000 on the bundled demo model,
 # driven by --script (app/gui/script_runner.h) with a fresh settings folder. Fails loudly: a
 # missing tool or binary, a failing script line, or a missing, mis-sized or blank picture.
-#   tools/screenshots.sh [BUILD_DIR=build] [OUT_DIR=docs/screenshots] [NAME...]   (NAME: only those)
+#   tools/screenshots.sh [BUILD_DIR=build] [OUT_DIR=docs/screenshots] [NAME...]
+# (NAME: only those pictures; KVLENS_SCREENSHOT_STEP: how many steps to take first, default 108)
 # A new view is one line in SHOTS below: "name|script line; script line; ...".
 set -euo pipefail
+die() { echo "screenshots.sh: $*" >&2; exit 1; }
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=$(cd "${1:-$root/build}" 2>/dev/null && pwd) || { echo "screenshots.sh: no build folder '${1:-$root/build}'" >&2; exit 2; }
+build=$(cd "${1:-$root/build}" 2>/dev/null && pwd) || die "no build folder '${1:-$root/build}'"
 out=${2:-$root/docs/screenshots}
 app=$build/app/kvlens
 width=1600 height=1000
@@ -31,31 +33,37 @@ SHOTS=(
   # "generate|view generate"
 )
 
-# Only the pictures named after the folders, if any.
+# Only the pictures named after the two folders, if any.
 if [ $# -gt 2 ]; then
   wanted=()
   for name in "${@:3}"; do
     match=""
     for shot in "${SHOTS[@]}"; do [ "${shot%%|*}" = "$name" ] && match=$shot; done
-    [ -n "$match" ] || { echo "screenshots.sh: no picture named '$name' (known: $(printf '%s ' "${SHOTS[@]%%|*}"))" >&2; exit 2; }
+    [ -n "$match" ] || die "no picture named '$name' (known: $(printf '%s ' "${SHOTS[@]%%|*}"))"
     wanted+=("$match")
   done
   SHOTS=("${wanted[@]}")
 fi
 
-command -v xvfb-run >/dev/null || { echo "screenshots.sh: xvfb-run not found (Debian: xvfb xauth)" >&2; exit 1; }
-[ -x "$app" ] || { echo "screenshots.sh: no app at $app (build it: ninja -C $build kvlens)" >&2; exit 1; }
+command -v xvfb-run >/dev/null || die "xvfb-run not found (Debian: xvfb xauth)"
+[ -x "$app" ] || die "no app at $app (build it: ninja -C $build kvlens)"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # width x height of a PNG from its IHDR chunk (no image library needed)
-png_size() { od -An -tu1 -j16 -N8 "$1" | awk '{printf "%dx%d", $1*16777216+$2*65536+$3*256+$4, $5*16777216+$6*65536+$7*256+$8}'; }
+png_size() {
+  od -An -tu1 -j16 -N8 "$1" |
+    awk '{printf "%dx%d", $1*16777216+$2*65536+$3*256+$4, $5*16777216+$6*65536+$7*256+$8}'
+}
 
 shrink() {
   # pngquant: 256 colours, lossy but invisible on these flat-coloured views; optipng: lossless.
-  if command -v pngquant >/dev/null; then pngquant --force --skip-if-larger --quality 70-95 --output "$1" -- "$1" || true; fi
+  # (pngquant exits non-zero when it keeps the original: too large or below the quality floor)
+  if command -v pngquant >/dev/null; then
+    pngquant --force --skip-if-larger --quality 70-95 --output "$1" -- "$1" || true
+  fi
   if command -v optipng >/dev/null; then optipng -quiet -o2 "$1"; fi
 }
 
@@ -75,24 +83,23 @@ for shot in "${SHOTS[@]}"; do
   } >"$dir/script.txt"
   echo "screenshots.sh: $name ($commands)"
   # The app draws with OpenGL: an offscreen Qt platform from the caller must not reach it.
-  if ! env -u QT_QPA_PLATFORM XDG_CONFIG_HOME="$dir/config" timeout 180 \
+  # From the checkout, with the model named relative to it, so the sidebar shows no local path.
+  if ! (cd "$root" && env -u QT_QPA_PLATFORM XDG_CONFIG_HOME="$dir/config" timeout 180 \
     xvfb-run -a -f "$dir/Xauthority" -s "-screen 0 ${width}x${height}x24" \
-    "$app" --script "$dir/script.txt" >"$dir/log.txt" 2>&1; then
-    echo "screenshots.sh: $name: the app failed; its output:" >&2
+    "$app" --model assets/models/demo --script "$dir/script.txt") >"$dir/log.txt" 2>&1; then
     cat "$dir/log.txt" >&2
-    exit 1
+    die "$name: the app failed (its output above)"
   fi
-  [ -s "$dir/shot.png" ] || { echo "screenshots.sh: $name: no picture written" >&2; cat "$dir/log.txt" >&2; exit 1; }
+  [ -s "$dir/shot.png" ] || { cat "$dir/log.txt" >&2; die "$name: no picture written"; }
   # The window opens at its first size (1480 x 920 on this screen), the picture is the window.
   size=$(png_size "$dir/shot.png")
   w=${size%x*} h=${size#*x}
   if [ "$w" -lt 1200 ] || [ "$w" -gt "$width" ] || [ "$h" -lt 700 ] || [ "$h" -gt "$height" ]; then
-    echo "screenshots.sh: $name: picture is $size, expected the window within ${width}x${height}" >&2
-    exit 1
+    die "$name: picture is $size, expected the window within ${width}x${height}"
   fi
   # A blank or black window compresses to almost nothing; a drawn view is tens of kB.
   bytes=$(stat -c %s "$dir/shot.png")
-  [ "$bytes" -gt 20000 ] || { echo "screenshots.sh: $name: picture of $bytes bytes looks blank" >&2; exit 1; }
+  [ "$bytes" -gt 20000 ] || die "$name: picture of $bytes bytes looks blank"
   shrink "$dir/shot.png"
   cp "$dir/shot.png" "$out/$name.png"
 done
