@@ -29,8 +29,9 @@ SHOTS=(
   "consensus|view consensus"
   "logits|view logits"
   "dark|theme dark; view heads"
-  # "history|view history"      (add once the app has the view)
-  # "generate|view generate"
+  "history|compare tokenbutler,h2o; view retention; click-token 1 40"
+  "generate|runs dense,tokenbutler@0.5,h2o@0.5,streaming@0.9; open-prompt Tom had a red ball. He liked to play with it every day in the park. One day; generate 40"
+  "help|help on"
 )
 
 # Only the pictures named after the two folders, if any.
@@ -73,7 +74,7 @@ for shot in "${SHOTS[@]}"; do
   dir=$work/$name
   mkdir -p "$dir/config"
   {
-    echo "step $step"
+    echo "goto $step"
     echo "wait-idle"
     tr ';' '\n' <<<"$commands" | sed 's/^ *//'
     echo "wait-idle"
