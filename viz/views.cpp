@@ -8,6 +8,7 @@
 
 #include "engine/common/comma_list.h"
 #include "engine/common/error.h"
+#include "engine/policy/policy_params.h"
 #include "engine/policy/registry.h"
 
 namespace kvlens::viz {
@@ -177,7 +178,28 @@ std::string run_title(const Trace& trace, int64_t run) {
   if (is_reference_policy(r.policy)) return r.policy;
   char text[64];
   std::snprintf(text, sizeof text, " s=%.2g", r.sparsity);
-  return r.policy + text;
+  std::string title = r.policy + text;
+  // The knobs that differ from the policy's defaults: two runs of one policy at one budget differ
+  // only there (h2o s=0.5 window=16).
+  if (const PolicyInfo* info = find_policy_info(r.policy)) {
+    try {
+      const std::vector<std::string> defaults =
+          resolve_params(info->params, {}, "policy " + r.policy).describe();
+      for (const std::string& param : r.params) {
+        if (std::find(defaults.begin(), defaults.end(), param) != defaults.end()) continue;
+        const size_t equals = param.find('=');
+        char* end = nullptr;
+        const double number = std::strtod(param.c_str() + equals + 1, &end);
+        std::snprintf(text, sizeof text, "%g", number);
+        title += " " + (equals != std::string::npos && end && *end == 0
+                            ? param.substr(0, equals + 1) + text
+                            : param);
+      }
+    } catch (const Error&) {
+      // (defaults this build cannot resolve: the title keeps policy and budget)
+    }
+  }
+  return title;
 }
 
 Color run_color(const Trace& trace, int64_t run, const Theme& theme) {
