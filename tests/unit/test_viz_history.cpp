@@ -332,6 +332,9 @@ TEST_CASE("the predicted view leaves out runs without scores and sums up each la
   CHECK(has_text(dense_layer.figure, "No scores at layer 0"));
   CHECK(has_text(dense_layer.figure, "Layers with scores: 1."));
   CHECK(grid_with_id(dense_layer.figure, "hit rate grid") != nullptr);
+  REQUIRE(dense_layer.data.rows.size() == 5);  // the head's row at step 4: logits, no scores
+  CHECK(std::isnan(std::get<double>(dense_layer.data.rows[2][6])));
+  CHECK(std::get<double>(dense_layer.data.rows[2][7]) == Approx(2 * 0.5 - 2 * 0.25));
 }
 
 TEST_CASE("step axes have integer ticks only", "[viz]") {
