@@ -111,6 +111,56 @@ std::string describe_cell(const Trace& trace, const TokenHistory& h, const std::
   return text;
 }
 
+// At most this many pixels a side: a long text's raster pools cells rather than growing to
+// tokens x steps pixels (the app uploads it as a texture).
+constexpr int64_t kMaxHistoryPixels = 1024;
+
+// The raster of a history: a pixel per (token, step), or per block of them past
+// kMaxHistoryPixels, where a block shows its most telling state (evicted, back, visible, hidden,
+// in that order: an event in one cell stays visible) or its cells' mean share of heads. Cells
+// without rows are transparent (hatched over), tokens not read yet the canvas colour.
+ImageItem history_image(const TokenHistory& h, Box box, bool one_head, Color pending_color,
+                        const Theme& theme) {
+  const int64_t block_t = (h.steps + kMaxHistoryPixels - 1) / kMaxHistoryPixels;
+  const int64_t block_j = (h.tokens + kMaxHistoryPixels - 1) / kMaxHistoryPixels;
+  ImageItem image;
+  image.box = box;
+  image.width = int32_t((h.steps + block_t - 1) / block_t);
+  image.height = int32_t((h.tokens + block_j - 1) / block_j);
+  image.pixels.assign(size_t(image.width) * size_t(image.height), Color{0, 0, 0, 0});
+  constexpr TokenState kPriority[] = {TokenState::Evicted, TokenState::Returned,
+                                      TokenState::Visible, TokenState::Hidden};
+  for (int64_t py = 0; py < image.height; ++py) {
+    for (int64_t px = 0; px < image.width; ++px) {
+      bool read = false;
+      int best = 4;  // index into kPriority; 4: none
+      double share = 0;
+      int64_t known = 0;
+      for (int64_t j = py * block_j; j < std::min(h.tokens, (py + 1) * block_j); ++j) {
+        for (int64_t t = px * block_t; t < std::min(h.steps, (px + 1) * block_t); ++t) {
+          if (h.pending(j, t)) continue;
+          read = true;
+          const TokenStepCounts& c = h.at(j, t);
+          if (c.known() == 0) continue;
+          ++known;
+          share += double(c.seen()) / double(c.known());
+          const TokenState state = h.state(j, t);
+          for (int k = 0; k < best; ++k)
+            if (kPriority[k] == state) best = k;
+        }
+      }
+      Color& pixel = image.pixels[size_t(py * image.width + px)];
+      if (!read) {
+        pixel = pending_color;
+      } else if (known > 0) {
+        pixel = one_head ? state_color(kPriority[best], theme)
+                         : sequential_colormap().at(share / double(known));
+      }
+    }
+  }
+  return image;
+}
+
 }  // namespace
 
 View history_view(const Trace& trace, const ViewOptions& options, int64_t step) {
@@ -269,25 +319,7 @@ View history_view(const Trace& trace, const ViewOptions& options, int64_t step) 
     const Box box{px, grid_y, panel_w, grid_h};
     f.text({px, title_y}, titles[i], 12, run_color(trace, run, theme), HAlign::Left,
            VAlign::Baseline, true);
-    ImageItem image;
-    image.box = box;
-    image.width = int32_t(steps);
-    image.height = int32_t(tokens);
-    image.pixels.assign(size_t(steps * tokens), Color{0, 0, 0, 0});
-    for (int64_t j = 0; j < tokens; ++j) {
-      for (int64_t t = 0; t < steps; ++t) {
-        Color& pixel = image.pixels[size_t(j * steps + t)];
-        if (h.pending(j, t)) {
-          pixel = pending_color;
-          continue;
-        }
-        const TokenStepCounts& c = h.at(j, t);
-        if (c.known() == 0) continue;  // hatched below
-        pixel = one_head ? state_color(h.state(j, t), theme)
-                         : sequential_colormap().at(double(c.seen()) / double(c.known()));
-      }
-    }
-    f.add(std::move(image));
+    f.add(history_image(h, box, one_head, pending_color, theme));
     // Hatch the runs of steps where no head in scope has rows.
     const float col_w = panel_w / float(steps);
     for (int64_t t = 0; t < steps;) {

@@ -285,6 +285,15 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
              "tokens there. Layers with scores: " + masked_layers(trace, run, step) + ".", 12,
              theme.foreground);
       f.text({margin, y + 56}, "Pick one of their heads in the grid.", 12, theme.muted);
+      // (the data still has the head's row: its logits and visible set, scores empty)
+      const PredictedVsTrue p = predicted_vs_true(trace, run, step, options.layer, options.head);
+      const uint8_t* shown_row = record.visible_row(options.layer, options.head, H);
+      for (size_t j = 0; j < p.scores.size(); ++j) {
+        view.data.rows.push_back({trace.runs[size_t(run)].policy, double(run),
+                                  double(options.layer), double(options.head), double(step),
+                                  double(j), double(p.scores[j]), double(p.logits[j]),
+                                  double(shown_row && shown_row[j])});
+      }
     }
     if (ranked) {
       const HeadMatrix scores =

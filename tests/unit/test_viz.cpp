@@ -426,7 +426,8 @@ TEST_CASE("the predicted view names a predictor's scores and shows each head's h
 TEST_CASE("views built without data draw the same figure", "[viz]") {
   // The app redraws figures without their tables (heads x tokens rows) and builds them to export.
   const Trace trace = test::make_small_trace(5);
-  for (const ViewKind kind : {ViewKind::Heads, ViewKind::Consensus, ViewKind::Retention}) {
+  for (const ViewKind kind :
+       {ViewKind::Heads, ViewKind::Consensus, ViewKind::Retention, ViewKind::History}) {
     ViewOptions options;
     options.runs = {0, 1};
     const View full = build_view(trace, kind, options);

@@ -240,6 +240,48 @@ TEST_CASE("the history view shows each run's tokens x steps by state", "[viz]") 
   CHECK(has_text(shares.figure, "share of heads"));
 }
 
+TEST_CASE("a long history pools its raster and keeps a one-step eviction visible", "[viz]") {
+  // 1 layer x 1 head, 1100 tokens and steps; the head sees everything but token 5 at step 600.
+  Trace trace;
+  trace.model = {"long", 1, 1, 1, 4, 50};
+  const int64_t n = 1100;
+  for (int64_t i = 0; i < n; ++i) trace.tokens.push_back({1, "x"});
+  trace.runs = {{"h2o", 0.5, {}, 0}};
+  trace.top_k = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    StepRecord r;
+    r.columns = t + 1;
+    r.decisions = {LayerDecision::Masked};
+    r.kept_heads = {0};
+    r.visible.assign(size_t(t + 1), 1);
+    if (t == 600) r.visible[5] = 0;
+    r.logits.assign(size_t(t + 1), 0.0f);
+    r.scores.assign(size_t(t + 1), 0.0f);
+    r.visible_counts = {int32_t(t + 1 - (t == 600))};
+    std::vector<StepRecord> records;
+    records.push_back(std::move(r));
+    trace.add_step(std::move(records));
+  }
+  ViewOptions options;
+  options.history_per_head = true;
+  options.with_data = false;
+  const View view = build_view(trace, ViewKind::History, options);
+  const std::vector<const ImageItem*> images = items_of<ImageItem>(view.figure);
+  REQUIRE(images.size() == 1);
+  const ImageItem& image = *images[0];
+  CHECK(image.width == 550);  // 2 x 2 cells a pixel
+  CHECK(image.height == 550);
+  auto pixel = [&](int64_t y, int64_t x) { return image.pixels[size_t(y * image.width + x)]; };
+  CHECK(pixel(2, 300) != pixel(2, 200));  // steps 600-601 of tokens 4-5: the eviction shows
+  CHECK(pixel(2, 301) == pixel(2, 200));  // then visible again
+  CHECK(pixel(0, 549) == pixel(2, 200));
+  // Hover stays per cell.
+  const HoverGrid* grid = grid_with_id(view.figure, "history 0");
+  REQUIRE(grid != nullptr);
+  CHECK(grid->describe(5, 600).find("evicted") != std::string::npos);
+  CHECK(grid->describe(5, 601).find("back") != std::string::npos);
+}
+
 TEST_CASE("searched tokens are marked in the history, retention and predicted views", "[viz]") {
   const Trace trace = test::make_small_trace(5);
   ViewOptions options;
@@ -332,6 +374,9 @@ TEST_CASE("the predicted view leaves out runs without scores and sums up each la
   CHECK(has_text(dense_layer.figure, "No scores at layer 0"));
   CHECK(has_text(dense_layer.figure, "Layers with scores: 1."));
   CHECK(grid_with_id(dense_layer.figure, "hit rate grid") != nullptr);
+  REQUIRE(dense_layer.data.rows.size() == 5);  // the head's row at step 4: logits, no scores
+  CHECK(std::isnan(std::get<double>(dense_layer.data.rows[2][6])));
+  CHECK(std::get<double>(dense_layer.data.rows[2][7]) == Approx(2 * 0.5 - 2 * 0.25));
 }
 
 TEST_CASE("step axes have integer ticks only", "[viz]") {
