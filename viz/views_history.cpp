@@ -255,7 +255,7 @@ View history_view(const Trace& trace, const ViewOptions& options, int64_t step) 
   const float title_y = y + 30, grid_y = title_y + 10;
   const float space = options.height > 0 ? options.height - grid_y - 48 : 720.0f;
   const float row_h = std::clamp(space / float(std::max<int64_t>(tokens, 1)), 1.5f, 14.0f);
-  const float label_size = std::clamp(row_h - 1.0f, 8.0f, 11.0f);
+  const float label_size = std::clamp(row_h - 1.0f, 10.0f, 11.0f);
   const int64_t label_every = std::max<int64_t>(1, int64_t(std::ceil((label_size + 1) / row_h)));
   float label_w = 0;
   for (const TraceToken& t : trace.tokens)
