@@ -114,6 +114,33 @@ int spec_match(const TraceRun& run, const std::string& spec) {
   return 2;
 }
 
+// A trace run as a spec, for messages: id@sparsity and the parameters off their defaults.
+std::string spec_text(const TraceRun& run) {
+  if (is_reference_policy(run.policy)) return run.policy;
+  char number[32];
+  std::snprintf(number, sizeof number, "@%g", run.sparsity);
+  std::string text = run.policy + number;
+  const PolicyInfo* info = find_policy_info(run.policy);
+  for (const std::string& param : run.params) {
+    const size_t eq = param.find('=');
+    const std::string key = param.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : param.substr(eq + 1);
+    const ParamSpec* spec = nullptr;
+    if (info) {
+      for (const ParamSpec& candidate : info->params)
+        if (candidate.name == key) spec = &candidate;
+    }
+    if (spec && same_value(value, spec->default_value)) continue;
+    if (spec && spec->type == ParamType::Float) {
+      std::snprintf(number, sizeof number, "%g", std::strtod(value.c_str(), nullptr));
+      text += ":" + key + "=" + number;
+    } else {
+      text += ":" + param;
+    }
+  }
+  return text;
+}
+
 }  // namespace
 
 std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
@@ -139,13 +166,8 @@ std::vector<int64_t> parse_runs(const Trace& trace, const std::string& list,
     }
     if (index < 0) {
       std::string known;
-      for (size_t r = 0; r < trace.runs.size(); ++r) {
-        const TraceRun& run = trace.runs[r];
-        char sparsity[32] = "";
-        if (!is_reference_policy(run.policy))
-          std::snprintf(sparsity, sizeof sparsity, "@%g", run.sparsity);
-        known += (r ? ", " : "") + std::to_string(r) + " " + run.policy + sparsity;
-      }
+      for (size_t r = 0; r < trace.runs.size(); ++r)
+        known += (r ? ", " : "") + std::to_string(r) + " " + spec_text(trace.runs[r]);
       throw Error(flag, "run",
                   "a run index, policy id or run spec (h2o@0.3) of the trace (" + known + ")",
                   "'" + item + "'");

@@ -112,7 +112,8 @@ void add_figure_command(CLI::App& app, CommonOptions&, CommandFn& run) {
   command->add_option("--data", flags.data_path, "Also write the data behind it (.csv or .json)");
   command
       ->add_option("--runs", flags.runs,
-                   "Runs to show, by index or policy id; 2-4 runs compare side by side")
+                   "Runs to show, by index, policy id (its first run) or run spec "
+                   "(h2o@0.7:window=16); 2-4 runs compare side by side")
       ->capture_default_str();
   command->add_option("--step", flags.step, "Step to show (default: the last)");
   command

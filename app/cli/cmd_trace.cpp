@@ -109,12 +109,22 @@ int run_trace(const CommonOptions& common, bool from_prompt) {
     std::printf(" (memory budget reached at step %lld: later steps keep %zu selected heads)",
                 (long long)trace.degraded_from_step(), trace.selected_heads.size());
   }
-  std::printf("\n%-12s %8s %9s %8s %8s %9s %9s %9s\n", "policy", "sparsity", "effective", "ppl",
-              "kl", "recall", "classify", "consensus");
+  // Each run's policy and its own knobs (h2o:window=16; the sparsity has a column), so that two
+  // runs of one policy and sparsity are told apart.
+  std::vector<std::string> labels;
+  int width = 12;
+  for (const TraceRun& run : trace.runs) {
+    const std::string spec = session::run_spec(PolicyConfig{run.policy, run.sparsity, run.params});
+    const size_t knobs = spec.find(':');
+    labels.push_back(run.policy + (knobs == std::string::npos ? "" : spec.substr(knobs)));
+    width = std::max(width, int(labels.back().size()));
+  }
+  std::printf("\n%-*s %8s %9s %8s %8s %9s %9s %9s\n", width, "policy", "sparsity", "effective",
+              "ppl", "kl", "recall", "classify", "consensus");
   for (size_t r = 0; r < trace.runs.size(); ++r) {
     const double nll = mean_over_steps(trace, r, [](const StepRecord& s) { return s.metrics.nll; });
     std::printf(
-        "%-12s %8.3f %9.3f %8.3f %8.4f %9.3f %9.3f %9.3f\n", trace.runs[r].policy.c_str(),
+        "%-*s %8.3f %9.3f %8.3f %8.4f %9.3f %9.3f %9.3f\n", width, labels[r].c_str(),
         trace.runs[r].sparsity,
         mean_over_steps(trace, r, [](const StepRecord& s) { return s.metrics.effective_sparsity; }),
         std::exp(nll),

@@ -73,7 +73,7 @@ std::vector<GeneratedText> generate_runs(std::shared_ptr<const BackendModel> mod
   std::vector<PolicyConfig> session_runs = runs;
   const auto listed_reference = std::find_if(
       runs.begin(), runs.end(), [](const PolicyConfig& c) { return is_reference_policy(c.id); });
-  size_t reference = size_t(listed_reference - runs.begin());
+  const size_t reference = size_t(listed_reference - runs.begin());
   if (listed_reference == runs.end()) session_runs.push_back(PolicyConfig{reference_policy().id});
   const size_t count = session_runs.size();
 

@@ -308,9 +308,11 @@ TEST_CASE("eval --task coref writes the documented JSON and per-sample lines", "
   CHECK(out["model"] == model);
   REQUIRE(out["results"].size() == 1);
   const Json& row = out["results"][0];
-  CHECK(keys(row) == std::set<std::string>{"policy", "sparsity", "effective_sparsity", "accuracy",
-                                           "coverage", "ppl", "samples", "answer_tokens"});
+  CHECK(keys(row) == std::set<std::string>{"policy", "sparsity", "run", "effective_sparsity",
+                                           "accuracy", "coverage", "ppl", "samples",
+                                           "answer_tokens"});
   CHECK(row["policy"] == "dense");
+  CHECK(row["run"] == "dense");
   CHECK(row["sparsity"] == 0.0);
   CHECK(row["effective_sparsity"] == 0.0);
   CHECK(row["ppl"].is_null());
@@ -331,7 +333,7 @@ TEST_CASE("eval --task coref writes the documented JSON and per-sample lines", "
     REQUIRE(n < expected.per_sample.size());
     const Json j = Json::parse(line);
     const CorefSampleResult& s = expected.per_sample[n];
-    CHECK(keys(j) == std::set<std::string>{"policy", "sparsity", "index", "answer", "tokens",
+    CHECK(keys(j) == std::set<std::string>{"policy", "sparsity", "run", "index", "answer", "tokens",
                                            "answer_token_begin", "answer_token_end",
                                            "correct_tokens", "all_correct", "canonical",
                                            "answer_nll"});
@@ -392,14 +394,15 @@ TEST_CASE("eval --task ppl reports windows and tokens scored", "[eval][cli]") {
     text += "The lighthouse keeper counted " + std::to_string(i) + " ships. ";
   test::write_file(text_path, text);
   const auto result = test::run_command(test::cli_path() + " eval --model " + model +
-                                        " --task ppl --policies dense,dense" +
+                                        " --task ppl --policies dense,h2o@0" +
                                         " --sparsity 0 --threads 2 --text-file " + text_path +
                                         " --window 16 --max-tokens 100 --json " + json_path);
   INFO(result.err);
   REQUIRE(result.exit_code == 0);
   const Json out = Json::parse(read_text_file(json_path));
   CHECK(out["task"] == "ppl");
-  REQUIRE(out["results"].size() == 2);  // one per (policy, sparsity) pair
+  // One per run (the same run twice is refused): h2o at sparsity 0 sees what dense sees.
+  REQUIRE(out["results"].size() == 2);
 
   const Loaded loaded = load(model);
   std::vector<int32_t> tokens =
@@ -408,9 +411,13 @@ TEST_CASE("eval --task ppl reports windows and tokens scored", "[eval][cli]") {
   tokens.resize(100);
   const PerplexityResult expected = evaluate_perplexity(loaded.resident, tokens, 16, 1, {});
   for (const Json& row : out["results"]) {
-    CHECK(keys(row) == std::set<std::string>{"policy", "sparsity", "effective_sparsity", "accuracy",
-                                             "coverage", "ppl", "samples", "tokens_scored",
-                                             "window"});
+    std::set<std::string> expected_keys{"policy",        "sparsity", "run", "effective_sparsity",
+                                        "accuracy",      "coverage", "ppl", "samples",
+                                        "tokens_scored", "window"};
+    if (row["policy"] != "dense") {  // a policy's steps have per-layer and per-head sparsities
+      expected_keys.insert({"effective_sparsity_per_layer", "effective_sparsity_per_head"});
+    }
+    CHECK(keys(row) == expected_keys);
     CHECK(row["accuracy"].is_null());
     CHECK(row["coverage"].is_null());
     CHECK(row["samples"] == expected.windows);
