@@ -34,8 +34,8 @@ View consensus_view(const Trace& trace, const ViewOptions& options, int64_t step
     const ConsensusMatrix c = consensus_matrix(trace, run, step, options.consensus);
     const int64_t m = int64_t(c.heads.size());
     const Box box{left + float(i) * (panel + gap), y0, panel, panel};
-    f.text({box.x, box.y - 22}, run_title(trace, run), 13, run_color(i), HAlign::Left,
-           VAlign::Baseline, true);
+    f.text({box.x, box.y - 22}, run_title(trace, run), 13, run_color(trace, run, theme),
+           HAlign::Left, VAlign::Baseline, true);
     f.text({box.x, box.y - 6},
            "mean " + format_value(c.mean) + " over " + std::to_string(m) + " heads", 11,
            theme.foreground);

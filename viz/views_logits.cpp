@@ -85,9 +85,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     const int64_t run = columns[c];
     const StepRecord& record = trace.steps()[size_t(step)][size_t(run)];
     const auto found = std::find(options.runs.begin(), options.runs.end(), run);
-    const Color color = found == options.runs.end()
-                            ? theme.muted
-                            : run_color(int64_t(found - options.runs.begin()));
+    const Color color = found == options.runs.end() ? theme.muted : run_color(trace, run, theme);
     const Box area{margin + float(c) * col_w, top + 18, col_w - 16, 0};
     float h = top_k_bars(f, trace, area, record, run_title(trace, run), color, true_token, theme);
     const StepMetrics& m = record.metrics;
@@ -140,7 +138,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     f.rect({x0, plot.y, x1 - x0, plot.h}, mix(theme.grid, theme.background, 0.5));
     f.text({x1, plot.y - 6}, "answer", 10, theme.muted, HAlign::Right);
     for (size_t i = 0; i < options.runs.size(); ++i) {
-      const Color color = run_color(int64_t(i));
+      const Color color = run_color(trace, options.runs[i], theme);
       for (const AnswerPrediction& a : answer_predictions(trace, options.runs[i])) {
         const Point at{x_at(a.position), plot.y + 8 + float(i) * 9};
         if (a.correct) {
@@ -162,7 +160,7 @@ View logits_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     const int64_t run = options.runs[i];
     if (use_kl && run == dense) continue;
     LineItem series;
-    series.color = run_color(int64_t(i));
+    series.color = run_color(trace, run, theme);
     series.width = 1.5f;
     for (int64_t t = 0; t < steps; ++t) {
       const StepMetrics& m = trace.steps()[size_t(t)][size_t(run)].metrics;

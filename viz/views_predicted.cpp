@@ -115,7 +115,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
                               std::to_string(options.head);
     const bool predicted = run_predicts_logits(trace, run);
     const std::string scores_name = predicted ? "predicted logits" : "policy scores";
-    f.text({margin, y}, run_title(trace, run), 13, run_color(int64_t(i)), HAlign::Left,
+    f.text({margin, y}, run_title(trace, run), 13, run_color(trace, run, theme), HAlign::Left,
            VAlign::Baseline, true);
     y += 22;
     const HeadMatrix scores =
@@ -150,7 +150,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
       dot.center = {plot.x + float(xs.normalise(p.logits[j])) * plot.w,
                     plot.bottom() - float(ys.normalise(p.scores[j])) * plot.h};
       dot.radius = 2.6f;
-      dot.fill = seen ? run_color(int64_t(i)) : Color{0, 0, 0, 0};
+      dot.fill = seen ? run_color(trace, run, theme) : Color{0, 0, 0, 0};
       dot.stroke = seen ? Color{0, 0, 0, 0} : theme.muted;
       f.add(dot);
       ++points;
@@ -166,7 +166,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
              theme.muted, HAlign::Center, VAlign::Middle);
     } else {  // the legend of the two kinds of points
       const float ly = plot.bottom() + 46;
-      CircleItem seen_dot{{plot.x + 4, ly - 3}, 2.6f, run_color(int64_t(i)), {0, 0, 0, 0}};
+      CircleItem seen_dot{{plot.x + 4, ly - 3}, 2.6f, run_color(trace, run, theme), {0, 0, 0, 0}};
       CircleItem hidden_dot{{plot.x + 64, ly - 3}, 2.6f, {0, 0, 0, 0}, theme.muted};
       f.add(seen_dot);
       f.text({plot.x + 10, ly}, "seen", 10, theme.muted);

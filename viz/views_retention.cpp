@@ -143,9 +143,10 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
       16 + std::max(diff ? text_width(diff_label, 11) : 0.0f, text_width(fraction_label, 11)) + 8;
   if (diff) {
     legend_text(f, 16, y, diff_label, theme.foreground);
-    float x = legend_text(f, bars, y, "B sees more", run_color(1), true);
+    float x =
+        legend_text(f, bars, y, "B sees more", run_color(trace, options.runs[1], theme), true);
     x = legend_bar(f, x, y, -1.0, 1.0, diverging_colormap(), theme);
-    x = legend_text(f, x, y, "A sees more", run_color(0), true);
+    x = legend_text(f, x, y, "A sees more", run_color(trace, options.runs[0], theme), true);
     legend_text(f, x + 8, y, "neutral: the same share of heads in both", theme.muted);
     y += 22;
   }
@@ -223,7 +224,9 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
     y += 8;
   }
   for (size_t r = 0; r < n; ++r) {
-    if (n > 1) section((diff ? (r == 0 ? "A: " : "B: ") : "") + titles[r], run_color(int64_t(r)));
+    if (n > 1)
+      section((diff ? (r == 0 ? "A: " : "B: ") : "") + titles[r],
+              run_color(trace, options.runs[r], theme));
     y = token_flow(
         f, trace, step, y, theme,
         [&](size_t j) {

@@ -3,6 +3,7 @@
 // or JSON. Without Qt 6 in the build the command exists and says so.
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "app/cli/cli_common.h"
 #include "engine/common/error.h"
@@ -24,7 +25,8 @@ struct FigureFlags {
                           quantity = "probabilities", consensus = "pearson", theme = "light";
   int64_t step = -1, layer = 0, head = 0, retention_layer = -1, retention_head = -1;
   bool detail = false, linear = false;
-  double width = 1280, scale = 2.0;
+  double width = 1280, height = 0, scale = 2.0;
+  std::vector<int64_t> highlight;
 };
 FigureFlags flags;
 
@@ -58,6 +60,8 @@ int run_figure() {
   options.retention_head = flags.retention_head;
   options.dark = flags.theme == "dark";
   options.width = float(flags.width);
+  options.height = float(flags.height);
+  options.highlight_tokens = flags.highlight;
   options.with_data = !flags.data_path.empty();
   const Trace trace = load_trace(flags.trace_path);
   options.runs = viz::parse_runs(trace, flags.runs, "--runs");
@@ -115,6 +119,13 @@ void add_figure_command(CLI::App& app, CommonOptions&, CommandFn& run) {
   command->add_option("--width", flags.width, "Canvas width in figure units (CSS pixels)")
       ->capture_default_str()
       ->check(CLI::Range(320.0, 8000.0));
+  command
+      ->add_option("--height", flags.height,
+                   "Height to fill in figure units (the app's view area; 0: the content decides)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 8000.0));
+  command->add_option("--highlight", flags.highlight, "Token positions to highlight (a search)")
+      ->delimiter(',');
   command->add_option("--scale", flags.scale, "PNG pixels per unit")
       ->capture_default_str()
       ->check(CLI::Range(0.25, 8.0));

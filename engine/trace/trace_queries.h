@@ -108,6 +108,20 @@ PredictedVsTrue predicted_vs_true(const Trace& trace, int64_t run, int64_t step,
 // or where the policy set no scores (a dense layer).
 std::vector<double> head_accuracy_grid(const Trace& trace, int64_t run, int64_t step);
 
+// Every (layer, head)'s summary at a step, [layers][heads] each, NaN where the trace did not keep
+// the head's row (sparsity comes from the always-kept counts):
+// - recall: the share of the head's dense attention mass that falls on the tokens it saw, i.e.
+//   sum over visible j of softmax(logits)_j, the softmax taken over every finite logit of the
+//   row (all t + 1 candidates, what dense attention would give this head in this run). 1 when
+//   the head saw everything.
+// - hit_rate: the top-50% agreement of the policy's scores with the true logits (as
+//   head_accuracy_grid: NaN on a layer the policy left dense, where it set no scores).
+// - sparsity: 1 - visible / candidates (candidates = t + 1).
+struct HeadSummary {
+  std::vector<double> recall, hit_rate, sparsity;
+};
+HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step);
+
 // How many of the heads in scope see each token at `step`: scope layer = -1 (every layer) or one
 // layer, head = -1 (every head of the scope) or one head. `heads_in_scope` is the count the
 // tokens can reach; tokens after the step get -1; `known` is false when a head in scope has no
