@@ -122,9 +122,14 @@ Color run_color(const Trace& trace, int64_t run, const Theme& theme) {
   // A policy this build has no colour for (a plug-in's) by a hash of its id: the same in every
   // view and session.
   if (!found) base = kPolicyColors[1 + std::hash<std::string>{}(id) % 10].second;
+  // The reference reads as the theme's text does: near black, or light grey on the dark theme
+  // (a mid grey there would pass for quest's green to a deuteranope).
+  if (is_reference_policy(id) && theme.dark) base = {205, 205, 212, 255};
   // Dark enough on the light background, light enough on the dark one (Okabe-Ito's yellow and
-  // orange are unreadable on white, dense's near-black on the dark theme).
-  return legible_on(base, theme.background, 3.0);
+  // orange are unreadable on white). On white the contrast stops at 3 (WCAG's for graphics and
+  // large text; the run titles are 13-unit bold): darker, h2o's orange would turn into the accent's
+  // vermillion for protanopes. On the dark theme lighter costs nothing, so body text's 4.5.
+  return legible_on(base, theme.background, theme.dark ? 4.5 : 3.0);
 }
 
 bool run_predicts_logits(const Trace& trace, int64_t run) {

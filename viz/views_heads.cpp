@@ -128,6 +128,15 @@ float legend_row(Figure& f, float y, const ValueScale& scale, const ViewOptions&
     f.rect({at, y - 1, 24, 12}, {0, 0, 0, 0}, theme.accent, 2.0f);
     f.text({at + 30, y + 5}, selected, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
   }
+  if (grid) {
+    // The summaries' scale (every summary is a share in [0, 1], linear).
+    const std::string summaries = "per-head summaries";
+    const float width = text_width(summaries, kLabelSize) + 6 + 4 + 56 + 4 + text_width("1", 10) +
+                        text_width("0", 10);
+    at = place(width);
+    f.text({at, y + 5}, summaries, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
+    inline_colorbar(f, {at + width, y + 9}, 0.0, 1.0, sequential_colormap(), theme);
+  }
   if (!options.highlight_tokens.empty()) {
     at = place(30 + text_width(searched, kLabelSize));
     f.rect({at + 8, y - 1, 8, 12}, {theme.accent.r, theme.accent.g, theme.accent.b, 90},
@@ -194,7 +203,7 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
   const float panel = (options.width - left - 16 - gap * float(n - 1)) / float(n);
   float side = std::min(panel - (n > 1 ? longest + 8 : 0.0f), 1400.0f);
   const float y0 = legend_bottom + title_h;
-  if (options.height > 0) side = std::min(side, options.height - y0 - below - 8);
+  if (options.height > 0) side = std::min(side, options.height - y0 - below - 12);
   side = std::max(side, 40.0f);
   const float cell = side / float(columns);
   const int64_t every = label_every(cell, label_size * 1.25f);
@@ -281,19 +290,22 @@ struct GridLayout {
 };
 
 constexpr float kMapGap = 3, kPanelGap = 28, kLeft = 44, kStripAxis = 30, kStripGap = 16;
-constexpr float kStripTitle = 34;  // a summary map's title and head labels above its cells
+constexpr float kStripTitle = 34;   // a summary map's title and head labels above its cells
+constexpr float kStripAcross = 12;  // between the summaries side by side (under the maps)
 constexpr float kStripTitleWidth = 120;
 
-// The summary maps' cell: as large as 12 units, as small as 3, the three maps fitting `room`
-// across (under the grid) or down (beside it).
+// The summary maps' cell: as small as 3 units, as large as 12 across (under the grid: the maps
+// take the height) or 16 down (beside it, in width the maps leave), the three maps fitting
+// `room`: across, the panel's width from the maps' left edge (layer labels left of the first
+// only); down, the height.
 float strip_cell_for(float room, int64_t count, bool across) {
-  const float fixed = across ? 3 * kStripAxis + 2 * kStripGap : 3 * (kStripTitle + kStripGap);
-  return std::clamp(std::floor((room - fixed) / float(3 * count)), 3.0f, 12.0f);
+  const float fixed = across ? 2 * kStripAcross : 3 * (kStripTitle + kStripGap);
+  return std::clamp(std::floor((room - fixed) / float(3 * count)), 3.0f, across ? 12.0f : 16.0f);
 }
 
 GridLayout grid_layout(const ViewOptions& options, float y0, int64_t L, int64_t H, int64_t n) {
   const float panel = (options.width - kLeft - 16 - kPanelGap * float(n - 1)) / float(n);
-  const float height = options.height > 0 ? options.height - y0 - 8 : 0.0f;
+  const float height = options.height > 0 ? options.height - y0 - 16 : 0.0f;
   auto fit = [&](float across, float down) {
     float cell = std::floor(across / float(H)) - kMapGap;
     if (height > 0)
@@ -330,16 +342,21 @@ float summary_strip(Figure& f, const Trace& trace, int64_t run, int64_t step, Po
   const std::vector<double>* metrics[3] = {&summary->recall, &summary->hit_rate,
                                            &summary->sparsity};
   const char* titles[3] = {"recall vs dense", "top-50% hit rate", "effective sparsity"};
+  const char* short_titles[3] = {"recall", "hit rate", "sparsity"};  // (narrow maps)
   const int64_t every_layer = label_every(s, 12), every_head = label_every(s, 16);
   const float map_w = float(H) * s, map_h = float(L) * s;
   const std::string title = run_title(trace, run);
   float bottom = origin.y;
   for (int k = 0; k < 3; ++k) {
-    const float x = down ? origin.x + kStripAxis
-                         : origin.x + kStripAxis + float(k) * (kStripAxis + map_w + kStripGap);
+    const float x =
+        down ? origin.x + kStripAxis : origin.x + kStripAxis + float(k) * (map_w + kStripAcross);
     const float y = down ? origin.y + float(k) * (kStripTitle + map_h + kStripGap) : origin.y;
     const Box box{x, y + kStripTitle, map_w, map_h};
-    f.text({x - kStripAxis, y + 11}, titles[k], kLabelSize, theme.foreground, HAlign::Left,
+    // Down, a title may use the strip's width from its left; across, its own map's and the gap.
+    const float room = down ? std::max(kStripAxis + map_w, kStripTitleWidth) : map_w + kStripAcross;
+    const char* shown =
+        text_width(titles[k], kLabelSize) * 1.08f <= room ? titles[k] : short_titles[k];
+    f.text({down ? x - kStripAxis : x, y + 11}, shown, kLabelSize, theme.foreground, HAlign::Left,
            VAlign::Baseline, true);
     std::vector<float> values(metrics[k]->begin(), metrics[k]->end());
     f.add(heatmap(box, values, nullptr, L, H, ValueScale{0.0, 1.0, false}, sequential_colormap(),
@@ -348,10 +365,12 @@ float summary_strip(Figure& f, const Trace& trace, int64_t run, int64_t step, Po
     for (int64_t h = 0; h < H; h += every_head)
       f.text({box.x + (float(h) + 0.5f) * s, box.y - 3}, std::to_string(h), 10, theme.foreground,
              HAlign::Center, VAlign::Bottom);
-    for (int64_t l = 0; l < L; l += every_layer)
-      f.text({box.x - 4, box.y + (float(l) + 0.5f) * s}, std::to_string(l), 10, theme.foreground,
-             HAlign::Right, VAlign::Middle);
-    f.text({box.x - 4, box.y - 3}, "L\\H", 10, theme.muted, HAlign::Right, VAlign::Bottom);
+    if (down || k == 0) {  // side by side, the first map's layer labels serve all three
+      for (int64_t l = 0; l < L; l += every_layer)
+        f.text({box.x - 4, box.y + (float(l) + 0.5f) * s}, std::to_string(l), 10, theme.foreground,
+               HAlign::Right, VAlign::Middle);
+      f.text({box.x - 4, box.y - 3}, "L\\H", 10, theme.muted, HAlign::Right, VAlign::Bottom);
+    }
     const bool selected_shown = options.layer < L && options.head < H;
     if (selected_shown) {
       f.rect({box.x + float(options.head) * s, box.y + float(options.layer) * s, s, s},
@@ -473,7 +492,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     }
     const Point strip = layout.strip_beside
                             ? Point{x0 + float(H) * pitch + kStripGap, y0 - head_labels_h}
-                            : Point{x0 - kStripAxis + 10, y0 + float(L) * pitch + kStripGap};
+                            : Point{x0 - kStripAxis, y0 + float(L) * pitch + kStripGap};
     bottom = std::max(bottom, summary_strip(f, trace, run, step, strip, layout.strip_cell,
                                             layout.strip_beside, options, theme));
   }

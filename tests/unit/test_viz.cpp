@@ -169,8 +169,8 @@ TEST_CASE("the heads view shows every head's map and describes cells on hover", 
   options.runs = {1};
   options.quantity = HeadQuantity::Logits;
   const View grid = build_view(trace, ViewKind::Heads, options);
-  // 4 heads, the legend's colour bar and hidden swatch, the 3 per-head summaries
-  CHECK(count_items<ImageItem>(grid.figure) == 4 + 2 + 3);
+  // 4 heads, the legend's colour bars (maps, summaries) and hidden swatch, the 3 summaries
+  CHECK(count_items<ImageItem>(grid.figure) == 4 + 3 + 3);
   CHECK(grid.data.rows.size() == 4 * 5);  // each head's row at step 4
   const HoverGrid* head3 = nullptr;
   for (const HoverGrid& g : grid.figure.hover)

@@ -186,8 +186,8 @@ TEST_CASE("layer and head labels are readable and never overlap", "[viz]") {
         (head ? head_rows[t->anchor.y] : layer_labels).push_back(t);
       }
       REQUIRE_FALSE(layer_labels.empty());
-      // Thinned: fewer labels than layers, and the first panel's do not touch each other.
-      CHECK(layer_labels.size() < 16 * 4);
+      // Thinned where maps are small (four panels of 16 x 16 in 970 units); never touching.
+      if (width < 1000) CHECK(layer_labels.size() < 16 * 4);
       std::sort(layer_labels.begin(), layer_labels.end(), [](auto* a, auto* b) {
         return a->anchor.x != b->anchor.x ? a->anchor.x < b->anchor.x : a->anchor.y < b->anchor.y;
       });
@@ -257,9 +257,11 @@ TEST_CASE("the heads grid has a legend and a clickable per-head summary strip", 
   CHECK(has_text(view.figure, "probability (log scale)"));
   CHECK(has_text(view.figure, "1e-4"));
   CHECK(has_text(view.figure, "hidden by the policy"));
-  CHECK(has_text(view.figure, "recall vs dense"));
-  CHECK(has_text(view.figure, "top-50% hit rate"));
-  CHECK(has_text(view.figure, "effective sparsity"));
+  // (2 x 2 heads: the summaries are narrow, so their titles are short; the tooltip says all)
+  CHECK(has_text(view.figure, "recall"));
+  CHECK(has_text(view.figure, "hit rate"));
+  CHECK(has_text(view.figure, "sparsity"));
+  CHECK(has_text(view.figure, "per-head summaries"));
   // The swatch and the maps' hidden cells look alike.
   bool swatch = false;
   for (const Item& item : view.figure.items) {
@@ -365,7 +367,8 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
     INFO("dark " << theme->dark);
     for (int64_t run = 0; run < int64_t(trace.runs.size()); ++run) {
       INFO(trace.runs[size_t(run)].policy);
-      CHECK(contrast_ratio(run_color(trace, run, *theme), theme->background) >= 3.0);
+      CHECK(contrast_ratio(run_color(trace, run, *theme), theme->background) >=
+            (theme->dark ? 4.5 : 3.0));
       CHECK(run_color(trace, run, *theme) == run_color(trace, run, *theme));
     }
     // The same policy keeps its colour at any position.
