@@ -187,9 +187,10 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
   const float legend_bottom = legend_row(f, top + 6, scale, options, theme, false);
   const int64_t n = int64_t(maps.size());
   const int64_t columns = step + 1;
-  // Labels keep about 11 device pixels however far the view is zoomed in: zoomed in, the same
-  // canvas holds more of them.
-  const float zoom = std::max(1.0f, options.pixel_scale);
+  // Labels keep 11 to 22 device pixels however far the view is zoomed in, so that zoomed in the
+  // same canvas holds more of them. (The app rounds pixel_scale up to a power of two p: the zoom
+  // is in (p / 2, p], so 22 / p units are 11 to 22 pixels; at p <= 1, 11 units.)
+  const float zoom = options.pixel_scale >= 2.0f ? options.pixel_scale / 2.0f : 1.0f;
   const float label_size = kLabelSize / zoom;
   auto label_of = [&](int64_t j) {
     return j < int64_t(trace.tokens.size()) ? token_label(trace.tokens[size_t(j)].text, 10)
@@ -471,8 +472,11 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
         const HeadMatrix& m = *shared;
         missing += m.missing_rows;
         const Box box{x0 + float(h) * pitch, y0 + float(l) * pitch, cell, cell};
-        f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, colors, theme, m.rows,
-                      hatch_scale_for(m.cols, screen_cell)));
+        // (at most 2 x max_map_pixels a side: a zoomed-in grid of many maps stays cheap to
+        // colour and upload; the hatch then spans a few cells instead of a few pixels)
+        const int64_t hatch = std::min(hatch_scale_for(m.cols, screen_cell),
+                                       std::max<int64_t>(1, 2 * options.max_map_pixels / m.cols));
+        f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, colors, theme, m.rows, hatch));
         for (const int64_t j : options.highlight_tokens)
           highlight_column(f, box, m, j, step, theme);
         const bool selected = l == options.layer && h == options.head;

@@ -318,7 +318,8 @@ TEST_CASE("the detail view labels rows with query tokens, columns as the zoom al
   options.pixel_scale = 4.0f;
   const View at_400 = build_view(trace, ViewKind::Heads, options);
   CHECK(labels(at_400, true).size() == 96);
-  CHECK(labels(at_400, true)[0]->size * 4.0f == Approx(11.0f));
+  // (22 / 4 units: 11 to 22 device pixels at any zoom the app rounds up to 4, in (2, 4])
+  CHECK(labels(at_400, true)[0]->size == Approx(5.5f));
   // Not cut off: the figure reaches below the longest rotated label.
   const HoverGrid& map_400 = *maps_of(at_400.figure)[0];
   float longest = 0;
@@ -394,4 +395,25 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
   CHECK(std::abs(std::atan2(a.b, a.a) - std::atan2(b.b, b.a)) < 0.15);
   CHECK(legible_on(yellow, dark_theme().background) == yellow);
   CHECK(contrast_ratio({0, 0, 0, 255}, {255, 255, 255, 255}) == Approx(21.0));
+}
+
+TEST_CASE("zoomed in, grid maps repeat cells for the hatch only up to twice the level of detail",
+          "[viz]") {
+  const Trace trace = grid_trace(1, 1, 100, {"h2o"});
+  ViewOptions options;
+  options.width = 1000;
+  auto map_width = [&](const View& view) {
+    for (const Item& item : view.figure.items) {
+      const auto* image = std::get_if<ImageItem>(&item);
+      if (image && image->box.w == image->box.h && image->box.w > 30) return image->width;
+    }
+    return 0;
+  };
+  // 120-unit maps at 8 device pixels a unit: 960 pixels for 100 cells would ask for 6 x 6
+  // pixels a cell; twice max_map_pixels (128) allows 2.
+  options.pixel_scale = 8.0f;
+  CHECK(map_width(build_view(trace, ViewKind::Heads, options)) == 200);
+  // At 100% each cell is one pixel (120 pixels for 100 cells).
+  options.pixel_scale = 1.0f;
+  CHECK(map_width(build_view(trace, ViewKind::Heads, options)) == 100);
 }
