@@ -214,6 +214,12 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
     return std::find(options.highlight_tokens.begin(), options.highlight_tokens.end(), j) !=
            options.highlight_tokens.end();
   };
+  // A regular label gives way to a searched token's within `every` of it (they would collide).
+  auto near_searched = [&](int64_t j) {
+    for (const int64_t p : options.highlight_tokens)
+      if (p != j && std::abs(p - j) < every) return true;
+    return false;
+  };
   for (int64_t i = 0; i < n; ++i) {
     const MapPointer& shared = maps[size_t(i)];
     const HeadMatrix& m = *shared;
@@ -241,7 +247,7 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
     // Key tokens under the map, reading upwards, every `every`-th (and each searched token).
     for (int64_t j = 0; j < columns; ++j) {
       const bool searched = emphasised(j);
-      if (j % every != 0 && !searched) continue;
+      if (!searched && (j % every != 0 || near_searched(j))) continue;
       TextItem label;
       label.anchor = {box.x + (float(j) + 0.5f) * cell, box.bottom() + 4};
       label.text = label_of(j);
@@ -259,9 +265,9 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
     // Query tokens left of the map (every panel: panels side by side keep room for them).
     {
       for (int64_t t = 0; t <= step; ++t) {
-        const bool current = t == step;
-        if (t % every != 0 && !current && !emphasised(t)) continue;
-        if (!current && t % every == 0 && step - t < every && step - t > 0) continue;
+        const bool current = t == step, searched = emphasised(t);
+        if (!current && !searched && (t % every != 0 || near_searched(t) || step - t < every))
+          continue;
         f.text({box.x - 5, box.y + (float(t) + 0.5f) * cell}, label_of(t), label_size,
                current ? theme.accent : theme.foreground, HAlign::Right, VAlign::Middle,
                current || emphasised(t));

@@ -315,6 +315,18 @@ TEST_CASE("the detail view labels rows with query tokens, columns as the zoom al
   CHECK(cols.size() >= 96 / 16);
   for (size_t i = 1; i < cols.size(); ++i)
     CHECK((cols[i]->anchor.x - cols[i - 1]->anchor.x) * options.pixel_scale >= 11.0f);
+  // A searched token is labelled wherever it is; the regular labels beside it give way.
+  options.highlight_tokens = {41, 90};
+  const View searched = build_view(trace, ViewKind::Heads, options);
+  for (const bool rotated : {true, false}) {
+    std::vector<float> at;
+    for (const TextItem* t : labels(searched, rotated))
+      at.push_back(rotated ? t->anchor.x : t->anchor.y);
+    std::sort(at.begin(), at.end());
+    for (size_t i = 1; i < at.size(); ++i) CHECK(at[i] - at[i - 1] >= 11.0f);
+  }
+  CHECK(has_text(searched.figure, "tok41"));
+  options.highlight_tokens.clear();
   options.pixel_scale = 4.0f;
   const View at_400 = build_view(trace, ViewKind::Heads, options);
   CHECK(labels(at_400, true).size() == 96);
