@@ -269,8 +269,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
         if (!current && !searched && (t % every != 0 || near_searched(t) || step - t < every))
           continue;
         f.text({box.x - 5, box.y + (float(t) + 0.5f) * cell}, label_of(t), label_size,
-               current ? theme.accent : theme.foreground, HAlign::Right, VAlign::Middle,
-               current || emphasised(t));
+               current || searched ? theme.accent : theme.foreground, HAlign::Right, VAlign::Middle,
+               current || searched);
       }
     }
     const std::string where = run_title(trace, run) + ", L" + std::to_string(options.layer) + " H" +
