@@ -127,8 +127,6 @@ float legend_row(Figure& f, float y, const ValueScale& scale, const ViewOptions&
     at = place(30 + text_width(selected, kLabelSize));
     f.rect({at, y - 1, 24, 12}, {0, 0, 0, 0}, theme.accent, 2.0f);
     f.text({at + 30, y + 5}, selected, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
-  }
-  if (grid) {
     // The summaries' scale (every summary is a share in [0, 1], linear).
     const std::string summaries = "per-head summaries";
     const float width = text_width(summaries, kLabelSize) + 6 + 4 + 56 + 4 + text_width("1", 10) +
@@ -184,7 +182,7 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
         head_matrix(trace, run, options.layer, options.head, options.quantity, step)));
   }
   const ValueScale scale = scale_for(options, maps);
-  const float legend_bottom = legend_row(f, top + 6, scale, options, theme, false);
+  const float legend_end = legend_row(f, top + 6, scale, options, theme, false);
   const int64_t n = int64_t(maps.size());
   const int64_t columns = step + 1;
   // Labels keep 11 to 22 device pixels however far the view is zoomed in, so that zoomed in the
@@ -202,8 +200,10 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
   const float left = 16 + longest + 8, gap = 28, title_h = 22;
   const float below = longest + 10;
   const float panel = (options.width - left - 16 - gap * float(n - 1)) / float(n);
-  float side = std::min(panel - (n > 1 ? longest + 8 : 0.0f), 1400.0f);
-  const float y0 = legend_bottom + title_h;
+  // (without a height to fill, as large as the view always was: exports keep their size)
+  float side =
+      std::min(panel - (n > 1 ? longest + 8 : 0.0f), options.height > 0 ? 1400.0f : 720.0f);
+  const float y0 = legend_end + title_h;
   if (options.height > 0) side = std::min(side, options.height - y0 - below - 12);
   side = std::max(side, 40.0f);
   const float cell = side / float(columns);
