@@ -1,7 +1,8 @@
 // What the app's views and `kvlens-cli figure` read from a Trace, computed here (views never
 // compute): a head's steps x tokens matrix of logits, probabilities or scores with its visible
-// set, the cross-head consensus matrix at a step, a head's predicted-vs-true agreement, and the
-// per-token retention counts. Matrices are row-major [rows][cols]; NaN marks "no value" (a token
+// set, the cross-head consensus matrix at a step, a head's predicted-vs-true agreement, every
+// head's summary (recall of dense mass, hit rate, sparsity) and the per-token retention counts.
+// Matrices are row-major [rows][cols]; NaN marks "no value" (a token
 // after the step, a row the trace did not keep, -inf outside a sliding window).
 #pragma once
 
