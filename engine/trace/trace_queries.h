@@ -2,8 +2,8 @@
 // compute): a head's steps x tokens matrix of logits, probabilities or scores with its visible
 // set, the cross-head consensus matrix at a step, a head's predicted-vs-true agreement, every
 // head's summary (recall of dense mass, hit rate, sparsity) and the per-token retention counts.
-// Matrices are row-major [rows][cols]; NaN marks "no value" (a token
-// after the step, a row the trace did not keep, -inf outside a sliding window).
+// Matrices are row-major [rows][cols]; NaN marks "no value" (a token after the step, a row the
+// trace did not keep, -inf outside a sliding window).
 #pragma once
 
 #include <cstdint>
