@@ -42,7 +42,9 @@ OkLab lerp(OkLab x, OkLab y, double t) {
 
 // The paths' end points, chosen inside the sRGB gamut (the tests check every entry) with as much
 // chroma as the gamut allows at those lightnesses.
-constexpr OkLab kSequentialLow{0.27, 0.005, -0.125};   // dark blue
+// (The low end is lifted above the dark theme's background, L 0.18, so that near-zero attention
+// stays distinct from "no value" there.)
+constexpr OkLab kSequentialLow{0.32, 0.005, -0.125};   // dark blue
 constexpr OkLab kSequentialHigh{0.93, -0.035, 0.155};  // light yellow
 constexpr OkLab kDivergingLow{0.47, -0.03, -0.15};     // blue
 constexpr OkLab kDivergingMid{0.96, 0.0, 0.0};         // near white
@@ -118,6 +120,33 @@ Color run_color(int64_t index) {
                                                    {0, 0, 0, 255}}};
   const int64_t n = int64_t(kOkabeIto.size());
   return kOkabeIto[size_t(((index % n) + n) % n)];
+}
+
+double contrast_ratio(Color x, Color y) {
+  auto luminance = [](Color c) {
+    const Linear l = linear_of(c);
+    return 0.2126 * l.r + 0.7152 * l.g + 0.0722 * l.b;
+  };
+  const double a = luminance(x), b = luminance(y);
+  return (std::max(a, b) + 0.05) / (std::min(a, b) + 0.05);
+}
+
+Color legible_on(Color color, Color background, double min_contrast) {
+  const OkLab start = to_oklab(color);
+  const double direction = to_oklab(background).L > 0.5 ? -1.0 : 1.0;
+  OkLab lab = start;
+  Color out = color;
+  // Steps of 0.005 in lightness (a quarter of a just-noticeable difference): the first colour
+  // that reaches the contrast, as close to the palette's as it can be.
+  for (int i = 0; i < 200 && contrast_ratio(out, background) < min_contrast; ++i) {
+    lab.L = std::clamp(lab.L + direction * 0.005, 0.0, 1.0);
+    bool clipped = true;
+    for (double chroma = 1.0; clipped && chroma > 0.0; chroma -= 0.05) {
+      out = from_oklab({lab.L, start.a * chroma, start.b * chroma}, &clipped);
+    }
+  }
+  out.a = color.a;
+  return out;
 }
 
 Color simulate_dichromacy(Color color, Dichromacy kind) {

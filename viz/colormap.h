@@ -50,7 +50,16 @@ const Colormap& sequential_colormap();
 const Colormap& diverging_colormap();
 
 // Okabe-Ito: orange, sky blue, bluish green, yellow, blue, vermillion, reddish purple, black.
+// (A position's colour: views colour a run by its policy, viz::run_color(trace, run, theme).)
 Color run_color(int64_t index);
+
+// WCAG 2 contrast ratio of two colours' relative luminances, in [1, 21] (3 is the minimum for
+// large text and graphics, 4.5 for body text).
+double contrast_ratio(Color x, Color y);
+// `color` with its OKLab lightness moved away from `background`'s (darker on a light background,
+// lighter on a dark one), hue kept and chroma reduced only where the gamut requires, until the
+// contrast ratio reaches min_contrast: a palette colour legible as text and lines on either theme.
+Color legible_on(Color color, Color background, double min_contrast = 3.0);
 
 // Colour as a red-green dichromat sees it (Vienot, Brettel and Mollon 1999, in linear sRGB): the
 // two most common colour-vision deficiencies, for checking the maps and palettes.

@@ -26,12 +26,13 @@ const Theme& light_theme() {
 }
 
 const Theme& dark_theme() {
-  static const Theme theme{.background = {24, 25, 30, 255},
+  // (A near-black background: the sequential map's darkest blue, L 0.32, stays distinct on it.)
+  static const Theme theme{.background = {17, 18, 22, 255},
                            .foreground = {228, 228, 232, 255},
                            .muted = {150, 150, 160, 255},
                            .grid = {70, 72, 82, 255},
                            .accent = {213, 94, 0, 255},  // Okabe-Ito vermillion: no run's colour
-                           .dimmed = {24, 25, 30, 255},
+                           .dimmed = {17, 18, 22, 255},
                            .dark = true};
   return theme;
 }

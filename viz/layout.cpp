@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 namespace kvlens::viz {
 
@@ -43,26 +44,42 @@ Color ValueColors::operator()(double value) const {
   return map_->table()[k];
 }
 
+HiddenStyle hidden_style(const Theme& theme) {
+  // OKLab: a (red-green) well off the map's near-zero a, lightness away from the background.
+  if (theme.dark) return {from_oklab({0.40, 0.05, -0.005}), from_oklab({0.52, 0.07, -0.01})};
+  return {from_oklab({0.80, 0.05, -0.005}), from_oklab({0.66, 0.07, -0.01})};
+}
+
+int64_t hatch_scale_for(int64_t pixels, float screen) {
+  if (pixels <= 0 || !(screen > 0)) return 1;
+  return std::clamp<int64_t>(std::lround(screen / float(pixels) / 1.5f), 1, 8);
+}
+
 ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
                   int64_t rows, int64_t cols, const ValueScale& scale, const Colormap& map,
-                  const Theme& theme, int64_t max_pixels) {
-  return heatmap(box, values, visible, rows, cols, ValueColors(scale, map), theme, max_pixels);
+                  const Theme& theme, int64_t max_pixels, int64_t hatch_scale) {
+  return heatmap(box, values, visible, rows, cols, ValueColors(scale, map), theme, max_pixels,
+                 hatch_scale);
 }
 
 ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
                   int64_t rows, int64_t cols, const ValueColors& color_of, const Theme& theme,
-                  int64_t max_pixels) {
+                  int64_t max_pixels, int64_t hatch_scale) {
   ImageItem image;
   image.box = box;
   const int64_t block_rows = std::max<int64_t>(1, (rows + max_pixels - 1) / max_pixels);
   const int64_t block_cols = std::max<int64_t>(1, (cols + max_pixels - 1) / max_pixels);
-  image.height = int32_t((rows + block_rows - 1) / block_rows);
-  image.width = int32_t((cols + block_cols - 1) / block_cols);
+  const int64_t k = std::max<int64_t>(1, hatch_scale);
+  const int64_t pooled_h = (rows + block_rows - 1) / block_rows;
+  const int64_t pooled_w = (cols + block_cols - 1) / block_cols;
+  image.height = int32_t(pooled_h * k);
+  image.width = int32_t(pooled_w * k);
   image.pixels.assign(size_t(image.width) * size_t(image.height), Color{0, 0, 0, 0});
-  for (int64_t py = 0; py < image.height; ++py) {
-    for (int64_t px = 0; px < image.width; ++px) {
+  const HiddenStyle hidden = hidden_style(theme);
+  for (int64_t py = 0; py < pooled_h; ++py) {
+    for (int64_t px = 0; px < pooled_w; ++px) {
       double best = -std::numeric_limits<double>::infinity();
-      int64_t seen = 0, hidden = 0;
+      int64_t seen = 0, unseen = 0;
       for (int64_t r = py * block_rows; r < std::min(rows, (py + 1) * block_rows); ++r) {
         for (int64_t c = px * block_cols; c < std::min(cols, (px + 1) * block_cols); ++c) {
           const size_t at = size_t(r * cols + c);
@@ -70,17 +87,42 @@ ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<u
           best = std::max(best, double(values[at]));
           const uint8_t v = visible ? (*visible)[at] : 1;
           seen += v == 1;
-          hidden += v == 0;
+          unseen += v == 0;
         }
       }
       if (!std::isfinite(best)) continue;
-      Color color = color_of(best);
       // A block counts as hidden only when none of its cells was seen.
-      if (hidden > 0 && seen == 0) color = mix(color, theme.dimmed, 0.72);
-      image.pixels[size_t(py * image.width + px)] = color;
+      const bool is_hidden = unseen > 0 && seen == 0;
+      const Color color = color_of(best);
+      for (int64_t y = py * k; y < (py + 1) * k; ++y) {
+        Color* out = image.pixels.data() + y * image.width;
+        for (int64_t x = px * k; x < (px + 1) * k; ++x) {
+          // Stripes run along x + y of the whole image: continuous across neighbouring cells.
+          out[x] = !is_hidden                                  ? color
+                   : (x + y) % kHatchPeriod < kHatchPeriod / 2 ? hidden.stripe
+                                                               : hidden.fill;
+        }
+      }
     }
   }
   return image;
+}
+
+void hidden_swatch(Figure& figure, Box box, const std::string& label, const Theme& theme) {
+  const HiddenStyle hidden = hidden_style(theme);
+  ImageItem swatch;
+  swatch.box = box;
+  // About 1.5 canvas units a pixel: the stripes look as they do on a map at 100%.
+  swatch.width = int32_t(std::max(4.0f, std::round(box.w / 1.5f)));
+  swatch.height = int32_t(std::max(4.0f, std::round(box.h / 1.5f)));
+  for (int32_t y = 0; y < swatch.height; ++y)
+    for (int32_t x = 0; x < swatch.width; ++x)
+      swatch.pixels.push_back((x + y) % kHatchPeriod < kHatchPeriod / 2 ? hidden.stripe
+                                                                        : hidden.fill);
+  figure.add(std::move(swatch));
+  figure.rect(box, {0, 0, 0, 0}, theme.grid);
+  figure.text({box.right() + 6, box.y + box.h / 2}, label, 11, theme.foreground, HAlign::Left,
+              VAlign::Middle);
 }
 
 std::vector<double> nice_ticks(double lo, double hi, int count) {
@@ -175,6 +217,47 @@ void colorbar(Figure& figure, Box box, const Colormap& map, const ValueScale& sc
     }
     figure.text({box.right() + 7, y}, text, 10, theme.foreground, HAlign::Left, VAlign::Middle);
   }
+}
+
+namespace {
+
+// The tick values of a colour bar and their labels ("1e-3" on a log scale).
+std::vector<std::pair<double, std::string>> bar_ticks(const ValueScale& scale) {
+  std::vector<std::pair<double, std::string>> ticks;
+  if (scale.log) {
+    for (double p = std::ceil(std::log10(scale.lo)); p <= std::log10(scale.hi) + 1e-9; p += 1.0) {
+      const double v = std::pow(10.0, p);
+      ticks.emplace_back(v, v == 1.0 ? "1" : "1e" + std::to_string(int(std::lround(p))));
+    }
+  } else {
+    for (const double v : nice_ticks(scale.lo, scale.hi, 5)) ticks.emplace_back(v, format_value(v));
+  }
+  return ticks;
+}
+
+}  // namespace
+
+float colorbar_row(Figure& figure, Box box, const Colormap& map, const ValueScale& scale,
+                   const std::string& label, const Theme& theme) {
+  figure.text({box.x, box.y + box.h / 2}, label, 11, theme.foreground, HAlign::Left,
+              VAlign::Middle);
+  Box bar_box = box;
+  bar_box.x += text_width(label, 11) + 8;
+  ImageItem bar;
+  bar.box = bar_box;
+  bar.width = int32_t(map.table().size());
+  bar.height = 1;
+  bar.pixels.assign(map.table().begin(), map.table().end());
+  figure.add(std::move(bar));
+  figure.rect(bar_box, {0, 0, 0, 0}, theme.grid);
+  float right = bar_box.right();
+  for (const auto& [v, text] : bar_ticks(scale)) {
+    const float x = bar_box.x + float(scale.normalise(v)) * bar_box.w;
+    figure.line({x, bar_box.bottom()}, {x, bar_box.bottom() + 3}, theme.foreground);
+    figure.text({x, bar_box.bottom() + 4}, text, 10, theme.foreground, HAlign::Center, VAlign::Top);
+    right = std::max(right, x + text_width(text, 10) / 2);
+  }
+  return right + 18;
 }
 
 void inline_colorbar(Figure& figure, Point right_baseline, double lo, double hi,

@@ -36,20 +36,44 @@ class ValueColors {
   std::vector<double> boundaries_;  // log scale: entry k from boundaries_[k - 1] on
 };
 
+// How a cell hidden by the policy looks: diagonal stripes of two greyish pinks, a hue the
+// sequential map never takes, with the stripes' texture as a second cue for dichromats (to whom
+// the hue may read as grey). Lighter than the dark theme's background, darker than the light's.
+struct HiddenStyle {
+  Color fill, stripe;
+};
+HiddenStyle hidden_style(const Theme& theme);
+// The stripe period in image pixels (a stripe is half of it, 45 degrees).
+inline constexpr int64_t kHatchPeriod = 4;
+
 // A rows x cols matrix as an image of at most max_pixels x max_pixels: blocks of cells become one
 // pixel holding the block's largest value (peaks stay visible when zoomed out). Cells with
-// visible == 0 (when given) are dimmed toward theme.dimmed; visible == 2 or NaN values are
-// transparent. The image fills `box`.
+// visible == 0 (when given; a block when none of its cells was seen) are hatched in
+// hidden_style(theme) instead of coloured, so that they never read as a value; visible == 2 or
+// NaN values are transparent. Each pixel is repeated hatch_scale x hatch_scale times so that the
+// stripes stay a few screen pixels wide where a cell covers many (1: one image pixel per block).
+// The image fills `box`.
 ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
                   int64_t rows, int64_t cols, const ValueColors& colors, const Theme& theme,
-                  int64_t max_pixels);
+                  int64_t max_pixels, int64_t hatch_scale = 1);
 ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
                   int64_t rows, int64_t cols, const ValueScale& scale, const Colormap& map,
-                  const Theme& theme, int64_t max_pixels);
+                  const Theme& theme, int64_t max_pixels, int64_t hatch_scale = 1);
+// The hatch_scale that makes each of `pixels` image pixels spread over `screen` device pixels
+// about 1.5 screen pixels (a stripe 3 px wide): 1 where the image is as dense as the screen.
+int64_t hatch_scale_for(int64_t pixels, float screen);
+
+// A hatched swatch (the hidden style) in `box` with `label` to its right, for legends.
+void hidden_swatch(Figure& figure, Box box, const std::string& label, const Theme& theme);
 
 // A vertical colour bar in `box` with tick labels to its right and `label` above.
 void colorbar(Figure& figure, Box box, const Colormap& map, const ValueScale& scale,
               const std::string& label, const Theme& theme);
+
+// A legend's horizontal colour bar: `label` (11 units) left of a bar of `box`, tick labels (10
+// units) under it; returns the x where the next legend entry may start.
+float colorbar_row(Figure& figure, Box box, const Colormap& map, const ValueScale& scale,
+                   const std::string& label, const Theme& theme);
 
 // A small horizontal colour bar with its end values, in one line of 10-unit text ending at
 // `right_baseline` (the right end of the line, on its baseline): "lo [bar] hi".

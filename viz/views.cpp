@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 
 #include "engine/common/comma_list.h"
 #include "engine/common/error.h"
@@ -228,13 +229,33 @@ Color run_color(const Trace& trace, int64_t run, const Theme& theme) {
   return policy_color(trace.runs[size_t(run)].policy, theme);
 }
 
-Color policy_color(const std::string& id, const Theme&) {
-  // The policy's place in the registry (stable within a build); a policy this build does not
-  // know (a saved trace's, a plug-in not loaded) by a hash of its id.
-  const auto& infos = policy_infos();
-  for (size_t i = 0; i < infos.size(); ++i)
-    if (infos[i].id == id) return run_color(int64_t(i));
-  return run_color(int64_t(std::hash<std::string>{}(id) % 8));
+Color policy_color(const std::string& id, const Theme& theme) {
+  // One colour per built-in policy, the usual comparison (dense, tokenbutler, h2o, quest) on the
+  // four Okabe-Ito colours dichromats tell apart best; dense, the reference, neutral. Okabe-Ito's
+  // vermillion is left out: it is the themes' accent (selection, current step).
+  static const std::pair<const char*, Color> kPolicyColors[] = {
+      {"dense", {40, 40, 46, 255}},     {"tokenbutler", {0, 114, 178, 255}},
+      {"h2o", {230, 159, 0, 255}},      {"quest", {0, 158, 115, 255}},
+      {"snapkv", {204, 121, 167, 255}}, {"streaming", {86, 180, 233, 255}},
+      {"oracle", {240, 228, 66, 255}},  {"random", {150, 120, 96, 255}},
+      {"keydiff", {120, 94, 200, 255}}, {"tokenfilter", {60, 130, 60, 255}},
+      {"lazyllm", {170, 60, 110, 255}},
+  };
+  Color base{};
+  bool found = false;
+  for (const auto& [policy, color] : kPolicyColors)
+    if (id == policy) base = color, found = true;
+  // A policy this build has no colour for (a plug-in's) by a hash of its id: the same in every
+  // view and session.
+  if (!found) base = kPolicyColors[1 + std::hash<std::string>{}(id) % 10].second;
+  // The reference reads as the theme's text does: near black, or light grey on the dark theme
+  // (a mid grey there would pass for quest's green to a deuteranope).
+  if (is_reference_policy(id) && theme.dark) base = {205, 205, 212, 255};
+  // Dark enough on the light background, light enough on the dark one (Okabe-Ito's yellow and
+  // orange are unreadable on white). On white the contrast stops at 3 (WCAG's for graphics and
+  // large text; the run titles are 13-unit bold): darker, h2o's orange would turn into the accent's
+  // vermillion for protanopes. On the dark theme lighter costs nothing, so body text's 4.5.
+  return legible_on(base, theme.background, theme.dark ? 4.5 : 3.0);
 }
 
 bool run_predicts_logits(const Trace& trace, int64_t run) {

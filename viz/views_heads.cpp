@@ -1,10 +1,14 @@
 // The heads view: a grid of per-(layer, head) attention maps (rows: steps, columns: tokens) per
-// run, hidden tokens dimmed; or one head in detail with token labels and its visible set at the
-// current step outlined. Data: every shown head's row at the current step.
+// run, sized to fill the view area, hidden tokens hatched, with a legend and a per-head summary
+// strip (recall against dense, top-50% hit rate, effective sparsity: [layers][heads] heatmaps);
+// or one head in detail with query and key token labels whose density follows the zoom. Data:
+// every shown head's row at the current step.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "viz/layout.h"
 #include "viz/views.h"
@@ -82,6 +86,85 @@ void add_rows(DataTable& data, const Trace& trace, int64_t run, int64_t layer, i
   }
 }
 
+constexpr float kLabelSize = 11.0f;  // layer, head and token labels: readable at 100%
+
+// The smallest power of two k with k * pitch >= needed: every k-th label of a row of labels
+// `pitch` apart keeps `needed` units for itself.
+int64_t label_every(float pitch, float needed) {
+  int64_t k = 1;
+  while (float(k) * pitch < needed && k < (int64_t(1) << 20)) k *= 2;
+  return k;
+}
+
+std::string quantity_title(const ViewOptions& options) {
+  return std::string(quantity_name(options.quantity)) +
+         (options.log_scale && options.quantity == HeadQuantity::Probabilities ? " (log scale)"
+                                                                               : "");
+}
+
+// The legend under the title: the colour bar with its quantity and scale, how hidden cells look,
+// and the marks the maps may carry, wrapped onto more lines where the width runs out. Returns the
+// y below it.
+float legend_row(Figure& f, float y, const ValueScale& scale, const ViewOptions& options,
+                 const Theme& theme, bool grid) {
+  float x = colorbar_row(f, {16, y, 160, 10}, sequential_colormap(), scale, quantity_title(options),
+                         theme);
+  // An entry of `width` units: on this line when it fits, else at the start of the next.
+  auto place = [&](float width) {
+    if (x + width > options.width - 16 && x > 16) x = 16, y += 30;
+    const float at = x;
+    x += width + 18;
+    return at;
+  };
+  const std::string hidden = "hidden by the policy", blank = "no value", selected = "selected head",
+                    searched = "searched token";
+  float at = place(30 + text_width(hidden, kLabelSize));
+  hidden_swatch(f, {at, y - 1, 24, 12}, hidden, theme);
+  at = place(30 + text_width(blank, kLabelSize));
+  f.rect({at, y - 1, 24, 12}, {0, 0, 0, 0}, theme.grid);
+  f.text({at + 30, y + 5}, blank, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
+  if (grid) {
+    at = place(30 + text_width(selected, kLabelSize));
+    f.rect({at, y - 1, 24, 12}, {0, 0, 0, 0}, theme.accent, 2.0f);
+    f.text({at + 30, y + 5}, selected, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
+    // The summaries' scale (every summary is a share in [0, 1], linear).
+    const std::string summaries = "per-head summaries";
+    const float width = text_width(summaries, kLabelSize) + 6 + 4 + 56 + 4 + text_width("1", 10) +
+                        text_width("0", 10);
+    at = place(width);
+    f.text({at, y + 5}, summaries, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
+    inline_colorbar(f, {at + width, y + 9}, 0.0, 1.0, sequential_colormap(), theme);
+  }
+  if (!options.highlight_tokens.empty()) {
+    at = place(30 + text_width(searched, kLabelSize));
+    f.rect({at + 8, y - 1, 8, 12}, {theme.accent.r, theme.accent.g, theme.accent.b, 90},
+           theme.accent);
+    f.text({at + 30, y + 5}, searched, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
+  }
+  return y + 30;
+}
+
+// The y below the legend, before the maps (and so the scale's exact ticks) are known: the
+// entries' widths do not depend on the ticks beyond a few units.
+float legend_bottom(float y, const ViewOptions& options, const Theme& theme, bool grid) {
+  Figure scratch;
+  return legend_row(scratch, y, scale_for(options, {}), options, theme, grid);
+}
+
+// An accent tint and outline over token j's column of a map in `box` (rows and columns of
+// m.block tokens from the map's top left): the values stay visible under it.
+void highlight_column(Figure& f, Box box, const HeadMatrix& m, int64_t j, int64_t last_step,
+                      const Theme& theme) {
+  if (j < 0 || j > last_step || m.cols == 0) return;
+  const float cw = box.w / float(m.cols), ch = box.h / float(m.rows);
+  const int64_t c = j / m.block;
+  const float w = std::max(cw, 1.5f);
+  const Box column{box.x + float(c) * cw + (cw - w) / 2, box.y + float(c) * ch, w,
+                   box.h - float(c) * ch};
+  const Color tint{theme.accent.r, theme.accent.g, theme.accent.b, 70};
+  f.rect(column, tint, cw >= 4.0f ? theme.accent : Color{0, 0, 0, 0}, 1.0f);
+}
+
 View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
   const Theme& theme = theme_of(options);
   View view = empty_view(options);
@@ -90,12 +173,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
       f,
       "Layer " + std::to_string(options.layer) + ", head " + std::to_string(options.head) +
           " at step " + std::to_string(step),
-      std::string(quantity_name(options.quantity)) +
-          (options.log_scale && options.quantity == HeadQuantity::Probabilities ? " (log scale)"
-                                                                                : "") +
-          "; rows are steps, columns tokens; hidden tokens dimmed, the visible set at this step "
-          "outlined" +
-          (trace.coref.present ? "; the answer's tokens labelled in bold" : ""),
+      "rows: the query token at each step; columns: key tokens; outlined: visible at this step" +
+          std::string(trace.coref.present ? "; bold: the answer" : ""),
       theme);
   std::vector<MapPointer> maps;
   for (const int64_t run : options.runs) {
@@ -103,23 +182,56 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
         head_matrix(trace, run, options.layer, options.head, options.quantity, step)));
   }
   const ValueScale scale = scale_for(options, maps);
+  const float legend_end = legend_row(f, top + 6, scale, options, theme, false);
   const int64_t n = int64_t(maps.size());
-  const float left = 56, gap = 28, bar = 90;
-  const float panel = (options.width - left - bar - gap * float(n - 1)) / float(n);
-  const float side = std::min(panel, 720.0f);
-  const float y0 = top + 24;
+  const int64_t columns = step + 1;
+  // Labels keep 11 to 22 device pixels however far the view is zoomed in, so that zoomed in the
+  // same canvas holds more of them. (The app rounds pixel_scale up to a power of two p: the zoom
+  // is in (p / 2, p], so 22 / p units are 11 to 22 pixels; at p <= 1, 11 units.)
+  const float zoom = options.pixel_scale >= 2.0f ? options.pixel_scale / 2.0f : 1.0f;
+  const float label_size = kLabelSize / zoom;
+  auto label_of = [&](int64_t j) {
+    return j < int64_t(trace.tokens.size()) ? token_label(trace.tokens[size_t(j)].text, 10)
+                                            : std::string("#") + std::to_string(j);
+  };
+  float longest = 0;  // the widest label: the room rows and columns keep for their text
+  for (int64_t j = 0; j < columns; ++j)
+    longest = std::max(longest, text_width(label_of(j), label_size));
+  const float left = 16 + longest + 8, gap = 28, title_h = 22;
+  const float below = longest + 10;
+  const float panel = (options.width - left - 16 - gap * float(n - 1)) / float(n);
+  // (without a height to fill, as large as the view always was: exports keep their size)
+  float side =
+      std::min(panel - (n > 1 ? longest + 8 : 0.0f), options.height > 0 ? 1400.0f : 720.0f);
+  const float y0 = legend_end + title_h;
+  if (options.height > 0) side = std::min(side, options.height - y0 - below - 12);
+  side = std::max(side, 40.0f);
+  const float cell = side / float(columns);
+  const int64_t every = label_every(cell, label_size * 1.25f);
+  const float screen_side = side * (options.pixel_scale > 0 ? options.pixel_scale : 1.0f);
   view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
+  auto emphasised = [&](int64_t j) {
+    return std::find(options.highlight_tokens.begin(), options.highlight_tokens.end(), j) !=
+           options.highlight_tokens.end();
+  };
+  // A regular label gives way to a searched token's within `every` of it (they would collide).
+  auto near_searched = [&](int64_t j) {
+    for (const int64_t p : options.highlight_tokens)
+      if (p != j && std::abs(p - j) < every) return true;
+    return false;
+  };
   for (int64_t i = 0; i < n; ++i) {
     const MapPointer& shared = maps[size_t(i)];
     const HeadMatrix& m = *shared;
     const int64_t run = options.runs[size_t(i)];
-    const Box box{left + float(i) * (panel + gap), y0, side, side};
-    f.text({box.x, box.y - 8}, run_title(trace, run), 13, run_color(i), HAlign::Left,
-           VAlign::Baseline, true);
+    const float x0 = left + float(i) * (panel + gap);
+    const Box box{x0, y0, side, side};
+    f.text({box.x, box.y - 8}, run_title(trace, run), 13, run_color(trace, run, theme),
+           HAlign::Left, VAlign::Baseline, true);
     f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, scale, sequential_colormap(), theme,
-                  1024));
+                  1024, hatch_scale_for(m.cols, screen_side)));
     f.rect(box, {0, 0, 0, 0}, theme.grid);
-    const float cell = side / float(m.cols);
+    for (const int64_t j : options.highlight_tokens) highlight_column(f, box, m, j, step, theme);
     // The current step's visible set: one outline per run of consecutive seen tokens.
     for (int64_t j = 0; j <= step;) {
       if (m.visible[size_t(step * m.cols + j)] != 1) {
@@ -132,29 +244,35 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
              {0, 0, 0, 0}, theme.accent, 1.5f);
       j = k;
     }
-    // Token labels under the map, as many as fit.
-    const int64_t every = std::max<int64_t>(1, int64_t(std::ceil(11.0f / cell)));
-    for (int64_t j = 0; j <= step && j < int64_t(trace.tokens.size()); j += every) {
+    // Key tokens under the map, reading upwards, every `every`-th (and each searched token).
+    for (int64_t j = 0; j < columns; ++j) {
+      const bool searched = emphasised(j);
+      if (!searched && (j % every != 0 || near_searched(j))) continue;
       TextItem label;
       label.anchor = {box.x + (float(j) + 0.5f) * cell, box.bottom() + 4};
-      label.text = token_label(trace.tokens[size_t(j)].text, 10);
-      label.size = std::min(10.0f, std::max(7.0f, cell * 0.9f));
+      label.text = label_of(j);
+      label.size = label_size;
       // The final mention's answer tokens of a co-reference sample stand out.
       const bool answer = trace.coref.present && j >= trace.coref.answer_token_begin &&
                           j < trace.coref.answer_token_end;
-      label.color = answer ? theme.accent : theme.foreground;
-      label.bold = answer;
+      label.color = searched || answer ? theme.accent : theme.foreground;
+      label.bold = searched || answer;
       label.h = HAlign::Right;
       label.v = VAlign::Middle;
       label.rotation = 90.0f;
       f.add(std::move(label));
     }
-    const std::vector<double> ticks = nice_ticks(0, double(step), 6);
-    for (const double t : ticks) {
-      const float y = box.y + (float(t) + 0.5f) * cell;
-      f.text({box.x - 6, y}, format_value(t), 10, theme.foreground, HAlign::Right, VAlign::Middle);
+    // Query tokens left of the map (every panel: panels side by side keep room for them).
+    {
+      for (int64_t t = 0; t <= step; ++t) {
+        const bool current = t == step, searched = emphasised(t);
+        if (!current && !searched && (t % every != 0 || near_searched(t) || step - t < every))
+          continue;
+        f.text({box.x - 5, box.y + (float(t) + 0.5f) * cell}, label_of(t), label_size,
+               current || searched ? theme.accent : theme.foreground, HAlign::Right, VAlign::Middle,
+               current || searched);
+      }
     }
-    f.text({box.x - 40, box.y - 8}, "step", 10, theme.muted);
     const std::string where = run_title(trace, run) + ", L" + std::to_string(options.layer) + " H" +
                               std::to_string(options.head);
     const HeadQuantity quantity = options.quantity;
@@ -167,10 +285,125 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
     if (options.with_data)
       add_rows(view.data, trace, run, options.layer, options.head, options.quantity, step);
   }
-  colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(side, 300.0f)},
-           sequential_colormap(), scale, quantity_name(options.quantity), theme);
-  f.height = y0 + side + 90;
+  f.height = y0 + side + below + 12;
   return view;
+}
+
+// Where the grid's parts go: map side and pitch, one run's panel width, the summary strip's
+// cell and whether it stands beside the maps (room to spare across) or under them.
+struct GridLayout {
+  float cell = 0, pitch = 0, panel = 0, strip_cell = 0;
+  bool strip_beside = false;
+};
+
+constexpr float kMapGap = 3, kPanelGap = 28, kLeft = 44, kStripAxis = 30, kStripGap = 16;
+constexpr float kStripTitle = 34;   // a summary map's title and head labels above its cells
+constexpr float kStripAcross = 12;  // between the summaries side by side (under the maps)
+constexpr float kStripTitleWidth = 120;
+
+// The summary maps' cell: as small as 3 units, as large as 12 across (under the grid: the maps
+// take the height) or 16 down (beside it, in width the maps leave), the three maps fitting
+// `room`: across, the panel's width from the maps' left edge (layer labels left of the first
+// only); down, the height.
+float strip_cell_for(float room, int64_t count, bool across) {
+  const float fixed = across ? 2 * kStripAcross : 3 * (kStripTitle + kStripGap);
+  return std::clamp(std::floor((room - fixed) / float(3 * count)), 3.0f, across ? 12.0f : 16.0f);
+}
+
+GridLayout grid_layout(const ViewOptions& options, float y0, int64_t L, int64_t H, int64_t n) {
+  const float panel = (options.width - kLeft - 16 - kPanelGap * float(n - 1)) / float(n);
+  const float height = options.height > 0 ? options.height - y0 - 16 : 0.0f;
+  auto fit = [&](float across, float down) {
+    float cell = std::floor(across / float(H)) - kMapGap;
+    if (height > 0)
+      cell = std::min(cell, std::floor(down / float(L)) - kMapGap);
+    else
+      cell = std::min(cell, 120.0f);
+    return std::max(cell, 6.0f);
+  };
+  // Under the maps: the strip takes height.
+  GridLayout under;
+  under.panel = panel;
+  under.strip_cell = strip_cell_for(panel, H, true);
+  under.cell = fit(panel, height - (kStripGap + kStripTitle + float(L) * under.strip_cell + 8));
+  under.pitch = under.cell + kMapGap;
+  if (height <= 0) return under;
+  // Beside the maps: the strip takes width.
+  GridLayout beside;
+  beside.panel = panel;
+  beside.strip_beside = true;
+  beside.strip_cell = strip_cell_for(height, L, false);
+  const float strip_w =
+      std::max(kStripAxis + float(H) * beside.strip_cell, kStripTitleWidth) + kStripGap;
+  beside.cell = fit(panel - strip_w, height);
+  beside.pitch = beside.cell + kMapGap;
+  return beside.cell > under.cell ? beside : under;
+}
+
+// One run's per-head summary: three [layers][heads] heatmaps with layer and head axes, each cell
+// a "head R:L:H" hover region (clicking selects the head). Returns the strip's bottom.
+float summary_strip(Figure& f, const Trace& trace, int64_t run, int64_t step, Point origin, float s,
+                    bool down, const ViewOptions& options, const Theme& theme) {
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  const auto summary = std::make_shared<HeadSummary>(head_summary(trace, run, step));
+  const std::vector<double>* metrics[3] = {&summary->recall, &summary->hit_rate,
+                                           &summary->sparsity};
+  const char* titles[3] = {"recall vs dense", "top-50% hit rate", "effective sparsity"};
+  const char* short_titles[3] = {"recall", "hit rate", "sparsity"};  // (narrow maps)
+  const int64_t every_layer = label_every(s, 12), every_head = label_every(s, 16);
+  const float map_w = float(H) * s, map_h = float(L) * s;
+  const std::string title = run_title(trace, run);
+  float bottom = origin.y;
+  for (int k = 0; k < 3; ++k) {
+    const float x =
+        down ? origin.x + kStripAxis : origin.x + kStripAxis + float(k) * (map_w + kStripAcross);
+    const float y = down ? origin.y + float(k) * (kStripTitle + map_h + kStripGap) : origin.y;
+    const Box box{x, y + kStripTitle, map_w, map_h};
+    // Down, a title may use the strip's width from its left; across, its own map's and the gap.
+    const float room = down ? std::max(kStripAxis + map_w, kStripTitleWidth) : map_w + kStripAcross;
+    const char* shown =
+        text_width(titles[k], kLabelSize) * 1.08f <= room ? titles[k] : short_titles[k];
+    f.text({down ? x - kStripAxis : x, y + 11}, shown, kLabelSize, theme.foreground, HAlign::Left,
+           VAlign::Baseline, true);
+    std::vector<float> values(metrics[k]->begin(), metrics[k]->end());
+    f.add(heatmap(box, values, nullptr, L, H, ValueScale{0.0, 1.0, false}, sequential_colormap(),
+                  theme, std::max(L, H)));
+    f.rect(box, {0, 0, 0, 0}, theme.grid);
+    for (int64_t h = 0; h < H; h += every_head)
+      f.text({box.x + (float(h) + 0.5f) * s, box.y - 3}, std::to_string(h), 10, theme.foreground,
+             HAlign::Center, VAlign::Bottom);
+    if (down || k == 0) {  // side by side, the first map's layer labels serve all three
+      for (int64_t l = 0; l < L; l += every_layer)
+        f.text({box.x - 4, box.y + (float(l) + 0.5f) * s}, std::to_string(l), 10, theme.foreground,
+               HAlign::Right, VAlign::Middle);
+      f.text({box.x - 4, box.y - 3}, "L\\H", 10, theme.muted, HAlign::Right, VAlign::Bottom);
+    }
+    const bool selected_shown = options.layer < L && options.head < H;
+    if (selected_shown) {
+      f.rect({box.x + float(options.head) * s, box.y + float(options.layer) * s, s, s},
+             {0, 0, 0, 0}, theme.accent, 1.5f);
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t h = 0; h < H; ++h) {
+        const std::string name = std::to_string(l) + ":" + std::to_string(h);
+        f.hover.push_back({{box.x + float(h) * s, box.y + float(l) * s, s, s},
+                           1,
+                           1,
+                           "head " + std::to_string(run) + ":" + name,
+                           [summary, title, l, h, H](int64_t, int64_t) {
+                             const size_t at = size_t(l * H + h);
+                             return title + ", L" + std::to_string(l) + " H" + std::to_string(h) +
+                                    "\nrecall vs dense " + format_value(summary->recall[at]) +
+                                    "\ntop-50% hit rate " + format_value(summary->hit_rate[at]) +
+                                    "\neffective sparsity " + format_value(summary->sparsity[at]) +
+                                    "\n(click: select)";
+                           },
+                           "summary " + name});
+      }
+    }
+    bottom = std::max(bottom, box.bottom());
+  }
+  return bottom;
 }
 
 }  // namespace
@@ -186,16 +419,16 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     token = " (token '" + token_label(trace.tokens[size_t(step)].text, 20) + "')";
   const float top = title_block(
       f, "Attention of every head at step " + std::to_string(step) + token,
-      std::string(quantity_name(options.quantity)) +
-          (options.log_scale && options.quantity == HeadQuantity::Probabilities ? " (log scale)"
-                                                                                : "") +
-          "; each map: rows are steps 0-" + std::to_string(step) +
-          ", columns tokens; hidden tokens dimmed",
+      "each map: steps 0-" + std::to_string(step) +
+          " (rows) x tokens (columns); per-head summaries at this step: click a head to select it",
       theme);
-  const float left = 34, gap = 24, bar = 90, label_h = 16;
-  const float panel = (options.width - left - bar - gap * float(n - 1)) / float(n);
-  const float cell = std::min(120.0f, std::floor((panel - 2.0f * float(H)) / float(H)));
-  const float pitch = cell + 2.0f;
+  // The maps' scale spans every map, so the legend is placed once they are read; its row is
+  // reserved here.
+  const float legend_y = top + 6, panel_top = legend_bottom(legend_y, options, theme, true);
+  const float title_h = 18, head_labels_h = 16;
+  const float y0 = panel_top + title_h + head_labels_h;
+  const GridLayout layout = grid_layout(options, y0, L, H, n);
+  const float cell = layout.cell, pitch = layout.pitch;
 
   // Every map first: the colour scale spans all of them.
   // (from the app's cache when given: only the steps added since its last call are read)
@@ -216,30 +449,42 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   }
   const ValueScale scale = scale_for(options, maps);
   const ValueColors colors(scale, sequential_colormap());  // once for every map
-  const float y0 = top + 20 + label_h;
+  legend_row(f, legend_y, scale, options, theme, true);
   view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
+  // Labels keep kLabelSize and some air: thinned to every k-th where maps are small.
+  const int64_t every_layer = label_every(pitch, kLabelSize + 3);
+  const int64_t every_head =
+      label_every(pitch, text_width("H" + std::to_string(H - 1), kLabelSize) + 6);
+  const float screen_cell = cell * (options.pixel_scale > 0 ? options.pixel_scale : 1.0f);
   int64_t missing = 0;
+  float bottom = y0 + float(L) * pitch;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t run = options.runs[size_t(i)];
     const bool predicted = run_predicts_logits(trace, run);
-    const float x0 = left + float(i) * (panel + gap);
-    f.text({x0, y0 - label_h - 4}, run_title(trace, run), 13, run_color(i), HAlign::Left,
-           VAlign::Baseline, true);
-    for (int64_t h = 0; h < H; h += std::max<int64_t>(1, H / 8)) {
-      f.text({x0 + float(h) * pitch + cell / 2, y0 - 4}, "H" + std::to_string(h), 9, theme.muted,
-             HAlign::Center, VAlign::Baseline);
+    const float x0 = kLeft + float(i) * (layout.panel + kPanelGap);
+    f.text({x0, panel_top + 13}, run_title(trace, run), 13, run_color(trace, run, theme),
+           HAlign::Left, VAlign::Baseline, true);
+    for (int64_t h = 0; h < H; h += every_head) {
+      f.text({x0 + float(h) * pitch + cell / 2, y0 - 4}, "H" + std::to_string(h), kLabelSize,
+             theme.foreground, HAlign::Center, VAlign::Baseline);
     }
     for (int64_t l = 0; l < L; ++l) {
-      if (i == 0) {
-        f.text({x0 - 6, y0 + float(l) * pitch + cell / 2}, "L" + std::to_string(l), 9, theme.muted,
-               HAlign::Right, VAlign::Middle);
+      if (l % every_layer == 0) {
+        f.text({x0 - 5, y0 + float(l) * pitch + cell / 2}, "L" + std::to_string(l), kLabelSize,
+               theme.foreground, HAlign::Right, VAlign::Middle);
       }
       for (int64_t h = 0; h < H; ++h) {
         const MapPointer& shared = maps[size_t((i * L + l) * H + h)];
         const HeadMatrix& m = *shared;
         missing += m.missing_rows;
         const Box box{x0 + float(h) * pitch, y0 + float(l) * pitch, cell, cell};
-        f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, colors, theme, m.rows));
+        // (at most 2 x max_map_pixels a side: a zoomed-in grid of many maps stays cheap to
+        // colour and upload; the hatch then spans a few cells instead of a few pixels)
+        const int64_t hatch = std::min(hatch_scale_for(m.cols, screen_cell),
+                                       std::max<int64_t>(1, 2 * options.max_map_pixels / m.cols));
+        f.add(heatmap(box, m.values, &m.visible, m.rows, m.cols, colors, theme, m.rows, hatch));
+        for (const int64_t j : options.highlight_tokens)
+          highlight_column(f, box, m, j, step, theme);
         const bool selected = l == options.layer && h == options.head;
         f.rect(box, {0, 0, 0, 0}, selected ? theme.accent : theme.grid, selected ? 2.0f : 0.5f);
         const std::string where =
@@ -255,16 +500,18 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
         if (options.with_data) add_rows(view.data, trace, run, l, h, options.quantity, step);
       }
     }
+    const Point strip = layout.strip_beside
+                            ? Point{x0 + float(H) * pitch + kStripGap, y0 - head_labels_h}
+                            : Point{x0 - kStripAxis, y0 + float(L) * pitch + kStripGap};
+    bottom = std::max(bottom, summary_strip(f, trace, run, step, strip, layout.strip_cell,
+                                            layout.strip_beside, options, theme));
   }
-  const float grid_h = float(L) * pitch;
-  colorbar(f, {options.width - bar + 20, y0 + 20, 14, std::min(grid_h - 20, 260.0f)},
-           sequential_colormap(), scale, quantity_name(options.quantity), theme);
-  f.height = y0 + grid_h + 24;
+  f.height = bottom + 16;
   if (missing > 0) {
-    f.text({left, f.height - 6},
+    f.text({16, f.height - 2},
            "Some rows were not kept (the trace's memory budget): those steps are blank.", 11,
            theme.accent);
-    f.height += 12;
+    f.height += 14;
   }
   return view;
 }

@@ -324,6 +324,36 @@ std::vector<double> head_accuracy_grid(const Trace& trace, int64_t run, int64_t 
   return grid;
 }
 
+HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step) {
+  const StepRecord& record = record_at(trace, run, step);
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  HeadSummary summary;
+  summary.hit_rate = head_accuracy_grid(trace, run, step);
+  summary.recall.assign(size_t(L * H), kNaN);
+  summary.sparsity.assign(size_t(L * H), kNaN);
+  const double candidates = double(record.columns);
+  for (int64_t i = 0; i < L * H; ++i) {
+    if (size_t(i) < record.visible_counts.size() && candidates > 0)
+      summary.sparsity[size_t(i)] = 1.0 - double(record.visible_counts[size_t(i)]) / candidates;
+    const float* logits = record.logits_row(i / H, i % H, H);
+    if (!logits) continue;
+    const uint8_t* shown = record.visible_row(i / H, i % H, H);
+    double top = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < record.columns; ++j)
+      if (std::isfinite(logits[j])) top = std::max(top, double(logits[j]));
+    if (!std::isfinite(top)) continue;
+    double total = 0.0, seen = 0.0;
+    for (int64_t j = 0; j < record.columns; ++j) {
+      if (!std::isfinite(logits[j])) continue;
+      const double e = std::exp(double(logits[j]) - top);
+      total += e;
+      if (shown[j]) seen += e;
+    }
+    summary.recall[size_t(i)] = seen / total;
+  }
+  return summary;
+}
+
 RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, int64_t layer,
                                  int64_t head) {
   const StepRecord& record = record_at(trace, run, step);

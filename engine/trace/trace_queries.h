@@ -1,8 +1,9 @@
 // What the app's views and `kvlens-cli figure` read from a Trace, computed here (views never
 // compute): a head's steps x tokens matrix of logits, probabilities or scores with its visible
-// set, the cross-head consensus matrix at a step, a head's predicted-vs-true agreement, and the
-// per-token retention counts. Matrices are row-major [rows][cols]; NaN marks "no value" (a token
-// after the step, a row the trace did not keep, -inf outside a sliding window).
+// set, the cross-head consensus matrix at a step, a head's predicted-vs-true agreement, every
+// head's summary (recall of dense mass, hit rate, sparsity) and the per-token retention counts.
+// Matrices are row-major [rows][cols]; NaN marks "no value" (a token after the step, a row the
+// trace did not keep, -inf outside a sliding window).
 #pragma once
 
 #include <cstdint>
@@ -107,6 +108,20 @@ PredictedVsTrue predicted_vs_true(const Trace& trace, int64_t run, int64_t step,
 // The top-50% agreement of every (layer, head) at a step: [layers][heads], NaN where not kept
 // or where the policy set no scores (a dense layer).
 std::vector<double> head_accuracy_grid(const Trace& trace, int64_t run, int64_t step);
+
+// Every (layer, head)'s summary at a step, [layers][heads] each, NaN where the trace did not keep
+// the head's row (sparsity comes from the always-kept counts):
+// - recall: the share of the head's dense attention mass that falls on the tokens it saw, i.e.
+//   sum over visible j of softmax(logits)_j, the softmax taken over every finite logit of the
+//   row (all t + 1 candidates, what dense attention would give this head in this run). 1 when
+//   the head saw everything.
+// - hit_rate: the top-50% agreement of the policy's scores with the true logits (as
+//   head_accuracy_grid: NaN on a layer the policy left dense, where it set no scores).
+// - sparsity: 1 - visible / candidates (candidates = t + 1).
+struct HeadSummary {
+  std::vector<double> recall, hit_rate, sparsity;
+};
+HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step);
 
 // How many of the heads in scope see each token at `step`: scope layer = -1 (every layer) or one
 // layer, head = -1 (every head of the scope) or one head. `heads_in_scope` is the count the

@@ -216,3 +216,16 @@ TEST_CASE("kvlens-cli figure reports bad input in one line", "[ui][cli]") {
   CHECK_FALSE(fs::exists(dir + "/f.png"));
   CHECK_FALSE(fs::exists(dir + "/f.gif"));
 }
+
+TEST_CASE("kvlens-cli figure fills a --height and highlights --highlight tokens", "[ui][cli]") {
+  const std::string dir = test::make_temp_dir("figure");
+  save_trace(test::make_small_trace(5), dir + "/run.kvtrace");
+  const std::string cli = test::cli_path() + " figure --trace " + dir +
+                          "/run.kvtrace --view heads --runs 1 --width 1480 --scale 1 --out " + dir;
+  REQUIRE(test::run_command(cli + "/free.png").exit_code == 0);
+  REQUIRE(test::run_command(cli + "/short.png --height 320").exit_code == 0);
+  REQUIRE(test::run_command(cli + "/found.png --height 320 --highlight 2,3").exit_code == 0);
+  CHECK(QImage(QString::fromStdString(dir + "/free.png")).height() > 320);
+  CHECK(QImage(QString::fromStdString(dir + "/short.png")).height() <= 320);
+  CHECK(read_file(dir + "/found.png") != read_file(dir + "/short.png"));
+}

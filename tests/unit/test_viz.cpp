@@ -106,7 +106,7 @@ TEST_CASE("OKLab round-trips sRGB and NaN maps to the transparent missing colour
   CHECK(hex({255, 16, 0}) == "#ff1000");
 }
 
-TEST_CASE("heatmaps pool blocks by their largest value and dim hidden cells", "[viz]") {
+TEST_CASE("heatmaps pool blocks by their largest value and hatch hidden cells", "[viz]") {
   // 4 x 4 cells into 2 x 2 pixels: each pixel takes its block's maximum.
   std::vector<float> values(16, 0.0f);
   values[0 * 4 + 1] = 1.0f;  // block (0, 0)
@@ -122,7 +122,8 @@ TEST_CASE("heatmaps pool blocks by their largest value and dim hidden cells", "[
   REQUIRE(image.height == 2);
   CHECK(image.pixels[0] == sequential_colormap().at(1.0));
   CHECK(image.pixels[3] == sequential_colormap().at(0.5));
-  CHECK(image.pixels[1] == mix(sequential_colormap().at(0.0), theme.dimmed, 0.72));
+  // (hidden: the hatch's colours instead of the value's, see test_viz_heads.cpp)
+  CHECK(image.pixels[1] == hidden_style(theme).stripe);  // pixel (1, 0): a stripe
   // Full resolution where it fits.
   CHECK(heatmap({}, values, nullptr, 4, 4, {0, 1, false}, sequential_colormap(), theme, 64).width ==
         4);
@@ -168,11 +169,12 @@ TEST_CASE("the heads view shows every head's map and describes cells on hover", 
   options.runs = {1};
   options.quantity = HeadQuantity::Logits;
   const View grid = build_view(trace, ViewKind::Heads, options);
-  CHECK(count_items<ImageItem>(grid.figure) == 4 + 1);  // 4 heads and the colour bar
-  CHECK(grid.data.rows.size() == 4 * 5);                // each head's row at step 4
+  // 4 heads, the legend's colour bars (maps, summaries) and hidden swatch, the 3 summaries
+  CHECK(count_items<ImageItem>(grid.figure) == 4 + 3 + 3);
+  CHECK(grid.data.rows.size() == 4 * 5);  // each head's row at step 4
   const HoverGrid* head3 = nullptr;
   for (const HoverGrid& g : grid.figure.hover)
-    if (g.id == "head 1:1:1") head3 = &g;
+    if (g.id == "head 1:1:1" && !head3) head3 = &g;  // (the map; then its summary cells)
   REQUIRE(head3 != nullptr);
   // Step 4, token 2 of head 3 (run 1): logit 3.5, hidden ((2 + 3) % 2 != 0).
   const std::string text = head3->describe(4, 2);
@@ -192,7 +194,7 @@ TEST_CASE("the heads view shows every head's map and describes cells on hover", 
       const View view = build_view(*t, ViewKind::Heads, scores);
       std::string described;
       for (const HoverGrid& g : view.figure.hover)
-        if (g.id == "head 1:1:1") described = g.describe(4, 2);
+        if (g.id == "head 1:1:1" && described.empty()) described = g.describe(4, 2);
       CHECK(described.find(t == &butler ? "predicted logit" : "policy score") != std::string::npos);
     }
   }
@@ -241,7 +243,8 @@ TEST_CASE("the heads grid pools maps to the pixels they cover on screen", "[viz]
   auto map_rows = [&](const View& view) {
     for (const Item& item : view.figure.items) {
       const auto* image = std::get_if<ImageItem>(&item);
-      if (image && image->width > 1) return image->height;  // (the colour bar is 1 wide)
+      // (the map: square and larger than the legend's swatch and the summaries' cells)
+      if (image && image->box.w == image->box.h && image->box.w > 30) return image->height;
     }
     return 0;
   };
