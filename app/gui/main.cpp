@@ -3,6 +3,7 @@
 // the window from a file (tests); without a display (or with --headless) it renders the default
 // dashboard to PNG files and prints where.
 #include <CLI/CLI.hpp>
+#include <QAction>
 #include <QApplication>
 #include <QGuiApplication>
 #include <QSurfaceFormat>
@@ -23,6 +24,23 @@ namespace {
 
 bool has_display() {
   return !qEnvironmentVariableIsEmpty("DISPLAY") || !qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY");
+}
+
+// The canvas draws only on input or request: what changes the picture without input reaching
+// the canvas asks it for frames (a step recorded, a recording opened or failed, a menu action or
+// shortcut), and playback animates it.
+void redraw_on_changes(kvlens::app::MainWindow& window) {
+  using kvlens::app::EngineController;
+  kvlens::app::ImGuiCanvas* canvas = &window.canvas();
+  auto redraw = [canvas] { canvas->request_frames(); };
+  QObject::connect(&window.engine(), &EngineController::opened, canvas, redraw);
+  QObject::connect(&window.engine(), &EngineController::stepped, canvas, redraw);
+  QObject::connect(&window.engine(), &EngineController::idle, canvas, redraw);
+  QObject::connect(&window.engine(), &EngineController::failed, canvas, redraw);
+  for (QAction* action : window.findChildren<QAction*>())
+    QObject::connect(action, &QAction::triggered, canvas, redraw);
+  QObject::connect(canvas, &kvlens::app::ImGuiCanvas::frame_drawn, canvas,
+                   [canvas, &window] { canvas->set_animating(window.dashboard().playing()); });
 }
 
 }  // namespace
@@ -120,6 +138,7 @@ int main(int argc, char** argv) {
   QSurfaceFormat::setDefaultFormat(format);
   QApplication application(argc, argv);
   kvlens::app::MainWindow window(options);
+  redraw_on_changes(window);
   window.show();
   if (!options.script_path.isEmpty()) new kvlens::app::ScriptRunner(window, options.script_path);
   return application.exec();

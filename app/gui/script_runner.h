@@ -9,6 +9,11 @@
 //   theme dark|light | export FILE | screenshot FILE | expect-error TEXT | close-dialogs | quit
 //   expect-note TEXT (a status bar note said it) | expect-predictor TEXT (the sidebar's predictor)
 //   speed STEPS_PER_SECOND | report (frames drawn, frame rate, steps recorded, on stdout)
+// Input, posted to the canvas back to back as fast input would come (no frame between events):
+//   keys KEY [COUNT] (KEY as in Shift+Right, F1, ?, Esc) | click TEXT | click-n COUNT TEXT
+//   (on the text the screen shows, e.g. a button's label) | click-at X Y [COUNT] (canvas pixels)
+//   expect-step N|last (the step the view shows) | expect-help open|closed (the F1 overlay)
+//   expect-idle-cpu SECONDS MAX_PERCENT (the app's CPU over SECONDS, in % of one core)
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.
 #pragma once
 
@@ -16,6 +21,7 @@
 #include <QString>
 #include <QStringList>
 #include <QTimer>
+#include <optional>
 
 namespace kvlens::app {
 
@@ -31,6 +37,8 @@ class ScriptRunner : public QObject {
  private:
   void tick();
   bool run(const QString& command, const QStringList& args);  // false: wait and retry
+  // The input and measurement commands: nullopt when `command` is not one of them.
+  std::optional<bool> run_input_command(const QString& command, const QStringList& args);
   void fail(const QString& message);
   bool settled() const;
 
@@ -44,6 +52,9 @@ class ScriptRunner : public QObject {
   int started_line_ = -1;  // the line whose command began at line_start_ms_
   qint64 line_start_ms_ = 0;
   int64_t settle_frames_ = -1;  // frames drawn when the engine was last seen idle
+  qint64 cpu_start_ms_ = -1;    // expect-idle-cpu: when its interval began (-1: not begun)
+  double cpu_start_seconds_ = 0.0;
+  int64_t cpu_start_frames_ = 0;
 };
 
 }  // namespace kvlens::app
