@@ -345,6 +345,13 @@ std::optional<bool> ScriptRunner::run_input_command(const QString& command,
                  max_percent = args.value(1).toDouble(&ok_p);
     if (!ok_s || !ok_p || seconds <= 0)
       throw std::runtime_error("expect-idle-cpu: needs SECONDS MAX_PERCENT, e.g. 5 2");
+    // The interval starts 1 s after the command, once the frames the script drew to settle
+    // before it have been composited (on a software renderer that is CPU time too).
+    if (cpu_quiet_until_ms_ < 0) {
+      cpu_quiet_until_ms_ = now_ms() + 1000;
+      return false;
+    }
+    if (now_ms() < cpu_quiet_until_ms_) return false;
     if (cpu_start_ms_ < 0) {
       cpu_start_ms_ = now_ms();
       cpu_start_seconds_ = process_cpu_seconds();
@@ -356,7 +363,7 @@ std::optional<bool> ScriptRunner::run_input_command(const QString& command,
     const double percent =
         100.0 * (process_cpu_seconds() - cpu_start_seconds_) / (elapsed_ms * 1e-3);
     const int64_t frames = canvas.frames() - cpu_start_frames_;
-    cpu_start_ms_ = -1;
+    cpu_start_ms_ = cpu_quiet_until_ms_ = -1;
     std::printf("idle-cpu: %.2f%% of a core over %.1f s, %lld frames drawn\n", percent,
                 elapsed_ms * 1e-3, (long long)frames);
     std::fflush(stdout);

@@ -13,7 +13,7 @@
 //   keys KEY [COUNT] (KEY as in Shift+Right, F1, ?, Esc) | click TEXT | click-n COUNT TEXT
 //   (on the text the screen shows, e.g. a button's label) | click-at X Y [COUNT] (canvas pixels)
 //   expect-step N|last (the step the view shows) | expect-help open|closed (the F1 overlay)
-//   expect-idle-cpu SECONDS MAX_PERCENT (the app's CPU over SECONDS, in % of one core)
+//   expect-idle-cpu SECONDS MAX_PERCENT (the app's CPU over SECONDS from 1 s on, in % of a core)
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.
 #pragma once
 
@@ -51,8 +51,9 @@ class ScriptRunner : public QObject {
   int errors_seen_ = 0;
   int started_line_ = -1;  // the line whose command began at line_start_ms_
   qint64 line_start_ms_ = 0;
-  int64_t settle_frames_ = -1;  // frames drawn when the engine was last seen idle
-  qint64 cpu_start_ms_ = -1;    // expect-idle-cpu: when its interval began (-1: not begun)
+  int64_t settle_frames_ = -1;      // frames drawn when the engine was last seen idle
+  qint64 cpu_quiet_until_ms_ = -1;  // expect-idle-cpu: when its interval may begin
+  qint64 cpu_start_ms_ = -1;        // expect-idle-cpu: when its interval began (-1: not begun)
   double cpu_start_seconds_ = 0.0;
   int64_t cpu_start_frames_ = 0;
 };
