@@ -305,6 +305,16 @@ std::optional<bool> ScriptRunner::run_input_command(const QString& command,
       throw std::runtime_error((command + ": no text '" + text + "' on the screen").toStdString());
     }
     post_clicks(*at, count);
+  } else if (command == "locate") {
+    // locate TEXT: prints where the screen shows TEXT, in the pixels of a screenshot.
+    const QString text = args.join(' ');
+    const std::optional<QPointF> at = canvas.find_text(text);
+    if (!at)
+      throw std::runtime_error(("locate: no text '" + text + "' on the screen").toStdString());
+    const QPointF in_shot = QPointF(canvas.mapToGlobal(*at) - window_.frameGeometry().topLeft()) *
+                            canvas.devicePixelRatioF();
+    std::printf("locate: %s at %.0f %.0f\n", text.toUtf8().constData(), in_shot.x(), in_shot.y());
+    std::fflush(stdout);
   } else if (command == "keys") {
     // keys KEY [COUNT]: COUNT presses and releases of KEY.
     if (args.isEmpty())

@@ -12,6 +12,7 @@
 // Input, posted to the canvas back to back as fast input would come (no frame between events):
 //   keys KEY [COUNT] (KEY as in Shift+Right, F1, ?, Esc) | click TEXT | click-n COUNT TEXT
 //   (on the text the screen shows, e.g. a button's label) | click-at X Y [COUNT] (canvas pixels)
+//   locate TEXT (prints where TEXT is drawn, in screenshot pixels)
 //   expect-step N|last (the step the view shows) | expect-help open|closed (the F1 overlay)
 //   expect-idle-cpu SECONDS MAX_PERCENT (the app's CPU over SECONDS from 1 s on, in % of a core)
 // A command that fails prints "script: line N: ..." on stderr and ends the app with exit code 1.

@@ -135,4 +135,24 @@ TEST_CASE("F1 and ? toggle the keys-and-gestures overlay, and Esc or a click out
       changed += without.pixel(x, y) != help.pixel(x, y);
   CHECK(changed > 1000);
 }
+TEST_CASE("the minus sign of a small legend is drawn", "[ui][app][input]") {
+  // The retention view's A - B legend is 11 px text from the 26 px figure font, whose minus is a
+  // stroke 2 texels tall: unless the glyph quads are padded it covers no pixel centre and
+  // vanishes ("A   B").
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("input");
+  const test::CommandResult result =
+      run_script(dir, {"step 20", "view retention", "compare h2o,quest", "locate \u2212",
+                       "screenshot $DIR/retention.png", "quit"});
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  std::smatch match;
+  REQUIRE(std::regex_search(result.out, match, std::regex(R"(locate: \S+ at (\d+) (\d+))")));
+  const int x = std::stoi(match[1]), y = std::stoi(match[2]);
+  const QImage shot(QString::fromStdString(dir + "/retention.png"));
+  int darkest = 255;
+  for (int dy = -2; dy <= 2; ++dy)
+    for (int dx = -3; dx <= 3; ++dx) darkest = std::min(darkest, qGray(shot.pixel(x + dx, y + dy)));
+  CHECK(darkest < 160);  // ink, not the white of the figure
+}
 #endif
