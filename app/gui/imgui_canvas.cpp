@@ -605,6 +605,14 @@ void ImGuiCanvas::wheelEvent(QWheelEvent* event) {
 }
 
 void ImGuiCanvas::key_event(QKeyEvent* event, bool down) {
+  // A held key's repeats that arrive while one of its presses still waits for a frame are
+  // dropped: otherwise, with frames slower than the repeat rate, the queue grows and the key goes
+  // on acting long after it was let go. Presses the user makes are never dropped.
+  if (event->isAutoRepeat() &&
+      std::any_of(input_.begin(), input_.end(), [event](const Input& queued) {
+        return queued.kind == Input::Kind::Key && queued.qt_key == event->key();
+      }))
+    return;
   Input input{Input::Kind::Key};
   input.code = imgui_key(event->key());
   input.down = down;

@@ -316,15 +316,26 @@ std::optional<bool> ScriptRunner::run_input_command(const QString& command,
     std::printf("locate: %s at %.0f %.0f\n", text.toUtf8().constData(), in_shot.x(), in_shot.y());
     std::fflush(stdout);
   } else if (command == "keys") {
-    // keys KEY [COUNT]: COUNT presses and releases of KEY.
+    // keys KEY [COUNT] [held]: COUNT presses and releases of KEY; held: one press held down for
+    // COUNT - 1 auto-repeats (release and press again, as X11 repeats), then the release.
     if (args.isEmpty())
-      throw std::runtime_error("keys: needs KEY [COUNT], e.g. keys Shift+Right 11");
+      throw std::runtime_error("keys: needs KEY [COUNT] [held], e.g. keys Shift+Right 11");
+    if (args.size() > 2 && args[2] != "held")
+      throw std::runtime_error(("keys: '" + args[2] + "' is not 'held'").toStdString());
     const QKeyCombination key = parse_key(args[0]);
     const int count = count_at(1);
+    const bool held = args.size() > 2;
+    auto post = [&](QEvent::Type type, bool repeat) {
+      QCoreApplication::postEvent(
+          &canvas,
+          new QKeyEvent(type, int(key.key()), key.keyboardModifiers(), key_text(key), repeat));
+    };
     for (int i = 0; i < count; ++i) {
-      for (const QEvent::Type type : {QEvent::KeyPress, QEvent::KeyRelease})
-        QCoreApplication::postEvent(
-            &canvas, new QKeyEvent(type, int(key.key()), key.keyboardModifiers(), key_text(key)));
+      post(QEvent::KeyPress, held && i > 0);
+      if (!held || i == count - 1)
+        post(QEvent::KeyRelease, false);
+      else
+        post(QEvent::KeyRelease, true);
     }
   } else if (command == "expect-step") {
     // expect-step N | last: the step the view shows.

@@ -10,7 +10,8 @@
 //   expect-note TEXT (a status bar note said it) | expect-predictor TEXT (the sidebar's predictor)
 //   speed STEPS_PER_SECOND | report (frames drawn, frame rate, steps recorded, on stdout)
 // Input, posted to the canvas back to back as fast input would come (no frame between events):
-//   keys KEY [COUNT] (KEY as in Shift+Right, F1, ?, Esc) | click TEXT | click-n COUNT TEXT
+//   keys KEY [COUNT] [held] (KEY as in Shift+Right, F1, ?, Esc; held: auto-repeats of one press)
+//   click TEXT | click-n COUNT TEXT
 //   (on the text the screen shows, e.g. a button's label) | click-at X Y [COUNT] (canvas pixels)
 //   locate TEXT (prints where TEXT is drawn, in screenshot pixels)
 //   expect-step N|last (the step the view shows) | expect-help open|closed (the F1 overlay)

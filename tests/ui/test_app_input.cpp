@@ -59,6 +59,18 @@ TEST_CASE("keys pressed back to back each reach the window", "[ui][app][input]")
   CHECK(result.exit_code == 0);
 }
 
+TEST_CASE("a held key's repeats do not pile up behind slow frames", "[ui][app][input]") {
+  // 30 presses of Right, then Right held for 30 auto-repeats, all posted before a frame: the
+  // presses each step, the repeats that come while the key's press still waits are dropped.
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("input");
+  const test::CommandResult result =
+      run_script(dir, {"step 80", "goto 0", "keys Right 30", "expect-step 30", "keys Right 30 held",
+                       "expect-step 31", "keys Right 3", "expect-step 34", "quit"});
+  INFO(result.out << result.err);
+  CHECK(result.exit_code == 0);
+}
+
 // [!mayfail] until the engine queues or merges the steps asked for while it records (issue 40:
 // EngineController::step returns early when busy); the keys themselves all reach
 // MainWindow::on_key.
