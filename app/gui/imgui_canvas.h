@@ -14,7 +14,6 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 struct ImGuiContext;
@@ -46,8 +45,9 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
   double frames_per_second() const;
   bool wants_text_input() const;
 
-  // At least `count` more frames (counting one already scheduled), even without input: after a change the frame shows (a step
-  // recorded, a figure to rebuild); ImGui settles hover and active states within two.
+  // At least `count` more frames (one already scheduled counts), even without input: after a
+  // change the screen must show (a step recorded, a figure to rebuild). ImGui settles hover and
+  // active states within two.
   void request_frames(int count = 2);
   // While on, a frame follows each frame (playback, a recording in progress).
   void set_animating(bool animating);
@@ -67,7 +67,9 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
   std::optional<QPointF> find_text(const QString& text) const;
 
  signals:
-  // A key ImGui did not take (no text field active): the window's stepping shortcuts.
+  // A key ImGui did not take (no text field active; F1, '?' and Esc over the help are the
+  // canvas's own): the window's stepping shortcuts. Emitted after the frame that fed the key,
+  // in the order the keys came.
   void unhandled_key(int key, Qt::KeyboardModifiers modifiers);
   // After each frame: where whoever drives animation (playback) says whether it goes on.
   void frame_drawn();
