@@ -28,7 +28,9 @@ bool has_display() {
 
 // The canvas draws only on input or request: what changes the picture without input reaching
 // the canvas asks it for frames (a step recorded, a recording opened or failed, a menu action or
-// shortcut), and playback animates it.
+// shortcut), and playback animates it. (A stand-in until MainWindow and Dashboard make these
+// calls themselves: the animation follows only the play state's changes, so that a
+// set_animating made elsewhere, say while recording, is not undone at the next frame.)
 void redraw_on_changes(kvlens::app::MainWindow& window) {
   using kvlens::app::EngineController;
   kvlens::app::ImGuiCanvas* canvas = &window.canvas();
@@ -40,7 +42,11 @@ void redraw_on_changes(kvlens::app::MainWindow& window) {
   for (QAction* action : window.findChildren<QAction*>())
     QObject::connect(action, &QAction::triggered, canvas, redraw);
   QObject::connect(canvas, &kvlens::app::ImGuiCanvas::frame_drawn, canvas,
-                   [canvas, &window] { canvas->set_animating(window.dashboard().playing()); });
+                   [canvas, &window, was_playing = false]() mutable {
+                     const bool playing = window.dashboard().playing();
+                     if (playing != was_playing) canvas->set_animating(playing);
+                     was_playing = playing;
+                   });
 }
 
 }  // namespace

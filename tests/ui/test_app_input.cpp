@@ -147,6 +147,19 @@ TEST_CASE("F1 and ? toggle the keys-and-gestures overlay, and Esc or a click out
       changed += without.pixel(x, y) != help.pixel(x, y);
   CHECK(changed > 1000);
 }
+TEST_CASE("a ? typed into a text field is text, not the help", "[ui][app][input]") {
+  // A click in the prompt's text puts the cursor there; '?' then types (the word on screen
+  // becomes "val?ley") instead of opening the overlay; once Esc leaves the field, '?' opens it.
+  REQUIRE(have_xvfb());
+  const std::string dir = test::make_temp_dir("input");
+  const test::CommandResult result =
+      run_script(dir, {"open-prompt The valley is green and the river", "step 3", "click valley",
+                       "keys ?", "expect-help closed", "locate val?ley", "keys Esc", "keys ?",
+                       "expect-help open", "quit"});
+  INFO(result.out << result.err);
+  CHECK(result.exit_code == 0);
+}
+
 TEST_CASE("the minus sign of a small legend is drawn", "[ui][app][input]") {
   // The retention view's A - B legend is 11 px text from the 26 px figure font, whose minus is a
   // stroke 2 texels tall: unless the glyph quads are padded it covers no pixel centre and
