@@ -180,4 +180,22 @@ TEST_CASE("the minus sign of a small legend is drawn", "[ui][app][input]") {
     for (int dx = -3; dx <= 3; ++dx) darkest = std::min(darkest, qGray(shot.pixel(x + dx, y + dy)));
   CHECK(darkest < 160);  // ink, not the white of the figure
 }
+TEST_CASE("bad input commands name the command and what they expect", "[ui][app][input]") {
+  REQUIRE(have_xvfb());
+  const std::pair<const char*, const char*> cases[] = {
+      {"keys Shift+Nope", "keys: 'Shift+Nope' is not a key (expected e.g. Right, Shift+Right"},
+      {"keys Right 0", "keys: the count '0' is not a number from 1 to 1000"},
+      {"click-at 10", "click-at: needs X Y [COUNT] in canvas pixels"},
+      {"click No such button", "click: no text 'No such button' on the screen"},
+      {"expect-idle-cpu soon 2", "expect-idle-cpu: needs SECONDS MAX_PERCENT"},
+      {"expect-step 3", "expect-step: the view shows step 1, not 3 (2 recorded)"},
+  };
+  for (const auto& [line, message] : cases) {
+    const std::string dir = test::make_temp_dir("input");
+    const test::CommandResult result = run_script(dir, {"step 2", line, "quit"});
+    INFO(line << ": " << result.out << result.err);
+    CHECK(result.exit_code == 1);
+    CHECK(result.err.find(std::string("script: line 2: ") + message) != std::string::npos);
+  }
+}
 #endif
