@@ -76,7 +76,7 @@ void draw_help_overlay(bool* open) {
   ImGui::End();
   ImGui::SetNextWindowPos(viewport->GetCenter(), ImGuiCond_Always, ImVec2(0.5f, 0.5f));
   ImGui::SetNextWindowFocus();
-  ImGui::SetNextWindowBgAlpha(0.97f);
+  ImGui::SetNextWindowBgAlpha(1.0f);  // (the dark style's windows are translucent)
   const ImGuiWindowFlags flags = ImGuiWindowFlags_AlwaysAutoResize | ImGuiWindowFlags_NoCollapse |
                                  ImGuiWindowFlags_NoSavedSettings | ImGuiWindowFlags_NoMove;
   if (ImGui::Begin("Keys and gestures  (F1 or ? to close)###kvlens help", open, flags)) {
