@@ -358,7 +358,8 @@ void Dashboard::act_on_hit(const FigureHit& hit) {
 
 void Dashboard::frame() {
   playback();
-  canvas_.set_animating(playing_);
+  // (steps arriving, clicks and keys ask for frames themselves; playing and scrubbing animate)
+  canvas_.set_animating(playing_ || scrubbing_);
   if (style_dark_ != int(options_.dark)) {  // the window's chrome follows the figures' theme
     style_dark_ = int(options_.dark);
     if (options_.dark) {

@@ -74,8 +74,6 @@ class Dashboard {
   void act_on_hit(const FigureHit& hit);
   // Generates max_new tokens under each run (the Generate tab shows them).
   void generate(int64_t max_new);
-  void show_help(bool show) { help_open_ = show; }
-  bool help_open() const { return help_open_; }
 
   // The recording opened (a new text), was replaced (the same text, other runs) or stepped.
   void on_opened();
@@ -132,7 +130,6 @@ class Dashboard {
   bool follow_ = true;  // the cursor follows newly recorded steps
   bool playing_ = false;
   bool scrubbing_ = false;  // the step slider is being dragged
-  bool help_open_ = false;
   bool head_chosen_ = false;
   int64_t generate_tokens_ =
       32;  // the Generate tab's token count  // the user selected a head: no default replaces it

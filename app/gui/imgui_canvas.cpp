@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "app/gui/help_overlay.h"
 #include "viz/qt/painter_renderer.h"
 
 namespace kvlens::app {
@@ -105,6 +106,28 @@ int imgui_button(Qt::MouseButton button) {
   }
 }
 
+// Each glyph's quad grows by one texel of the transparent padding around it in the atlas. A
+// thin stroke drawn small (the minus sign of a figure's legend: 2 texels of a 26 px raster drawn
+// at 11 px) otherwise makes a quad under a pixel tall that covers no pixel centre, and the
+// rasterizer draws nothing.
+void pad_glyph_quads(ImFontAtlas& atlas, const ImFontConfig& config) {
+  const float du = 1.0f / float(atlas.TexWidth), dv = 1.0f / float(atlas.TexHeight);
+  const float dx = 1.0f / float(config.OversampleH), dy = 1.0f / float(config.OversampleV);
+  for (ImFont* font : atlas.Fonts) {
+    for (ImFontGlyph& glyph : font->Glyphs) {
+      if (!glyph.Visible) continue;
+      glyph.X0 -= dx;
+      glyph.X1 += dx;
+      glyph.Y0 -= dy;
+      glyph.Y1 += dy;
+      glyph.U0 -= du;
+      glyph.U1 += du;
+      glyph.V0 -= dv;
+      glyph.V1 += dv;
+    }
+  }
+}
+
 // The font file's bytes, kept for the atlas (which is told not to own them).
 const QByteArray& font_bytes() {
   static const QByteArray bytes = [] {
@@ -138,9 +161,9 @@ ImGuiCanvas::ImGuiCanvas(QWidget* parent) : QOpenGLWidget(parent) {
     self->clipboard_ = QGuiApplication::clipboard()->text().toStdString();
     return self->clipboard_.c_str();
   };
+  // Frames are drawn on input only: a blinking cursor would need them all the time.
+  io.ConfigInputTextCursorBlink = false;
   clock_.start();
-  connect(&repaint_timer_, &QTimer::timeout, this, qOverload<>(&QWidget::update));
-  repaint_timer_.start(16);
 }
 
 ImGuiCanvas::~ImGuiCanvas() {
@@ -188,7 +211,9 @@ void ImGuiCanvas::build_fonts() {
   io.FontGlobalScale = float(1.0 / ratio);
   unsigned char* pixels = nullptr;
   int width = 0, height = 0;
+  io.Fonts->TexGlyphPadding = 2;  // room for pad_glyph_quads's texel, none shared
   io.Fonts->GetTexDataAsRGBA32(&pixels, &width, &height);
+  pad_glyph_quads(*io.Fonts, config);
   if (font_texture_ == 0) glGenTextures(1, &font_texture_);
   glBindTexture(GL_TEXTURE_2D, font_texture_);
   glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_MIN_FILTER, GL_LINEAR);
@@ -279,7 +304,148 @@ void ImGuiCanvas::release_textures() {
   textures_.clear();
 }
 
-void ImGuiCanvas::resizeGL(int, int) {}
+void ImGuiCanvas::resizeGL(int, int) {
+  request_frames();
+}
+
+void ImGuiCanvas::request_frames(int count) {
+  frames_wanted_ = std::max(frames_wanted_, count);
+  update();
+}
+
+void ImGuiCanvas::set_animating(bool animating) {
+  if (animating == animating_) return;
+  animating_ = animating;
+  request_frames();  // the first, and after the animation its last state settles
+}
+
+void ImGuiCanvas::set_help_open(bool open) {
+  help_open_ = open;
+  request_frames();
+}
+
+double ImGuiCanvas::frames_per_second() const {
+  const double now = double(clock_.nsecsElapsed()) * 1e-9;
+  return double(std::count_if(recent_frames_.begin(), recent_frames_.end(),
+                              [now](double t) { return now - t <= 1.0; }));
+}
+
+std::optional<QPointF> ImGuiCanvas::find_text(const QString& text) const {
+  make_current_context();
+  const ImDrawData* draw = ImGui::GetDrawData();
+  if (!draw || !draw->Valid) return std::nullopt;
+  std::vector<uint32_t> wanted;
+  for (const uint32_t c : text.toUcs4())
+    if (!QChar::isSpace(c)) wanted.push_back(c);
+  if (wanted.empty()) return std::nullopt;
+  for (ImFont* font : {ui_font_, figure_font_}) {
+    if (!font) continue;
+    std::vector<const ImFontGlyph*> glyphs;
+    for (const uint32_t c : wanted)
+      if (const ImFontGlyph* glyph = font->FindGlyphNoFallback(ImWchar(c))) glyphs.push_back(glyph);
+    if (glyphs.size() != wanted.size()) continue;
+    for (int l = 0; l < draw->CmdListsCount; ++l) {
+      const ImVector<ImDrawVert>& v = draw->CmdLists[l]->VtxBuffer;
+      // A glyph's quad: top-left, top-right, bottom-right, bottom-left, each with its UV corner.
+      auto is_glyph = [&](int i, const ImFontGlyph* g) {
+        return i >= 0 && i + 3 < v.Size && v[i].uv.x == g->U0 && v[i].uv.y == g->V0 &&
+               v[i + 2].uv.x == g->U1 && v[i + 2].uv.y == g->V1;
+      };
+      // Words are told apart by the gap between glyph quads: a space's advance is about a third
+      // of the font's size, the bearings between letters of a word a fraction of that.
+      float word_gap = 0;
+      auto touches = [&](int left, int right) {  // glyph-like quads on one line, no gap
+        if (left < 0 || right + 3 >= v.Size) return false;
+        const bool glyphs_both =
+            v[left].uv.x != v[left + 2].uv.x && v[right].uv.x != v[right + 2].uv.x;
+        const bool same_line =
+            v[left].pos.y < v[right + 2].pos.y && v[right].pos.y < v[left + 2].pos.y;
+        const float gap = v[right].pos.x - v[left + 2].pos.x;
+        return glyphs_both && same_line && gap > -1.0f && gap < word_gap;
+      };
+      const int count = int(glyphs.size());
+      for (int i = 0; i + 4 * count <= v.Size; ++i) {
+        bool match = true;
+        for (int k = 0; k < count && match; ++k) match = is_glyph(i + 4 * k, glyphs[size_t(k)]);
+        if (!match) continue;
+        const float drawn_scale = (v[i + 2].pos.x - v[i].pos.x) / (glyphs[0]->X1 - glyphs[0]->X0);
+        word_gap = 0.2f * font->FontSize * drawn_scale;
+        if (touches(i - 4, i) || touches(i + 4 * (count - 1), i + 4 * count)) continue;
+        const ImVec2 top_left = v[i].pos, bottom_right = v[i + 4 * (count - 1) + 2].pos;
+        return QPointF((top_left.x + bottom_right.x) / 2, (top_left.y + bottom_right.y) / 2);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+void ImGuiCanvas::queue(Input input) {
+  input_.push_back(std::move(input));
+  request_frames();
+}
+
+void ImGuiCanvas::feed_input() {
+  ImGuiIO& io = ImGui::GetIO();
+  bool button_changed[ImGuiMouseButton_COUNT] = {};
+  bool any_button_changed = false;
+  std::vector<int> keys_changed;
+  while (!input_.empty()) {
+    const Input input = input_.front();
+    switch (input.kind) {
+      case Input::Kind::MousePos:
+        if (any_button_changed) return;  // the button changed where it was pressed
+        io.MousePos = ImVec2(input.x, input.y);
+        break;
+      case Input::Kind::MouseButton:
+        if (button_changed[input.code]) return;
+        button_changed[input.code] = any_button_changed = true;
+        io.MouseDown[input.code] = input.down;
+        break;
+      case Input::Kind::Wheel:
+        io.MouseWheel += input.y;
+        io.MouseWheelH += input.x;
+        break;
+      case Input::Kind::Key:
+        if (input.code >= 0) {
+          if (std::find(keys_changed.begin(), keys_changed.end(), input.code) != keys_changed.end())
+            return;
+          keys_changed.push_back(input.code);
+          io.KeysDown[input.code] = input.down;
+        }
+        break;
+      case Input::Kind::Focus:
+        io.AddFocusEvent(input.down);
+        break;
+    }
+    if (input.kind != Input::Kind::Focus) {
+      io.KeyCtrl = input.modifiers & Qt::ControlModifier;
+      io.KeyShift = input.modifiers & Qt::ShiftModifier;
+      io.KeyAlt = input.modifiers & Qt::AltModifier;
+      io.KeySuper = input.modifiers & Qt::MetaModifier;
+    }
+    input_.pop_front();
+    if (input.kind == Input::Kind::Key && input.down) key_pressed(input);
+  }
+}
+
+void ImGuiCanvas::key_pressed(const Input& input) {
+  ImGuiIO& io = ImGui::GetIO();
+  // Whether a text field has the keyboard, as of the frame before this key: the keys queued
+  // ahead of it have been seen by then.
+  const bool typing = io.WantTextInput;
+  if (!io.KeyCtrl && !io.KeyAlt && !input.text.isEmpty() && input.text[0].isPrint())
+    io.AddInputCharactersUTF8(input.text.toUtf8().constData());
+  if (typing) return;
+  if (input.qt_key == Qt::Key_F1 || input.qt_key == Qt::Key_Question) {
+    help_open_ = !help_open_;
+  } else if (input.qt_key == Qt::Key_Escape && help_open_) {
+    help_open_ = false;
+  } else {
+    // Emitted after this frame (not inside paintGL, where a handler opening a dialog would
+    // re-enter the event loop), in the order the keys came.
+    keys_to_emit_.push_back({input.qt_key, input.modifiers});
+  }
+}
 
 void ImGuiCanvas::paintGL() {
   if (!gl_ready_) return;
@@ -292,8 +458,11 @@ void ImGuiCanvas::paintGL() {
   const double now = double(clock_.nsecsElapsed()) * 1e-9;
   io.DeltaTime = float(std::max(1e-4, now - last_frame_seconds_));
   last_frame_seconds_ = now;
+  frames_wanted_ = std::max(0, frames_wanted_ - 1);  // this one
+  feed_input();
   ImGui::NewFrame();
   if (frame_) frame_();
+  draw_help_overlay(&help_open_);
   ImGui::Render();
   render_draw_data(ImGui::GetDrawData());
   switch (ImGui::GetMouseCursor()) {
@@ -313,13 +482,25 @@ void ImGuiCanvas::paintGL() {
       setCursor(Qt::ArrowCursor);
       break;
   }
-  ++frames_;
-  ++fps_window_frames_;
-  if (now - fps_window_start_ >= 1.0) {
-    fps_ = double(fps_window_frames_) / (now - fps_window_start_);
-    fps_window_start_ = now;
-    fps_window_frames_ = 0;
+  if (!keys_to_emit_.empty()) {
+    QMetaObject::invokeMethod(
+        this,
+        [this, keys = std::move(keys_to_emit_)] {
+          --key_batches_in_flight_;
+          for (const auto& [key, modifiers] : keys) emit unhandled_key(key, modifiers);
+          request_frames();  // what the keys changed
+        },
+        Qt::QueuedConnection);
+    keys_to_emit_.clear();
+    ++key_batches_in_flight_;
   }
+  ++frames_;
+  recent_frames_.push_back(now);
+  while (now - recent_frames_.front() > 1.0) recent_frames_.pop_front();
+  emit frame_drawn();
+  // The next frame: while input waits, animating, or frames were asked for. Otherwise none
+  // until something happens.
+  if (!input_.empty() || animating_ || frames_wanted_ > 0) update();
 }
 
 void ImGuiCanvas::render_draw_data(ImDrawData* draw) {
@@ -392,10 +573,14 @@ void ImGuiCanvas::render_draw_data(ImDrawData* draw) {
 }
 
 void ImGuiCanvas::mouse_button(QMouseEvent* event, bool down) {
-  make_current_context();
+  queue(Input::mouse_at(event->position(), event->modifiers()));
   const int button = imgui_button(event->button());
-  if (button >= 0) ImGui::GetIO().MouseDown[button] = down;
-  update();
+  if (button < 0) return;
+  Input input{Input::Kind::MouseButton};
+  input.code = button;
+  input.down = down;
+  input.modifiers = event->modifiers();
+  queue(input);
 }
 
 void ImGuiCanvas::mousePressEvent(QMouseEvent* event) {
@@ -407,36 +592,38 @@ void ImGuiCanvas::mouseReleaseEvent(QMouseEvent* event) {
 }
 
 void ImGuiCanvas::mouseMoveEvent(QMouseEvent* event) {
-  make_current_context();
-  ImGui::GetIO().MousePos = ImVec2(float(event->position().x()), float(event->position().y()));
+  queue(Input::mouse_at(event->position(), event->modifiers()));
 }
 
 void ImGuiCanvas::wheelEvent(QWheelEvent* event) {
-  make_current_context();
-  ImGuiIO& io = ImGui::GetIO();
-  io.MouseWheel += float(event->angleDelta().y()) / 120.0f;
-  io.MouseWheelH += float(event->angleDelta().x()) / 120.0f;
+  Input input{Input::Kind::Wheel};
+  input.x = float(event->angleDelta().x()) / 120.0f;
+  input.y = float(event->angleDelta().y()) / 120.0f;
+  input.modifiers = event->modifiers();
+  queue(input);
   event->accept();
 }
 
 void ImGuiCanvas::key_event(QKeyEvent* event, bool down) {
-  make_current_context();
-  ImGuiIO& io = ImGui::GetIO();
-  const Qt::KeyboardModifiers modifiers = event->modifiers();
-  io.KeyCtrl = modifiers & Qt::ControlModifier;
-  io.KeyShift = modifiers & Qt::ShiftModifier;
-  io.KeyAlt = modifiers & Qt::AltModifier;
-  io.KeySuper = modifiers & Qt::MetaModifier;
-  const int key = imgui_key(event->key());
-  if (key >= 0) io.KeysDown[key] = down;
-  if (down && !io.KeyCtrl && !io.KeyAlt && !event->text().isEmpty() && event->text()[0].isPrint())
-    io.AddInputCharactersUTF8(event->text().toUtf8().constData());
+  // A held key's repeats that arrive while one of its presses still waits for a frame are
+  // dropped: otherwise, with frames slower than the repeat rate, the queue grows and the key goes
+  // on acting long after it was let go. Presses the user makes are never dropped.
+  if (event->isAutoRepeat() &&
+      std::any_of(input_.begin(), input_.end(), [event](const Input& queued) {
+        return queued.kind == Input::Kind::Key && queued.qt_key == event->key();
+      }))
+    return;
+  Input input{Input::Kind::Key};
+  input.code = imgui_key(event->key());
+  input.down = down;
+  input.modifiers = event->modifiers();
+  input.qt_key = event->key();
+  if (down) input.text = event->text();
+  queue(input);
 }
 
 void ImGuiCanvas::keyPressEvent(QKeyEvent* event) {
   key_event(event, true);
-  if (!ImGui::GetIO().WantTextInput) emit unhandled_key(event->key(), event->modifiers());
-  update();
 }
 
 void ImGuiCanvas::keyReleaseEvent(QKeyEvent* event) {
@@ -444,22 +631,20 @@ void ImGuiCanvas::keyReleaseEvent(QKeyEvent* event) {
 }
 
 void ImGuiCanvas::focusInEvent(QFocusEvent* event) {
-  make_current_context();
-  ImGui::GetIO().AddFocusEvent(true);
+  Input input{Input::Kind::Focus};
+  input.down = true;
+  queue(input);
   QOpenGLWidget::focusInEvent(event);
 }
 
 void ImGuiCanvas::focusOutEvent(QFocusEvent* event) {
-  make_current_context();
-  ImGui::GetIO().AddFocusEvent(false);
+  queue(Input{Input::Kind::Focus});
   QOpenGLWidget::focusOutEvent(event);
 }
 
 bool ImGuiCanvas::event(QEvent* event) {
-  if (event->type() == QEvent::Leave) {
-    make_current_context();
-    ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
-  }
+  if (event->type() == QEvent::Leave)  // no hover once the pointer left
+    queue(Input::mouse_at(QPointF(-FLT_MAX, -FLT_MAX), QGuiApplication::keyboardModifiers()));
   return QOpenGLWidget::event(event);
 }
 

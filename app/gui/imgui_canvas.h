@@ -1,16 +1,19 @@
 // Our Qt <-> Dear ImGui bridge: a QOpenGLWidget that owns an ImGui context, feeds it Qt's input
 // (mouse, wheel, keys, text, focus), display size and device pixel ratio, serves the clipboard
-// through QClipboard, and draws ImGui's vertex lists with its own OpenGL 3.3 renderer. The widget
-// repaints at a steady rate (60 Hz) so views stay live while the engine steps on its thread.
+// through QClipboard, and draws ImGui's vertex lists with its own OpenGL 3.3 renderer. Input is
+// queued and fed one button or key change per frame (ImGui 1.86 samples button state once a
+// frame, so a press and release between two frames would be lost), and the widget draws only on
+// input, on request or while animating: idle, it costs no CPU.
 #pragma once
 
 #include <QElapsedTimer>
 #include <QOpenGLExtraFunctions>
 #include <QOpenGLWidget>
-#include <QTimer>
+#include <QPointF>
+#include <deque>
 #include <functional>
+#include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 struct ImGuiContext;
@@ -37,16 +40,39 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
 
   ImFont* ui_font() const { return ui_font_; }
   ImFont* figure_font() const { return figure_font_; }
-  // Frames drawn since the start, and the mean frame rate over the last second.
+  // Frames drawn since the start, and the frames drawn over the last second (0 when idle).
   int64_t frames() const { return frames_; }
-  double frames_per_second() const { return fps_; }
+  double frames_per_second() const;
   bool wants_text_input() const;
-  void request_frames(int = 2) { update(); }
-  void set_animating(bool) {}
+
+  // At least `count` more frames (one already scheduled counts), even without input: after a
+  // change the screen must show (a step recorded, a figure to rebuild). ImGui settles hover and
+  // active states within two.
+  void request_frames(int count = 2);
+  // While on, a frame follows each frame (playback, a recording in progress).
+  void set_animating(bool animating);
+  bool animating() const { return animating_; }
+  // Input received but not yet fed to ImGui (one button or key change goes in per frame).
+  bool input_pending() const {
+    return !input_.empty() || !keys_to_emit_.empty() || key_batches_in_flight_ > 0;
+  }
+
+  // The keys-and-gestures overlay (help_overlay.h), drawn over the frame while open: F1 or '?'
+  // toggles it when no text field has the keyboard, Esc or a click outside closes it.
+  void set_help_open(bool open);
+  bool help_open() const { return help_open_; }
+
+  // Where the last frame drew `text` as a word of its own (a button's label, say): the centre of
+  // its glyphs in widget coordinates, for scripts that click controls by name.
+  std::optional<QPointF> find_text(const QString& text) const;
 
  signals:
-  // A key ImGui did not take (no text field active): the window's stepping shortcuts.
+  // A key ImGui did not take (no text field active; F1, '?' and Esc over the help are the
+  // canvas's own): the window's stepping shortcuts. Emitted after the frame that fed the key,
+  // in the order the keys came.
   void unhandled_key(int key, Qt::KeyboardModifiers modifiers);
+  // After each frame: where whoever drives animation (playback) says whether it goes on.
+  void frame_drawn();
 
  protected:
   void initializeGL() override;
@@ -68,6 +94,29 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
   void create_device_objects();
   void destroy_device_objects();
   void render_draw_data(ImDrawData* draw);
+  // One input change as Qt reported it, waiting for its frame.
+  struct Input {
+    enum class Kind { MousePos, MouseButton, Wheel, Key, Focus };
+    Kind kind = Kind::MousePos;
+    int code = -1;  // ImGui mouse button or key (-1: a key ImGui does not know)
+    bool down = false;
+    float x = 0, y = 0;  // mouse position, or wheel steps
+    Qt::KeyboardModifiers modifiers;
+    int qt_key = 0;
+    QString text;  // what a key press types
+    static Input mouse_at(QPointF at, Qt::KeyboardModifiers modifiers) {
+      Input input{Kind::MousePos};
+      input.x = float(at.x());
+      input.y = float(at.y());
+      input.modifiers = modifiers;
+      return input;
+    }
+  };
+  void queue(Input input);
+  // Moves queued input into ImGui up to the first change that needs a frame of its own: a button
+  // or key that already changed in this frame, or a move after a button changed.
+  void feed_input();
+  void key_pressed(const Input& input);
   void key_event(QKeyEvent* event, bool down);
   void mouse_button(QMouseEvent* event, bool down);
 
@@ -76,12 +125,16 @@ class ImGuiCanvas : public QOpenGLWidget, protected QOpenGLExtraFunctions {
   ImFont* ui_font_ = nullptr;
   ImFont* figure_font_ = nullptr;
   std::function<void()> frame_;
-  QTimer repaint_timer_;
   QElapsedTimer clock_;
   double last_frame_seconds_ = 0.0;
   int64_t frames_ = 0;
-  double fps_ = 0.0, fps_window_start_ = 0.0;
-  int64_t fps_window_frames_ = 0;
+  std::deque<double> recent_frames_;  // when the frames of the last second were drawn
+  std::deque<Input> input_;
+  std::vector<std::pair<int, Qt::KeyboardModifiers>> keys_to_emit_;  // fed, not yet emitted
+  int key_batches_in_flight_ = 0;  // emissions posted after a frame, not yet run
+  int frames_wanted_ = 0;
+  bool animating_ = false;
+  bool help_open_ = false;
   qreal font_ratio_ = 0.0;  // the device pixel ratio the font atlas was built for
   std::string clipboard_;   // what GetClipboardText returns points here
 

@@ -25,6 +25,12 @@ bool has_display() {
   return !qEnvironmentVariableIsEmpty("DISPLAY") || !qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY");
 }
 
+// The canvas draws only on input or request: what changes the picture without input reaching
+// the canvas asks it for frames (a step recorded, a recording opened or failed, a menu action or
+// shortcut), and playback animates it. (A stand-in until MainWindow and Dashboard make these
+// calls themselves: the animation follows only the play state's changes, so that a
+// set_animating made elsewhere, say while recording, is not undone at the next frame.)
+
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -71,10 +71,17 @@ MainWindow::MainWindow(const LaunchOptions& options) {
     canvas_->request_frames();
     update_status();
   });
-  connect(&engine_, &EngineController::failed, this,
-          [this](const QString& message) { show_error("kvlens: could not run", message); });
+  connect(&engine_, &EngineController::failed, this, [this](const QString& message) {
+    canvas_->request_frames();
+    show_error("kvlens: could not run", message);
+  });
+  connect(&engine_, &EngineController::generated_step, this, [this] { canvas_->request_frames(); });
 
   build_menus();
+  // The canvas draws only on input, on request or while animating: what a menu changes is
+  // drawn at once.
+  for (QAction* action : findChildren<QAction*>())
+    connect(action, &QAction::triggered, canvas_, [this] { canvas_->request_frames(); });
   step_label_ = new QLabel(this);
   sparsity_label_ = new QLabel(this);
   backend_label_ = new QLabel(this);
@@ -196,7 +203,7 @@ void MainWindow::build_menus() {
 
   QMenu* help = menuBar()->addMenu("&Help");
   help->addAction("&Keys and gestures", QKeySequence(Qt::Key_F1), this,
-                  [this] { dashboard_->show_help(!dashboard_->help_open()); });
+                  [this] { canvas_->set_help_open(!canvas_->help_open()); });
   help->addAction("&About kvlens", this, [this] {
     QMessageBox::about(
         this, "About kvlens",

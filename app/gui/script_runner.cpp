@@ -1,13 +1,20 @@
 // ScriptRunner: one command per tick once the window has settled (engine idle, two frames drawn).
 #include "app/gui/script_runner.h"
 
+#include <unistd.h>
 #include <QApplication>
 #include <QDateTime>
 #include <QFile>
+#include <QKeyEvent>
+#include <QKeySequence>
+#include <QMouseEvent>
 #include <QScreen>
 #include <QTextStream>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
+#include "app/gui/help_overlay.h"
 #include "app/gui/main_window.h"
 
 namespace kvlens::app {
@@ -15,6 +22,40 @@ namespace {
 
 qint64 now_ms() {
   return QDateTime::currentMSecsSinceEpoch();
+}
+
+// CPU seconds this process has used, all threads, user and system (/proc/self/stat).
+double process_cpu_seconds() {
+  std::ifstream in("/proc/self/stat");
+  const std::string stat{std::istreambuf_iterator<char>(in), {}};
+  const size_t name_end = stat.rfind(')');
+  if (name_end == std::string::npos) throw std::runtime_error("cannot read /proc/self/stat");
+  std::istringstream fields(stat.substr(name_end + 2));  // from field 3 (state) on
+  std::string field;
+  unsigned long long user = 0, system = 0;
+  for (int index = 3; index <= 15 && fields >> field; ++index) {
+    if (index == 14) user = std::stoull(field);
+    if (index == 15) system = std::stoull(field);
+  }
+  return double(user + system) / double(sysconf(_SC_CLK_TCK));
+}
+
+// "Shift+Right", "F1", "?", "Esc": one key and its modifiers, as QKeySequence reads them.
+QKeyCombination parse_key(const QString& spec) {
+  const QKeySequence sequence = QKeySequence::fromString(spec);
+  if (sequence.count() != 1 || sequence[0].key() == Qt::Key_unknown)
+    throw std::runtime_error(
+        ("keys: '" + spec + "' is not a key (expected e.g. Right, Shift+Right, F1, ?, Esc)")
+            .toStdString());
+  return sequence[0];
+}
+
+// The text a key types (what ImGui's text fields receive): printable keys only.
+QString key_text(QKeyCombination key) {
+  const int code = int(key.key());
+  if (code < 0x20 || code > 0x7e) return {};
+  const QChar c(code);
+  return (key.keyboardModifiers() & Qt::ShiftModifier) ? QString(c) : QString(c).toLower();
 }
 
 }  // namespace
@@ -40,25 +81,37 @@ void ScriptRunner::fail(const QString& message) {
 }
 
 bool ScriptRunner::settled() const {
-  return !window_.engine().busy() && !window_.engine().generating();
+  return !window_.engine().busy() && !window_.engine().generating() &&
+         !window_.canvas().input_pending();
 }
 
 void ScriptRunner::tick() {
   if (!load_error_.isEmpty()) return fail(load_error_);
   if (now_ms() < wait_until_ms_) return;
+  // A line starting with '!' runs while the engine still records (it waits only for a first
+  // recorded step): input that arrives as the recording goes on.
+  const bool immediate = line_ < lines_.size() && lines_[line_].trimmed().startsWith('!');
+  if (immediate) {
+    const Trace* trace = window_.engine().trace();
+    if (!trace || trace->step_count() == 0) return;
+  }
   // Settled: the engine idle, then two more frames drawn, so the screen shows the result.
-  if (!settled()) {
+  if (!immediate && !settled()) {
     settle_frames_ = -1;
     return;
   }
-  if (settle_frames_ < 0) settle_frames_ = window_.canvas().frames();
-  if (window_.canvas().frames() < settle_frames_ + 2) return;
+  if (settle_frames_ < 0) {
+    settle_frames_ = window_.canvas().frames();
+    window_.canvas().request_frames(2);  // the canvas draws on demand only
+  }
+  if (!immediate && window_.canvas().frames() < settle_frames_ + 2) return;
   if (line_ >= lines_.size()) {
     timer_.stop();
     QApplication::exit(0);
     return;
   }
-  const QString text = lines_[line_].trimmed();
+  QString text = lines_[line_].trimmed();
+  if (immediate) text = text.mid(1).trimmed();
   if (text.isEmpty() || text.startsWith('#')) {
     ++line_;
     return;
@@ -261,15 +314,161 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
           ("expect-tab: the tab shown is " + QString(tab_title(dashboard.tab()))).toStdString());
   } else if (command == "help") {
     if (joined != "on" && joined != "off") throw std::runtime_error("help: on or off");
-    dashboard.show_help(joined == "on");
+    window_.canvas().set_help_open(joined == "on");
   } else if (command == "close-dialogs") {
     window_.close_dialogs();
+  } else if (const std::optional<bool> done = run_input_command(command, args); done) {
+    if (!*done) return false;  // input injection and measurements (run_input_command)
   } else if (command == "quit") {
     timer_.stop();
     window_.close();
     QApplication::exit(0);
   } else {
     throw std::runtime_error(("unknown command '" + command + "'").toStdString());
+  }
+  return true;
+}
+
+// Input as a user gives it, posted to the canvas back to back (no frame drawn between events),
+// and measurements of how the window responds.
+std::optional<bool> ScriptRunner::run_input_command(const QString& command,
+                                                    const QStringList& args) {
+  ImGuiCanvas& canvas = window_.canvas();
+  auto count_at = [&](int index) {
+    if (index >= args.size()) return 1;
+    bool ok = false;
+    const int value = args[index].toInt(&ok);
+    if (!ok || value < 1 || value > 1000)
+      throw std::runtime_error(
+          (command + ": the count '" + args[index] + "' is not a number from 1 to 1000")
+              .toStdString());
+    return value;
+  };
+  auto post_clicks = [&](QPointF at, int count) {
+    const QPointF global = canvas.mapToGlobal(at);
+    QCoreApplication::postEvent(
+        &canvas,
+        new QMouseEvent(QEvent::MouseMove, at, global, Qt::NoButton, Qt::NoButton, Qt::NoModifier));
+    for (int i = 0; i < count; ++i) {
+      QCoreApplication::postEvent(
+          &canvas, new QMouseEvent(QEvent::MouseButtonPress, at, global, Qt::LeftButton,
+                                   Qt::LeftButton, Qt::NoModifier));
+      QCoreApplication::postEvent(
+          &canvas, new QMouseEvent(QEvent::MouseButtonRelease, at, global, Qt::LeftButton,
+                                   Qt::NoButton, Qt::NoModifier));
+    }
+  };
+  if (command == "click-at") {
+    // click-at X Y [COUNT]: canvas coordinates (logical pixels).
+    bool ok_x = false, ok_y = false;
+    const double x = args.value(0).toDouble(&ok_x), y = args.value(1).toDouble(&ok_y);
+    if (!ok_x || !ok_y) throw std::runtime_error("click-at: needs X Y [COUNT] in canvas pixels");
+    post_clicks({x, y}, count_at(2));
+  } else if (command == "click" || command == "click-n") {
+    // click TEXT | click-n COUNT TEXT: on the control the last frame labelled TEXT.
+    const int count = command == "click-n" ? count_at(0) : 1;
+    const QString text = (command == "click-n" ? args.mid(1) : args).join(' ');
+    if (text.isEmpty()) throw std::runtime_error((command + ": which text?").toStdString());
+    const std::optional<QPointF> at = canvas.find_text(text);
+    if (!at) {
+      if (now_ms() - line_start_ms_ < 3000) {
+        canvas.request_frames();
+        return false;  // (retried: the next frames may show it)
+      }
+      throw std::runtime_error((command + ": no text '" + text + "' on the screen").toStdString());
+    }
+    post_clicks(*at, count);
+  } else if (command == "locate") {
+    // locate TEXT: prints where the screen shows TEXT, in the pixels of a screenshot.
+    const QString text = args.join(' ');
+    const std::optional<QPointF> at = canvas.find_text(text);
+    if (!at)
+      throw std::runtime_error(("locate: no text '" + text + "' on the screen").toStdString());
+    const QPointF in_shot = QPointF(canvas.mapToGlobal(*at) - window_.frameGeometry().topLeft()) *
+                            canvas.devicePixelRatioF();
+    std::printf("locate: %s at %.0f %.0f\n", text.toUtf8().constData(), in_shot.x(), in_shot.y());
+    std::fflush(stdout);
+  } else if (command == "keys") {
+    // keys KEY [COUNT] [held]: COUNT presses and releases of KEY; held: one press held down for
+    // COUNT - 1 auto-repeats (release and press again, as X11 repeats), then the release.
+    if (args.isEmpty())
+      throw std::runtime_error("keys: needs KEY [COUNT] [held], e.g. keys Shift+Right 11");
+    if (args.size() > 2 && args[2] != "held")
+      throw std::runtime_error(("keys: '" + args[2] + "' is not 'held'").toStdString());
+    const QKeyCombination key = parse_key(args[0]);
+    const int count = count_at(1);
+    const bool held = args.size() > 2;
+    auto post = [&](QEvent::Type type, bool repeat) {
+      QCoreApplication::postEvent(
+          &canvas,
+          new QKeyEvent(type, int(key.key()), key.keyboardModifiers(), key_text(key), repeat));
+    };
+    for (int i = 0; i < count; ++i) {
+      post(QEvent::KeyPress, held && i > 0);
+      if (!held || i == count - 1)
+        post(QEvent::KeyRelease, false);
+      else
+        post(QEvent::KeyRelease, true);
+    }
+  } else if (command == "expect-step") {
+    // expect-step N | last: the step the view shows.
+    const Trace* trace = window_.engine().trace();
+    const int64_t last = trace ? trace->step_count() - 1 : -1;
+    bool ok = false;
+    const int64_t wanted = args.value(0) == "last" ? last : args.value(0).toLongLong(&ok);
+    if (args.value(0) != "last" && !ok)
+      throw std::runtime_error("expect-step: needs a step number or 'last'");
+    const int64_t shown = window_.dashboard().cursor();
+    if (shown != wanted)
+      throw std::runtime_error(("expect-step: the view shows step " + std::to_string(shown) +
+                                ", not " + std::to_string(wanted) + " (" +
+                                std::to_string(last + 1) + " recorded)"));
+  } else if (command == "expect-help") {
+    // expect-help open | closed: whether the last frame drew the keys-and-gestures overlay.
+    if (args.value(0) != "open" && args.value(0) != "closed")
+      throw std::runtime_error("expect-help: open or closed");
+    const bool wanted = args.value(0) == "open";
+    if (help_overlay_shown() != wanted || canvas.help_open() != wanted)
+      throw std::runtime_error(std::string("expect-help: the help overlay is ") +
+                               (help_overlay_shown() ? "open" : "closed"));
+  } else if (command == "expect-idle-cpu") {
+    // expect-idle-cpu SECONDS MAX_PERCENT: the process's CPU (all threads) over SECONDS of no
+    // input, as a percentage of one core.
+    bool ok_s = false, ok_p = false;
+    const double seconds = args.value(0).toDouble(&ok_s),
+                 max_percent = args.value(1).toDouble(&ok_p);
+    if (!ok_s || !ok_p || seconds <= 0)
+      throw std::runtime_error("expect-idle-cpu: needs SECONDS MAX_PERCENT, e.g. 5 2");
+    // The interval starts 1 s after the command, once the frames the script drew to settle
+    // before it have been composited (on a software renderer that is CPU time too).
+    if (cpu_quiet_until_ms_ < 0) {
+      cpu_quiet_until_ms_ = now_ms() + 1000;
+      return false;
+    }
+    if (now_ms() < cpu_quiet_until_ms_) return false;
+    if (cpu_start_ms_ < 0) {
+      cpu_start_ms_ = now_ms();
+      cpu_start_seconds_ = process_cpu_seconds();
+      cpu_start_frames_ = canvas.frames();
+      return false;
+    }
+    const qint64 elapsed_ms = now_ms() - cpu_start_ms_;
+    if (elapsed_ms < qint64(seconds * 1000)) return false;
+    const double percent =
+        100.0 * (process_cpu_seconds() - cpu_start_seconds_) / (elapsed_ms * 1e-3);
+    const int64_t frames = canvas.frames() - cpu_start_frames_;
+    cpu_start_ms_ = cpu_quiet_until_ms_ = -1;
+    std::printf("idle-cpu: %.2f%% of a core over %.1f s, %lld frames drawn\n", percent,
+                elapsed_ms * 1e-3, (long long)frames);
+    std::fflush(stdout);
+    if (percent > max_percent)
+      throw std::runtime_error(("expect-idle-cpu: " + QString::number(percent, 'f', 2) +
+                                "% of a core over " + QString::number(elapsed_ms * 1e-3, 'f', 1) +
+                                " s (" + QString::number(frames) + " frames drawn), above " +
+                                args[1] + "%")
+                                   .toStdString());
+  } else {
+    return std::nullopt;
   }
   return true;
 }
