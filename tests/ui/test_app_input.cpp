@@ -53,8 +53,8 @@ TEST_CASE("keys pressed back to back each reach the window", "[ui][app][input]")
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("input");
   const test::CommandResult result = run_script(
-      dir, {"step 40", "goto 0", "keys Right 25", "expect-step 25", "keys Shift+Left 2",
-            "expect-step 5", "keys End", "expect-step 39", "keys Home", "expect-step 0", "quit"});
+      dir, {"goto 0", "keys Right 25", "expect-step 25", "keys Shift+Left 2", "expect-step 5",
+            "keys End", "expect-step 110", "keys Home", "expect-step 0", "quit"});
   INFO(result.out << result.err);
   CHECK(result.exit_code == 0);
 }
@@ -116,7 +116,7 @@ TEST_CASE("F1 and ? toggle the keys-and-gestures overlay, and Esc or a click out
           "[ui][app][input]") {
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("input");
-  const test::CommandResult result = run_script(dir, {"step 5",
+  const test::CommandResult result = run_script(dir, {"goto 4",
                                                       "screenshot $DIR/without.png",
                                                       "keys F1",
                                                       "expect-help open",
@@ -150,14 +150,13 @@ TEST_CASE("F1 and ? toggle the keys-and-gestures overlay, and Esc or a click out
   CHECK(changed > 1000);
 }
 TEST_CASE("a ? typed into a text field is text, not the help", "[ui][app][input]") {
-  // A click in the prompt's text puts the cursor there; '?' then types (the word on screen
-  // becomes "val?ley") instead of opening the overlay; once Esc leaves the field, '?' opens it.
+  // A click in a run's knobs field puts the cursor there; '?' then types (the run rows change, so
+  // a change is pending) instead of opening the overlay; once Esc leaves the field, '?' opens it.
   REQUIRE(have_xvfb());
   const std::string dir = test::make_temp_dir("input");
   const test::CommandResult result =
-      run_script(dir, {"open-prompt The valley is green and the river", "step 3", "click valley",
-                       "keys ?", "expect-help closed", "locate val?ley", "keys Esc", "keys ?",
-                       "expect-help open", "quit"});
+      run_script(dir, {"expect-pending no", "click knobs:", "keys ?", "expect-help closed",
+                       "expect-pending yes", "keys Esc", "keys ?", "expect-help open", "quit"});
   INFO(result.out << result.err);
   CHECK(result.exit_code == 0);
 }
@@ -190,7 +189,7 @@ TEST_CASE("bad input commands name the command and what they expect", "[ui][app]
       {"click-at 10", "click-at: needs X Y [COUNT] in canvas pixels"},
       {"click No such button", "click: no text 'No such button' on the screen"},
       {"expect-idle-cpu soon 2", "expect-idle-cpu: needs SECONDS MAX_PERCENT"},
-      {"expect-step 3", "expect-step: the view shows step 1, not 3 (2 recorded)"},
+      {"expect-step 3", "expect-step: the view shows step 110, not 3 (111 recorded)"},
   };
   for (const auto& [line, message] : cases) {
     const std::string dir = test::make_temp_dir("input");
