@@ -334,6 +334,8 @@ py::dict metrics_dict(const StepMetrics& m) {
 py::dict result_row(const PolicyConfig& run, const SparsityStats& stats) {
   py::dict row;
   row["policy"] = run.id;
+  // The canonical run spec (two runs of one policy and sparsity differ by their knobs).
+  row["run"] = session::run_spec(run);
   row["sparsity"] = run.sparsity;
   row["effective_sparsity"] = stats.steps > 0 ? stats.overall() : 0.0;
   row["accuracy"] = py::none();
