@@ -26,21 +26,25 @@ constexpr Binding kStepping[] = {
     {"Space", "play / pause"},
 };
 constexpr Binding kViews[] = {
-    {"Ctrl+1 .. Ctrl+6", "switch view (Heads, Predicted vs true, Retention, ...)"},
+    {"Ctrl+1 .. Ctrl+7", "switch view (Heads, Predicted, Retention, History, ... Generate)"},
     {"Ctrl+wheel", "zoom the figure"},
     {"Right- or middle-drag", "pan the figure"},
     {"Hover", "the value under the cursor, per run"},
     {"Click a head", "select it (layer and head in the sidebar)"},
     {"Click a token in Retention", "open that token's history"},
+    {"Click a History cell", "that token's story, at that step"},
+    {"Find token (sidebar)", "highlight a token's column in every view"},
 };
 constexpr Binding kFiles[] = {
     {"Ctrl+O", "open a model folder"},
     {"Ctrl+Shift+O", "open a saved .kvtrace"},
     {"Ctrl+S", "save the recording as a .kvtrace"},
     {"Ctrl+E", "export the view (PNG, SVG, PDF, CSV, JSON)"},
+    {"Ctrl+R", "record the text with the sidebar's runs"},
 };
 constexpr Binding kControls[] = {
     {"Ctrl+click a slider", "type an exact value (Enter to apply)"},
+    {"Runs: policy, budget, knobs", "each run its own (h2o@0.3 beside h2o@0.7)"},
     {"Hover a control", "what it does"},
     {"F1 or ?", "show / hide this help"},
     {"Esc", "close this help"},
