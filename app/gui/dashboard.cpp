@@ -445,6 +445,8 @@ void Dashboard::view_area() {
   const float scrollbar = ImGui::GetStyle().ScrollbarSize;
   options_.width = zoom_ > 0 ? 1280.0f : std::max(640.0f, std::floor(available.x - scrollbar));
   options_.height = zoom_ > 0 ? 0.0f : std::max(360.0f, std::floor(available.y - scrollbar));
+  area_width_ = available.x;
+  area_height_ = available.y;
   // Grid maps pooled to the pixels they cover; the scale rounded up to a power of two so that a
   // zoom rebuilds the maps only when it crosses one.
   const float pixels = (zoom_ > 0 ? zoom_ : 1.0f) * ImGui::GetIO().DisplayFramebufferScale.x;

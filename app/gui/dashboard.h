@@ -91,6 +91,9 @@ class Dashboard {
   // The same view built for an export: full detail whatever the zoom, with the data behind it
   // when asked (null before a step is recorded).
   std::shared_ptr<const viz::View> view_for_export(bool with_data);
+  // The view area the figure was last laid out for (Fit: its size), in canvas units.
+  float area_width() const { return area_width_; }
+  float area_height() const { return area_height_; }
   // How long the last figure took to build (for the status bar and benchmarks).
   double last_build_seconds() const { return build_seconds_; }
   // Token text and the runs to compare for a fresh recording.
@@ -129,10 +132,10 @@ class Dashboard {
   int64_t target_step_ = -1;
   bool follow_ = true;  // the cursor follows newly recorded steps
   bool playing_ = false;
-  bool scrubbing_ = false;  // the step slider is being dragged
-  bool head_chosen_ = false;
-  int64_t generate_tokens_ =
-      32;  // the Generate tab's token count  // the user selected a head: no default replaces it
+  bool scrubbing_ = false;        // the step slider is being dragged
+  bool head_chosen_ = false;      // the user selected a head: no default replaces it
+  int64_t generate_tokens_ = 32;  // the Generate tab's token count
+  float area_width_ = 0, area_height_ = 0;
   float play_rate_ = 8.0f;  // steps per second
   double last_play_seconds_ = 0.0;
   float zoom_ = 0.0f;    // 0: fit the view area

@@ -295,14 +295,16 @@ void Dashboard::head_section() {
   }
   tooltip("Retention and History: over which heads a token counts as kept");
   ImGui::Checkbox("history of the selected head", &options_.history_per_head);
-  tooltip("History: the selected head's own states (visible, hidden, evicted, back) instead of "
-          "the share of the heads above that see each token");
+  tooltip(
+      "History: the selected head's own states (visible, hidden, evicted, back) instead of "
+      "the share of the heads above that see each token");
   if (options_.focus_token >= 0) {
     ImGui::Text("history of token %lld", (long long)options_.focus_token);
     ImGui::SameLine();
     if (ImGui::SmallButton("clear##focus")) focus_token(-1);
-    tooltip("Stop outlining this token in History (click a token in Retention or History to pick "
-            "another)");
+    tooltip(
+        "Stop outlining this token in History (click a token in Retention or History to pick "
+        "another)");
   }
   if (scope >= 1) options_.retention_layer = options_.layer;
   if (scope == 2) options_.retention_head = options_.head;

@@ -297,6 +297,14 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
                   ids.toLocal8Bit().constData(), texts[r].text.c_str());
     }
     std::fflush(stdout);
+  } else if (command == "report-figure") {
+    // The figure on screen against the view area it was laid out for (canvas units).
+    const std::shared_ptr<const viz::View> view = dashboard.current_view();
+    if (!view) throw std::runtime_error("report-figure: no figure on screen");
+    std::printf("figure: %.0f x %.0f in an area of %.0f x %.0f\n", double(view->figure.width),
+                double(view->figure.height), double(dashboard.area_width()),
+                double(dashboard.area_height()));
+    std::fflush(stdout);
   } else if (command == "resize") {
     window_.resize(int(number(0)), int(number(1)));
   } else if (command == "expect-highlighted") {

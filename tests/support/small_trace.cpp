@@ -11,7 +11,8 @@ Trace make_small_trace(int64_t steps) {
   trace.model = {"small", kSmallLayers, kSmallHeads, 1, 4, 50};
   trace.coref = {true, 0, 0, "Ann", 4, 6};
   trace.tokens = {{1, "<s>"}, {11, " The"}, {12, " key"}, {13, " is"}, {14, " A"}, {15, "nn"}};
-  // (h2o's default knobs: the run is titled "h2o s=0.5", as views name a run by its non-default knobs)
+  // (h2o's default knobs: the run is titled "h2o s=0.5", as views name a run by its non-default
+  // knobs)
   trace.runs = {{"dense", 0.0, {}, 0}, {"h2o", 0.5, {"sinks=4"}, 0}};
   trace.top_k = 2;
   const float inf = std::numeric_limits<float>::infinity();

@@ -135,3 +135,46 @@ TEST_CASE("a typed prompt is continued under each run with the first departure f
   CHECK(distinct_colors(dir + "/generate.png") > 20);
 }
 #endif  // KVLENS_APP_PATH
+
+#ifdef KVLENS_APP_PATH
+#include <regex>
+
+TEST_CASE("the heads grid fills the view area and the zoom buttons stay put", "[ui][app]") {
+  // Fit lays the figure out at the view area's size in both directions: the maps grow until the
+  // width or the height is used up (at 1280 x 720 and at 1920 x 1080, one and four runs).
+  REQUIRE(have_xvfb());
+  for (const char* screen : {"1280x720", "1920x1080"}) {
+    const std::string dir = kvlens::test::make_temp_dir("app");
+    const auto result =
+        run_app(dir,
+                script({"report-figure", "compare dense", "report-figure",
+                        "compare dense,tokenbutler,h2o,quest", "report-figure", "locate Fit",
+                        "zoom 125", "locate Fit", "zoom 80", "locate Fit", "zoom fit", "quit"},
+                       dir),
+                "", screen);
+    INFO(screen << "\n" << result.out << result.err);
+    REQUIRE(result.exit_code == 0);
+    const std::regex figure(R"(figure: (\d+) x (\d+) in an area of (\d+) x (\d+))");
+    int figures = 0;
+    for (auto it = std::sregex_iterator(result.out.begin(), result.out.end(), figure);
+         it != std::sregex_iterator(); ++it, ++figures) {
+      const double w = std::stod((*it)[1]), h = std::stod((*it)[2]);
+      const double area_w = std::stod((*it)[3]), area_h = std::stod((*it)[4]);
+      CHECK(w <= area_w);
+      CHECK(h <= area_h);
+      // (one direction is used up, less the scroll bar's room and the grid's margins)
+      CHECK((w >= 0.9 * area_w || h >= 0.85 * area_h));
+    }
+    CHECK(figures == 3);
+    // The Fit button is where it was at every zoom (its neighbours' labels change width).
+    const std::regex fit(R"(locate: Fit at (\d+ \d+))");
+    std::vector<std::string> places;
+    for (auto it = std::sregex_iterator(result.out.begin(), result.out.end(), fit);
+         it != std::sregex_iterator(); ++it)
+      places.push_back((*it)[1]);
+    REQUIRE(places.size() == 3);
+    CHECK(places[0] == places[1]);
+    CHECK(places[1] == places[2]);
+  }
+}
+#endif  // KVLENS_APP_PATH
