@@ -2,7 +2,7 @@
 // scores: it is left out, named in one line): a per-layer summary (each run's mean top-50% hit
 // rate and Spearman over the heads of each layer at this step), then per run, for the selected
 // head, the policy's importance scores (a learned predictor's predicted logits, for tokenbutler;
-// hidden tokens not dimmed, the predictions being what one inspects) and the true logits over
+// hidden tokens not hatched, the predictions being what one inspects) and the true logits over
 // steps x tokens, a scatter of the two at the current step, and every head's top-50% hit rate on
 // layer and head axes. Searched tokens (ViewOptions::highlight_tokens) are framed in the maps and
 // ringed in the scatter.
@@ -303,7 +303,7 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
       map_panel(f, trace, {margin, y, panel, panel}, scores, false, scores_name, theme, where,
                 options.highlight_tokens);
       map_panel(f, trace, {margin + panel + gap, y, panel, panel}, logits, true,
-                "true logits (hidden dimmed)", theme, where, options.highlight_tokens);
+                "true logits (hidden hatched)", theme, where, options.highlight_tokens);
 
       // The scatter at this step.
       const PredictedVsTrue p = predicted_vs_true(trace, run, step, options.layer, options.head);

@@ -98,7 +98,9 @@ void Dashboard::on_opened() {
   key_.clear();
   built_.reset();
   const Trace& trace = *engine_.trace();
-  options_.runs = viz::default_runs(trace);
+  // Another text with the same runs keeps the runs compared.
+  options_.runs = runs_with_keys(trace, kept_runs_);
+  if (options_.runs.empty()) options_.runs = viz::default_runs(trace);
   options_.layer = std::min<int64_t>(options_.layer, trace.model.layers - 1);
   options_.head = std::min<int64_t>(options_.head, trace.model.heads - 1);
   if (trace.step_count() > 0) cursor_ = trace.step_count() - 1;

@@ -351,7 +351,7 @@ TEST_CASE("the predicted view leaves out runs without scores and sums up each la
   for (const TextItem* t : items_of<TextItem>(view.figure))
     layer_axis = layer_axis || (t->text == "layer" && t->rotation == 90.0f);
   CHECK(layer_axis);
-  // The predicted map is not dimmed where the head hid tokens; the true logits' map is.
+  // The predicted map is not hatched where the head hid tokens; the true logits' map is.
   const std::vector<const ImageItem*> images = items_of<ImageItem>(view.figure);
   REQUIRE(images.size() >= 2);
   const HeadMatrix scores = head_matrix(trace, 1, 1, 0, HeadQuantity::Scores, 4);
