@@ -294,12 +294,14 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
 struct GridLayout {
   float cell = 0, pitch = 0, panel = 0, strip_cell = 0;
   bool strip_beside = false;
+  int64_t columns = 1;  // runs side by side; more runs go on further rows
 };
 
 constexpr float kMapGap = 3, kPanelGap = 28, kLeft = 44, kStripAxis = 30, kStripGap = 16;
 constexpr float kStripTitle = 34;   // a summary map's title and head labels above its cells
 constexpr float kStripAcross = 12;  // between the summaries side by side (under the maps)
 constexpr float kStripTitleWidth = 120;
+constexpr float kRowGap = 20;  // between rows of runs
 
 // The summary maps' cell: as small as 3 units, as large as 12 across (under the grid: the maps
 // take the height) or 16 down (beside it, in width the maps leave), the three maps fitting
@@ -310,9 +312,11 @@ float strip_cell_for(float room, int64_t count, bool across) {
   return std::clamp(std::floor((room - fixed) / float(3 * count)), 3.0f, across ? 12.0f : 16.0f);
 }
 
-GridLayout grid_layout(const ViewOptions& options, float y0, int64_t L, int64_t H, int64_t n) {
-  const float panel = (options.width - kLeft - 16 - kPanelGap * float(n - 1)) / float(n);
-  const float height = options.height > 0 ? options.height - y0 - 16 : 0.0f;
+// One row of `columns` runs in `height` (0: none to fill): the strip under or beside the maps.
+GridLayout row_layout(const ViewOptions& options, float height, int64_t L, int64_t H,
+                      int64_t columns) {
+  const float panel =
+      (options.width - kLeft - 16 - kPanelGap * float(columns - 1)) / float(columns);
   auto fit = [&](float across, float down) {
     float cell = std::floor(across / float(H)) - kMapGap;
     if (height > 0)
@@ -324,6 +328,7 @@ GridLayout grid_layout(const ViewOptions& options, float y0, int64_t L, int64_t 
   // Under the maps: the strip takes height.
   GridLayout under;
   under.panel = panel;
+  under.columns = columns;
   under.strip_cell = strip_cell_for(panel, H, true);
   under.cell = fit(panel, height - (kStripGap + kStripTitle + float(L) * under.strip_cell + 8));
   under.pitch = under.cell + kMapGap;
@@ -331,6 +336,7 @@ GridLayout grid_layout(const ViewOptions& options, float y0, int64_t L, int64_t 
   // Beside the maps: the strip takes width.
   GridLayout beside;
   beside.panel = panel;
+  beside.columns = columns;
   beside.strip_beside = true;
   beside.strip_cell = strip_cell_for(height, L, false);
   const float strip_w =
@@ -338,6 +344,23 @@ GridLayout grid_layout(const ViewOptions& options, float y0, int64_t L, int64_t 
   beside.cell = fit(panel - strip_w, height);
   beside.pitch = beside.cell + kMapGap;
   return beside.cell > under.cell ? beside : under;
+}
+
+// `row_top`: the room a further row of runs needs above its maps (its titles and head labels).
+GridLayout grid_layout(const ViewOptions& options, float y0, float row_top, int64_t L, int64_t H,
+                       int64_t n) {
+  const float height = options.height > 0 ? options.height - y0 - 16 : 0.0f;
+  GridLayout best = row_layout(options, height, L, H, n);
+  if (height <= 0) return best;
+  // Several runs in a tall area: on two rows the maps may be larger than all in one row (four
+  // runs side by side leave most of a 16:10 screen's height empty).
+  for (int64_t columns = (n + 1) / 2; columns < n; ++columns) {
+    const int64_t rows = (n + columns - 1) / columns;
+    const float per_row = (height - float(rows - 1) * (row_top + kRowGap)) / float(rows);
+    const GridLayout stacked = row_layout(options, per_row, L, H, columns);
+    if (stacked.cell > best.cell) best = stacked;
+  }
+  return best;
 }
 
 // One run's per-head summary: three [layers][heads] heatmaps with layer and head axes, each cell
@@ -424,10 +447,10 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
       theme);
   // The maps' scale spans every map, so the legend is placed once they are read; its row is
   // reserved here.
-  const float legend_y = top + 6, panel_top = legend_bottom(legend_y, options, theme, true);
+  const float legend_y = top + 6, first_panel_top = legend_bottom(legend_y, options, theme, true);
   const float title_h = 18, head_labels_h = 16;
-  const float y0 = panel_top + title_h + head_labels_h;
-  const GridLayout layout = grid_layout(options, y0, L, H, n);
+  const GridLayout layout = grid_layout(options, first_panel_top + title_h + head_labels_h,
+                                        title_h + head_labels_h, L, H, n);
   const float cell = layout.cell, pitch = layout.pitch;
 
   // Every map first: the colour scale spans all of them.
@@ -457,11 +480,17 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
       label_every(pitch, text_width("H" + std::to_string(H - 1), kLabelSize) + 6);
   const float screen_cell = cell * (options.pixel_scale > 0 ? options.pixel_scale : 1.0f);
   int64_t missing = 0;
+  float panel_top = first_panel_top, y0 = panel_top + title_h + head_labels_h;
   float bottom = y0 + float(L) * pitch;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t run = options.runs[size_t(i)];
     const bool predicted = run_predicts_logits(trace, run);
-    const float x0 = kLeft + float(i) * (layout.panel + kPanelGap);
+    if (i > 0 && i % layout.columns == 0) {  // the next row of runs, under the last one's bottom
+      panel_top = bottom + kRowGap;
+      y0 = panel_top + title_h + head_labels_h;
+      bottom = y0 + float(L) * pitch;
+    }
+    const float x0 = kLeft + float(i % layout.columns) * (layout.panel + kPanelGap);
     f.text({x0, panel_top + 13}, run_title(trace, run), 13, run_color(trace, run, theme),
            HAlign::Left, VAlign::Baseline, true);
     for (int64_t h = 0; h < H; h += every_head) {

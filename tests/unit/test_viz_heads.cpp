@@ -164,6 +164,38 @@ TEST_CASE("the heads grid fills the view area in both directions", "[viz]") {
   CHECK(maps_of(free.figure)[0]->box.w == 120.0f);
 }
 
+TEST_CASE("four runs in a tall view area go on two rows when that makes the maps larger", "[viz]") {
+  // The app's view area at 1920 x 1080: four runs side by side leave maps of about 27 units and
+  // most of the height empty; two rows of two fill it with larger maps.
+  const Trace trace = grid_trace(8, 8, 40, {"dense", "tokenbutler", "h2o", "quest"});
+  ViewOptions options;
+  options.runs = {0, 1, 2, 3};
+  options.width = 1112;
+  options.height = 824;
+  const View view = build_view(trace, ViewKind::Heads, options);
+  const std::vector<const HoverGrid*> maps = maps_of(view.figure);
+  REQUIRE(maps.size() == 4 * 64);
+  const float side = maps[0]->box.w;
+  const float one_row = std::floor((1112.0f - 44 - 16 - 3 * 28) / 4 / 8) - 3;
+  CHECK(side > one_row + 4);
+  // Runs 0 and 1 side by side, 2 and 3 under them, in the same columns.
+  const HoverGrid& first = *maps[0];
+  const HoverGrid& second = *maps[64];
+  const HoverGrid& third = *maps[128];
+  CHECK(second.box.y == first.box.y);
+  CHECK(second.box.x > first.box.x);
+  CHECK(third.box.x == first.box.x);
+  CHECK(third.box.y > first.box.y + 8 * side);
+  CHECK(view.figure.height <= options.height);
+  CHECK(extent(view.figure).x <= options.width);
+  // In a wide, low area one row stays (the maps would be smaller on two).
+  options.width = 1800;
+  options.height = 500;
+  const View wide = build_view(trace, ViewKind::Heads, options);
+  const std::vector<const HoverGrid*> wide_maps = maps_of(wide.figure);
+  CHECK(wide_maps[192]->box.y == wide_maps[0]->box.y);
+}
+
 TEST_CASE("layer and head labels are readable and never overlap", "[viz]") {
   const Trace trace = grid_trace(16, 16, 20, {"dense", "tokenbutler", "h2o", "quest"});
   for (const float width : {1480.0f, 970.0f}) {
