@@ -54,7 +54,8 @@ EngineController::EngineController(QObject* parent) : QObject(parent) {
 }
 
 EngineController::~EngineController() {
-  ++generation_;  // the worker's loop stops at its next step
+  ++generation_;            // the worker's loop stops at its next step
+  stop_generating_ = true;  // (and a generation at its next token)
   thread_.quit();
   thread_.wait();
 }
