@@ -381,10 +381,12 @@ void Dashboard::frame() {
                    ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_NoSavedSettings |
                    ImGuiWindowFlags_NoBackground);
   ImGui::PushFont(canvas_.ui_font());
-  ImGui::BeginChild("sidebar", ImVec2(330, 0), true);
-  sidebar();
-  ImGui::EndChild();
-  ImGui::SameLine();
+  if (sidebar_shown_) {
+    ImGui::BeginChild("sidebar", ImVec2(330, 0), true);
+    sidebar();
+    ImGui::EndChild();
+    ImGui::SameLine();
+  }
   ImGui::BeginChild("views", ImVec2(0, 0), false);
   view_area();
   ImGui::EndChild();
@@ -422,6 +424,12 @@ void Dashboard::view_area() {
   // A tab chosen elsewhere (menu, script, a click) selects its tab; until the tab bar shows it,
   // the tabs do not overwrite the choice.
   const bool forcing = shown_tab_ != int(tab_);
+  if (ImGui::Button(sidebar_shown_ ? "\u00AB##sidebar" : "\u00BB##sidebar"))
+    sidebar_shown_ = !sidebar_shown_;
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip(sidebar_shown_ ? "Hide the sidebar: the figure takes the width (Ctrl+B)"
+                                     : "Show the sidebar (Ctrl+B)");
+  ImGui::SameLine();
   if (ImGui::BeginTabBar("view tabs")) {
     for (int t = 0; t < kTabCount; ++t) {
       const ImGuiTabItemFlags flags = forcing && int(tab_) == t ? ImGuiTabItemFlags_SetSelected : 0;

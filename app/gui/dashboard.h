@@ -72,6 +72,9 @@ class Dashboard {
   void focus_token(int64_t token);
   // What a click on a figure's hover region does (select a head, a token's history, a step).
   void act_on_hit(const FigureHit& hit);
+  // The sidebar hidden gives the figure the window's width (Ctrl+B).
+  void set_sidebar_shown(bool shown) { sidebar_shown_ = shown; }
+  bool sidebar_shown() const { return sidebar_shown_; }
   // Generates max_new tokens under each run (the Generate tab shows them).
   void generate(int64_t max_new);
 
@@ -132,8 +135,9 @@ class Dashboard {
   int64_t target_step_ = -1;
   bool follow_ = true;  // the cursor follows newly recorded steps
   bool playing_ = false;
-  bool scrubbing_ = false;        // the step slider is being dragged
-  bool head_chosen_ = false;      // the user selected a head: no default replaces it
+  bool scrubbing_ = false;    // the step slider is being dragged
+  bool head_chosen_ = false;  // the user selected a head: no default replaces it
+  bool sidebar_shown_ = true;
   int64_t generate_tokens_ = 32;  // the Generate tab's token count
   float area_width_ = 0, area_height_ = 0;
   float play_rate_ = 8.0f;  // steps per second

@@ -28,6 +28,7 @@ constexpr Binding kStepping[] = {
 constexpr Binding kViews[] = {
     {"Ctrl+1 .. Ctrl+7", "switch view (Heads, Predicted, Retention, History, ... Generate)"},
     {"Ctrl+wheel", "zoom the figure"},
+    {"Ctrl+B", "hide / show the sidebar (the figure takes the width)"},
     {"Right- or middle-drag", "pan the figure"},
     {"Hover", "the value under the cursor, per run"},
     {"Click a head", "select it (layer and head in the sidebar)"},

@@ -184,6 +184,8 @@ void MainWindow::build_menus() {
     views->addAction(action);
   }
   view->addSeparator();
+  view->addAction("Show / hide the &sidebar", QKeySequence("Ctrl+B"), this,
+                  [this] { dashboard_->set_sidebar_shown(!dashboard_->sidebar_shown()); });
   QAction* dark = view->addAction("&Dark theme");
   dark->setCheckable(true);
   connect(dark, &QAction::toggled, this, &MainWindow::set_dark);

@@ -297,6 +297,9 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
                   ids.toLocal8Bit().constData(), texts[r].text.c_str());
     }
     std::fflush(stdout);
+  } else if (command == "sidebar") {
+    if (joined != "on" && joined != "off") throw std::runtime_error("sidebar: on or off");
+    dashboard.set_sidebar_shown(joined == "on");
   } else if (command == "report-figure") {
     // The figure on screen against the view area it was laid out for (canvas units).
     const std::shared_ptr<const viz::View> view = dashboard.current_view();

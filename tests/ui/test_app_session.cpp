@@ -148,8 +148,9 @@ TEST_CASE("the heads grid fills the view area and the zoom buttons stay put", "[
     const auto result =
         run_app(dir,
                 script({"report-figure", "compare dense", "report-figure",
-                        "compare dense,tokenbutler,h2o,quest", "report-figure", "locate Fit",
-                        "zoom 125", "locate Fit", "zoom 80", "locate Fit", "zoom fit", "quit"},
+                        "compare dense,tokenbutler,h2o,quest", "report-figure", "sidebar off",
+                        "report-figure", "sidebar on", "locate Fit", "zoom 125", "locate Fit",
+                        "zoom 80", "locate Fit", "zoom fit", "quit"},
                        dir),
                 "", screen);
     INFO(screen << "\n" << result.out << result.err);
@@ -165,7 +166,14 @@ TEST_CASE("the heads grid fills the view area and the zoom buttons stay put", "[
       // (one direction is used up, less the scroll bar's room and the grid's margins)
       CHECK((w >= 0.9 * area_w || h >= 0.85 * area_h));
     }
-    CHECK(figures == 3);
+    CHECK(figures == 4);
+    // Without the sidebar the view area has the sidebar's 330 units more.
+    std::vector<double> areas;
+    for (auto it = std::sregex_iterator(result.out.begin(), result.out.end(), figure);
+         it != std::sregex_iterator(); ++it)
+      areas.push_back(std::stod((*it)[3]));
+    REQUIRE(areas.size() == 4);
+    CHECK(areas[3] > areas[2] + 300);
     // The Fit button is where it was at every zoom (its neighbours' labels change width).
     const std::regex fit(R"(locate: Fit at (\d+ \d+))");
     std::vector<std::string> places;
