@@ -147,6 +147,12 @@ void MainWindow::build_menus() {
         QFileDialog::getExistingDirectory(this, "Open a Hugging Face model folder", model_dir_);
     if (!dir.isEmpty()) open_model(dir);
   });
+  file->addAction("Open a &GGUF file...", QKeySequence("Ctrl+G"), this, [this] {
+    const QString path = QFileDialog::getOpenFileName(
+        this, "Open a GGUF model file (llama.cpp, Ollama, LM Studio)", model_dir_,
+        "GGUF models (*.gguf);;all files (*)");
+    if (!path.isEmpty()) open_model(path);
+  });
   file->addAction("Open &trace...", QKeySequence("Ctrl+Shift+O"), this, [this] {
     const QString path = QFileDialog::getOpenFileName(this, "Open a recording", QString(),
                                                       "kvlens traces (*.kvtrace)");
