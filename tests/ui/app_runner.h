@@ -51,7 +51,7 @@ inline kvlens::test::CommandResult run_app(const std::string& dir, const std::st
   std::ofstream(dir + "/script.txt") << script;
   // (this suite's own QT_QPA_PLATFORM=offscreen must not reach the app: it draws with OpenGL)
   return kvlens::test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir + "/config " +
-                                   env + " timeout 120 " + xvfb_run(dir, screen) +
+                                   env + " timeout 300 " + xvfb_run(dir, screen) +
                                    KVLENS_APP_PATH " --script " + dir + "/script.txt " + args);
 }
 

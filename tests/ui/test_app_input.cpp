@@ -25,7 +25,7 @@ test::CommandResult run_script(const std::string& dir, std::initializer_list<std
   }
   script.close();
   return test::run_command("env -u QT_QPA_PLATFORM XDG_CONFIG_HOME=" + dir +
-                           "/config timeout 180 xvfb-run -a -f " + dir +
+                           "/config timeout 300 xvfb-run -a -f " + dir +
                            "/Xauthority -s '-screen 0 " + screen +
                            "x24' " KVLENS_APP_PATH " --script " + dir + "/script.txt");
 }
