@@ -31,7 +31,7 @@ class ScopedEnv {
 
 }  // namespace
 
-TEST_CASE("real: the model is found in KVLENS_REAL_MODEL, then in get_model.sh's cache", "[real]") {
+TEST_CASE("the model is found in KVLENS_REAL_MODEL, then in get_model.sh's cache", "[real]") {
   const std::string dir = kvlens::test::make_temp_dir("real-paths");
   ScopedEnv no_override("KVLENS_REAL_MODEL", "");
   ScopedEnv no_folder("KVLENS_REAL_HF_DIR", "");
@@ -55,7 +55,7 @@ TEST_CASE("real: the model is found in KVLENS_REAL_MODEL, then in get_model.sh's
   CHECK(real::gguf_path() == dir + "/elsewhere.gguf");
 }
 
-TEST_CASE("real: only the pre-GGUF 'expected a directory' error counts as unsupported", "[real]") {
+TEST_CASE("only the pre-GGUF 'expected a directory' error counts as unsupported", "[real]") {
   CHECK(real::says_gguf_unsupported(
       "m.gguf: model folder: expected a directory with config.json and safetensors weights, "
       "found no such directory"));
