@@ -52,7 +52,7 @@ std::string gguf_hint() {
 
 std::string f32_folder_hint() {
   return "looked for " + expected_f32_folder() +
-         "/config.json; make it with tools/make_real_fixtures.py --gguf FILE --out DIR, or set "
+         "/config.json; make it with tools/make_real_fixtures.py --hf-only --gguf FILE, or set "
          "KVLENS_REAL_HF_DIR";
 }
 
