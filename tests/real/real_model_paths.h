@@ -19,5 +19,8 @@ std::string gguf_hint();
 std::string f32_folder_hint();
 // True for the error Model::load gave before it read GGUF (it takes the file for a folder).
 bool says_gguf_unsupported(const std::string& error);
+// True for the error of a .gguf model before the tokenizer is read from its metadata (kvlens-cli
+// trace --prompt needs one).
+bool says_gguf_tokenizer_missing(const std::string& error);
 
 }  // namespace kvlens::test::real

@@ -61,3 +61,12 @@ TEST_CASE("only the pre-GGUF 'expected a directory' error counts as unsupported"
       "found no such directory"));
   CHECK_FALSE(real::says_gguf_unsupported("m.gguf: tensor blk.0.attn_q.weight: expected ..."));
 }
+
+TEST_CASE("only a tokenizer missing from a .gguf counts as not read yet", "[real]") {
+  CHECK(real::says_gguf_tokenizer_missing(
+      "kvlens-cli: error: m.gguf: tokenizer: expected a tokenizer from the GGUF file's metadata, "
+      "found none (not read from GGUF files yet)"));
+  CHECK_FALSE(
+      real::says_gguf_tokenizer_missing("kvlens-cli: error: m.gguf: tokenizer.ggml.pre: "
+                                        "expected a supported pre-tokenizer"));
+}
