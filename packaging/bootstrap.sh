@@ -126,9 +126,9 @@ fi
 log "Running the test suite (ctest: unit, parity, real, ui, cuda, package)"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
 # ctest counts skipped tests as passed and shows no output for them: say plainly whether the
-# real model ran, with each skip's reason (the tests print "skipped: <why>").
-real_skips=$(grep -h '^skipped: ' "$build"/Testing/Temporary/LastTest*.log 2>/dev/null | sort -u || true)
-if grep -q '^skipped: the real model is not fetched' <<<"$real_skips"; then
+# real model ran, with each skip's reason (the tests print "real test skipped: <why>").
+real_skips=$(grep -h '^real test skipped: ' "$build"/Testing/Temporary/LastTest*.log 2>/dev/null | sort -u || true)
+if grep -q '^real test skipped: the real model is not fetched' <<<"$real_skips"; then
   log "real tests: SKIPPED, no real model ($real_model_note)"
 else
   log "real tests: ran on ${KVLENS_REAL_MODEL:-the model already in the cache}"

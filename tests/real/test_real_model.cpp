@@ -110,10 +110,11 @@ const RealModel& gguf_file() {
   return m;
 }
 
-// ctest reports exit code 4 as Skipped (SKIP_RETURN_CODE); the message says why.
+// ctest reports exit code 4 as Skipped (SKIP_RETURN_CODE); bootstrap.sh --test repeats the
+// "real test skipped: <why>" lines in its summary.
 void skip_if_unavailable(const RealModel& m) {
   if (m.skip_reason.empty()) return;
-  std::printf("skipped: %s\n", m.skip_reason.c_str());
+  std::printf("real test skipped: %s\n", m.skip_reason.c_str());
   std::fflush(stdout);
   std::_Exit(4);
 }
