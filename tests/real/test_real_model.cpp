@@ -10,6 +10,7 @@
 // (about 6e-5 measured for the F32 folder). A position's argmax must match wherever transformers'
 // top-2 margin exceeds twice that bound (inside it either is right); greedy tokens always.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -114,7 +115,9 @@ const RealModel& gguf_file() {
 // "real test skipped: <why>" lines in its summary.
 void skip_if_unavailable(const RealModel& m) {
   if (m.skip_reason.empty()) return;
-  std::printf("real test skipped: %s\n", m.skip_reason.c_str());
+  std::string why = m.skip_reason;
+  while (!why.empty() && std::isspace(static_cast<unsigned char>(why.back()))) why.pop_back();
+  std::printf("real test skipped: %s\n", why.c_str());
   std::fflush(stdout);
   std::_Exit(4);
 }
@@ -247,8 +250,10 @@ void check_greedy(const RealModel& m) {
 }
 
 // Every registered policy that needs no predictor runs 16 steps of kvlens-cli trace in
-// lockstep over the first prompt's text, at 50%, and every run's steps are recorded.
-void check_policies_trace(const RealModel& m) {
+// lockstep over the first prompt's text, at 50%, and every run's steps are recorded. Only the
+// CLI loads the model (`path`; "" when absent: skipped).
+void check_policies_trace(const std::string& path, const std::string& absent_hint) {
+  skip_if_unavailable(RealModel{.skip_reason = path.empty() ? absent_hint : ""});
   std::vector<std::string> ids;
   for (const kvlens::PolicyInfo& info : kvlens::policy_infos()) {
     if (!info.needs_predictor) ids.push_back(info.id);
@@ -262,9 +267,14 @@ void check_policies_trace(const RealModel& m) {
   const std::string out = dir + "/run.kvtrace";
   // The prompt's first 8 tokens are prefilled densely, then 16 decode steps under each policy.
   const kvlens::test::CommandResult result = kvlens::test::run_command(
-      kvlens::test::cli_path() + " trace --model '" + m.path + "' --dtype f32 --prompt \"$(cat '" +
+      kvlens::test::cli_path() + " trace --model '" + path + "' --dtype f32 --prompt \"$(cat '" +
       text_file + "')\" --max-tokens " + std::to_string(8 + kTraceSteps) +
       " --prefill 8 --policies " + policies + " --sparsity 0.5 --out '" + out + "'");
+  // Until kvlens reads .gguf files, and their tokenizers, this part of the issue is not in yet.
+  if (result.exit_code != 0 && real::says_gguf_unsupported(result.err)) {
+    skip_if_unavailable(
+        RealModel{.skip_reason = "kvlens-cli does not read .gguf files yet: " + result.err});
+  }
   if (result.exit_code != 0 && real::says_gguf_tokenizer_missing(result.err)) {
     skip_if_unavailable(
         RealModel{.skip_reason = "kvlens reads no tokenizer from .gguf files yet: " + result.err});
@@ -302,8 +312,8 @@ TEST_CASE("the F32 folder's greedy continuations are transformers'", "[real]") {
 }
 
 TEST_CASE("every policy runs 16 traced steps on the F32 folder", "[real]") {
-  skip_if_unavailable(f32_folder());
-  check_policies_trace(f32_folder());
+  check_policies_trace(real::f32_folder_path(), "no F32 Hugging Face folder of the real model (" +
+                                                    real::f32_folder_hint() + ")");
 }
 
 TEST_CASE("the .gguf file gives transformers' logits when dequantized to F32", "[real]") {
@@ -317,8 +327,8 @@ TEST_CASE("the .gguf file's greedy continuations are transformers'", "[real]") {
 }
 
 TEST_CASE("every policy runs 16 traced steps on the .gguf file", "[real]") {
-  skip_if_unavailable(gguf_file());
-  check_policies_trace(gguf_file());
+  check_policies_trace(real::gguf_path(),
+                       "the real model is not fetched (" + real::gguf_hint() + ")");
 }
 
 // Tokenizer ids against llama.cpp's reference ids for the same file (issue 41 item 1) belong
