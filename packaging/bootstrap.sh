@@ -4,9 +4,12 @@
 # then runs the demo (default) or the whole test suite (--test).
 #   packaging/bootstrap.sh          install, build, open the app on the bundled demo model
 #   packaging/bootstrap.sh --test   install, build, run every test (ctest; sanitizer build; fuzzers)
+# A real model, SmolLM2-135M-Instruct (98 MB GGUF, tools/get_model.sh smollm2): --test fetches it
+# best-effort for the `real` tests (KVLENS_FETCH_REAL_MODEL=0: never; the set-up never fails on
+# it); KVLENS_FETCH_REAL_MODEL=1 fetches it in demo mode too and prints its path.
 set -euo pipefail
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 mode=demo
 case "${1:-}" in
   "" | --demo) mode=demo ;;
@@ -72,6 +75,38 @@ if [ "$mode" = test ]; then
   fi
 fi
 
+# --- the real model (best-effort) -------------------------------------------------------------
+# The `real` tests find the .gguf through KVLENS_REAL_MODEL and, in test mode, the F32 Hugging
+# Face folder transformers makes from it (tools/make_real_fixtures.py --hf-only, in the tools venv
+# with gguf and accelerate added); without them they are skipped, and the summary says so.
+real_model_note="the set-up did not fetch it: KVLENS_FETCH_REAL_MODEL=0"
+fetch_real=${KVLENS_FETCH_REAL_MODEL:-$([ "$mode" = test ] && echo 1 || echo 0)}
+if [ "$fetch_real" = 1 ]; then
+  log "Fetching the real model (tools/get_model.sh smollm2; best-effort)"
+  if real_model=$("$root/tools/get_model.sh" smollm2); then
+    export KVLENS_REAL_MODEL="$real_model"
+    real_model_note="$real_model"
+    echo "real model: $real_model"
+    if [ "$mode" = demo ]; then echo "Open it in the app with File > Open (a .gguf)."; fi
+  else
+    real_model_note="tools/get_model.sh smollm2 failed with exit $?, see above"
+    echo "bootstrap.sh: warning: tools/get_model.sh smollm2 failed; the real tests will be skipped" >&2
+  fi
+fi
+if [ "$mode" = test ] && [ -n "${KVLENS_REAL_MODEL:-}" ] && [ ${#tools_cmake[@]} -gt 0 ]; then
+  real_hf="${KVLENS_REAL_MODEL%.gguf}-f32-hf"
+  if [ -f "$real_hf/config.json" ]; then
+    echo "real model, F32 folder: $real_hf"
+  elif "$venv/bin/python" -m pip install --quiet gguf==0.19.0 accelerate==1.15.0 &&
+    "$venv/bin/python" "$root/tools/make_real_fixtures.py" --hf-only --gguf "$KVLENS_REAL_MODEL" \
+      --hf-dir "$real_hf"; then
+    echo "real model, F32 folder: $real_hf"
+  else
+    rm -rf "$real_hf"
+    echo "bootstrap.sh: warning: the F32 folder of the real model could not be made; its tests will be skipped" >&2
+  fi
+fi
+
 # --- build ------------------------------------------------------------------------------------
 log "Configuring and building kvlens in $build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${tools_cmake[@]+"${tools_cmake[@]}"} >/dev/null
@@ -88,8 +123,17 @@ if [ "$mode" = demo ]; then
 fi
 
 # --- tests ------------------------------------------------------------------------------------
-log "Running the test suite (ctest: unit, parity, ui, cuda, package)"
+log "Running the test suite (ctest: unit, parity, real, ui, cuda, package)"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
+# ctest counts skipped tests as passed and shows no output for them: say plainly whether the
+# real model ran, with each skip's reason (the tests print "real test skipped: <why>").
+real_skips=$(grep -h '^real test skipped: ' "$build"/Testing/Temporary/LastTest*.log 2>/dev/null | sort -u || true)
+if grep -q '^real test skipped: the real model is not fetched' <<<"$real_skips"; then
+  log "real tests: SKIPPED, no real model ($real_model_note)"
+else
+  log "real tests: ran on ${KVLENS_REAL_MODEL:-the model already in the cache}"
+fi
+[ -z "$real_skips" ] || printf '%s\n' "$real_skips"
 
 log "Sanitizer build (ASan + UBSan) and its unit tests"
 san="$build-sanitize"
