@@ -77,8 +77,8 @@ fi
 
 # --- the real model (best-effort) -------------------------------------------------------------
 # The `real` tests find the .gguf through KVLENS_REAL_MODEL and, in test mode, the F32 Hugging
-# Face folder transformers makes from it (tools/make_real_fixtures.py --hf-only, in the tools venv
-# with gguf and accelerate added); without them they are skipped, and the summary says so.
+# Face folder transformers makes from it (tools/make_real_fixtures.py --hf-only, in the tools
+# venv); without them they are skipped, and the summary says so.
 real_model_note="the set-up did not fetch it: KVLENS_FETCH_REAL_MODEL=0"
 fetch_real=${KVLENS_FETCH_REAL_MODEL:-$([ "$mode" = test ] && echo 1 || echo 0)}
 if [ "$fetch_real" = 1 ]; then
@@ -97,9 +97,8 @@ if [ "$mode" = test ] && [ -n "${KVLENS_REAL_MODEL:-}" ] && [ ${#tools_cmake[@]}
   real_hf="${KVLENS_REAL_MODEL%.gguf}-f32-hf"
   if [ -f "$real_hf/config.json" ]; then
     echo "real model, F32 folder: $real_hf"
-  elif "$venv/bin/python" -m pip install --quiet gguf==0.19.0 accelerate==1.15.0 &&
-    "$venv/bin/python" "$root/tools/make_real_fixtures.py" --hf-only --gguf "$KVLENS_REAL_MODEL" \
-      --hf-dir "$real_hf"; then
+  elif "$venv/bin/python" "$root/tools/make_real_fixtures.py" --hf-only --gguf "$KVLENS_REAL_MODEL" \
+    --hf-dir "$real_hf"; then
     echo "real model, F32 folder: $real_hf"
   else
     rm -rf "$real_hf"
