@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Reference token ids for kvlens' GGUF tokenizer, made by llama.cpp's own llama-tokenize.
+"""Reference token ids for kvlens' GGUF tokenizer, made by llama.cpp's own tokenizer.
 
-Inputs: a built llama-tokenize, SmolLM2-135M-Instruct's GGUF and ../shared/data. Outputs (under
+Inputs: tools/gguf_tokenize_batch.cpp built against llama.cpp, SmolLM2-135M-Instruct's GGUF and ../shared/data. Outputs (under
 tests/fixtures/gguf_tokenizer/): the SmolLM2 file's tokenizer.* metadata (gzipped JSON, read with
-gguf-py), and for SmolLM2 and for a SentencePiece-style GGUF built here from the Llama 2
-tokenizer.json the ids llama.cpp gives for the texts of ../shared/data (see texts()).
-Run through tools/gguf_reference_ids.sh, which fetches and builds llama-tokenize.
+gguf-py), and for SmolLM2 and for vocabulary-only GGUFs built here from tokenizer.json files
+(BUILT) the ids llama.cpp gives for the texts of ../shared/data (see texts()).
+Run through tools/gguf_reference_ids.sh, which fetches llama.cpp and builds the driver.
 """
 
 import argparse
@@ -21,6 +21,16 @@ CORPUS_BYTES = 2048  # from the start of each corpus file, cut back to a UTF-8 b
 
 # Texts with the special tokens of each vocabulary, matched before pre-tokenization.
 SPECIAL_TEXTS = {
+    "phi3-spm": [
+        "<|user|>\nHi there<|end|>\n<|assistant|>  Hello</s>  x",
+        "<|system|> a <|endoftext|> b <s> c",
+    ],
+    "gpt2": ["a<|endoftext|>b <|endoftext|> c"],
+    "llama3": ["plain text, no specials: 1234567 it's"],
+    "qwen2": [
+        "<|im_start|>user\n<tool_call>x</tool_call><|im_end|>\n",
+        "<|endoftext|><|fim_prefix|>def f():<|fim_suffix|>",
+    ],
     "smollm2": [
         "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 12+30?<|im_end|>\n",
         "a<|endoftext|>b <|im_end|> c<|im_start|><|im_end|>",
@@ -46,7 +56,8 @@ def texts(shared: str, name: str):
     """(source, text bytes) pairs: corpus prefixes, the tokenizer cases and vectors, specials."""
     out = []
     data = os.path.join(shared, "data")
-    for folder in ("corpus", "eval"):
+    corpus_folders = ("corpus", "eval") if name in ("smollm2", "llama2-spm") else ()
+    for folder in corpus_folders:
         for fname in sorted(os.listdir(os.path.join(data, folder))):
             if fname.endswith((".txt", ".jsonl")):
                 rel = f"{folder}/{fname}"
@@ -70,19 +81,35 @@ def texts(shared: str, name: str):
     return out
 
 
-def tokenize(tool: str, gguf_path: str, text: bytes, bos: bool):
-    with tempfile.NamedTemporaryFile(suffix=".txt", delete=False) as f:
-        f.write(text)
+def run_batch(tool: str, gguf_path: str, items, added_prefix):
+    """llama.cpp's ids and detokenized texts for every text, from one run of the batch driver."""
+    with tempfile.NamedTemporaryFile(suffix=".bin", delete=False) as f:
+        f.write(b"\0".join(text for _, text in items))
         path = f.name
     try:
-        cmd = [tool, "-m", gguf_path, "-f", path, "--ids", "--no-escape", "--log-disable"]
-        if not bos:
-            cmd.append("--no-bos")
-        res = subprocess.run(cmd, capture_output=True, check=True)
+        res = subprocess.run([tool, gguf_path, path], capture_output=True, check=True)
     finally:
         os.unlink(path)
-    line = res.stdout.decode().strip().splitlines()[-1]
-    return json.loads(line)
+    lines = res.stdout.decode().split("\n")
+    assert len(lines) >= 4 * len(items), (len(lines), len(items))
+    entries = []
+    for k, (source, text) in enumerate(items):
+        plain, special, decoded, decoded_skip = lines[4 * k : 4 * k + 4]
+        entry = {"source": source, "ids": [int(x) for x in plain.split()]}
+        with_special = [int(x) for x in special.split()]
+        # Kept only where it is not the ids after the file's added prefix (BOS or nothing).
+        if with_special != added_prefix + entry["ids"]:
+            entry["ids_with_special"] = with_special
+        # Decoded texts only where they differ from the input (most round-trip).
+        for key, hexed in (("decoded", decoded), ("decoded_skip_special", decoded_skip)):
+            raw = bytes.fromhex(hexed)
+            if raw != text:
+                try:
+                    entry[key] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    entry[key + "_hex"] = hexed
+        entries.append(entry)
+    return entries
 
 
 def metadata_json(gguf_path: str):
@@ -96,30 +123,63 @@ def metadata_json(gguf_path: str):
     return out
 
 
-def build_llama2_gguf(shared: str, path: str):
-    """A vocabulary-only SentencePiece-style GGUF from the Llama 2 tokenizer.json: tokens in id
-    order, types (<unk> unknown, <s> </s> control, <0xNN> byte, the rest normal) and scores -id
-    (SentencePiece BPE scores fall with the order pieces were learned, which is id order)."""
+# Vocabularies built here from tokenizer.json files (the converter's rules, vocabulary only):
+# name -> (file, tokenizer.ggml.model, tokenizer.ggml.pre, general.name, bos, eos, unk, add_bos).
+# SentencePiece-style scores are -id: SentencePiece BPE scores fall in the order pieces were
+# learned, which is id order.
+BUILT = {
+    "llama2-spm": ("shared:data/tokenizers/llama2-tokenizer.json", "llama", None, "llama2", 1, 2, 0, True),
+    "phi3-spm": ("repo:tests/fixtures/tokenizers/phi3-mini-tokenizer.json.gz", "llama", None,
+                 "Phi-3-mini-4k-instruct", 1, 32000, 0, True),
+    "gpt2": ("shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "gpt-2", "gpt2", 50256, 50256, -1, False),
+    "llama3": ("shared:data/tokenizers/llama3-tokenizer.json.gz", "gpt2", "llama-bpe", "llama3", -1, -1, -1,
+               False),
+    "qwen2": ("repo:tests/fixtures/tokenizers/qwen2.5-tokenizer.json.gz", "gpt2", "qwen2", "qwen2.5",
+              -1, 151645, -1, False),
+}
+
+
+def load_json(path: str):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def vocabulary(tj, spm: bool):
+    """(tokens, types, scores, merges) by id, as the GGUF converter lays them out."""
     import gguf
 
-    with open(os.path.join(shared, "data/tokenizers/llama2-tokenizer.json"), encoding="utf-8") as f:
-        tj = json.load(f)
-    vocab = tj["model"]["vocab"]
-    tokens = [None] * len(vocab)
-    for text, i in vocab.items():
+    ids = dict(tj["model"]["vocab"])
+    added = {a["id"]: a for a in tj.get("added_tokens") or []}
+    for i, a in added.items():
+        ids[a["content"]] = i
+    n = max(ids.values()) + 1
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    types = [gguf.TokenType.UNUSED] * n
+    for text, i in ids.items():
         tokens[i] = text
-    types, scores = [], []
-    for i, text in enumerate(tokens):
-        if text == "<unk>":
-            types.append(gguf.TokenType.UNKNOWN)
-        elif text in ("<s>", "</s>"):
-            types.append(gguf.TokenType.CONTROL)
-        elif len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
-            types.append(gguf.TokenType.BYTE)
+        if i in added:
+            types[i] = gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED
+        elif text == "<unk>":
+            types[i] = gguf.TokenType.UNKNOWN
+        elif spm and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            types[i] = gguf.TokenType.BYTE
         else:
-            types.append(gguf.TokenType.NORMAL)
-        scores.append(-float(i))
+            types[i] = gguf.TokenType.NORMAL
+    scores = [-float(i) for i in range(n)]
+    merges = [m if isinstance(m, str) else f"{m[0]} {m[1]}" for m in tj["model"]["merges"]]
+    return tokens, types, scores, merges
+
+
+def build_gguf(name: str, shared: str, repo: str, path: str):
+    import gguf
+
+    src, model, pre, gname, bos, eos, unk, add_bos = BUILT[name]
+    where, rel = src.split(":", 1)
+    tj = load_json(os.path.join(shared if where == "shared" else repo, rel))
+    tokens, types, scores, merges = vocabulary(tj, model == "llama")
     w = gguf.GGUFWriter(path, "llama")
+    w.add_name(gname)
     # The hyperparameters llama.cpp reads before the vocabulary (no tensors: vocab_only).
     w.add_context_length(4096)
     w.add_embedding_length(64)
@@ -130,19 +190,31 @@ def build_llama2_gguf(shared: str, path: str):
     w.add_rope_dimension_count(32)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("llama")
+    w.add_tokenizer_model(model)
+    if pre:
+        w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
-    w.add_token_scores(scores)
     w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    if model == "llama":
+        w.add_token_scores(scores)
+    else:
+        w.add_token_merges(merges)
+    for value, add in ((bos, w.add_bos_token_id), (eos, w.add_eos_token_id), (unk, w.add_unk_token_id)):
+        if value >= 0:
+            add(value)
+    w.add_add_bos_token(add_bos)
     w.add_add_eos_token(False)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_gz_json(path: str, doc):
+    """Gzipped JSON with no timestamp in the header, so a rerun rewrites identical bytes."""
+    data = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+        f.write(data)
 
 
 def sha256(path: str) -> str:
@@ -152,7 +224,7 @@ def sha256(path: str) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-tokenize", required=True)
+    ap.add_argument("--tokenize-batch", required=True, help="tools/gguf_tokenize_batch.cpp, built")
     ap.add_argument("--llama-src", required=True, help="the llama.cpp source tree it was built from")
     ap.add_argument("--llama-version", required=True, help="where that source came from")
     ap.add_argument("--smollm2-gguf", required=True)
@@ -161,9 +233,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    meta = metadata_json(args.smollm2_gguf)
-    with gzip.open(os.path.join(args.out, "smollm2-135m-tokenizer.json.gz"), "wt", encoding="utf-8") as f:
-        json.dump(meta, f, ensure_ascii=False)
+    write_gz_json(os.path.join(args.out, "smollm2-135m-tokenizer.json.gz"), metadata_json(args.smollm2_gguf))
 
     provenance = {
         "made_by": "tools/gguf_reference_ids.py",
@@ -171,22 +241,23 @@ def main():
         "llama_cpp_sha256": {
             p: sha256(os.path.join(args.llama_src, p)) for p in ("src/llama-vocab.cpp", "src/unicode.cpp")
         },
-        "tool": "llama-tokenize -f FILE --ids --no-escape (special tokens parsed, its default)",
+        "tool": "tools/gguf_tokenize_batch.cpp: llama_tokenize (parse_special true) and llama_detokenize",
     }
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
-        llama2 = os.path.join(tmp, "llama2-spm-vocab.gguf")
-        build_llama2_gguf(args.shared, llama2)
-        for name, path in (("smollm2", args.smollm2_gguf), ("llama2-spm", llama2)):
-            entries = []
-            for source, text in texts(args.shared, name):
-                entry = {"source": source, "ids": tokenize(args.llama_tokenize, path, text, False)}
-                if "bytes" not in source:
-                    entry["ids_with_special"] = tokenize(args.llama_tokenize, path, text, True)
-                entries.append(entry)
-            doc = dict(provenance, gguf=os.path.basename(path), entries=entries)
-            with open(os.path.join(args.out, f"ids-{name}.json"), "w", encoding="utf-8") as f:
-                json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
-                f.write("\n")
+        vocabs = [("smollm2", args.smollm2_gguf)]
+        for name in BUILT:
+            path = os.path.join(tmp, f"{name}-vocab.gguf")
+            build_gguf(name, args.shared, repo, path)
+            vocabs.append((name, path))
+        for name, path in vocabs:
+            # What add_special puts before the ids: llama.cpp's answer for an empty text.
+            prefix = run_batch(args.tokenize_batch, path, [({"text": ""}, b"")], [])[0]
+            added_prefix = prefix.get("ids_with_special", [])
+            entries = run_batch(args.tokenize_batch, path, texts(args.shared, name), added_prefix)
+            doc = dict(provenance, gguf=os.path.basename(path), added_prefix=added_prefix,
+                       entries=entries)
+            write_gz_json(os.path.join(args.out, f"ids-{name}.json.gz"), doc)
             print(f"{name}: {len(entries)} texts", file=sys.stderr)
 
 

@@ -178,6 +178,7 @@ class GgufTokenizer final : public tok::TokenizerEngine {
                          const std::string& found = {}) const {
     throw Error(source_, field, expected, found);
   }
+  void mark_tokens_by_text(const GgufTokenizerData& data);
   std::vector<Fragment> partition(std::string_view text) const;
   void bpe_text(std::string_view text, std::vector<int32_t>* out) const;
   void bpe_word(const std::string& word, std::vector<int32_t>* out) const;
@@ -304,6 +305,7 @@ GgufTokenizer::GgufTokenizer(const GgufTokenizerData& data, const std::string& s
          "a token id in [0, " + std::to_string(n - 1) + "] (tokenizer.ggml.add_eos_token is set)");
   }
 
+  mark_tokens_by_text(data);
   for (size_t i = 0; i < n; ++i) {
     if (attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown))
       specials_.push_back(static_cast<int32_t>(i));
@@ -343,6 +345,100 @@ GgufTokenizer::GgufTokenizer(const GgufTokenizerData& data, const std::string& s
       byte_ids_[b] = *id;
     }
   }
+}
+
+// Converters leave end-of-turn and fill-in-the-middle tokens typed as they found them; llama.cpp
+// recognises them by their text and makes them control tokens (skipped when decoding without
+// specials), with a few model-specific exceptions. The same rules, in the same order.
+void GgufTokenizer::mark_tokens_by_text(const GgufTokenizerData& data) {
+  auto mark_control = [&](int32_t id) { attrs_[static_cast<size_t>(id)] |= kAttrControl; };
+  // Fill-in-the-middle: of each kind, the metadata's id or else the first token with one of these
+  // texts (llama.cpp takes whichever its hash map yields first; here, the lowest id).
+  static const std::vector<std::vector<std::string_view>> kFimTexts = {
+      {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+       "<\xEF\xBD\x9C"
+       "fim\xE2\x96\x81"
+       "begin\xEF\xBD\x9C>",
+       "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"},
+      {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+       "<\xEF\xBD\x9C"
+       "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
+       "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"},
+      {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+       "<\xEF\xBD\x9C"
+       "fim\xE2\x96\x81"
+       "end\xEF\xBD\x9C>",
+       "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"},
+      {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"},
+      {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"},
+      {"<|file_sep|>"},
+  };
+  const int32_t fim_given[] = {data.fim_pre, data.fim_suf, data.fim_mid,
+                               data.fim_pad, data.fim_rep, data.fim_sep};
+  const int32_t n = static_cast<int32_t>(tokens_.size());
+  std::vector<int32_t> eog;  // end-of-generation ids, as llama.cpp collects them
+  for (size_t kind = 0; kind < kFimTexts.size(); ++kind) {
+    int32_t id = fim_given[kind] >= 0 && fim_given[kind] < n ? fim_given[kind] : -1;
+    if (id < 0) {
+      for (int32_t i = 0; i < n && id < 0; ++i) {
+        for (const std::string_view text : kFimTexts[kind]) {
+          if (tokens_[static_cast<size_t>(i)] == text && token_to_id(text) == i) id = i;
+        }
+      }
+      if (id >= 0) mark_control(id);
+    }
+    if (id >= 0 && kind >= 3) eog.push_back(id);  // pad, repo and file separators end generation
+  }
+  static const std::vector<std::string_view> kEogTexts = {
+      "<|eot_id|>",
+      "<|im_end|>",
+      "<|end|>",
+      "<|return|>",
+      "<|call|>",
+      "<|flush|>",
+      "<|calls|>",
+      "<end_of_turn>",
+      "<|endoftext|>",
+      "</s>",
+      "<|eom_id|>",
+      "<EOT>",
+      "_<EOT>",
+      "[EOT]",
+      "[EOS]",
+      "<|end_of_text|>",
+      "<end_of_utterance>",
+      "<eos>",
+      "<turn|>",
+      "<|tool_response>",
+      "<\xEF\xBD\x9C"
+      "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+      "[e~["};
+  for (const std::string_view text : kEogTexts) {
+    if (const auto id = token_to_id(text)) {
+      eog.push_back(*id);
+      mark_control(*id);
+    }
+  }
+  // gpt-oss: these always render.
+  for (const char* text : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
+    if (const auto id = token_to_id(text)) attrs_[static_cast<size_t>(*id)] = kAttrUserDefined;
+  }
+  if (eos_ >= 0) eog.push_back(eos_);
+  auto eog_has = [&](std::string_view text) -> int32_t {
+    for (const int32_t id : eog) {
+      if (tokens_[static_cast<size_t>(id)] == text) return id;
+    }
+    return -1;
+  };
+  // o200k-harmony and solar-open: "<|end|>" is text there, not an end of turn.
+  const int32_t end = eog_has("<|end|>");
+  const bool has_call = eog_has("<|call|>") >= 0 || eog_has("<|calls|>") >= 0;
+  if (end >= 0 && has_call && (eog_has("<|return|>") >= 0 || eog_has("<|flush|>") >= 0))
+    attrs_[static_cast<size_t>(end)] = kAttrUserDefined;
+  // Gemma 4 and PLaMo: "</s>" is an ordinary token.
+  const int32_t s_end = eog_has("</s>");
+  if (s_end >= 0 && (eog_has("<|tool_response>") >= 0 || eog_has("<|plamo:eos|>") >= 0))
+    attrs_[static_cast<size_t>(s_end)] = kAttrNormal;
 }
 
 int32_t GgufTokenizer::rank(std::string_view left, std::string_view right) const {

@@ -36,9 +36,12 @@ struct GgufTokenizerData {
   std::vector<int32_t> token_types;  // tokenizer.ggml.token_type (empty: all normal)
   std::vector<std::string> merges;   // tokenizer.ggml.merges, "left right", best first
   int32_t bos = -1, eos = -1, unk = -1, pad = -1;  // tokenizer.ggml.*_token_id; -1: absent
-  std::optional<bool> add_bos;                     // tokenizer.ggml.add_bos_token
-  std::optional<bool> add_eos;                     // tokenizer.ggml.add_eos_token
-  std::optional<bool> add_space_prefix;            // tokenizer.ggml.add_space_prefix
+  // tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id (older files: prefix/suffix/middle);
+  // when absent, llama.cpp finds these tokens by their text.
+  int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1, fim_pad = -1, fim_rep = -1, fim_sep = -1;
+  std::optional<bool> add_bos;           // tokenizer.ggml.add_bos_token
+  std::optional<bool> add_eos;           // tokenizer.ggml.add_eos_token
+  std::optional<bool> add_space_prefix;  // tokenizer.ggml.add_space_prefix
   std::string general_name;  // general.name: llama.cpp strips spaces after Phi-3's specials
 };
 

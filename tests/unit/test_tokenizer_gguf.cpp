@@ -82,38 +82,90 @@ const Tokenizer& smollm2() {
   return *tokenizer;
 }
 
-// The SentencePiece-style vocabulary tools/gguf_reference_ids.py writes into a GGUF for
-// llama.cpp: the Llama 2 tokenizer.json's tokens by id, scores -id, types by token text.
-GgufTokenizerData llama2_spm_data() {
-  const Json tj =
-      Json::parse(read_file(kvlens::test::shared_path("data/tokenizers/llama2-tokenizer.json")));
-  const Json& vocab = tj["model"]["vocab"];
-  GgufTokenizerData d;
-  d.model = "llama";
-  d.tokens.resize(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it)
-    d.tokens[it.value().get<size_t>()] = it.key();
-  for (size_t i = 0; i < d.tokens.size(); ++i) {
-    const std::string& t = d.tokens[i];
+// A vocabulary-only GGUF that tools/gguf_reference_ids.py builds from a tokenizer.json (its BUILT
+// table), by the same rules: tokens by id (added tokens included, holes "[PAD<id>]" unused), types
+// (added: control if special, else user-defined; "<unk>" unknown; <0xNN> bytes in SentencePiece
+// vocabularies; the rest normal), scores -id, merges "left right".
+struct BuiltVocab {
+  const char* name;
+  const char* path;  // "shared:..." (../shared) or "repo:..." (this repository)
+  const char* model;
+  const char* pre;
+  const char* general_name;
+  int32_t bos, eos, unk;
+  bool add_bos;
+};
+
+constexpr BuiltVocab kBuilt[] = {
+    {"llama2-spm", "shared:data/tokenizers/llama2-tokenizer.json", "llama", "", "llama2", 1, 2, 0,
+     true},
+    {"phi3-spm", "repo:tests/fixtures/tokenizers/phi3-mini-tokenizer.json.gz", "llama", "",
+     "Phi-3-mini-4k-instruct", 1, 32000, 0, true},
+    {"gpt2", "shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "gpt-2", "gpt2", 50256, 50256,
+     -1, false},
+    {"llama3", "shared:data/tokenizers/llama3-tokenizer.json.gz", "gpt2", "llama-bpe", "llama3", -1,
+     -1, -1, false},
+    {"qwen2", "repo:tests/fixtures/tokenizers/qwen2.5-tokenizer.json.gz", "gpt2", "qwen2",
+     "qwen2.5", -1, 151645, -1, false},
+};
+
+const BuiltVocab& built(const std::string& name) {
+  for (const BuiltVocab& b : kBuilt) {
+    if (name == b.name) return b;
+  }
+  FAIL("no built vocabulary " << name);
+  throw 0;
+}
+
+GgufTokenizerData data_from_tokenizer_json(const BuiltVocab& b) {
+  const std::string where = b.path;
+  const std::string rel = where.substr(where.find(':') + 1);
+  const std::string path = where.rfind("shared:", 0) == 0 ? kvlens::test::shared_path(rel)
+                                                          : kvlens::test::source_path(rel);
+  const Json tj = Json::parse(kvlens::read_maybe_gzipped(path));
+  const bool spm = std::string(b.model) == "llama";
+  std::map<int64_t, std::pair<std::string, int32_t>> by_id;  // id -> (text, type)
+  for (auto it = tj["model"]["vocab"].begin(); it != tj["model"]["vocab"].end(); ++it) {
+    const std::string& t = it.key();
     int32_t type = 1;
     if (t == "<unk>") type = 2;
-    if (t == "<s>" || t == "</s>") type = 3;
-    if (t.size() == 6 && t.rfind("<0x", 0) == 0 && t.back() == '>') type = 6;
-    d.token_types.push_back(type);
-    d.scores.push_back(-static_cast<float>(i));
+    if (spm && t.size() == 6 && t.rfind("<0x", 0) == 0 && t.back() == '>') type = 6;
+    by_id[it.value().get<int64_t>()] = {t, type};
   }
-  d.bos = 1;
-  d.eos = 2;
-  d.unk = 0;
-  d.add_bos = true;
+  if (tj.contains("added_tokens") && tj["added_tokens"].is_array()) {
+    for (const Json& a : tj["added_tokens"])
+      by_id[a["id"].get<int64_t>()] = {a["content"], a["special"].get<bool>() ? 3 : 4};
+  }
+  GgufTokenizerData d;
+  d.model = b.model;
+  d.pre = b.pre;
+  d.general_name = b.general_name;
+  const int64_t n = by_id.rbegin()->first + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto it = by_id.find(i);
+    d.tokens.push_back(it == by_id.end() ? "[PAD" + std::to_string(i) + "]" : it->second.first);
+    d.token_types.push_back(it == by_id.end() ? 5 : it->second.second);
+    if (spm) d.scores.push_back(-static_cast<float>(i));
+  }
+  if (!spm) {
+    for (const Json& m : tj["model"]["merges"]) {
+      d.merges.push_back(m.is_string() ? m.get<std::string>()
+                                       : m[0].get<std::string>() + " " + m[1].get<std::string>());
+    }
+  }
+  d.bos = b.bos;
+  d.eos = b.eos;
+  d.unk = b.unk;
+  d.add_bos = b.add_bos;
   d.add_eos = false;
   return d;
 }
 
-const Tokenizer& llama2_spm() {
-  static const std::unique_ptr<Tokenizer> tokenizer =
-      tokenizer_from_gguf(llama2_spm_data(), "llama2-spm-vocab.gguf");
-  return *tokenizer;
+const Tokenizer& built_tokenizer(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
+  auto& slot = cache[name];
+  if (!slot) slot = tokenizer_from_gguf(data_from_tokenizer_json(built(name)), name + ".gguf");
+  return *slot;
 }
 
 // The text a fixture entry was made from, read again from ../shared/data.
@@ -134,45 +186,53 @@ std::string entry_text(const Json& source) {
   return inputs.at(source["vector"].get<size_t>());
 }
 
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+std::string expected_text(const Json& entry, const std::string& key, const std::string& text) {
+  if (entry.contains(key)) return entry[key].get<std::string>();
+  if (entry.contains(key + "_hex")) return from_hex(entry[key + "_hex"].get<std::string>());
+  return text;
+}
+
 struct Comparison {
-  int entries = 0, mismatches = 0, round_trip_failures = 0;
+  int entries = 0, mismatches = 0;
 };
 
-// Every entry of ids-<name>.json: encode without and with special tokens; decode(encode(x)) == x
-// for the texts where `round_trips` says llama.cpp's detokenizer gives the text back.
-Comparison compare_with_llama_cpp(const Tokenizer& tokenizer, const std::string& name,
-                                  bool (*round_trips)(const std::string&)) {
-  const Json doc = Json::parse(read_file(fixture_path("ids-" + name + ".json")));
+// Every entry of ids-<name>.json.gz: encode without and with special tokens, and decode both id
+// lists (rendering specials / skipping them) to the text llama.cpp's detokenizer gave.
+Comparison compare_with_llama_cpp(const Tokenizer& tokenizer, const std::string& name) {
+  const Json doc =
+      Json::parse(kvlens::read_maybe_gzipped(fixture_path("ids-" + name + ".json.gz")));
+  const Ids prefix = doc["added_prefix"].get<Ids>();
   Comparison c;
   for (const Json& entry : doc["entries"]) {
     const std::string text = entry_text(entry["source"]);
-    INFO(name << " " << entry["source"].dump() << " text: " << text.substr(0, 200));
+    INFO(name << " " << entry["source"].dump() << " text: " << text.substr(0, 300));
     ++c.entries;
-    const Ids ids = tokenizer.encode(text, false);
     const Ids expected = entry["ids"].get<Ids>();
+    Ids expected_special = prefix;
+    expected_special.insert(expected_special.end(), expected.begin(), expected.end());
+    if (entry.contains("ids_with_special")) expected_special = entry["ids_with_special"].get<Ids>();
+    const Ids ids = tokenizer.encode(text, false);
+    const Ids ids_special = tokenizer.encode(text, true);
+    const std::string decoded = tokenizer.decode(expected, false);
+    const std::string decoded_skip = tokenizer.decode(expected_special, true);
     CHECK(ids == expected);
-    if (ids != expected) ++c.mismatches;
-    if (entry.contains("ids_with_special")) {
-      CHECK(tokenizer.encode(text, true) == entry["ids_with_special"].get<Ids>());
-    }
-    if (round_trips(text)) {
-      const std::string decoded = tokenizer.decode(expected, false);
-      CHECK(decoded == text);
-      if (decoded != text) ++c.round_trip_failures;
+    CHECK(ids_special == expected_special);
+    CHECK(decoded == expected_text(entry, "decoded", text));
+    CHECK(decoded_skip == expected_text(entry, "decoded_skip_special", text));
+    if (ids != expected || ids_special != expected_special ||
+        decoded != expected_text(entry, "decoded", text) ||
+        decoded_skip != expected_text(entry, "decoded_skip_special", text)) {
+      ++c.mismatches;
     }
   }
   return c;
-}
-
-bool always(const std::string&) {
-  return true;
-}
-
-// SentencePiece text round-trips unless a special token is followed by text (the space prefix
-// added after it is decoded) or the text starts with one.
-bool spm_round_trips(const std::string& text) {
-  return text.find("<s>") == std::string::npos && text.find("</s>") == std::string::npos &&
-         text.find("<unk>") == std::string::npos;
 }
 
 std::vector<std::string> pieces(const Tokenizer& t, const Ids& ids) {
@@ -232,20 +292,45 @@ GgufTokenizerData tiny_spm() {
 
 }  // namespace
 
-TEST_CASE("GGUF SmolLM2: ids identical to llama.cpp on the texts of ../shared/data",
+TEST_CASE("GGUF SmolLM2: ids and decoded text identical to llama.cpp on ../shared/data",
           "[tokenizer][gguf]") {
-  const Comparison c = compare_with_llama_cpp(smollm2(), "smollm2", always);
-  CHECK(c.entries > 100);
+  const Comparison c = compare_with_llama_cpp(smollm2(), "smollm2");
+  CHECK(c.entries > 300);
   CHECK(c.mismatches == 0);
-  CHECK(c.round_trip_failures == 0);
 }
 
-TEST_CASE("GGUF SentencePiece (Llama 2 vocabulary): ids identical to llama.cpp",
+TEST_CASE("GGUF vocabularies built from tokenizer.json files: identical to llama.cpp",
           "[tokenizer][gguf]") {
-  const Comparison c = compare_with_llama_cpp(llama2_spm(), "llama2-spm", spm_round_trips);
-  CHECK(c.entries > 100);
-  CHECK(c.mismatches == 0);
-  CHECK(c.round_trip_failures == 0);
+  for (const BuiltVocab& b : kBuilt) {
+    SECTION(b.name) {
+      const Comparison c = compare_with_llama_cpp(built_tokenizer(b.name), b.name);
+      CHECK(c.entries > 300);
+      CHECK(c.mismatches == 0);
+    }
+  }
+}
+
+TEST_CASE("GGUF GPT-2 vocabulary: the llama.cpp test vectors in ../shared/data",
+          "[tokenizer][gguf]") {
+  const Tokenizer& t = built_tokenizer("gpt2");
+  const std::string inputs = read_file(
+      kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.inp"));
+  std::istringstream outputs(
+      read_file(kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.out")));
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  size_t begin = 0, count = 0;
+  for (size_t at; (at = inputs.find(sep, begin)) != std::string::npos; begin = at + sep.size()) {
+    const std::string text = inputs.substr(begin, at - begin);
+    std::string line;
+    REQUIRE(std::getline(outputs, line));
+    Ids expected;
+    std::istringstream fields(line);
+    for (int32_t id; fields >> id;) expected.push_back(id);
+    INFO("input " << count << ": " << text);
+    CHECK(t.encode(text, false) == expected);
+    ++count;
+  }
+  CHECK(count == 46);
 }
 
 TEST_CASE("GGUF SmolLM2: metadata says no BOS, digits split one by one", "[tokenizer][gguf]") {
@@ -280,7 +365,7 @@ TEST_CASE("GGUF: add_bos from the metadata, or the model's default", "[tokenizer
   CHECK(tokenizer_from_gguf(spm, "x.gguf")->encode("a", true) == Ids{1, 11});
 }
 
-TEST_CASE("GGUF: special tokens are matched in the text; decode renders or skips them",
+TEST_CASE("GGUF: special tokens are matched in the text, and decode renders or skips them",
           "[tokenizer][gguf]") {
   const Tokenizer& t = smollm2();
   const auto start = t.token_to_id("<|im_start|>");
