@@ -45,6 +45,11 @@ SPECIAL_TEXTS = {
 }
 
 
+# Ill-formed UTF-8 (a bad lead byte, truncated sequences, stray continuation bytes), for every
+# vocabulary: llama.cpp reads it its own way, and so must kvlens.
+INVALID_UTF8 = [b"\xff abc", b"caf\xc3", b"\xe2\x82 x \x80\x80y", b"ok \xf0\x9f\x98", b"\xc3\xa9\xc3"]
+
+
 def utf8_prefix(data: bytes, limit: int) -> bytes:
     end = min(limit, len(data))
     while end > 0 and end < len(data) and (data[end] & 0xC0) == 0x80:
@@ -78,6 +83,8 @@ def texts(shared: str, name: str):
             out.append(({"file": rel, "vector": i}, text.encode("utf-8")))
     for text in SPECIAL_TEXTS[name]:
         out.append(({"text": text}, text.encode("utf-8")))
+    for raw in INVALID_UTF8:
+        out.append(({"text_hex": raw.hex()}, raw))
     return out
 
 

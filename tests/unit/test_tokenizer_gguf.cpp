@@ -168,9 +168,17 @@ const Tokenizer& built_tokenizer(const std::string& name) {
   return *slot;
 }
 
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
 // The text a fixture entry was made from, read again from ../shared/data.
 std::string entry_text(const Json& source) {
   if (source.contains("text")) return source["text"].get<std::string>();
+  if (source.contains("text_hex")) return from_hex(source["text_hex"].get<std::string>());
   const std::string file = source["file"].get<std::string>();
   const std::string path = kvlens::test::shared_path("data/" + file);
   if (source.contains("bytes")) return read_file(path).substr(0, source["bytes"].get<size_t>());
@@ -184,13 +192,6 @@ std::string entry_text(const Json& source) {
     inputs.push_back(all.substr(begin, at - begin));
   inputs.push_back(all.substr(begin));
   return inputs.at(source["vector"].get<size_t>());
-}
-
-std::string from_hex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  return out;
 }
 
 std::string expected_text(const Json& entry, const std::string& key, const std::string& text) {
