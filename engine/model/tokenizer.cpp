@@ -8,6 +8,7 @@
 #include "engine/model/tokenizer_added.h"
 #include "engine/model/tokenizer_bpe.h"
 #include "engine/model/tokenizer_pipeline.h"
+#include "engine/model/tokenizer_unicode.h"
 
 #include <zlib.h>
 
@@ -246,7 +247,9 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
 std::string Tokenizer::token_text(int32_t id) const {
   if (engine_) {
     if (id < 0 || id >= engine_->vocab_size()) return "<id " + std::to_string(id) + ">";
-    return engine_->decode({id}, false);
+    // A byte token alone is not text (llama.cpp's pieces can be part of a character): labels get
+    // U+FFFD for it, as tokenizer.json's decoders give.
+    return tok::utf8_lossy(engine_->decode({id}, false));
   }
   const bool known = id >= 0 && static_cast<size_t>(id) < impl_->by_id.size() &&
                      impl_->by_id[static_cast<size_t>(id)].text;

@@ -314,8 +314,8 @@ TEST_CASE("GGUF vocabularies built from tokenizer.json files: identical to llama
 TEST_CASE("GGUF GPT-2 vocabulary: the llama.cpp test vectors in ../shared/data",
           "[tokenizer][gguf]") {
   const Tokenizer& t = built_tokenizer("gpt2");
-  const std::string inputs = read_file(
-      kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.inp"));
+  const std::string inputs =
+      read_file(kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.inp"));
   std::istringstream outputs(
       read_file(kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.out")));
   const std::string sep = "\n__ggml_vocab_test__\n";
@@ -415,8 +415,40 @@ TEST_CASE("GGUF SentencePiece: score-ordered merges, space prefix, byte fallback
   // the prefix space only when no BOS was removed).
   CHECK(t->decode({1, 11}, true) == " a");
   CHECK(t->decode({1, 11}, false) == "<s> a");
-  // Unused tokens decode to nothing.
+  // Unused tokens decode to nothing; a byte token alone is no text, so its label is U+FFFD.
   CHECK(t->decode({14}, false).empty());
+  CHECK(t->decode({3}, false) == "\xC3");
+  CHECK(t->token_text(3) == "\xEF\xBF\xBD");
+}
+
+TEST_CASE("GGUF: arbitrary bytes encode, and any ids decode, without failing",
+          "[tokenizer][gguf]") {
+  // A fixed pseudo-random stream: bytes biased towards the ones tokenizers treat specially.
+  uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  const std::string alphabet = std::string("<|>/ \n\t'sa1\xC3\xA9\xE2\x96\x81\xFF\x80") + '\0';
+  const auto tiny = tokenizer_from_gguf(tiny_spm(), "tiny.gguf");
+  for (const Tokenizer* t : std::vector<const Tokenizer*>{&smollm2(), tiny.get()}) {
+    for (int round = 0; round < 200; ++round) {
+      std::string text;
+      const size_t length = next() % 40;
+      for (size_t i = 0; i < length; ++i) {
+        text +=
+            next() % 3 == 0 ? static_cast<char>(next() & 0xFF) : alphabet[next() % alphabet.size()];
+      }
+      INFO("text bytes: " << text.size());
+      const Ids ids = t->encode(text, true);
+      for (const int32_t id : ids) REQUIRE((id >= 0 && id < t->vocab_size()));
+      Ids random_ids;
+      for (size_t i = 0; i < length; ++i)
+        random_ids.push_back(static_cast<int32_t>(next() % t->vocab_size()));
+      CHECK_NOTHROW(t->decode(random_ids, false));
+      CHECK_NOTHROW(t->decode(random_ids, true));
+    }
+  }
 }
 
 TEST_CASE("GGUF SentencePiece: equal scores merge leftmost first", "[tokenizer][gguf]") {
