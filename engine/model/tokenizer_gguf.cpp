@@ -162,8 +162,9 @@ class GgufTokenizer final : public tok::TokenizerEngine {
     if (it == ids_.end()) return std::nullopt;
     return it->second;
   }
+  // The BOS that encode() adds (Tokenizer::bos_id's meaning), not merely the one the file names.
   std::optional<int32_t> bos_id() const override {
-    if (bos_ < 0) return std::nullopt;
+    if (!add_bos_ || bos_ < 0) return std::nullopt;
     return bos_;
   }
   const std::string& source() const override { return source_; }
