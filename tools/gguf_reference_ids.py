@@ -26,6 +26,7 @@ SPECIAL_TEXTS = {
         "<|system|> a <|endoftext|> b <s> c",
     ],
     "gpt2": ["a<|endoftext|>b <|endoftext|> c"],
+    "gpt2-default": ["x=1234567; y += f(a,b)...!? \u00bfQu\u00e9? \u2014 \u00ab1\u00bb `q` $5"],
     "llama3": ["plain text, no specials: 1234567 it's"],
     "qwen2": [
         "<|im_start|>user\n<tool_call>x</tool_call><|im_end|>\n",
@@ -139,6 +140,8 @@ BUILT = {
     "phi3-spm": ("repo:tests/fixtures/tokenizers/phi3-mini-tokenizer.json.gz", "llama", None,
                  "Phi-3-mini-4k-instruct", 1, 32000, 0, True),
     "gpt2": ("shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "gpt-2", "gpt2", 50256, 50256, -1, False),
+    "gpt2-default": ("shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "default", "gpt2", 50256, 50256, -1,
+                     False),
     "llama3": ("shared:data/tokenizers/llama3-tokenizer.json.gz", "gpt2", "llama-bpe", "llama3", -1, -1, -1,
                False),
     "qwen2": ("repo:tests/fixtures/tokenizers/qwen2.5-tokenizer.json.gz", "gpt2", "qwen2", "qwen2.5",

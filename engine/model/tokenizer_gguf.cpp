@@ -8,6 +8,8 @@
 #include "engine/model/tokenizer_split.h"
 #include "engine/model/tokenizer_unicode.h"
 
+#include <unicode/uchar.h>
+
 #include <algorithm>
 #include <cctype>
 #include <mutex>
@@ -55,6 +57,7 @@ uint16_t attr_of_type(int32_t type) {
 
 // How a "gpt2" vocabulary splits text into words before merging.
 enum class PreSplit {
+  kDefault,     // punctuation runs, GPT-2 regex, number runs, 3-digit groups (llama.cpp's default)
   kGpt2,        // the GPT-2 regex
   kDigitsGpt2,  // every \p{N} char alone, then the GPT-2 regex in each piece (smollm, starcoder)
   kLlama3,      // the Llama-3 (cl100k) regex
@@ -71,7 +74,7 @@ struct PreTokenizerSpec {
 
 // The names llama.cpp maps to each behaviour (llama-vocab.cpp), for the families kvlens runs.
 constexpr PreTokenizerSpec kPreTokenizers[] = {
-    {"default", PreSplit::kGpt2, true, false, false},
+    {"default", PreSplit::kDefault, true, false, false},
     {"gpt-2", PreSplit::kGpt2, true, false, false},
     {"phi-2", PreSplit::kGpt2, true, false, false},
     {"smollm", PreSplit::kDigitsGpt2, false, false, false},
@@ -523,9 +526,75 @@ std::vector<int32_t> GgufTokenizer::encode(std::string_view text, bool add_speci
   return ids;
 }
 
+using Ranges = std::vector<std::pair<size_t, size_t>>;
+
+// One stage of llama.cpp's regex chain: every range is cut into the matches `match_end` finds
+// (the end of a match starting at i, or i for none) and the text between them, each a range of its
+// own; later stages never join ranges again.
+template <typename MatchEnd>
+Ranges isolate(const std::string& text, const Ranges& ranges, MatchEnd match_end) {
+  Ranges out;
+  for (const auto& [b, e] : ranges) {
+    size_t rest = b;
+    for (size_t i = b; i < e;) {
+      const size_t end = match_end(i, e);
+      if (end > i) {
+        if (i > rest) out.emplace_back(rest, i);
+        out.emplace_back(i, end);
+        i = rest = end;
+      } else {
+        i += tok::utf8_step(text, i).len;
+      }
+    }
+    if (e > rest) out.emplace_back(rest, e);
+  }
+  return out;
+}
+
+// The GPT-2 regex inside every range (its \s+(?!\S) sees a range's end, not the next range).
+Ranges gpt2_words(const std::string& text, const Ranges& ranges) {
+  Ranges out, words;
+  for (const auto& [b, e] : ranges) {
+    words.clear();
+    tok::split_matches(tok::SplitPattern::kGpt2, std::string_view(text).substr(b, e - b), &words);
+    for (const auto& [wb, we] : words) out.emplace_back(b + wb, b + we);
+  }
+  return out;
+}
+
+// [\p{P}$+<=>^~|] as llama.cpp matches it: every ASCII punctuation or symbol char but '`', and
+// beyond ASCII the Unicode punctuation categories.
+bool is_default_punct(char32_t cp) {
+  if (cp < 128) return cp != '`' && std::ispunct(static_cast<int>(cp));
+  switch (u_charType(static_cast<UChar32>(cp))) {
+    case U_DASH_PUNCTUATION:
+    case U_START_PUNCTUATION:
+    case U_END_PUNCTUATION:
+    case U_CONNECTOR_PUNCTUATION:
+    case U_OTHER_PUNCTUATION:
+    case U_INITIAL_PUNCTUATION:
+    case U_FINAL_PUNCTUATION:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void GgufTokenizer::bpe_text(std::string_view raw, std::vector<int32_t>* out) const {
   const std::string text = sanitize_utf8(raw);
-  std::vector<std::pair<size_t, size_t>> words;
+  const Ranges whole = {{0, text.size()}};
+  auto run_of = [&](auto in_class) {
+    return [&text, in_class](size_t i, size_t e) {
+      while (i < e) {
+        const tok::Utf8Step step = tok::utf8_step(text, i);
+        if (!in_class(step.cp)) break;
+        i += step.len;
+      }
+      return i;
+    };
+  };
+  auto is_number = [](char32_t cp) { return tok::char_class(cp) == tok::CharClass::kNumber; };
+  Ranges words;
   switch (split_) {
     case PreSplit::kGpt2:
       tok::split_matches(tok::SplitPattern::kGpt2, text, &words);
@@ -537,27 +606,25 @@ void GgufTokenizer::bpe_text(std::string_view raw, std::vector<int32_t>* out) co
       tok::split_matches(tok::SplitPattern::kQwen2, text, &words);
       break;
     case PreSplit::kDigitsGpt2: {
-      // Pieces between digits are split on their own, so whitespace before a digit stays one
-      // word (the regex's lookahead sees the piece's end, not the digit).
-      std::vector<std::pair<size_t, size_t>> piece_words;
-      size_t piece_begin = 0;
-      auto flush = [&](size_t end) {
-        if (end <= piece_begin) return;
-        piece_words.clear();
-        tok::split_matches(tok::SplitPattern::kGpt2, text.substr(piece_begin, end - piece_begin),
-                           &piece_words);
-        for (const auto& [b, e] : piece_words) words.emplace_back(piece_begin + b, piece_begin + e);
-      };
-      for (size_t i = 0; i < text.size();) {
+      // Every digit alone first, so whitespace before a digit stays one word.
+      const auto one_digit = [&](size_t i, size_t) {
         const tok::Utf8Step step = tok::utf8_step(text, i);
-        if (tok::char_class(step.cp) == tok::CharClass::kNumber) {
-          flush(i);
-          words.emplace_back(i, i + step.len);
-          piece_begin = i + step.len;
-        }
-        i += step.len;
-      }
-      flush(text.size());
+        return is_number(step.cp) ? i + step.len : i;
+      };
+      words = gpt2_words(text, isolate(text, whole, one_digit));
+      break;
+    }
+    case PreSplit::kDefault: {
+      // llama.cpp's chain for "default": punctuation runs, the GPT-2 regex, number runs, then
+      // ASCII digits three at a time.
+      words = isolate(text, whole, run_of(is_default_punct));
+      words = gpt2_words(text, words);
+      words = isolate(text, words, run_of(is_number));
+      const auto three_digits = [&](size_t i, size_t e) {
+        auto digit = [&](size_t k) { return k < e && text[k] >= '0' && text[k] <= '9'; };
+        return digit(i) && digit(i + 1) && digit(i + 2) ? i + 3 : i;
+      };
+      words = isolate(text, words, three_digits);
       break;
     }
   }

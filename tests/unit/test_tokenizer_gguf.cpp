@@ -103,6 +103,8 @@ constexpr BuiltVocab kBuilt[] = {
      "Phi-3-mini-4k-instruct", 1, 32000, 0, true},
     {"gpt2", "shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "gpt-2", "gpt2", 50256, 50256,
      -1, false},
+    {"gpt2-default", "shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "default", "gpt2", 50256,
+     50256, -1, false},
     {"llama3", "shared:data/tokenizers/llama3-tokenizer.json.gz", "gpt2", "llama-bpe", "llama3", -1,
      -1, -1, false},
     {"qwen2", "repo:tests/fixtures/tokenizers/qwen2.5-tokenizer.json.gz", "gpt2", "qwen2",
