@@ -28,6 +28,9 @@ SPECIAL_TEXTS = {
     "gpt2": ["a<|endoftext|>b <|endoftext|> c"],
     "gpt2-default": ["x=1234567; y += f(a,b)...!? \u00bfQu\u00e9? \u2014 \u00ab1\u00bb `q` $5"],
     "llama3": ["plain text, no specials: 1234567 it's"],
+    "phi4-mini-gpt4o": [
+        "\u00c9COLE \u00d6l\u00e7\u00fc STRA\u00dfE \u01c5emal e\u0301t\u00e9 \u0391\u03b8\u03ae\u03bd\u03b1 HELLO's Ok'LL 12345 a/b\n/"
+    ],
     "qwen2": [
         "<|im_start|>user\n<tool_call>x</tool_call><|im_end|>\n",
         "<|endoftext|><|fim_prefix|>def f():<|fim_suffix|>",
@@ -142,6 +145,8 @@ BUILT = {
     "gpt2": ("shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "gpt-2", "gpt2", 50256, 50256, -1, False),
     "gpt2-default": ("shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "default", "gpt2", 50256, 50256, -1,
                      False),
+    "phi4-mini-gpt4o": ("repo:tests/fixtures/tokenizers/phi4-mini-style-tokenizer.json.gz", "gpt2", "gpt-4o",
+                        "phi4-mini-style", -1, -1, -1, False),
     "llama3": ("shared:data/tokenizers/llama3-tokenizer.json.gz", "gpt2", "llama-bpe", "llama3", -1, -1, -1,
                False),
     "qwen2": ("repo:tests/fixtures/tokenizers/qwen2.5-tokenizer.json.gz", "gpt2", "qwen2", "qwen2.5",

@@ -62,6 +62,7 @@ enum class PreSplit {
   kDigitsGpt2,  // every \p{N} char alone, then the GPT-2 regex in each piece (smollm, starcoder)
   kLlama3,      // the Llama-3 (cl100k) regex
   kQwen2,       // the Llama-3 regex with single digits
+  kGpt4o,       // the o200k regex as llama.cpp runs it (Phi-4-mini's "gpt-4o")
 };
 
 struct PreTokenizerSpec {
@@ -87,6 +88,8 @@ constexpr PreTokenizerSpec kPreTokenizers[] = {
     {"qwen2", PreSplit::kQwen2, false, false, false},
     {"deepseek-r1-qwen", PreSplit::kQwen2, false, false, false},
     {"stablelm2", PreSplit::kQwen2, true, false, false},
+    {"gpt-4o", PreSplit::kGpt4o, false, false, false},
+    {"llama4", PreSplit::kGpt4o, false, false, false},
 };
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -604,6 +607,9 @@ void GgufTokenizer::bpe_text(std::string_view raw, std::vector<int32_t>* out) co
       break;
     case PreSplit::kQwen2:
       tok::split_matches(tok::SplitPattern::kQwen2, text, &words);
+      break;
+    case PreSplit::kGpt4o:
+      tok::split_matches(tok::SplitPattern::kO200kLlamaCpp, text, &words);
       break;
     case PreSplit::kDigitsGpt2: {
       // Every digit alone first, so whitespace before a digit stays one word.

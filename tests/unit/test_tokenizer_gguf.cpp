@@ -105,6 +105,8 @@ constexpr BuiltVocab kBuilt[] = {
      -1, false},
     {"gpt2-default", "shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "default", "gpt2", 50256,
      50256, -1, false},
+    {"phi4-mini-gpt4o", "repo:tests/fixtures/tokenizers/phi4-mini-style-tokenizer.json.gz", "gpt2",
+     "gpt-4o", "phi4-mini-style", -1, -1, -1, false},
     {"llama3", "shared:data/tokenizers/llama3-tokenizer.json.gz", "gpt2", "llama-bpe", "llama3", -1,
      -1, -1, false},
     {"qwen2", "repo:tests/fixtures/tokenizers/qwen2.5-tokenizer.json.gz", "gpt2", "qwen2",
