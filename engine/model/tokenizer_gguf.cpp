@@ -141,6 +141,10 @@ size_t utf8_lead_len(char c) {
   return kLookup[static_cast<unsigned char>(c) >> 4];
 }
 
+// Distinct words whose ids are remembered; real text needs far fewer, and a text of random
+// words cannot grow the cache without bound.
+constexpr size_t kMaxCachedWords = 1 << 17;
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -466,6 +470,9 @@ std::vector<GgufTokenizer::Fragment> GgufTokenizer::partition(std::string_view t
   for (const int32_t id : specials_) {
     const std::string& special = tokens_[static_cast<size_t>(id)];
     const uint16_t attr = attrs_[static_cast<size_t>(id)];
+    // Fragments are pieces of the text: a token absent from the text is in none of them (most of
+    // a large special vocabulary, such as Gemma's, never occurs in a given text).
+    if (text.find(special) == std::string_view::npos) continue;
     next.clear();
     for (const Fragment& f : fragments) {
       if (f.token >= 0) {
@@ -712,6 +719,7 @@ void GgufTokenizer::bpe_word(const std::string& word, std::vector<int32_t>* out)
   }
   out->insert(out->end(), ids.begin(), ids.end());
   std::lock_guard<std::mutex> lock(cache_->mutex);
+  if (cache_->words.size() >= kMaxCachedWords) cache_->words.clear();  // bounded memory
   cache_->words.emplace(word, std::move(ids));
 }
 
