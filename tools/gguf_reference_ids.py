@@ -21,6 +21,7 @@ CORPUS_BYTES = 2048  # from the start of each corpus file, cut back to a UTF-8 b
 
 # Texts with the special tokens of each vocabulary, matched before pre-tokenization.
 SPECIAL_TEXTS = {
+    "llama2-spm-noprefix": ["<s>Hello</s> world", "  two spaces", "x<unk>y"],
     "phi3-spm": [
         "<|user|>\nHi there<|end|>\n<|assistant|>  Hello</s>  x",
         "<|system|> a <|endoftext|> b <s> c",
@@ -135,11 +136,14 @@ def metadata_json(gguf_path: str):
 
 
 # Vocabularies built here from tokenizer.json files (the converter's rules, vocabulary only):
-# name -> (file, tokenizer.ggml.model, tokenizer.ggml.pre, general.name, bos, eos, unk, add_bos).
+# name -> (file, tokenizer.ggml.model, tokenizer.ggml.pre, general.name, bos, eos, unk, add_bos[,
+# add_space_prefix]).
 # SentencePiece-style scores are -id: SentencePiece BPE scores fall in the order pieces were
 # learned, which is id order.
 BUILT = {
     "llama2-spm": ("shared:data/tokenizers/llama2-tokenizer.json", "llama", None, "llama2", 1, 2, 0, True),
+    "llama2-spm-noprefix": ("shared:data/tokenizers/llama2-tokenizer.json", "llama", None, "gemma-style", 1, 2, 0,
+                            True, False),
     "phi3-spm": ("repo:tests/fixtures/tokenizers/phi3-mini-tokenizer.json.gz", "llama", None,
                  "Phi-3-mini-4k-instruct", 1, 32000, 0, True),
     "gpt2": ("shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "gpt-2", "gpt2", 50256, 50256, -1, False),
@@ -189,7 +193,8 @@ def vocabulary(tj, spm: bool):
 def build_gguf(name: str, shared: str, repo: str, path: str):
     import gguf
 
-    src, model, pre, gname, bos, eos, unk, add_bos = BUILT[name]
+    src, model, pre, gname, bos, eos, unk, add_bos = BUILT[name][:8]
+    add_space_prefix = BUILT[name][8] if len(BUILT[name]) > 8 else None
     where, rel = src.split(":", 1)
     tj = load_json(os.path.join(shared if where == "shared" else repo, rel))
     tokens, types, scores, merges = vocabulary(tj, model == "llama")
@@ -219,6 +224,8 @@ def build_gguf(name: str, shared: str, repo: str, path: str):
             add(value)
     w.add_add_bos_token(add_bos)
     w.add_add_eos_token(False)
+    if add_space_prefix is not None:
+        w.add_add_space_prefix(add_space_prefix)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

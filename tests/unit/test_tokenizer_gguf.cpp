@@ -94,11 +94,14 @@ struct BuiltVocab {
   const char* general_name;
   int32_t bos, eos, unk;
   bool add_bos;
+  std::optional<bool> add_space_prefix = std::nullopt;
 };
 
 constexpr BuiltVocab kBuilt[] = {
     {"llama2-spm", "shared:data/tokenizers/llama2-tokenizer.json", "llama", "", "llama2", 1, 2, 0,
      true},
+    {"llama2-spm-noprefix", "shared:data/tokenizers/llama2-tokenizer.json", "llama", "",
+     "gemma-style", 1, 2, 0, true, false},
     {"phi3-spm", "repo:tests/fixtures/tokenizers/phi3-mini-tokenizer.json.gz", "llama", "",
      "Phi-3-mini-4k-instruct", 1, 32000, 0, true},
     {"gpt2", "shared:data/tokenizers/gpt2-tokenizer.json", "gpt2", "gpt-2", "gpt2", 50256, 50256,
@@ -162,6 +165,7 @@ GgufTokenizerData data_from_tokenizer_json(const BuiltVocab& b) {
   d.unk = b.unk;
   d.add_bos = b.add_bos;
   d.add_eos = false;
+  d.add_space_prefix = b.add_space_prefix;
   return d;
 }
 
