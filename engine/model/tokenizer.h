@@ -2,7 +2,8 @@
 // checkpoints use: byte-level (GPT-2, Llama-3/cl100k, Qwen2 or o200k split regex, optional NFC,
 // ByteLevel decoder) and SentencePiece-style (Prepend/Replace normalizer or Metaspace
 // pre-tokenizer, byte_fallback, Replace/ByteFallback/Fuse/Strip decoder), with added/special tokens
-// (numbered as HF numbers them) and the TemplateProcessing post-processor.
+// (numbered as HF numbers them) and the TemplateProcessing post-processor. A GGUF file's vocabulary
+// (tokenizer_gguf.h) sits behind the same interface as a tok::TokenizerEngine.
 #pragma once
 
 #include <cstdint>

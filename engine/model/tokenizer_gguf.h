@@ -48,12 +48,14 @@ struct GgufTokenizerData {
 // The pre-tokenizer names (tokenizer.ggml.pre) this reader supports, for messages and docs.
 const std::vector<std::string>& supported_gguf_pre_tokenizers();
 
-// Builds the tokenizer. encode() matches special and user-defined tokens in the text (as
-// llama-tokenize does by default) and, with add_special_tokens, adds BOS/EOS as the metadata says;
-// decode(ids, skip_special_tokens) is llama.cpp's detokenizer, with skip_special_tokens dropping
-// control tokens (and a leading BOS the model adds) and false rendering them as text. Unsupported
-// or inconsistent metadata raises kvlens::Error naming `source_name`, the key and what is
-// supported.
+// Builds the tokenizer. encode(text, add_special_tokens) always matches control, user-defined and
+// unknown tokens written in the text (as llama-tokenize does by default; so `kvlens-cli tokenize
+// --special` means "add BOS/EOS as the metadata says", nothing more). decode(ids,
+// skip_special_tokens) is llama.cpp's detokenizer: true is llama_detokenize(remove_special true,
+// unparse_special false) (a leading BOS / trailing EOS the model adds is dropped and control
+// tokens give no text), false is (false, true) (control tokens written out). Unsupported or
+// inconsistent metadata raises a one-line kvlens::Error naming `source_name`, the key, the value
+// and what is supported.
 std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufTokenizerData& data,
                                                const std::string& source_name);
 
