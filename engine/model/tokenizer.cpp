@@ -8,6 +8,7 @@
 #include "engine/model/tokenizer_added.h"
 #include "engine/model/tokenizer_bpe.h"
 #include "engine/model/tokenizer_pipeline.h"
+#include "engine/model/tokenizer_unicode.h"
 
 #include <zlib.h>
 
@@ -46,6 +47,7 @@ struct Tokenizer::Impl {
 };
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(std::unique_ptr<tok::TokenizerEngine> engine) : engine_(std::move(engine)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
@@ -182,6 +184,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return parse(read_maybe_gzipped(path), path);
 }
 
+Tokenizer Tokenizer::from_engine(std::unique_ptr<tok::TokenizerEngine> engine) {
+  return Tokenizer(std::move(engine));
+}
+
 void Tokenizer::Impl::encode_text(std::string_view text, bool at_start,
                                   std::vector<int32_t>* ids) const {
   const std::string normalized = normalizer.apply(text);
@@ -202,6 +208,7 @@ void Tokenizer::Impl::encode_text(std::string_view text, bool at_start,
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  if (engine_) return engine_->encode(text, add_special_tokens);
   std::vector<int32_t> ids;
   std::vector<tok::Segment> segments;
   impl_->raw_matcher.split(text, &segments);
@@ -217,6 +224,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  if (engine_) return engine_->decode(ids, skip_special_tokens);
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -237,6 +245,12 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
 }
 
 std::string Tokenizer::token_text(int32_t id) const {
+  if (engine_) {
+    if (id < 0 || id >= engine_->vocab_size()) return "<id " + std::to_string(id) + ">";
+    // A byte token alone is not text (llama.cpp's pieces can be part of a character): labels get
+    // U+FFFD for it, as tokenizer.json's decoders give.
+    return tok::utf8_lossy(engine_->decode({id}, false));
+  }
   const bool known = id >= 0 && static_cast<size_t>(id) < impl_->by_id.size() &&
                      impl_->by_id[static_cast<size_t>(id)].text;
   // A model may predict ids its tokenizer lacks (research and random checkpoints often pair a
@@ -246,10 +260,12 @@ std::string Tokenizer::token_text(int32_t id) const {
 }
 
 int64_t Tokenizer::vocab_size() const {
+  if (engine_) return engine_->vocab_size();
   return static_cast<int64_t>(impl_->by_id.size());
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  if (engine_) return engine_->token_to_id(token);
   if (const auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) {
     return it->second;
   }
@@ -261,10 +277,12 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 }
 
 std::optional<int32_t> Tokenizer::bos_id() const {
+  if (engine_) return engine_->bos_id();
   return impl_->post_processor.bos_id();
 }
 
 const std::string& Tokenizer::source() const {
+  if (engine_) return engine_->source();
   return impl_->source;
 }
 

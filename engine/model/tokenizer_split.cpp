@@ -23,6 +23,14 @@ constexpr std::string_view kQwen2PatternText =
 constexpr std::string_view kO200kPatternText =
     R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// kO200kLlamaCpp's case classes (see tokenizer_split.h).
+uint8_t ascii_case_class(char32_t cp) {
+  if (char_class(cp) != CharClass::kLetter) return 0;
+  if (cp >= 'a' && cp <= 'z') return kCaseLower;
+  if (cp >= 'A' && cp <= 'Z') return kCaseUpper;
+  return kCaseUpper | kCaseLower;
+}
+
 // The text decoded once: code point, class and byte offset per character (offsets has n + 1
 // entries so offsets[n] is the end of the text).
 struct Chars {
@@ -31,7 +39,7 @@ struct Chars {
   std::vector<uint8_t> cases;  // case_class() per char, only for the o200k pattern
   std::vector<size_t> offsets;
 
-  Chars(std::string_view text, bool with_cases) {
+  Chars(std::string_view text, bool with_cases, bool ascii_cases = false) {
     cp.reserve(text.size());
     cls.reserve(text.size());
     offsets.reserve(text.size() + 1);
@@ -39,7 +47,8 @@ struct Chars {
       const Utf8Step step = utf8_step(text, i);
       cp.push_back(step.cp);
       cls.push_back(char_class(step.cp));
-      if (with_cases) cases.push_back(case_class(step.cp));
+      if (with_cases)
+        cases.push_back(ascii_cases ? ascii_case_class(step.cp) : case_class(step.cp));
       offsets.push_back(i);
       i += step.len;
     }
@@ -184,7 +193,8 @@ std::optional<SplitPattern> recognize_split_pattern(std::string_view regex) {
 
 void split_matches(SplitPattern pattern, std::string_view text,
                    std::vector<std::pair<size_t, size_t>>* out) {
-  const Chars t(text, pattern == SplitPattern::kO200k);
+  const bool llama_cpp_cases = pattern == SplitPattern::kO200kLlamaCpp;
+  const Chars t(text, pattern == SplitPattern::kO200k || llama_cpp_cases, llama_cpp_cases);
   size_t i = 0;
   while (i < t.size()) {
     size_t end = 0;
@@ -199,6 +209,7 @@ void split_matches(SplitPattern pattern, std::string_view text,
         end = llama3_match(t, i, 1);
         break;
       case SplitPattern::kO200k:
+      case SplitPattern::kO200kLlamaCpp:
         end = o200k_match(t, i);
         break;
     }

@@ -16,6 +16,10 @@ enum class SplitPattern {
   kLlama3,  // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
   kQwen2,   // the Llama-3 pattern with \p{N} instead of \p{N}{1,3}
   kO200k,   // [^\r\n\p{L}\p{N}]?[\p{Lu}..\p{M}]*[\p{Ll}..\p{M}]+(?i:'s|..)?|...|[\r\n/]*|...
+  // o200k as llama.cpp matches it for the GPT-4o pre-tokenizer (its regex runs on text with every
+  // non-ASCII letter collapsed to one byte): a letter is "upper" unless a-z and "lower" unless
+  // A-Z, so other letters are both, and marks are neither.
+  kO200kLlamaCpp,
 };
 
 // The regex source text of the GPT-2 pattern (ByteLevel's use_regex uses it implicitly).
