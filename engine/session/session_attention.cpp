@@ -117,7 +117,7 @@ void DecoderSession::shared_work(std::span<const int64_t> group, Work&& work) {
 void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                                   std::vector<Backend::RunAttention>& batch) {
   const int64_t cols = position_ + 1;
-  const int64_t window = model_->config().sliding_window.value_or(0);
+  const int64_t window = model_->config().layer_window(int64_t(layer));
   // The runs that choose first do so now; then the logits of every run that needs them, in one
   // call (each run's own: the caches differ by now) ...
   batch.clear();
@@ -196,7 +196,10 @@ void DecoderSession::append_runs(std::span<const int64_t> group, size_t layer) {
     appends.push_back({&q_rows_[size_t(r)], &k_rows_[size_t(r)], &v_rows_[size_t(r)],
                        &run.k_cache[layer], &run.v_cache[layer]});
   }
-  backend_.rope_append_runs(appends, position_, *step_inv_freq_, model_->rope_scale);
+  // gemma3's local layers rotate with their own, unscaled table.
+  const bool local = model_->layer_uses_local_rope(layer);
+  backend_.rope_append_runs(appends, position_, local ? model_->inv_freq_local : *step_inv_freq_,
+                            local ? 1.0f : model_->rope_scale);
 }
 
 void DecoderSession::attend_alike(size_t layer, int64_t shared) {
@@ -208,7 +211,8 @@ void DecoderSession::attend_alike(size_t layer, int64_t shared) {
   for (int64_t r = 0; r < n; ++r) {
     if (logits_source_[size_t(r)] == r) attention_batch_.push_back(run_attention_[size_t(r)]);
   }
-  backend_.attention_logits_runs(attention_batch_, shared, position_, c.sliding_window.value_or(0));
+  backend_.attention_logits_runs(attention_batch_, shared, position_,
+                                 c.layer_window(int64_t(layer)));
   // 2. Each policy run's observation of the previous layer and its selection on the backend's
   // threads.
   backend_.run_tasks(n, [&](int64_t task) {
