@@ -285,6 +285,12 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
   const LayerStep step = layer_step(run, layer, size_t(r));
   const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
   run.decisions[layer] = decision;
+  // A sliding-window layer (gemma3's local ones): keys before the window are no candidates, so
+  // what a policy picked there is hidden too; its logits are -inf anyway (the attention ops mask
+  // them), so only the mask, the counts and the trace change.
+  const int64_t window = model_->config().layer_window(int64_t(layer));
+  if (decision == LayerDecision::Masked && window > 0 && cols > window)
+    backend_.fill_columns(run.visible[layer], 0, cols - window, 0);
   record_sparsity(run, layer, decision, cols);
   if (decision == LayerDecision::Skipped) {
     // A skipped attention contributes nothing: its row becomes zeros, so the batched o_proj
@@ -325,7 +331,9 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
   const DeviceTensor& mask = run.visible[layer];
   counts.resize(size_t(mask.dim(0)));
   run.queued_counts.push_back({&mask, cols, counts});
-  run.counted_layers.emplace_back(int64_t(layer), cols);
+  // Sparsity is over the keys the layer attends to: a sliding-window layer's window.
+  const int64_t window = model_->config().layer_window(int64_t(layer));
+  run.counted_layers.emplace_back(int64_t(layer), window > 0 ? std::min(cols, window) : cols);
 }
 
 void DecoderSession::queue_step_counts() {
