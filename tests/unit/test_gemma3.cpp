@@ -220,6 +220,10 @@ TEST_CASE("every policy decodes Gemma 3, and its local layers show only the wind
     const Trace& trace = recorder.trace();
     const int64_t run = 0;
     REQUIRE(trace.runs[size_t(run)].policy == info.id);
+    if (info.reference) {
+      // The views' per-head sparsity is over the keys a head attends to: none hidden by dense.
+      for (const double sparsity : head_summary(trace, run, 39).sparsity) CHECK(sparsity == 0.0);
+    }
     for (const int64_t step : {int64_t(20), int64_t(39)}) {
       for (int64_t layer = 0; layer < 3; ++layer) {
         for (int64_t head = 0; head < heads; ++head) {
