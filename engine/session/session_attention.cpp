@@ -28,6 +28,8 @@ LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) 
   step.k_cache = &run.k_cache[layer];
   step.v_cache = &run.v_cache[layer];
   step.logits = &runs_[size_t(logits_source_[row])].policy_logits;
+  const int64_t window = model_->config().layer_window(int64_t(layer));
+  if (window > 0) step.first_candidate = std::max<int64_t>(0, position_ + 1 - window);
   return step;
 }
 

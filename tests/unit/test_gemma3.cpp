@@ -4,6 +4,7 @@
 // local, global layers, window 16), where the local layers never show a key outside the window.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -209,9 +210,20 @@ TEST_CASE("every policy decodes Gemma 3, and its local layers show only the wind
     REQUIRE(scored.nll.size() == tokens.size() - 1);
     for (const double nll : scored.nll) REQUIRE(std::isfinite(nll));
     // Sparsity is over the keys a layer attends to (a local layer's window): never above 1.
-    for (const double layer_sparsity : scored.sparsity.per_layer()) {
+    const std::vector<double> per_layer = scored.sparsity.per_layer();
+    for (const double layer_sparsity : per_layer) {
       CHECK(layer_sparsity >= 0.0);
       CHECK(layer_sparsity <= 1.0);
+    }
+    // The token-budget policies spend B on the window's tokens in a local layer (layer 1; layer
+    // 0 is dense by default): its sparsity over the window is the global layer's, about 0.5
+    // (budgets over every key would leave most of the window visible instead).
+    const std::vector<std::string> token_budgeted = {"h2o",    "oracle",  "random",
+                                                     "snapkv", "keydiff", "streaming"};
+    if (std::find(token_budgeted.begin(), token_budgeted.end(), info.id) != token_budgeted.end()) {
+      REQUIRE(per_layer.size() == 3);
+      CHECK(per_layer[1] == Approx(per_layer[2]).margin(0.03));
+      CHECK(per_layer[1] > 0.4);
     }
 
     TraceRecorder recorder(model, nullptr, tokens, {policy});
