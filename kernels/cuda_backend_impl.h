@@ -66,6 +66,8 @@ class CudaBackend final : public Backend {
   void rope_pair(DeviceTensor& q, DeviceTensor& k, std::span<const int64_t> positions,
                  const DeviceTensor& inv_freq, float scale) override;
   void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) override;
+  void gelu_tanh_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) override;
+  void soft_cap(DeviceTensor& x, float cap) override;
   void layer_norm(const DeviceTensor& x, const DeviceTensor& weight, const DeviceTensor& bias,
                   float eps, DeviceTensor& y) override;
   void bias_activation(DeviceTensor& x, const DeviceTensor* bias, Activation act) override;

@@ -221,6 +221,30 @@ void CudaBackend::silu_mul(const DeviceTensor& gate, const DeviceTensor& up, Dev
   check_launch("silu_mul");
 }
 
+void CudaBackend::gelu_tanh_mul(const DeviceTensor& gate, const DeviceTensor& up,
+                                DeviceTensor& out) {
+  const std::string op = "gelu_tanh_mul";
+  require(gate, DType::F32, op, "gate");
+  require(up, DType::F32, op, "up");
+  require(out, DType::F32, op, "out");
+  require_elements(up, elements(gate), op, "up");
+  require_elements(out, elements(gate), op, "out");
+  activate();
+  cuda::launch_gelu_tanh_mul(gate.as<float>(), up.as<float>(), elements(gate), out.as<float>(),
+                             stream());
+  check_launch("gelu_tanh_mul");
+}
+
+void CudaBackend::soft_cap(DeviceTensor& x, float cap) {
+  const std::string op = "soft_cap";
+  require(x, DType::F32, op, "x");
+  if (!(cap > 0.0f) || !std::isfinite(cap))
+    bad_argument(op + ": cap", "a finite number > 0", std::to_string(cap));
+  activate();
+  cuda::launch_soft_cap(x.as<float>(), elements(x), cap, stream());
+  check_launch("soft_cap");
+}
+
 void CudaBackend::layer_norm(const DeviceTensor& x, const DeviceTensor& weight,
                              const DeviceTensor& bias, float eps, DeviceTensor& y) {
   const std::string op = "layer_norm";

@@ -137,6 +137,26 @@ void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int6
   });
 }
 
+__global__ void gelu_tanh_mul_kernel(const float* gate, const float* up, int64_t count,
+                                     float* out) {
+  begin_dependent_grid();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    // The CPU backend's expression: in double, rounded once, then the F32 product.
+    const double v = double(gate[i]);
+    const float g = float(0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+    out[i] = g * up[i];
+  }
+}
+
+__global__ void soft_cap_kernel(float* x, int64_t count, float cap) {
+  begin_dependent_grid();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    x[i] = float(tanh(double(x[i] / cap))) * cap;
+  }
+}
+
 void launch_layer_norm(const float* x, const void* weight, const void* bias, DType dtype,
                        int64_t rows, int64_t width, float eps, float* y, cudaStream_t stream) {
   if (rows <= 0 || width <= 0) return;
@@ -162,6 +182,18 @@ void launch_silu_mul(const float* gate, const float* up, int64_t count, float* o
   if (count <= 0) return;
   launch_dependent(silu_mul_kernel, grid_for(count, kThreads), kThreads, 0, stream, gate, up, count,
                    out);
+}
+
+void launch_gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out,
+                          cudaStream_t stream) {
+  if (count <= 0) return;
+  launch_dependent(gelu_tanh_mul_kernel, grid_for(count, kThreads), kThreads, 0, stream, gate, up,
+                   count, out);
+}
+
+void launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t stream) {
+  if (count <= 0) return;
+  launch_dependent(soft_cap_kernel, grid_for(count, kThreads), kThreads, 0, stream, x, count, cap);
 }
 
 void launch_add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {

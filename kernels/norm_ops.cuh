@@ -40,5 +40,9 @@ void launch_silu_mul(const float* gate, const float* up, int64_t count, float* o
                      cudaStream_t stream);
 // x[i] += y[i]
 void launch_add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream);
+// out = gelu_tanh(gate) * up (Backend::gelu_tanh_mul); x = tanh(x / cap) * cap (soft_cap).
+void launch_gelu_tanh_mul(const float* gate, const float* up, int64_t count, float* out,
+                          cudaStream_t stream);
+void launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t stream);
 
 }  // namespace kvlens::cuda

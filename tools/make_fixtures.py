@@ -32,6 +32,13 @@ The checkpoints differ exactly where Llama-family implementations tend to go wro
                                      ramp has extrapolated, mixed and interpolated frequencies).
   llama-dynamic-f32                  dynamic NTK RoPE (factor 4) past max_position_embeddings 20,
                                      64 tokens, F32.
+  gemma3-window-softcap-f32          Gemma3ForCausalLM (gemma3_text): two sliding-window layers
+                                     (window 16 over 48 tokens, local RoPE base 1e4) and one
+                                     global layer (base 1e6, linear scaling x2), q/k RMSNorm,
+                                     (1 + weight) norms, pre/post feed-forward norms, GeGLU
+                                     (gelu_pytorch_tanh), embeddings x sqrt(hidden),
+                                     query_pre_attn_scalar 24 != head_dim 32, final logit
+                                     soft-capping 3.0, tied embeddings, F32.
 
 longrope and dynamic pick their RoPE table per forward call from the call's largest position
 (transformers' dynamic_rope_update), so what a position computes depends on how the sequence was
@@ -70,8 +77,8 @@ import traceback
 
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
-                          Qwen3Config)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                          Phi3Config, Qwen2Config, Qwen3Config)
 
 TF_MAJOR = int(transformers.__version__.split(".")[0])
 
@@ -220,10 +227,31 @@ FIXTURES = [
                        rms_norm_eps=1e-6, tie_word_embeddings=False),
         "rope": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
     },
+    {
+        "name": "gemma3-window-softcap-f32",
+        "arch": "gemma3_text",
+        "dtype": "float32",
+        "seed": 1011,
+        "seq_len": 48,
+        # Local, local, global: the 12-token greedy prompt plus 16 new tokens and the 48-token
+        # sequence both pass the window of 16. The soft cap of 3 bends every logit row (their
+        # uncapped scale is about 5), so a missing cap changes the argmax.
+        "config": dict(vocab_size=320, hidden_size=64, intermediate_size=144, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                       max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       query_pre_attn_scalar=24, sliding_window=16,
+                       layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                       final_logit_softcapping=3.0, attn_logit_softcapping=None,
+                       hidden_activation="gelu_pytorch_tanh"),
+        # Per layer type (transformers 5's rope_parameters; 4.x: rope_theta, rope_scaling and
+        # rope_local_base_freq).
+        "rope": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0},
+        "rope_local": {"rope_type": "default", "rope_theta": 10000.0},
+    },
 ]
 
 CONFIG_CLASSES = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config,
-                  "qwen3": Qwen3Config, "phi3": Phi3Config}
+                  "qwen3": Qwen3Config, "phi3": Phi3Config, "gemma3_text": Gemma3TextConfig}
 LENGTH_DEPENDENT_ROPE = ("longrope", "dynamic")
 CHUNKS = (1, 7)  # call sizes of the "chunked" references (1: step by step)
 
@@ -248,6 +276,15 @@ def make_config(spec):
     kwargs = dict(spec["config"])
     kwargs.update(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=None)
     rope = dict(spec["rope"])
+    if "rope_local" in spec:  # gemma3: one RoPE per layer type
+        local = dict(spec["rope_local"])
+        if TF_MAJOR >= 5:
+            kwargs["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
+        else:
+            kwargs["rope_theta"] = rope.pop("rope_theta")
+            kwargs["rope_scaling"] = None if rope["rope_type"] == "default" else rope
+            kwargs["rope_local_base_freq"] = local["rope_theta"]
+        return CONFIG_CLASSES[spec["arch"]](**kwargs)
     if TF_MAJOR >= 5:
         # transformers 5 keeps rope_theta and the scaling inside one rope_parameters dict.
         kwargs["rope_parameters"] = rope
@@ -479,6 +516,10 @@ def check_config(cfg, spec):
     if cfg.get("tie_word_embeddings", False) != spec["config"]["tie_word_embeddings"]:
         raise RuntimeError("config.json tie_word_embeddings differs from the spec")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if "full_attention" in rope:  # gemma3: the global layers' RoPE is checked
+        if rope.get("sliding_attention", {}).get("rope_theta") != spec["rope_local"]["rope_theta"]:
+            raise RuntimeError("config.json lost the sliding layers' rope_theta")
+        rope = rope["full_attention"]
     theta = rope.get("rope_theta", cfg.get("rope_theta"))
     if theta != spec["rope"]["rope_theta"]:
         raise RuntimeError(

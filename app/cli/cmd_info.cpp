@@ -37,6 +37,7 @@ nlohmann::json model_info(const Model& model) {
     rope["high_freq_factor"] = c.rope_scaling.high_freq_factor;
     rope["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
   }
+  if (c.rope_local_theta > 0.0) rope["local_theta"] = c.rope_local_theta;
   int64_t parameters = 0, weight_bytes = 0;
   nlohmann::json dtype_counts = nlohmann::json::object();
   for (const std::string& name : model.weights.files->names()) {
@@ -61,6 +62,7 @@ nlohmann::json model_info(const Model& model) {
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"max_position_embeddings", c.max_position_embeddings},
       {"sliding_window", c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json()},
+      {"layer_pattern", c.layer_pattern()},
       {"bos_token_id", c.bos_token_id ? nlohmann::json(*c.bos_token_id) : nlohmann::json()},
       {"eos_token_ids", c.eos_token_ids},
       {"torch_dtype", std::string(dtype_name(c.torch_dtype))},
@@ -68,6 +70,10 @@ nlohmann::json model_info(const Model& model) {
       {"weight_bytes", weight_bytes},
       {"tensor_dtypes", dtype_counts},
   };
+  if (c.attention_scalar > 0.0) info["query_pre_attn_scalar"] = c.attention_scalar;
+  if (c.final_logit_softcap > 0.0) info["final_logit_softcapping"] = c.final_logit_softcap;
+  if (c.hidden_activation == ModelConfig::Activation::kGeluTanh)
+    info["hidden_activation"] = "gelu_pytorch_tanh";
   const MemoryEstimate memory = estimate_memory(model);
   info["memory"] = {{"mapped_weight_bytes", memory.mapped_bytes},
                     {"cpu_weight_bytes", memory.cpu_weight_bytes},

@@ -11,7 +11,8 @@ namespace kvlens {
 
 const Architecture& architecture_for(const ModelConfig& config) {
   const Architecture* const families[] = {&llama_architecture(), &qwen2_architecture(),
-                                          &qwen3_architecture(), &phi3_architecture()};
+                                          &qwen3_architecture(), &phi3_architecture(),
+                                          &gemma3_architecture()};
   std::string known;
   for (const Architecture* family : families) {
     std::string_view types = family->model_types();

@@ -74,7 +74,8 @@ std::shared_ptr<BackendModel> BackendModel::upload_weights(std::shared_ptr<const
     result->layers.push_back({up(layer.attn_norm), up(layer.wq), up(layer.wk), up(layer.wv),
                               up(layer.wo), up(layer.mlp_norm), up(layer.w_gate), up(layer.w_up),
                               up(layer.w_down), optional(layer.bq), optional(layer.bk),
-                              optional(layer.bv), optional(layer.q_norm), optional(layer.k_norm)});
+                              optional(layer.bv), optional(layer.q_norm), optional(layer.k_norm),
+                              optional(layer.post_attn_norm), optional(layer.post_mlp_norm)});
   }
   auto upload_floats = [&](const std::vector<float>& values) {
     DeviceTensor t = backend.alloc(DType::F32, {int64_t(values.size())});
@@ -88,6 +89,8 @@ std::shared_ptr<BackendModel> BackendModel::upload_weights(std::shared_ptr<const
         config.rope_inv_freq(config.rope_scaling.original_max_position_embeddings + 1));
   }
   result->rope_scale = float(config.rope_attention_scale());
+  if (const std::vector<float> local = config.rope_inv_freq_local(); !local.empty())
+    result->inv_freq_local = upload_floats(local);
   result->architecture = &architecture_for(config);
   if (options.kv_cache_dtype) {
     if (!backend.supports_cache_dtype(*options.kv_cache_dtype)) {
@@ -112,8 +115,9 @@ DType BackendModel::weight_dtype() const {
 int64_t BackendModel::layer_weight_bytes() const {
   int64_t bytes = 0;
   for (const Layer& layer : layers) {
-    for (const DeviceTensor* t : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo,
-                                  &layer.mlp_norm, &layer.w_gate, &layer.w_up, &layer.w_down}) {
+    for (const DeviceTensor* t :
+         {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.mlp_norm,
+          &layer.w_gate, &layer.w_up, &layer.w_down, &layer.post_attn_norm, &layer.post_mlp_norm}) {
       bytes += int64_t(t->bytes());
     }
   }

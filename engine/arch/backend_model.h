@@ -32,7 +32,8 @@ struct BackendModel {
   Backend* backend = nullptr;
   struct Layer {
     DeviceTensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
-    DeviceTensor bq, bk, bv, q_norm, k_norm;  // empty where the model has none
+    DeviceTensor bq, bk, bv, q_norm, k_norm;     // empty where the model has none
+    DeviceTensor post_attn_norm, post_mlp_norm;  // gemma3's sandwich norms (empty otherwise)
   };
   DeviceTensor embed, final_norm, lm_head, inv_freq;
   // RoPE: inv_freq [rotary_dim / 2] serves every forward call but longrope's and dynamic's long
@@ -40,6 +41,13 @@ struct BackendModel {
   // cos and sin are multiplied by rope_scale (yarn / longrope attention factor).
   DeviceTensor inv_freq_long;
   float rope_scale = 1.0f;
+  // gemma3: the local (sliding-window) layers' table [rotary_dim / 2], unscaled (empty when
+  // every layer uses inv_freq); layer_uses_local_rope says which layers rotate with it.
+  DeviceTensor inv_freq_local;
+  bool layer_uses_local_rope(size_t layer) const {
+    const std::vector<bool>& local = config().sliding_layers;
+    return !inv_freq_local.empty() && layer < local.size() && local[layer];
+  }
   std::vector<Layer> layers;
   // The family's layer math (engine/arch/architecture.h), from config.model_type.
   const Architecture* architecture = nullptr;

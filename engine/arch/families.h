@@ -9,5 +9,6 @@ const Architecture& llama_architecture();
 const Architecture& qwen2_architecture();
 const Architecture& qwen3_architecture();
 const Architecture& phi3_architecture();
+const Architecture& gemma3_architecture();
 
 }  // namespace kvlens

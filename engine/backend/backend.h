@@ -190,6 +190,13 @@ class Backend {
   }
   // out[n, F] = silu(gate) * up
   virtual void silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) = 0;
+  // out[n, F] = gelu_tanh(gate) * up (GeGLU: torch's gelu(approximate="tanh"), computed in double
+  // and rounded to F32 before the product, as torch rounds it).
+  virtual void gelu_tanh_mul(const DeviceTensor& gate, const DeviceTensor& up,
+                             DeviceTensor& out) = 0;
+  // In place on x (F32): x = tanh(x / cap) * cap, each step rounded to F32 as torch computes it
+  // (logit soft-capping). cap > 0.
+  virtual void soft_cap(DeviceTensor& x, float cap) = 0;
   // y[n, E] = (x - mean) / sqrt(var + eps) * weight + bias per row (LayerNorm, biased variance,
   // as torch; weight and bias [E] in any weight dtype). y may be x.
   virtual void layer_norm(const DeviceTensor& x, const DeviceTensor& weight,

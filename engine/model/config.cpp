@@ -192,6 +192,59 @@ DType parse_torch_dtype(const FieldReader& reader) {
               "\"" + *name + "\"");
 }
 
+// Gemma 3's fields beyond the Llama ones: which layers are local (layer_types, else every
+// sliding_window_pattern-th layer is global), the window, the attention scalar, the soft-cap, the
+// GeGLU activation, the scaled embeddings and the (1 + weight) sandwich norms.
+void parse_gemma3_fields(const Json& text, const FieldReader& reader, ModelConfig& config) {
+  const std::string& source = config.source;
+  // An absent key is Gemma3TextConfig's default window; an explicit null is none.
+  config.sliding_window = text.contains("sliding_window")
+                              ? reader.optional_integer("sliding_window", 1, kMaxDimension)
+                              : std::optional<int64_t>(4096);
+  config.sliding_layers.assign(size_t(config.num_layers), false);
+  if (const Json* types = reader.find("layer_types")) {
+    const std::string expected = "a list of " + std::to_string(config.num_layers) +
+                                 " \"sliding_attention\" or \"full_attention\" entries";
+    if (!types->is_array() || int64_t(types->size()) != config.num_layers) {
+      throw Error(source, reader.prefix() + "layer_types", expected,
+                  types->is_array() ? "a list of " + std::to_string(types->size()) + " entries"
+                                    : describe_json(*types));
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const Json& kind = (*types)[i];
+      if (kind != "sliding_attention" && kind != "full_attention") {
+        throw Error(source, reader.prefix() + "layer_types[" + std::to_string(i) + "]",
+                    "\"sliding_attention\" or \"full_attention\"", describe_json(kind));
+      }
+      config.sliding_layers[i] = kind == "sliding_attention";
+    }
+  } else {
+    const int64_t pattern = reader.integer_or("sliding_window_pattern", 6, 1, kMaxDimension);
+    for (int64_t i = 0; i < config.num_layers; ++i)
+      config.sliding_layers[size_t(i)] = (i + 1) % pattern != 0;
+  }
+  config.attention_scalar = reader.number_or("query_pre_attn_scalar", 256.0, 0.0);
+  config.final_logit_softcap = reader.number_or("final_logit_softcapping", 0.0, 0.0);
+  if (const Json* cap = reader.find("attn_logit_softcapping")) {
+    throw Error(source, reader.prefix() + "attn_logit_softcapping",
+                "null (attention logit soft-capping is not supported)", describe_json(*cap));
+  }
+  const std::string activation =
+      reader.optional_string("hidden_activation").value_or("gelu_pytorch_tanh");
+  if (activation != "gelu_pytorch_tanh") {
+    throw Error(source, reader.prefix() + "hidden_activation", "\"gelu_pytorch_tanh\"",
+                "\"" + activation + "\"");
+  }
+  config.hidden_activation = ModelConfig::Activation::kGeluTanh;
+  config.embedding_scale = std::sqrt(double(config.hidden_size));
+  config.norm_weight_offset = true;
+  config.sandwich_norms = true;
+  if (reader.boolean_or("use_bidirectional_attention", false)) {
+    throw Error(source, reader.prefix() + "use_bidirectional_attention",
+                "false (a decoder attends causally)", "true");
+  }
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& source) {
@@ -203,36 +256,60 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   }
   if (!root.is_object())
     throw Error(source, "JSON", "an object at the top level", describe_json(root));
-  const FieldReader reader(root, source);
 
   ModelConfig config;
   config.source = source;
 
-  const std::optional<std::string> model_type = reader.optional_string("model_type");
+  // A "gemma3" config (Gemma3ForConditionalGeneration) keeps the language model's fields under
+  // text_config; kvlens runs that part alone.
+  const Json* text = &root;
+  std::string prefix;
+  if (root.contains("model_type") && root["model_type"] == "gemma3") {
+    const FieldReader top(root, source);
+    text = top.find("text_config");
+    if (text == nullptr || !text->is_object()) {
+      throw Error(source, "text_config", "an object (a gemma3 config's language model)",
+                  text == nullptr ? "missing" : describe_json(*text));
+    }
+    prefix = "text_config.";
+    config.multimodal_prefix = true;
+  }
+  const FieldReader reader(*text, source, prefix);
+
+  std::optional<std::string> model_type = reader.optional_string("model_type");
+  if (config.multimodal_prefix && !model_type) model_type = "gemma3_text";
   // llama_butler: a TokenButler release, a Llama whose layer-0 attention also holds the
   // predictor (Predictor::from_butler reads its fields).
   const char* expected_types =
-      "\"llama\", \"mistral\", \"llama_butler\", \"qwen2\", \"qwen3\" or \"phi3\"";
+      "\"llama\", \"mistral\", \"llama_butler\", \"qwen2\", \"qwen3\", \"phi3\", "
+      "\"gemma3_text\" or \"gemma3\"";
   if (!model_type) throw Error(source, "model_type", expected_types, "missing");
   if (*model_type != "llama" && *model_type != "mistral" && *model_type != "llama_butler" &&
-      *model_type != "qwen2" && *model_type != "qwen3" && *model_type != "phi3") {
-    throw Error(source, "model_type", expected_types, "\"" + *model_type + "\"");
+      *model_type != "qwen2" && *model_type != "qwen3" && *model_type != "phi3" &&
+      *model_type != "gemma3_text") {
+    throw Error(source, reader.prefix() + "model_type", expected_types, "\"" + *model_type + "\"");
   }
   config.model_type = *model_type;
   const bool mistral = config.model_type == "mistral";
   const bool qwen2 = config.model_type == "qwen2";
   const bool qwen3 = config.model_type == "qwen3";
   const bool phi3 = config.model_type == "phi3";
+  const bool gemma3 = config.model_type == "gemma3_text";
 
   // Structural sizes are required: transformers' class defaults (a 7B shape) would only turn a
   // broken config into a confusing weight-shape error later.
-  config.vocab_size = reader.integer("vocab_size", 1, kMaxDimension);
+  // Gemma3TextConfig's defaults stand in for absent ones there (Gemma 3 4B's text_config gives
+  // neither vocab_size nor the head counts).
+  config.vocab_size = gemma3 ? reader.integer_or("vocab_size", 262208, 1, kMaxDimension)
+                             : reader.integer("vocab_size", 1, kMaxDimension);
   config.hidden_size = reader.integer("hidden_size", 1, kMaxDimension);
   config.intermediate_size = reader.integer("intermediate_size", 1, kMaxDimension);
   config.num_layers = reader.integer("num_hidden_layers", 1, kMaxDimension);
-  config.num_heads = reader.integer("num_attention_heads", 1, kMaxDimension);
-  config.num_kv_heads =
-      reader.integer_or("num_key_value_heads", config.num_heads, 1, config.num_heads);
+  config.num_heads = gemma3 ? reader.integer_or("num_attention_heads", 8, 1, kMaxDimension)
+                            : reader.integer("num_attention_heads", 1, kMaxDimension);
+  config.num_kv_heads = reader.integer_or(
+      "num_key_value_heads", gemma3 ? std::min<int64_t>(4, config.num_heads) : config.num_heads, 1,
+      config.num_heads);
   if (config.num_heads % config.num_kv_heads != 0) {
     throw Error(source, "num_key_value_heads",
                 "a divisor of num_attention_heads (" + std::to_string(config.num_heads) + ")",
@@ -240,6 +317,8 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   }
   if (const auto head_dim = reader.optional_integer("head_dim", 1, kMaxDimension)) {
     config.head_dim = *head_dim;
+  } else if (gemma3) {
+    config.head_dim = 256;
   } else {
     if (config.hidden_size % config.num_heads != 0) {
       throw Error(source, "hidden_size",
@@ -262,23 +341,53 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   // Absent fields take the transformers config class's defaults (Phi3Config: 1e-5, 4096).
   config.rms_norm_eps = reader.number_or("rms_norm_eps", phi3 ? 1e-5 : 1e-6, 0.0);
 
-  config.tie_word_embeddings = reader.boolean_or("tie_word_embeddings", false);
+  // A gemma3 config may say tie_word_embeddings at its top level only (Gemma ties them).
+  config.tie_word_embeddings = reader.boolean_or(
+      "tie_word_embeddings",
+      gemma3 && FieldReader(root, source).boolean_or("tie_word_embeddings", true));
   config.max_position_embeddings = reader.integer_or("max_position_embeddings",
-                                                     mistral ? 4096 * 32
-                                                     : phi3  ? 4096
-                                                             : 2048,
+                                                     mistral  ? 4096 * 32
+                                                     : phi3   ? 4096
+                                                     : gemma3 ? 131072
+                                                              : 2048,
                                                      1, kMaxDimension);
 
   // Rope: transformers 5 nests rope_theta inside rope_parameters; 4.x has it at the top level
   // and the scaling in rope_scaling. rope_parameters wins when both are present.
-  config.rope_theta = reader.number_or("rope_theta", 10000.0, 0.0);
+  config.rope_theta = reader.number_or("rope_theta", gemma3 ? 1000000.0 : 10000.0, 0.0);
   std::optional<FieldReader> rope_reader;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     const Json* rope = reader.find(key);
     if (rope == nullptr) continue;
-    if (!rope->is_object()) throw Error(source, key, "an object or null", describe_json(*rope));
-    rope_reader.emplace(*rope, source, std::string(key) + ".");
+    if (!rope->is_object())
+      throw Error(source, reader.prefix() + key, "an object or null", describe_json(*rope));
+    rope_reader.emplace(*rope, source, reader.prefix() + key + ".");
     break;
+  }
+  if (gemma3) {
+    // transformers 5 keeps one rope_parameters entry per layer kind; 4.x has the global
+    // layers' rope_theta and rope_scaling and the local layers' rope_local_base_freq.
+    config.rope_local_theta = reader.number_or("rope_local_base_freq", 10000.0, 0.0);
+    if (rope_reader && rope_reader->find("full_attention") != nullptr) {
+      const FieldReader per_kind = *rope_reader;
+      for (const char* kind : {"full_attention", "sliding_attention"}) {
+        const Json* entry = per_kind.find(kind);
+        if (entry != nullptr && !entry->is_object()) {
+          throw Error(source, per_kind.prefix() + kind, "an object or null", describe_json(*entry));
+        }
+      }
+      if (const Json* local = per_kind.find("sliding_attention")) {
+        const FieldReader local_reader(*local, source, per_kind.prefix() + "sliding_attention.");
+        config.rope_local_theta = local_reader.number_or("rope_theta", 10000.0, 0.0);
+        const std::optional<std::string> type = local_reader.optional_string("rope_type");
+        if (type && *type != "default") {
+          throw Error(source, local_reader.prefix() + "rope_type",
+                      "\"default\" (the local layers' RoPE is never scaled)", "\"" + *type + "\"");
+        }
+      }
+      rope_reader.emplace(*per_kind.find("full_attention"), source,
+                          per_kind.prefix() + "full_attention.");
+    }
   }
   // partial_rotary_factor: in rope_parameters (transformers 5), else at the top level (Phi-4-mini's
   // config.json). Phi3 rotates the first int(head_dim * factor) channels of each head; the other
@@ -328,19 +437,29 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
     }
   }
 
-  config.bos_token_id = reader.optional_integer("bos_token_id", 0, kMaxDimension);
-  if (const Json* eos = reader.find("eos_token_id")) {
+  if (gemma3) parse_gemma3_fields(*text, reader, config);
+
+  // A gemma3 config may give the token ids and the dtype at its top level only.
+  const FieldReader top(root, source);
+  auto with_key = [&](const std::string& key) -> const FieldReader& {
+    return reader.find(key) == nullptr && config.multimodal_prefix ? top : reader;
+  };
+  config.bos_token_id = with_key("bos_token_id").optional_integer("bos_token_id", 0, kMaxDimension);
+  const FieldReader& eos_reader = with_key("eos_token_id");
+  if (const Json* eos = eos_reader.find("eos_token_id")) {
     if (eos->is_array()) {
       for (size_t i = 0; i < eos->size(); ++i) {
-        config.eos_token_ids.push_back(reader.integer_value(
+        config.eos_token_ids.push_back(eos_reader.integer_value(
             "eos_token_id[" + std::to_string(i) + "]", (*eos)[i], 0, kMaxDimension));
       }
     } else {
-      config.eos_token_ids.push_back(reader.integer_value("eos_token_id", *eos, 0, kMaxDimension));
+      config.eos_token_ids.push_back(
+          eos_reader.integer_value("eos_token_id", *eos, 0, kMaxDimension));
     }
   }
 
-  config.torch_dtype = parse_torch_dtype(reader);
+  const bool text_dtype = reader.find("dtype") != nullptr || reader.find("torch_dtype") != nullptr;
+  config.torch_dtype = parse_torch_dtype(text_dtype || !config.multimodal_prefix ? reader : top);
 
   // Qwen2 always has q, k and v biases (and none on o_proj: it has no attention_bias field).
   // attention_bias (biases on all four projections of a Llama or Qwen3) and MLP biases are
@@ -351,7 +470,7 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
       throw Error(source, key, "false (bias terms are not supported)", "true");
     }
   }
-  config.qk_norm = qwen3;
+  config.qk_norm = qwen3 || gemma3;
   config.fused_projections = phi3;
   // Qwen sliding windows apply to some layers only (max_window_layers, layer_types); kvlens
   // attends the same way in every layer, so a config that turns them on is refused.
@@ -359,9 +478,12 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
     throw Error(source, "use_sliding_window", "false (per-layer sliding windows are not supported)",
                 "true");
   }
-  // The MLP is SwiGLU; another activation would silently compute a different model.
-  if (const auto act = reader.optional_string("hidden_act"); act && *act != "silu") {
-    throw Error(source, "hidden_act", "\"silu\"", "\"" + *act + "\"");
+  // The MLP is SwiGLU (gemma3: GeGLU); another activation would silently compute a different
+  // model. Gemma3TextConfig reads hidden_activation; hidden_act is the others' key.
+  if (!gemma3) {
+    if (const auto act = reader.optional_string("hidden_act"); act && *act != "silu") {
+      throw Error(source, reader.prefix() + "hidden_act", "\"silu\"", "\"" + *act + "\"");
+    }
   }
   return config;
 }
@@ -494,6 +616,39 @@ std::vector<float> ModelConfig::rope_inv_freq(int64_t seq_len) const {
     result[size_t(i)] = float(inv_freq);
   }
   return result;
+}
+
+bool ModelConfig::layer_is_local(int64_t layer) const {
+  if (sliding_layers.empty()) return sliding_window.has_value();
+  return layer >= 0 && layer < int64_t(sliding_layers.size()) && sliding_layers[size_t(layer)] &&
+         sliding_window.has_value();
+}
+
+int64_t ModelConfig::layer_window(int64_t layer) const {
+  return layer_is_local(layer) ? *sliding_window : 0;
+}
+
+std::vector<float> ModelConfig::rope_inv_freq_local() const {
+  if (rope_local_theta <= 0.0) return {};
+  ModelConfig local = *this;
+  local.rope_theta = rope_local_theta;
+  local.rope_scaling = RopeScaling{};
+  return local.rope_inv_freq();
+}
+
+std::string ModelConfig::layer_pattern() const {
+  if (sliding_layers.empty() || !sliding_window) return "all " + std::to_string(num_layers);
+  std::string text;
+  for (int64_t first = 0; first < num_layers;) {
+    const bool local = layer_is_local(first);
+    int64_t last = first;
+    while (last + 1 < num_layers && layer_is_local(last + 1) == local) ++last;
+    const int64_t count = last - first + 1;
+    text += (text.empty() ? "" : ", ") + std::string(local ? "local" : "global") +
+            (count > 1 ? " x" + std::to_string(count) : "");
+    first = last + 1;
+  }
+  return text;
 }
 
 }  // namespace kvlens

@@ -1,6 +1,7 @@
 // ModelConfig: the fields of a Hugging Face config.json that a Llama-family decoder needs
-// (model_type llama, mistral, llama_butler, qwen2, qwen3 or phi3), validated on load, and the
-// rotary tables [rotary_dim / 2] transformers computes from them (rope_inv_freq).
+// (model_type llama, mistral, llama_butler, qwen2, qwen3, phi3, gemma3_text, or gemma3 with its
+// text part under text_config), validated on load, and the rotary tables [rotary_dim / 2]
+// transformers computes from them (rope_inv_freq; Gemma 3's local layers: rope_inv_freq_local).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,9 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "llama", "mistral", "llama_butler", "qwen2", "qwen3" or "phi3"
+  // "llama", "mistral", "llama_butler", "qwen2", "qwen3", "phi3" or "gemma3_text" (a "gemma3"
+  // config's text_config is read as one; multimodal_prefix then says so).
+  std::string model_type;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -53,8 +56,35 @@ struct ModelConfig {
   // NTK rescaling was configured for; transformers sets no limit), the original value is in
   // rope_scaling.original_max_position_embeddings.
   int64_t max_position_embeddings = 2048;
-  // mistral, phi3: keys older than this many positions are masked (phi3: only when given).
+  // mistral, phi3: keys older than this many positions are masked (phi3: only when given), in
+  // every layer. gemma3: only in the layers sliding_layers marks.
   std::optional<int64_t> sliding_window;
+  // One flag per layer where the window applies to some layers only (gemma3's layer_types or
+  // sliding_window_pattern: the "local" layers); empty when it applies to all of them.
+  std::vector<bool> sliding_layers;
+  // gemma3: the RoPE base of the local layers (rope_local_base_freq, or rope_parameters'
+  // sliding_attention.rope_theta), which never scale; rope_theta and rope_scaling are the global
+  // layers'. 0: every layer uses rope_theta.
+  double rope_local_theta = 0.0;
+  // Attention logits are q.k * attention_scalar^-0.5 (gemma3: query_pre_attn_scalar; others:
+  // head_dim). 0: head_dim.
+  double attention_scalar = 0.0;
+  // gemma3: logits = tanh(logits / cap) * cap (final_logit_softcapping; 0: none). Gemma 3 sets
+  // no attention soft-cap (attn_logit_softcapping null); a config that sets one is refused.
+  double final_logit_softcap = 0.0;
+  // The MLP's gate activation: silu (SwiGLU) or gelu_pytorch_tanh (gemma3's GeGLU).
+  enum class Activation { kSilu, kGeluTanh };
+  Activation hidden_activation = Activation::kSilu;
+  // gemma3: the input embeddings are multiplied by sqrt(hidden_size) (1: not scaled).
+  double embedding_scale = 1.0;
+  // gemma3: RMSNorm weights w scale by (1 + w), and each layer has a norm after the attention
+  // (applied to o_proj's output before the residual) and one after the MLP (post_attn_norm,
+  // post_mlp_norm); the one before the MLP is the usual mlp_norm (pre_feedforward_layernorm).
+  bool norm_weight_offset = false;
+  bool sandwich_norms = false;
+  // gemma3 configs: the weights are those of Gemma3ForConditionalGeneration (the language
+  // model's tensors under language_model.* or model.language_model.*).
+  bool multimodal_prefix = false;
   // Channels of each head that RoPE rotates (rotate-half within them); the rest pass through.
   // head_dim except phi3 with partial_rotary_factor: int(head_dim * factor) (Phi-4-mini: 0.75).
   int64_t rotary_dim = 0;
@@ -89,6 +119,17 @@ struct ModelConfig {
   RopeTable rope_table(int64_t seq_len) const;
   // The factor cos and sin are multiplied by (yarn, longrope: attention_factor; 1 otherwise).
   double rope_attention_scale() const;
+
+  // Whether layer `layer` is a sliding-window (local) one, and the keys its queries see: the
+  // last `window` positions, the query's own included (0: all of them).
+  bool layer_is_local(int64_t layer) const;
+  int64_t layer_window(int64_t layer) const;
+  // The local layers' RoPE table [rotary_dim / 2] (rope_local_theta, unscaled); empty when every
+  // layer uses rope_inv_freq.
+  std::vector<float> rope_inv_freq_local() const;
+  // A text line such as "local x5, global" per run of layer kinds ("all" when every layer is
+  // alike), for `info`.
+  std::string layer_pattern() const;
 };
 
 }  // namespace kvlens

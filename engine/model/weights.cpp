@@ -3,6 +3,9 @@
 // phi3 projections (qkv_proj [(H + 2G) * D, E], gate_up_proj [2F, E]) become row-range views.
 #include "engine/model/weights.h"
 
+#include <cmath>
+#include <cstring>
+
 #include "engine/common/error.h"
 
 namespace kvlens {
@@ -52,12 +55,58 @@ TensorView row_range(const TensorView& fused, int64_t first, int64_t count, cons
   return view;
 }
 
+// Host copies the loader derives from mapped tensors, owned with the maps (ModelWeights::files).
+struct DerivedTensors {
+  std::shared_ptr<SafetensorsSet> files;
+  std::vector<std::vector<float>> buffers;
+
+  // An F32 copy of `view` with every value v replaced by (1 + v) * factor: Gemma's RMSNorm
+  // scales by (1 + weight) computed in float, and `factor` folds a constant into it.
+  TensorView offset_norm(const TensorView& view, float factor = 1.0f) {
+    std::vector<float> values(size_t(view.numel()));
+    if (!widen_to_f32(view.data, view.dtype, view.numel(), values.data()))
+      throw Error(view.file, view.name, "dtype F32, F16 or BF16",
+                  std::string(dtype_name(view.dtype)));
+    for (float& v : values) v = (1.0f + v) * factor;
+    TensorView result = view;
+    result.name = view.name + " (1 + weight)";
+    result.dtype = DType::F32;
+    result.bytes = values.size() * sizeof(float);
+    result.data = reinterpret_cast<const std::byte*>(values.data());
+    buffers.push_back(std::move(values));  // the vector's storage does not move with it
+    return result;
+  }
+};
+
+// Where a checkpoint keeps the decoder's tensors: "model." (a CausalLM), or for a gemma3
+// multimodal checkpoint the language model's prefix (transformers 4: language_model.model.,
+// 5: model.language_model.).
+std::string decoder_prefix(const SafetensorsSet& files, const ModelConfig& config) {
+  if (!config.multimodal_prefix) return "model.";
+  for (const char* prefix : {"language_model.model.", "model.language_model."}) {
+    if (files.contains(std::string(prefix) + "embed_tokens.weight")) return prefix;
+  }
+  throw Error(files.folder(), "language_model.model.embed_tokens.weight",
+              "a gemma3 checkpoint's language model (language_model.model.* or "
+              "model.language_model.* tensors)",
+              "no such tensor in the checkpoint");
+}
+
 }  // namespace
 
 ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig& config) {
   ModelWeights weights;
-  weights.files = std::make_shared<SafetensorsSet>(SafetensorsSet::open_folder(model_dir));
-  const TensorChecker checker(*weights.files);
+  auto derived = std::make_shared<DerivedTensors>();
+  derived->files = std::make_shared<SafetensorsSet>(SafetensorsSet::open_folder(model_dir));
+  // Shares ownership of the maps and the derived copies, pointing at the maps.
+  weights.files = std::shared_ptr<SafetensorsSet>(derived, derived->files.get());
+  const TensorChecker checker(*derived->files);
+  const std::string model = decoder_prefix(*derived->files, config);
+  // gemma3's norms (see DerivedTensors::offset_norm); the others' are used as stored.
+  auto norm = [&](const std::string& name, int64_t width, float factor = 1.0f) {
+    const TensorView view = checker.get(name, {width});
+    return config.norm_weight_offset ? derived->offset_norm(view, factor) : view;
+  };
 
   // ModelConfig::parse bounds every size by INT32_MAX, so these products cannot overflow.
   const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
@@ -65,8 +114,8 @@ ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig&
   const int64_t kv_width = config.num_kv_heads * config.head_dim;
   const int64_t ffn = config.intermediate_size;
 
-  weights.embed = checker.get("model.embed_tokens.weight", {vocab, hidden});
-  weights.final_norm = checker.get("model.norm.weight", {hidden});
+  weights.embed = checker.get(model + "embed_tokens.weight", {vocab, hidden});
+  weights.final_norm = norm(model + "norm.weight", hidden);
   // Tied checkpoints may still carry a copy of lm_head.weight; like transformers we use the
   // embedding then. Untied without lm_head.weight is an error: transformers would initialise
   // the head randomly, which no analysis should silently run on.
@@ -75,9 +124,9 @@ ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig&
 
   weights.layers.reserve(size_t(config.num_layers));
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    const std::string prefix = model + "layers." + std::to_string(i) + ".";
     LayerWeights layer;
-    layer.attn_norm = checker.get(prefix + "input_layernorm.weight", {hidden});
+    layer.attn_norm = norm(prefix + "input_layernorm.weight", hidden);
     if (config.fused_projections) {
       // phi3: q rows, then k rows, then v rows; gate rows, then up rows.
       const TensorView qkv =
@@ -96,7 +145,13 @@ ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig&
       layer.w_up = checker.get(prefix + "mlp.up_proj.weight", {ffn, hidden});
     }
     layer.wo = checker.get(prefix + "self_attn.o_proj.weight", {hidden, q_width});
-    layer.mlp_norm = checker.get(prefix + "post_attention_layernorm.weight", {hidden});
+    if (config.sandwich_norms) {
+      layer.post_attn_norm = norm(prefix + "post_attention_layernorm.weight", hidden);
+      layer.mlp_norm = norm(prefix + "pre_feedforward_layernorm.weight", hidden);
+      layer.post_mlp_norm = norm(prefix + "post_feedforward_layernorm.weight", hidden);
+    } else {
+      layer.mlp_norm = checker.get(prefix + "post_attention_layernorm.weight", {hidden});
+    }
     layer.w_down = checker.get(prefix + "mlp.down_proj.weight", {hidden, ffn});
     if (config.qkv_bias) {
       layer.bq = checker.get(prefix + "self_attn.q_proj.bias", {q_width});
@@ -104,8 +159,15 @@ ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig&
       layer.bv = checker.get(prefix + "self_attn.v_proj.bias", {kv_width});
     }
     if (config.qk_norm) {
-      layer.q_norm = checker.get(prefix + "self_attn.q_norm.weight", {config.head_dim});
-      layer.k_norm = checker.get(prefix + "self_attn.k_norm.weight", {config.head_dim});
+      // The attention divides q.k by sqrt(head_dim); a model scaled by another attention_scalar
+      // (gemma3's query_pre_attn_scalar) gets the ratio folded into its queries' norm, so every
+      // consumer of q (the attention, the policies' scores) sees the model's logits.
+      const float q_factor =
+          config.attention_scalar > 0.0
+              ? float(std::sqrt(double(config.head_dim) / config.attention_scalar))
+              : 1.0f;
+      layer.q_norm = norm(prefix + "self_attn.q_norm.weight", config.head_dim, q_factor);
+      layer.k_norm = norm(prefix + "self_attn.k_norm.weight", config.head_dim);
     }
     weights.layers.push_back(std::move(layer));
   }

@@ -3,6 +3,8 @@
 // Shapes (Hugging Face layout, row-major): embed [vocab, E]; wq [H*D, E]; wk, wv [G*D, E];
 // wo [E, H*D]; w_gate, w_up [F, E]; w_down [E, F]; norms [E]; lm_head [vocab, E]. phi3's fused
 // qkv_proj and gate_up_proj are split into these views (row ranges of the mapped tensor).
+// gemma3: norms are F32 host copies holding (1 + weight) (q_norm also times the attention-scale
+// correction), and post_attn_norm, post_mlp_norm [E] are present.
 #pragma once
 
 #include <memory>
@@ -19,10 +21,14 @@ struct LayerWeights {
   // Present only where the config says so (empty views otherwise): q/k/v biases
   // (ModelConfig::qkv_bias), per-head q and k norms [head_dim] (qk_norm).
   TensorView bq, bk, bv, q_norm, k_norm;
+  // gemma3 (ModelConfig::sandwich_norms): the norm of o_proj's output before the residual
+  // (post_attention_layernorm) and of the MLP's (post_feedforward_layernorm).
+  TensorView post_attn_norm, post_mlp_norm;
 };
 
 struct ModelWeights {
-  std::shared_ptr<SafetensorsSet> files;  // keeps the maps alive
+  // Keeps the maps alive, and the host copies the loader derived (gemma3's norms) with them.
+  std::shared_ptr<SafetensorsSet> files;
   TensorView embed;
   TensorView final_norm;
   TensorView lm_head;  // == embed when tie_word_embeddings; untied needs lm_head.weight

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "engine/backend/tensor_views.h"
+
 namespace kvlens {
 
 BudgetedPolicy::BudgetedPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs)
@@ -18,10 +20,12 @@ void BudgetedPolicy::grow(int64_t stride) {
   shape_.stride = stride;
   group_scores_ = widen_columns(backend_, group_scores_, stride);
   group_visible_ = widen_columns(backend_, group_visible_, stride);
+  if (!window_eligible_.empty())
+    window_eligible_ = widen_columns(backend_, window_eligible_, stride);
 }
 
 int64_t BudgetedPolicy::state_bytes() const {
-  return tensor_bytes({group_scores_, group_visible_});
+  return tensor_bytes({group_scores_, group_visible_, window_eligible_});
 }
 
 const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_scores,
@@ -34,7 +38,7 @@ const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_s
 int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
                                         const DeviceTensor& selection_scores,
                                         const DeviceTensor* eligible, DeviceTensor& visible) {
-  const int64_t budget = knobs_.budget(step.step);
+  const int64_t budget = knobs_.budget(step.step - step.first_candidate);
   select_budgeted(step, recent, selection_scores, eligible, visible, budget);
   return budget;
 }
@@ -53,8 +57,21 @@ void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,
                                  const DeviceTensor& selection_scores, const DeviceTensor* eligible,
                                  DeviceTensor& target, int64_t budget, int64_t page_size) {
   const int64_t t = step.step, cols = step.cols();
-  const ForcedColumns forced =
-      forced_columns(t, budget, knobs_.sinks, std::max(recent, knobs_.window));
+  const int64_t first = step.first_candidate;
+  DeviceTensor window;
+  if (first > 0) {
+    // A sliding window: the candidates are its columns, and the policy's own eligible ones.
+    if (window_eligible_.empty())
+      window_eligible_ = backend_.alloc(DType::U8, {shape_.heads, shape_.stride});
+    window = tensor::row_range(window_eligible_, 0, target.dim(0));
+    backend_.fill_columns(window, 0, first, 0);
+    backend_.fill_columns(window, first, cols, 1);
+    if (eligible != nullptr) backend_.mask_and(window, *eligible, cols);
+    eligible = &window;
+  }
+  // Sinks before a window are no candidates: not forced (they would take budget and stay hidden).
+  const int64_t sinks = first >= knobs_.sinks ? 0 : knobs_.sinks;
+  const ForcedColumns forced = forced_columns(t, budget, sinks, std::max(recent, knobs_.window));
   // An evicted token stays out even where it would be forced (a growing budget widens the recent
   // part over a token dropped earlier): the set then keeps fewer than B(t), never a returnee.
   const int64_t extra = budget - forced.count(t);

@@ -33,7 +33,9 @@ class BudgetedPolicy : public Policy {
   // visible[H, stride] = forced columns (sinks, then `recent` most recent tokens including the
   // current one, truncated to B(t) by priority) + the top (B(t) - forced) columns by
   // `selection_scores` [R, stride] among `eligible` [R, stride] (null: all; when given, forced
-  // columns that are not eligible stay hidden too). Returns B(t).
+  // columns that are not eligible stay hidden too). Returns B(t). On a sliding-window layer
+  // (step.first_candidate > 0) only the window's columns are candidates, B counts the window's
+  // tokens, and sinks before it are not forced.
   int64_t select_budgeted(const LayerStep& step, int64_t recent,
                           const DeviceTensor& selection_scores, const DeviceTensor* eligible,
                           DeviceTensor& visible);
@@ -67,6 +69,9 @@ class BudgetedPolicy : public Policy {
  private:
   DeviceTensor group_scores_;   // [G, stride] F32
   DeviceTensor group_visible_;  // [G, stride] U8
+  // A sliding-window layer's candidates (LayerStep::first_candidate), [H, stride] U8, made on
+  // the first such step; selections of R' rows use its first R' rows.
+  DeviceTensor window_eligible_;
 };
 
 }  // namespace kvlens

@@ -60,6 +60,10 @@ struct LayerStep {
   const DeviceTensor* k_cache = nullptr;  // [G, stride, D]
   const DeviceTensor* v_cache = nullptr;  // [G, stride, D]
   const DeviceTensor* logits = nullptr;   // [H, stride]: true pre-softmax logits z(l, h, t, j)
+  // A sliding-window layer (gemma3's local ones): columns before this one are outside the window,
+  // no candidates (the session hides them whatever the policy picks; budgeted policies spend
+  // their budget, B of the window's tokens, within it). 0 elsewhere.
+  int64_t first_candidate = 0;
   int64_t cols() const { return step + 1; }
 };
 

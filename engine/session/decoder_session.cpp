@@ -280,7 +280,6 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
   if (!per_run) {
     for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = position_ + i;
   }
-  const int64_t window = c.sliding_window.value_or(0);
   const float eps = float(c.rms_norm_eps);
   const int64_t context = position_ + (per_run ? 1 : n);
   // transformers picks the RoPE table per forward call from its largest position.
@@ -359,13 +358,24 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
     const int64_t m = rows.q.dim(0);
     DeviceTensor q_heads_m = row_range(q_heads, first, m), k_heads_m = row_range(k_heads, first, m);
     const std::span<const int64_t> rows_positions = all_positions.subspan(size_t(first), size_t(m));
-    backend_.rope_pair(q_heads_m, k_heads_m, rows_positions, inv_freq, model_->rope_scale);
+    // gemma3's local layers rotate with their own, unscaled table.
+    const bool local = model_->layer_uses_local_rope(size_t(&layer - model_->layers.data()));
+    backend_.rope_pair(q_heads_m, k_heads_m, rows_positions,
+                       local ? model_->inv_freq_local : inv_freq,
+                       local ? 1.0f : model_->rope_scale);
   };
   auto project_output = [&](const BackendModel::Layer& layer, LayerRows& rows) {
     architecture.attention_output_and_mlp(backend_, c, layer, rows);
   };
 
   backend_.embed(model_->embed, tokens, hidden);
+  if (c.embedding_scale != 1.0) {
+    // gemma3: transformers multiplies by the scale rounded to the embeddings' dtype (BF16:
+    // sqrt(1152) = 33.94 becomes 34; F16 checkpoints keep the F32 scale here).
+    float scale = float(c.embedding_scale);
+    if (model_->embed.dtype == DType::BF16) scale = bf16_to_f32(f32_to_bf16(scale));
+    backend_.axpby_rows(hidden, scale, hidden, 0.0f, E);
+  }
   // Whether the hidden rows are alike: checked once after the embedding, then carried (a layer
   // keeps them alike exactly when its attention outputs are alike too).
   bool alike = rows_alike(hidden);
@@ -416,8 +426,8 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
         first.attention_logits.push_back(backend_.alloc(DType::F32, {n, H, context}));
         logits_out = &first.attention_logits.back();
       }
-      backend_.attention(q_heads, first.k_cache[l], first.v_cache[l], position_, window,
-                         Visibility{}, attn_heads, logits_out);
+      backend_.attention(q_heads, first.k_cache[l], first.v_cache[l], position_,
+                         c.layer_window(int64_t(l)), Visibility{}, attn_heads, logits_out);
       // A chunk is dense in every run: every cache receives the same keys and values (stored
       // once where the backend can share them, run 0's own rows included).
       if (runs_.size() > 1) {
@@ -471,6 +481,7 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
       backend_.rmsnorm_matmul_many(row_range(hidden, 0, m), model_->final_norm, eps, normed_m, head,
                                    logits_out);
     }
+    if (c.final_logit_softcap > 0.0) backend_.soft_cap(logits_m, float(c.final_logit_softcap));
     if (alike) copy_first_row(logits_view_);
   }
   if (per_run) {

@@ -28,6 +28,8 @@ LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) 
   step.k_cache = &run.k_cache[layer];
   step.v_cache = &run.v_cache[layer];
   step.logits = &runs_[size_t(logits_source_[row])].policy_logits;
+  const int64_t window = model_->config().layer_window(int64_t(layer));
+  if (window > 0) step.first_candidate = std::max<int64_t>(0, position_ + 1 - window);
   return step;
 }
 
@@ -117,7 +119,7 @@ void DecoderSession::shared_work(std::span<const int64_t> group, Work&& work) {
 void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                                   std::vector<Backend::RunAttention>& batch) {
   const int64_t cols = position_ + 1;
-  const int64_t window = model_->config().sliding_window.value_or(0);
+  const int64_t window = model_->config().layer_window(int64_t(layer));
   // The runs that choose first do so now; then the logits of every run that needs them, in one
   // call (each run's own: the caches differ by now) ...
   batch.clear();
@@ -196,7 +198,10 @@ void DecoderSession::append_runs(std::span<const int64_t> group, size_t layer) {
     appends.push_back({&q_rows_[size_t(r)], &k_rows_[size_t(r)], &v_rows_[size_t(r)],
                        &run.k_cache[layer], &run.v_cache[layer]});
   }
-  backend_.rope_append_runs(appends, position_, *step_inv_freq_, model_->rope_scale);
+  // gemma3's local layers rotate with their own, unscaled table.
+  const bool local = model_->layer_uses_local_rope(layer);
+  backend_.rope_append_runs(appends, position_, local ? model_->inv_freq_local : *step_inv_freq_,
+                            local ? 1.0f : model_->rope_scale);
 }
 
 void DecoderSession::attend_alike(size_t layer, int64_t shared) {
@@ -208,7 +213,8 @@ void DecoderSession::attend_alike(size_t layer, int64_t shared) {
   for (int64_t r = 0; r < n; ++r) {
     if (logits_source_[size_t(r)] == r) attention_batch_.push_back(run_attention_[size_t(r)]);
   }
-  backend_.attention_logits_runs(attention_batch_, shared, position_, c.sliding_window.value_or(0));
+  backend_.attention_logits_runs(attention_batch_, shared, position_,
+                                 c.layer_window(int64_t(layer)));
   // 2. Each policy run's observation of the previous layer and its selection on the backend's
   // threads.
   backend_.run_tasks(n, [&](int64_t task) {
@@ -281,6 +287,12 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
   const LayerStep step = layer_step(run, layer, size_t(r));
   const LayerDecision decision = run.policy->select(step, run.visible[layer], run.scores[layer]);
   run.decisions[layer] = decision;
+  // A sliding-window layer (gemma3's local ones): keys before the window are no candidates, so
+  // what a policy picked there is hidden too; its logits are -inf anyway (the attention ops mask
+  // them), so only the mask, the counts and the trace change.
+  const int64_t window = model_->config().layer_window(int64_t(layer));
+  if (decision == LayerDecision::Masked && window > 0 && cols > window)
+    backend_.fill_columns(run.visible[layer], 0, cols - window, 0);
   record_sparsity(run, layer, decision, cols);
   if (decision == LayerDecision::Skipped) {
     // A skipped attention contributes nothing: its row becomes zeros, so the batched o_proj
@@ -321,7 +333,9 @@ void DecoderSession::record_sparsity(SessionRun& run, size_t layer, LayerDecisio
   const DeviceTensor& mask = run.visible[layer];
   counts.resize(size_t(mask.dim(0)));
   run.queued_counts.push_back({&mask, cols, counts});
-  run.counted_layers.emplace_back(int64_t(layer), cols);
+  // Sparsity is over the keys the layer attends to: a sliding-window layer's window.
+  const int64_t window = model_->config().layer_window(int64_t(layer));
+  run.counted_layers.emplace_back(int64_t(layer), window > 0 ? std::min(cols, window) : cols);
 }
 
 void DecoderSession::queue_step_counts() {

@@ -260,6 +260,20 @@ StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, 
     }
   });
 
+  // A sliding-window layer (gemma3's local ones) shows the keys before its window hidden, whatever
+  // the decision (a Masked row's mask has them hidden already: the session's select_run).
+  auto attendable = [&](int64_t layer) {
+    const int64_t window = c.layer_window(layer);
+    return window > 0 ? std::min<int64_t>(cols, window) : cols;
+  };
+  for (int64_t l = 0; l < L; ++l) {
+    if (attendable(l) == cols || record.decisions[size_t(l)] != LayerDecision::Dense) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      std::fill_n(record.visible.data() + (l * H + h) * cols, cols - attendable(l), uint8_t(0));
+      record.visible_counts[size_t(l * H + h)] = int32_t(attendable(l));
+    }
+  }
+
   double recall_sum = 0.0, agreement_sum = 0.0, hidden_sum = 0.0;
   int64_t recall_rows = 0, agreement_rows = 0;
   const CommonKnobs& knobs = knobs_[size_t(run_index)];
@@ -310,8 +324,9 @@ StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, 
     if (std::isfinite(r)) recall_sum += r, ++recall_rows;
     if (std::isfinite(a)) agreement_sum += a, ++agreement_rows;
   }
-  for (const int32_t count : record.visible_counts)
-    hidden_sum += 1.0 - double(count) / double(cols);
+  // Over the keys each layer attends to (a sliding-window layer's window).
+  for (int64_t i = 0; i < L * H; ++i)
+    hidden_sum += 1.0 - double(record.visible_counts[size_t(i)]) / double(attendable(i / H));
 
   m.effective_sparsity = hidden_sum / double(L * H);
   if (recall_rows > 0) m.recall_vs_oracle = recall_sum / double(recall_rows);

@@ -331,11 +331,20 @@ HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step) {
   summary.hit_rate = head_accuracy_grid(trace, run, step);
   summary.recall.assign(size_t(L * H), kNaN);
   summary.sparsity.assign(size_t(L * H), kNaN);
-  const double candidates = double(record.columns);
   for (int64_t i = 0; i < L * H; ++i) {
-    if (size_t(i) < record.visible_counts.size() && candidates > 0)
-      summary.sparsity[size_t(i)] = 1.0 - double(record.visible_counts[size_t(i)]) / candidates;
     const float* logits = record.logits_row(i / H, i % H, H);
+    // The keys the head attends to: a sliding-window layer's true logits are -inf before its
+    // window (those keys are no candidates); t + 1 where the row was not kept.
+    int64_t candidates = record.columns;
+    if (logits) {
+      candidates = 0;
+      for (int64_t j = 0; j < record.columns; ++j)
+        candidates += logits[j] != -std::numeric_limits<float>::infinity();
+    }
+    if (size_t(i) < record.visible_counts.size() && candidates > 0) {
+      summary.sparsity[size_t(i)] =
+          1.0 - double(record.visible_counts[size_t(i)]) / double(candidates);
+    }
     if (!logits) continue;
     const uint8_t* shown = record.visible_row(i / H, i % H, H);
     double top = -std::numeric_limits<double>::infinity();

@@ -117,7 +117,8 @@ std::vector<double> head_accuracy_grid(const Trace& trace, int64_t run, int64_t 
 //   the head saw everything.
 // - hit_rate: the top-50% agreement of the policy's scores with the true logits (as
 //   head_accuracy_grid: NaN on a layer the policy left dense, where it set no scores).
-// - sparsity: 1 - visible / candidates (candidates = t + 1).
+// - sparsity: 1 - visible / candidates (candidates = t + 1, or the keys with a finite true logit
+//   where the row is kept: a sliding-window layer's window).
 struct HeadSummary {
   std::vector<double> recall, hit_rate, sparsity;
 };

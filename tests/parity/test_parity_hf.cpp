@@ -294,9 +294,10 @@ void check_attention(const EngineRun& run, const Reference& ref, double tol) {
 
 // The last query row sees min(T, window) keys with a sliding window, all T without.
 void check_visible_keys(const EngineRun& run, const LoadedFixture& f, size_t T) {
-  const auto& window = f.model->config().sliding_window;
-  const int64_t expected = window ? std::min<int64_t>(int64_t(T), *window) : int64_t(T);
   for (size_t l = 0; l < run.visible_keys.size(); ++l) {
+    // A layer's own window (gemma3: the local layers only).
+    const int64_t window = f.model->config().layer_window(int64_t(l));
+    const int64_t expected = window > 0 ? std::min<int64_t>(int64_t(T), window) : int64_t(T);
     for (size_t h = 0; h < run.visible_keys[l].size(); ++h) {
       INFO("layer " << l << " head " << h);
       CHECK(run.visible_keys[l][h] == expected);
@@ -572,6 +573,30 @@ TEST_CASE("HF parity: Qwen3, per-head q/k RMSNorm, head_dim 32, tied, F32", "[pa
   CHECK(c.head_dim == 32);
   REQUIRE_FALSE(f.model->layers[1].k_norm.empty());
   run_f32_fixture("qwen3-qknorm-f32");
+}
+
+TEST_CASE("HF parity: Gemma 3, local/global layers, window 16, soft-cap, GeGLU, F32", "[parity]") {
+  const LoadedFixture& f = fixture("gemma3-window-softcap-f32");
+  // The fixture is only meaningful if the loader read what makes it special.
+  const kvlens::ModelConfig& c = f.model->config();
+  CHECK(c.model_type == "gemma3_text");
+  CHECK(c.sliding_layers == std::vector<bool>{true, true, false});
+  CHECK(c.layer_window(0) == 16);
+  CHECK(c.layer_window(2) == 0);
+  CHECK(c.rope_local_theta == 10000.0);
+  CHECK(c.rope_theta == 1000000.0);
+  CHECK(c.rope_scaling.type == kvlens::RopeScaling::Type::kLinear);
+  CHECK(c.attention_scalar == 24.0);
+  CHECK(c.final_logit_softcap == 3.0);
+  CHECK(c.hidden_activation == kvlens::ModelConfig::Activation::kGeluTanh);
+  CHECK(c.embedding_scale == Approx(8.0));
+  CHECK(c.qk_norm);
+  CHECK(c.tie_word_embeddings);
+  REQUIRE_FALSE(f.model->layers[2].post_mlp_norm.empty());
+  REQUIRE_FALSE(f.model->inv_freq_local.empty());
+  // Every reference logit lies inside the cap.
+  for (const double logit : f.doc.at("last_logits")) CHECK(std::abs(logit) < 3.0);
+  run_f32_fixture("gemma3-window-softcap-f32");
 }
 
 TEST_CASE("HF parity: Phi-3, fused qkv / gate_up, partial rotary 0.75, window 40, GQA, F32",

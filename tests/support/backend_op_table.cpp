@@ -217,6 +217,25 @@ std::vector<OpEntry> make_table() {
     r.backend().silu_mul(g, u, out);
     r.out("out", out);
   });
+  // GeGLU (gemma3): gelu_tanh in double rounded once, then the F32 product; gates far out on
+  // both sides (tanh saturates: gelu is 0 or the gate itself) and 0.
+  add("gelu_tanh_mul n5 F1001 saturating gates", {1e-7, 1e-5}, [](OpRun& r) {
+    std::vector<float> gate = r.values(5 * 1001, 6.0f);
+    gate[0] = -100.0f;
+    gate[1] = 90.0f;
+    gate[2] = 0.0f;
+    const DeviceTensor g = r.f32_of(gate, {5, 1001}), u = r.f32({5, 1001});
+    DeviceTensor out = r.backend().alloc(DType::F32, {5, 1001});
+    r.backend().gelu_tanh_mul(g, u, out);
+    r.out("out", out);
+  });
+  // Logit soft-capping at 30 (Gemma 2/3's final cap) over logits up to +-200: saturated rows and
+  // the near-linear middle.
+  add("soft_cap n3 V1001 cap30", {1e-7, 1e-6}, [](OpRun& r) {
+    DeviceTensor x = r.f32({3, 1001}, 200.0f);
+    r.backend().soft_cap(x, 30.0f);
+    r.out("x", x);
+  });
   add("add_inplace n5 E1001", kExact, [](OpRun& r) {
     DeviceTensor x = r.f32({5, 1001});
     const DeviceTensor y = r.f32({5, 1001});

@@ -36,6 +36,13 @@ using namespace cpu_checks;  // require*, describe, cat, shape_string, kWhere
 // threads, a decode row of a small model stays on one).
 constexpr int64_t kSiluBlocksPerTask = 256;
 
+// torch's gelu(approximate="tanh"), 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in double
+// rounded once (the CUDA kernel computes the same expression).
+float gelu_tanh(float x) {
+  const double v = double(x);
+  return float(0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+}
+
 bool is_weight_dtype(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
 }
@@ -351,6 +358,33 @@ class CpuBackend final : public Backend {
           kernels_.silu_mul(g + first, u + first, o + first, last - first);
         },
         kSiluBlocksPerTask);
+  }
+
+  void gelu_tanh_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) override {
+    require_f32(gate, "gelu_tanh_mul: gate");
+    require_f32(up, "gelu_tanh_mul: up");
+    require_f32(out, "gelu_tanh_mul: out");
+    KVLENS_REQUIRE(up.numel() == gate.numel() && out.numel() == gate.numel(),
+                   "gelu_tanh_mul: shapes", "gate, up and out of equal size",
+                   describe(gate) + ", " + describe(up) + ", " + describe(out));
+    const float* g = gate.as<const float>();
+    const float* u = up.as<const float>();
+    float* o = out.as<float>();
+    pool_.parallel_for(
+        0, gate.numel(),
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) o[i] = gelu_tanh(g[i]) * u[i];
+        },
+        kSiluBlocksPerTask * 8);
+  }
+
+  void soft_cap(DeviceTensor& x, float cap) override {
+    require_f32(x, "soft_cap: x");
+    KVLENS_REQUIRE(cap > 0.0f && std::isfinite(cap), "soft_cap: cap", "a finite number > 0",
+                   cat(cap));
+    float* v = x.as<float>();
+    for (int64_t i = 0, count = x.numel(); i < count; ++i)
+      v[i] = float(std::tanh(double(v[i] / cap))) * cap;
   }
 
   void layer_norm(const DeviceTensor& x, const DeviceTensor& weight, const DeviceTensor& bias,
