@@ -55,8 +55,14 @@ TensorView row_range(const TensorView& fused, int64_t first, int64_t count, cons
 }  // namespace
 
 ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig& config) {
+  return from_files(std::make_shared<SafetensorsSet>(SafetensorsSet::open_folder(model_dir)),
+                    config);
+}
+
+ModelWeights ModelWeights::from_files(std::shared_ptr<SafetensorsSet> files,
+                                      const ModelConfig& config) {
   ModelWeights weights;
-  weights.files = std::make_shared<SafetensorsSet>(SafetensorsSet::open_folder(model_dir));
+  weights.files = std::move(files);
   const TensorChecker checker(*weights.files);
 
   // ModelConfig::parse bounds every size by INT32_MAX, so these products cannot overflow.

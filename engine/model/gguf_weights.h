@@ -1,0 +1,34 @@
+// A GGUF file's tensors under the Hugging Face names ModelWeights resolves ("blk.3.attn_q.weight"
+// -> "model.layers.3.self_attn.q_proj.weight"), with what llama.cpp's converter changed undone:
+// the q/k row permutation of llama weights, gemma3's +1 on norm weights. Quantized tensors are
+// dequantized to F32 buffers; F32, F16 and BF16 ones are used in place from the map.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "engine/model/config.h"
+#include "engine/model/gguf.h"
+#include "engine/model/safetensors.h"
+
+namespace kvlens {
+
+// The Hugging Face name of a GGUF tensor of a model of `model_type` (ModelConfig's: llama,
+// qwen2, qwen3, phi3, gemma3_text), or nullopt for tensors the engine does not use.
+std::optional<std::string> hf_tensor_name(std::string_view gguf_name, std::string_view model_type);
+
+// llama.cpp's converter reorders the rows of each head of llama's q and k projections from
+// rotate-half order (pairs i, i + D/2) to interleaved order (pairs 2i, 2i + 1). This puts row
+// h*D + 2i + j of `src` ([heads * D, cols], j in {0, 1}) back at h*D + j*D/2 + i of `dst`.
+void unpermute_rope_rows(const float* src, float* dst, int64_t rows, int64_t cols, int64_t heads);
+
+// The engine's tensors of `file`: HF names, dequantized (or in place), checked for a known
+// name of each needed tensor; the returned set keeps `file` and the buffers alive. Throws
+// kvlens::Error naming the file and tensor for a type that cannot be dequantized.
+std::shared_ptr<SafetensorsSet> load_gguf_tensors(std::shared_ptr<const GgufFile> file,
+                                                  const ModelConfig& config);
+
+}  // namespace kvlens
