@@ -5,6 +5,7 @@
 
 #include "app/cli/cli_common.h"
 #include "engine/model/dequantize.h"
+#include "engine/model/gguf_weights.h"
 #include "engine/model/model.h"
 #include "engine/session/memory_estimate.h"
 
@@ -55,7 +56,7 @@ nlohmann::json gguf_info(const Model& model) {
           {"tensor_count", file.tensors().size()},
           {"tensor_types", types},
           {"stored_tensor_bytes", stored_bytes},
-          {"dequantized_to", "F32"},
+          {"dequantized_to", std::string(dtype_name(gguf_dequantized_dtype(file)))},
           {"dequantized_bytes", dequantized_bytes},
           {"in_place_bytes", in_place_bytes}};
 }

@@ -38,6 +38,7 @@ constexpr LayerName kLayerNames[] = {
 struct GgufTensorStore {
   std::shared_ptr<const GgufFile> file;
   std::vector<std::unique_ptr<float[]>> buffers;
+  std::vector<std::unique_ptr<uint16_t[]>> bf16_buffers;
 };
 
 bool plain_float(uint32_t type) {
@@ -94,8 +95,16 @@ void unpermute_rope_rows(const float* src, float* dst, int64_t rows, int64_t col
   }
 }
 
+DType gguf_dequantized_dtype(const GgufFile& file, uint64_t f32_limit) {
+  uint64_t f32_bytes = 0;
+  for (const GgufTensorInfo& info : file.tensors()) {
+    if (!plain_float(info.type)) f32_bytes += info.elements * 4;
+  }
+  return f32_bytes <= f32_limit ? DType::F32 : DType::BF16;
+}
+
 std::shared_ptr<SafetensorsSet> load_gguf_tensors(std::shared_ptr<const GgufFile> file,
-                                                  const ModelConfig& config) {
+                                                  const ModelConfig& config, DType matrix_dtype) {
   auto store = std::make_shared<GgufTensorStore>();
   store->file = file;
   const bool llama = config.model_type == "llama";
@@ -139,10 +148,19 @@ std::shared_ptr<SafetensorsSet> load_gguf_tensors(std::shared_ptr<const GgufFile
     if (shifted) {
       for (int64_t i = 0; i < count; ++i) values[size_t(i)] -= 1.0f;
     }
-    view.dtype = DType::F32;
-    view.data = reinterpret_cast<const std::byte*>(values.get());
-    view.bytes = size_t(count) * sizeof(float);
-    store->buffers.push_back(std::move(values));
+    if (matrix_dtype == DType::BF16 && info.dims.size() == 2) {
+      std::unique_ptr<uint16_t[]> rounded(new uint16_t[size_t(count)]);
+      for (int64_t i = 0; i < count; ++i) rounded[size_t(i)] = f32_to_bf16(values[size_t(i)]);
+      view.dtype = DType::BF16;
+      view.data = reinterpret_cast<const std::byte*>(rounded.get());
+      view.bytes = size_t(count) * sizeof(uint16_t);
+      store->bf16_buffers.push_back(std::move(rounded));
+    } else {
+      view.dtype = DType::F32;
+      view.data = reinterpret_cast<const std::byte*>(values.get());
+      view.bytes = size_t(count) * sizeof(float);
+      store->buffers.push_back(std::move(values));
+    }
     views.push_back(std::move(view));
   }
   return std::make_shared<SafetensorsSet>(

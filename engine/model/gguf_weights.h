@@ -25,10 +25,19 @@ std::optional<std::string> hf_tensor_name(std::string_view gguf_name, std::strin
 // h*D + 2i + j of `src` ([heads * D, cols], j in {0, 1}) back at h*D + j*D/2 + i of `dst`.
 void unpermute_rope_rows(const float* src, float* dst, int64_t rows, int64_t cols, int64_t heads);
 
+// What quantized matrices become: F32 (exact: every dequantized value is representable, and
+// logits match transformers' GGUF loading) while that takes at most kGgufF32Limit bytes, about
+// 1B parameters; BF16 above, so that a 7B file from Ollama fits a desktop's memory (rounding to
+// 8 significant bits is below the quantization step of every supported type but Q8_0).
+constexpr uint64_t kGgufF32Limit = uint64_t(4) << 30;
+DType gguf_dequantized_dtype(const GgufFile& file, uint64_t f32_limit = kGgufF32Limit);
+
 // The engine's tensors of `file`: HF names, dequantized (or in place), checked for a known
-// name of each needed tensor; the returned set keeps `file` and the buffers alive. Throws
+// name of each needed tensor; the returned set keeps `file` and the buffers alive. Quantized
+// matrices become `matrix_dtype` (F32 or BF16); vectors (norms, biases) always F32. Throws
 // kvlens::Error naming the file and tensor for a type that cannot be dequantized.
 std::shared_ptr<SafetensorsSet> load_gguf_tensors(std::shared_ptr<const GgufFile> file,
-                                                  const ModelConfig& config);
+                                                  const ModelConfig& config,
+                                                  DType matrix_dtype = DType::F32);
 
 }  // namespace kvlens

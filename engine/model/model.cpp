@@ -23,8 +23,9 @@ std::shared_ptr<const Model> load_gguf(const std::string& path, const std::strin
   model->dir = path;
   model->gguf = GgufFile::open(path);
   model->config = gguf_model_config(*model->gguf);
-  model->weights =
-      ModelWeights::from_files(load_gguf_tensors(model->gguf, model->config), model->config);
+  model->weights = ModelWeights::from_files(
+      load_gguf_tensors(model->gguf, model->config, gguf_dequantized_dtype(*model->gguf)),
+      model->config);
   if (!predictor_file.empty()) {
     model->predictor.predictor = Predictor::load_file(predictor_file, model->config);
   } else {

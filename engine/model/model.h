@@ -29,7 +29,8 @@ struct Model {
   // `predictor_file` (a predictor.safetensors, with its predictor.json beside it) overrides the
   // lookup; empty: a llama_butler checkpoint's own predictor, else predictor.safetensors in the
   // folder, else none. `model_dir` may also be a .gguf file (recognised by its "GGUF" magic):
-  // its metadata gives the config, its tensors are dequantized to F32 (gguf_weights.h), the
+  // its metadata gives the config, its quantized tensors are dequantized to F32 (BF16 past about 1B
+  // parameters: gguf_dequantized_dtype), the
   // predictor comes only from `predictor_file`, and the tokenizer stays null for now.
   static std::shared_ptr<const Model> load(const std::string& model_dir,
                                            const std::string& predictor_file = {});

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -613,6 +614,32 @@ TEST_CASE("gguf model: a converted tiny Llama loads to its safetensors folder's 
         (type == kvlens::test::kGgmlF16 ? kvlens::DType::F16 : kvlens::DType::F32));
 }
 
+TEST_CASE("gguf model: large quantized models are dequantized to BF16", "[gguf]") {
+  kvlens::test::TinyLlamaSpec spec;
+  spec.intermediate = 64;
+  const std::string bytes = kvlens::test::tiny_llama_gguf(spec, kvlens::test::kGgmlQ8_0);
+  auto file = std::make_shared<GgufFile>(bytes, "t.gguf");
+  // About 33k quantized values: 130 kB as F32.
+  CHECK(kvlens::gguf_dequantized_dtype(*file) == kvlens::DType::F32);
+  CHECK(kvlens::gguf_dequantized_dtype(*file, 1000) == kvlens::DType::BF16);
+  const kvlens::ModelConfig config = kvlens::gguf_model_config(*file);
+  const auto f32 = kvlens::load_gguf_tensors(file, config, kvlens::DType::F32);
+  const auto bf16 = kvlens::load_gguf_tensors(file, config, kvlens::DType::BF16);
+  for (const std::string& name : f32->names()) {
+    INFO(name);
+    const kvlens::TensorView a = f32->tensor(name), b = bf16->tensor(name);
+    CHECK(b.dtype == (a.shape.size() == 2 ? kvlens::DType::BF16 : kvlens::DType::F32));
+    std::vector<float> x(size_t(a.numel())), y(size_t(a.numel()));
+    kvlens::widen_to_f32(a.data, a.dtype, a.numel(), x.data());
+    kvlens::widen_to_f32(b.data, b.dtype, b.numel(), y.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float expected =
+          a.shape.size() == 2 ? kvlens::bf16_to_f32(kvlens::f32_to_bf16(x[i])) : x[i];
+      if (y[i] != expected) FAIL("value " << i);
+    }
+  }
+}
+
 TEST_CASE("gguf model: gemma3 norm weights lose the +1 llama.cpp's converter added", "[gguf]") {
   GgufWriter w;
   w.tensor_f32("blk.0.attn_norm.weight", {2}, kvlens::test::kGgmlF32, {1.5f, 0.75f});
@@ -662,4 +689,29 @@ TEST_CASE("gguf cli: info reports the file's tensor types and the dequantized si
   const auto bad =
       kvlens::test::run_command(kvlens::test::cli_path() + " info --model " + path + ".missing");
   CHECK(bad.exit_code != 0);
+}
+
+// The real SmolLM2-135M-Instruct Q4_1 file (tools fetch it; never committed), when
+// $KVLENS_SMOLLM2_GGUF names it: its config must be SmolLM2-135M's.
+TEST_CASE("gguf real: SmolLM2-135M-Instruct's config from its GGUF metadata", "[gguf]") {
+  const char* path = std::getenv("KVLENS_SMOLLM2_GGUF");
+  if (path == nullptr || !std::filesystem::exists(path)) {
+    WARN("KVLENS_SMOLLM2_GGUF not set or missing: the real-file check was skipped");
+    return;
+  }
+  const auto model = kvlens::Model::load(path);
+  const kvlens::ModelConfig& c = model->config;
+  CHECK(c.model_type == "llama");
+  CHECK(c.num_layers == 30);
+  CHECK(c.hidden_size == 576);
+  CHECK(c.intermediate_size == 1536);
+  CHECK(c.num_heads == 9);
+  CHECK(c.num_kv_heads == 3);
+  CHECK(c.head_dim == 64);
+  CHECK(c.vocab_size == 49152);
+  CHECK(c.tie_word_embeddings);
+  CHECK(c.rope_theta == 100000.0);
+  CHECK(c.rms_norm_eps == 1e-5);
+  CHECK(c.max_position_embeddings == 8192);
+  CHECK(model->weights.layers.size() == 30);
 }
