@@ -59,6 +59,12 @@ Json gguf_config_json(const GgufFile& file) {
     throw Error(file.source(), "metadata \"general.architecture\"", kGgufArchitectures,
                 "\"" + arch + "\"");
   }
+  // Split files (name-00001-of-00003.gguf) hold a part of the tensors each.
+  if (const uint32_t parts = file.u32("split.count", 1); parts > 1) {
+    throw Error(file.source(), "metadata \"split.count\"",
+                "a single-file GGUF (join the parts with llama-gguf-split --merge)",
+                std::to_string(parts) + " parts");
+  }
   const std::string p = arch + ".";
   Json config;
   config["model_type"] = arch == "gemma3" ? "gemma3_text" : arch;

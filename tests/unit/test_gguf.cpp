@@ -493,6 +493,96 @@ TEST_CASE("gguf config: unsupported architectures and missing keys are named", "
         "\"yarn\", found \"ntk\"");
 }
 
+namespace {
+
+// The keys every architecture needs: hidden 64, 4 heads of 16, 2 layers, context 4096.
+GgufWriter minimal_model(const std::string& arch) {
+  GgufWriter w;
+  w.string("general.architecture", arch);
+  w.u32(arch + ".embedding_length", 64);
+  w.u32(arch + ".block_count", 2);
+  w.u32(arch + ".feed_forward_length", 128);
+  w.u32(arch + ".context_length", 4096);
+  w.u32(arch + ".attention.head_count", 4);
+  w.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
+  w.u32(arch + ".vocab_size", 100);
+  return w;
+}
+
+kvlens::ModelConfig config_of(const GgufWriter& w) {
+  const std::string bytes = w.bytes();
+  return kvlens::gguf_model_config(GgufFile(bytes, "r.gguf"));
+}
+
+}  // namespace
+
+TEST_CASE("gguf config: rope scaling from metadata and from factor tensors", "[gguf]") {
+  using Type = kvlens::RopeScaling::Type;
+  SECTION("linear") {
+    GgufWriter w = minimal_model("qwen2");
+    w.string("qwen2.rope.scaling.type", "linear");
+    w.f32("qwen2.rope.scaling.factor", 4.0f);
+    const kvlens::ModelConfig c = config_of(w);
+    CHECK(c.rope_scaling.type == Type::kLinear);
+    CHECK(c.rope_scaling.factor == 4.0);
+  }
+  SECTION("yarn") {
+    GgufWriter w = minimal_model("qwen3");
+    w.string("qwen3.rope.scaling.type", "yarn");
+    w.f32("qwen3.rope.scaling.factor", 4.0f);
+    w.u32("qwen3.rope.scaling.original_context_length", 1024);
+    const kvlens::ModelConfig c = config_of(w);
+    CHECK(c.rope_scaling.type == Type::kYarn);
+    CHECK(c.rope_scaling.original_max_position_embeddings == 1024);
+  }
+  SECTION("llama3's per-frequency divisors in rope_freqs.weight") {
+    GgufWriter w = minimal_model("llama");
+    const std::vector<float> divisors = {1, 1, 1.5f, 2, 4, 8, 8, 8};  // head_dim 16: 8 pairs
+    w.tensor_f32("rope_freqs.weight", {8}, kvlens::test::kGgmlF32, divisors);
+    const kvlens::ModelConfig c = config_of(w);
+    CHECK(c.rope_scaling.type == Type::kLongRope);
+    CHECK(c.rope_attention_scale() == 1.0);
+    const std::vector<float> inv_freq = c.rope_inv_freq();
+    REQUIRE(inv_freq.size() == 8);
+    for (size_t i = 0; i < 8; ++i) {
+      const double plain = 1.0 / std::pow(10000.0, double(2 * i) / 16.0);
+      CHECK(inv_freq[i] == Approx(plain / divisors[i]).epsilon(1e-6));
+    }
+    CHECK(c.rope_inv_freq(100000) == inv_freq);  // the same table past the context
+  }
+  SECTION("phi3's longrope factors and partial rotation") {
+    GgufWriter w = minimal_model("phi3");
+    w.u32("phi3.rope.dimension_count", 8);  // half of head_dim 16: 4 pairs
+    w.u32("phi3.rope.scaling.original_context_length", 1024);
+    w.f32("phi3.rope.scaling.attn_factor", 1.25f);
+    w.u32("phi3.attention.sliding_window", 512);
+    w.tensor_f32("rope_factors_long.weight", {4}, kvlens::test::kGgmlF32, {2, 3, 4, 5});
+    w.tensor_f32("rope_factors_short.weight", {4}, kvlens::test::kGgmlF32, {1, 1, 1, 2});
+    const kvlens::ModelConfig c = config_of(w);
+    CHECK(c.rotary_dim == 8);
+    CHECK(c.sliding_window == 512);
+    CHECK(c.rope_scaling.type == Type::kLongRope);
+    CHECK(c.rope_scaling.long_factor == std::vector<double>{2, 3, 4, 5});
+    CHECK(c.rope_scaling.short_factor == std::vector<double>{1, 1, 1, 2});
+    CHECK(c.rope_scaling.original_max_position_embeddings == 1024);
+    CHECK(c.rope_attention_scale() == 1.25);
+  }
+  SECTION("one part of a split file") {
+    GgufWriter w = minimal_model("llama");
+    w.u32("split.count", 3);
+    CHECK(error_message([&] { config_of(w); }) ==
+          "r.gguf: metadata \"split.count\": expected a single-file GGUF (join the parts with "
+          "llama-gguf-split --merge), found 3 parts");
+  }
+  SECTION("a rope dimension other than the head's outside phi3") {
+    GgufWriter w = minimal_model("llama");
+    w.u32("llama.rope.dimension_count", 8);
+    CHECK(error_message([&] { config_of(w); }) ==
+          "r.gguf: metadata \"llama.rope.dimension_count\": expected the head dimension 16 (llama "
+          "rotates whole heads), found 8");
+  }
+}
+
 TEST_CASE("gguf config: gemma3 metadata gives gemma3_text's layer pattern and scalars", "[gguf]") {
   GgufWriter w;
   w.string("general.architecture", "gemma3");
