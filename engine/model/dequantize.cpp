@@ -193,13 +193,18 @@ std::string dequantizable_type_names() {
   return names;
 }
 
-void dequantize_to_f32(uint32_t type, const std::byte* src, int64_t count, float* dst,
-                       const std::string& source) {
+void require_dequantizable(uint32_t type, const std::string& source) {
   const GgmlTypeInfo* info = ggml_type_info(type);
   if (info == nullptr || !info->dequantizable) {
     throw Error(source, "tensor type", "one of " + dequantizable_type_names(),
                 ggml_type_name(type));
   }
+}
+
+void dequantize_to_f32(uint32_t type, const std::byte* src, int64_t count, float* dst,
+                       const std::string& source) {
+  require_dequantizable(type, source);
+  const GgmlTypeInfo* info = ggml_type_info(type);
   if (count < 0 || count % info->block_elements != 0) {
     throw Error(
         source, "tensor size",

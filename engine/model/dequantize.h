@@ -24,6 +24,9 @@ std::string ggml_type_name(uint32_t id);
 // The types dequantize_to_f32 handles, for messages: "F32, F16, BF16, Q4_0, ...".
 std::string dequantizable_type_names();
 
+// Throws the kvlens::Error dequantize_to_f32 gives for a type it cannot dequantize.
+void require_dequantizable(uint32_t type, const std::string& source);
+
 // dst[i] = value i of `count` values of ggml type `type` stored at `src` (count / block_elements
 // whole blocks; `src` may be unaligned). Throws kvlens::Error naming `source` and the type when
 // the type is unknown or not dequantizable, or count is not a whole number of blocks.

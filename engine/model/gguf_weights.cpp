@@ -3,6 +3,11 @@
 // the converter's q/k permutation or gemma3 norm offset undone).
 #include "engine/model/gguf_weights.h"
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "engine/common/error.h"
@@ -49,6 +54,71 @@ DType plain_dtype(uint32_t type) {
   return type == 0 ? DType::F32 : type == 1 ? DType::F16 : DType::BF16;
 }
 
+// One tensor to dequantize into its buffer, with what the converter changed undone.
+struct Conversion {
+  const GgufTensorInfo* info;
+  std::string source;
+  int64_t heads;  // > 0: llama q/k rows to un-permute, in groups of rows / heads
+  bool shifted;   // gemma3 norm: subtract the 1 the converter added
+  float* f32_out;
+  uint16_t* bf16_out;  // BF16 output instead of F32 when set
+};
+
+// Dequantizes in groups of whole rows (a head's rows when un-permuting) through a small buffer,
+// so neither a whole-tensor F32 copy nor a second pass is needed for BF16 or permuted output.
+void convert(const Conversion& job) {
+  const GgufTensorInfo& info = *job.info;
+  const GgmlTypeInfo& type = *ggml_type_info(info.type);
+  const int64_t cols = int64_t(info.dims[0]);
+  const int64_t rows = int64_t(info.elements) / cols;
+  const size_t row_bytes = size_t(cols / type.block_elements * type.block_bytes);
+  const int64_t group =
+      job.heads > 0 ? rows / job.heads : std::max<int64_t>(1, (int64_t(1) << 16) / cols);
+  std::vector<float> chunk(size_t(std::min(group, rows) * cols));
+  const float offset = job.shifted ? 1.0f : 0.0f;
+  for (int64_t first = 0; first < rows; first += group) {
+    const int64_t count = std::min(group, rows - first);
+    dequantize_to_f32(info.type, info.data + size_t(first) * row_bytes, count * cols, chunk.data(),
+                      job.source);
+    for (int64_t r = 0; r < count; ++r) {
+      // Stored row 2i + j of a head is Hugging Face's row j * (head rows / 2) + i.
+      const int64_t to = job.heads > 0 ? (r % 2) * (count / 2) + r / 2 : r;
+      const float* from = chunk.data() + r * cols;
+      const size_t at = size_t((first + to) * cols);
+      if (job.bf16_out != nullptr) {
+        for (int64_t c = 0; c < cols; ++c)
+          job.bf16_out[at + size_t(c)] = f32_to_bf16(from[c] - offset);
+      } else {
+        for (int64_t c = 0; c < cols; ++c) job.f32_out[at + size_t(c)] = from[c] - offset;
+      }
+    }
+  }
+}
+
+// Tensors are converted in parallel, one per thread at a time (a 7B file has hundreds).
+void run_conversions(const std::vector<Conversion>& jobs) {
+  const size_t threads =
+      std::min<size_t>(jobs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  auto work = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      try {
+        convert(jobs[i]);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
 }  // namespace
 
 std::optional<std::string> hf_tensor_name(std::string_view gguf_name, std::string_view model_type) {
@@ -82,19 +152,6 @@ std::optional<std::string> hf_tensor_name(std::string_view gguf_name, std::strin
   return std::nullopt;
 }
 
-void unpermute_rope_rows(const float* src, float* dst, int64_t rows, int64_t cols, int64_t heads) {
-  const int64_t head_rows = rows / heads, half = head_rows / 2;
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t i = 0; i < half; ++i) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const float* from = src + (h * head_rows + 2 * i + j) * cols;
-        float* to = dst + (h * head_rows + j * half + i) * cols;
-        std::copy(from, from + cols, to);
-      }
-    }
-  }
-}
-
 DType gguf_dequantized_dtype(const GgufFile& file, uint64_t f32_limit) {
   uint64_t f32_bytes = 0;
   for (const GgufTensorInfo& info : file.tensors()) {
@@ -110,6 +167,7 @@ std::shared_ptr<SafetensorsSet> load_gguf_tensors(std::shared_ptr<const GgufFile
   const bool llama = config.model_type == "llama";
   const bool gemma = config.model_type == "gemma3_text";
   std::vector<TensorView> views;
+  std::vector<Conversion> jobs;
   for (const GgufTensorInfo& info : file->tensors()) {
     const std::optional<std::string> name = hf_tensor_name(info.name, config.model_type);
     if (!name) continue;
@@ -129,40 +187,34 @@ std::shared_ptr<SafetensorsSet> load_gguf_tensors(std::shared_ptr<const GgufFile
       views.push_back(std::move(view));
       continue;
     }
-    const int64_t count = int64_t(info.elements);
-    std::unique_ptr<float[]> values(new float[size_t(count)]);
-    dequantize_to_f32(info.type, info.data, count, values.get(), source);
+    require_dequantizable(info.type, source);
+    Conversion job{&info, source, 0, shifted, nullptr, nullptr};
     if (permuted) {
-      const int64_t heads = is_q ? config.num_heads : config.num_kv_heads;
-      const int64_t rows = int64_t(info.dims[1]), cols = int64_t(info.dims[0]);
-      if (rows % (2 * heads) != 0) {
+      job.heads = is_q ? config.num_heads : config.num_kv_heads;
+      if (info.dims[1] % uint64_t(2 * job.heads) != 0) {
         throw Error(file->source(), "tensor \"" + info.name + "\"",
-                    "rows that split into " + std::to_string(heads) + " heads of even size",
-                    std::to_string(rows) + " rows");
+                    "rows that split into " + std::to_string(job.heads) + " heads of even size",
+                    std::to_string(info.dims[1]) + " rows");
       }
-      std::unique_ptr<float[]> ordered(new float[size_t(count)]);
-      unpermute_rope_rows(values.get(), ordered.get(), rows, cols, heads);
-      values = std::move(ordered);
     }
-    // convert_hf_to_gguf.py stores gemma3's (1 + w) norm weights as w + 1.
-    if (shifted) {
-      for (int64_t i = 0; i < count; ++i) values[size_t(i)] -= 1.0f;
-    }
+    const size_t count = size_t(info.elements);
     if (matrix_dtype == DType::BF16 && info.dims.size() == 2) {
-      std::unique_ptr<uint16_t[]> rounded(new uint16_t[size_t(count)]);
-      for (int64_t i = 0; i < count; ++i) rounded[size_t(i)] = f32_to_bf16(values[size_t(i)]);
+      store->bf16_buffers.emplace_back(new uint16_t[count]);
+      job.bf16_out = store->bf16_buffers.back().get();
       view.dtype = DType::BF16;
-      view.data = reinterpret_cast<const std::byte*>(rounded.get());
-      view.bytes = size_t(count) * sizeof(uint16_t);
-      store->bf16_buffers.push_back(std::move(rounded));
+      view.data = reinterpret_cast<const std::byte*>(job.bf16_out);
+      view.bytes = count * sizeof(uint16_t);
     } else {
+      store->buffers.emplace_back(new float[count]);
+      job.f32_out = store->buffers.back().get();
       view.dtype = DType::F32;
-      view.data = reinterpret_cast<const std::byte*>(values.get());
-      view.bytes = size_t(count) * sizeof(float);
-      store->buffers.push_back(std::move(values));
+      view.data = reinterpret_cast<const std::byte*>(job.f32_out);
+      view.bytes = count * sizeof(float);
     }
+    jobs.push_back(std::move(job));
     views.push_back(std::move(view));
   }
+  run_conversions(jobs);
   return std::make_shared<SafetensorsSet>(
       SafetensorsSet::from_views(file->source(), std::move(views), std::move(store)));
 }

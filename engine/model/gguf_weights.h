@@ -20,11 +20,6 @@ namespace kvlens {
 // qwen2, qwen3, phi3, gemma3_text), or nullopt for tensors the engine does not use.
 std::optional<std::string> hf_tensor_name(std::string_view gguf_name, std::string_view model_type);
 
-// llama.cpp's converter reorders the rows of each head of llama's q and k projections from
-// rotate-half order (pairs i, i + D/2) to interleaved order (pairs 2i, 2i + 1). This puts row
-// h*D + 2i + j of `src` ([heads * D, cols], j in {0, 1}) back at h*D + j*D/2 + i of `dst`.
-void unpermute_rope_rows(const float* src, float* dst, int64_t rows, int64_t cols, int64_t heads);
-
 // What quantized matrices become: F32 (exact: every dequantized value is representable, and
 // logits match transformers' GGUF loading) while that takes at most kGgufF32Limit bytes, about
 // 1B parameters; BF16 above, so that a 7B file from Ollama fits a desktop's memory (rounding to

@@ -640,15 +640,6 @@ TEST_CASE("gguf weights: names map back to Hugging Face's per family", "[gguf]")
   CHECK_FALSE(hf_tensor_name("blk..attn_q.weight", "llama"));
 }
 
-TEST_CASE("gguf weights: un-permuting puts each head's rotate-half rows back", "[gguf]") {
-  // One head of 4 rows (pairs (0, 2) and (1, 3) in Hugging Face order) stored interleaved as
-  // rows 0, 2, 1, 3; a second head follows.
-  const std::vector<float> stored = {0, 2, 1, 3, 4, 6, 5, 7};
-  std::vector<float> rows(8);
-  kvlens::unpermute_rope_rows(stored.data(), rows.data(), 8, 1, 2);
-  CHECK(rows == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7});
-}
-
 TEST_CASE("gguf model: a converted tiny Llama loads to its safetensors folder's weights",
           "[gguf]") {
   kvlens::test::TinyLlamaSpec spec;
