@@ -796,3 +796,19 @@ TEST_CASE("gguf real: SmolLM2-135M-Instruct's config from its GGUF metadata", "[
   CHECK(c.max_position_embeddings == 8192);
   CHECK(model->weights.layers.size() == 30);
 }
+
+TEST_CASE("gguf cli: score on a converted F32 GGUF equals score on its folder", "[gguf]") {
+  kvlens::test::TinyLlamaSpec spec;
+  spec.predictor = false;
+  const std::string dir = kvlens::test::write_tiny_llama(kvlens::test::make_temp_dir("gs"), spec);
+  const std::string path = dir + "/tiny.gguf";
+  kvlens::test::write_file(path, kvlens::test::tiny_llama_gguf(spec));
+  const std::string args = " --tokens 1,5,9,3,3,7,12,40 --json --threads 1";
+  const auto folder =
+      kvlens::test::run_command(kvlens::test::cli_path() + " score --model " + dir + args);
+  const auto gguf =
+      kvlens::test::run_command(kvlens::test::cli_path() + " score --model " + path + args);
+  REQUIRE(folder.exit_code == 0);
+  REQUIRE(gguf.exit_code == 0);
+  CHECK(gguf.out == folder.out);
+}
