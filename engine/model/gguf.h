@@ -73,7 +73,7 @@ class GgufFile {
   std::string_view bytes() const { return bytes_; }  // the whole file (tensor data points in it)
   uint64_t data_offset() const { return data_offset_; }  // start of the data section
 
-  // Metadata, in file order of keys (a std::map: sorted by key).
+  // Metadata by key (sorted; each key appears once in a valid file).
   const std::map<std::string, GgufValue, std::less<>>& metadata() const { return metadata_; }
   const GgufValue* find(std::string_view key) const;
   bool has(std::string_view key) const { return find(key) != nullptr; }
