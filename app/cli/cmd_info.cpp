@@ -1,9 +1,11 @@
-// kvlens-cli info: the validated config of a checkpoint folder, its weights and tokenizer, and the
-// memory it will need on each backend, as JSON.
+// kvlens-cli info: the validated config of a checkpoint folder or GGUF file, its weights and
+// tokenizer, and the memory it will need on each backend, as JSON.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "app/cli/cli_common.h"
+#include "engine/model/dequantize.h"
+#include "engine/model/gguf_weights.h"
 #include "engine/model/model.h"
 #include "engine/session/memory_estimate.h"
 
@@ -26,6 +28,37 @@ std::string rope_type_name(RopeScaling::Type type) {
       return "longrope";
   }
   return "?";
+}
+
+// A GGUF file's own view: tensor types as stored, and what loading made of them (quantized
+// tensors dequantized to F32 in memory, plain float ones read in place from the map).
+nlohmann::json gguf_info(const Model& model) {
+  const GgufFile& file = *model.gguf;
+  nlohmann::json types = nlohmann::json::object();
+  int64_t stored_bytes = 0;
+  for (const GgufTensorInfo& tensor : file.tensors()) {
+    const std::string type = ggml_type_name(tensor.type);
+    types[type] = types.value(type, 0) + 1;
+    stored_bytes += int64_t(tensor.bytes);
+  }
+  int64_t dequantized_bytes = 0, in_place_bytes = 0;
+  for (const std::string& name : model.weights.files->names()) {
+    const TensorView view = model.weights.files->tensor(name);
+    const auto* base = reinterpret_cast<const std::byte*>(file.bytes().data());
+    const bool mapped = view.data >= base && view.data < base + file.bytes().size();
+    (mapped ? in_place_bytes : dequantized_bytes) += int64_t(view.bytes);
+  }
+  return {{"file", file.source()},
+          {"version", file.version()},
+          {"architecture", file.optional_string("general.architecture").value_or("")},
+          {"name", file.optional_string("general.name").value_or("")},
+          {"file_bytes", file.file_bytes()},
+          {"tensor_count", file.tensors().size()},
+          {"tensor_types", types},
+          {"stored_tensor_bytes", stored_bytes},
+          {"dequantized_to", std::string(dtype_name(gguf_dequantized_dtype(file)))},
+          {"dequantized_bytes", dequantized_bytes},
+          {"in_place_bytes", in_place_bytes}};
 }
 
 nlohmann::json model_info(const Model& model) {
@@ -94,6 +127,7 @@ nlohmann::json model_info(const Model& model) {
   } else {
     info["predictor"] = nullptr;
   }
+  if (model.gguf) info["gguf"] = gguf_info(model);
   if (model.tokenizer) {
     info["tokenizer"] = {
         {"vocab_size", model.tokenizer->vocab_size()},
@@ -111,7 +145,8 @@ void add_info_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   auto* command =
       app.add_subcommand("info", "Print a checkpoint's validated configuration as JSON");
   static std::string model_dir;
-  command->add_option("--model", model_dir, "Hugging Face checkpoint folder")->required();
+  command->add_option("--model", model_dir, "Hugging Face checkpoint folder or .gguf file")
+      ->required();
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   command->callback([&run, &common] {

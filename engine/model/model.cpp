@@ -3,18 +3,57 @@
 #include "engine/model/model.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include "engine/common/error.h"
+#include "engine/model/gguf_config.h"
+#include "engine/model/gguf_tokenizer_data.h"
+#include "engine/model/gguf_weights.h"
 
 namespace kvlens {
+namespace {
+
+bool starts_with_gguf_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
+}
+
+std::shared_ptr<const Model> load_gguf(const std::string& path, const std::string& predictor_file) {
+  auto model = std::make_shared<Model>();
+  model->dir = path;
+  model->gguf = GgufFile::open(path);
+  model->config = gguf_model_config(*model->gguf);
+  model->weights = ModelWeights::from_files(
+      load_gguf_tensors(model->gguf, model->config, gguf_dequantized_dtype(*model->gguf)),
+      model->config);
+  // The tokenizer llama.cpp would use for the file, from its metadata.
+  if (has_gguf_tokenizer(*model->gguf)) {
+    model->tokenizer = std::shared_ptr<const Tokenizer>(
+        tokenizer_from_gguf(gguf_tokenizer_data(*model->gguf), path));
+  }
+  if (!predictor_file.empty()) {
+    model->predictor.predictor = Predictor::load_file(predictor_file, model->config);
+  } else {
+    model->predictor.searched = {path + " (a GGUF file: only --predictor gives a predictor)"};
+  }
+  return model;
+}
+
+}  // namespace
 
 std::shared_ptr<const Model> Model::load(const std::string& model_dir,
                                          const std::string& predictor_file) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (fs::is_regular_file(model_dir, ec) &&
+      (fs::path(model_dir).extension() == ".gguf" || starts_with_gguf_magic(model_dir))) {
+    return load_gguf(model_dir, predictor_file);
+  }
   if (!fs::is_directory(model_dir, ec)) {
-    throw Error(model_dir, "model folder", "a directory with config.json and safetensors weights",
-                "no such directory");
+    throw Error(model_dir, "model folder",
+                "a directory with config.json and safetensors weights, or a .gguf file",
+                fs::exists(model_dir, ec) ? "a file that is neither" : "no such file or directory");
   }
   const fs::path dir(model_dir);
   const fs::path config_path = dir / "config.json";
@@ -46,6 +85,10 @@ std::shared_ptr<const Model> Model::load(const std::string& model_dir,
 }
 
 const Tokenizer& Model::require_tokenizer() const {
+  if (!tokenizer && gguf) {
+    throw Error(dir, "tokenizer", "a tokenizer from the GGUF file's metadata",
+                "none (the file has no tokenizer.ggml.model)");
+  }
   if (!tokenizer) {
     throw Error(dir, "tokenizer.json", "a tokenizer.json in the model folder", "none");
   }

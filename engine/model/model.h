@@ -1,5 +1,6 @@
-// Model: a Hugging Face checkpoint folder on disk: config.json, the safetensors weights and,
-// when present, tokenizer.json. Loading validates everything before any compute.
+// Model: a Hugging Face checkpoint folder on disk (config.json, the safetensors weights and,
+// when present, tokenizer.json) or a llama.cpp GGUF file (gguf.h). Loading validates everything
+// before any compute.
 #pragma once
 
 #include <memory>
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "engine/model/config.h"
+#include "engine/model/gguf.h"
 #include "engine/model/predictor.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/weights.h"
@@ -18,13 +20,18 @@ struct Model {
   ModelConfig config;
   ModelWeights weights;
   std::shared_ptr<const Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
+  // The mapped GGUF file (metadata for the tokenizer, tensor types for info); null for folders.
+  std::shared_ptr<const GgufFile> gguf;
   // The TokenButler predictor, when one was found (predictor.predictor non-null), and where the
   // lookup looked (PredictorLookup).
   PredictorLookup predictor;
 
   // `predictor_file` (a predictor.safetensors, with its predictor.json beside it) overrides the
   // lookup; empty: a llama_butler checkpoint's own predictor, else predictor.safetensors in the
-  // folder, else none.
+  // folder, else none. `model_dir` may also be a .gguf file (recognised by its "GGUF" magic):
+  // its metadata gives the config, its quantized tensors are dequantized to F32 (BF16 past about 1B
+  // parameters: gguf_dequantized_dtype), the
+  // predictor comes only from `predictor_file`, and the tokenizer stays null for now.
   static std::shared_ptr<const Model> load(const std::string& model_dir,
                                            const std::string& predictor_file = {});
   // The tokenizer, or an Error naming the folder when there is none.

@@ -327,11 +327,24 @@ SafetensorsSet SafetensorsSet::open_folder(const std::string& model_dir) {
               "neither in this folder");
 }
 
+SafetensorsSet SafetensorsSet::from_views(std::string source, std::vector<TensorView> views,
+                                          std::shared_ptr<const void> owner) {
+  SafetensorsSet set;
+  set.folder_ = std::move(source);
+  for (TensorView& view : views) {
+    const std::string name = view.name;
+    set.views_[name] = std::move(view);
+  }
+  set.views_owner_ = std::move(owner);
+  return set;
+}
+
 bool SafetensorsSet::contains(const std::string& name) const {
-  return file_of_tensor_.count(name) != 0;
+  return file_of_tensor_.count(name) != 0 || views_.count(name) != 0;
 }
 
 TensorView SafetensorsSet::tensor(const std::string& name) const {
+  if (const auto view = views_.find(name); view != views_.end()) return view->second;
   const auto it = file_of_tensor_.find(name);
   if (it == file_of_tensor_.end()) {
     throw Error(folder_, "tensor " + display_name(name), "a tensor of that name in the checkpoint",
@@ -344,6 +357,7 @@ std::vector<std::string> SafetensorsSet::names() const {
   std::vector<std::string> result;
   result.reserve(file_of_tensor_.size());
   for (const auto& [name, index] : file_of_tensor_) result.push_back(name);
+  for (const auto& [name, view] : views_) result.push_back(name);
   return result;
 }
 

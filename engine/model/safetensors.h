@@ -57,6 +57,10 @@ class SafetensorsFile {
 class SafetensorsSet {
  public:
   static SafetensorsSet open_folder(const std::string& model_dir);
+  // Tensors whose bytes live elsewhere (a GGUF file's, some dequantized), named as in a
+  // checkpoint folder; `owner` keeps those bytes alive as long as the set. `source` names them.
+  static SafetensorsSet from_views(std::string source, std::vector<TensorView> views,
+                                   std::shared_ptr<const void> owner);
   bool contains(const std::string& name) const;
   TensorView tensor(const std::string& name) const;  // throws Error naming folder and tensor
   std::vector<std::string> names() const;
@@ -66,6 +70,8 @@ class SafetensorsSet {
   std::string folder_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> file_of_tensor_;
+  std::map<std::string, TensorView> views_;  // from_views only
+  std::shared_ptr<const void> views_owner_;
 };
 
 }  // namespace kvlens

@@ -95,9 +95,15 @@ std::string decoder_prefix(const SafetensorsSet& files, const ModelConfig& confi
 }  // namespace
 
 ModelWeights ModelWeights::load(const std::string& model_dir, const ModelConfig& config) {
+  return from_files(std::make_shared<SafetensorsSet>(SafetensorsSet::open_folder(model_dir)),
+                    config);
+}
+
+ModelWeights ModelWeights::from_files(std::shared_ptr<SafetensorsSet> files,
+                                      const ModelConfig& config) {
   ModelWeights weights;
   auto derived = std::make_shared<DerivedTensors>();
-  derived->files = std::make_shared<SafetensorsSet>(SafetensorsSet::open_folder(model_dir));
+  derived->files = std::move(files);
   // Shares ownership of the maps and the derived copies, pointing at the maps.
   weights.files = std::shared_ptr<SafetensorsSet>(derived, derived->files.get());
   const TensorChecker checker(*derived->files);

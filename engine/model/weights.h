@@ -36,6 +36,8 @@ struct ModelWeights {
 
   // Errors name the folder, the tensor and the expected dtype/shape.
   static ModelWeights load(const std::string& model_dir, const ModelConfig& config);
+  // The same checks on tensors already named as in a checkpoint folder (a GGUF file's).
+  static ModelWeights from_files(std::shared_ptr<SafetensorsSet> files, const ModelConfig& config);
 };
 
 }  // namespace kvlens

@@ -8,7 +8,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for pair in fuzz_safetensors_header:corpus_safetensors fuzz_tokenizer_json:corpus_tokenizer \
-  fuzz_kvtrace:corpus_kvtrace; do
+  fuzz_kvtrace:corpus_kvtrace fuzz_gguf:corpus_gguf; do
   target=${pair%%:*}
   corpus=${pair##*:}
   mkdir -p "$work/$corpus"

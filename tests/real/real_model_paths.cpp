@@ -56,13 +56,4 @@ std::string f32_folder_hint() {
          "KVLENS_REAL_HF_DIR";
 }
 
-bool says_gguf_unsupported(const std::string& error) {
-  return error.find("expected a directory with config.json") != std::string::npos;
-}
-
-bool says_gguf_tokenizer_missing(const std::string& error) {
-  return error.find("tokenizer") != std::string::npos &&
-         error.find("not read from GGUF files yet") != std::string::npos;
-}
-
 }  // namespace kvlens::test::real

@@ -17,10 +17,5 @@ std::string f32_folder_path();
 // Where the lookups looked, and the command that fills them, for a skip message.
 std::string gguf_hint();
 std::string f32_folder_hint();
-// True for the error Model::load gave before it read GGUF (it takes the file for a folder).
-bool says_gguf_unsupported(const std::string& error);
-// True for the error of a .gguf model before the tokenizer is read from its metadata (kvlens-cli
-// trace --prompt needs one).
-bool says_gguf_tokenizer_missing(const std::string& error);
 
 }  // namespace kvlens::test::real

@@ -30,6 +30,7 @@
 #include "engine/session/decoder_session.h"
 #include "engine/trace/trace.h"
 #include "tests/real/real_model_paths.h"
+#include "tests/support/llama_cpp_ids.h"
 #include "tests/support/test_paths.h"
 
 namespace {
@@ -96,16 +97,7 @@ const RealModel& gguf_file() {
       r.skip_reason = "the real model is not fetched (" + real::gguf_hint() + ")";
       return r;
     }
-    try {
-      load_into(r);
-    } catch (const kvlens::Error& e) {
-      // Until Model::load reads GGUF it takes the file for a missing folder; any other error is
-      // the loader's and fails the test.
-      const std::string what = e.what();
-      if (!real::says_gguf_unsupported(what)) throw;
-      r.skip_reason = "Model::load does not read .gguf files yet: " + what;
-      r.model.reset();
-    }
+    load_into(r);  // (a file that does not load fails the test)
     return r;
   }();
   return m;
@@ -270,15 +262,6 @@ void check_policies_trace(const std::string& path, const std::string& absent_hin
       kvlens::test::cli_path() + " trace --model '" + path + "' --dtype f32 --prompt \"$(cat '" +
       text_file + "')\" --max-tokens " + std::to_string(8 + kTraceSteps) +
       " --prefill 8 --policies " + policies + " --sparsity 0.5 --out '" + out + "'");
-  // Until kvlens reads .gguf files, and their tokenizers, this part of the issue is not in yet.
-  if (result.exit_code != 0 && real::says_gguf_unsupported(result.err)) {
-    skip_if_unavailable(
-        RealModel{.skip_reason = "kvlens-cli does not read .gguf files yet: " + result.err});
-  }
-  if (result.exit_code != 0 && real::says_gguf_tokenizer_missing(result.err)) {
-    skip_if_unavailable(
-        RealModel{.skip_reason = "kvlens reads no tokenizer from .gguf files yet: " + result.err});
-  }
   INFO(result.err);
   REQUIRE(result.exit_code == 0);
   const kvlens::Trace trace = kvlens::load_trace(out);
@@ -331,9 +314,17 @@ TEST_CASE("every policy runs 16 traced steps on the .gguf file", "[real]") {
                        "the real model is not fetched (" + real::gguf_hint() + ")");
 }
 
-// Tokenizer ids against llama.cpp's reference ids for the same file (issue 41 item 1) belong
-// here: tests/real/test_real_tokenizer.cpp, with its fixtures under tests/fixtures/real_smollm2/
-// (owned by the tokenizer work, not written yet).
+TEST_CASE("the .gguf file's own tokenizer gives llama.cpp's ids on ../shared/data", "[real]") {
+  // Model::load reads the tokenizer from the file's metadata (the unit tests check the same
+  // vocabulary from a committed copy of that metadata); the ids are llama.cpp's for this file.
+  skip_if_unavailable(gguf_file());
+  const std::shared_ptr<const kvlens::Model> model = kvlens::Model::load(real::gguf_path());
+  const kvlens::test::LlamaCppComparison c =
+      kvlens::test::compare_with_llama_cpp(model->require_tokenizer(), "smollm2");
+  CHECK(c.entries > 100);
+  CHECK(c.mismatches == 0);
+}
+
 TEST_CASE("the fixture was made from the pinned file", "[real]") {
   // get_model.sh pins the same sha256: a new file needs new references.
   std::ifstream script(kvlens::test::source_path("tools/get_model.sh"));

@@ -54,19 +54,3 @@ TEST_CASE("the model is found in KVLENS_REAL_MODEL, then in get_model.sh's cache
   std::ofstream(dir + "/elsewhere.gguf") << "GGUF";
   CHECK(real::gguf_path() == dir + "/elsewhere.gguf");
 }
-
-TEST_CASE("only the pre-GGUF 'expected a directory' error counts as unsupported", "[real]") {
-  CHECK(real::says_gguf_unsupported(
-      "m.gguf: model folder: expected a directory with config.json and safetensors weights, "
-      "found no such directory"));
-  CHECK_FALSE(real::says_gguf_unsupported("m.gguf: tensor blk.0.attn_q.weight: expected ..."));
-}
-
-TEST_CASE("only a tokenizer missing from a .gguf counts as not read yet", "[real]") {
-  CHECK(real::says_gguf_tokenizer_missing(
-      "kvlens-cli: error: m.gguf: tokenizer: expected a tokenizer from the GGUF file's metadata, "
-      "found none (not read from GGUF files yet)"));
-  CHECK_FALSE(
-      real::says_gguf_tokenizer_missing("kvlens-cli: error: m.gguf: tokenizer.ggml.pre: "
-                                        "expected a supported pre-tokenizer"));
-}

@@ -7,6 +7,7 @@
 #include "engine/common/error.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/tokenizer_gguf.h"
+#include "tests/support/llama_cpp_ids.h"
 #include "tests/support/test_paths.h"
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@ namespace {
 using kvlens::GgufTokenizerData;
 using kvlens::Tokenizer;
 using kvlens::tokenizer_from_gguf;
+using kvlens::test::compare_with_llama_cpp;
 using Ids = std::vector<int32_t>;
 using Json = nlohmann::json;
 
@@ -176,74 +178,6 @@ const Tokenizer& built_tokenizer(const std::string& name) {
   return *slot;
 }
 
-std::string from_hex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  return out;
-}
-
-// The text a fixture entry was made from, read again from ../shared/data.
-std::string entry_text(const Json& source) {
-  if (source.contains("text")) return source["text"].get<std::string>();
-  if (source.contains("text_hex")) return from_hex(source["text_hex"].get<std::string>());
-  const std::string file = source["file"].get<std::string>();
-  const std::string path = kvlens::test::shared_path("data/" + file);
-  if (source.contains("bytes")) return read_file(path).substr(0, source["bytes"].get<size_t>());
-  if (source.contains("case"))
-    return Json::parse(read_file(path))["cases"][source["case"].get<size_t>()]["text"];
-  const std::string all = read_file(path);
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> inputs;
-  size_t begin = 0;
-  for (size_t at; (at = all.find(sep, begin)) != std::string::npos; begin = at + sep.size())
-    inputs.push_back(all.substr(begin, at - begin));
-  inputs.push_back(all.substr(begin));
-  return inputs.at(source["vector"].get<size_t>());
-}
-
-std::string expected_text(const Json& entry, const std::string& key, const std::string& text) {
-  if (entry.contains(key)) return entry[key].get<std::string>();
-  if (entry.contains(key + "_hex")) return from_hex(entry[key + "_hex"].get<std::string>());
-  return text;
-}
-
-struct Comparison {
-  int entries = 0, mismatches = 0;
-};
-
-// Every entry of ids-<name>.json.gz: encode without and with special tokens, and decode both id
-// lists (rendering specials / skipping them) to the text llama.cpp's detokenizer gave.
-Comparison compare_with_llama_cpp(const Tokenizer& tokenizer, const std::string& name) {
-  const Json doc =
-      Json::parse(kvlens::read_maybe_gzipped(fixture_path("ids-" + name + ".json.gz")));
-  const Ids prefix = doc["added_prefix"].get<Ids>();
-  Comparison c;
-  for (const Json& entry : doc["entries"]) {
-    const std::string text = entry_text(entry["source"]);
-    INFO(name << " " << entry["source"].dump() << " text: " << text.substr(0, 300));
-    ++c.entries;
-    const Ids expected = entry["ids"].get<Ids>();
-    Ids expected_special = prefix;
-    expected_special.insert(expected_special.end(), expected.begin(), expected.end());
-    if (entry.contains("ids_with_special")) expected_special = entry["ids_with_special"].get<Ids>();
-    const Ids ids = tokenizer.encode(text, false);
-    const Ids ids_special = tokenizer.encode(text, true);
-    const std::string decoded = tokenizer.decode(expected, false);
-    const std::string decoded_skip = tokenizer.decode(expected_special, true);
-    CHECK(ids == expected);
-    CHECK(ids_special == expected_special);
-    CHECK(decoded == expected_text(entry, "decoded", text));
-    CHECK(decoded_skip == expected_text(entry, "decoded_skip_special", text));
-    if (ids != expected || ids_special != expected_special ||
-        decoded != expected_text(entry, "decoded", text) ||
-        decoded_skip != expected_text(entry, "decoded_skip_special", text)) {
-      ++c.mismatches;
-    }
-  }
-  return c;
-}
-
 std::vector<std::string> pieces(const Tokenizer& t, const Ids& ids) {
   std::vector<std::string> out;
   for (const int32_t id : ids) out.push_back(t.token_text(id));
@@ -303,7 +237,7 @@ GgufTokenizerData tiny_spm() {
 
 TEST_CASE("GGUF SmolLM2: ids and decoded text identical to llama.cpp on ../shared/data",
           "[tokenizer][gguf]") {
-  const Comparison c = compare_with_llama_cpp(smollm2(), "smollm2");
+  const kvlens::test::LlamaCppComparison c = compare_with_llama_cpp(smollm2(), "smollm2");
   CHECK(c.entries > 300);
   CHECK(c.mismatches == 0);
 }
@@ -312,7 +246,8 @@ TEST_CASE("GGUF vocabularies built from tokenizer.json files: identical to llama
           "[tokenizer][gguf]") {
   for (const BuiltVocab& b : kBuilt) {
     SECTION(b.name) {
-      const Comparison c = compare_with_llama_cpp(built_tokenizer(b.name), b.name);
+      const kvlens::test::LlamaCppComparison c =
+          compare_with_llama_cpp(built_tokenizer(b.name), b.name);
       CHECK(c.entries > 300);
       CHECK(c.mismatches == 0);
     }
