@@ -105,6 +105,9 @@ class Dashboard {
 
   std::function<void(const std::string&)> on_error;  // bad options the view rejects
   std::function<void()> on_edit_prompt;              // opens the prompt editor (a Qt dialog)
+  std::function<void(const std::string&)> on_open_model;  // a model folder or .gguf file
+  // Real models fetched onto this machine (tools/get_model.sh), offered in the sidebar.
+  std::vector<std::string> fetched_models;
 
  private:
   // dashboard_sidebar.cpp

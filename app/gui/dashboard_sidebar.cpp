@@ -57,6 +57,17 @@ void Dashboard::text_section() {
   } else if (trace) {
     ImGui::TextDisabled("a saved trace: no model or predictor loaded");
   }
+  // The other models on this machine (a fetched real model), one click away.
+  for (const std::string& path : fetched_models) {
+    if (trace && engine_.config().model_dir == path) continue;
+    const std::string name = path.substr(path.find_last_of('/') + 1);
+    ImGui::PushID(path.c_str());
+    if (ImGui::Button("Open") && on_open_model) on_open_model(path);
+    ImGui::PopID();
+    tooltip("Open this model (fetched by tools/get_model.sh) on the same text and runs");
+    ImGui::SameLine();
+    ImGui::TextWrapped("%s", name.c_str());
+  }
   const bool sample = pending_.source.coref_index >= 0;
   if (ImGui::RadioButton("Co-reference sample", sample) && !sample) pending_.source.coref_index = 0;
   tooltip("A generated co-reference text whose answer every run must retrieve from the cache");

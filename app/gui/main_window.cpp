@@ -42,6 +42,11 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   };
   connect(canvas_, &ImGuiCanvas::unhandled_key, this, &MainWindow::on_key);
   dashboard_->on_edit_prompt = [this] { edit_prompt(); };
+  dashboard_->on_open_model = [this](const std::string& path) {
+    open_model(QString::fromStdString(path));
+  };
+  for (const QString& path : fetched_models())
+    dashboard_->fetched_models.push_back(path.toStdString());
   connect(&engine_, &EngineController::opened, this, [this] {
     dashboard_->on_opened();
     canvas_->request_frames();
@@ -148,9 +153,9 @@ void MainWindow::build_menus() {
     if (!dir.isEmpty()) open_model(dir);
   });
   file->addAction("Open a &GGUF file...", QKeySequence("Ctrl+G"), this, [this] {
-    const QString path = QFileDialog::getOpenFileName(
-        this, "Open a GGUF model file (llama.cpp, Ollama, LM Studio)", model_dir_,
-        "GGUF models (*.gguf);;all files (*)");
+    const QString path =
+        QFileDialog::getOpenFileName(this, "Open a GGUF model file (llama.cpp, Ollama, LM Studio)",
+                                     model_dir_, "GGUF models (*.gguf);;all files (*)");
     if (!path.isEmpty()) open_model(path);
   });
   file->addAction("Open &trace...", QKeySequence("Ctrl+Shift+O"), this, [this] {
@@ -162,6 +167,16 @@ void MainWindow::build_menus() {
     const QString path = QFileDialog::getOpenFileName(this, "Load a policy plug-in", QString(),
                                                       "policy plug-ins (*.so *.py);;all files (*)");
     if (!path.isEmpty()) load_plugin(path);
+  });
+  QMenu* fetched = file->addMenu("Open a &fetched model");
+  connect(fetched, &QMenu::aboutToShow, this, [this, fetched] {
+    fetched->clear();
+    const QStringList models = fetched_models();
+    for (const QString& path : models)
+      fetched->addAction(QFileInfo(path).fileName(), this, [this, path] { open_model(path); });
+    if (models.isEmpty())
+      fetched->addAction("(none yet: tools/get_model.sh smollm2 fetches SmolLM2-135M)")
+          ->setEnabled(false);
   });
   recent_menu_ = file->addMenu("Open &recent");
   rebuild_recent_menu();

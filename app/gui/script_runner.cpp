@@ -297,6 +297,13 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
                   ids.toLocal8Bit().constData(), texts[r].text.c_str());
     }
     std::fflush(stdout);
+  } else if (command == "expect-model") {
+    // The recording on screen runs on a model whose path contains TEXT.
+    const QString shown = QString::fromStdString(window_.engine().config().model_dir);
+    if (!shown.contains(joined))
+      throw std::runtime_error(
+          ("expect-model: the recording runs on '" + shown + "', not '" + joined + "'")
+              .toStdString());
   } else if (command == "sidebar") {
     if (joined != "on" && joined != "off") throw std::runtime_error("sidebar: on or off");
     dashboard.set_sidebar_shown(joined == "on");

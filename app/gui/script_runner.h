@@ -14,6 +14,7 @@
 //   click-token RUN TOKEN | expect-tab NAME | help on|off | view generate | resize W H
 //   generate N | report-generated (one line per run: departure, ids, text)
 //   report-figure (the figure's size and the view area's, on stdout) | sidebar on|off
+//   expect-model TEXT (the model the recording runs on)
 // Input, posted to the canvas back to back as fast input would come (no frame between events):
 //   keys KEY [COUNT] [held] (KEY as in Shift+Right, F1, ?, Esc; held: auto-repeats of one press)
 //   click TEXT | click-n COUNT TEXT
