@@ -84,8 +84,9 @@ for shot in "${SHOTS[@]}"; do
   } >"$dir/script.txt"
   echo "screenshots.sh: $name ($commands)"
   # The app draws with OpenGL: an offscreen Qt platform from the caller must not reach it.
-  # From the checkout, with the model named relative to it, so the sidebar shows no local path.
-  if ! (cd "$root" && env -u QT_QPA_PLATFORM XDG_CONFIG_HOME="$dir/config" timeout 180 \
+  # From the checkout, with the model named relative to it, so the sidebar shows no local path
+  # (and an empty model cache: no model this machine fetched is offered in the pictures).
+  if ! (cd "$root" && env -u QT_QPA_PLATFORM XDG_CONFIG_HOME="$dir/config" KVLENS_MODEL_CACHE="$dir/no-models" timeout 180 \
     xvfb-run -a -f "$dir/Xauthority" -s "-screen 0 ${width}x${height}x24" \
     "$app" --model assets/models/demo --script "$dir/script.txt") >"$dir/log.txt" 2>&1; then
     cat "$dir/log.txt" >&2

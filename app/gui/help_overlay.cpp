@@ -26,7 +26,7 @@ constexpr Binding kStepping[] = {
     {"Space", "play / pause"},
 };
 constexpr Binding kViews[] = {
-    {"Ctrl+1 .. Ctrl+7", "switch view (Heads, Predicted, Retention, History, ... Generate)"},
+    {"Ctrl+1 .. Ctrl+7", "switch view (the tabs, in their order)"},
     {"Ctrl+wheel", "zoom the figure"},
     {"Ctrl+B", "hide / show the sidebar (the figure takes the width)"},
     {"Right- or middle-drag", "pan the figure"},
@@ -38,6 +38,7 @@ constexpr Binding kViews[] = {
 };
 constexpr Binding kFiles[] = {
     {"Ctrl+O", "open a model folder"},
+    {"Ctrl+G", "open a GGUF model file (llama.cpp, Ollama, LM Studio)"},
     {"Ctrl+Shift+O", "open a saved .kvtrace"},
     {"Ctrl+S", "save the recording as a .kvtrace"},
     {"Ctrl+E", "export the view (PNG, SVG, PDF, CSV, JSON)"},
