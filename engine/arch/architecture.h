@@ -45,6 +45,10 @@ void norm_and_qkv(Backend& backend, const ModelConfig& config, const BackendMode
 // (normed * w_up^T); hidden += act * w_down^T.
 void output_and_swiglu(Backend& backend, const ModelConfig& config,
                        const BackendModel::Layer& layer, LayerRows& rows);
+// An RMSNorm of every head's query and key over head_dim (q_norm, k_norm [D]), before RoPE:
+// q [m, H * D] seen as [m * H, D] rows, k as [m * G, D] (Qwen3, Gemma 3).
+void norm_heads(Backend& backend, const ModelConfig& config, const BackendModel::Layer& layer,
+                LayerRows& rows);
 }  // namespace arch
 
 }  // namespace kvlens

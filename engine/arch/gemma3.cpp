@@ -7,7 +7,6 @@
 // session's (ModelConfig fields).
 #include "engine/arch/architecture.h"
 #include "engine/arch/families.h"
-#include "engine/backend/tensor_views.h"
 
 namespace kvlens {
 namespace {
@@ -19,12 +18,7 @@ class Gemma3 final : public Architecture {
   void attention_inputs(Backend& backend, const ModelConfig& config,
                         const BackendModel::Layer& layer, LayerRows& rows) const override {
     arch::norm_and_qkv(backend, config, layer, rows);
-    const int64_t m = rows.q.dim(0);
-    const float eps = float(config.rms_norm_eps);
-    DeviceTensor q_heads = tensor::view(rows.q, {m * config.num_heads, config.head_dim});
-    DeviceTensor k_heads = tensor::view(rows.k, {m * config.num_kv_heads, config.head_dim});
-    backend.rmsnorm(q_heads, layer.q_norm, eps, q_heads);
-    backend.rmsnorm(k_heads, layer.k_norm, eps, k_heads);
+    arch::norm_heads(backend, config, layer, rows);
   }
 
   void attention_output_and_mlp(Backend& backend, const ModelConfig& config,

@@ -3,6 +3,7 @@
 #include <span>
 
 #include "engine/arch/architecture.h"
+#include "engine/backend/tensor_views.h"
 
 namespace kvlens::arch {
 
@@ -20,6 +21,16 @@ void output_and_swiglu(Backend& backend, const ModelConfig& config,
   backend.rmsnorm_gate_up(rows.hidden, layer.mlp_norm, float(config.rms_norm_eps), rows.normed,
                           layer.w_gate, layer.w_up, rows.gate, rows.up, rows.act);
   backend.matmul_add(rows.act, layer.w_down, rows.proj, rows.hidden);
+}
+
+void norm_heads(Backend& backend, const ModelConfig& config, const BackendModel::Layer& layer,
+                LayerRows& rows) {
+  const int64_t m = rows.q.dim(0);
+  const float eps = float(config.rms_norm_eps);
+  DeviceTensor q_heads = tensor::view(rows.q, {m * config.num_heads, config.head_dim});
+  DeviceTensor k_heads = tensor::view(rows.k, {m * config.num_kv_heads, config.head_dim});
+  backend.rmsnorm(q_heads, layer.q_norm, eps, q_heads);
+  backend.rmsnorm(k_heads, layer.k_norm, eps, k_heads);
 }
 
 }  // namespace kvlens::arch

@@ -2,7 +2,6 @@
 // k_norm [D]) before RoPE; q [m, H * D] seen as [m * H, D] rows, k as [m * G, D].
 #include "engine/arch/architecture.h"
 #include "engine/arch/families.h"
-#include "engine/backend/tensor_views.h"
 
 namespace kvlens {
 namespace {
@@ -14,12 +13,7 @@ class Qwen3 final : public Architecture {
                         const BackendModel::Layer& layer, LayerRows& rows) const override {
     arch::norm_and_qkv(backend, config, layer, rows);
     if (layer.q_norm.empty()) return;
-    const int64_t m = rows.q.dim(0);
-    const float eps = float(config.rms_norm_eps);
-    DeviceTensor q_heads = tensor::view(rows.q, {m * config.num_heads, config.head_dim});
-    DeviceTensor k_heads = tensor::view(rows.k, {m * config.num_kv_heads, config.head_dim});
-    backend.rmsnorm(q_heads, layer.q_norm, eps, q_heads);
-    backend.rmsnorm(k_heads, layer.k_norm, eps, k_heads);
+    arch::norm_heads(backend, config, layer, rows);
   }
 };
 

@@ -7,26 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/gguf.h"
 #include "tests/support/tiny_checkpoint.h"
 
 namespace kvlens::test {
 
-// GGUF metadata type tags and the ggml type ids the tests use.
-enum class GgufTag : uint32_t {
-  kU8 = 0,
-  kI8 = 1,
-  kU16 = 2,
-  kI16 = 3,
-  kU32 = 4,
-  kI32 = 5,
-  kF32 = 6,
-  kBool = 7,
-  kString = 8,
-  kArray = 9,
-  kU64 = 10,
-  kI64 = 11,
-  kF64 = 12
-};
+// GGUF metadata type tags (the reader's), and the ggml type ids the tests use.
+using GgufTag = GgufType;
 constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ5_0 = 6,
                    kGgmlQ5_1 = 7, kGgmlQ8_0 = 8, kGgmlQ4_K = 12, kGgmlQ5_K = 13, kGgmlQ6_K = 14,
                    kGgmlBF16 = 30;

@@ -2,9 +2,7 @@
 #include "tests/support/llama_cpp_ids.h"
 
 #include <catch2/catch.hpp>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <vector>
 
 #include "engine/common/mapped_file.h"
@@ -15,14 +13,6 @@ namespace {
 
 using Ids = std::vector<int32_t>;
 using Json = nlohmann::json;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string fixture_path(const std::string& name) {
   return source_path("tests/fixtures/gguf_tokenizer/" + name);
@@ -41,10 +31,11 @@ std::string entry_text(const Json& source) {
   if (source.contains("text_hex")) return from_hex(source["text_hex"].get<std::string>());
   const std::string file = source["file"].get<std::string>();
   const std::string path = shared_path("data/" + file);
-  if (source.contains("bytes")) return read_file(path).substr(0, source["bytes"].get<size_t>());
+  if (source.contains("bytes"))
+    return kvlens::read_text_file(path).substr(0, source["bytes"].get<size_t>());
   if (source.contains("case"))
-    return Json::parse(read_file(path))["cases"][source["case"].get<size_t>()]["text"];
-  const std::string all = read_file(path);
+    return Json::parse(kvlens::read_text_file(path))["cases"][source["case"].get<size_t>()]["text"];
+  const std::string all = kvlens::read_text_file(path);
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> inputs;
   size_t begin = 0;

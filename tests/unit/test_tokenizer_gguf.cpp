@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "engine/common/error.h"
+#include "engine/common/mapped_file.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/tokenizer_gguf.h"
 #include "tests/support/llama_cpp_ids.h"
@@ -29,14 +30,6 @@ using Json = nlohmann::json;
 
 std::string fixture_path(const std::string& name) {
   return kvlens::test::source_path("tests/fixtures/gguf_tokenizer/" + name);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // The tokenizer.* metadata as gguf-py reads it (key -> value) into the reader-independent struct,
@@ -258,9 +251,9 @@ TEST_CASE("GGUF GPT-2 vocabulary: the llama.cpp test vectors in ../shared/data",
           "[tokenizer][gguf]") {
   const Tokenizer& t = built_tokenizer("gpt2");
   const std::string inputs =
-      read_file(kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.inp"));
+      kvlens::read_text_file(kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.inp"));
   std::istringstream outputs(
-      read_file(kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.out")));
+      kvlens::read_text_file(kvlens::test::shared_path("data/tokenizers/vectors-gpt-2.out")));
   const std::string sep = "\n__ggml_vocab_test__\n";
   size_t begin = 0, count = 0;
   for (size_t at; (at = inputs.find(sep, begin)) != std::string::npos; begin = at + sep.size()) {
