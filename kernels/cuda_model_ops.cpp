@@ -54,6 +54,16 @@ bool norm_first(int64_t rows, int64_t width, const DeviceTensor& normed) {
          reinterpret_cast<uintptr_t>(normed.data) % 16 == 0;
 }
 
+// A gated activation's operands (silu_mul, gelu_tanh_mul): F32 gate, up and out of one size.
+void require_gated(const DeviceTensor& gate, const DeviceTensor& up, const DeviceTensor& out,
+                   const std::string& op) {
+  require(gate, DType::F32, op, "gate");
+  require(up, DType::F32, op, "up");
+  require(out, DType::F32, op, "out");
+  require_elements(up, elements(gate), op, "up");
+  require_elements(out, elements(gate), op, "out");
+}
+
 }  // namespace
 
 void CudaBackend::embed(const DeviceTensor& table, std::span<const int32_t> ids,
@@ -209,12 +219,7 @@ void CudaBackend::rope_pair(DeviceTensor& q, DeviceTensor& k, std::span<const in
 }
 
 void CudaBackend::silu_mul(const DeviceTensor& gate, const DeviceTensor& up, DeviceTensor& out) {
-  const std::string op = "silu_mul";
-  require(gate, DType::F32, op, "gate");
-  require(up, DType::F32, op, "up");
-  require(out, DType::F32, op, "out");
-  require_elements(up, elements(gate), op, "up");
-  require_elements(out, elements(gate), op, "out");
+  require_gated(gate, up, out, "silu_mul");
   activate();
   cuda::launch_silu_mul(gate.as<float>(), up.as<float>(), elements(gate), out.as<float>(),
                         stream());
@@ -223,12 +228,7 @@ void CudaBackend::silu_mul(const DeviceTensor& gate, const DeviceTensor& up, Dev
 
 void CudaBackend::gelu_tanh_mul(const DeviceTensor& gate, const DeviceTensor& up,
                                 DeviceTensor& out) {
-  const std::string op = "gelu_tanh_mul";
-  require(gate, DType::F32, op, "gate");
-  require(up, DType::F32, op, "up");
-  require(out, DType::F32, op, "out");
-  require_elements(up, elements(gate), op, "up");
-  require_elements(out, elements(gate), op, "out");
+  require_gated(gate, up, out, "gelu_tanh_mul");
   activate();
   cuda::launch_gelu_tanh_mul(gate.as<float>(), up.as<float>(), elements(gate), out.as<float>(),
                              stream());

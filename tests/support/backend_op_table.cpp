@@ -205,30 +205,27 @@ std::vector<OpEntry> make_table() {
           });
     }
   }
-  // silu_mul over 5 x 1001 with gates whose exp overflows (-100: silu is -0), is huge (90) or 0;
-  // add_inplace at the same size. The tolerances of the entries below.
-  add("silu_mul n5 F1001 overflowing gates", {1e-7, 1e-5}, [](OpRun& r) {
-    std::vector<float> gate = r.values(5 * 1001, 6.0f);
-    gate[0] = -100.0f;
-    gate[1] = 90.0f;
-    gate[2] = 0.0f;
-    const DeviceTensor g = r.f32_of(gate, {5, 1001}), u = r.f32({5, 1001});
-    DeviceTensor out = r.backend().alloc(DType::F32, {5, 1001});
-    r.backend().silu_mul(g, u, out);
-    r.out("out", out);
-  });
-  // GeGLU (gemma3): gelu_tanh in double rounded once, then the F32 product; gates far out on
-  // both sides (tanh saturates: gelu is 0 or the gate itself) and 0.
-  add("gelu_tanh_mul n5 F1001 saturating gates", {1e-7, 1e-5}, [](OpRun& r) {
-    std::vector<float> gate = r.values(5 * 1001, 6.0f);
-    gate[0] = -100.0f;
-    gate[1] = 90.0f;
-    gate[2] = 0.0f;
-    const DeviceTensor g = r.f32_of(gate, {5, 1001}), u = r.f32({5, 1001});
-    DeviceTensor out = r.backend().alloc(DType::F32, {5, 1001});
-    r.backend().gelu_tanh_mul(g, u, out);
-    r.out("out", out);
-  });
+  // The gated activations over 5 x 1001 with gates far out on both sides and 0: silu_mul (exp
+  // overflows at -100: silu is -0) and gemma3's GeGLU gelu_tanh_mul (tanh saturates: gelu is 0 or
+  // the gate itself; gelu_tanh in double rounded once, then the F32 product). add_inplace at the
+  // same size. The tolerances of the entries below.
+  for (const bool gelu : {false, true}) {
+    add(gelu ? "gelu_tanh_mul n5 F1001 saturating gates" : "silu_mul n5 F1001 overflowing gates",
+        {1e-7, 1e-5}, [gelu](OpRun& r) {
+          std::vector<float> gate = r.values(5 * 1001, 6.0f);
+          gate[0] = -100.0f;
+          gate[1] = 90.0f;
+          gate[2] = 0.0f;
+          const DeviceTensor g = r.f32_of(gate, {5, 1001}), u = r.f32({5, 1001});
+          DeviceTensor out = r.backend().alloc(DType::F32, {5, 1001});
+          if (gelu) {
+            r.backend().gelu_tanh_mul(g, u, out);
+          } else {
+            r.backend().silu_mul(g, u, out);
+          }
+          r.out("out", out);
+        });
+  }
   // Logit soft-capping at 30 (Gemma 2/3's final cap) over logits up to +-200: saturated rows and
   // the near-linear middle.
   add("soft_cap n3 V1001 cap30", {1e-7, 1e-6}, [](OpRun& r) {
