@@ -393,10 +393,11 @@ void MainWindow::close_dialogs() {
 }
 
 bool MainWindow::open_model(const QString& dir) {
-  // Checked here first so that a bad folder reports at once and the session stays. (A
-  // --predictor file belongs to the model it came with: another folder uses its own.)
+  // Checked here first so that a bad folder reports at once and the session stays; a GGUF file's
+  // weights are dequantized once, by the engine, not here too. (A --predictor file belongs to the
+  // model it came with: another folder uses its own.)
   try {
-    Model::load(dir.toStdString());
+    Model::check(dir.toStdString());
   } catch (const std::exception& e) {
     show_error("kvlens: cannot open the model", QString::fromUtf8(e.what()));
     return false;

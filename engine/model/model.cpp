@@ -19,6 +19,13 @@ bool starts_with_gguf_magic(const std::string& path) {
   return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
 }
 
+// A regular file named .gguf or starting with the GGUF magic (Ollama's blobs have no extension).
+bool is_gguf_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec) &&
+         (std::filesystem::path(path).extension() == ".gguf" || starts_with_gguf_magic(path));
+}
+
 std::shared_ptr<const Model> load_gguf(const std::string& path, const std::string& predictor_file) {
   auto model = std::make_shared<Model>();
   model->dir = path;
@@ -42,14 +49,20 @@ std::shared_ptr<const Model> load_gguf(const std::string& path, const std::strin
 
 }  // namespace
 
+void Model::check(const std::string& model_dir) {
+  if (is_gguf_file(model_dir)) {
+    const std::shared_ptr<const GgufFile> file = GgufFile::open(model_dir);
+    gguf_model_config(*file);
+    return;
+  }
+  load(model_dir);
+}
+
 std::shared_ptr<const Model> Model::load(const std::string& model_dir,
                                          const std::string& predictor_file) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::is_regular_file(model_dir, ec) &&
-      (fs::path(model_dir).extension() == ".gguf" || starts_with_gguf_magic(model_dir))) {
-    return load_gguf(model_dir, predictor_file);
-  }
+  if (is_gguf_file(model_dir)) return load_gguf(model_dir, predictor_file);
   if (!fs::is_directory(model_dir, ec)) {
     throw Error(model_dir, "model folder",
                 "a directory with config.json and safetensors weights, or a .gguf file",

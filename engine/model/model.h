@@ -31,9 +31,14 @@ struct Model {
   // folder, else none. `model_dir` may also be a .gguf file (recognised by its "GGUF" magic):
   // its metadata gives the config, its quantized tensors are dequantized to F32 (BF16 past about 1B
   // parameters: gguf_dequantized_dtype), the
-  // predictor comes only from `predictor_file`, and the tokenizer stays null for now.
+  // predictor comes only from `predictor_file`, and the tokenizer is read from its metadata.
   static std::shared_ptr<const Model> load(const std::string& model_dir,
                                            const std::string& predictor_file = {});
+  // The checks of load that cost little, for a front end to refuse a bad path at once: a folder
+  // is loaded as load does (its weights are only mapped); a .gguf file is opened and its
+  // configuration read, without dequantizing its weights (gigabytes for a large model). Throws
+  // what load throws for those parts.
+  static void check(const std::string& model_dir);
   // The tokenizer, or an Error naming the folder when there is none.
   const Tokenizer& require_tokenizer() const;
 };

@@ -467,6 +467,13 @@ TEST_CASE("gguf config: unsupported architectures and missing keys are named", "
   GgufWriter w;
   w.string("general.architecture", "mamba");
   std::string bytes = w.bytes();
+  // Model::check (the app's check before it opens a model) refuses it as load does.
+  const std::string mamba = kvlens::test::make_temp_dir("gg") + "/mamba.gguf";
+  kvlens::test::write_file(mamba, bytes);
+  CHECK_THAT(error_message([&] { kvlens::Model::check(mamba); }),
+             Contains("\"general.architecture\": expected llama"));
+  CHECK_THAT(error_message([&] { kvlens::Model::load(mamba); }),
+             Contains("\"general.architecture\": expected llama"));
   CHECK(error_message([&] { kvlens::gguf_model_config(GgufFile(bytes, "m.gguf")); }) ==
         "m.gguf: metadata \"general.architecture\": expected llama, qwen2, qwen3, phi3 or gemma3, "
         "found \"mamba\"");
@@ -652,6 +659,8 @@ TEST_CASE("gguf model: a converted tiny Llama loads to its safetensors folder's 
   kvlens::test::write_file(path, kvlens::test::tiny_llama_gguf(spec, type));
   const auto folder = kvlens::Model::load(dir);
   const auto gguf = kvlens::Model::load(path);
+  // (the front ends' cheap check accepts what load accepts)
+  CHECK_NOTHROW(kvlens::Model::check(path));
   REQUIRE(gguf->gguf != nullptr);
   CHECK(gguf->tokenizer == nullptr);
   CHECK_THAT(error_message([&] { gguf->require_tokenizer(); }), Contains("tiny.gguf: tokenizer"));
