@@ -43,29 +43,14 @@ const char* tab_title(Tab tab) {
 }
 
 bool tab_view(Tab tab, viz::ViewKind& kind) {
-  switch (tab) {
-    case Tab::Heads:
-      kind = viz::ViewKind::Heads;
-      return true;
-    case Tab::Predicted:
-      kind = viz::ViewKind::Predicted;
-      return true;
-    case Tab::Retention:
-      kind = viz::ViewKind::Retention;
-      return true;
-    case Tab::History:
-      kind = viz::ViewKind::History;
-      return true;
-    case Tab::Consensus:
-      kind = viz::ViewKind::Consensus;
-      return true;
-    case Tab::Logits:
-      kind = viz::ViewKind::Logits;
-      return true;
-    case Tab::Generate:
-      return false;
-  }
-  return false;
+  // The figure views in the tabs' order; Generate (the last tab) has none.
+  static constexpr viz::ViewKind kTabViews[] = {viz::ViewKind::Heads,     viz::ViewKind::Predicted,
+                                                viz::ViewKind::Retention, viz::ViewKind::History,
+                                                viz::ViewKind::Consensus, viz::ViewKind::Logits};
+  static_assert(std::size(kTabViews) == kTabCount - 1);
+  if (tab == Tab::Generate) return false;
+  kind = kTabViews[int(tab)];
+  return true;
 }
 
 Tab tab_of(viz::ViewKind kind) {

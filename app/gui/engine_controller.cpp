@@ -103,14 +103,9 @@ void EngineController::open(const SessionConfig& config, int64_t show_from_steps
         emit idle();
         return;
       }
-      incoming_ = header;
-      incoming_config_ = config;
-      incoming_total_ = total;
-      incoming_backend_ = backend;
-      incoming_predictor_ = predictor;
-      incoming_note_ = note;
-      show_from_steps_ = trace_ ? std::min(std::max<int64_t>(show_from_steps, 1), total) : 0;
-      if (incoming_->step_count() >= show_from_steps_) take_incoming();
+      incoming_ = {header, config, total, backend, predictor, note};
+      show_from_steps_ = shown_.trace ? std::min(std::max<int64_t>(show_from_steps, 1), total) : 0;
+      if (incoming_.trace->step_count() >= show_from_steps_) take_incoming();
     });
     if (!error.isEmpty()) return;
     worker_->recording = std::move(recording);
@@ -136,23 +131,23 @@ void EngineController::record_rest(uint64_t generation) {
         recorder.trace().hand_over_step(recorder.trace().step_count() - 1));
     QMetaObject::invokeMethod(this, [this, records, generation] {
       if (generation != generation_) return;  // the trace was replaced meanwhile
-      Trace& target = incoming_ ? *incoming_ : *trace_;
+      Trace& target = incoming_.trace ? *incoming_.trace : *shown_.trace;
       try {
         target.add_step(std::move(*records));
       } catch (const std::exception& e) {
         emit failed(QString::fromUtf8(e.what()));
         return;
       }
-      if (incoming_) {
-        if (incoming_->step_count() >= show_from_steps_) take_incoming();
+      if (incoming_.trace) {
+        if (incoming_.trace->step_count() >= show_from_steps_) take_incoming();
       } else {
-        emit stepped(trace_->step_count() - 1);
+        emit stepped(shown_.trace->step_count() - 1);
       }
     });
   }
   QMetaObject::invokeMethod(this, [this, error, generation] {
     if (generation != generation_) return;  // a newer open keeps busy_
-    if (incoming_) take_incoming();         // (fewer steps than asked for: show what there is)
+    if (incoming_.trace) take_incoming();   // (fewer steps than asked for: show what there is)
     busy_ = false;
     if (!error.isEmpty()) emit failed(error);
     emit idle();
@@ -160,14 +155,9 @@ void EngineController::record_rest(uint64_t generation) {
 }
 
 void EngineController::take_incoming() {
-  const bool same_text = trace_ && same_tokens(*trace_, *incoming_);
-  trace_ = std::move(incoming_);
-  incoming_.reset();
-  config_ = incoming_config_;
-  steps_total_ = incoming_total_;
-  backend_name_ = incoming_backend_;
-  predictor_ = incoming_predictor_;
-  note_ = incoming_note_;
+  const bool same_text = shown_.trace && same_tokens(*shown_.trace, *incoming_.trace);
+  shown_ = std::move(incoming_);
+  incoming_ = {};
   if (same_text) {
     emit replaced();
   } else {
@@ -177,7 +167,7 @@ void EngineController::take_incoming() {
 
 void EngineController::generate(int64_t max_new) {
   if (generating_) return;
-  if (!trace_ || config_.model_dir.empty()) {
+  if (!shown_.trace || shown_.config.model_dir.empty()) {
     emit failed("Generate: a saved trace has no model to generate with; open a model.");
     return;
   }
@@ -230,16 +220,12 @@ void EngineController::generate(int64_t max_new) {
 void EngineController::show_trace(std::shared_ptr<Trace> trace) {
   ++generation_;  // a recording on its way stops, and its steps are dropped
   busy_ = false;
-  incoming_.reset();
+  incoming_ = {};
   stop_generating_ = true;
   generated_.clear();
   QMetaObject::invokeMethod(worker_, [this] { worker_->recording.reset(); });
-  trace_ = std::move(trace);
-  steps_total_ = trace_->step_count();
-  backend_name_ = "saved trace";
-  predictor_.clear();
-  note_.clear();
-  config_ = SessionConfig{};
+  const int64_t steps = trace->step_count();
+  shown_ = {std::move(trace), SessionConfig{}, steps, "saved trace", {}, {}};
   emit opened();
 }
 

@@ -64,21 +64,23 @@ class EngineController : public QObject {
 
   // Recording (or opening) in the background.
   bool busy() const { return busy_; }
-  bool done() const { return steps_total_ > 0 && trace_ && trace_->step_count() >= steps_total_; }
+  bool done() const {
+    return shown_.total > 0 && shown_.trace && shown_.trace->step_count() >= shown_.total;
+  }
   // The UI thread's copy of the recording on screen (null before the first open).
-  const Trace* trace() const { return trace_.get(); }
-  std::shared_ptr<const Trace> shared_trace() const { return trace_; }
-  int64_t steps_total() const { return steps_total_; }
+  const Trace* trace() const { return shown_.trace.get(); }
+  std::shared_ptr<const Trace> shared_trace() const { return shown_.trace; }
+  int64_t steps_total() const { return shown_.total; }
   // A recording that will replace the one on screen: steps recorded so far (-1: none pending).
-  int64_t pending_steps() const { return incoming_ ? incoming_->step_count() : -1; }
-  int64_t pending_total() const { return incoming_total_; }
-  const QString& backend_name() const { return backend_name_; }
+  int64_t pending_steps() const { return incoming_.trace ? incoming_.trace->step_count() : -1; }
+  int64_t pending_total() const { return incoming_.total; }
+  const QString& backend_name() const { return shown_.backend; }
   // The open recording's predictor (predictor_summary), and why a default policy was left out
   // (empty when none was); a saved trace has neither.
-  const QString& predictor() const { return predictor_; }
-  const QString& note() const { return note_; }
+  const QString& predictor() const { return shown_.predictor; }
+  const QString& note() const { return shown_.note; }
   // The configuration of the recording on screen.
-  const SessionConfig& config() const { return config_; }
+  const SessionConfig& config() const { return shown_.config; }
 
  signals:
   void opened();
@@ -96,16 +98,16 @@ class EngineController : public QObject {
 
   QThread thread_;
   Worker* worker_ = nullptr;
-  std::shared_ptr<Trace> trace_;
-  // The recording that replaces trace_ once it reaches show_from_steps_.
-  std::shared_ptr<Trace> incoming_;
-  SessionConfig incoming_config_;
-  int64_t incoming_total_ = 0, show_from_steps_ = 1;
-  QString incoming_backend_, incoming_predictor_, incoming_note_;
-  SessionConfig config_;
-  int64_t steps_total_ = 0;
-  QString backend_name_;
-  QString predictor_, note_;
+  // A recording and what the window says of it: the one on screen, and the one that replaces it
+  // once it reaches show_from_steps_ (its trace null when none is coming).
+  struct Recorded {
+    std::shared_ptr<Trace> trace;
+    SessionConfig config;
+    int64_t total = 0;  // steps the text has
+    QString backend, predictor, note;
+  };
+  Recorded shown_, incoming_;
+  int64_t show_from_steps_ = 1;
   bool busy_ = false;
   bool generating_ = false;
   std::atomic<bool> stop_generating_{false};
