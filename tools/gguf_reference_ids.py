@@ -5,7 +5,8 @@ Inputs: tools/gguf_tokenize_batch.cpp built against llama.cpp, SmolLM2-135M-Inst
 tests/fixtures/gguf_tokenizer/): the SmolLM2 file's tokenizer.* metadata (gzipped JSON, read with
 gguf-py), and for SmolLM2 and for vocabulary-only GGUFs built here from tokenizer.json files
 (BUILT) the ids llama.cpp gives for the texts of ../shared/data (see texts()).
-Run through tools/gguf_reference_ids.sh, which fetches llama.cpp and builds the driver.
+The driver is built by hand outside the repository (tests/fixtures/gguf_tokenizer/README.md):
+kvlens commits no llama.cpp code, build of it or script that builds it.
 """
 
 import argparse

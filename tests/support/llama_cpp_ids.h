@@ -1,5 +1,5 @@
 // The committed llama.cpp reference ids of tests/fixtures/gguf_tokenizer
-// (tools/gguf_reference_ids.sh): each entry's text read again from ../shared/data, encoded and
+// (tools/gguf_reference_ids.py): each entry's text read again from ../shared/data, encoded and
 // decoded by a tokenizer under test and checked (Catch2 CHECKs) against what llama.cpp gave for the
 // same vocabulary.
 #pragma once

@@ -1,5 +1,5 @@
 // GGUF tokenizer tests: the ids llama.cpp's llama-tokenize gives (tests/fixtures/gguf_tokenizer,
-// made by tools/gguf_reference_ids.sh) for the texts of ../shared/data with SmolLM2-135M's
+// made by tools/gguf_reference_ids.py) for the texts of ../shared/data with SmolLM2-135M's
 // byte-level vocabulary and a SentencePiece-style vocabulary built from the Llama 2 tokenizer.json,
 // hand-worked cases on small vocabularies, and every error path of tokenizer_from_gguf.
 #include <catch2/catch.hpp>
