@@ -186,7 +186,7 @@ def eval_corpus(model, chunks, bsz=64):
     tot, n = 0.0, 0
     for i in range(0, chunks.shape[0], bsz):
         x = chunks[i:i + bsz]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
             logits = model(input_ids=x).logits
         loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                x[:, 1:].reshape(-1), reduction="sum")
@@ -211,7 +211,7 @@ def eval_coref(model, samples, pad_id, device, bsz=125):
             m[j, :len(am)] = torch.tensor(am)
             valid[j, :len(s)] = True
         x, m, valid = x.to(device), m.to(device), valid.to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(input_ids=x).logits
         tgt, mm, vv = x[:, 1:], m[:, 1:], valid[:, 1:]
         pred = logits[:, :-1].argmax(-1)
@@ -281,17 +281,32 @@ def main():
                          "corpus loss among those with at least this normal co-reference accuracy")
     ap.add_argument("--heldback-out", default="",
                     help="also write the held-back corpus documents (joined by blank lines) here")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a toy-size check")
+    ap.add_argument("--tokenizer", default="",
+                    help="an existing tokenizer.json to keep (default: train one, cached in "
+                         "--work-dir)")
+    ap.add_argument("--coref-train", nargs="+", default=[],
+                    help="co-reference training samples (JSON lines); with --coref-select")
+    ap.add_argument("--coref-select", nargs="+", default=[], metavar="KIND=FILE",
+                    help="selection samples by kind (normal=FILE hard=FILE), from pools of "
+                         "their own; without it the last --coref-val samples of "
+                         "DATA_DIR/coref-train(-hard).jsonl are held out instead")
     ap.add_argument("--max-train-seconds", type=float, default=0,
                     help="stop training early (then evaluate and save) after this many seconds")
     args = ap.parse_args()
+    if bool(args.coref_train) != bool(args.coref_select):
+        ap.error("--coref-train and --coref-select go together")
+    if args.coref_select and not any(x.startswith("normal=") for x in args.coref_select):
+        ap.error("--coref-select needs a normal=FILE entry (the selection rule reads it)")
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    assert torch.cuda.is_available(), "needs a CUDA GPU"
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
+    assert not on_gpu or torch.cuda.is_available(), "--device cuda needs a CUDA GPU"
     os.makedirs(args.work_dir, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
 
@@ -303,7 +318,7 @@ def main():
     # ---- data + tokenizer
     train_docs, val_docs, corpus_stats = load_corpus(args.data_dir, args)
     log(f"corpus: {len(train_docs)} train docs, {len(val_docs)} val docs; {json.dumps(corpus_stats)}")
-    tok_path = os.path.join(args.work_dir, "tokenizer.json")
+    tok_path = args.tokenizer or os.path.join(args.work_dir, "tokenizer.json")
     if os.path.exists(tok_path):
         tok = Tokenizer.from_file(tok_path)
         log(f"tokenizer loaded from {tok_path}")
@@ -332,28 +347,46 @@ def main():
     log(f"corpus tokens: train {len(stream)} ({n_chunks} seqs of {L}), val {len(vstream)} "
         f"({vchunks.shape[0]} seqs); chars/token {sum(map(len, train_docs)) / len(stream):.2f}")
 
-    coref_files = {"normal": os.path.join(args.data_dir, "coref-train.jsonl"),
-                   "hard": os.path.join(args.data_dir, "coref-train-hard.jsonl")}
-    coref_train, coref_val, bad_total = [], {}, 0
-    for kind, path in coref_files.items():
-        texts = load_coref(path)
-        tr, va = texts[:-args.coref_val], texts[-args.coref_val:]
-        tr_tok, b1 = tokenize_coref(tok, tr, eos)
-        va_tok, b2 = tokenize_coref(tok, va, eos)
-        bad_total += b1 + b2
-        coref_train += tr_tok
-        coref_val[kind] = va_tok
-        log(f"coref {kind}: {len(tr)} train, {len(va)} val, answer-decode mismatches {b1 + b2}")
+    coref_train, coref_val, bad_total, too_long = [], {}, 0, 0
+    if args.coref_select:
+        # Selection samples come from pools of their own (tools/make_training_pools.py --split
+        # select: names and lead parts never in training), so no training file is cut.
+        for path in args.coref_train:
+            tr_tok, b = tokenize_coref(tok, load_coref(path), eos)
+            bad_total += b
+            kept = [x for x in tr_tok if len(x[0]) <= args.seq_len]
+            too_long += len(tr_tok) - len(kept)
+            coref_train += kept
+            log(f"coref train {path}: {len(kept)} samples ({len(tr_tok) - len(kept)} longer than "
+                f"{args.seq_len} tokens dropped), answer-decode mismatches {b}")
+        for spec in args.coref_select:
+            kind, path = spec.split("=", 1)
+            coref_val[kind], b = tokenize_coref(tok, load_coref(path), eos)
+            bad_total += b
+            log(f"coref select {kind} {path}: {len(coref_val[kind])} samples, mismatches {b}")
+    else:
+        coref_files = {"normal": os.path.join(args.data_dir, "coref-train.jsonl"),
+                       "hard": os.path.join(args.data_dir, "coref-train-hard.jsonl")}
+        for kind, path in coref_files.items():
+            texts = load_coref(path)
+            tr, va = texts[:-args.coref_val], texts[-args.coref_val:]
+            tr_tok, b1 = tokenize_coref(tok, tr, eos)
+            va_tok, b2 = tokenize_coref(tok, va, eos)
+            bad_total += b1 + b2
+            coref_train += tr_tok
+            coref_val[kind] = va_tok
+            log(f"coref {kind}: {len(tr)} train, {len(va)} val, answer-decode mismatches {b1 + b2}")
     CL = max(len(s) for s, _ in coref_train)
     CL = (CL + 7) // 8 * 8
     cx = torch.full((len(coref_train), CL), eos, dtype=torch.long)
     cw = torch.zeros((len(coref_train), CL), dtype=torch.float32)
+    clen = torch.tensor([len(s) for s, _ in coref_train], dtype=torch.long)
     for j, (s, am) in enumerate(coref_train):
         cx[j, :len(s)] = torch.tensor(s)
         w = torch.ones(len(s))
         w[torch.tensor(am, dtype=torch.bool)] = args.answer_weight
         cw[j, :len(s)] = w
-    cx, cw = cx.to(device), cw.to(device)
+    cx, cw, clen = cx.to(device), cw.to(device), clen.to(device)
     log(f"coref train seqs: {len(coref_train)}, padded length {CL}; tokenizing took "
         f"{time.time() - t:.1f}s")
 
@@ -373,7 +406,7 @@ def main():
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=on_gpu)
 
     history = {"train": [], "evals": []}
     # The checkpoint kept for saving: small corpora overfit, so the last step is not the best one.
@@ -387,7 +420,8 @@ def main():
         step0, history, train_seconds = ck["step"], ck["history"], ck["train_seconds"]
         best = ck.get("best", best)
         torch.set_rng_state(ck["rng_cpu"].cpu())
-        torch.cuda.set_rng_state(ck["rng_cuda"].cpu())
+        if on_gpu:
+            torch.cuda.set_rng_state(ck["rng_cuda"].cpu())
         log(f"resumed from {ckpt_path} at step {step0}")
 
     def save_ckpt(step):
@@ -395,7 +429,8 @@ def main():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                     "history": history, "train_seconds": train_seconds, "args": vars(args),
                     "best": best,
-                    "rng_cpu": torch.get_rng_state(), "rng_cuda": torch.cuda.get_rng_state()}, tmp)
+                    "rng_cpu": torch.get_rng_state(),
+                    "rng_cuda": torch.cuda.get_rng_state() if on_gpu else None}, tmp)
         os.replace(tmp, ckpt_path)
 
     def evaluate(step, full):
@@ -424,7 +459,8 @@ def main():
     acc_c, acc_q, acc_n = 0.0, 0.0, 0
     step = step0
     stopped_early = False
-    torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize()
     t_log = time.time()
     while step < args.steps:
         if args.max_train_seconds and train_seconds + (time.time() - t_run) > args.max_train_seconds:
@@ -436,8 +472,10 @@ def main():
             g["lr"] = lr
         x = chunks[sched_corpus[step]]
         qi = sched_coref[step]
-        q, qw = cx[qi], cw[qi]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        # Trimmed to the batch's longest sample: lengths vary from ~100 to 1024 tokens.
+        q_len = int(clen[qi].max())
+        q, qw = cx[qi, :q_len], cw[qi, :q_len]
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             lc = model(input_ids=x).logits[:, :-1]
             lq = model(input_ids=q).logits[:, :-1]
         ce_c = F.cross_entropy(lc.float().reshape(-1, V), x[:, 1:].reshape(-1), reduction="sum")
@@ -469,7 +507,8 @@ def main():
             t_run = time.time()
             save_ckpt(step)
             t_log = time.time()
-    torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize()
     train_seconds += time.time() - t_run
     save_ckpt(step)
     log(f"training done at step {step}; train seconds {train_seconds:.1f}")
@@ -498,7 +537,8 @@ def main():
         "tokens": {"corpus_train": int(len(stream)), "corpus_val": int(len(vstream)),
                    "corpus_train_seqs": int(n_chunks), "corpus_val_seqs": int(vchunks.shape[0]),
                    "coref_train_samples": len(coref_train), "coref_padded_len": CL,
-                   "coref_answer_decode_mismatches": bad_total},
+                   "coref_answer_decode_mismatches": bad_total,
+                   "coref_dropped_too_long": too_long},
         "batch": {"corpus": b_corpus, "coref": b_coref},
         "params": n_params, "vocab_size": vocab,
         "selected_step": final["step"], "final": final, "last": last, "history": history,
@@ -506,7 +546,8 @@ def main():
                    "total_seconds": round(time.time() - T0, 1)},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-                     "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0)},
+                     "cuda": torch.version.cuda,
+                     "gpu": torch.cuda.get_device_name(0) if on_gpu else platform.processor()},
     }
     with open(os.path.join(args.out, "train_log.json"), "w") as f:
         json.dump(train_log, f, indent=1)

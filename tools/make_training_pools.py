@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""Writes the co-reference pools the demo model is trained and selected on: large pools of the
+project's own making whose names, places and problems are new, so a model can only answer by copying.
+
+Why: a model trained on samples drawn from the 120 bundled names learns those names, not the
+copy (it scored 1.00 on the bundled pools and 0.00 on the TokenButler paper's). Here every sample
+can get a name it has never met: --names names (default 60,000) from five styles (invented words
+from a syllable inventory unlike the bundled one, in lower or title case; compounds of two English
+morphemes, e.g. "thornreach"; a word with a landform, e.g. "Lake Vadrimo"; hyphenated pairs;
+apostrophe names), leads and tie-back questions composed from clauses (wh-questions as in the
+paper's file and "... is called" ones as in the bundled file), and distractors: reflections and
+dishes composed from parts, and arithmetic in new wordings (checked before writing).
+
+Splits (same generator, disjoint parts): `train` and `select` draw names from one stream and split
+it, so no name is in both; `select` also keeps back a share of the clause parts and frames, so
+choosing a checkpoint on it measures leads never trained on. --exclude FILE (repeatable, pools
+JSON) drops names equal to one of that file's (case-insensitive): the evaluation pools stay unseen.
+Deterministic (stdlib only, fixed seed): the same arguments give the same file.
+Usage: python3 tools/make_training_pools.py --split train --out FILE [--names N] [--exclude F]
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+
+SEED = 41_2026
+
+# --- names -------------------------------------------------------------------------------------
+ONSETS = ["", "b", "c", "ch", "d", "dr", "f", "fl", "g", "gr", "h", "j", "k", "l", "m", "n", "p",
+          "pl", "r", "s", "sh", "sl", "sp", "t", "tr", "v", "vr", "y", "z", "zh", "ph", "cr", "bl"]
+NUCLEI = ["a", "e", "i", "o", "u", "ai", "ei", "io", "ea", "oa", "ui", "y", "ia", "eo", "au"]
+CODAS = ["", "", "", "n", "r", "l", "s", "x", "nth", "rn", "lt", "ck", "ss", "mb", "ng", "z", "d"]
+MORPHEMES_FIRST = [
+    "ash", "ember", "frost", "gloam", "thorn", "brook", "storm", "mist", "moon", "star", "dawn",
+    "bright", "silver", "raven", "willow", "amber", "iron", "hollow", "glimmer", "fern", "briar",
+    "cinder", "copper", "dew", "drift", "elm", "fallow", "flint", "gold", "hazel", "heather",
+    "ivy", "jade", "kestrel", "lark", "marrow", "night", "oak", "pebble", "quill", "rime", "rowan",
+    "rust", "sable", "salt", "sorrow", "spindle", "tallow", "thistle", "umber", "vesper", "wander",
+    "wren", "yarrow", "cobble", "cloud", "hearth", "lantern", "pine", "shale", "smoke", "sun",
+    "tide", "velvet", "winter", "bramble", "crow", "gale", "loam", "moss", "nettle", "opal"]
+MORPHEMES_LAST = [
+    "reach", "hold", "fell", "wick", "stead", "haven", "spire", "glen", "crest", "fall", "shade",
+    "wood", "holm", "cairn", "ford", "gate", "hollow", "march", "mouth", "ridge", "field", "marsh",
+    "thwaite", "bury", "combe", "dale", "delve", "fold", "garth", "hithe", "keep", "knoll", "lea",
+    "mire", "more", "nook", "rise", "shaw", "strand", "tarn", "ton", "well", "wold", "yard",
+    "bourne", "burrow", "cliff", "drift", "harbor", "hearth", "port", "rock", "sound", "vale"]
+LANDFORMS_BEFORE = ["Lake", "Mount", "Port", "Cape", "Isle of", "Fort", "Glen", "Saint"]
+LANDFORMS_AFTER = ["Bay", "Point", "Sound", "Hills", "Falls", "Cove", "Springs", "Harbor", "Pass",
+                   "Ridge", "Basin", "Flats", "Grove", "Shoals", "Commons", "Rapids"]
+
+
+def invented(rng):
+    syllables = rng.choice([2, 2, 3, 3, 4])
+    word = ""
+    for i in range(syllables):
+        word += rng.choice(ONSETS) + rng.choice(NUCLEI)
+        if i == syllables - 1 or rng.random() < 0.25:
+            word += rng.choice(CODAS)
+    return word
+
+
+def cased(rng, word):
+    return word.capitalize() if rng.random() < 0.5 else word.lower()
+
+
+def vocabulary_pieces(path, parity):
+    """Lower-case alphabetic pieces (2-6 letters) of a tokenizer.json's vocabulary whose id has
+    the given parity: train names are built from even ids, select names from odd ones, so a
+    selected checkpoint has copied pieces it never saw inside a name."""
+    with open(path, encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    return sorted(piece for piece, i in vocab.items()
+                  if i % 2 == parity and piece.isascii() and piece.isalpha() and piece.islower()
+                  and 2 <= len(piece) <= 6)
+
+
+def piece_name(rng, pieces):
+    """Two to four vocabulary pieces glued together: each piece is as unpredictable as the next,
+    so only copying the earlier mention gives the answer (syllable inventories are learnable)."""
+    return cased(rng, "".join(rng.choice(pieces) for _ in range(rng.choice([2, 2, 3, 3, 4]))))
+
+
+def make_name(rng, pieces):
+    style = rng.random()
+    if pieces and style < 0.5:
+        return piece_name(rng, pieces)
+    style = rng.random()
+    if style < 0.35:
+        return cased(rng, invented(rng))
+    if style < 0.65:
+        return cased(rng, rng.choice(MORPHEMES_FIRST) + rng.choice(MORPHEMES_LAST))
+    if style < 0.85:
+        word = invented(rng).capitalize() if rng.random() < 0.6 else (
+            rng.choice(MORPHEMES_FIRST) + rng.choice(MORPHEMES_LAST)).capitalize()
+        if rng.random() < 0.5:
+            return rng.choice(LANDFORMS_BEFORE) + " " + word
+        return word + " " + rng.choice(LANDFORMS_AFTER)
+    if style < 0.93:
+        return invented(rng).capitalize() + "-" + invented(rng).capitalize()
+    return invented(rng).capitalize() + "'" + invented(rng)
+
+
+def make_names(rng, count, excluded, pieces):
+    names, seen = [], set(excluded)
+    while len(names) < count:
+        name = make_name(rng, pieces)
+        letters = re.sub(r"[^A-Za-z]", "", name)
+        if not 4 <= len(letters) <= 18 or name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        names.append(name)
+    return names
+
+
+# --- leads and tie-backs -------------------------------------------------------------------------
+# A feature is composed as "<colour> <things> <action>"; the lead describes it in a clause and the
+# question names it again (sharing its content words, as validate_pool_integrity requires).
+COLOURS = ["amber", "silver", "crimson", "violet", "emerald", "ivory", "cobalt", "golden",
+           "scarlet", "pale", "charcoal", "copper", "indigo", "rose", "saffron", "turquoise",
+           "ochre", "pearl", "jet-black", "lilac", "bronze", "sea-green", "snow-white", "rust-red"]
+THINGS = ["herons", "lanterns", "bells", "foxes", "moths", "wolves", "ships", "kites", "stones",
+          "towers", "orchards", "ferns", "owls", "horses", "bridges", "windmills", "statues",
+          "fountains", "beehives", "banners", "boats", "lilies", "goats", "chimneys", "mushrooms",
+          "butterflies", "pines", "cranes", "tents", "crystals", "pigeons", "shutters"]
+ACTIONS = ["gather at dusk", "hang from every roof", "ring at midnight", "sleep on the rocks",
+           "drift over the water", "glow after sunset", "appear before storms",
+           "line the only road", "crowd the market square", "fill the northern valley",
+           "stand along the harbour", "shine under the full moon", "cover the eastern hills",
+           "guard the old gate", "circle the bell tower", "rest beside the river",
+           "climb the cliff paths", "surround the ruined abbey", "float on the lake",
+           "watch over the graveyard", "decorate the town hall", "dot the salt flats"]
+KINDS = ["town", "village", "harbour", "island", "valley", "city", "hamlet", "port", "oasis",
+         "settlement", "kingdom", "realm", "outpost", "citadel", "monastery", "archipelago",
+         "canyon", "plateau", "forest", "marsh", "glade", "province", "fortress", "lagoon"]
+OPENINGS = [
+    "Far beyond the {direction} mountains lies a {kind} where {feature}.",
+    "Sailors tell stories of a {kind} where {feature}.",
+    "On the oldest maps there is a {kind} where {feature}.",
+    "Hidden between two rivers is a {kind} where {feature}.",
+    "At the end of a long dusty road you reach a {kind} where {feature}.",
+    "Pilgrims still travel to a {kind} where {feature}.",
+    "Nobody forgets the {kind} where {feature}.",
+    "In the {direction} there is a quiet {kind} where {feature}.",
+    "Beyond the last lighthouse sits a {kind} where {feature}.",
+    "My uncle once painted a {kind} where {feature}.",
+    "Every child in the region has heard of a {kind} where {feature}.",
+    "Across the frozen sea stands a {kind} where {feature}.",
+]
+DIRECTIONS = ["north", "south", "east", "west", "far north", "deep south"]
+SECOND_SENTENCES = [
+    "The air smells of {smell}, and {sound} can be heard from far away.",
+    "Visitors arrive by {travel}, and most of them stay longer than they planned.",
+    "Its people are known for {custom}, and strangers are welcomed with {gift}.",
+    "In winter the roads close, and the only way in is by {travel}.",
+    "The evenings are long and {weather}, and the streets are lit by {light}.",
+    "Old songs say it was founded by {founder} who lost their way.",
+]
+SMELLS = ["pine resin", "sea salt", "baking bread", "wet stone", "wild thyme", "woodsmoke"]
+SOUNDS = ["distant drums", "the cries of gulls", "a lone flute", "rushing water", "church bells"]
+TRAVELS = ["sledge", "ferry", "a narrow mountain train", "river barge", "a rope bridge", "mule"]
+CUSTOMS = ["their riddles", "their patience", "their weaving", "their long silences", "their feasts"]
+GIFTS = ["warm cider", "a loaf of bread", "a sprig of rosemary", "a small carved bird", "salt"]
+WEATHERS = ["misty", "golden", "windy", "warm", "bitterly cold", "strangely bright"]
+LIGHTS = ["paper lanterns", "oil lamps", "glowing fungi", "torches", "strings of candles"]
+FOUNDERS = ["two sisters", "a band of shepherds", "a shipwrecked captain", "wandering monks"]
+QUESTIONS = [
+    "What is the name of the {kind} where {feature}?",
+    "Which {kind} is the one where {feature}?",
+    "Do you recall the {kind} where {feature}? It is called",
+    "The {kind} where {feature} is called",
+    "Name the {kind} where {feature}.",
+    "Which place, a {kind}, is known because {feature}?",
+    "And the {kind} where {feature}? Its name is",
+    "Where do {feature_np}? The answer is",
+]
+
+
+def with_articles(text):
+    words = text.split(" ")
+    for i in range(len(words) - 1):
+        if words[i] in ("a", "A") and words[i + 1][:1].lower() in "aeiou":
+            words[i] += "n"
+    return " ".join(words)
+
+
+def fill_second(rng, frame):
+    return frame.format(smell=rng.choice(SMELLS), sound=rng.choice(SOUNDS),
+                        travel=rng.choice(TRAVELS), custom=rng.choice(CUSTOMS),
+                        gift=rng.choice(GIFTS), weather=rng.choice(WEATHERS),
+                        light=rng.choice(LIGHTS), founder=rng.choice(FOUNDERS))
+
+
+def split_parts(rng, parts, select):
+    """The select split keeps back the last quarter of a shuffled copy; train gets the rest."""
+    parts = list(parts)
+    random.Random(SEED + len(parts)).shuffle(parts)
+    cut = max(1, len(parts) // 4)
+    return parts[:cut] if select else parts[cut:]
+
+
+def make_intros(rng, count, select):
+    colours, things = split_parts(rng, COLOURS, select), split_parts(rng, THINGS, select)
+    actions, kinds = split_parts(rng, ACTIONS, select), split_parts(rng, KINDS, select)
+    openings, questions = split_parts(rng, OPENINGS, select), split_parts(rng, QUESTIONS, select)
+    if select:  # a held-back frame alone could not vary enough: add one of each seen ones
+        openings, questions = openings + OPENINGS[:1], questions + QUESTIONS[:2]
+    intros, seen = [], set()
+    for _ in range(count * 50):
+        if len(intros) >= count:
+            break
+        colour, thing, action = rng.choice(colours), rng.choice(things), rng.choice(actions)
+        kind = rng.choice(kinds)
+        feature = f"{colour} {thing} {action}"
+        key = (feature, kind)
+        if key in seen:
+            continue
+        seen.add(key)
+        lead = rng.choice(openings).format(kind=kind, feature=feature,
+                                           direction=rng.choice(DIRECTIONS))
+        if rng.random() < 0.7:
+            lead += " " + fill_second(rng, rng.choice(SECOND_SENTENCES))
+        question = rng.choice(questions).format(kind=kind, feature=f"the {feature}",
+                                                feature_np=f"the {feature}")
+        intros.append({"location_intro": with_articles(lead) + " The place is:",
+                       "tieback_question": with_articles(question)})
+    if len(intros) < count:
+        sys.exit(f"only {len(intros)} distinct leads could be composed, {count} asked")
+    return intros
+
+
+# --- distractors ---------------------------------------------------------------------------------
+THINKERS = ["an old ferryman", "a retired astronomer", "the philosopher Ardel Venn",
+            "a village teacher", "a monk of the mountain order", "a famous clockmaker",
+            "the essayist Mirela Oduya", "a weary cartographer"]
+VIRTUES = ["patience", "wonder", "doubt", "loyalty", "restraint", "honesty", "curiosity", "grief",
+           "gratitude", "ambition", "forgiveness", "stillness"]
+REFLECTIONS = [
+    "{thinker} once wrote that {virtue} is a lamp we carry for others more than for ourselves.",
+    "According to {thinker}, {virtue} grows only where it is given room and time.",
+    "{thinker} argued that a life without {virtue} is like a map without a scale.",
+    "It was {thinker} who said that {virtue} and {virtue2} are two doors to the same house.",
+    "{thinker} believed that {virtue} cannot be hurried, only practised, day after day.",
+    "To {thinker}, {virtue} was not a feeling but a habit of attention.",
+]
+DISHES = ["roasted chestnut soup", "barley bread with honey", "a pie of wild mushrooms",
+          "smoked trout on rye", "lemon and poppy seed cake", "lamb stew with quince",
+          "buckwheat pancakes", "a salad of fennel and orange", "spiced plum dumplings",
+          "grilled corn with chili butter", "a gratin of leeks", "cardamom rice pudding"]
+FOOD_FRAMES = [
+    "The cook's {dish} was served warm, with {side}, and everyone asked for more.",
+    "Nothing tastes of {season} quite like {dish} eaten beside {side}.",
+    "Her recipe for {dish} calls for {side} and a great deal of patience.",
+    "At the inn they offered {dish}, followed by {side}, before the long walk home.",
+    "Few things are as comforting as {dish} on a {weather} evening, with {side}.",
+]
+SIDES = ["pickled cabbage", "fresh cream", "a pot of mint tea", "toasted almonds", "soft cheese",
+         "a jug of cold cider", "sour cherries", "crusty bread"]
+SEASONS = ["autumn", "winter", "spring", "late summer"]
+MATH_FRAMES = [
+    ("Take {a}, add {b} and you get {c}: {a} + {b} = {c}.", "+"),
+    ("Is {a} minus {b} equal to {c}? Yes, because {a} - {b} = {c}.", "-"),
+    ("If each of {a} boxes holds {b} pens, there are {a} × {b} = {c} pens.", "×"),
+    ("Split {a} coins into {b} equal piles and each pile has {a} ÷ {b} = {c} coins.", "÷"),
+    ("A hiker walked {a} miles and then {b} more, so {a} + {b} = {c} miles in all.", "+"),
+    ("From {a} apples, {b} were eaten: {a} - {b} = {c} apples are left.", "-"),
+]
+
+
+def several(rng, make_one):
+    """One to eight sentences: the paper's distractors are long, the bundled ones short, and the
+    distance between a name and its question should vary over both."""
+    return " ".join(make_one() for _ in range(rng.randint(1, 8)))
+
+
+def make_reflections(rng, count):
+    def one():
+        v1, v2 = rng.sample(VIRTUES, 2)
+        text = rng.choice(REFLECTIONS).format(thinker=rng.choice(THINKERS), virtue=v1, virtue2=v2)
+        return text[0].upper() + text[1:]
+
+    out, seen = [], set()
+    while len(out) < count:
+        text = several(rng, one)
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+def make_food(rng, count):
+    def one():
+        text = rng.choice(FOOD_FRAMES).format(dish=rng.choice(DISHES), side=rng.choice(SIDES),
+                                              season=rng.choice(SEASONS),
+                                              weather=rng.choice(WEATHERS))
+        return text[0].upper() + text[1:]
+
+    out, seen = [], set()
+    while len(out) < count:
+        text = several(rng, one)
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+def make_math(rng, count):
+    out, seen = [], set()
+    while len(out) < count:
+        frame, op = rng.choice(MATH_FRAMES)
+        if op == "+":
+            a, b = rng.randint(2, 250), rng.randint(2, 250)
+            c = a + b
+        elif op == "-":
+            a = rng.randint(10, 300)
+            b = rng.randint(1, a - 1)
+            c = a - b
+        elif op == "×":
+            a, b = rng.randint(2, 19), rng.randint(2, 19)
+            c = a * b
+        else:
+            b, c = rng.randint(2, 15), rng.randint(2, 20)
+            a = b * c
+        text = frame.format(a=a, b=b, c=c)
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+EQUATION = re.compile(r"(\d+) ([-+×÷]) (\d+) = (\d+)")
+
+
+def check_math(problems):
+    for i, text in enumerate(problems):
+        found = EQUATION.findall(text)
+        if len(found) != 1:
+            sys.exit(f"math_problems[{i}]: expected one equation, found {len(found)}: {text}")
+        a, op, b, c = (int(found[0][0]), found[0][1], int(found[0][2]), int(found[0][3]))
+        value = {"+": a + b, "-": a - b, "×": a * b, "÷": a // b if a % b == 0 else None}[op]
+        if value != c:
+            sys.exit(f"math_problems[{i}]: arithmetic is wrong: {text}")
+
+
+def excluded_names(paths):
+    names = set()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            pools = json.load(f)
+        names.update(n.lower() for n in pools.get("location_names", []))
+    return names
+
+
+def make_pools(split, name_count, intro_count, distractor_count, excluded, pieces_of=None):
+    rng = random.Random(SEED)
+    select = split == "select"
+    # One name stream for both splits: select takes the first names, train the rest, so they are
+    # disjoint by construction and the train file does not change when --names changes select's.
+    select_names = 2000
+    if pieces_of is None:
+        names = make_names(rng, select_names + (0 if select else name_count), excluded, [])
+        names = names[:select_names] if select else names[select_names:]
+    else:
+        # Select names are made first from odd-id pieces; train names from even-id pieces and
+        # never equal to a select name.
+        select_list = make_names(random.Random(SEED + 11), select_names, excluded,
+                                 vocabulary_pieces(pieces_of, 1))
+        if select:
+            names = select_list
+        else:
+            names = make_names(rng, name_count, excluded | {n.lower() for n in select_list},
+                               vocabulary_pieces(pieces_of, 0))
+    rng = random.Random(SEED + (1 if select else 2))
+    pools = {
+        "location_names": names,
+        "loc_intro_tieback_list": make_intros(rng, intro_count, select),
+        "philosophy_statements": make_reflections(rng, distractor_count),
+        "food_descriptions": make_food(rng, distractor_count),
+        "math_problems": make_math(rng, distractor_count),
+    }
+    check_math(pools["math_problems"])
+    return pools
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--split", choices=["train", "select"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--names", type=int, default=60000, help="train split's names")
+    ap.add_argument("--intros", type=int, default=0, help="default: 4000 train, 400 select")
+    ap.add_argument("--distractors", type=int, default=400, help="entries of each distractor pool")
+    ap.add_argument("--pieces-of", default=None, metavar="TOKENIZER_JSON",
+                    help="half the names are glued from this vocabulary's alphabetic pieces "
+                         "(train: even ids, select: odd ids)")
+    ap.add_argument("--exclude", action="append", default=[],
+                    help="pools JSON whose location names must not appear (repeatable)")
+    args = ap.parse_args()
+    intros = args.intros or (400 if args.split == "select" else 4000)
+    pools = make_pools(args.split, args.names, intros, args.distractors,
+                       excluded_names(args.exclude), args.pieces_of)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(pools, f, indent=0, ensure_ascii=False)
+        f.write("\n")
+    print(json.dumps({k: len(v) for k, v in pools.items()}))
+
+
+if __name__ == "__main__":
+    main()
