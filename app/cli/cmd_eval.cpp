@@ -83,7 +83,8 @@ Json null_if_not_finite(double value) {
 }
 
 // The mean top-50% hit rate over the rows the run's policy scored; null where it scored none
-// (dense, a run whose layers all stayed dense) or where --hit-rate was not given.
+// (dense; a run whose layers were all left dense or gated, as tokenfilter gates them) or where
+// --hit-rate was not given.
 void set_hit_rate(Json& row, const HitRateStats& stats) {
   row["hit_rate"] = null_if_not_finite(stats.mean());
 }
