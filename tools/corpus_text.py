@@ -93,7 +93,8 @@ def main(argv=None):
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SystemExit(f"{args.heldout}: cannot be read as a corpus file ({e})")
     if len(docs) < 2:
-        raise SystemExit(f"{args.heldout}: {len(docs)} document(s); a held-out part needs at least 2")
+        raise SystemExit(f"{args.heldout}: {len(docs)} document(s); a held-out part needs at "
+                         "least 2")
     train, held = heldout_split(docs, args.heldout_frac)
     with open(args.out, "w", encoding="utf-8") as f:
         f.write("\n\n".join(held) + "\n")

@@ -20,7 +20,8 @@
 #     --sparsities "S ..." (default "0.3 0.5 0.7 0.9")
 #     --policies A,B,...   (default: every registered policy)
 #     --shared DIR         the shared data folder (default ../shared next to the repository); it
-#                          reads data/eval/wikitext2-test.txt and data/corpus/c4-realnewslike-sample.jsonl
+#                          reads data/eval/wikitext2-test.txt and
+#                          data/corpus/c4-realnewslike-sample.jsonl
 #     --out DIR            (default out/real-model-results)
 # Exit status: 0 when every eval ran; 1 when one failed (the tables show what did run); 2 for
 # bad usage.
@@ -65,7 +66,8 @@ done
 case "$backend" in cpu | cuda) ;; *) die "--backend: expected cpu or cuda, got '$backend'" ;; esac
 for pair in "jobs:$jobs" "samples:$samples" "ppl-tokens:$ppl_tokens" "threads:${threads:-1}" \
   "window:${window:-2}"; do
-  [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] || die "--${pair%%:*}: expected a positive integer, got '${pair#*:}'"
+  [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] ||
+    die "--${pair%%:*}: expected a positive integer, got '${pair#*:}'"
 done
 for s in $sparsities; do
   [[ $s =~ ^0?\.[0-9]+$ ]] || die "--sparsities: expected fractions in (0, 1) such as 0.5, got '$s'"
@@ -110,15 +112,17 @@ tasks=(wikitext2 c4 coref)
 : >"$out/runs/commands.tsv"
 for task in "${tasks[@]}"; do
   case $task in
-    wikitext2) args=(--task ppl --text-file "$wikitext" --max-tokens "$ppl_tokens" "${window_args[@]}") ;;
-    c4) args=(--task ppl --text-file "$c4_text" --max-tokens "$ppl_tokens" "${window_args[@]}") ;;
+    wikitext2) args=(--task ppl --text-file "$wikitext" --max-tokens "$ppl_tokens") ;;
+    c4) args=(--task ppl --text-file "$c4_text" --max-tokens "$ppl_tokens") ;;
     coref) args=(--task coref --samples "$samples") ;;
     coref_paper) args=(--task coref --samples "$samples" --coref-pools "$paper_pools") ;;
   esac
+  [ "${args[1]}" = coref ] || args+=("${window_args[@]}")
   for s in $sparsities; do
     {
       printf '%s\t%s' "$task" "$s"
-      printf '\t%s' eval "${common[@]}" "${args[@]}" --sparsity "$s" --json "$out/runs/${task}_$s.json"
+      printf '\t%s' eval "${common[@]}" "${args[@]}" --sparsity "$s" \
+        --json "$out/runs/${task}_$s.json"
       printf '\n'
     } >>"$out/runs/commands.tsv"
   done

@@ -38,7 +38,8 @@ def select_policies(registry_path, have_predictor, only):
         wanted = [p.strip() for p in only.split(",") if p.strip()]
         unknown = [p for p in wanted if p not in known]
         if unknown:
-            raise SystemExit(f"--policies: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+            raise SystemExit(f"--policies: unknown {', '.join(unknown)} "
+                             f"(known: {', '.join(known)})")
         return [p for p in known if p in wanted]
     return [p["id"] for p in registry if have_predictor or not p.get("needs_predictor")]
 
@@ -124,7 +125,7 @@ def policy_order(per_sparsity):
     return sorted(order, key=lambda p: (p != REFERENCE, p != ORACLE))
 
 
-def task_section(task, title, measure, lower_is_better, per_sparsity, facts):
+def task_section(task, title, measure, lower_is_better, per_sparsity):
     sparsities = sorted(per_sparsity)
     lines = [f"### {title}", ""]
     some = next((e["doc"] for e in per_sparsity.values() if "doc" in e), None)
@@ -133,7 +134,8 @@ def task_section(task, title, measure, lower_is_better, per_sparsity, facts):
         lines.append(f"Cells: {measure} (lower is better) over {first['tokens_scored']} predicted "
                      f"tokens in windows of {first['window']}, with the effective sparsity and the "
                      "mean top-50% hit rate of the policy's scores against the true attention "
-                     "logits; **bold**: the best policy of the column (dense and the oracle aside).")
+                     "logits; **bold**: the best policy of the column (dense and the oracle "
+                     "aside).")
     elif first:
         lines.append(f"Cells: {measure} (higher is better) over {first['samples']} samples, with "
                      "the effective sparsity and the mean top-50% hit rate; **bold**: the best "
@@ -225,16 +227,16 @@ def tables(runs, out_path):
     lines.append(
         "Every policy at each sparsity in one lockstep `kvlens-cli eval --hit-rate` per task and "
         "sparsity (decode simulation: every step under the policy). Effective sparsity: the share "
-        "of the candidates each (step, layer, head) did not see, averaged. Hit rate: the TokenButler "
-        "paper's top-50% agreement of the policy's scores with the true attention logits (last "
-        "query row), averaged over every (step, layer, head) the policy scored; n/a where it "
-        "scored none (dense, or a policy whose layers were all gated)."
+        "of the candidates each (step, layer, head) did not see, averaged. Hit rate: the "
+        "TokenButler paper's top-50% agreement of the policy's scores with the true attention "
+        "logits (each step's query row), averaged over every (step, layer, head) the policy "
+        "scored; n/a where it scored none (dense, or a policy whose layers were all gated)."
     )
     lines.append("")
     lines += summary(results)
     for task, title, measure, lower in TASKS:
         if task in results:
-            lines += task_section(task, title, measure, lower, results[task], facts)
+            lines += task_section(task, title, measure, lower, results[task])
         elif task == "coref_paper":
             lines += [f"### {title}", "",
                       "Not run: no `--paper-pools` file was given (mrcr_custom.json from the "
