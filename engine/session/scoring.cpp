@@ -19,7 +19,9 @@ namespace {
 // fence.
 class HitRateReader {
  public:
-  explicit HitRateReader(Backend& backend) : backend_(backend) {}
+  // `max_columns`: the text's length, the widest step's columns.
+  HitRateReader(Backend& backend, int64_t max_columns)
+      : backend_(backend), max_columns_(max_columns) {}
 
   // After a single-token forward at position t (session.position() == t + 1).
   void add_step(const DecoderSession& session, std::vector<ScoreResult>& results) {
@@ -42,8 +44,15 @@ class HitRateReader {
     }
     if (queued_.empty()) return;
     if (bytes > capacity_) {
+      // Steps grow by a column, and a new buffer can be costly (page-locked memory on CUDA, whose
+      // release waits for the device): the whole text's worst case (every run's logits and
+      // scores of every layer) for the first 1024 columns, then doubling up to the text's.
+      const auto worst = [&](int64_t columns) {
+        return size_t(session.runs() * 2 * L * H * columns) * sizeof(float);
+      };
+      const int64_t first = std::min<int64_t>(max_columns_, 1024);
+      capacity_ = std::min(worst(max_columns_), std::max(2 * bytes, worst(first)));
       host_.reset();
-      capacity_ = bytes + bytes / 2;  // steps grow by a column: amortise the growth
       host_ = backend_.alloc_host(capacity_);
     }
     auto* host = static_cast<std::byte*>(host_.get());
@@ -87,6 +96,7 @@ class HitRateReader {
   Backend& backend_;
   std::vector<QueuedRows> queued_;
   std::vector<double> layer_sums_;  // per queued layer: the sum of its heads' hit rates
+  int64_t max_columns_;
   std::shared_ptr<void> host_;
   size_t capacity_ = 0;
 };
@@ -115,7 +125,7 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
   const auto runs = int64_t(policies.size());
   Backend& backend = *model->backend;
   DecoderSession session(model, {.record_attention_logits = options.hit_rate}, runs);
-  HitRateReader hit_rates(backend);
+  HitRateReader hit_rates(backend, n);
   // Reference (dense) runs take the plain attention path; every other policy steps one token at a
   // time from options.prefill on (the decode simulation when it is 0).
   bool any_policy = false;

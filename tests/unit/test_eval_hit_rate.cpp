@@ -110,6 +110,26 @@ TEST_CASE("hit rate: measuring it changes no score, and equals the trace's head 
   CHECK(measured[1].hit_rate.rows > 0);
 }
 
+TEST_CASE("hit rate: a text past the first read-back buffer (1024 columns) still agrees",
+          "[eval]") {
+  test::TinyLlamaSpec spec;
+  spec.max_positions = 1300;
+  const Loaded loaded = load(test::write_tiny_llama(test::make_temp_dir("hit-long"), spec));
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < 1200; ++i) tokens.push_back(int32_t((i * 37 + i / 7) % spec.vocab));
+  const std::vector<PolicyConfig> policies = {{"h2o", 0.5, {"sinks=1"}}};
+  ScoreOptions options;
+  options.hit_rate = true;
+  const ScoreResult measured = score_tokens_lockstep(loaded.resident, tokens, policies, options)[0];
+  TraceRecorder recorder(loaded.resident, nullptr, tokens, policies);
+  while (recorder.step()) {
+  }
+  const auto [mean, rows] = trace_hit_rate(recorder.trace(), 0);
+  CHECK(rows == 1200 * 4);  // layer 1's 4 heads at every step
+  CHECK(measured.hit_rate.rows == rows);
+  CHECK(measured.hit_rate.mean() == Approx(mean).margin(1e-12));
+}
+
 TEST_CASE("hit rate: perplexity windows add up", "[eval]") {
   const Loaded loaded =
       load(test::write_tiny_llama(test::make_temp_dir("hit-ppl"), test::TinyLlamaSpec{}));
