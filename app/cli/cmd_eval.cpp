@@ -251,18 +251,19 @@ int run_eval(const CommonOptions& common) {
       set_hit_rate(row, result.hit_rate);
       if (per_sample_out) {
         for (const CorefSampleResult& s : result.per_sample) {
-          const Json line = {{"policy", runs[i].id},
-                             {"sparsity", runs[i].sparsity},
-                             {"run", session::run_spec(runs[i])},
-                             {"index", s.index},
-                             {"answer", s.answer},
-                             {"tokens", s.tokens},
-                             {"answer_token_begin", s.answer_token_begin},
-                             {"answer_token_end", s.answer_token_end},
-                             {"correct_tokens", s.correct_tokens},
-                             {"all_correct", s.all_correct},
-                             {"canonical", s.canonical},
-                             {"answer_nll", s.answer_nll}};
+          Json line = {{"policy", runs[i].id},
+                       {"sparsity", runs[i].sparsity},
+                       {"run", session::run_spec(runs[i])},
+                       {"index", s.index},
+                       {"answer", s.answer},
+                       {"tokens", s.tokens},
+                       {"answer_token_begin", s.answer_token_begin},
+                       {"answer_token_end", s.answer_token_end},
+                       {"correct_tokens", s.correct_tokens},
+                       {"all_correct", s.all_correct},
+                       {"canonical", s.canonical},
+                       {"answer_nll", s.answer_nll}};
+          if (flags.hit_rate) line["hit_rate"] = null_if_not_finite(s.hit_rate.mean());
           per_sample_out->stream() << line.dump() << '\n';
         }
       }

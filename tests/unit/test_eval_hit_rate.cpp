@@ -182,7 +182,7 @@ TEST_CASE("eval --hit-rate: a JSON field, a CSV column and a table column", "[ev
                              " --sparsity 0.5 --threads 2 --json " + dir + "/out.json --csv " +
                              dir + "/out.csv" + extra);
   };
-  const auto with = run(" --hit-rate");
+  const auto with = run(" --hit-rate --per-sample " + dir + "/samples.jsonl");
   INFO(with.err);
   REQUIRE(with.exit_code == 0);
   CHECK(with.out.find("hit rate") != std::string::npos);
@@ -200,6 +200,20 @@ TEST_CASE("eval --hit-rate: a JSON field, a CSV column and a table column", "[ev
   CHECK(lines[0] == "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples,hit_rate");
   CHECK(lines[1].back() == ',');  // dense: empty
   CHECK(lines[2].substr(lines[2].size() - 2) == ",1");
+
+  // Each sample's own hit rate: their mean over the two samples weighs them by their rows.
+  std::istringstream samples(read_text_file(dir + "/samples.jsonl"));
+  int64_t butler_lines = 0;
+  for (std::string line; std::getline(samples, line);) {
+    const Json j = Json::parse(line);
+    REQUIRE(j.contains("hit_rate"));
+    if (j["policy"] == "dense") CHECK(j["hit_rate"].is_null());
+    if (j["policy"] == "oracle") CHECK(j["hit_rate"] == 1.0);
+    if (j["policy"] != "tokenbutler") continue;
+    ++butler_lines;
+    CHECK(j["hit_rate"].get<double>() > 0.5);
+  }
+  CHECK(butler_lines == 2);
 
   const auto without = run("");
   REQUIRE(without.exit_code == 0);
