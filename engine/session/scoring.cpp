@@ -121,10 +121,18 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
   const int64_t n = int64_t(tokens.size());
   if (n == 0) throw Error("input", "tokens", "at least one token to score");
   if (policies.empty()) throw Error("input", "policies", "at least one policy to score under");
-  const int64_t chunk = std::max<int64_t>(1, options.chunk);
   const auto runs = int64_t(policies.size());
   Backend& backend = *model->backend;
-  DecoderSession session(model, {.record_attention_logits = options.hit_rate}, runs);
+  // The hit rate needs the true logits of the policies' steps. A recording session records a
+  // dense chunk's too ([chunk, H, context] per layer), so an all-dense text is not recorded (it
+  // has no scored row) and prefill chunks are kept short while recording.
+  const bool record = options.hit_rate &&
+                      std::any_of(policies.begin(), policies.end(),
+                                  [](const PolicyConfig& p) { return !is_reference_policy(p.id); });
+  constexpr int64_t kRecordedChunk = 16;
+  const int64_t chunk = std::clamp<int64_t>(
+      options.chunk, 1, record ? kRecordedChunk : std::numeric_limits<int64_t>::max());
+  DecoderSession session(model, {.record_attention_logits = record}, runs);
   HitRateReader hit_rates(backend, n);
   // Reference (dense) runs take the plain attention path; every other policy steps one token at a
   // time from options.prefill on (the decode simulation when it is 0).
@@ -167,7 +175,7 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
       log_probs.resize(targets.size());
       backend.log_prob_rows(scored_logits, targets, log_probs);
     }
-    if (options.hit_rate && per_run) hit_rates.add_step(session, results);
+    if (record && per_run) hit_rates.add_step(session, results);
     for (int64_t r = 0; r < runs; ++r) {
       ScoreResult& result = results[size_t(r)];
       for (int64_t i = 0; i < rows; ++i) {

@@ -51,7 +51,8 @@ struct ScoreOptions {
   // Measure each run's hit rate (ScoreResult::hit_rate). The session then records every step's
   // true attention logits (as TraceRecorder's does, so a policy that would compute logits only
   // at the columns it chose computes all of them), and each step's scored rows are read back and
-  // compared on this thread. The NLL and argmax do not change.
+  // compared on the backend's threads. The NLL and argmax do not change; prefill chunks are cut
+  // to 16 tokens (a recorded chunk keeps [chunk, H, context] logits per layer).
   bool hit_rate = false;
 };
 

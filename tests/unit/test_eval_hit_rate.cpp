@@ -67,6 +67,18 @@ TEST_CASE("hit rate: the oracle's scores are the true logits, dense scores nothi
   CHECK(std::isnan(scored[0].hit_rate.mean()));
   CHECK(scored[1].hit_rate.rows == 14 * 4);
   CHECK(scored[1].hit_rate.mean() == 1.0);
+  // With a dense prefill (chunks, cut short while recording) only the steps after it count, and
+  // the scores are those of the same prefill without the hit rate.
+  ScoreOptions prefilled = options;
+  prefilled.prefill = 5;
+  prefilled.chunk = 64;
+  const ScoreResult after_prefill =
+      score_tokens_lockstep(loaded.resident, kTokens, policies, prefilled)[1];
+  CHECK(after_prefill.hit_rate.rows == (14 - 5) * 4);
+  CHECK(after_prefill.hit_rate.mean() == 1.0);
+  prefilled.hit_rate = false;
+  CHECK(after_prefill.nll ==
+        score_tokens_lockstep(loaded.resident, kTokens, policies, prefilled)[1].nll);
   // Two layers left dense: nothing scored.
   const std::vector<PolicyConfig> all_dense = {{"oracle", 0.5, {"dense_layers=2"}}};
   CHECK(score_tokens_lockstep(loaded.resident, kTokens, all_dense, options)[0].hit_rate.rows == 0);
