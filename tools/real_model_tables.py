@@ -164,14 +164,15 @@ def task_section(task, title, measure, lower_is_better, per_sparsity):
         name = f"{policy} (reference)" if policy == REFERENCE else policy
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Order (best first, `=` for a tie; dense aside, the oracle in brackets):")
+    lines.append("Order (best first, `=` for a tie; dense aside, the oracle in brackets"
+                 + ("; by accuracy, then coverage):" if not lower_is_better else "):"))
     lines.append("")
     for s in sparsities:
         order = ranked(per_sparsity[s]["rows"], lower_is_better, (REFERENCE,))
         text = ""
         for i, (value, policy) in enumerate(order):
             name = f"[{policy}]" if policy == ORACLE else policy
-            shown = main_value(per_sparsity[s]["rows"][policy], lower_is_better).split(" / ")[0]
+            shown = main_value(per_sparsity[s]["rows"][policy], lower_is_better).replace(" ", "")
             if i:
                 text += " = " if value == order[i - 1][0] else " > "
             text += f"{name} {shown}"
