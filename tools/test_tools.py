@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """CPU tests of the TokenButler tools (tokenbutler.py, train_predictor.py, convert_tokenbutler.py,
-make_butler_checkpoint.py, the committed fixtures), at toy sizes. Plain Python: exits non-zero when
+make_butler_checkpoint.py, the committed fixtures) and of the results script
+(real_model_results.sh with real_model_tables.py and corpus_text.py), at toy sizes. Plain Python: exits non-zero when
 a check fails. Text for training: $KVLENS_SHARED_DIR/data/corpus (or --shared-dir), else the
 repository's Markdown files.    python3 tools/test_tools.py [--shared-dir ../shared] [-k NAME]
 """
@@ -23,6 +24,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 import convert_tokenbutler as ctb  # noqa: E402
+import corpus_text  # noqa: E402
 import make_butler_checkpoint as mbc  # noqa: E402
 import tokenbutler as tb  # noqa: E402
 import train_predictor as tp  # noqa: E402
@@ -464,6 +466,142 @@ def bf16_reference_toy_cpu():
             check(step["bf16"] == sorted(step["bf16"], reverse=True), f"unsorted {step}")
             check(len(step["f32"]) == 5 and step["margin_bf16"] >= 0, f"step {step}")
         check(entry["max_top_gap_bf16_vs_f32"] < 1.0, f"gap {entry['max_top_gap_bf16_vs_f32']}")
+
+
+# ----------------------------------------------------------------------------- results script
+
+def kvlens_cli():
+    """The kvlens-cli to run: $KVLENS_CLI (ctest sets it), else the default build's."""
+    path = os.environ.get("KVLENS_CLI") or os.path.join(ROOT, "build", "app", "kvlens-cli")
+    return path if os.access(path, os.X_OK) else None
+
+
+def paper_pools_stand_in(path):
+    """A small file shaped like the TokenButler paper's mrcr_custom.json (its five keys, a
+    repeated name as the published file has), with pools of our own making."""
+    pools = {
+        "location_names": ["Wexmoor Hollow", "Tarrabeck", "Quillsend Reach", "Ombridge",
+                           "Halvenmoor", "Frostmere Hithe", "Tarrabeck"],
+        "loc_intro_tieback_list": [
+            {"location_intro": "Past the salt flats stands a village of blue windmills. "
+                               "The place is:",
+             "tieback_question": "Recall the village of blue windmills? It is called"},
+            {"location_intro": "A harbour town keeps a lighthouse painted with red stripes. "
+                               "The place is:",
+             "tieback_question": "The harbour town with the striped lighthouse is named"},
+            {"location_intro": "Deep in the forest lies a hamlet built around a stone well. "
+                               "The place is:",
+             "tieback_question": "Remember the hamlet around the stone well? It is called"},
+        ],
+        "philosophy_statements": ["Patience is a kind of courage.",
+                                  "A question can outlive its answer.",
+                                  "Habits are votes for who we become."],
+        "food_descriptions": ["Warm barley bread tastes of honey.",
+                              "A stew of lentils simmers all day.",
+                              "Pears baked in cider turn golden."],
+        "math_problems": ["A baker sells 12 loaves and bakes 7 more, so 12 + 7 = 19 loaves.",
+                          "Three crates of 8 apples hold 3 * 8 = 24 apples.",
+                          "A rope of 30 metres cut in half gives 15 metres."],
+    }
+    with open(path, "w") as f:
+        json.dump(pools, f, indent=1)
+    return path
+
+
+@test
+def heldout_split_is_shared():
+    """train_predictor.py holds back what corpus_text.py writes: one function, the trailing
+    documents holding >= frac of the characters, never all of them."""
+    check(tp.heldout_split is corpus_text.heldout_split, "train_predictor has its own split")
+    check(tp.read_documents is corpus_text.read_documents, "train_predictor reads on its own")
+    docs = ["a" * 50, "b" * 30, "c" * 15, "d" * 5]
+    check(corpus_text.heldout_split(docs, 0.05) == (docs[:3], docs[3:]), "5% = the last doc")
+    check(corpus_text.heldout_split(docs, 0.15) == (docs[:2], docs[2:]), "15%: two docs")
+    check(corpus_text.heldout_split(docs, 1.0) == (docs[:1], docs[1:]), "never all of them")
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = os.path.join(tmp, "c.jsonl")
+        with open(corpus, "w") as f:
+            for i in range(50):
+                f.write(json.dumps({"text": f"Document {i}. " + "word " * (10 + i)}) + "\n")
+        out = os.path.join(tmp, "held.txt")
+        corpus_text.main(["--heldout", corpus, "--out", out])
+        _, held = tp.heldout_split(tp.read_documents(corpus, 8000), 0.02)
+        with open(out) as f:
+            check(f.read() == "\n\n".join(held) + "\n", "written text != the held-out docs")
+        check(held and held[-1].startswith("Document 49."), f"held out {len(held)} docs")
+
+
+@test
+def real_model_results_toy_cpu():
+    """tools/real_model_results.sh on the demo model at toy size (2 samples, 64 perplexity
+    tokens, a stand-in for the paper's pools): every policy and sparsity in each task's table,
+    hit rates where the policy scores, and the tables maker's gaps (a task not run, a failed
+    eval) said in the file."""
+    cli = kvlens_cli()
+    if not cli:
+        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
+        return
+    shared = ARGS.shared_dir
+    if not os.path.exists(os.path.join(shared, "data", "eval", "wikitext2-test.txt")):
+        print(f"  (skipped: no {shared}/data/eval/wikitext2-test.txt)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        pools = paper_pools_stand_in(os.path.join(tmp, "paper-pools.json"))
+        out = os.path.join(tmp, "results")
+        proc = subprocess.run(
+            [os.path.join(TOOLS, "real_model_results.sh"), "--cli", cli, "--model",
+             os.path.join(ROOT, "assets", "models", "demo"), "--paper-pools", pools,
+             "--samples", "2", "--ppl-tokens", "64", "--jobs", "2", "--threads", "1",
+             "--shared", shared, "--out", out], capture_output=True, text=True)
+        check(proc.returncode == 0, f"real_model_results.sh failed:\n{proc.stderr[-3000:]}")
+        with open(os.path.join(out, "results.md")) as f:
+            md = f.read()
+        check(md in proc.stdout, "the markdown is not printed")
+        registry = json.loads(subprocess.run([cli, "policies", "--json"], capture_output=True,
+                                             text=True, check=True).stdout)
+        policies = [p["id"] for p in registry]
+        sections = md.split("\n### ")
+        titles = ["Perplexity on WikiText-2 test", "Perplexity on the held-back C4 text",
+                  "Co-reference on the bundled pools",
+                  "Co-reference on the TokenButler paper's pools"]
+        for title in titles:
+            section = next((s for s in sections if s.startswith(title)), None)
+            check(section is not None, f"no section {title}")
+            check("| policy | 30% | 50% | 70% | 90% |" in section, f"{title}: sparsity columns")
+            rows = {line.split(" | ")[0][2:]: line for line in section.splitlines()
+                    if line.startswith("| ") and not line.startswith("| policy")
+                    and not line.startswith("| ---")}
+            for policy in policies:
+                name = policy + (" (reference)" if policy == "dense" else "")
+                check(name in rows, f"{title}: no row for {policy}")
+                check(rows[name].count(" | ") == 4, f"{title}: {rows[name]}")
+            check(rows["tokenbutler"].count("(eff 0.") == 4 and "hit 0." in rows["tokenbutler"],
+                  f"{title}: {rows['tokenbutler']}")
+            check(rows["oracle"].count("hit 1.00") == 4, f"{title}: {rows['oracle']}")
+            check("- 50%: " in section, f"{title}: no order at 50%")
+        check("### At 50% sparsity" in md, "no summary table")
+        for fact in ("- Model:", "- Backend: cpu", "- CPU:", "- Wall time:", "```sh",
+                     "kvlens-cli eval --model"):
+            check(fact in md, f"no {fact!r}")
+        runs = os.path.join(out, "runs")
+        check(os.path.getsize(os.path.join(runs, "c4-heldout.txt")) > 1000, "held-out C4 text")
+        # The tables maker alone: a task not run and a failed eval are said, not hidden.
+        for name in os.listdir(runs):
+            if name.startswith("coref_paper_"):
+                os.remove(os.path.join(runs, name))
+        with open(os.path.join(runs, "c4_0.7.time"), "w") as f:
+            f.write("c4\t0.7\t1.0\t1\n")
+        with open(os.path.join(runs, "c4_0.7.log"), "w") as f:
+            f.write("kvlens-cli: error: something broke\n")
+        import real_model_tables as rmt
+        again = os.path.join(tmp, "again.md")
+        rmt.main(["tables", "--runs", runs, "--out", again])
+        with open(again) as f:
+            md = f.read()
+        check("Not run: no `--paper-pools` file" in md, "the missing task is not said")
+        check("| failed |" in md and "kvlens-cli: error: something broke" in md, "failure")
+        check(rmt.select_policies(os.path.join(runs, "policies.json"), 0, "") ==
+              [p["id"] for p in registry if not p.get("needs_predictor")], "no predictor")
 
 
 def main():

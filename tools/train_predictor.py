@@ -58,7 +58,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tokenbutler as tb  # noqa: E402
-from corpus_text import group_blocks, split_blocks  # noqa: E402
+from corpus_text import heldout_split, read_documents  # noqa: E402
 
 T0 = time.time()
 
@@ -68,33 +68,6 @@ def log(msg):
 
 
 # ----------------------------------------------------------------------------- data
-
-def read_documents(path, doc_chars):
-    with open(path, encoding="utf-8") as f:
-        if path.endswith(".jsonl"):
-            docs = []
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                obj = json.loads(line)
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise SystemExit(f"{path}:{number}: expected an object with a \"text\" string")
-                if obj["text"].strip():
-                    docs.append(obj["text"].strip())
-            return docs
-        return group_blocks(split_blocks(f.read()), doc_chars)
-
-
-def heldout_split(docs, frac):
-    """(train, held out): held out = the trailing documents holding >= frac of the characters,
-    never all of them."""
-    need = frac * sum(len(d) for d in docs)
-    size, k = 0, len(docs)
-    while k > 1 and size < need:
-        k -= 1
-        size += len(docs[k])
-    return docs[:k], docs[k:]
-
 
 def first_id(value):
     if isinstance(value, list):

@@ -40,7 +40,7 @@ struct EvalFlags {
   std::string model_dir, task, policies = reference_policy().id, sparsities = "0";
   int64_t samples = 200, first_index = 0, window = 0, max_tokens = 0;
   uint64_t seed = 0;
-  bool hard = false;
+  bool hard = false, hit_rate = false;
   std::string pools_path, text_file, json_path, per_sample_path;
   std::vector<std::string> policy_args;
   std::string csv_path;
@@ -82,6 +82,13 @@ Json null_if_not_finite(double value) {
   return std::isfinite(value) ? Json(value) : Json();
 }
 
+// The mean top-50% hit rate over the rows the run's policy scored; null where it scored none
+// (dense; a run whose layers were all left dense or gated, as tokenfilter gates them) or where
+// --hit-rate was not given.
+void set_hit_rate(Json& row, const HitRateStats& stats) {
+  row["hit_rate"] = null_if_not_finite(stats.mean());
+}
+
 // Effective sparsity into the row (overall, per layer, per head); dense runs hide nothing.
 double set_sparsity(Json& row, const SparsityStats& stats) {
   const double overall = stats.steps > 0 ? stats.overall() : 0.0;
@@ -95,7 +102,7 @@ double set_sparsity(Json& row, const SparsityStats& stats) {
 
 // One line per (policy, sparsity): the sweep format for plotting tools.
 constexpr const char* kCsvHeader =
-    "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples";
+    "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples,hit_rate";
 
 std::string csv_value(const Json& value) {
   if (value.is_null()) return "";
@@ -110,8 +117,8 @@ std::string csv_value(const Json& value) {
 }
 
 void write_csv_row(std::ostream& out, const Json& row) {
-  const char* keys[] = {"policy", "sparsity", "effective_sparsity", "accuracy", "coverage",
-                        "ppl",    "samples"};
+  const char* keys[] = {"policy",  "sparsity", "effective_sparsity", "accuracy", "coverage", "ppl",
+                        "samples", "hit_rate"};
   for (size_t i = 0; i < std::size(keys); ++i) {
     out << (i ? "," : "") << csv_value(row[keys[i]]);
   }
@@ -133,20 +140,28 @@ void print_table(const std::vector<Json>& rows) {
   for (const Json& row : rows) width = std::max(width, int(label_of(row).size()));
   std::printf("%-*s %8s %9s ", width, "policy", "sparsity", "effective");
   if (coref) {
-    std::printf("%9s %9s %8s\n", "accuracy", "coverage", "samples");
+    std::printf("%9s %9s %8s", "accuracy", "coverage", "samples");
   } else {
-    std::printf("%10s %8s %9s\n", "ppl", "windows", "tokens");
+    std::printf("%10s %8s %9s", "ppl", "windows", "tokens");
   }
+  std::printf(flags.hit_rate ? " %8s\n" : "\n", "hit rate");
   for (const Json& row : rows) {
     std::printf("%-*s %8.3f %9.3f ", width, label_of(row).c_str(), row["sparsity"].get<double>(),
                 row["effective_sparsity"].get<double>());
     if (coref) {
-      std::printf("%9.4f %9.4f %8lld\n", row["accuracy"].get<double>(),
-                  row["coverage"].get<double>(), (long long)row["samples"].get<int64_t>());
+      std::printf("%9.4f %9.4f %8lld", row["accuracy"].get<double>(), row["coverage"].get<double>(),
+                  (long long)row["samples"].get<int64_t>());
     } else {
       const double ppl = row["ppl"].is_null() ? NAN : row["ppl"].get<double>();
-      std::printf("%10.3f %8lld %9lld\n", ppl, (long long)row["samples"].get<int64_t>(),
+      std::printf("%10.3f %8lld %9lld", ppl, (long long)row["samples"].get<int64_t>(),
                   (long long)row["tokens_scored"].get<int64_t>());
+    }
+    if (!flags.hit_rate) {
+      std::printf("\n");
+    } else if (row["hit_rate"].is_null()) {
+      std::printf(" %8s\n", "-");
+    } else {
+      std::printf(" %8.4f\n", row["hit_rate"].get<double>());
     }
   }
   std::fflush(stdout);
@@ -162,7 +177,8 @@ Json result_row(const PolicyConfig& run) {
               {"accuracy", nullptr},
               {"coverage", nullptr},
               {"ppl", nullptr},
-              {"samples", nullptr}};
+              {"samples", nullptr},
+              {"hit_rate", nullptr}};
   // A plug-in's results say which file ran (reproducible from the JSON alone).
   const std::string source = policy_source(run.id);
   if (!source.empty()) row["plugin"] = source;
@@ -223,7 +239,7 @@ int run_eval(const CommonOptions& common) {
   if (flags.task == "coref") {
     const std::vector<CorefEvalResult> evaluated =
         evaluate_coref_lockstep(resident, *pools, tokenizer, flags.seed, flags.first_index,
-                                flags.samples, flags.hard, progress, runs);
+                                flags.samples, flags.hard, progress, runs, flags.hit_rate);
     for (size_t i = 0; i < runs.size(); ++i) {
       const CorefEvalResult& result = evaluated[i];
       Json& row = rows[i];
@@ -232,27 +248,29 @@ int run_eval(const CommonOptions& common) {
       row["samples"] = result.samples;
       row["answer_tokens"] = result.answer_tokens;
       set_sparsity(row, result.sparsity);
+      set_hit_rate(row, result.hit_rate);
       if (per_sample_out) {
         for (const CorefSampleResult& s : result.per_sample) {
-          const Json line = {{"policy", runs[i].id},
-                             {"sparsity", runs[i].sparsity},
-                             {"run", session::run_spec(runs[i])},
-                             {"index", s.index},
-                             {"answer", s.answer},
-                             {"tokens", s.tokens},
-                             {"answer_token_begin", s.answer_token_begin},
-                             {"answer_token_end", s.answer_token_end},
-                             {"correct_tokens", s.correct_tokens},
-                             {"all_correct", s.all_correct},
-                             {"canonical", s.canonical},
-                             {"answer_nll", s.answer_nll}};
+          Json line = {{"policy", runs[i].id},
+                       {"sparsity", runs[i].sparsity},
+                       {"run", session::run_spec(runs[i])},
+                       {"index", s.index},
+                       {"answer", s.answer},
+                       {"tokens", s.tokens},
+                       {"answer_token_begin", s.answer_token_begin},
+                       {"answer_token_end", s.answer_token_end},
+                       {"correct_tokens", s.correct_tokens},
+                       {"all_correct", s.all_correct},
+                       {"canonical", s.canonical},
+                       {"answer_nll", s.answer_nll}};
+          if (flags.hit_rate) line["hit_rate"] = null_if_not_finite(s.hit_rate.mean());
           per_sample_out->stream() << line.dump() << '\n';
         }
       }
     }
   } else {
     const std::vector<PerplexityResult> evaluated = evaluate_perplexity_lockstep(
-        resident, text_tokens, window, kPerplexityChunk, progress, runs);
+        resident, text_tokens, window, kPerplexityChunk, progress, runs, flags.hit_rate);
     for (size_t i = 0; i < runs.size(); ++i) {
       const PerplexityResult& result = evaluated[i];
       Json& row = rows[i];
@@ -261,6 +279,7 @@ int run_eval(const CommonOptions& common) {
       row["tokens_scored"] = result.tokens_scored;
       row["window"] = result.window;
       set_sparsity(row, result.sparsity);
+      set_hit_rate(row, result.hit_rate);
     }
   }
   const double seconds = seconds_since(start);
@@ -329,6 +348,9 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                            ->add_option("--max-tokens", flags.max_tokens,
                                         "ppl: use only the first N tokens of the file (0 = all)")
                            ->check(CLI::NonNegativeNumber);
+  command->add_flag("--hit-rate", flags.hit_rate,
+                    "Also measure each run's mean top-50% hit rate of its policy scores against "
+                    "the true attention logits (slower: every step's logits are read back)");
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);

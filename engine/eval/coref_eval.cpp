@@ -38,10 +38,11 @@ CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
 
 std::vector<CorefSampleResult> score_coref_sample_lockstep(
     std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
-    std::span<const PolicyConfig> policies) {
+    std::span<const PolicyConfig> policies, bool measure_hit_rate) {
   check_fits(model->config(), sample, marked);
   ScoreOptions options;
   options.chunk = int64_t(marked.tokens.size());
+  options.hit_rate = measure_hit_rate;
   const std::vector<ScoreResult> scored_runs =
       score_tokens_lockstep(model, marked.tokens, policies, options);
 
@@ -61,6 +62,7 @@ std::vector<CorefSampleResult> score_coref_sample_lockstep(
     }
     result.all_correct = result.correct_tokens == result.answer_tokens();
     result.sparsity = scored.sparsity;
+    result.hit_rate = scored.hit_rate;
     results.push_back(std::move(result));
   }
   return results;
@@ -76,12 +78,10 @@ CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const 
                        .front());
 }
 
-std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const BackendModel> model,
-                                                     const CorefPools& pools,
-                                                     const Tokenizer& tokenizer, uint64_t seed,
-                                                     int64_t first_index, int64_t count, bool hard,
-                                                     const ProgressFn& progress,
-                                                     std::span<const PolicyConfig> policies) {
+std::vector<CorefEvalResult> evaluate_coref_lockstep(
+    std::shared_ptr<const BackendModel> model, const CorefPools& pools, const Tokenizer& tokenizer,
+    uint64_t seed, int64_t first_index, int64_t count, bool hard, const ProgressFn& progress,
+    std::span<const PolicyConfig> policies, bool measure_hit_rate) {
   if (count < 1) throw Error("coref eval", "samples", "at least 1", std::to_string(count));
   if (first_index < 0) {
     throw Error("coref eval", "first index", "a non-negative index", std::to_string(first_index));
@@ -103,8 +103,8 @@ std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const Backe
   std::mutex progress_mutex;
   int64_t done = 0;
   model->backend->run_tasks(count, [&](int64_t i) {
-    scored[size_t(i)] =
-        score_coref_sample_lockstep(model, samples[size_t(i)], marked[size_t(i)], policies);
+    scored[size_t(i)] = score_coref_sample_lockstep(model, samples[size_t(i)], marked[size_t(i)],
+                                                    policies, measure_hit_rate);
     if (progress) {
       const std::lock_guard<std::mutex> lock(progress_mutex);
       progress(++done, count);
@@ -121,6 +121,7 @@ std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const Backe
       all_correct[p] += sample.all_correct;
       correct_tokens[p] += sample.correct_tokens;
       result.sparsity.merge(sample.sparsity);
+      result.hit_rate.merge(sample.hit_rate);
       result.answer_tokens += sample.answer_tokens();
       result.per_sample.push_back(std::move(sample));
     }

@@ -30,6 +30,7 @@ struct CorefSampleResult {
   bool canonical = true;    // CorefTokens::canonical
   double answer_nll = 0.0;  // sum over the answer tokens of -log p(token | everything before), nats
   SparsityStats sparsity;   // this sample's policy steps
+  HitRateStats hit_rate;    // this sample's scored rows (measured with measure_hit_rate only)
 
   int64_t answer_tokens() const { return answer_token_end - answer_token_begin; }
 };
@@ -39,10 +40,11 @@ struct CorefSampleResult {
 CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
                                      const CorefSample& sample, const CorefTokens& marked,
                                      const PolicyConfig& policy = {});
-// One sample under several policies in lockstep, one result per policy.
+// One sample under several policies in lockstep, one result per policy. measure_hit_rate:
+// ScoreOptions::hit_rate.
 std::vector<CorefSampleResult> score_coref_sample_lockstep(
     std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
-    std::span<const PolicyConfig> policies);
+    std::span<const PolicyConfig> policies, bool measure_hit_rate = false);
 
 struct CorefEvalResult {
   double accuracy = 0.0;  // fraction of samples with every answer token right
@@ -50,6 +52,7 @@ struct CorefEvalResult {
   int64_t samples = 0;
   int64_t answer_tokens = 0;
   SparsityStats sparsity;                     // merged over the samples' policy steps
+  HitRateStats hit_rate;                      // merged over the samples (measure_hit_rate)
   std::vector<CorefSampleResult> per_sample;  // in index order
 };
 
@@ -65,11 +68,9 @@ CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const 
                                const PolicyConfig& policy = {});
 // The same for several policies in lockstep (each sample is read once, every policy a run of one
 // DecoderSession); result[i] equals evaluate_coref with policies[i] alone.
-std::vector<CorefEvalResult> evaluate_coref_lockstep(std::shared_ptr<const BackendModel> model,
-                                                     const CorefPools& pools,
-                                                     const Tokenizer& tokenizer, uint64_t seed,
-                                                     int64_t first_index, int64_t count, bool hard,
-                                                     const ProgressFn& progress,
-                                                     std::span<const PolicyConfig> policies);
+std::vector<CorefEvalResult> evaluate_coref_lockstep(
+    std::shared_ptr<const BackendModel> model, const CorefPools& pools, const Tokenizer& tokenizer,
+    uint64_t seed, int64_t first_index, int64_t count, bool hard, const ProgressFn& progress,
+    std::span<const PolicyConfig> policies, bool measure_hit_rate = false);
 
 }  // namespace kvlens

@@ -19,7 +19,8 @@ PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
 
 std::vector<PerplexityResult> evaluate_perplexity_lockstep(
     std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens, int64_t window,
-    int64_t chunk, const ProgressFn& progress, std::span<const PolicyConfig> policies) {
+    int64_t chunk, const ProgressFn& progress, std::span<const PolicyConfig> policies,
+    bool measure_hit_rate) {
   const ModelConfig& config = model->config();
   const auto n = int64_t(tokens.size());
   if (n < 2) {
@@ -45,6 +46,7 @@ std::vector<PerplexityResult> evaluate_perplexity_lockstep(
   int64_t fed = 0;
   ScoreOptions options;
   options.chunk = chunk;
+  options.hit_rate = measure_hit_rate;
   for (int64_t k = 0; k < windows; ++k) {
     const int64_t begin = k * stride;
     const int64_t length = std::min(window, n - begin);
@@ -59,6 +61,7 @@ std::vector<PerplexityResult> evaluate_perplexity_lockstep(
       for (const double nll : scored[p].nll) total_nll[p] += nll;
       results[p].tokens_scored += int64_t(scored[p].nll.size());
       results[p].sparsity.merge(scored[p].sparsity);
+      results[p].hit_rate.merge(scored[p].hit_rate);
     }
     fed += length;
   }

@@ -19,6 +19,7 @@ struct PerplexityResult {
   int64_t windows = 0;
   int64_t window = 0;      // W
   SparsityStats sparsity;  // merged over the windows' policy steps
+  HitRateStats hit_rate;   // merged over the windows (measured with measure_hit_rate only)
 };
 
 // Window k holds tokens[k*(W-1), k*(W-1) + W) (the last one may be shorter; windows of fewer
@@ -31,9 +32,10 @@ PerplexityResult evaluate_perplexity(std::shared_ptr<const BackendModel> model,
                                      std::span<const int32_t> tokens, int64_t window, int64_t chunk,
                                      const ProgressFn& progress, const PolicyConfig& policy = {});
 // The same for several policies in lockstep over each window; result[i] equals
-// evaluate_perplexity with policies[i] alone.
+// evaluate_perplexity with policies[i] alone. measure_hit_rate: ScoreOptions::hit_rate.
 std::vector<PerplexityResult> evaluate_perplexity_lockstep(
     std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens, int64_t window,
-    int64_t chunk, const ProgressFn& progress, std::span<const PolicyConfig> policies);
+    int64_t chunk, const ProgressFn& progress, std::span<const PolicyConfig> policies,
+    bool measure_hit_rate = false);
 
 }  // namespace kvlens

@@ -16,12 +16,28 @@ namespace kvlens {
 // Called after each processed token with (done, total); may be empty.
 using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
+// The top-50% hit rate (POLICIES.md) of a run's policy scores against its true attention logits,
+// summed over the (step, layer, head) rows the policy scored: the heads of its Masked layers at
+// its policy steps. Each row's value is top_half_agreement(scores, logits) over the step's t + 1
+// candidates, the value trace_queries.h's head_summary gives as hit_rate for the same row.
+struct HitRateStats {
+  double sum = 0.0;
+  int64_t rows = 0;
+
+  void merge(const HitRateStats& other) {
+    sum += other.sum;
+    rows += other.rows;
+  }
+  double mean() const;  // NaN when no row was scored (dense, or every layer left dense)
+};
+
 struct ScoreResult {
   std::vector<int32_t> tokens;
   std::vector<double> nll;      // nll[i] = -log p(tokens[i+1] | tokens[..i]), size n-1
   std::vector<int32_t> argmax;  // argmax of the distribution after tokens[..i], size n
   double ppl = 0.0;             // exp(mean nll); 0 tokens scored -> NaN
   SparsityStats sparsity;       // over the policy's steps (no steps for dense)
+  HitRateStats hit_rate;        // with ScoreOptions::hit_rate only
 };
 
 struct ScoreOptions {
@@ -32,6 +48,12 @@ struct ScoreOptions {
   PolicyConfig policy;
   int64_t prefill = 0;
   ProgressFn progress;
+  // Measure each run's hit rate (ScoreResult::hit_rate). The session then records every step's
+  // true attention logits (as TraceRecorder's does, so a policy that would compute logits only
+  // at the columns it chose computes all of them), and each step's scored rows are read back and
+  // compared on the backend's threads. The NLL and argmax do not change; prefill chunks are cut
+  // to 16 tokens (a recorded chunk keeps [chunk, H, context] logits per layer).
+  bool hit_rate = false;
 };
 
 ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<const int32_t> tokens,

@@ -255,10 +255,28 @@ std::vector<uint8_t> top_half(std::span<const float> scores) {
 double top_half_agreement(std::span<const float> scores, std::span<const float> logits) {
   require_same_size(scores.size(), logits.size(), "top_half_agreement: scores and logits");
   if (scores.empty()) return kNaN;
-  const std::vector<uint8_t> predicted = top_half(scores), truth = top_half(logits);
+  // top_half's sets by threshold: the keys are distinct (each holds its column), so a column is
+  // in the top half exactly when its key is at least the ceil(n / 2)-th largest. Evaluations
+  // call this for every scored row of every step: no allocation after a thread's first rows.
+  thread_local std::vector<uint64_t> score_keys, logit_keys, selected;
+  const size_t n = scores.size(), k = (n + 1) / 2;
+  score_keys.resize(n);
+  logit_keys.resize(n);
+  for (size_t j = 0; j < n; ++j) {
+    score_keys[j] = top_k_key(scores[j], uint32_t(j));
+    logit_keys[j] = top_k_key(logits[j], uint32_t(j));
+  }
+  auto kth_largest = [&](const std::vector<uint64_t>& keys) {
+    selected.assign(keys.begin(), keys.end());
+    std::nth_element(selected.begin(), selected.begin() + ptrdiff_t(k - 1), selected.end(),
+                     std::greater<uint64_t>());
+    return selected[k - 1];
+  };
+  const uint64_t score_cut = kth_largest(score_keys), logit_cut = kth_largest(logit_keys);
   int64_t agree = 0;
-  for (size_t j = 0; j < truth.size(); ++j) agree += predicted[j] == truth[j];
-  return double(agree) / double(truth.size());
+  for (size_t j = 0; j < n; ++j)
+    agree += (score_keys[j] >= score_cut) == (logit_keys[j] >= logit_cut);
+  return double(agree) / double(n);
 }
 
 std::vector<double> log_softmax(std::span<const float> logits) {

@@ -310,7 +310,7 @@ TEST_CASE("eval --task coref writes the documented JSON and per-sample lines", "
   const Json& row = out["results"][0];
   CHECK(keys(row) == std::set<std::string>{"policy", "sparsity", "run", "effective_sparsity",
                                            "accuracy", "coverage", "ppl", "samples",
-                                           "answer_tokens"});
+                                           "answer_tokens", "hit_rate"});
   CHECK(row["policy"] == "dense");
   CHECK(row["run"] == "dense");
   CHECK(row["sparsity"] == 0.0);
@@ -379,7 +379,7 @@ TEST_CASE("eval runs several policies and sparsities, with effective sparsity an
   std::vector<std::string> lines;
   for (std::string line; std::getline(csv, line);) lines.push_back(line);
   REQUIRE(lines.size() == 4);
-  CHECK(lines[0] == "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples");
+  CHECK(lines[0] == "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples,hit_rate");
   CHECK(lines[1].rfind("dense,0,0,", 0) == 0);
   CHECK(lines[2].rfind("streaming,0.25,", 0) == 0);
   CHECK(lines[3].rfind("streaming,0.75,", 0) == 0);
@@ -411,9 +411,10 @@ TEST_CASE("eval --task ppl reports windows and tokens scored", "[eval][cli]") {
   tokens.resize(100);
   const PerplexityResult expected = evaluate_perplexity(loaded.resident, tokens, 16, 1, {});
   for (const Json& row : out["results"]) {
-    std::set<std::string> expected_keys{"policy",        "sparsity", "run", "effective_sparsity",
-                                        "accuracy",      "coverage", "ppl", "samples",
-                                        "tokens_scored", "window"};
+    std::set<std::string> expected_keys{
+        "policy",        "sparsity", "run",     "effective_sparsity",
+        "accuracy",      "coverage", "ppl",     "samples",
+        "tokens_scored", "window",   "hit_rate"};
     if (row["policy"] != "dense") {  // a policy's steps have per-layer and per-head sparsities
       expected_keys.insert({"effective_sparsity_per_layer", "effective_sparsity_per_head"});
     }
