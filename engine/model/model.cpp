@@ -7,6 +7,7 @@
 
 #include "engine/common/error.h"
 #include "engine/model/gguf_config.h"
+#include "engine/model/gguf_predictor.h"
 #include "engine/model/gguf_tokenizer_data.h"
 #include "engine/model/gguf_weights.h"
 
@@ -42,7 +43,12 @@ std::shared_ptr<const Model> load_gguf(const std::string& path, const std::strin
   if (!predictor_file.empty()) {
     model->predictor.predictor = Predictor::load_file(predictor_file, model->config);
   } else {
-    model->predictor.searched = {path + " (a GGUF file: only --predictor gives a predictor)"};
+    GgufPredictorSearch search = find_gguf_predictor(path, *model->gguf);
+    if (!search.found.empty()) {
+      model->predictor.predictor = Predictor::load_file(search.found, model->config);
+    } else {
+      model->predictor.searched = std::move(search.searched);
+    }
   }
   return model;
 }

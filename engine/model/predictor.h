@@ -80,7 +80,8 @@ struct Predictor {
 
 // Where a model's predictor comes from: an explicit file (--predictor), else a llama_butler
 // checkpoint's own weights, else predictor.safetensors in the model folder. `searched` lists the
-// places looked at when none was found (for the tokenbutler policy's error).
+// places looked at when none was found (for the tokenbutler policy's error). A .gguf file: a
+// predictor beside it or a bundled one for its model (gguf_predictor.h).
 struct PredictorLookup {
   std::shared_ptr<const Predictor> predictor;
   std::vector<std::string> searched;

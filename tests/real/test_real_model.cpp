@@ -241,14 +241,16 @@ void check_greedy(const RealModel& m) {
   }
 }
 
-// Every registered policy that needs no predictor runs 16 steps of kvlens-cli trace in
-// lockstep over the first prompt's text, at 50%, and every run's steps are recorded. Only the
-// CLI loads the model (`path`; "" when absent: skipped).
-void check_policies_trace(const std::string& path, const std::string& absent_hint) {
+// Every registered policy runs 16 steps of kvlens-cli trace in lockstep over the first prompt's
+// text, at 50%, and every run's steps are recorded; those that need a predictor only where the
+// model has one (the .gguf gets the bundled assets/predictors one). Only the CLI loads the model
+// (`path`; "" when absent: skipped).
+void check_policies_trace(const std::string& path, const std::string& absent_hint,
+                          bool has_predictor) {
   skip_if_unavailable(RealModel{.skip_reason = path.empty() ? absent_hint : ""});
   std::vector<std::string> ids;
   for (const kvlens::PolicyInfo& info : kvlens::policy_infos()) {
-    if (!info.needs_predictor) ids.push_back(info.id);
+    if (has_predictor || !info.needs_predictor) ids.push_back(info.id);
   }
   REQUIRE(ids.size() >= 2);
   std::string policies;
@@ -295,8 +297,10 @@ TEST_CASE("the F32 folder's greedy continuations are transformers'", "[real]") {
 }
 
 TEST_CASE("every policy runs 16 traced steps on the F32 folder", "[real]") {
-  check_policies_trace(real::f32_folder_path(), "no F32 Hugging Face folder of the real model (" +
-                                                    real::f32_folder_hint() + ")");
+  check_policies_trace(
+      real::f32_folder_path(),
+      "no F32 Hugging Face folder of the real model (" + real::f32_folder_hint() + ")",
+      /*has_predictor=*/false);
 }
 
 TEST_CASE("the .gguf file gives transformers' logits when dequantized to F32", "[real]") {
@@ -309,9 +313,20 @@ TEST_CASE("the .gguf file's greedy continuations are transformers'", "[real]") {
   check_greedy(gguf_file());
 }
 
-TEST_CASE("every policy runs 16 traced steps on the .gguf file", "[real]") {
+TEST_CASE("every policy, tokenbutler too, runs 16 traced steps on the .gguf file", "[real]") {
   check_policies_trace(real::gguf_path(),
-                       "the real model is not fetched (" + real::gguf_hint() + ")");
+                       "the real model is not fetched (" + real::gguf_hint() + ")",
+                       /*has_predictor=*/true);
+}
+
+TEST_CASE("the .gguf file gets the bundled TokenButler predictor", "[real]") {
+  // assets/predictors/index.json names this file's general.name; the predictor was trained for it
+  // (assets/predictors/smollm2-135m-instruct/README.md) and must fit its shapes.
+  skip_if_unavailable(gguf_file());
+  const std::shared_ptr<const kvlens::Model> model = kvlens::Model::load(real::gguf_path());
+  INFO(model->predictor.searched.size());
+  REQUIRE(model->predictor.predictor != nullptr);
+  CHECK(model->predictor.predictor->config.layers == model->config.num_layers);
 }
 
 TEST_CASE("the .gguf file's own tokenizer gives llama.cpp's ids on ../shared/data", "[real]") {
