@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -529,6 +530,102 @@ def heldout_split_is_shared():
         with open(out) as f:
             check(f.read() == "\n\n".join(held) + "\n", "written text != the held-out docs")
         check(held and held[-1].startswith("Document 49."), f"held out {len(held)} docs")
+
+
+@test
+def training_pools_disjoint_and_valid():
+    """tools/make_training_pools.py at toy size: train and select names disjoint and free of the
+    excluded file's, name pieces split by id parity, arithmetic right, every lead ending in the
+    marker with a question that shares one of its words; the C++ generator accepts both files."""
+    import make_training_pools as mtp
+    tokenizer = os.path.join(ROOT, "assets", "models", "demo", "tokenizer.json")
+    bundled = os.path.join(ROOT, "assets", "benchmarks", "coref", "pools.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for split in ("train", "select"):
+            files[split] = os.path.join(tmp, split + ".json")
+            subprocess.run([sys.executable, os.path.join(TOOLS, "make_training_pools.py"),
+                            "--split", split, "--out", files[split], "--names", "3000",
+                            "--intros", "120", "--distractors", "50", "--pieces-of", tokenizer,
+                            "--exclude", bundled], check=True, capture_output=True)
+        pools = {k: json.load(open(v, encoding="utf-8")) for k, v in files.items()}
+        train = {n.lower() for n in pools["train"]["location_names"]}
+        select = {n.lower() for n in pools["select"]["location_names"]}
+        check(len(train) == 3000 and len(select) == 2000, "name counts")
+        check(not train & select, f"{len(train & select)} names in both splits")
+        with open(bundled, encoding="utf-8") as f:
+            excluded = {n.lower() for n in json.load(f)["location_names"]}
+        check(not (train | select) & excluded, "an excluded name was kept")
+        even, odd = set(mtp.vocabulary_pieces(tokenizer, 0)), set(mtp.vocabulary_pieces(tokenizer, 1))
+        check(even and odd and not even & odd, "the two piece sets must be disjoint")
+        for split, p in pools.items():
+            mtp.check_math(p["math_problems"])
+            for entry in p["loc_intro_tieback_list"]:
+                check(entry["location_intro"].endswith("The place is:"), entry["location_intro"])
+                lead = set(re.findall(r"[a-z]{4,}", entry["location_intro"].lower()))
+                question = set(re.findall(r"[a-z]{4,}", entry["tieback_question"].lower()))
+                check(lead & question - {"place", "called", "name", "where", "which"},
+                      f"{split}: the question shares no word with its lead: {entry}")
+        # The same arguments give the same file.
+        again = os.path.join(tmp, "again.json")
+        subprocess.run([sys.executable, os.path.join(TOOLS, "make_training_pools.py"), "--split",
+                        "select", "--out", again, "--names", "3000", "--intros", "120",
+                        "--distractors", "50", "--pieces-of", tokenizer, "--exclude", bundled],
+                       check=True, capture_output=True)
+        check(open(again).read() == open(files["select"]).read(), "not deterministic")
+        cli = kvlens_cli()
+        if cli:
+            for split, path in files.items():
+                out = os.path.join(tmp, split + ".jsonl")
+                proc = subprocess.run([cli, "coref-samples", "--coref-pools", path, "--count",
+                                       "20", "--hard", "--out", out], capture_output=True,
+                                      text=True)
+                check(proc.returncode == 0, f"coref-samples refused {split}: {proc.stderr}")
+
+
+@test
+def demo_training_toy_cpu():
+    """tools/train_demo_model.py with selection pools of their own, on the CPU at toy size:
+    it trains, evaluates each kind, keeps the given tokenizer and writes a loadable folder."""
+    shared = ARGS.shared_dir
+    corpus = os.path.join(shared, "data", "corpus", "tinyshakespeare.txt")
+    cli = kvlens_cli()
+    if not os.path.exists(corpus) or not cli:
+        print("  (skipped: needs ../shared/data/corpus and kvlens-cli)")
+        return
+    tokenizer = os.path.join(ROOT, "assets", "models", "demo", "tokenizer.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data")
+        os.makedirs(data)
+        with open(corpus, encoding="utf-8") as f, \
+                open(os.path.join(data, "tinyshakespeare.txt"), "w", encoding="utf-8") as g:
+            g.write(f.read(120000))
+        samples = {}
+        for name, extra in (("train", ["--count", "40", "--seed", "5"]),
+                            ("normal", ["--count", "8", "--seed", "6"]),
+                            ("hard", ["--count", "8", "--seed", "7", "--hard"])):
+            samples[name] = os.path.join(tmp, name + ".jsonl")
+            subprocess.run([cli, "coref-samples", *extra, "--out", samples[name]], check=True,
+                           capture_output=True)
+        out = os.path.join(tmp, "model")
+        proc = subprocess.run(
+            [sys.executable, os.path.join(TOOLS, "train_demo_model.py"), "--device", "cpu",
+             "--data-dir", data, "--tokenizer", tokenizer, "--coref-train", samples["train"],
+             "--coref-select", f"normal={samples['normal']}", f"hard={samples['hard']}",
+             "--out", out, "--work-dir", os.path.join(tmp, "work"), "--layers", "1",
+             "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--intermediate", "64",
+             "--batch", "4", "--steps", "2", "--eval-every", "1", "--log-every", "1",
+             "--warmup", "1"], capture_output=True, text=True)
+        check(proc.returncode == 0, f"train_demo_model.py failed:\n{proc.stderr[-3000:]}")
+        with open(os.path.join(out, "train_log.json")) as f:
+            log = json.load(f)
+        check(log["steps_done"] == 2, "steps")
+        check({"coref_normal", "coref_hard"} <= set(log["final"]), "both kinds evaluated")
+        check(log["final"]["coref_normal"]["samples"] == 8, "the selection samples are not cut")
+        check(open(os.path.join(out, "tokenizer.json")).read() == open(tokenizer).read(),
+              "the given tokenizer is kept")
+        info = subprocess.run([cli, "info", "--model", out], capture_output=True, text=True)
+        check(info.returncode == 0, f"kvlens-cli cannot open the result: {info.stderr}")
 
 
 @test
