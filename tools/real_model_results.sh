@@ -15,6 +15,10 @@
 #     --backend cpu|cuda   (default cpu)     --jobs N      eval processes at once (default 1)
 #     --threads N          threads per process (default: the CPU's cores / jobs)
 #     --samples N          co-reference samples per pool file (default 200)
+#     --paper-samples N    samples of the paper's pools (default: --samples; its samples are
+#                          about four times as long as the bundled ones)
+#     --resume             keep the evals of an earlier run into --out that finished with the
+#                          same command line, and run only the others
 #     --ppl-tokens N       tokens of each perplexity text (default 8192)
 #     --window W           perplexity window (default: the model's max_position_embeddings)
 #     --sparsities "S ..." (default "0.3 0.5 0.7 0.9")
@@ -34,9 +38,11 @@ usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "real_model_results.sh: $*" >&2; exit 2; }
 
 cli="" model="" predictor="" paper_pools="" backend=cpu jobs=1 threads="" samples=200
+paper_samples="" resume=0
 ppl_tokens=8192 window="" sparsities="0.3 0.5 0.7 0.9" policies="" shared="$root/../shared"
 out=out/real-model-results
 while [ $# -gt 0 ]; do
+  case "$1" in --resume) resume=1; shift; continue ;; esac
   [ $# -ge 2 ] || case "$1" in -h | --help) usage ;; *) die "$1 needs a value" ;; esac
   case "$1" in
     --cli) cli=$2 ;;
@@ -47,6 +53,7 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=$2 ;;
     --threads) threads=$2 ;;
     --samples) samples=$2 ;;
+    --paper-samples) paper_samples=$2 ;;
     --ppl-tokens) ppl_tokens=$2 ;;
     --window) window=$2 ;;
     --sparsities) sparsities=$2 ;;
@@ -64,8 +71,9 @@ done
 [ -z "$predictor" ] || [ -f "$predictor" ] || die "--predictor: $predictor is not a file"
 [ -z "$paper_pools" ] || [ -f "$paper_pools" ] || die "--paper-pools: $paper_pools is not a file"
 case "$backend" in cpu | cuda) ;; *) die "--backend: expected cpu or cuda, got '$backend'" ;; esac
-for pair in "jobs:$jobs" "samples:$samples" "ppl-tokens:$ppl_tokens" "threads:${threads:-1}" \
-  "window:${window:-2}"; do
+[ -n "$paper_samples" ] || paper_samples=$samples
+for pair in "jobs:$jobs" "samples:$samples" "paper-samples:$paper_samples" \
+  "ppl-tokens:$ppl_tokens" "threads:${threads:-1}" "window:${window:-2}"; do
   [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] ||
     die "--${pair%%:*}: expected a positive integer, got '${pair#*:}'"
 done
@@ -92,6 +100,8 @@ have_predictor=0
 if [ -n "$predictor" ] || [ -f "$model/predictor.safetensors" ] ||
   { [ -d "$model" ] && grep -qs '"llama_butler"' "$model/config.json"; }; then
   have_predictor=1
+elif [ -f "$model" ] && "$cli" info --model "$model" 2>/dev/null | grep -q '"predictor": {'; then
+  have_predictor=1  # a .gguf with a predictor beside it or a bundled one for its model
 fi
 policies=$(python3 "${tables[@]}" policies --registry "$registry" --have-predictor $have_predictor \
   ${policies:+--only "$policies"})
@@ -115,7 +125,7 @@ for task in "${tasks[@]}"; do
     wikitext2) args=(--task ppl --text-file "$wikitext" --max-tokens "$ppl_tokens") ;;
     c4) args=(--task ppl --text-file "$c4_text" --max-tokens "$ppl_tokens") ;;
     coref) args=(--task coref --samples "$samples") ;;
-    coref_paper) args=(--task coref --samples "$samples" --coref-pools "$paper_pools") ;;
+    coref_paper) args=(--task coref --samples "$paper_samples" --coref-pools "$paper_pools") ;;
   esac
   [ "${args[1]}" = coref ] || args+=("${window_args[@]}")
   for s in $sparsities; do
@@ -141,10 +151,24 @@ run_one() {
     >"$out/runs/${task}_$sparsity.time"
   echo "real_model_results.sh: $task at $sparsity: exit $status after $((ms / 1000)) s" >&2
 }
-rm -f "$out"/runs/*.time
+# --resume keeps an eval whose recorded command line is this one's and that exited 0.
+done_before() {
+  local task=$1 sparsity=$2 line=$3
+  [ $resume = 1 ] && [ -f "$out/runs/${task}_$sparsity.json" ] &&
+    [ -f "$out/runs/${task}_$sparsity.cmd" ] &&
+    [ "$(cat "$out/runs/${task}_$sparsity.cmd")" = "$line" ] &&
+    grep -qs $'\t0$' "$out/runs/${task}_$sparsity.time"
+}
 echo "real_model_results.sh: $(wc -l <"$out/runs/commands.tsv") evals, $jobs at a time," \
   "$threads threads each, into $out" >&2
 while IFS= read -r line; do
+  IFS=$'\t' read -r task sparsity _ <<<"$line"
+  if done_before "$task" "$sparsity" "$line"; then
+    echo "real_model_results.sh: $task at $sparsity: kept from the earlier run (--resume)" >&2
+    continue
+  fi
+  rm -f "$out/runs/${task}_$sparsity.time"
+  printf '%s\n' "$line" >"$out/runs/${task}_$sparsity.cmd"
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   run_one "$line" &
 done <"$out/runs/commands.tsv"
@@ -174,6 +198,7 @@ wait
   fi
   echo "paper_pools=${paper_pools:-(not given)}"
   echo "samples=$samples"
+  echo "paper_samples=$paper_samples"
   echo "ppl_tokens=$ppl_tokens"
   echo "window=${window:-max_position_embeddings}"
   echo "have_predictor=$have_predictor"

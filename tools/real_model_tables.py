@@ -247,7 +247,9 @@ def tables(runs, out_path):
                        ("kvlens", "kvlens"), ("host", "Machine"), ("cpu", "CPU"),
                        ("cores", "Cores"), ("memory_gb", "Memory (GB)"), ("gpu", "GPU"),
                        ("jobs", "Processes at once"), ("threads", "Threads per process"),
-                       ("samples", "Co-reference samples"), ("ppl_tokens", "Perplexity tokens"),
+                       ("samples", "Co-reference samples (bundled pools)"),
+                       ("paper_samples", "Co-reference samples (paper's pools)"),
+                       ("ppl_tokens", "Perplexity tokens"),
                        ("window", "Perplexity window"), ("started", "Started")):
         if facts.get(key):
             lines.append(f"- {label}: {facts[key]}")

@@ -682,6 +682,18 @@ def real_model_results_toy_cpu():
             check(fact in md, f"no {fact!r}")
         runs = os.path.join(out, "runs")
         check(os.path.getsize(os.path.join(runs, "c4-heldout.txt")) > 1000, "held-out C4 text")
+        # --resume reruns only the evals whose command changed (here the paper's sample count).
+        proc = subprocess.run(
+            [os.path.join(TOOLS, "real_model_results.sh"), "--cli", cli, "--model",
+             os.path.join(ROOT, "assets", "models", "demo"), "--paper-pools", pools,
+             "--samples", "2", "--paper-samples", "1", "--ppl-tokens", "64", "--jobs", "2",
+             "--threads", "1", "--shared", shared, "--out", out, "--resume"],
+            capture_output=True, text=True)
+        check(proc.returncode == 0, f"--resume failed:\n{proc.stderr[-3000:]}")
+        check(proc.stderr.count("kept from the earlier run (--resume)") == 12, proc.stderr)
+        check(proc.stderr.count("coref_paper at ") == 4 and "exit 0" in proc.stderr, proc.stderr)
+        with open(os.path.join(out, "runs", "coref_paper_0.5.json")) as f:
+            check(all(r["samples"] == 1 for r in json.load(f)["results"]), "paper samples")
         # The tables maker alone: a task not run and a failed eval are said, not hidden.
         for name in os.listdir(runs):
             if name.startswith("coref_paper_"):
