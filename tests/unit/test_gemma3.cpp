@@ -417,3 +417,39 @@ TEST_CASE("a soft-capped model gives the same logits by chunks and step by step"
     worst = std::max(worst, double(std::fabs(by_chunk[v] - by_step[size_t(v)])));
   CHECK(worst <= 1e-4);  // batched projections against single-row ones: rounding only
 }
+
+TEST_CASE("a soft-capped prefill records the capped logits a decode records", "[gemma3][softcap]") {
+  // The dense chunk's rows (recorded from the chunk's logits, -inf after each row's position and
+  // before its window) against the same steps decoded one by one.
+  auto backend = make_cpu_backend(2);
+  const auto capped = upload_model(
+      Model::load(gemma3_variant("softcap-prefill", {{"attn_logit_softcapping", 0.6}})), *backend);
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 26; ++i) tokens.push_back((i * 29 + 5) % 320);
+  TraceOptions prefill;
+  prefill.prefill = 20;
+  TraceRecorder chunked(capped, nullptr, tokens, {{"dense", 0.0, {}}}, prefill);
+  TraceRecorder stepped(capped, nullptr, tokens, {{"dense", 0.0, {}}});
+  while (chunked.step()) {
+  }
+  while (stepped.step()) {
+  }
+  int64_t compared = 0;
+  for (const int64_t t : {int64_t(3), int64_t(19), int64_t(25)}) {
+    for (int64_t layer = 0; layer < 3; ++layer) {
+      for (int64_t head = 0; head < capped->config().num_heads; ++head) {
+        INFO("step " << t << " layer " << layer << " head " << head);
+        const std::vector<float> a = recorded_logits(chunked.trace(), 0, t, layer, head);
+        const std::vector<float> b = recorded_logits(stepped.trace(), 0, t, layer, head);
+        REQUIRE(a.size() == b.size());
+        for (size_t j = 0; j < a.size(); ++j) {
+          CHECK(std::isnan(a[j]) == std::isnan(b[j]));
+          if (!std::isnan(b[j])) CHECK(a[j] == Approx(b[j]).margin(1e-4));
+          if (!std::isnan(b[j])) CHECK(std::fabs(a[j]) <= 0.6f);
+        }
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 3 * 3 * capped->config().num_heads);
+}
