@@ -153,7 +153,7 @@ __global__ void soft_cap_kernel(float* x, int64_t count, float cap) {
   begin_dependent_grid();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
-    x[i] = float(tanh(double(x[i] / cap))) * cap;
+    if (!isinf(x[i])) x[i] = float(tanh(double(x[i] / cap))) * cap;  // -inf: masked, stays
   }
 }
 

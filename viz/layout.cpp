@@ -50,6 +50,18 @@ HiddenStyle hidden_style(const Theme& theme) {
   return {from_oklab({0.80, 0.05, -0.005}), from_oklab({0.66, 0.07, -0.01})};
 }
 
+OutsideStyle outside_window_style(const Theme& theme) {
+  // OKLab with a = b = 0: no hue, so it never reads as a value of the map or as the pink hatch.
+  if (theme.dark) return {from_oklab({0.30, 0.0, 0.0}), from_oklab({0.46, 0.0, 0.0})};
+  return {from_oklab({0.91, 0.0, 0.0}), from_oklab({0.72, 0.0, 0.0})};
+}
+
+namespace {
+Color outside_pixel(const OutsideStyle& style, int64_t x, int64_t y) {
+  return x % kDotPeriod == 0 && y % kDotPeriod == 0 ? style.dot : style.fill;
+}
+}  // namespace
+
 int64_t hatch_scale_for(int64_t pixels, float screen) {
   if (pixels <= 0 || !(screen > 0)) return 1;
   return std::clamp<int64_t>(std::lround(screen / float(pixels) / 1.5f), 1, 8);
@@ -76,13 +88,18 @@ ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<u
   image.width = int32_t(pooled_w * k);
   image.pixels.assign(size_t(image.width) * size_t(image.height), Color{0, 0, 0, 0});
   const HiddenStyle hidden = hidden_style(theme);
+  const OutsideStyle outside_style = outside_window_style(theme);
   for (int64_t py = 0; py < pooled_h; ++py) {
     for (int64_t px = 0; px < pooled_w; ++px) {
       double best = -std::numeric_limits<double>::infinity();
-      int64_t seen = 0, unseen = 0;
+      int64_t seen = 0, unseen = 0, outside = 0;
       for (int64_t r = py * block_rows; r < std::min(rows, (py + 1) * block_rows); ++r) {
         for (int64_t c = px * block_cols; c < std::min(cols, (px + 1) * block_cols); ++c) {
           const size_t at = size_t(r * cols + c);
+          if (visible && (*visible)[at] == kOutsideWindow) {
+            ++outside;
+            continue;
+          }
           if (!std::isfinite(values[at])) continue;
           best = std::max(best, double(values[at]));
           const uint8_t v = visible ? (*visible)[at] : 1;
@@ -90,7 +107,16 @@ ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<u
           unseen += v == 0;
         }
       }
-      if (!std::isfinite(best)) continue;
+      if (!std::isfinite(best)) {
+        // Only keys outside the window (or no values): the window's own style.
+        if (outside == 0) continue;
+        for (int64_t y = py * k; y < (py + 1) * k; ++y) {
+          Color* out = image.pixels.data() + y * image.width;
+          for (int64_t x = px * k; x < (px + 1) * k; ++x)
+            out[x] = outside_pixel(outside_style, x, y);
+        }
+        continue;
+      }
       // A block counts as hidden only when none of its cells was seen.
       const bool is_hidden = unseen > 0 && seen == 0;
       const Color color = color_of(best);
@@ -119,6 +145,20 @@ void hidden_swatch(Figure& figure, Box box, const std::string& label, const Them
     for (int32_t x = 0; x < swatch.width; ++x)
       swatch.pixels.push_back((x + y) % kHatchPeriod < kHatchPeriod / 2 ? hidden.stripe
                                                                         : hidden.fill);
+  figure.add(std::move(swatch));
+  figure.rect(box, {0, 0, 0, 0}, theme.grid);
+  figure.text({box.right() + 6, box.y + box.h / 2}, label, 11, theme.foreground, HAlign::Left,
+              VAlign::Middle);
+}
+
+void outside_window_swatch(Figure& figure, Box box, const std::string& label, const Theme& theme) {
+  const OutsideStyle style = outside_window_style(theme);
+  ImageItem swatch;
+  swatch.box = box;
+  swatch.width = int32_t(std::max(4.0f, std::round(box.w / 1.5f)));
+  swatch.height = int32_t(std::max(4.0f, std::round(box.h / 1.5f)));
+  for (int32_t y = 0; y < swatch.height; ++y)
+    for (int32_t x = 0; x < swatch.width; ++x) swatch.pixels.push_back(outside_pixel(style, x, y));
   figure.add(std::move(swatch));
   figure.rect(box, {0, 0, 0, 0}, theme.grid);
   figure.text({box.right() + 6, box.y + box.h / 2}, label, 11, theme.foreground, HAlign::Left,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/trace/trace_queries.h"  // kOutsideWindow
 #include "viz/colormap.h"
 #include "viz/figure.h"
 
@@ -46,13 +47,24 @@ HiddenStyle hidden_style(const Theme& theme);
 // The stripe period in image pixels (a stripe is half of it, 45 degrees).
 inline constexpr int64_t kHatchPeriod = 4;
 
+// How a key outside a sliding window looks (no candidate of that layer, not a policy's choice):
+// a flat neutral grey, no hue at all, with a sparse dot grid as its texture (the hatch is
+// stripes), between the background and the hidden style's lightness.
+struct OutsideStyle {
+  Color fill, dot;
+};
+OutsideStyle outside_window_style(const Theme& theme);
+// The dot grid's period in image pixels (one dot pixel per period x period).
+inline constexpr int64_t kDotPeriod = 3;
+
 // A rows x cols matrix as an image of at most max_pixels x max_pixels: blocks of cells become one
 // pixel holding the block's largest value (peaks stay visible when zoomed out). Cells with
 // visible == 0 (when given; a block when none of its cells was seen) are hatched in
-// hidden_style(theme) instead of coloured, so that they never read as a value; visible == 2 or
-// NaN values are transparent. Each pixel is repeated hatch_scale x hatch_scale times so that the
-// stripes stay a few screen pixels wide where a cell covers many (1: one image pixel per block).
-// The image fills `box`.
+// hidden_style(theme) instead of coloured, so that they never read as a value; cells with visible
+// == kOutsideWindow (a block when all its known cells are) are drawn in outside_window_style,
+// whatever their value; visible == 2 or NaN values are transparent. Each pixel is repeated
+// hatch_scale x hatch_scale times so that the stripes stay a few screen pixels wide where a cell
+// covers many (1: one image pixel per block). The image fills `box`.
 ImageItem heatmap(Box box, const std::vector<float>& values, const std::vector<uint8_t>* visible,
                   int64_t rows, int64_t cols, const ValueColors& colors, const Theme& theme,
                   int64_t max_pixels, int64_t hatch_scale = 1);
@@ -65,6 +77,8 @@ int64_t hatch_scale_for(int64_t pixels, float screen);
 
 // A hatched swatch (the hidden style) in `box` with `label` to its right, for legends.
 void hidden_swatch(Figure& figure, Box box, const std::string& label, const Theme& theme);
+// The same in the outside-the-window style.
+void outside_window_swatch(Figure& figure, Box box, const std::string& label, const Theme& theme);
 
 // A vertical colour bar in `box` with tick labels to its right and `label` above.
 void colorbar(Figure& figure, Box box, const Colormap& map, const ValueScale& scale,

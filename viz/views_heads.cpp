@@ -70,6 +70,9 @@ std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::st
   const size_t at = size_t(row * m.cols + col);
   if (col > row) return text + "\n(not yet a candidate)";
   if (m.visible[at] == 2) return text + "\n(no value: row not kept)";
+  if (m.visible[at] == kOutsideWindow)
+    return text + "\n(outside the sliding window: this layer cannot see " +
+           (b > 1 ? "these tokens" : "this token") + ")";
   text += std::string("\n") + (b > 1 ? "largest " : "") + quantity_name(quantity, predicted) + " " +
           format_value(m.values[at]);
   text += m.visible[at] ? (b > 1 ? "\nsome seen" : "\nseen") : "\nhidden";
@@ -106,7 +109,7 @@ std::string quantity_title(const ViewOptions& options) {
 // and the marks the maps may carry, wrapped onto more lines where the width runs out. Returns the
 // y below it.
 float legend_row(Figure& f, float y, const ValueScale& scale, const ViewOptions& options,
-                 const Theme& theme, bool grid) {
+                 const Theme& theme, bool grid, bool windowed) {
   float x = colorbar_row(f, {16, y, 160, 10}, sequential_colormap(), scale, quantity_title(options),
                          theme);
   // An entry of `width` units: on this line when it fits, else at the start of the next.
@@ -123,6 +126,12 @@ float legend_row(Figure& f, float y, const ValueScale& scale, const ViewOptions&
   at = place(30 + text_width(blank, kLabelSize));
   f.rect({at, y - 1, 24, 12}, {0, 0, 0, 0}, theme.grid);
   f.text({at + 30, y + 5}, blank, kLabelSize, theme.foreground, HAlign::Left, VAlign::Middle);
+  if (windowed) {
+    // Keys a sliding-window layer cannot see: no candidates, not the policy's choice.
+    const std::string outside = "outside the sliding window";
+    at = place(30 + text_width(outside, kLabelSize));
+    outside_window_swatch(f, {at, y - 1, 24, 12}, outside, theme);
+  }
   if (grid) {
     at = place(30 + text_width(selected, kLabelSize));
     f.rect({at, y - 1, 24, 12}, {0, 0, 0, 0}, theme.accent, 2.0f);
@@ -146,9 +155,10 @@ float legend_row(Figure& f, float y, const ValueScale& scale, const ViewOptions&
 
 // The y below the legend, before the maps (and so the scale's exact ticks) are known: the
 // entries' widths do not depend on the ticks beyond a few units.
-float legend_bottom(float y, const ViewOptions& options, const Theme& theme, bool grid) {
+float legend_bottom(float y, const ViewOptions& options, const Theme& theme, bool grid,
+                    bool windowed) {
   Figure scratch;
-  return legend_row(scratch, y, scale_for(options, {}), options, theme, grid);
+  return legend_row(scratch, y, scale_for(options, {}), options, theme, grid, windowed);
 }
 
 // An accent tint and outline over token j's column of a map in `box` (rows and columns of
@@ -182,7 +192,8 @@ View detail(const Trace& trace, const ViewOptions& options, int64_t step) {
         head_matrix(trace, run, options.layer, options.head, options.quantity, step)));
   }
   const ValueScale scale = scale_for(options, maps);
-  const float legend_end = legend_row(f, top + 6, scale, options, theme, false);
+  const float legend_end =
+      legend_row(f, top + 6, scale, options, theme, false, has_keys_outside_window(trace, step));
   const int64_t n = int64_t(maps.size());
   const int64_t columns = step + 1;
   // Labels keep 11 to 22 device pixels however far the view is zoomed in, so that zoomed in the
@@ -447,7 +458,9 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
       theme);
   // The maps' scale spans every map, so the legend is placed once they are read; its row is
   // reserved here.
-  const float legend_y = top + 6, first_panel_top = legend_bottom(legend_y, options, theme, true);
+  const bool windowed = has_keys_outside_window(trace, step);
+  const float legend_y = top + 6,
+              first_panel_top = legend_bottom(legend_y, options, theme, true, windowed);
   const float title_h = 18, head_labels_h = 16;
   const GridLayout layout = grid_layout(options, first_panel_top + title_h + head_labels_h,
                                         title_h + head_labels_h, L, H, n);
@@ -472,7 +485,7 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   }
   const ValueScale scale = scale_for(options, maps);
   const ValueColors colors(scale, sequential_colormap());  // once for every map
-  legend_row(f, legend_y, scale, options, theme, true);
+  legend_row(f, legend_y, scale, options, theme, true, windowed);
   view.data.columns = {"policy", "run", "layer", "head", "step", "token", "value", "visible"};
   // Labels keep kLabelSize and some air: thinned to every k-th where maps are small.
   const int64_t every_layer = label_every(pitch, kLabelSize + 3);

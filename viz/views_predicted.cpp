@@ -88,8 +88,19 @@ std::vector<double> integer_ticks(int64_t last, int count) {
 void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, bool dim_hidden,
                const std::string& what, const Theme& theme, const std::string& where,
                const std::vector<int64_t>& highlight) {
-  const ValueScale scale = ValueScale::fitted(m.values);
-  f.add(heatmap(box, m.values, dim_hidden ? &m.visible : nullptr, m.rows, m.cols, scale,
+  // Keys outside a sliding window are drawn as such on both maps (a policy may keep scores for
+  // them, but they are no candidates); hidden ones are hatched only where dim_hidden asks.
+  std::vector<uint8_t> outside_only;
+  if (!dim_hidden) {
+    outside_only.resize(m.visible.size());
+    for (size_t i = 0; i < m.visible.size(); ++i)
+      outside_only[i] = m.visible[i] == kOutsideWindow ? kOutsideWindow : 1;
+  }
+  std::vector<float> shown_values = m.values;  // the scale over the candidates' values only
+  for (size_t i = 0; i < shown_values.size(); ++i)
+    if (m.visible[i] == kOutsideWindow) shown_values[i] = std::numeric_limits<float>::quiet_NaN();
+  const ValueScale scale = ValueScale::fitted(shown_values);
+  f.add(heatmap(box, m.values, dim_hidden ? &m.visible : &outside_only, m.rows, m.cols, scale,
                 sequential_colormap(), theme, 512));
   f.rect(box, {0, 0, 0, 0}, theme.grid);
   f.text({box.x, box.y - 6}, what, 11, theme.foreground);
@@ -119,16 +130,19 @@ void map_panel(Figure& f, const Trace& trace, Box box, const HeadMatrix& m, bool
                   theme);
   auto shared = std::make_shared<HeadMatrix>(m);
   const std::string label = where + ", " + what;
-  f.hover.push_back(
-      {box, m.rows, m.cols, "predicted view: " + what,
-       [&trace, shared, label](int64_t r, int64_t c) {
-         std::string text = label + "\nstep " + std::to_string(r) + ", token " + std::to_string(c);
-         if (c < int64_t(trace.tokens.size()))
-           text += " '" + token_label(trace.tokens[size_t(c)].text, 24) + "'";
-         if (c > r) return text;
-         return text + "\n" + format_value(shared->values[size_t(r * shared->cols + c)]);
-       },
-       "predicted map"});
+  f.hover.push_back({box, m.rows, m.cols, "predicted view: " + what,
+                     [&trace, shared, label](int64_t r, int64_t c) {
+                       std::string text =
+                           label + "\nstep " + std::to_string(r) + ", token " + std::to_string(c);
+                       if (c < int64_t(trace.tokens.size()))
+                         text += " '" + token_label(trace.tokens[size_t(c)].text, 24) + "'";
+                       if (c > r) return text;
+                       const size_t at = size_t(r * shared->cols + c);
+                       if (shared->visible[at] == kOutsideWindow)
+                         return text + "\n(outside the sliding window: no candidate of this layer)";
+                       return text + "\n" + format_value(shared->values[at]);
+                     },
+                     "predicted map"});
 }
 
 // One per-layer line chart of the summary: each run's value per layer, dots joined where known.
@@ -304,6 +318,12 @@ View predicted_view(const Trace& trace, const ViewOptions& options, int64_t step
                 options.highlight_tokens);
       map_panel(f, trace, {margin + panel + gap, y, panel, panel}, logits, true,
                 "true logits (hidden hatched)", theme, where, options.highlight_tokens);
+      if (has_keys_outside_window(trace, step)) {
+        // The maps' third kind of cell, named once beside the run's title.
+        const float after_title = margin + text_width(run_title(trace, run), 13) + 24;
+        outside_window_swatch(f, {after_title, y - 48, 20, 10},
+                              "outside the sliding window (no candidates of this layer)", theme);
+      }
 
       // The scatter at this step.
       const PredictedVsTrue p = predicted_vs_true(trace, run, step, options.layer, options.head);

@@ -126,12 +126,26 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
   // (the scope is the same for every run: so is its head count)
   const int32_t heads = counts[0].heads_in_scope;
   const std::string heads_text = std::to_string(heads) + (heads == 1 ? " head" : " heads");
-  // Run r's fraction of the heads in scope that see token j; NaN before the step reads it.
+  // The heads in scope that can see token j (it is in their sliding window, or they have none).
+  auto can_see = [&](size_t r, size_t j) { return heads - counts[r].outside_window_of[j]; };
+  // A token before the window of every head in scope: no candidate anywhere in it.
+  auto outside = [&](size_t r, size_t j) {
+    return counts[r].seen_by[j] >= 0 && heads > 0 && can_see(r, j) == 0;
+  };
+  // Run r's fraction of the heads in scope that see token j, over those that can (a sliding
+  // window's keys before it are nobody's choice); NaN before the step reads it or where none can.
   auto fraction = [&](size_t r, size_t j) {
     const int32_t seen = counts[r].seen_by[j];
-    if (seen < 0) return std::numeric_limits<double>::quiet_NaN();
-    return heads > 0 ? double(seen) / double(heads) : 0.0;
+    if (seen < 0 || outside(r, j)) return std::numeric_limits<double>::quiet_NaN();
+    return heads > 0 ? double(seen) / double(can_see(r, j)) : 0.0;
   };
+  bool windowed = false, any_window = false;  // a token outside every window; outside some
+  for (const RetentionCounts& c : counts)
+    for (const int32_t n_outside : c.outside_window_of) any_window = any_window || n_outside > 0;
+  for (size_t r = 0; r < counts.size(); ++r)
+    for (size_t j = 0; j < trace.tokens.size() && !windowed; ++j) windowed = outside(r, j);
+  const OutsideStyle outside_style = outside_window_style(theme);
+  const Chip outside_chip{outside_style.fill, theme.muted, false};
   std::vector<std::string> titles;
   for (const int64_t run : options.runs) titles.push_back(run_title(trace, run));
 
@@ -147,8 +161,10 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
   // Legend: the difference's map (two runs) and the fraction's, their bars in one column.
   float y = top + 14;
   const std::string diff_label = "A \u2212 B, the difference of the fractions:";
-  const std::string fraction_label = std::string(diff ? "each run's text: " : "") +
-                                     "the fraction of the heads in scope that see the token:";
+  const std::string fraction_label =
+      std::string(diff ? "each run's text: " : "") +
+      "the fraction of the heads in scope that see the token" +
+      (any_window ? " (of those whose sliding window holds it):" : ":");
   const float bars =
       16 + std::max(diff ? text_width(diff_label, 11) : 0.0f, text_width(fraction_label, 11)) + 8;
   if (diff) {
@@ -171,6 +187,14 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
     x = legend_bar(f, x, y, 0.0, 1.0, sequential_colormap(), theme);
     legend_text(f, x + 8, y,
                 std::string("struck through: seen by no head") + (diff ? " (in either run)" : ""),
+                theme.muted);
+  }
+  if (windowed) {
+    y += 22;
+    f.rect({16, y - 10, 24, 14}, outside_style.fill, theme.grid);
+    legend_text(f, 46, y,
+                "outside the sliding window of every head in scope (no candidate: not the "
+                "policy's choice)",
                 theme.muted);
   }
   y += 34;
@@ -201,10 +225,15 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
       const int32_t seen = counts[r].seen_by[j];
       row.push_back(seen < 0 ? std::numeric_limits<double>::quiet_NaN() : double(seen));
       row.push_back(fraction(r, j));
-      hover += "\n" + std::string(diff ? (r == 0 ? "A " : "B ") : "") + titles[r] + ": " +
-               (seen < 0 ? std::string("not read yet")
-                         : "seen by " + std::to_string(seen) + " of " + heads_text + " (" +
-                               format_value(fraction(r, j)) + ")");
+      const int32_t away = seen < 0 ? 0 : counts[r].outside_window_of[j];
+      hover +=
+          "\n" + std::string(diff ? (r == 0 ? "A " : "B ") : "") + titles[r] + ": " +
+          (seen < 0        ? std::string("not read yet")
+           : outside(r, j) ? std::string("outside the sliding window of every head")
+                           : "seen by " + std::to_string(seen) + " of " + heads_text +
+                                 (away > 0 ? " (" + std::to_string(away) + " outside their window)"
+                                           : std::string()) +
+                                 " (" + format_value(fraction(r, j)) + ")");
     }
     if (diff) {
       const double d = fraction(0, j) - fraction(1, j);
@@ -226,6 +255,7 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
         f, trace, step, y, theme,
         [&](size_t j) {
           const double a = fraction(0, j), b = fraction(1, j);
+          if (outside(0, j) && outside(1, j)) return outside_chip;
           if (std::isnan(a) || std::isnan(b)) return Chip{{0, 0, 0, 0}, theme.muted, false};
           Chip chip;
           chip.strike = a == 0.0 && b == 0.0;
@@ -246,6 +276,7 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
         f, trace, step, y, theme,
         [&](size_t j) {
           const double a = fraction(r, j);
+          if (outside(r, j)) return outside_chip;
           if (std::isnan(a)) return Chip{{0, 0, 0, 0}, theme.muted, false};
           Chip chip;
           chip.strike = counts[r].seen_by[j] == 0;

@@ -195,7 +195,8 @@ class Backend {
   virtual void gelu_tanh_mul(const DeviceTensor& gate, const DeviceTensor& up,
                              DeviceTensor& out) = 0;
   // In place on x (F32): x = tanh(x / cap) * cap, each step rounded to F32 as torch computes it
-  // (logit soft-capping). cap > 0.
+  // (logit soft-capping). cap > 0. Infinities stay: a masked attention logit (-inf, outside a
+  // sliding window) stays masked, as the mask torch adds after the cap keeps it.
   virtual void soft_cap(DeviceTensor& x, float cap) = 0;
   // y[n, E] = (x - mean) / sqrt(var + eps) * weight + bias per row (LayerNorm, biased variance,
   // as torch; weight and bias [E] in any weight dtype). y may be x.

@@ -225,10 +225,9 @@ void parse_gemma3_fields(const Json& text, const FieldReader& reader, ModelConfi
   }
   config.attention_scalar = reader.number_or("query_pre_attn_scalar", 256.0, 0.0);
   config.final_logit_softcap = reader.number_or("final_logit_softcapping", 0.0, 0.0);
-  if (const Json* cap = reader.find("attn_logit_softcapping")) {
-    throw Error(source, reader.prefix() + "attn_logit_softcapping",
-                "null (attention logit soft-capping is not supported)", describe_json(*cap));
-  }
+  // (transformers 5.17's Gemma3Attention stores it but never passes it to the attention, as
+  // Gemma2's does; kvlens applies it as Gemma 2 defines it: docs/models.md)
+  config.attn_logit_softcap = reader.number_or("attn_logit_softcapping", 0.0, 0.0);
   const std::string activation =
       reader.optional_string("hidden_activation").value_or("gelu_pytorch_tanh");
   if (activation != "gelu_pytorch_tanh") {

@@ -69,9 +69,11 @@ struct ModelConfig {
   // Attention logits are q.k * attention_scalar^-0.5 (gemma3: query_pre_attn_scalar; others:
   // head_dim). 0: head_dim.
   double attention_scalar = 0.0;
-  // gemma3: logits = tanh(logits / cap) * cap (final_logit_softcapping; 0: none). Gemma 3 sets
-  // no attention soft-cap (attn_logit_softcapping null); a config that sets one is refused.
+  // gemma3: logits = tanh(logits / cap) * cap (final_logit_softcapping; 0: none).
   double final_logit_softcap = 0.0;
+  // Attention logits soft-capped before the mask and the softmax: z = tanh(z / cap) * cap, z the
+  // scaled q.k (attn_logit_softcapping; 0: none, as every Gemma 3 checkpoint has it).
+  double attn_logit_softcap = 0.0;
   // The MLP's gate activation: silu (SwiGLU) or gelu_pytorch_tanh (gemma3's GeGLU).
   enum class Activation { kSilu, kGeluTanh };
   Activation hidden_activation = Activation::kSilu;

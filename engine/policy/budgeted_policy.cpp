@@ -38,7 +38,7 @@ const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_s
 int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
                                         const DeviceTensor& selection_scores,
                                         const DeviceTensor* eligible, DeviceTensor& visible) {
-  const int64_t budget = knobs_.budget(step.step - step.first_candidate);
+  const int64_t budget = knobs_.budget(step);
   select_budgeted(step, recent, selection_scores, eligible, visible, budget);
   return budget;
 }
@@ -77,7 +77,14 @@ void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,
   const int64_t extra = budget - forced.count(t);
   if (page_size > 0) {
     backend_.mark_columns(target, cols, forced.sink_end, forced.recent_begin, eligible);
-    if (extra > 0) backend_.select_pages(selection_scores, cols, page_size, extra, target);
+    if (extra > 0) {
+      // A page costs its columns not chosen yet: the columns before a window count as chosen
+      // while the pages are bought, so a page straddling its start costs (and buys) only its
+      // columns inside, and a page wholly before it is no candidate.
+      if (first > 0) backend_.fill_columns(target, 0, first, 1);
+      backend_.select_pages(selection_scores, cols, page_size, extra, target);
+      if (first > 0) backend_.fill_columns(target, 0, first, 0);
+    }
   } else {
     backend_.mark_and_select_top_k(selection_scores, cols, eligible, forced.sink_end,
                                    forced.recent_begin, extra, target);

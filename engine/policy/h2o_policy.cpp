@@ -52,7 +52,7 @@ class H2oPolicy final : public BudgetedPolicy {
     const int64_t cols = step.cols();
     const DeviceTensor& ranked = current_logit_ ? *step.logits : accumulated_[l];
     backend_.axpby_rows(scores, 1.0f, ranked, 0.0f, cols);  // a copy of the candidates only
-    const int64_t budget = knobs_.budget(step.step);
+    const int64_t budget = knobs_.budget(step);
     const int64_t heavy = int64_t(std::floor(heavy_frac_ * double(budget)));
     select_budgeted(step, budget - heavy, at_selection_rows(scores, cols), &kept_[l], visible);
     // What is not visible now is evicted for good.

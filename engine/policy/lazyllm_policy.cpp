@@ -6,7 +6,8 @@
 //
 // Budget of layer l at step t: B_l(t) = max(min_keep, ceil(keep(l) * (t + 1))) (with
 // budget_tokens = K: max(1, ceil(keep(l) * K)) tokens), plus the sinks under
-// budget_excludes_sinks, at most t + 1; the current token, the sinks and `window` are forced and
+// budget_excludes_sinks, at most t + 1 (on a sliding-window layer t + 1 is the window's keys,
+// docs/models.md); the current token, the sinks and `window` are forced and
 // truncated to B_l(t) by POLICIES.md's priority, the rest is the top by the averaged attention.
 //
 // keep(l) (lazyllm_keep_schedule): layers l < max(1, dense_layers) are dense, keep 1 (layer 0 has
@@ -98,8 +99,9 @@ class LazyllmPolicy final : public BudgetedPolicy {
     if (step.layer == 0 || dense_layer(step) || observed_step_ != t ||
         observed_layer_ != step.layer - 1)
       return LayerDecision::Dense;
-    const int64_t budget = layer_budget(size_t(step.layer), t);
-    if (budget >= cols) return LayerDecision::Dense;  // keep everything: the dense arithmetic
+    const int64_t budget = layer_budget(size_t(step.layer), step);
+    // keep every candidate (a sliding-window layer's: its window): the dense arithmetic
+    if (budget >= step.candidates()) return LayerDecision::Dense;
     backend_.axpby_rows(scores, 1.0f, previous_, 0.0f, cols);  // the same row for every head
     // Every head's set is the same: chosen once, on the one row, then given to every head.
     select_into(step, 1, previous_, nullptr, chosen_, budget);
@@ -116,7 +118,7 @@ class LazyllmPolicy final : public BudgetedPolicy {
   }
 
  private:
-  int64_t layer_budget(size_t layer, int64_t t) const {
+  int64_t layer_budget(size_t layer, const LayerStep& step) const {
     CommonKnobs knobs = knobs_;
     const double keep = keep_[layer];
     if (knobs.budget_tokens > 0) {
@@ -125,7 +127,7 @@ class LazyllmPolicy final : public BudgetedPolicy {
     } else {
       knobs.sparsity = 1.0 - keep;
     }
-    return knobs.budget(t);
+    return knobs.budget(step);
   }
 
   std::vector<double> keep_;

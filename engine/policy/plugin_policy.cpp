@@ -250,7 +250,7 @@ class PluginPolicy final : public BudgetedPolicy {
       return LayerDecision::Dense;
     }
     const int64_t t = step.step, cols = step.cols(), stride = shape_.stride;
-    const int64_t budget = knobs_.budget(t);
+    const int64_t budget = knobs_.budget(step);  // a sliding window's: B of its keys
     if (predictor_) {
       if (predictor_->position() != t + 1) {
         throw Error(def_->owner(), "step",
@@ -270,6 +270,7 @@ class PluginPolicy final : public BudgetedPolicy {
     in.budget = budget;
     in.sinks = knobs_.sinks;
     in.window = knobs_.window;
+    in.first_candidate = step.first_candidate;
     in.kv_head_granularity = knobs_.kv_head_granularity ? 1 : 0;
     in.selection_rows = selection_rows();
     in.cache_dtype = step.k_cache->dtype == DType::BF16  ? KVLENS_BF16
@@ -349,7 +350,7 @@ class PluginPolicy final : public BudgetedPolicy {
       }
     } else {
       upload(visible, visible_copy_);
-      check_visible(visible, cols, budget, where);
+      check_visible(visible, step.first_candidate, cols, budget, where);
     }
     if (!previous_visible_.empty()) {
       backend_.copy_rows(visible, 0, previous_visible_[l], 0, 1, visible.numel());
@@ -481,7 +482,10 @@ class PluginPolicy final : public BudgetedPolicy {
   }
 
   // A visible set must hold the current token and at most B(t) columns in every row.
-  void check_visible(const DeviceTensor& visible, int64_t cols, int64_t budget,
+  // A KVLENS_VISIBLE row: the current token, at most `budget` columns, none before `first`
+  // (outside a sliding window: such a pick would be hidden, and the row would see fewer keys
+  // than the budget without saying so).
+  void check_visible(const DeviceTensor& visible, int64_t first, int64_t cols, int64_t budget,
                      const SelectPlace& where) {
     const int64_t H = shape_.heads, stride = shape_.stride;
     const uint8_t* rows = nullptr;
@@ -496,6 +500,13 @@ class PluginPolicy final : public BudgetedPolicy {
     for (int64_t h = 0; h < H; ++h) {
       const uint8_t* row = rows + h * stride;
       const int64_t count = cols - std::count(row, row + cols, uint8_t(0));
+      const int64_t outside = first - std::count(row, row + first, uint8_t(0));
+      if (outside > 0) {
+        throw Error(def_->owner(), where.field("visible row of head " + std::to_string(h)),
+                    "no column before " + std::to_string(first) +
+                        " (first_candidate: the layer's sliding window starts there)",
+                    std::to_string(outside) + " columns before it");
+      }
       if (row[cols - 1] == 0 || count > budget) {
         throw Error(def_->owner(), where.field("visible row of head " + std::to_string(h)),
                     "the current token (column " + std::to_string(cols - 1) + ") and at most " +

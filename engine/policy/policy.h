@@ -17,6 +17,8 @@
 
 namespace kvlens {
 
+struct LayerStep;
+
 // The knobs every policy has (POLICIES.md, "Common knobs" and "Budget").
 struct CommonKnobs {
   double sparsity = 0.0;             // s in [0, 1)
@@ -30,6 +32,9 @@ struct CommonKnobs {
 
   // B(t): the most tokens a head may see at step t (never more than the t + 1 candidates).
   int64_t budget(int64_t step) const;
+  // B of a layer's own candidates: B(t) on a full layer, B(n - 1) for the n keys a
+  // sliding-window layer sees (the budget rule applied to the window, POLICIES.md).
+  int64_t budget(const LayerStep& step) const;
 };
 
 // The always-visible tokens at step t under budget B, truncated by POLICIES.md's priority (the
@@ -65,6 +70,8 @@ struct LayerStep {
   // their budget, B of the window's tokens, within it). 0 elsewhere.
   int64_t first_candidate = 0;
   int64_t cols() const { return step + 1; }
+  // The keys the layer can see: columns first_candidate..t (all t + 1 but on a sliding window).
+  int64_t candidates() const { return step + 1 - first_candidate; }
 };
 
 enum class LayerDecision {

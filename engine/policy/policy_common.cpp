@@ -27,6 +27,10 @@ int64_t CommonKnobs::budget(int64_t step) const {
   return std::clamp<int64_t>(b, 1, candidates);
 }
 
+int64_t CommonKnobs::budget(const LayerStep& step) const {
+  return budget(step.candidates() - 1);
+}
+
 ForcedColumns forced_columns(int64_t step, int64_t budget, int64_t sinks, int64_t window) {
   int64_t remaining = std::max<int64_t>(budget, 1) - 1;  // the current token always stays
   ForcedColumns forced;

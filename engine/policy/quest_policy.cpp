@@ -110,8 +110,9 @@ class QuestPolicy final : public BudgetedPolicy {
     filled_[l] = cols;
     ops_.page_bounds(*step.q, page_min_[l], page_max_[l], cols, page_size_, max_only_, scores);
 
-    const int64_t budget = knobs_.budget(t);
-    if (budget >= cols) return LayerDecision::Dense;
+    // On a sliding-window layer the budget is the window's, and Dense is the whole window.
+    const int64_t budget = knobs_.budget(step);
+    if (budget >= step.candidates()) return LayerDecision::Dense;
     const int64_t current_page = t % page_size_ + 1;  // tokens of the page holding t
     select_budgeted(step, current_page, at_selection_rows(scores, cols), nullptr, visible, budget,
                     page_size_);

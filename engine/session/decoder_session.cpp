@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -426,8 +427,13 @@ const DeviceTensor& DecoderSession::forward_ops(std::span<const int32_t> tokens,
         first.attention_logits.push_back(backend_.alloc(DType::F32, {n, H, context}));
         logits_out = &first.attention_logits.back();
       }
-      backend_.attention(q_heads, first.k_cache[l], first.v_cache[l], position_,
-                         c.layer_window(int64_t(l)), Visibility{}, attn_heads, logits_out);
+      if (c.attn_logit_softcap > 0.0) {
+        capped_chunk_attention(q_heads, first.k_cache[l], first.v_cache[l],
+                               c.layer_window(int64_t(l)), attn_heads, logits_out);
+      } else {
+        backend_.attention(q_heads, first.k_cache[l], first.v_cache[l], position_,
+                           c.layer_window(int64_t(l)), Visibility{}, attn_heads, logits_out);
+      }
       // A chunk is dense in every run: every cache receives the same keys and values (stored
       // once where the backend can share them, run 0's own rows included).
       if (runs_.size() > 1) {
@@ -561,6 +567,33 @@ std::vector<float> DecoderSession::step(int32_t token) {
   std::vector<float> host(size_t(logits.numel()));
   backend_.to_host(logits, host.data(), host.size() * sizeof(float));
   return host;
+}
+
+// A soft-capped model's chunk: row by row, the logits capped between the products and the
+// softmax (the fused attention op has no cap). Row i (position p = position_ + i) writes the
+// logits as the fused op would: [0, p] computed, (p, context) -inf.
+void DecoderSession::capped_chunk_attention(const DeviceTensor& q_heads,
+                                            const DeviceTensor& k_cache,
+                                            const DeviceTensor& v_cache, int64_t window,
+                                            DeviceTensor& out_heads, DeviceTensor* logits_out) {
+  const int64_t n = q_heads.dim(0), H = q_heads.dim(1), context = position_ + n;
+  DeviceTensor scratch;
+  if (!logits_out) scratch = backend_.alloc(DType::F32, {H, context});
+  DeviceTensor masked;  // [1, context] of -inf: the columns after a row's own position
+  if (logits_out && n > 1) {
+    masked = backend_.alloc(DType::F32, {1, context});
+    const std::vector<float> minus_inf(size_t(context), -std::numeric_limits<float>::infinity());
+    backend_.from_host(masked, minus_inf.data(), minus_inf.size() * sizeof(float));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t position = position_ + i;
+    DeviceTensor logits = logits_out ? view(row_view(*logits_out, i), {H, context}) : scratch;
+    DeviceTensor out = row_view(out_heads, i);
+    capped_attention(row_view(q_heads, i), k_cache, v_cache, position, window, logits, out);
+    const int64_t after = context - (position + 1);
+    for (int64_t h = 0; h < H && logits_out && after > 0; ++h)
+      backend_.copy_rows(masked, 0, logits, h * context + position + 1, after, 1);
+  }
 }
 
 }  // namespace kvlens

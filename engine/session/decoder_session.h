@@ -241,6 +241,19 @@ class DecoderSession {
   // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
   void select_run(int64_t r, size_t layer, int64_t cols);
   void attend_unselected(int64_t r, size_t layer, int64_t window);
+  // The attention logit soft-cap (ModelConfig::attn_logit_softcap; nothing when 0) on the logits
+  // rows the runs just computed, before any policy or softmax reads them.
+  void cap_attention_logits(std::span<const Backend::RunAttention> runs);
+  // A dense chunk's attention (q_heads [n, H, D] at positions position_..) for a soft-capped
+  // model, as Backend::attention gives it uncapped (logits_out [n, H, context] when not null).
+  void capped_chunk_attention(const DeviceTensor& q_heads, const DeviceTensor& k_cache,
+                              const DeviceTensor& v_cache, int64_t window, DeviceTensor& out_heads,
+                              DeviceTensor* logits_out);
+  // One row of attention the unfused way, for a soft-capped model: q [1, H, D] at `position`
+  // over the caches into out [1, H, D], the capped logits left in logits [H, S >= position + 1].
+  void capped_attention(const DeviceTensor& q, const DeviceTensor& k_cache,
+                        const DeviceTensor& v_cache, int64_t position, int64_t window,
+                        DeviceTensor& logits, DeviceTensor& out);
   // Zeroes run r's attention output of `layer` on the backend where its policy gated the layer
   // off (a Gated decision of this step; nothing otherwise).
   void apply_gate(int64_t r, size_t layer);

@@ -136,7 +136,10 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
       if (run_attention_[size_t(r)].out) batch.push_back(run_attention_[size_t(r)]);
     });
   }
-  shared_work(group, [&] { backend_.attention_logits_runs(batch, shared, position_, window); });
+  shared_work(group, [&] {
+    backend_.attention_logits_runs(batch, shared, position_, window);
+    cap_attention_logits(batch);
+  });
   // ... the selections that read them, and the softmax and value sums of every run, in one call.
   batch.clear();
   for (const int64_t r : group) {
@@ -168,9 +171,32 @@ void DecoderSession::attend_unselected(int64_t r, size_t layer, int64_t window) 
   if (run.policy && layer == 0) run.policy->observe_inputs(input_rows_[size_t(r)], position_);
   DeviceTensor* logits_out =
       options_.record_attention_logits ? &record_layer_logits(run, layer) : nullptr;
-  backend_.attention(*attention.q, *attention.k_cache, *attention.v_cache, position_, window,
-                     Visibility{}, *attention.out, logits_out);
+  if (model_->config().attn_logit_softcap > 0.0) {
+    // The fused op has no soft-cap: logits, cap and softmax apart, in the recorded row if any.
+    const int64_t H = model_->config().num_heads;
+    DeviceTensor logits =
+        logits_out ? view(*logits_out, {H, logits_out->dim(2)}) : *attention.logits;
+    capped_attention(*attention.q, *attention.k_cache, *attention.v_cache, position_, window,
+                     logits, *attention.out);
+  } else {
+    backend_.attention(*attention.q, *attention.k_cache, *attention.v_cache, position_, window,
+                       Visibility{}, *attention.out, logits_out);
+  }
   attention.out = nullptr;  // done: in neither of the batches
+}
+
+void DecoderSession::cap_attention_logits(std::span<const Backend::RunAttention> runs) {
+  const double cap = model_->config().attn_logit_softcap;
+  if (cap <= 0.0) return;
+  for (const Backend::RunAttention& run : runs) backend_.soft_cap(*run.logits, float(cap));
+}
+
+void DecoderSession::capped_attention(const DeviceTensor& q, const DeviceTensor& k_cache,
+                                      const DeviceTensor& v_cache, int64_t position, int64_t window,
+                                      DeviceTensor& logits, DeviceTensor& out) {
+  backend_.attention_logits(q, k_cache, position, window, logits);
+  backend_.soft_cap(logits, float(model_->config().attn_logit_softcap));
+  backend_.attention_visible(logits, position + 1, nullptr, v_cache, out, nullptr);
 }
 
 DeviceTensor& DecoderSession::record_layer_logits(SessionRun& run, size_t layer) {
@@ -215,6 +241,7 @@ void DecoderSession::attend_alike(size_t layer, int64_t shared) {
   }
   backend_.attention_logits_runs(attention_batch_, shared, position_,
                                  c.layer_window(int64_t(layer)));
+  cap_attention_logits(attention_batch_);
   // 2. Each policy run's observation of the previous layer and its selection on the backend's
   // threads.
   backend_.run_tasks(n, [&](int64_t task) {

@@ -78,6 +78,30 @@ double spearman(std::span<const float> x, std::span<const float> y) {
 
 namespace {
 
+// Leading -inf true logits of a row: how many keys lie before a sliding window.
+int64_t leading_minus_inf(const float* logits, int64_t cols) {
+  int64_t n = 0;
+  while (n < cols && std::isinf(logits[n]) && logits[n] < 0) ++n;
+  return n;
+}
+
+// The first column of a (layer, head)'s sliding window at a step: 0 without one, or where its
+// row was not kept. A window is the layer's (every head of a local layer has the same one), so
+// a row's leading -inf logits count as one only when another kept head of the layer has as many:
+// a lone -inf is no window.
+int64_t window_start(const StepRecord& record, int64_t layer, int64_t head, int64_t heads) {
+  const float* logits = record.logits_row(layer, head, heads);
+  if (!logits) return 0;
+  const int64_t first = leading_minus_inf(logits, record.columns);
+  if (first == 0) return 0;
+  for (int64_t other = 0; other < heads; ++other) {
+    if (other == head) continue;
+    if (const float* row = record.logits_row(layer, other, heads))
+      return leading_minus_inf(row, record.columns) == first ? first : 0;
+  }
+  return first;  // the layer's only kept head
+}
+
 // One step's row of a head: `out` [cols] gets the quantity (NaN where there is no value) and
 // `shown` the visible flags; false when the trace did not keep the row.
 bool head_row(const StepRecord& record, int64_t layer, int64_t head, int64_t heads,
@@ -86,6 +110,8 @@ bool head_row(const StepRecord& record, int64_t layer, int64_t head, int64_t hea
   if (!logits) return false;
   const int64_t cols = record.columns;
   std::copy_n(record.visible_row(layer, head, heads), cols, shown);
+  // Keys before a sliding window: never candidates.
+  std::fill_n(shown, window_start(record, layer, head, heads), kOutsideWindow);
   if (quantity == HeadQuantity::Scores) {
     std::copy_n(record.scores_row(layer, head, heads), cols, out);
   } else if (quantity == HeadQuantity::Logits) {
@@ -115,13 +141,16 @@ void reset_cells(HeadMatrix& m, int64_t cells) {
 }
 
 // The larger value (NaN counts as none) and the visibility of a merged block: seen if any cell
-// was, hidden if some cell was hidden and none seen, unknown otherwise.
+// was, hidden if some cell was hidden and none seen, outside the window if every known cell was,
+// unknown otherwise.
 void merge_cell(float& value, uint8_t& visible, float other_value, uint8_t other_visible) {
   if (!std::isnan(other_value) && !(value >= other_value)) value = other_value;
   if (other_visible == 1) {
     visible = 1;
-  } else if (other_visible == 0 && visible == 2) {
+  } else if (other_visible == 0 && (visible == 2 || visible == kOutsideWindow)) {
     visible = 0;
+  } else if (other_visible == kOutsideWindow && visible == 2) {
+    visible = kOutsideWindow;
   }
 }
 
@@ -172,7 +201,7 @@ void fold_steps(const Trace& trace, int64_t run, int64_t layer, int64_t head, He
     uint8_t* visible = m.visible.data() + (t / m.block) * m.cols;
     for (int64_t j = 0; j < record.columns; ++j) {
       const int64_t c = j / m.block;
-      merge_cell(values[c], visible[c], row[size_t(j)], shown[size_t(j)] ? 1 : 0);
+      merge_cell(values[c], visible[c], row[size_t(j)], shown[size_t(j)]);
     }
   }
   m.steps = last_step + 1;
@@ -253,6 +282,17 @@ void HeadMapCache::update(const Trace& trace, const std::vector<int64_t>& runs,
     maps_.clear();  // maps left half folded
     throw;
   }
+}
+
+bool has_keys_outside_window(const Trace& trace, int64_t step) {
+  require_index(step, trace.step_count(), "step");
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  for (const StepRecord& record : trace.steps()[size_t(step)]) {
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < H; ++h)
+        if (window_start(record, l, h, H) > 0) return true;
+  }
+  return false;
 }
 
 HeadRow head_row_at(const Trace& trace, int64_t run, int64_t step, int64_t layer, int64_t head,
@@ -373,6 +413,7 @@ RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, 
   counts.seen_by.assign(trace.tokens.size(), -1);
   for (int64_t j = 0; j < record.columns && j < int64_t(counts.seen_by.size()); ++j)
     counts.seen_by[size_t(j)] = 0;
+  counts.outside_window_of = counts.seen_by;
   for (int64_t l = 0; l < L; ++l) {
     if (layer >= 0 && l != layer) continue;
     for (int64_t h = 0; h < H; ++h) {
@@ -383,8 +424,11 @@ RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, 
         counts.known = false;
         continue;
       }
-      for (int64_t j = 0; j < record.columns && j < int64_t(counts.seen_by.size()); ++j)
+      const int64_t first = window_start(record, l, h, H);
+      for (int64_t j = 0; j < record.columns && j < int64_t(counts.seen_by.size()); ++j) {
         counts.seen_by[size_t(j)] += shown[j];
+        counts.outside_window_of[size_t(j)] += j < first;
+      }
     }
   }
   return counts;

@@ -21,13 +21,21 @@ class ThreadPool;
 
 enum class HeadQuantity { Logits, Probabilities, Scores };
 
+// A token a sliding-window layer cannot see at a step (before its window: no candidate), in
+// HeadMatrix::visible and HeadRow::visible: neither seen nor hidden by a policy. Read from the
+// trace as a row's leading -inf true logits that another kept head of the layer shares (a window
+// is the layer's; a lone -inf logit is only a missing value).
+inline constexpr uint8_t kOutsideWindow = 3;
+
 struct HeadMatrix {
   int64_t rows = 0, cols = 0;  // steps [0, rows), tokens [0, cols) (cols = rows: step t has t + 1)
   std::vector<float> values;   // [rows][cols], NaN where there is no value
-  std::vector<uint8_t> visible;  // [rows][cols]: 1 seen, 0 hidden, 2 unknown (not kept / j > t)
-  int64_t missing_rows = 0;      // steps whose rows the trace did not keep for this head
-  int64_t block = 1;             // steps and tokens per cell (level of detail, see below)
-  int64_t steps = 0;             // steps folded in: [0, steps)
+  // [rows][cols]: 1 seen, 0 hidden, 2 unknown (not kept / j > t), kOutsideWindow (a pooled cell:
+  // every known token of it outside the window)
+  std::vector<uint8_t> visible;
+  int64_t missing_rows = 0;  // steps whose rows the trace did not keep for this head
+  int64_t block = 1;         // steps and tokens per cell (level of detail, see below)
+  int64_t steps = 0;         // steps folded in: [0, steps)
 };
 
 // Steps [0, last_step] of run `run`, (layer, head). Probabilities are the softmax of the row's
@@ -39,6 +47,12 @@ struct HeadMatrix {
 // or step out of range.
 HeadMatrix head_matrix(const Trace& trace, int64_t run, int64_t layer, int64_t head,
                        HeadQuantity quantity, int64_t last_step, int64_t max_side = 0);
+
+// Whether a kept row of some run at `step` has keys outside a sliding window (true logit -inf):
+// the views then draw and explain kOutsideWindow cells (a window only slides forward, so no
+// earlier step of the trace has any where this one has none). Throws kvlens::Error (file
+// "trace") for a step out of range.
+bool has_keys_outside_window(const Trace& trace, int64_t step);
 
 // The pooling block of a map of `steps` steps at most max_side cells a side: the smallest power
 // of two with ceil(steps / block) <= max_side (1 for max_side 0). Powers of two let a map that
@@ -77,7 +91,7 @@ class HeadMapCache {
 // (and the vectors empty) when the trace did not keep the row.
 struct HeadRow {
   std::vector<float> values;
-  std::vector<uint8_t> visible;
+  std::vector<uint8_t> visible;  // 1 seen, 0 hidden by the policy, kOutsideWindow
   bool kept = false;
 };
 HeadRow head_row_at(const Trace& trace, int64_t run, int64_t step, int64_t layer, int64_t head,
@@ -128,8 +142,11 @@ HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step);
 // layer, head = -1 (every head of the scope) or one head. `heads_in_scope` is the count the
 // tokens can reach; tokens after the step get -1; `known` is false when a head in scope has no
 // rows at this step (a degraded trace).
+// outside_window_of counts the heads in scope (with rows) for which the token lies before their
+// sliding window: no candidate of theirs, so neither seen nor hidden by the policy.
 struct RetentionCounts {
-  std::vector<int32_t> seen_by;  // [tokens]
+  std::vector<int32_t> seen_by;            // [tokens]
+  std::vector<int32_t> outside_window_of;  // [tokens] (-1 after the step, as seen_by)
   int32_t heads_in_scope = 0;
   bool known = true;
 };

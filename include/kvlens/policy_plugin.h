@@ -108,7 +108,8 @@ typedef struct kvlens_step {
   int64_t layer;  /* l, at least the dense_layers knob (earlier layers are dense) */
   int64_t cols;   /* t + 1 candidates */
   int64_t stride; /* columns of every row buffer below (it grows with the context) */
-  int64_t budget; /* B(t): the most tokens a head may see, everything forced included */
+  int64_t budget; /* B(t): the most tokens a head may see, everything forced included (on a
+                     sliding-window layer B of the window's keys: see first_candidate) */
   int64_t sinks;  /* the common knobs, resolved */
   int64_t window;
   int32_t kv_head_granularity; /* 1: one selection per KV head (selection_rows = G) */
@@ -124,6 +125,10 @@ typedef struct kvlens_step {
   const uint8_t* previous_visible; /* [H, stride]: what each head saw at this layer's previous
                                       step (columns < t; KVLENS_NEEDS_PREVIOUS_VISIBLE), NULL
                                       at its first step or where that step was dense */
+  /* A sliding-window layer's first visible column (gemma3's local layers, mistral's window):
+   * columns before it are no candidates (never chosen, never visible) and `budget` is B of the
+   * cols - first_candidate keys in the window; 0 elsewhere. */
+  int64_t first_candidate;
 } kvlens_step;
 
 /* What select() answers into. Write every candidate column [0, cols) of every row of what you
@@ -154,7 +159,8 @@ typedef enum kvlens_decision {
                          `recent`) and the best remaining scores among eligible columns, up to
                          `budget`, per head or per KV head (scores summed over the group) */
   KVLENS_VISIBLE = 2, /* `visible` is the set; kvlens checks each row: the current token must be
-                         in it and at most `budget` columns (a row with more is an error) */
+                         in it, at most `budget` columns, none before first_candidate (a row
+                         that breaks either is an error) */
   KVLENS_FAILED = -1  /* the step failed: `error` holds why (kvlens stops the run with it) */
 } kvlens_decision;
 

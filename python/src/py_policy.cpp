@@ -581,6 +581,8 @@ void bind_policy_types(py::module_& m) {
       .def_property_readonly("budget", [](const StepView& v) { return active_step(v).budget; })
       .def_property_readonly("sinks", [](const StepView& v) { return active_step(v).sinks; })
       .def_property_readonly("window", [](const StepView& v) { return active_step(v).window; })
+      .def_property_readonly("first_candidate",
+                             [](const StepView& v) { return active_step(v).first_candidate; })
       .def_property_readonly(
           "kv_head_granularity",
           [](const StepView& v) { return bool(active_step(v).kv_head_granularity); })

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/common/mapped_file.h"
 #include "engine/model/config.h"
 #include "engine/model/model.h"
 #include "engine/model/safetensors.h"
@@ -165,8 +168,8 @@ TEST_CASE("config: Gemma 3 errors name the field", "[model][gemma3]") {
   auto message = [](const std::string& text) {
     return test::error_message([&] { ModelConfig::parse(text, "bad.json"); });
   };
-  CHECK_THAT(message(small_gemma(R"("attn_logit_softcapping": 50.0)")),
-             Contains("attn_logit_softcapping") && Contains("not supported"));
+  CHECK_THAT(message(small_gemma(R"("attn_logit_softcapping": -50.0)")),
+             Contains("attn_logit_softcapping"));
   CHECK_THAT(message(small_gemma(R"("layer_types": ["sliding_attention"])")),
              Contains("layer_types") && Contains("a list of 4"));
   CHECK_THAT(message(small_gemma(
@@ -309,4 +312,144 @@ TEST_CASE("a gemma3 multimodal checkpoint runs its language model", "[gemma3][mo
                    R"({"model_type": "gemma3", "text_config": )" + config_text.str() + "}");
   CHECK_THAT(test::error_message([&] { Model::load(empty); }),
              Contains("language_model.model.embed_tokens.weight"));
+}
+
+namespace {
+
+// The gemma3 fixture with `extra` merged into its config.json (weights shared by copy).
+std::string gemma3_variant(const std::string& tag, const nlohmann::json& extra) {
+  const std::string source = test::source_path("tests/fixtures/gemma3-window-softcap-f32");
+  const std::string dir = test::make_temp_dir(tag);
+  nlohmann::json config = nlohmann::json::parse(read_text_file(source + "/config.json"));
+  config.update(extra);
+  test::write_file(dir + "/config.json", config.dump());
+  std::filesystem::copy_file(source + "/model.safetensors", dir + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  return dir;
+}
+
+// Layer `layer`'s recorded true logits of head `head` at step t, from a trace's dense run.
+std::vector<float> recorded_logits(const Trace& trace, int64_t run, int64_t t, int64_t layer,
+                                   int64_t head) {
+  return head_row_at(trace, run, t, layer, head, HeadQuantity::Logits).values;
+}
+
+}  // namespace
+
+TEST_CASE("attn_logit_softcapping caps the attention logits before the mask and the softmax",
+          "[gemma3][softcap]") {
+  // transformers 5.17's Gemma 3 stores attn_logit_softcapping but never applies it (its Gemma 2
+  // does): the reference is computed here. Layer 0's inputs do not depend on the cap, so its
+  // capped logits must be cap * tanh(z / cap) of the uncapped z, in double, at every step and
+  // head, -inf (outside the window) staying -inf; later layers then differ.
+  const double cap = 0.6;
+  const ModelConfig parsed = ModelConfig::load(
+      gemma3_variant("softcap-config", {{"attn_logit_softcapping", cap}}) + "/config.json");
+  CHECK(parsed.attn_logit_softcap == cap);
+  auto backend = make_cpu_backend(2);
+  const auto plain = upload_model(
+      Model::load(test::source_path("tests/fixtures/gemma3-window-softcap-f32")), *backend);
+  const auto capped = upload_model(
+      Model::load(gemma3_variant("softcap", {{"attn_logit_softcapping", cap}})), *backend);
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 24; ++i) tokens.push_back((i * 53 + 7) % 320);
+  // dense (the fused path, unfused when capped) and oracle over every layer (the policy path:
+  // logits of every run, then the selection) in one recording.
+  const std::vector<PolicyConfig> runs = {{"dense", 0.0, {}},
+                                          {"oracle", 0.5, {"dense_layers=0", "sinks=1"}}};
+  TraceRecorder plain_recorder(plain, nullptr, tokens, runs);
+  TraceRecorder capped_recorder(capped, nullptr, tokens, runs);
+  while (plain_recorder.step() && capped_recorder.step()) {
+  }
+  const Trace& a = plain_recorder.trace();
+  const Trace& b = capped_recorder.trace();
+  int64_t masked = 0;
+  for (int64_t t = 0; t < b.step_count(); ++t) {
+    for (int64_t head = 0; head < plain->config().num_heads; ++head) {
+      INFO("step " << t << " head " << head);
+      const std::vector<float> z = recorded_logits(a, 0, t, 0, head);
+      for (const int64_t run : {0, 1}) {
+        const std::vector<float> got = recorded_logits(b, run, t, 0, head);
+        REQUIRE(got.size() == z.size());
+        for (size_t j = 0; j < z.size(); ++j) {
+          if (std::isnan(z[j])) {  // -inf before the window: no value, capped or not
+            CHECK(std::isnan(got[j]));
+            ++masked;
+            continue;
+          }
+          const double expected = std::tanh(double(float(z[j] / float(cap)))) * cap;
+          CHECK(double(got[j]) == Approx(expected).margin(1e-6));
+          CHECK(std::fabs(got[j]) <= float(cap));
+        }
+      }
+    }
+  }
+  CHECK(masked > 0);  // the window slid: masked keys were checked too
+  // The cap changes what follows: the last step's next-token distributions differ.
+  const ScoreResult plain_score = score_tokens(plain, tokens);
+  const ScoreResult capped_score = score_tokens(capped, tokens);
+  CHECK(std::fabs(plain_score.ppl - capped_score.ppl) > 1e-3);
+  // A cap far above every logit leaves the model as it was (tanh(x) = x to float precision).
+  const auto loose = upload_model(
+      Model::load(gemma3_variant("softcap-loose", {{"attn_logit_softcapping", 1e6}})), *backend);
+  CHECK(score_tokens(loose, tokens).ppl == Approx(plain_score.ppl).epsilon(1e-6));
+}
+
+TEST_CASE("a soft-capped model gives the same logits by chunks and step by step",
+          "[gemma3][softcap]") {
+  auto backend = make_cpu_backend(2);
+  const auto capped = upload_model(
+      Model::load(gemma3_variant("softcap-chunks", {{"attn_logit_softcapping", 0.6}})), *backend);
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 30; ++i) tokens.push_back((i * 41 + 3) % 320);
+  DecoderSession stepped(capped), chunked(capped);
+  std::vector<float> by_step;
+  for (const int32_t token : tokens) by_step = stepped.step(token);
+  // Two chunks: 20 tokens (the window of 16 slides inside the chunk), then 10.
+  chunked.forward(std::span<const int32_t>(tokens.data(), 20));
+  const DeviceTensor& last = chunked.forward(std::span<const int32_t>(tokens.data() + 20, 10));
+  const int64_t vocab = capped->config().vocab_size;
+  std::vector<float> rows(size_t(last.numel()));
+  backend->to_host(last, rows.data(), rows.size() * sizeof(float));
+  const float* by_chunk = rows.data() + (last.numel() / vocab - 1) * vocab;
+  double worst = 0.0;
+  for (int64_t v = 0; v < vocab; ++v)
+    worst = std::max(worst, double(std::fabs(by_chunk[v] - by_step[size_t(v)])));
+  CHECK(worst <= 1e-4);  // batched projections against single-row ones: rounding only
+}
+
+TEST_CASE("a soft-capped prefill records the capped logits a decode records", "[gemma3][softcap]") {
+  // The dense chunk's rows (recorded from the chunk's logits, -inf after each row's position and
+  // before its window) against the same steps decoded one by one.
+  auto backend = make_cpu_backend(2);
+  const auto capped = upload_model(
+      Model::load(gemma3_variant("softcap-prefill", {{"attn_logit_softcapping", 0.6}})), *backend);
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 26; ++i) tokens.push_back((i * 29 + 5) % 320);
+  TraceOptions prefill;
+  prefill.prefill = 20;
+  TraceRecorder chunked(capped, nullptr, tokens, {{"dense", 0.0, {}}}, prefill);
+  TraceRecorder stepped(capped, nullptr, tokens, {{"dense", 0.0, {}}});
+  while (chunked.step()) {
+  }
+  while (stepped.step()) {
+  }
+  int64_t compared = 0;
+  for (const int64_t t : {int64_t(3), int64_t(19), int64_t(25)}) {
+    for (int64_t layer = 0; layer < 3; ++layer) {
+      for (int64_t head = 0; head < capped->config().num_heads; ++head) {
+        INFO("step " << t << " layer " << layer << " head " << head);
+        const std::vector<float> a = recorded_logits(chunked.trace(), 0, t, layer, head);
+        const std::vector<float> b = recorded_logits(stepped.trace(), 0, t, layer, head);
+        REQUIRE(a.size() == b.size());
+        for (size_t j = 0; j < a.size(); ++j) {
+          CHECK(std::isnan(a[j]) == std::isnan(b[j]));
+          if (!std::isnan(b[j])) CHECK(a[j] == Approx(b[j]).margin(1e-4));
+          if (!std::isnan(b[j])) CHECK(std::fabs(a[j]) <= 0.6f);
+        }
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 3 * 3 * capped->config().num_heads);
 }

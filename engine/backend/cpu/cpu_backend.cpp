@@ -384,7 +384,7 @@ class CpuBackend final : public Backend {
                    cat(cap));
     float* v = x.as<float>();
     for (int64_t i = 0, count = x.numel(); i < count; ++i)
-      v[i] = float(std::tanh(double(v[i] / cap))) * cap;
+      if (!std::isinf(v[i])) v[i] = float(std::tanh(double(v[i] / cap))) * cap;
   }
 
   void layer_norm(const DeviceTensor& x, const DeviceTensor& weight, const DeviceTensor& bias,
