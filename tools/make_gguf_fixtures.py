@@ -153,6 +153,16 @@ def add_tensors(writer, tensors, family, config, quantized):
             writer.add_tensor(target, np.ascontiguousarray(data, dtype=np.float32))
 
 
+def add_shapes(writer, config):
+    """The hyper-parameters every architecture writes the same way."""
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+
+
 def write_gemma3(folder, path, quantized):
     config = json.loads((folder / "config.json").read_text())
     writer = gguf.GGUFWriter(str(path), "gemma3")
@@ -161,12 +171,7 @@ def write_gemma3(folder, path, quantized):
     if any(((i + 1) % pattern == 0) != (kind == "full_attention") for i, kind in enumerate(layers)):
         sys.exit(f"{folder}: layer_types is not every {pattern}th layer global")
     rope = config["rope_parameters"]
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    add_shapes(writer, config)
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
@@ -190,12 +195,7 @@ def write_gemma3(folder, path, quantized):
 def write_llama(folder, path, quantized):
     config = json.loads((folder / "config.json").read_text())
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    add_shapes(writer, config)
     writer.add_rope_dimension_count(config["head_dim"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])

@@ -26,6 +26,9 @@ import random
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_coref_pools import check_math  # noqa: E402  (the same equation check)
+
 SEED = 41_2026
 
 # --- names -------------------------------------------------------------------------------------
@@ -281,13 +284,7 @@ def make_reflections(rng, count):
         text = rng.choice(REFLECTIONS).format(thinker=rng.choice(THINKERS), virtue=v1, virtue2=v2)
         return text[0].upper() + text[1:]
 
-    out, seen = [], set()
-    while len(out) < count:
-        text = several(rng, one)
-        if text not in seen:
-            seen.add(text)
-            out.append(text)
-    return out
+    return distinct(count, lambda: several(rng, one))
 
 
 def make_food(rng, count):
@@ -297,9 +294,14 @@ def make_food(rng, count):
                                               weather=rng.choice(WEATHERS))
         return text[0].upper() + text[1:]
 
+    return distinct(count, lambda: several(rng, one))
+
+
+def distinct(count, make_one):
+    """`count` different entries from make_one, in the order first made."""
     out, seen = [], set()
     while len(out) < count:
-        text = several(rng, one)
+        text = make_one()
         if text not in seen:
             seen.add(text)
             out.append(text)
@@ -307,8 +309,7 @@ def make_food(rng, count):
 
 
 def make_math(rng, count):
-    out, seen = [], set()
-    while len(out) < count:
+    def one():
         frame, op = rng.choice(MATH_FRAMES)
         if op == "+":
             a, b = rng.randint(2, 250), rng.randint(2, 250)
@@ -323,25 +324,9 @@ def make_math(rng, count):
         else:
             b, c = rng.randint(2, 15), rng.randint(2, 20)
             a = b * c
-        text = frame.format(a=a, b=b, c=c)
-        if text not in seen:
-            seen.add(text)
-            out.append(text)
-    return out
+        return frame.format(a=a, b=b, c=c)
 
-
-EQUATION = re.compile(r"(\d+) ([-+×÷]) (\d+) = (\d+)")
-
-
-def check_math(problems):
-    for i, text in enumerate(problems):
-        found = EQUATION.findall(text)
-        if len(found) != 1:
-            sys.exit(f"math_problems[{i}]: expected one equation, found {len(found)}: {text}")
-        a, op, b, c = (int(found[0][0]), found[0][1], int(found[0][2]), int(found[0][3]))
-        value = {"+": a + b, "-": a - b, "×": a * b, "÷": a // b if a % b == 0 else None}[op]
-        if value != c:
-            sys.exit(f"math_problems[{i}]: arithmetic is wrong: {text}")
+    return distinct(count, one)
 
 
 def excluded_names(paths):

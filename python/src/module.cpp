@@ -330,6 +330,13 @@ py::dict metrics_dict(const StepMetrics& m) {
   return d;
 }
 
+// kvlens-cli eval's hit_rate field: the mean over the scored rows, None when none was scored (or
+// the hit rate was not asked for).
+void set_hit_rate(py::dict& row, const HitRateStats& stats) {
+  const double mean = stats.mean();
+  row["hit_rate"] = std::isfinite(mean) ? py::object(py::float_(mean)) : py::object(py::none());
+}
+
 // One result row of `kvlens-cli eval --json` (cmd_eval.cpp's result_row + set_sparsity).
 py::dict result_row(const PolicyConfig& run, const SparsityStats& stats) {
   py::dict row;
@@ -342,6 +349,7 @@ py::dict result_row(const PolicyConfig& run, const SparsityStats& stats) {
   row["coverage"] = py::none();
   row["ppl"] = py::none();
   row["samples"] = py::none();
+  row["hit_rate"] = py::none();
   // A plug-in's results say which file ran (as kvlens-cli eval --json's do).
   const std::string source = policy_source_of(run.id);
   if (!source.empty()) row["plugin"] = source;
@@ -355,7 +363,7 @@ py::dict result_row(const PolicyConfig& run, const SparsityStats& stats) {
 py::list eval_coref(const std::shared_ptr<PyModel>& model, const py::object& policies,
                     const py::object& sparsity, const py::object& policy_args, int64_t samples,
                     uint64_t seed, int64_t first_index, bool hard, const std::string& pools,
-                    bool per_sample) {
+                    bool per_sample, bool hit_rate) {
   const auto runs = session::resolve_policy_runs(join_list(policies), join_list(sparsity),
                                                  string_list(policy_args));
   const Tokenizer& tokenizer = model->model->require_tokenizer();
@@ -364,7 +372,7 @@ py::list eval_coref(const std::shared_ptr<PyModel>& model, const py::object& pol
   {
     py::gil_scoped_release release;
     results = evaluate_coref_lockstep(model->resident, loaded, tokenizer, seed, first_index,
-                                      samples, hard, ProgressFn(), runs);
+                                      samples, hard, ProgressFn(), runs, hit_rate);
   }
   py::list out;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -374,6 +382,7 @@ py::list eval_coref(const std::shared_ptr<PyModel>& model, const py::object& pol
     row["coverage"] = r.coverage;
     row["samples"] = r.samples;
     row["answer_tokens"] = r.answer_tokens;
+    set_hit_rate(row, r.hit_rate);
     if (per_sample) {
       py::list lines;
       for (const CorefSampleResult& s : r.per_sample) {
@@ -387,6 +396,7 @@ py::list eval_coref(const std::shared_ptr<PyModel>& model, const py::object& pol
         line["all_correct"] = s.all_correct;
         line["canonical"] = s.canonical;
         line["answer_nll"] = s.answer_nll;
+        if (hit_rate) set_hit_rate(line, s.hit_rate);
         lines.append(line);
       }
       row["per_sample"] = lines;
@@ -402,7 +412,7 @@ constexpr int64_t kPerplexityChunk = 512;
 py::list eval_ppl(const std::shared_ptr<PyModel>& model, std::optional<std::string> text,
                   const py::object& policies, const py::object& sparsity,
                   const py::object& policy_args, int64_t window, int64_t max_tokens,
-                  const std::string& text_file) {
+                  const std::string& text_file, bool hit_rate) {
   if (text.has_value() == !text_file.empty())
     throw Error("eval_ppl", "text", "one of text= or text_file=");
   if (!text) text = read_text_file(text_file);  // as kvlens-cli eval --text-file reads it
@@ -415,7 +425,7 @@ py::list eval_ppl(const std::shared_ptr<PyModel>& model, std::optional<std::stri
   {
     py::gil_scoped_release release;
     results = evaluate_perplexity_lockstep(model->resident, tokens, window, kPerplexityChunk,
-                                           ProgressFn(), runs);
+                                           ProgressFn(), runs, hit_rate);
   }
   py::list out;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -425,6 +435,7 @@ py::list eval_ppl(const std::shared_ptr<PyModel>& model, std::optional<std::stri
     row["samples"] = r.windows;
     row["tokens_scored"] = r.tokens_scored;
     row["window"] = r.window;
+    set_hit_rate(row, r.hit_rate);
     out.append(row);
   }
   return out;
@@ -753,13 +764,15 @@ PYBIND11_MODULE(_kvlens, m) {
   m.def("eval_coref", &eval_coref, py::arg("model"), py::arg("policies") = "dense",
         py::arg("sparsity") = "0", py::arg("policy_args") = py::none(), py::arg("samples") = 200,
         py::arg("seed") = 0, py::arg("first_index") = 0, py::arg("hard") = false,
-        py::arg("pools") = "", py::arg("per_sample") = false,
-        "kvlens-cli eval --task coref: one row per (policy, sparsity)");
+        py::arg("pools") = "", py::arg("per_sample") = false, py::arg("hit_rate") = false,
+        "kvlens-cli eval --task coref: one row per (policy, sparsity); hit_rate=True: "
+        "--hit-rate");
   m.def("eval_ppl", &eval_ppl, py::arg("model"), py::arg("text") = py::none(),
         py::arg("policies") = "dense", py::arg("sparsity") = "0",
         py::arg("policy_args") = py::none(), py::arg("window") = 0, py::arg("max_tokens") = 0,
-        py::arg("text_file") = "",
-        "kvlens-cli eval --task ppl over a text (or text_file, read as --text-file is)");
+        py::arg("text_file") = "", py::arg("hit_rate") = false,
+        "kvlens-cli eval --task ppl over a text (or text_file, read as --text-file is); "
+        "hit_rate=True: --hit-rate");
 
   m.def(
       "load_plugin",

@@ -20,6 +20,17 @@ for mine, theirs in zip(rows, expected):
 kvlens.table(rows)
 print(f"coref: {len(rows)} rows identical to kvlens-cli eval --json")
 
+# hit_rate=True is --hit-rate: the same means (null where the policy scores nothing).
+cli("eval", "--model", DEMO, "--task", "coref", "--policies", POLICIES, "--sparsity", SPARSITY,
+    "--samples", 4, "--seed", 3, "--hit-rate", "--json", out)
+expected = json.load(open(out))["results"]
+rows = kvlens.eval_coref(model, POLICIES, sparsity=SPARSITY, samples=4, seed=3, hit_rate=True)
+for mine, theirs in zip(rows, expected):
+    check(mine["hit_rate"] == theirs["hit_rate"],
+          f"{theirs['policy']}: hit_rate {mine['hit_rate']} vs kvlens-cli {theirs['hit_rate']}")
+check(rows[0]["hit_rate"] is None and 0.5 < rows[3]["hit_rate"] < 1, "dense none, tokenbutler's")
+print("coref --hit-rate: identical")
+
 text = os.path.join(SCRATCH, "text.txt")
 with open(text, "w") as f:
     f.write(open(os.path.join(SOURCE_DIR, "README.md")).read()[:6000])

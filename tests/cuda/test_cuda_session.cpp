@@ -14,6 +14,30 @@
 
 using namespace kvlens;
 
+namespace {
+
+// A model on both backends, the GPU with an F32 KV cache as the CPU keeps (the BF16 and F16
+// caches are compared in test_cuda_cache_dtype.cpp).
+struct OnBothBackends {
+  std::shared_ptr<const Model> model;
+  std::unique_ptr<Backend> cpu, gpu;
+  std::shared_ptr<const BackendModel> on_cpu, on_gpu;
+};
+
+OnBothBackends load_on_both(const std::string& dir) {
+  OnBothBackends both;
+  both.model = Model::load(dir);
+  both.cpu = make_cpu_backend(2);
+  both.gpu = make_cuda_backend(0);
+  both.on_cpu = upload_model(both.model, *both.cpu);
+  UploadOptions f32_cache;
+  f32_cache.kv_cache_dtype = DType::F32;
+  both.on_gpu = upload_model(both.model, *both.gpu, f32_cache);
+  return both;
+}
+
+}  // namespace
+
 TEST_CASE("cuda session matches the cpu session on every parity fixture", "[cuda]") {
   for (const char* name :
        {"llama-gqa-f32", "llama-mha-headdim-tied-llama3-f32", "mistral-window-bf16",
@@ -23,14 +47,9 @@ TEST_CASE("cuda session matches the cpu session on every parity fixture", "[cuda
     const std::string dir = test::source_path(std::string("tests/fixtures/") + name);
     const auto reference = nlohmann::json::parse(read_text_file(dir + "/reference.json"));
     const std::vector<int32_t> tokens = reference["tokens"].get<std::vector<int32_t>>();
-    const auto model = Model::load(dir);
-    auto cpu = make_cpu_backend(2);
-    auto gpu = make_cuda_backend(0);
-    const auto on_cpu = upload_model(model, *cpu);
-    // The F32 path: an F32 KV cache, as the CPU keeps (BF16/F16 caches: the test below).
-    UploadOptions f32_cache;
-    f32_cache.kv_cache_dtype = DType::F32;
-    const auto on_gpu = upload_model(model, *gpu, f32_cache);
+    const OnBothBackends both = load_on_both(dir);
+    const auto& on_cpu = both.on_cpu;
+    const auto& on_gpu = both.on_gpu;
 
     DecoderSession cpu_session(on_cpu), gpu_session(on_gpu);
     std::vector<float> cpu_logits, gpu_logits;
@@ -117,15 +136,11 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
   // Selections are exact on both backends (policy ops are tested bit for bit), but the logits
   // that rank tokens differ in the last bits, so a near tie may pick another token: compare the
   // metrics a user reads, with tolerances that a real divergence would exceed by far.
-  const auto model = Model::load(test::source_path("assets/models/demo"));
-  auto cpu = make_cpu_backend(2);
-  auto gpu = make_cuda_backend(0);
-  const auto on_cpu = upload_model(model, *cpu);
-  // The F32 path: the demo model's weights are BF16, so its cache would be BF16 by default
-  // (test_cuda_cache_dtype.cpp compares that one).
-  UploadOptions f32_cache;
-  f32_cache.kv_cache_dtype = DType::F32;
-  const auto on_gpu = upload_model(model, *gpu, f32_cache);
+  // The F32 cache: the demo model's weights are BF16, so its cache would be BF16 by default.
+  const OnBothBackends both = load_on_both(test::source_path("assets/models/demo"));
+  const auto& model = both.model;
+  const auto& on_cpu = both.on_cpu;
+  const auto& on_gpu = both.on_gpu;
   const std::vector<int32_t> tokens = model->require_tokenizer().encode(
       "Old sea charts mark a valley where the vineyards climb up terraces. The place is: "
       "Rourstelk. Courage is often mistaken for its opposite by those in a hurry. The valley with "
@@ -165,13 +180,10 @@ TEST_CASE("cuda policy runs on sliding-window layers match the cpu ones (gemma3 
   // Gemma 3's local layers (window 16) 14 steps past the window: each policy chooses within the
   // window on both backends, so the per-layer sparsities (budgets of the window's keys) agree
   // exactly for the token-budgeted policies and the perplexities to rounding.
-  const auto model = Model::load(test::source_path("tests/fixtures/gemma3-window-softcap-f32"));
-  auto cpu = make_cpu_backend(2);
-  auto gpu = make_cuda_backend(0);
-  const auto on_cpu = upload_model(model, *cpu);
-  UploadOptions f32_cache;
-  f32_cache.kv_cache_dtype = DType::F32;
-  const auto on_gpu = upload_model(model, *gpu, f32_cache);
+  const OnBothBackends both =
+      load_on_both(test::source_path("tests/fixtures/gemma3-window-softcap-f32"));
+  const auto& on_cpu = both.on_cpu;
+  const auto& on_gpu = both.on_gpu;
   std::vector<int32_t> tokens;
   for (int32_t i = 0; i < 30; ++i) tokens.push_back((i * 37 + 11) % 320);
   for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "quest", "keydiff",

@@ -12,6 +12,7 @@
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/perplexity.h"
 #include "engine/session/scoring.h"
+#include "tests/support/cpu_model.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -20,20 +21,6 @@ using namespace kvlens;
 using Json = nlohmann::json;
 
 namespace {
-
-struct Loaded {
-  std::unique_ptr<Backend> backend;
-  std::shared_ptr<const Model> model;
-  std::shared_ptr<const BackendModel> resident;
-};
-
-Loaded load(const std::string& dir) {
-  Loaded loaded;
-  loaded.backend = make_cpu_backend(2);
-  loaded.model = Model::load(dir);
-  loaded.resident = upload_model(loaded.model, *loaded.backend);
-  return loaded;
-}
 
 // A random tiny Llama with the real Llama 2 vocabulary (32000 ids, BOS 1, as the tiny config
 // says), so samples can be tokenized; its predictions are noise, which the tests work around.
@@ -64,7 +51,7 @@ std::vector<int32_t> seeded_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return tokens;
 }
 
-ScoreResult step_by_step(const Loaded& loaded, std::span<const int32_t> tokens) {
+ScoreResult step_by_step(const test::CpuModel& loaded, std::span<const int32_t> tokens) {
   return score_tokens(loaded.resident, tokens, ScoreOptions{1, {}});
 }
 
@@ -77,7 +64,7 @@ struct Expected {
   int64_t correct = 0;
   double nll = 0.0;
 };
-Expected recompute(const Loaded& loaded, const CorefTokens& marked) {
+Expected recompute(const test::CpuModel& loaded, const CorefTokens& marked) {
   const ScoreResult scored = step_by_step(loaded, marked.tokens);
   Expected expected;
   for (int64_t t = marked.answer_token_begin; t < marked.answer_token_end; ++t) {
@@ -87,8 +74,8 @@ Expected recompute(const Loaded& loaded, const CorefTokens& marked) {
   return expected;
 }
 
-void check_against_recomputation(const Loaded& loaded, uint64_t seed, int64_t first, int64_t count,
-                                 bool hard) {
+void check_against_recomputation(const test::CpuModel& loaded, uint64_t seed, int64_t first,
+                                 int64_t count, bool hard) {
   const CorefPools pools = load_bundled_coref_pools();
   const Tokenizer& tokenizer = loaded.model->require_tokenizer();
   std::vector<std::pair<int64_t, int64_t>> progress;
@@ -145,7 +132,8 @@ std::set<std::string> keys(const Json& object) {
 TEST_CASE("perplexity windows start every W-1 tokens and score each token once", "[eval]") {
   test::TinyLlamaSpec spec;
   spec.max_positions = 16;
-  const Loaded loaded = load(test::write_tiny_llama(test::make_temp_dir("eval"), spec));
+  const test::CpuModel loaded =
+      test::load_on_cpu(test::write_tiny_llama(test::make_temp_dir("eval"), spec));
   const std::vector<int32_t> tokens = seeded_tokens(10, spec.vocab, 3);
   const std::span<const int32_t> all(tokens);
 
@@ -204,7 +192,7 @@ TEST_CASE("perplexity windows start every W-1 tokens and score each token once",
 }
 
 TEST_CASE("a coref sample's score uses the positions that predict the answer", "[eval]") {
-  const Loaded loaded = load(tiny_model_with_tokenizer());
+  const test::CpuModel loaded = test::load_on_cpu(tiny_model_with_tokenizer());
   const CorefPools pools = load_bundled_coref_pools();
   const CorefSample sample = generate_coref_sample(pools, 5, 2, false);
   CorefTokens marked = mark_answer_tokens(sample, loaded.model->require_tokenizer());
@@ -230,10 +218,10 @@ TEST_CASE("a coref sample's score uses the positions that predict the answer", "
 
 TEST_CASE("coref accuracy and coverage equal a step-by-step recomputation", "[eval]") {
   SECTION("random tiny model") {
-    check_against_recomputation(load(tiny_model_with_tokenizer()), 0, 0, 3, false);
+    check_against_recomputation(test::load_on_cpu(tiny_model_with_tokenizer()), 0, 0, 3, false);
   }
   SECTION("demo model, hard samples") {
-    check_against_recomputation(load(demo_model()), 0, 0, 6, true);
+    check_against_recomputation(test::load_on_cpu(demo_model()), 0, 0, 6, true);
   }
 }
 
@@ -241,7 +229,7 @@ TEST_CASE("coref samples scored side by side give the results of scoring each al
   // evaluate_coref_lockstep scores its samples as tasks of the backend (two CPU threads here, each
   // sample's ops inline on its thread); score_coref_sample_lockstep on this thread spreads each
   // op over both. The results must not depend on that: every figure is compared exactly.
-  const Loaded loaded = load(demo_model());
+  const test::CpuModel loaded = test::load_on_cpu(demo_model());
   const CorefPools pools = load_bundled_coref_pools();
   const Tokenizer& tokenizer = loaded.model->require_tokenizer();
   const std::vector<PolicyConfig> policies = {
@@ -276,7 +264,7 @@ TEST_CASE("coref samples scored side by side give the results of scoring each al
 }
 
 TEST_CASE("coref evaluation rejects samples past the model's positions", "[eval]") {
-  const Loaded loaded = load(tiny_model_with_tokenizer(16));
+  const test::CpuModel loaded = test::load_on_cpu(tiny_model_with_tokenizer(16));
   const CorefPools pools = load_bundled_coref_pools();
   const std::string message = test::error_message([&] {
     evaluate_coref(loaded.resident, pools, loaded.model->require_tokenizer(), 0, 7, 2, false, {});
@@ -318,7 +306,7 @@ TEST_CASE("eval --task coref writes the documented JSON and per-sample lines", "
   CHECK(row["ppl"].is_null());
   CHECK(row["samples"] == 3);
 
-  const Loaded loaded = load(model);
+  const test::CpuModel loaded = test::load_on_cpu(model);
   const CorefEvalResult expected =
       evaluate_coref(loaded.resident, load_bundled_coref_pools(), loaded.model->require_tokenizer(),
                      4, 0, 3, false, {});
@@ -404,7 +392,7 @@ TEST_CASE("eval --task ppl reports windows and tokens scored", "[eval][cli]") {
   // One per run (the same run twice is refused): h2o at sparsity 0 sees what dense sees.
   REQUIRE(out["results"].size() == 2);
 
-  const Loaded loaded = load(model);
+  const test::CpuModel loaded = test::load_on_cpu(model);
   std::vector<int32_t> tokens =
       loaded.model->require_tokenizer().encode(read_text_file(text_path), true);
   REQUIRE(tokens.size() > 100);

@@ -12,6 +12,7 @@
 #include "engine/session/scoring.h"
 #include "engine/session/trace_recorder.h"
 #include "engine/trace/trace_queries.h"
+#include "tests/support/cpu_model.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -19,20 +20,6 @@ using namespace kvlens;
 using Json = nlohmann::json;
 
 namespace {
-
-struct Loaded {
-  std::unique_ptr<Backend> backend;
-  std::shared_ptr<const Model> model;
-  std::shared_ptr<const BackendModel> resident;
-};
-
-Loaded load(const std::string& dir) {
-  Loaded loaded;
-  loaded.backend = make_cpu_backend(2);
-  loaded.model = Model::load(dir);
-  loaded.resident = upload_model(loaded.model, *loaded.backend);
-  return loaded;
-}
 
 const std::vector<int32_t> kTokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3, 8, 61, 17, 4};
 
@@ -56,8 +43,8 @@ std::pair<double, int64_t> trace_hit_rate(const Trace& trace, int64_t run) {
 TEST_CASE("hit rate: the oracle's scores are the true logits, dense scores nothing", "[eval]") {
   // The tiny model has 2 layers of 4 heads; the oracle leaves layer 0 dense (dense_layers=1) and
   // masks layer 1 at each of the 14 steps: 14 * 1 * 4 rows, each in full agreement.
-  const Loaded loaded =
-      load(test::write_tiny_llama(test::make_temp_dir("hit-oracle"), test::TinyLlamaSpec{}));
+  const test::CpuModel loaded = test::load_on_cpu(
+      test::write_tiny_llama(test::make_temp_dir("hit-oracle"), test::TinyLlamaSpec{}));
   const std::vector<PolicyConfig> policies = {{"dense", 0.0, {}}, {"oracle", 0.5, {}}};
   ScoreOptions options;
   options.hit_rate = true;
@@ -94,8 +81,8 @@ TEST_CASE("hit rate: HitRateStats merges sums and rows", "[eval]") {
 
 TEST_CASE("hit rate: measuring it changes no score, and equals the trace's head summaries",
           "[eval]") {
-  const Loaded loaded =
-      load(test::write_tiny_llama(test::make_temp_dir("hit-trace"), test::TinyLlamaSpec{}));
+  const test::CpuModel loaded = test::load_on_cpu(
+      test::write_tiny_llama(test::make_temp_dir("hit-trace"), test::TinyLlamaSpec{}));
   const std::vector<PolicyConfig> policies = {
       {"dense", 0.0, {}},
       {"h2o", 0.5, {"sinks=1"}},
@@ -126,7 +113,8 @@ TEST_CASE("hit rate: a text past the first read-back buffer (1024 columns) still
           "[eval]") {
   test::TinyLlamaSpec spec;
   spec.max_positions = 1300;
-  const Loaded loaded = load(test::write_tiny_llama(test::make_temp_dir("hit-long"), spec));
+  const test::CpuModel loaded =
+      test::load_on_cpu(test::write_tiny_llama(test::make_temp_dir("hit-long"), spec));
   std::vector<int32_t> tokens;
   for (int64_t i = 0; i < 1200; ++i) tokens.push_back(int32_t((i * 37 + i / 7) % spec.vocab));
   const std::vector<PolicyConfig> policies = {{"h2o", 0.5, {"sinks=1"}}};
@@ -143,8 +131,8 @@ TEST_CASE("hit rate: a text past the first read-back buffer (1024 columns) still
 }
 
 TEST_CASE("hit rate: perplexity windows add up", "[eval]") {
-  const Loaded loaded =
-      load(test::write_tiny_llama(test::make_temp_dir("hit-ppl"), test::TinyLlamaSpec{}));
+  const test::CpuModel loaded = test::load_on_cpu(
+      test::write_tiny_llama(test::make_temp_dir("hit-ppl"), test::TinyLlamaSpec{}));
   const std::vector<PolicyConfig> policies = {{"h2o", 0.5, {"sinks=1"}}};
   const std::vector<PerplexityResult> windows =
       evaluate_perplexity_lockstep(loaded.resident, kTokens, 8, 1, {}, policies, true);
@@ -165,7 +153,7 @@ TEST_CASE("hit rate: perplexity windows add up", "[eval]") {
 
 TEST_CASE("hit rate: the demo model's tokenbutler in eval equals its trace's head summaries",
           "[eval][demo]") {
-  const Loaded loaded = load(test::source_path("assets/models/demo"));
+  const test::CpuModel loaded = test::load_on_cpu(test::source_path("assets/models/demo"));
   const CorefPools pools = load_bundled_coref_pools();
   const CorefSample sample = generate_coref_sample(pools, 0, 0, false);
   const CorefTokens marked = mark_answer_tokens(sample, loaded.model->require_tokenizer());
