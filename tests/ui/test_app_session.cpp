@@ -191,7 +191,8 @@ TEST_CASE("the heads grid fills the view area and the zoom buttons stay put", "[
 TEST_CASE("a fetched real model is offered in the sidebar and opens with its own tokenizer",
           "[ui][app]") {
   // tools/get_model.sh's cache holds SmolLM2's .gguf (packaging/bootstrap.sh --test fetches it
-  // and sets KVLENS_REAL_MODEL): the sidebar's "Open" beside it records the same prompt on it.
+  // and sets KVLENS_REAL_MODEL): the sidebar's "Open" beside it records the same prompt on it,
+  // tokenbutler included (the bundled predictor for that file, assets/predictors).
   REQUIRE(have_xvfb());
   const char* real = std::getenv("KVLENS_REAL_MODEL");
   if (!real || !std::filesystem::exists(real)) {
@@ -206,16 +207,18 @@ TEST_CASE("a fetched real model is offered in the sidebar and opens with its own
   const auto result =
       run_app(dir,
               script({"click Open", "wait-idle", "expect-model SmolLM2-135M-Instruct.Q4_1.gguf",
-                      "expect-compare dense,h2o s=0.5", "view heads", "screenshot $DIR/real.png",
-                      "save-trace $DIR/real.kvtrace", "quit"},
+                      "expect-compare dense,h2o s=0.5,tokenbutler s=0.5", "view heads",
+                      "screenshot $DIR/real.png", "save-trace $DIR/real.kvtrace", "quit"},
                      dir),
-              "--prompt 'The capital of France is' --policies dense,h2o", "1600x1000",
+              "--prompt 'The capital of France is' --policies dense,h2o,tokenbutler", "1600x1000",
               "KVLENS_MODEL_CACHE=" + cache);
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
   const Trace trace = load_trace(dir + "/real.kvtrace");
   CHECK(trace.model.layers == 30);
   CHECK(trace.model.vocab_size == 49152);
+  REQUIRE(trace.runs.size() == 3);
+  CHECK(trace.runs[2].policy == "tokenbutler");
   // SmolLM2's own tokenizer (the file says: no BOS): "The" is its first token.
   REQUIRE(!trace.tokens.empty());
   CHECK(trace.tokens.front().text == "The");
