@@ -254,7 +254,10 @@ def tables(runs, out_path):
         if facts.get(key):
             lines.append(f"- {label}: {facts[key]}")
     if "seconds" in facts:
-        lines.append(f"- Wall time: {int(facts['seconds'])} s")
+        # With --resume the last invocation ran only some evals: give both figures.
+        total = sum(e["seconds"] for per in results.values() for e in per.values())
+        lines.append(f"- Wall time of the last invocation: {int(facts['seconds'])} s; "
+                     f"the evals' own times add up to {total:.0f} s")
     lines.append("")
     sparsities = sorted({s for per in results.values() for s in per})
     lines.append("Seconds per eval (all policies of one sparsity in lockstep):")

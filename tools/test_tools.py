@@ -677,7 +677,7 @@ def real_model_results_toy_cpu():
             check(rows["oracle"].count("hit 1.00") == 4, f"{title}: {rows['oracle']}")
             check("- 50%: " in section, f"{title}: no order at 50%")
         check("### At 50% sparsity" in md, "no summary table")
-        for fact in ("- Model:", "- Backend: cpu", "- CPU:", "- Wall time:", "```sh",
+        for fact in ("- Model:", "- Backend: cpu", "- CPU:", "- Wall time of the last invocation:", "```sh",
                      "kvlens-cli eval --model"):
             check(fact in md, f"no {fact!r}")
         runs = os.path.join(out, "runs")
