@@ -1,12 +1,19 @@
 // tova (docs/policies/tova.md) on hand-made logits over a few steps, with the head-averaged
 // attention computed by hand: the lowest averaged token is the one evicted (not each head's own
-// lowest), evictions are permanent, the budget is met exactly, sinks stay, one set per layer.
+// lowest), evictions are permanent, the budget is met exactly, sinks stay, one set per layer; then
+// in a real decode on the demo model (the session's observe order, lockstep, prefill + decode).
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <set>
 
+#include "engine/model/model.h"
 #include "engine/policy/registry.h"
+#include "engine/session/trace_recorder.h"
+#include "engine/trace/trace_queries.h"
 #include "tests/support/policy_harness.h"
+#include "tests/support/test_paths.h"
 
 using namespace kvlens;
 using kvlens::test::Harness;
@@ -147,4 +154,96 @@ TEST_CASE("tova: dense layers and the first step after an unobserved one stay de
   h.set_logits(uniform(7));
   check_all_heads(h.run_step(*policy, 7), {2, 5, 6, 7});
   CHECK(h.last_decision == LayerDecision::Masked);
+}
+
+namespace {
+
+// Every layer of every step t >= 1 of a tova run recorded on the demo model, from `first` on:
+// one set per layer of min(budget, t + 1) tokens, nothing but token t new, and no evicted token
+// with more of step t - 1's head-averaged attention than a kept one.
+void check_tova_trace(const Trace& trace, int64_t run, int64_t first, int64_t budget) {
+  const int64_t layers = int64_t(trace.steps()[0][size_t(run)].decisions.size());
+  const int64_t heads = int64_t(trace.steps()[0][size_t(run)].visible_counts.size()) / layers;
+  int64_t evictions = 0;
+  for (int64_t t = first + 1; t < trace.step_count(); ++t) {
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      INFO("step " << t << " layer " << layer);
+      REQUIRE(trace.steps()[size_t(t)][size_t(run)].decisions[size_t(layer)] ==
+              LayerDecision::Masked);
+      std::vector<double> mean(size_t(t), 0.0);
+      std::vector<uint8_t> before, now;
+      for (int64_t head = 0; head < heads; ++head) {
+        const HeadRow previous = head_row_at(trace, run, t - 1, layer, head, HeadQuantity::Logits);
+        const HeadRow current = head_row_at(trace, run, t, layer, head, HeadQuantity::Scores);
+        REQUIRE(previous.kept);
+        REQUIRE(current.kept);
+        // Step t - 1's attention: the softmax of its true logits over its visible set.
+        double top = -INFINITY, total = 0.0;
+        for (int64_t j = 0; j < t; ++j)
+          if (previous.visible[size_t(j)]) top = std::max(top, double(previous.values[size_t(j)]));
+        for (int64_t j = 0; j < t; ++j)
+          if (previous.visible[size_t(j)]) total += std::exp(previous.values[size_t(j)] - top);
+        for (int64_t j = 0; j < t; ++j) {
+          if (!previous.visible[size_t(j)]) continue;
+          const double p = std::exp(previous.values[size_t(j)] - top) / total;
+          mean[size_t(j)] += p / double(heads);
+        }
+        if (head == 0) before = previous.visible, now = current.visible;
+        CHECK(current.visible == now);  // every head the same set
+        if (head == heads - 1) {
+          // The scores recorded are that averaged attention, for every head.
+          for (int64_t j = 0; j < t; ++j)
+            CHECK(current.values[size_t(j)] == Approx(mean[size_t(j)]).margin(1e-5));
+        }
+      }
+      CHECK(std::count(now.begin(), now.end(), uint8_t(1)) == std::min(budget, t + 1));
+      CHECK(now[size_t(t)] == 1);
+      double lowest_kept = INFINITY, highest_evicted = -INFINITY;
+      for (int64_t j = 0; j < t; ++j) {
+        if (now[size_t(j)]) {
+          CHECK(before[size_t(j)] == 1);  // nothing evicted returns
+          lowest_kept = std::min(lowest_kept, mean[size_t(j)]);
+        } else if (before[size_t(j)]) {
+          highest_evicted = std::max(highest_evicted, mean[size_t(j)]);
+          ++evictions;
+        }
+      }
+      // Recomputed here from the recorded logits: the same to rounding.
+      CHECK(highest_evicted <= lowest_kept + 1e-6);
+    }
+  }
+  CHECK(evictions > 0);
+}
+
+}  // namespace
+
+TEST_CASE("tova in a real decode: the authors' cache of M tokens, alone and after a prefill",
+          "[policy]") {
+  auto backend = make_cpu_backend(2);
+  const auto model = upload_model(Model::load(test::source_path("assets/models/demo")), *backend);
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 40; ++i) tokens.push_back((i * 37 + 11) % 300 + 3);
+  // M = 8: budget_tokens = 9 (the kept tokens and the current one), no sinks, every layer.
+  const PolicyConfig tova{"tova", 0.0, {"budget_tokens=9", "sinks=0", "dense_layers=0"}};
+  SECTION("decode simulation, in lockstep with h2o") {
+    TraceRecorder recorder(model, nullptr, tokens, {{"h2o", 0.5, {}}, tova});
+    while (recorder.step()) {
+    }
+    const Trace& trace = recorder.trace();
+    for (const LayerDecision d : trace.steps()[0][1].decisions) CHECK(d == LayerDecision::Dense);
+    check_tova_trace(trace, 1, 0, 9);
+  }
+  SECTION("prefill + decode: the first decoded step keeps the prompt, the next one evicts") {
+    TraceOptions options;
+    options.prefill = 20;
+    TraceRecorder recorder(model, nullptr, tokens, {tova}, options);
+    while (recorder.step()) {
+    }
+    const Trace& trace = recorder.trace();
+    const StepRecord& first = trace.steps()[20][0];
+    for (const LayerDecision d : first.decisions) CHECK(d == LayerDecision::Dense);
+    for (const int32_t count : first.visible_counts) CHECK(count == 21);
+    for (const int32_t count : trace.steps()[21][0].visible_counts) CHECK(count == 9);
+    check_tova_trace(trace, 0, 20, 9);
+  }
 }
