@@ -38,6 +38,7 @@ std::vector<Entry>& entries() {
       {tokenfilter_policy_info(), make_tokenfilter_policy},
       {lazyllm_policy_info(), make_lazyllm_policy},
       {tokenbutler_policy_info(), make_tokenbutler_policy},
+      {tova_policy_info(), make_tova_policy},
   };
   return table;
 }

@@ -1,7 +1,10 @@
-"""TOVA (Oren et al., 2024, "Transformers are Multi-State RNNs") written in Python.
+"""A TOVA variant (Oren et al., 2024, "Transformers are Multi-State RNNs") written in Python.
+
+It ranks by this step's attention and evicts before attending; the built-in `tova` follows the
+authors' cache, which attends first and evicts by that attention for the next step.
 
     kvlens-cli eval --model assets/models/demo --task coref --policy-file examples/policies/tova.py \
-        --policies tova,h2o --sparsity 0.5 --samples 50
+        --policies tova_py,tova,h2o --sparsity 0.5 --samples 50
 """
 import numpy as np
 
@@ -15,7 +18,7 @@ class Tova(kvlens.Policy):
     and the first `sinks` tokens are never evicted (while the budget is below them, the last
     sinks are hidden)."""
 
-    name = "tova"
+    name = "tova_py"
     family = "eviction (TOVA, Python)"
     needs = {"logits"}
 

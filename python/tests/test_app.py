@@ -21,13 +21,13 @@ open(broken, "w").write("raise RuntimeError('this file is broken')\n")
 script = os.path.join(SCRATCH, "script.txt")
 open(script, "w").write("\n".join([
     f"load-plugin {broken}", "expect-error this file is broken", "close-dialogs",
-    f"load-plugin {tova}", "expect-note tova", "policies dense,h2o,tova,h2o_py", "restart",
-    "wait-idle", "step 12", "wait-idle", "compare h2o,tova,h2o_py", "view retention",
+    f"load-plugin {tova}", "expect-note tova_py", "policies dense,h2o,tova_py,h2o_py", "restart",
+    "wait-idle", "step 12", "wait-idle", "compare h2o,tova_py,h2o_py", "view retention",
     f"export {SCRATCH}/retention.json", "quit", ""]))
 done = subprocess.run(["xvfb-run", "-a", app, "--policy-file", h2o, "--script", script],
                       capture_output=True, text=True, timeout=300)
 print(done.stdout[-2000:], done.stderr[-2000:])
 check(done.returncode == 0, "the app ran the script")
 exported = open(os.path.join(SCRATCH, "retention.json")).read()
-check("tova" in exported and "h2o_py" in exported, "both Python policies in the export")
+check("tova_py" in exported and "h2o_py" in exported, "both Python policies in the export")
 print("ok")

@@ -19,7 +19,7 @@ if not kvlens._core.has_plugin_adapter:
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "policies")
 H2O, TOVA = os.path.join(EXAMPLES, "h2o.py"), os.path.join(EXAMPLES, "tova.py")
 check(kvlens.load_policy_file(H2O) == ["h2o_py"], "h2o.py defines h2o_py")
-check(kvlens.load_policy_file(TOVA) == ["tova"], "tova.py defines tova")
+check(kvlens.load_policy_file(TOVA) == ["tova_py"], "tova.py defines tova_py")
 ids = [p["id"] for p in kvlens.policies()]
 check(len(ids) == len(set(ids)), f"each policy listed once: {ids}")
 listed = {p["id"]: p for p in kvlens.policies()}
@@ -68,8 +68,8 @@ if os.path.exists(plugin):
               f"step {t}: h2o, {c_id} and h2o_py differ")
     print(f"h2o, {c_id} (C plug-in) and h2o_py in lockstep: the same sets at every step")
 
-# TOVA: within the budget, one set per layer, evicted tokens never return.
-session, _ = run("tova", 0)
+# TOVA in Python: within the budget, one set per layer, evicted tokens never return.
+session, _ = run("tova_py", 0)
 last = None
 for t in range(session.step_count):
     rows = session.rows(run=0, step=t)
@@ -83,7 +83,7 @@ for t in range(session.step_count):
               f"step {t}: a token returned")
         check(np.all(rows.visible[1:, :, :sinks]) or t < 12, f"step {t}: sinks kept")
     last = rows.visible
-print("tova: one set per layer, no token returns")
+print("tova_py: one set per layer, no token returns")
 
 # The Python overhead per step: the same session with a Python run against a built-in run.
 class Scores(kvlens.Policy):
@@ -131,7 +131,7 @@ try:
 except ValueError as error:
     check("only valid during" in str(error), str(error))
 print(f"select() is given views: {seen}")
-for python_id, builtin in (("oracle_py", "oracle"), ("h2o_py", "h2o"), ("tova", "h2o")):
+for python_id, builtin in (("oracle_py", "oracle"), ("h2o_py", "h2o"), ("tova_py", "tova")):
     timings, steps = {}, 0
     for policies in (f"dense,{builtin}", f"dense,{python_id}"):
         kvlens._core._python_policy_stats(reset=True)
@@ -209,7 +209,7 @@ done = subprocess.run([CLI, "eval", "--model", DEMO, "--task", "coref", "--polic
 check(done.returncode == 0 and "neg_py" in done.stdout, done.stderr)
 print("kvlens-cli eval --policy-file: a file without NumPy, with a base class of its own")
 listing = cli("policies", "--policy-file", TOVA)
-check("tova" in listing and "lowest attention" in listing, "kvlens-cli policies lists tova")
+check("tova_py" in listing and "lowest attention" in listing, "kvlens-cli policies lists tova_py")
 
 # Errors name the policy.
 class Broken(kvlens.Policy):

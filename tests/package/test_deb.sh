@@ -59,6 +59,6 @@ fi
 if [ -d "$python_dir" ]; then
   # --policy-file in the package's kvlens-cli: its embedded interpreter takes the package's module.
   listing=$("$root/usr/bin/kvlens-cli" policies --policy-file "$here/../../examples/policies/tova.py")
-  echo "$listing" | grep -q "^tova " || { echo "kvlens-cli --policy-file: no tova" >&2; exit 1; }
-  echo "kvlens-cli --policy-file from the package: tova registered"
+  echo "$listing" | grep -q "^tova_py " || { echo "kvlens-cli --policy-file: no tova_py" >&2; exit 1; }
+  echo "kvlens-cli --policy-file from the package: tova_py registered"
 fi

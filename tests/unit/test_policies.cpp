@@ -212,7 +212,7 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   ScoreOptions dense;
   const ScoreResult reference = score_tokens(resident, tokens, dense);
   for (const std::string id :
-       {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm"}) {
+       {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm", "tova"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.0, {}};
@@ -270,7 +270,7 @@ TEST_CASE("eviction policies keep the sinks that an early small budget hid for a
           "[policy]") {
   // s = 0.5: B(1) = 1 hides sink 0 at step 1 (the current token comes first). It must not count
   // as evicted: once the budget grows, the sinks are back. (They were dropped for good before.)
-  for (const std::string id : {"h2o", "snapkv", "keydiff"}) {
+  for (const std::string id : {"h2o", "snapkv", "keydiff", "tova"}) {
     INFO(id);
     Harness h;
     auto policy = h.make(id, 0.5, {"sinks=2", "dense_layers=0"});

@@ -1,0 +1,102 @@
+// tova (TOVA, Oren et al. 2024, "Transformers are Multi-State RNNs"; docs/policies/tova.md): once
+// a layer's cache is over the budget, the tokens the current query attends to least, averaged over
+// every query head of the layer, are evicted for good; every head of a layer keeps the same tokens.
+//
+// Rule at step t, layer l (not a dense layer): the candidates are the tokens still kept and the
+// current token t. Token t is forced (as in TOVA, whose query always attends to the token it just
+// appended); the sinks and `window` as every budgeted policy. The rest of B(t) (the common rule,
+// B of the window's keys on a sliding-window layer) is the top of the kept tokens by p(t - 1, j):
+// the attention query t - 1 paid token j at this layer, averaged over the H query heads (as
+// computed under step t - 1's visible set). What is not chosen is evicted. This is TOVA's order:
+// the authors' cache evicts right after step t - 1's attention, by that attention, and step t then
+// attends to what is left plus token t. The granularity knob changes nothing (one set per layer,
+// as TOVA's average over all query heads with GQA's KV heads repeated).
+// A step whose previous step was not observed at this layer (step 0; the first step after a dense
+// prompt) has nothing to rank by: it is dense and evicts nothing, and its attention ranks the next
+// step (TOVA reduces the prompt by the last prompt token's attention instead: one step earlier).
+// State per layer: the head-averaged attention of the last observed step [1, stride] F32, the
+// layer's kept tokens [1, stride] U8.
+#include "engine/policy/budgeted_policy.h"
+#include "engine/policy/policy_factories.h"
+
+namespace kvlens {
+namespace {
+
+class TovaPolicy final : public BudgetedPolicy {
+ public:
+  TovaPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs)
+      : BudgetedPolicy(shape, backend, knobs),
+        head_sum_(backend.alloc(DType::F32, {1, shape.stride})),
+        chosen_(backend.alloc(DType::U8, {1, shape.stride})),
+        observed_step_(size_t(shape.layers), -1) {
+    for (int64_t l = 0; l < shape.layers; ++l) {
+      head_mean_.push_back(backend.alloc(DType::F32, {1, shape.stride}));
+      kept_.push_back(backend.alloc(DType::U8, {1, shape.stride}));
+      backend.fill_columns(kept_.back(), 0, shape.stride, 1);
+    }
+  }
+
+  bool wants_probs(const LayerStep& step) const override { return !dense_layer(step); }
+
+  // Ranks by the previous step's attention, never this step's logits.
+  bool reads_logits(const LayerStep& /*step*/) const override { return false; }
+
+  void grow(int64_t stride) override {
+    if (stride <= shape_.stride) return;
+    BudgetedPolicy::grow(stride);
+    head_sum_ = widen_columns(backend_, head_sum_, stride);
+    chosen_ = widen_columns(backend_, chosen_, stride);
+    for (DeviceTensor& mean : head_mean_) mean = widen_columns(backend_, mean, stride);
+    for (DeviceTensor& kept : kept_) kept = widen_columns(backend_, kept, stride, 1);
+  }
+  int64_t state_bytes() const override {
+    return BudgetedPolicy::state_bytes() + tensor_bytes({head_sum_, chosen_}) +
+           tensor_bytes(head_mean_) + tensor_bytes(kept_);
+  }
+
+  LayerDecision select(const LayerStep& step, DeviceTensor& visible,
+                       DeviceTensor& scores) override {
+    if (dense_layer(step)) return LayerDecision::Dense;
+    const size_t l = size_t(step.layer);
+    if (step.step == 0 || observed_step_[l] != step.step - 1) return LayerDecision::Dense;
+    const int64_t cols = step.cols();
+    // The current token was never attended to: its 0 does not matter, it is forced.
+    backend_.axpby_rows(scores, 1.0f, head_mean_[l], 0.0f, cols);  // one row for every head
+    select_into(step, 1, head_mean_[l], &kept_[l], chosen_, knobs_.budget(step));
+    backend_.keep_selected(kept_[l], chosen_, cols, knobs_.sinks);
+    backend_.expand_row_groups(chosen_, cols, shape_.heads, visible);
+    return LayerDecision::Masked;
+  }
+
+  void observe(const LayerStep& step, const DeviceTensor& probs) override {
+    if (dense_layer(step)) return;
+    const size_t l = size_t(step.layer);
+    const int64_t cols = step.cols();
+    backend_.sum_row_groups(probs, cols, shape_.heads, head_sum_);
+    backend_.axpby_rows(head_mean_[l], float(1.0 / double(shape_.heads)), head_sum_, 0.0f, cols);
+    observed_step_[l] = step.step;
+  }
+
+ private:
+  DeviceTensor head_sum_;                // [1, stride] F32 scratch
+  DeviceTensor chosen_;                  // [1, stride] U8: the layer's one set this step
+  std::vector<DeviceTensor> head_mean_;  // per layer [1, stride] F32
+  std::vector<DeviceTensor> kept_;       // per layer [1, stride] U8
+  std::vector<int64_t> observed_step_;   // per layer: the step head_mean_ holds (-1: none)
+};
+
+}  // namespace
+
+PolicyInfo tova_policy_info() {
+  return {"tova", "eviction (TOVA)",
+          "Once over the budget, evicts the tokens the current query attends to least, averaged "
+          "over the layer's heads (one set per layer); evicted tokens never return.",
+          with_common_specs({})};
+}
+
+std::unique_ptr<Policy> make_tova_policy(const PolicyShape& shape, Backend& backend,
+                                         const ParamValues& params, double sparsity) {
+  return std::make_unique<TovaPolicy>(shape, backend, read_common_knobs(params, sparsity));
+}
+
+}  // namespace kvlens
