@@ -408,7 +408,7 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
   const Trace trace =
       grid_trace(1, 1, 2,
                  {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff",
-                  "tokenfilter", "lazyllm", "tokenbutler", "my_plugin", "h2o"});
+                  "tokenfilter", "lazyllm", "tokenbutler", "my_plugin", "h2o", "tova"});
   for (const Theme* theme : {&light_theme(), &dark_theme()}) {
     INFO("dark " << theme->dark);
     for (int64_t run = 0; run < int64_t(trace.runs.size()); ++run) {
@@ -419,6 +419,12 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
     }
     // The same policy keeps its colour at any position.
     CHECK(run_color(trace, 4, *theme) == run_color(trace, 12, *theme));
+    // Every built-in has a colour of its own (tova once fell back to the hash, which gave it
+    // streaming's blue).
+    for (int64_t a = 0; a < 11; ++a) {
+      INFO(trace.runs[size_t(a)].policy << " vs tova");
+      CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, 13, *theme)) > 0.1);
+    }
     // The usual comparison's four stay apart for dichromats and from the accent.
     const int64_t usual[] = {0, 10, 4, 6};  // dense, tokenbutler, h2o, quest
     for (const Dichromacy kind : {Dichromacy::Protanopia, Dichromacy::Deuteranopia}) {
