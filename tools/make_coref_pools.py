@@ -200,23 +200,32 @@ MATH_FRAMES = [
 ]
 
 
+# The operand ranges of each operator: (low, high) of a and b for + and ×, of a and then of b
+# below a for -, and of the divisor b and the quotient c for ÷ (a = b * c, so it divides).
+MATH_RANGES = {"+": (3, 99), "-": (20, 150), "×": (2, 15), "÷": ((2, 12), (2, 15))}
+
+
+def operands(rng, op, ranges):
+    """(a, b, c) with a op b = c, drawn in a fixed order (the pools are a function of the seed)."""
+    if op == "+":
+        a, b = rng.randint(*ranges["+"]), rng.randint(*ranges["+"])
+        return a, b, a + b
+    if op == "-":
+        a = rng.randint(*ranges["-"])
+        b = rng.randint(1, a - 1)
+        return a, b, a - b
+    if op == "×":
+        a, b = rng.randint(*ranges["×"]), rng.randint(*ranges["×"])
+        return a, b, a * b
+    b, c = rng.randint(*ranges["÷"][0]), rng.randint(*ranges["÷"][1])
+    return b * c, b, c
+
+
 def make_math(rng, count):
     problems, seen = [], set()
     while len(problems) < count:
         frame, op = MATH_FRAMES[len(problems) % len(MATH_FRAMES)]
-        if op == "+":
-            a, b = rng.randint(3, 99), rng.randint(3, 99)
-            c = a + b
-        elif op == "-":
-            a = rng.randint(20, 150)
-            b = rng.randint(1, a - 1)
-            c = a - b
-        elif op == "×":
-            a, b = rng.randint(2, 15), rng.randint(2, 15)
-            c = a * b
-        else:
-            b, c = rng.randint(2, 12), rng.randint(2, 15)
-            a = b * c
+        a, b, c = operands(rng, op, MATH_RANGES)
         text = frame.format(a=a, b=b, c=c)
         if text not in seen:
             seen.add(text)

@@ -27,7 +27,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_coref_pools import check_math  # noqa: E402  (the same equation check)
+from make_coref_pools import check_math, operands  # noqa: E402  (the same arithmetic)
 
 SEED = 41_2026
 
@@ -308,22 +308,14 @@ def distinct(count, make_one):
     return out
 
 
+# Wider than the bundled pools' ranges: other numbers than the bundled problems'.
+MATH_RANGES = {"+": (2, 250), "-": (10, 300), "×": (2, 19), "÷": ((2, 15), (2, 20))}
+
+
 def make_math(rng, count):
     def one():
         frame, op = rng.choice(MATH_FRAMES)
-        if op == "+":
-            a, b = rng.randint(2, 250), rng.randint(2, 250)
-            c = a + b
-        elif op == "-":
-            a = rng.randint(10, 300)
-            b = rng.randint(1, a - 1)
-            c = a - b
-        elif op == "×":
-            a, b = rng.randint(2, 19), rng.randint(2, 19)
-            c = a * b
-        else:
-            b, c = rng.randint(2, 15), rng.randint(2, 20)
-            a = b * c
+        a, b, c = operands(rng, op, MATH_RANGES)
         return frame.format(a=a, b=b, c=c)
 
     return distinct(count, one)
