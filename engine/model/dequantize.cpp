@@ -98,47 +98,35 @@ void scale_min_k4(int j, const uint8_t* q, float& scale, float& min) {
   }
 }
 
-// Q4_K [d f16][dmin f16][12 scale bytes][128 bytes]: 8 sub-blocks of 32; each 32 quant bytes
-// give two sub-blocks (low nibbles, then high nibbles). value = d*scale*q - dmin*min.
-void q4_k(const uint8_t* b, float* y) {
+// Q4_K [d f16][dmin f16][12 scale bytes][128 bytes] and Q5_K [d f16][dmin f16][12 scale
+// bytes][qh 32 bytes][128 bytes]: 8 sub-blocks of 32; each 32 quant bytes give two sub-blocks
+// (low nibbles, then high nibbles); value = d*scale*q - dmin*min. Q5_K's fifth bit per value
+// comes from qh: bit 2*chunk of qh[l] for the low-nibble value l, bit 2*chunk+1 for the high.
+// `qh` is null for Q4_K.
+void q4_q5_k(const uint8_t* b, const uint8_t* qh, const uint8_t* qs, float* y) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
   for (int chunk = 0; chunk < 4; ++chunk) {
     float sc0, m0, sc1, m1;
     scale_min_k4(2 * chunk, scales, sc0, m0);
     scale_min_k4(2 * chunk + 1, scales, sc1, m1);
     const float d0 = d * sc0, mm0 = dmin * m0, d1 = d * sc1, mm1 = dmin * m1;
     for (int l = 0; l < 32; ++l) {
-      y[l] = d0 * float(qs[l] & 0xf) - mm0;
-      y[l + 32] = d1 * float(qs[l] >> 4) - mm1;
-    }
-    qs += 32;
-    y += 64;
-  }
-}
-
-// Q5_K [d f16][dmin f16][12 scale bytes][qh 32 bytes][128 bytes]: as Q4_K with a fifth bit per
-// value from qh: bit 2*chunk of qh[l] for the low-nibble value l, bit 2*chunk+1 for the high.
-void q5_k(const uint8_t* b, float* y) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
-  for (int chunk = 0; chunk < 4; ++chunk) {
-    float sc0, m0, sc1, m1;
-    scale_min_k4(2 * chunk, scales, sc0, m0);
-    scale_min_k4(2 * chunk + 1, scales, sc1, m1);
-    const float d0 = d * sc0, mm0 = dmin * m0, d1 = d * sc1, mm1 = dmin * m1;
-    for (int l = 0; l < 32; ++l) {
-      const int lo = int(qs[l] & 0xf) + (((qh[l] >> (2 * chunk)) & 1) << 4);
-      const int hi = int(qs[l] >> 4) + (((qh[l] >> (2 * chunk + 1)) & 1) << 4);
+      const int lo = int(qs[l] & 0xf) + (qh ? ((qh[l] >> (2 * chunk)) & 1) << 4 : 0);
+      const int hi = int(qs[l] >> 4) + (qh ? ((qh[l] >> (2 * chunk + 1)) & 1) << 4 : 0);
       y[l] = d0 * float(lo) - mm0;
       y[l + 32] = d1 * float(hi) - mm1;
     }
     qs += 32;
     y += 64;
   }
+}
+
+void q4_k(const uint8_t* b, float* y) {
+  q4_q5_k(b, nullptr, b + 16, y);
+}
+void q5_k(const uint8_t* b, float* y) {
+  q4_q5_k(b, b + 16, b + 48, y);
 }
 
 // Q6_K [ql 128 bytes][qh 64 bytes][16 x int8 scales][d f16]: two halves of 128 values. In a

@@ -160,6 +160,18 @@ struct Symbol {
   size_t size;
 };
 
+// `text` as a doubly linked list of UTF-8 characters, the start of both BPE flavours' merging.
+std::vector<Symbol> utf8_symbols(const std::string& text) {
+  std::vector<Symbol> symbols;
+  for (size_t offset = 0; offset < text.size();) {
+    const size_t len = std::min(text.size() - offset, utf8_lead_len(text[offset]));
+    const int index = static_cast<int>(symbols.size());
+    symbols.push_back({index - 1, offset + len == text.size() ? -1 : index + 1, offset, len});
+    offset += len;
+  }
+  return symbols;
+}
+
 class GgufTokenizer final : public tok::TokenizerEngine {
  public:
   GgufTokenizer(const GgufTokenizerData& data, const std::string& source);
@@ -663,12 +675,7 @@ void GgufTokenizer::bpe_word(const std::string& word, std::vector<int32_t>* out)
   if (ignore_merges_ && token_to_id(word)) {
     symbols.push_back({-1, -1, 0, word.size()});
   } else {
-    for (size_t offset = 0; offset < word.size();) {
-      const size_t len = std::min(word.size() - offset, utf8_lead_len(word[offset]));
-      const int index = static_cast<int>(symbols.size());
-      symbols.push_back({index - 1, offset + len == word.size() ? -1 : index + 1, offset, len});
-      offset += len;
-    }
+    symbols = utf8_symbols(word);
   }
   struct Bigram {
     int left, right;
@@ -726,13 +733,7 @@ void GgufTokenizer::bpe_word(const std::string& word, std::vector<int32_t>* out)
 // SentencePiece-style BPE over the whole (escaped) text: the adjacent pair whose concatenation is
 // the best-scoring token merges first (ties: leftmost); what forms no token becomes bytes.
 void GgufTokenizer::spm_text(const std::string& text, std::vector<int32_t>* out) const {
-  std::vector<Symbol> symbols;
-  for (size_t offset = 0; offset < text.size();) {
-    const size_t len = std::min(text.size() - offset, utf8_lead_len(text[offset]));
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({index - 1, offset + len == text.size() ? -1 : index + 1, offset, len});
-    offset += len;
-  }
+  std::vector<Symbol> symbols = utf8_symbols(text);
   struct Bigram {
     int left, right;
     float score;
