@@ -585,8 +585,9 @@ def training_pools_disjoint_and_valid():
 
 @test
 def demo_training_toy_cpu():
-    """tools/train_demo_model.py with selection pools of their own, on the CPU at toy size:
-    it trains, evaluates each kind, keeps the given tokenizer and writes a loadable folder."""
+    """tools/train_demo_model.py with selection pools of their own and copy sequences, on the
+    CPU at toy size: it trains, evaluates each kind, keeps the given tokenizer and writes a
+    loadable folder."""
     shared = ARGS.shared_dir
     corpus = os.path.join(shared, "data", "corpus", "tinyshakespeare.txt")
     cli = kvlens_cli()
@@ -615,8 +616,12 @@ def demo_training_toy_cpu():
              "--out", out, "--work-dir", os.path.join(tmp, "work"), "--layers", "1",
              "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--intermediate", "64",
              "--batch", "4", "--steps", "2", "--eval-every", "1", "--log-every", "1",
-             "--warmup", "1"], capture_output=True, text=True)
+             "--warmup", "1", "--copy-batch", "2", "--copy-len", "4", "8",
+             "--context-copy-batch", "2"],
+            capture_output=True, text=True)
         check(proc.returncode == 0, f"train_demo_model.py failed:\n{proc.stderr[-3000:]}")
+        check("copy loss" in proc.stdout and "context-copy loss" in proc.stdout,
+              "the copy and context-copy sequences are trained and logged")
         with open(os.path.join(out, "train_log.json")) as f:
             log = json.load(f)
         check(log["steps_done"] == 2, "steps")

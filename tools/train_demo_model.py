@@ -264,6 +264,18 @@ def main():
     ap.add_argument("--coref-frac", type=float, default=1 / 3)
     ap.add_argument("--answer-weight", type=float, default=2.0,
                     help="loss weight of answer tokens in co-reference samples")
+    ap.add_argument("--copy-batch", type=int, default=0,
+                    help="extra sequences per step of random vocabulary tokens said twice, scored on the "
+                         "repeat: exact copying of any token, not only the pools' names")
+    ap.add_argument("--copy-len", type=int, nargs=2, default=[16, 192], metavar=("MIN", "MAX"),
+                    help="tokens in each copy sequence's first half, drawn per step")
+    ap.add_argument("--context-copy-batch", type=int, default=0,
+                    help="extra sequences per step of natural text with a new name said once after "
+                         "an introduction and asked for at the end: retrieval inside real prose, "
+                         "not only inside the generator's sentences")
+    ap.add_argument("--init-from", default="",
+                    help="start from this saved model folder (a second, fine-tuning stage with its "
+                         "own schedule) instead of random weights; its config must match")
     ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
@@ -397,9 +409,79 @@ def main():
     log(f"per step: {b_corpus} corpus seqs + {b_coref} coref seqs; corpus epochs over the run: "
         f"{args.steps * b_corpus / n_chunks:.1f}, coref epochs: {args.steps * b_coref / len(coref_train):.1f}")
 
+    # Copy sequences: [bos, r_1..r_n, r_1..r_n] with r drawn uniformly from the non-special
+    # vocabulary; only r_2..r_n of the repeat are scored (r_1 cannot be known in advance).
+    copy_gen = torch.Generator(device=device)
+    copy_gen.manual_seed(args.seed + 3)
+    n_special = max(bos, eos) + 1
+    if args.copy_batch:
+        lo, hi = args.copy_len
+        if not 2 <= lo <= hi or 2 * hi + 1 > args.seq_len:
+            ap.error(f"--copy-len {lo} {hi}: expected 2 <= MIN <= MAX and 2 * MAX + 1 <= --seq-len")
+        log(f"copy sequences: {args.copy_batch} per step, first half {lo}..{hi} tokens")
+
+    def copy_batch():
+        n = int(torch.randint(args.copy_len[0], args.copy_len[1] + 1, (1,), generator=copy_gen,
+                              device=device))
+        r = torch.randint(n_special, vocab, (args.copy_batch, n), generator=copy_gen, device=device)
+        seq = torch.cat([torch.full((args.copy_batch, 1), bos, device=device), r, r], dim=1)
+        return seq, n
+
+    # Context-copy sequences: <s> prose_a + intro + name + "." + prose_b + question + name, the
+    # prose cut from the training stream at random places, the name 1 space-led + 0..4 inner
+    # vocabulary pieces; only the final name is scored (answer weight), its first token included,
+    # since finding which name to give is the retrieval this task trains.
+    ctx_rng = np.random.default_rng([args.seed, 11])
+    ctx_intros = [tok.encode(t, add_special_tokens=False).ids
+                  for t in (" The place is:", " It is called:", " The name of it is:")]
+    ctx_questions = [tok.encode(t, add_special_tokens=False).ids
+                     for t in (" What is the place called?:", " Which place was it?:",
+                               " What was its name?:")]
+    ctx_period = tok.encode(".", add_special_tokens=False).ids
+    pieces = tok.get_vocab()
+    space_led = np.array(sorted(i for t, i in pieces.items() if t.startswith("\u0120") and len(t) > 2
+                                and t[1:].isalpha()))
+    inner = np.array(sorted(i for t, i in pieces.items() if t.isalpha() and t.islower()))
+
+    def context_copy_batch():
+        rows, weights = [], []
+        for _ in range(args.context_copy_batch):
+            name = [int(ctx_rng.choice(space_led))] + [int(x) for x in ctx_rng.choice(
+                inner, size=int(ctx_rng.integers(0, 5)))]
+            a, b = int(ctx_rng.integers(16, 300)), int(ctx_rng.integers(32, 400))
+            ia, ib = (int(x) for x in ctx_rng.integers(0, len(stream) - 400, size=2))
+            q = ctx_questions[int(ctx_rng.integers(len(ctx_questions)))]
+            head = ([bos] + stream[ia:ia + a].tolist() + ctx_intros[int(ctx_rng.integers(len(ctx_intros)))]
+                    + name + ctx_period + stream[ib:ib + b].tolist() + q)
+            rows.append(head + name)
+            weights.append([0.0] * len(head) + [args.answer_weight] * len(name))
+        width = max(map(len, rows))
+        seq = torch.full((len(rows), width), eos, dtype=torch.long)
+        w = torch.zeros((len(rows), width))
+        for j, (r, wr) in enumerate(zip(rows, weights)):
+            seq[j, :len(r)] = torch.tensor(r)
+            w[j, :len(wr)] = torch.tensor(wr)
+        return seq.to(device), w.to(device)
+
+    if args.context_copy_batch:
+        log(f"context-copy sequences: {args.context_copy_batch} per step; names from "
+            f"{len(space_led)} space-led and {len(inner)} inner pieces")
+        example, _ = context_copy_batch()
+        text = tok.decode(example[0].tolist(), skip_special_tokens=True)
+        log(f"context-copy example: {text[:160]!r} ... {text[-160:]!r}")
+
     # ---- model
     config = make_config(vocab, bos, eos, args)
     model = LlamaForCausalLM(config).to(device)
+    if args.init_from:
+        start = LlamaForCausalLM.from_pretrained(args.init_from, torch_dtype=torch.float32)
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim"):
+            if getattr(start.config, key) != getattr(config, key):
+                ap.error(f"--init-from {args.init_from}: config.json {key} is "
+                         f"{getattr(start.config, key)}, expected {getattr(config, key)}")
+        model.load_state_dict(start.state_dict())
+        log(f"weights from {args.init_from}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model params {n_params} ({n_params * 2 / 1e6:.1f} MB in bf16)")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -447,9 +529,11 @@ def main():
                         state={k: v.detach().to("cpu", copy=True)
                                for k, v in model.state_dict().items()})
             log(f"best checkpoint so far: step {step}")
+        extra = "".join(f"; {kind} acc {r['coref_' + kind]['accuracy']:.3f}" for kind in coref_val
+                        if kind not in ("normal", "hard"))
         log(f"EVAL step {step}: corpus val loss {r['corpus_val_loss']:.4f}; coref normal acc "
             f"{r['coref_normal']['accuracy']:.3f} cov {r['coref_normal']['coverage']:.3f}; hard acc "
-            f"{r['coref_hard']['accuracy']:.3f} cov {r['coref_hard']['coverage']:.3f}")
+            f"{r['coref_hard']['accuracy']:.3f} cov {r['coref_hard']['coverage']:.3f}{extra}")
         return r
 
     # ---- train
@@ -484,6 +568,24 @@ def main():
                                    reduction="none").view(wq.shape)
         ce_q = (ce_q_tok * wq).sum()
         n_c = x[:, 1:].numel()
+        if args.copy_batch:
+            seq, n = copy_batch()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                lk = model(input_ids=seq).logits[:, n + 1:-1]  # predicts seq[:, n + 2:]
+            ce_k = F.cross_entropy(lk.float().reshape(-1, V), seq[:, n + 2:].reshape(-1),
+                                   reduction="sum")
+            ce_q = ce_q + ce_k
+            n_c += seq[:, n + 2:].numel()
+            copy_loss = ce_k.detach() / seq[:, n + 2:].numel()
+        if args.context_copy_batch:
+            cseq, cw_ = context_copy_batch()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                lx = model(input_ids=cseq).logits[:, :-1]
+            ce_x_tok = F.cross_entropy(lx.float().reshape(-1, V), cseq[:, 1:].reshape(-1),
+                                       reduction="none").view(cw_[:, 1:].shape)
+            ce_q = ce_q + (ce_x_tok * cw_[:, 1:]).sum()
+            n_c += cw_[:, 1:].sum()
+            ctx_loss = ((ce_x_tok * (cw_[:, 1:] > 0)).sum() / (cw_[:, 1:] > 0).sum()).detach()
         loss = (ce_c + ce_q) / (n_c + wq.sum())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -497,8 +599,11 @@ def main():
             rate = args.log_every / (now - t_log)
             t_log = now
             history["train"].append({"step": step, "lr": lr, "corpus_loss": cval, "coref_loss": qval})
-            log(f"step {step}/{args.steps} lr {lr:.2e} corpus loss {cval:.4f} coref loss {qval:.4f} "
-                f"({rate:.1f} steps/s)")
+            copy_note = f" copy loss {copy_loss.item():.4f}" if args.copy_batch else ""
+            if args.context_copy_batch:
+                copy_note += f" context-copy loss {ctx_loss.item():.4f}"
+            log(f"step {step}/{args.steps} lr {lr:.2e} corpus loss {cval:.4f} coref loss {qval:.4f}"
+                f"{copy_note} ({rate:.1f} steps/s)")
         if step % args.eval_every == 0 and step < args.steps:
             evaluate(step, full=True)
             t_log = time.time()
