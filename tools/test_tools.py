@@ -634,6 +634,34 @@ def demo_training_toy_cpu():
 
 
 @test
+def tova_reference_reproduces_fixture():
+    """tools/tova_reference.py (the authors' TOVA cache re-implemented) rebuilds the committed
+    tests/fixtures/tova/reference.json: the same kept positions at every step and layer, the same
+    next-token losses to float rounding."""
+    cli = kvlens_cli()
+    if not cli:
+        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
+        return
+    committed_path = os.path.join(ROOT, "tests", "fixtures", "tova", "reference.json")
+    with open(committed_path) as f:
+        committed = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "reference.json")
+        proc = subprocess.run(
+            [sys.executable, os.path.join(TOOLS, "tova_reference.py"), "--kvlens-cli", cli,
+             "--cache-size", str(committed["cache_size"]), "--tokens-from-coref",
+             str(committed["coref_sample"]["index"]), "--out", out],
+            capture_output=True, text=True)
+        check(proc.returncode == 0, f"tova_reference.py failed:\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            fresh = json.load(f)
+    check(fresh["tokens"] == committed["tokens"], "tokens")
+    check(fresh["kept"] == committed["kept"], "kept positions differ from the fixture")
+    worst = max(abs(a - b) for a, b in zip(fresh["nll"], committed["nll"]))
+    check(worst < 1e-5, f"next-token losses differ by {worst}")
+
+
+@test
 def real_model_results_toy_cpu():
     """tools/real_model_results.sh on the demo model at toy size (2 samples, 64 perplexity
     tokens, a stand-in for the paper's pools): every policy and sparsity in each task's table,

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "engine/model/model.h"
@@ -246,4 +248,52 @@ TEST_CASE("tova in a real decode: the authors' cache of M tokens, alone and afte
     for (const int32_t count : trace.steps()[21][0].visible_counts) CHECK(count == 9);
     check_tova_trace(trace, 0, 20, 9);
   }
+}
+
+TEST_CASE("tova keeps the sets of the authors' cache, re-implemented from their code", "[policy]") {
+  // tests/fixtures/tova/reference.json (tools/tova_reference.py): TOVACache.reduce of
+  // schwartz-lab-NLP/TOVA with cache size M, fed one token at a time on the demo model: after
+  // step t each layer keeps M original positions. kvlens's tova with budget_tokens = M + 1,
+  // no sinks and no dense layer sees at step t + 1 exactly those plus token t + 1.
+  std::ifstream file(test::source_path("tests/fixtures/tova/reference.json"));
+  REQUIRE(file);
+  const nlohmann::json reference = nlohmann::json::parse(file);
+  const auto tokens = reference["tokens"].get<std::vector<int32_t>>();
+  const int64_t cache_size = reference["cache_size"].get<int64_t>();
+  auto backend = make_cpu_backend(2);
+  const auto model =
+      upload_model(Model::load(test::source_path(reference["model"].get<std::string>())), *backend);
+  const PolicyConfig tova{
+      "tova",
+      0.0,
+      {"budget_tokens=" + std::to_string(cache_size + 1), "sinks=0", "dense_layers=0"}};
+  TraceRecorder recorder(model, nullptr, tokens, {tova});
+  while (recorder.step()) {
+  }
+  const Trace& trace = recorder.trace();
+  REQUIRE(trace.step_count() == int64_t(tokens.size()));
+  const int64_t layers = model->model->config.num_layers;
+  const int64_t heads = model->model->config.num_heads;
+  int64_t compared = 0;
+  for (int64_t t = 1; t < trace.step_count(); ++t) {
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      INFO("step " << t << " layer " << layer);
+      std::vector<uint8_t> want(size_t(t + 1), 0);
+      for (const int64_t j : reference["kept"][size_t(t - 1)][size_t(layer)]) want[size_t(j)] = 1;
+      want[size_t(t)] = 1;
+      for (int64_t head = 0; head < heads; ++head) {
+        const HeadRow row = head_row_at(trace, 0, t, layer, head, HeadQuantity::Logits);
+        REQUIRE(row.kept);
+        CHECK(row.visible == want);
+      }
+      ++compared;
+    }
+    // The same sets give the same next-token distribution: f32 on both sides, the attention
+    // summed in a different order, so a few 1e-5 nats (the dense check of the tool is 4e-6).
+    if (t + 1 < trace.step_count()) {
+      CHECK(trace.steps()[size_t(t)][0].metrics.nll ==
+            Approx(reference["nll"][size_t(t)].get<double>()).margin(1e-4));
+    }
+  }
+  CHECK(compared == (trace.step_count() - 1) * layers);
 }
