@@ -56,6 +56,23 @@ struct CorefEvalResult {
   std::vector<CorefSampleResult> per_sample;  // in index order
 };
 
+// A generated sample with its answer tokens marked: one work item of a coref eval.
+struct MarkedCorefSample {
+  CorefSample sample;
+  CorefTokens marked;
+};
+
+// Samples first_index .. first_index + count - 1 of generate_coref_sample(pools, seed, i, hard),
+// marked with `tokenizer`, each checked to fit `config` (the checks of evaluate_coref below).
+std::vector<MarkedCorefSample> mark_coref_samples(const ModelConfig& config,
+                                                  const CorefPools& pools,
+                                                  const Tokenizer& tokenizer, uint64_t seed,
+                                                  int64_t first_index, int64_t count, bool hard);
+
+// One run's totals over its samples' results, given in index order (the order fixes the sums'
+// rounding, so a sharded eval that gathers the same results gets the same bits).
+CorefEvalResult summarize_coref(std::vector<CorefSampleResult> per_sample);
+
 // Samples first_index .. first_index + count - 1 of generate_coref_sample(pools, seed, i, hard),
 // marked with `tokenizer`. Every sample is generated and its length checked before any compute,
 // so a too-long sample fails the run at once rather than after the others were scored. Samples
