@@ -339,6 +339,18 @@ Engines make_engines(const CommonOptions& common, const std::shared_ptr<const Mo
   if (common.backend == "cuda") {
 #if KVLENS_HAVE_CUDA
     const std::vector<int> devices = chosen_devices();
+    const int count = cuda_device_count();
+    if (count == 0) {
+      throw Error("--backend", "cuda", "a CUDA device (none was found; use --backend cpu)");
+    }
+    for (const int device : devices) {
+      if (device >= count) {
+        throw Error("eval", !distribution.devices.empty() ? "--devices" : "--gpus",
+                    "GPUs this host has (" + std::to_string(count) + ": indices 0.." +
+                        std::to_string(count - 1) + ")",
+                    "GPU " + std::to_string(device));
+      }
+    }
     require_gpus(common, *model, kv_bytes, devices);
     register_cuda_policy_ops();
     for (const int device : devices) engines.backends.push_back(make_cuda_backend(device));

@@ -38,10 +38,10 @@ CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
 
 std::vector<CorefSampleResult> score_coref_sample_lockstep(
     std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
-    std::span<const PolicyConfig> policies, bool measure_hit_rate) {
+    std::span<const PolicyConfig> policies, bool measure_hit_rate, int64_t dense_chunk) {
   check_fits(model->config(), sample, marked);
   ScoreOptions options;
-  options.chunk = int64_t(marked.tokens.size());
+  options.chunk = dense_chunk > 0 ? dense_chunk : int64_t(marked.tokens.size());
   options.hit_rate = measure_hit_rate;
   const std::vector<ScoreResult> scored_runs =
       score_tokens_lockstep(model, marked.tokens, policies, options);

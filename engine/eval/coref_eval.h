@@ -41,10 +41,12 @@ CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
                                      const CorefSample& sample, const CorefTokens& marked,
                                      const PolicyConfig& policy = {});
 // One sample under several policies in lockstep, one result per policy. measure_hit_rate:
-// ScoreOptions::hit_rate.
+// ScoreOptions::hit_rate. dense_chunk: tokens per forward while every run is dense (0: the whole
+// sample at once; 1: step by step, as a dense run goes beside any other policy, which a shard
+// holding only a sample's dense runs passes to compute what the whole lockstep computes).
 std::vector<CorefSampleResult> score_coref_sample_lockstep(
     std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
-    std::span<const PolicyConfig> policies, bool measure_hit_rate = false);
+    std::span<const PolicyConfig> policies, bool measure_hit_rate = false, int64_t dense_chunk = 0);
 
 struct CorefEvalResult {
   double accuracy = 0.0;  // fraction of samples with every answer token right

@@ -2,6 +2,7 @@
 // task writes its units' results into their own slots, and the caller reads them in unit order.
 #include "engine/eval/eval_workers.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "engine/common/error.h"
+#include "engine/policy/registry.h"
 
 namespace kvlens {
 
@@ -52,6 +54,14 @@ void run_on_engines(std::span<const std::shared_ptr<const BackendModel>> models,
 
 namespace {
 
+// A dense run steps token by token beside any other policy and goes in one chunk alone; a task
+// holding only some of an item's runs keeps the whole lockstep's way, so its numbers are those of
+// the unsharded eval on every backend (the CPU's are the same either way, a GPU's need not be).
+bool any_policy(std::span<const PolicyConfig> policies) {
+  return std::any_of(policies.begin(), policies.end(),
+                     [](const PolicyConfig& p) { return !is_reference_policy(p.id); });
+}
+
 std::vector<PolicyConfig> runs_of(const EvalTask& task, std::span<const PolicyConfig> policies) {
   std::vector<PolicyConfig> subset;
   for (const size_t run : task.runs) subset.push_back(policies[run]);
@@ -77,6 +87,7 @@ std::vector<CorefSampleResult> evaluate_coref_units(
     const UnitRange& range, bool measure_hit_rate, const ProgressFn& progress) {
   const std::vector<EvalTask> tasks = group_units(range, int64_t(policies.size()));
   const std::vector<size_t> offsets = task_offsets(tasks);
+  const bool step_by_step = any_policy(policies);
   std::vector<CorefSampleResult> results(size_t(range.size()));
   std::mutex progress_mutex;
   int64_t done = 0;
@@ -85,7 +96,7 @@ std::vector<CorefSampleResult> evaluate_coref_units(
     const MarkedCorefSample& item = items.at(size_t(task.item));
     const std::vector<PolicyConfig> subset = runs_of(task, policies);
     std::vector<CorefSampleResult> scored = score_coref_sample_lockstep(
-        models[engine], item.sample, item.marked, subset, measure_hit_rate);
+        models[engine], item.sample, item.marked, subset, measure_hit_rate, step_by_step ? 1 : 0);
     for (size_t r = 0; r < scored.size(); ++r) {
       results[offsets[size_t(t)] + r] = std::move(scored[r]);
     }
@@ -105,6 +116,7 @@ std::vector<PerplexityWindow> evaluate_perplexity_units(
   const auto n = int64_t(tokens.size());
   const std::vector<EvalTask> tasks = group_units(range, int64_t(policies.size()));
   const std::vector<size_t> offsets = task_offsets(tasks);
+  const bool step_by_step = any_policy(policies);
   int64_t total_fed = 0;
   for (const EvalTask& task : tasks) total_fed += std::min(window, n - task.item * (window - 1));
   std::vector<PerplexityWindow> results(size_t(range.size()));
@@ -113,7 +125,7 @@ std::vector<PerplexityWindow> evaluate_perplexity_units(
   run_on_engines(models, int64_t(tasks.size()), false, [&](size_t engine, int64_t t) {
     const EvalTask& task = tasks[size_t(t)];
     ScoreOptions options;
-    options.chunk = chunk;
+    options.chunk = step_by_step ? 1 : chunk;
     options.hit_rate = measure_hit_rate;
     int64_t reported = 0;  // this window's tokens already added to `fed`
     if (progress) {
