@@ -104,7 +104,7 @@ std::string file(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("--shard I/N is 0-based and validated", "[eval][shards]") {
+TEST_CASE("eval shards I/N are 0-based and validated", "[eval][shards]") {
   CHECK(parse_shard("0/1").count == 1);
   const ShardSpec s = parse_shard("2/3");
   CHECK(s.index == 2);
@@ -333,7 +333,7 @@ TEST_CASE("coref: 3 shards + merge and --workers 2 equal one eval byte for byte"
   CHECK(file(dir + "/workers.jsonl") == file(dir + "/full.jsonl"));
 }
 
-TEST_CASE("ppl: 2 shards + merge and --workers 3 equal one eval byte for byte",
+TEST_CASE("ppl: 3 shards + merge and --workers 3 equal one eval byte for byte",
           "[eval][shards][cli]") {
   const std::string dir = test::make_temp_dir("shards-ppl");
   const std::string base = "eval --model " + demo() + " --task ppl --text-file " +
@@ -341,12 +341,13 @@ TEST_CASE("ppl: 2 shards + merge and --workers 3 equal one eval byte for byte",
                            " --window 96 --max-tokens 400 --policies dense,h2o,snapkv "
                            "--sparsity 0.5 --threads 2 --hit-rate";
   run_ok(base + " --json " + dir + "/full.json --csv " + dir + "/full.csv");
-  for (int i = 0; i < 2; ++i) {
-    run_ok(base + " --shard " + std::to_string(i) + "/2 --json " + dir + "/part-" +
+  // 5 windows x 3 runs in shards of 5 units: shard 1 ends with window 3's dense run alone.
+  for (int i = 0; i < 3; ++i) {
+    run_ok(base + " --shard " + std::to_string(i) + "/3 --json " + dir + "/part-" +
            std::to_string(i) + ".json");
   }
-  run_ok("merge " + dir + "/part-0.json " + dir + "/part-1.json --out " + dir +
-         "/merged.json --csv " + dir + "/merged.csv");
+  run_ok("merge " + dir + "/part-1.json " + dir + "/part-0.json " + dir + "/part-2.json --out " +
+         dir + "/merged.json --csv " + dir + "/merged.csv");
   const std::string full = file(dir + "/full.json");
   CHECK(file(dir + "/merged.json") == full);
   CHECK(file(dir + "/merged.csv") == file(dir + "/full.csv"));
