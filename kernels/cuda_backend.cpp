@@ -475,6 +475,25 @@ bool cuda_device_available() {
   return count > 0;
 }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+int64_t cuda_device_memory_bytes(int device) {
+  const int count = cuda_device_count();
+  if (device < 0 || device >= count)
+    throw Error("cuda", "device", cuda::cat({"a device index in [0, ", std::to_string(count), ")"}),
+                std::to_string(device));
+  cudaDeviceProp properties{};
+  cuda::check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  return int64_t(properties.totalGlobalMem);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);

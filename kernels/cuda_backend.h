@@ -2,6 +2,7 @@
 // Plain C++ header (no CUDA includes), so the app, the CLI and the tests can include it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "engine/backend/backend.h"
@@ -10,6 +11,11 @@ namespace kvlens {
 
 // True when the CUDA runtime finds a driver and at least one GPU. Never throws, never aborts.
 bool cuda_device_available();
+
+// GPUs the CUDA runtime sees (0 where it finds none), and GPU `device`'s total memory in bytes
+// (throws kvlens::Error for no such device).
+int cuda_device_count();
+int64_t cuda_device_memory_bytes(int device);
 
 // A backend on GPU `device`. Throws kvlens::Error when there is no such device or CUDA fails.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);

@@ -78,5 +78,6 @@ void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_trace_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 void add_figure_command(CLI::App& app, CommonOptions& common, CommandFn& run);
+void add_merge_command(CLI::App& app, CommonOptions& common, CommandFn& run);
 
 }  // namespace kvlens::cli

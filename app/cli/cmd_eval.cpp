@@ -3,6 +3,7 @@
 // Every policy runs in the decode simulation (POLICIES.md), all of them in one lockstep session;
 // dense is the reference row.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,17 +13,26 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "app/cli/cli_common.h"
+#include "app/cli/eval_report.h"
 #include "app/session/model_input.h"
 #include "app/session/policy_runs.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/coref_pools.h"
+#include "engine/eval/eval_shards.h"
+#include "engine/eval/eval_workers.h"
 #include "engine/eval/perplexity.h"
 #include "engine/policy/registry.h"
+#include "engine/session/memory_estimate.h"
+#if KVLENS_HAVE_CUDA
+#include "kernels/cuda_backend.h"
+#include "kernels/policy/cuda_policy_ops.h"
+#endif
 
 namespace kvlens::cli {
 namespace {
@@ -127,8 +137,8 @@ void write_csv_row(std::ostream& out, const Json& row) {
 
 // The paper's Table 2 shape: one line per (policy, sparsity), the nominal and effective sparsity
 // beside the task's scores.
-void print_table(const std::vector<Json>& rows) {
-  const bool coref = flags.task == "coref";
+void print_table(const std::vector<Json>& rows, const std::string& task, bool hit_rate) {
+  const bool coref = task == "coref";
   // The policy and the run's own knobs (its sparsity has a column): h2o:window=16.
   const auto label_of = [](const Json& row) {
     const std::string spec = row["run"].get<std::string>();
@@ -144,7 +154,7 @@ void print_table(const std::vector<Json>& rows) {
   } else {
     std::printf("%10s %8s %9s", "ppl", "windows", "tokens");
   }
-  std::printf(flags.hit_rate ? " %8s\n" : "\n", "hit rate");
+  std::printf(hit_rate ? " %8s\n" : "\n", "hit rate");
   for (const Json& row : rows) {
     std::printf("%-*s %8.3f %9.3f ", width, label_of(row).c_str(), row["sparsity"].get<double>(),
                 row["effective_sparsity"].get<double>());
@@ -156,7 +166,7 @@ void print_table(const std::vector<Json>& rows) {
       std::printf("%10.3f %8lld %9lld", ppl, (long long)row["samples"].get<int64_t>(),
                   (long long)row["tokens_scored"].get<int64_t>());
     }
-    if (!flags.hit_rate) {
+    if (!hit_rate) {
       std::printf("\n");
     } else if (row["hit_rate"].is_null()) {
       std::printf(" %8s\n", "-");
@@ -185,6 +195,186 @@ Json result_row(const PolicyConfig& run) {
   return row;
 }
 
+// The work spread over engines and shards (issue 44 items 3 and 4): --shard I/N, --workers N
+// (CPU), --devices / --gpus (CUDA). Apart from --shard none of them changes a result.
+struct DistributionFlags {
+  std::string shard;
+  int64_t workers = 1;
+  std::string devices;
+  int64_t gpus = 0;
+};
+DistributionFlags distribution;
+
+// Everything that decides an eval's numbers, recorded in a shard's partial result so that merge
+// joins only shards of one run. --threads, --workers, --devices and --gpus are left out: they
+// change who computes, never what.
+Json run_parameters(const CommonOptions& common, const std::vector<PolicyConfig>& runs,
+                    std::span<const int32_t> text_tokens, int64_t window) {
+  Json specs = Json::array();
+  for (const PolicyConfig& run : runs) specs.push_back(session::run_spec(run));
+  Json parameters = {{"task", flags.task},
+                     {"model", flags.model_dir},
+                     {"runs", specs},
+                     {"hit_rate", flags.hit_rate},
+                     {"backend", common.backend},
+                     {"cpu_kernels", common.cpu_kernels},
+                     {"dtype", common.dtype},
+                     {"kv_dtype", common.kv_dtype},
+                     {"predictor", common.predictor}};
+  if (flags.task == "coref") {
+    parameters["samples"] = flags.samples;
+    parameters["first_index"] = flags.first_index;
+    parameters["seed"] = flags.seed;
+    parameters["hard"] = flags.hard;
+    parameters["coref_pools"] = flags.pools_path;
+  } else {
+    // The text itself, not only its file name: FNV-1a over the token ids.
+    uint64_t hash = 14695981039346656037ull;
+    for (const int32_t token : text_tokens) {
+      for (int byte = 0; byte < 4; ++byte) {
+        hash = (hash ^ ((uint32_t(token) >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+      }
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+    parameters["text_file"] = flags.text_file;
+    parameters["text_tokens"] = int64_t(text_tokens.size());
+    parameters["text_tokens_fnv1a"] = hex;
+    parameters["window"] = window;
+  }
+  return parameters;
+}
+
+// --shard, --workers, --devices and --gpus against each other and the backend.
+void check_distribution_flags(const CommonOptions& common) {
+  if (!distribution.shard.empty()) {
+    parse_shard(distribution.shard);
+    if (flags.json_path.empty()) {
+      throw Error("eval", "--shard",
+                  "--json FILE for the shard's partial result (merge joins them)");
+    }
+    if (!flags.csv_path.empty() || !flags.per_sample_path.empty()) {
+      throw Error("eval", "--shard",
+                  "no --csv or --per-sample (kvlens-cli merge writes them from the partials)",
+                  !flags.csv_path.empty() ? "--csv" : "--per-sample");
+    }
+  }
+  if (distribution.workers < 1) {
+    throw Error("eval", "--workers", "at least 1 engine", std::to_string(distribution.workers));
+  }
+  const bool gpu_flags = !distribution.devices.empty() || distribution.gpus > 0;
+  if (common.backend == "cuda" && distribution.workers > 1) {
+    throw Error("eval", "--workers",
+                "--backend cpu (on cuda, --devices or --gpus: one engine a GPU)");
+  }
+  if (common.backend != "cuda" && gpu_flags) {
+    throw Error("eval", !distribution.devices.empty() ? "--devices" : "--gpus",
+                "--backend cuda (on the CPU, --workers N)", "--backend " + common.backend);
+  }
+  if (!distribution.devices.empty() && distribution.gpus > 0) {
+    throw Error("eval", "--gpus", "either --devices or --gpus, not both");
+  }
+}
+
+#if KVLENS_HAVE_CUDA
+// The GPUs the eval's engines run on: --devices as given, --gpus N as 0..N-1, else GPU 0.
+std::vector<int> chosen_devices() {
+  std::vector<int> devices;
+  if (!distribution.devices.empty()) {
+    for (const std::string& item : split_comma_list(distribution.devices)) {
+      int device = -1;
+      const char* end = item.data() + item.size();
+      const auto [ptr, ec] = std::from_chars(item.data(), end, device);
+      if (item.empty() || ec != std::errc() || ptr != end || device < 0) {
+        throw Error("eval", "--devices", "comma-separated GPU indices such as 0,1,2,3",
+                    "'" + distribution.devices + "'");
+      }
+      if (std::find(devices.begin(), devices.end(), device) != devices.end()) {
+        throw Error("eval", "--devices", "each GPU once", "'" + distribution.devices + "'");
+      }
+      devices.push_back(device);
+    }
+  } else {
+    for (int d = 0; d < std::max<int>(1, int(distribution.gpus)); ++d) devices.push_back(d);
+  }
+  return devices;
+}
+
+std::string gib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(1ll << 30));
+  return text;
+}
+
+// Before anything is uploaded: each engine holds the whole model, so it must fit one GPU; a model
+// that needs more is refused naming how many it needs (tensor parallelism, issue 44 item 1, is
+// what would split it).
+void require_gpus(const CommonOptions& common, const Model& model, int64_t kv_bytes,
+                  const std::vector<int>& devices) {
+  for (const int device : devices) {
+    const GpuNeed need = gpu_need(common, model, kv_bytes, cuda_device_memory_bytes(device));
+    if (need.gpus > 1) {
+      throw Error("eval", "--gpus",
+                  std::to_string(need.gpus) + " GPUs of " + gib(need.device_bytes) + " for " +
+                      flags.model_dir + " at " + need.dtype + " (weights " +
+                      gib(need.weight_bytes) + ", caches " + gib(need.kv_bytes) +
+                      "), split by tensor parallelism; eval puts a whole copy on each GPU",
+                  "GPU " + std::to_string(device) + " holds " + gib(need.device_bytes));
+    }
+  }
+}
+#endif
+
+// One engine (backend + resident model) per worker or GPU, each built once. `backends` outlives
+// the models that point into it.
+struct Engines {
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::shared_ptr<const BackendModel>> models;
+};
+
+Engines make_engines(const CommonOptions& common, const std::shared_ptr<const Model>& model,
+                     int64_t kv_bytes) {
+  Engines engines;
+  const UploadOptions upload = session::upload_options(common);
+  if (common.backend == "cuda") {
+#if KVLENS_HAVE_CUDA
+    const std::vector<int> devices = chosen_devices();
+    const int count = cuda_device_count();
+    if (count == 0) {
+      throw Error("--backend", "cuda", "a CUDA device (none was found; use --backend cpu)");
+    }
+    for (const int device : devices) {
+      if (device >= count) {
+        throw Error("eval", !distribution.devices.empty() ? "--devices" : "--gpus",
+                    "GPUs this host has (" + std::to_string(count) + ": indices 0.." +
+                        std::to_string(count - 1) + ")",
+                    "GPU " + std::to_string(device));
+      }
+    }
+    require_gpus(common, *model, kv_bytes, devices);
+    register_cuda_policy_ops();
+    for (const int device : devices) engines.backends.push_back(make_cuda_backend(device));
+#else
+    (void)kv_bytes;
+    engines.backends.push_back(make_backend(common));
+#endif
+  } else {
+    // The cores are shared out between the workers; the CPU backend's numbers do not depend on
+    // how many threads it has.
+    CommonOptions worker = common;
+    const int64_t cores = common.threads > 0
+                              ? common.threads
+                              : int64_t(std::max(1u, std::thread::hardware_concurrency()));
+    worker.threads = int(std::max<int64_t>(1, cores / distribution.workers));
+    for (int64_t w = 0; w < distribution.workers; ++w)
+      engines.backends.push_back(make_backend(worker));
+  }
+  for (const auto& backend : engines.backends) {
+    engines.models.push_back(upload_model(model, *backend, upload));
+  }
+  return engines;
+}
+
 int run_eval(const CommonOptions& common) {
   if (flags.task != "coref" && flags.task != "ppl") {
     throw Error("--task", "task", "coref or ppl", "'" + flags.task + "'");
@@ -193,55 +383,129 @@ int run_eval(const CommonOptions& common) {
   if (flags.task == "ppl" && !*options.text_file) {
     throw Error("eval", "--text-file", "a text file to compute the perplexity of with --task ppl");
   }
+  check_distribution_flags(common);
   const std::vector<PolicyConfig> runs = resolve_runs();
+  const bool sharded = !distribution.shard.empty();
+  const ShardSpec shard = sharded ? parse_shard(distribution.shard) : ShardSpec{};
 
   // Opened before any compute, so a bad output path fails at once.
   std::optional<AtomicOutputFile> json_out, per_sample_out;
   if (!flags.json_path.empty()) json_out.emplace(flags.json_path, "--json");
   if (!flags.per_sample_path.empty()) per_sample_out.emplace(flags.per_sample_path, "--per-sample");
   std::optional<AtomicOutputFile> csv_out;
-  if (!flags.csv_path.empty()) {
-    csv_out.emplace(flags.csv_path, "--csv");
-    csv_out->stream() << kCsvHeader << '\n';
-  }
+  if (!flags.csv_path.empty()) csv_out.emplace(flags.csv_path, "--csv");
 
   const auto model = load_model(common, flags.model_dir);
   const Tokenizer& tokenizer = model->require_tokenizer();
   std::optional<CorefPools> pools;
+  std::vector<MarkedCorefSample> samples;
   std::vector<int32_t> text_tokens;
-  int64_t window = 0;
+  int64_t window = 0, items = 0, longest = 0;
   if (flags.task == "coref") {
     pools = load_coref_pools_option(flags.pools_path);
+    samples = mark_coref_samples(model->config, *pools, tokenizer, flags.seed, flags.first_index,
+                                 flags.samples, flags.hard);
+    items = int64_t(samples.size());
+    for (const MarkedCorefSample& s : samples) {
+      longest = std::max(longest, int64_t(s.marked.tokens.size()));
+    }
   } else {
     text_tokens = tokenizer.encode(read_text_file(flags.text_file), true);
     if (flags.max_tokens > 0 && int64_t(text_tokens.size()) > flags.max_tokens) {
       text_tokens.resize(size_t(flags.max_tokens));
     }
     window = *options.window ? flags.window : model->config.max_position_embeddings;
-    // A window's runs hold its tokens in their caches at once.
-    check_cpu_memory(common, *model, std::min(window, int64_t(text_tokens.size())),
-                     int64_t(runs.size()), true, "--window / --max-tokens");
+    items = perplexity_window_count(model->config, int64_t(text_tokens.size()), window);
+    longest = std::min(window, int64_t(text_tokens.size()));
+    // A window's runs hold its tokens in their caches at once, on each worker.
+    check_cpu_memory(common, *model, longest, int64_t(runs.size()) * distribution.workers, true,
+                     "--window / --max-tokens (and --workers)");
   }
-  const auto backend = make_backend(common);
-  const auto resident = upload_model(model, *backend, session::upload_options(common));
+  const int64_t units_total = items * int64_t(runs.size());
+  const UnitRange range = shard_units(units_total, shard);
+  const int64_t kv_bytes = estimate_memory(*model).cuda_kv_cache_per_1k *
+                           ((longest + 1023) / 1024) * int64_t(runs.size());
+  const Engines engines = make_engines(common, model, kv_bytes);
 
-  Json results = Json::array();
-  std::printf("eval %s  model %s  backend %s  runs %zu in lockstep\n", flags.task.c_str(),
-              flags.model_dir.c_str(), backend->name().c_str(), runs.size());
+  std::printf("eval %s  model %s  backend %s  runs %zu in lockstep", flags.task.c_str(),
+              flags.model_dir.c_str(), engines.backends.front()->name().c_str(), runs.size());
+  if (engines.models.size() > 1) std::printf("  engines %zu", engines.models.size());
+  if (sharded) {
+    std::printf("  shard %lld/%lld: units [%lld, %lld) of %lld", (long long)shard.index,
+                (long long)shard.count, (long long)range.begin, (long long)range.end,
+                (long long)units_total);
+  }
+  std::printf("\n");
   std::fflush(stdout);
   // Every (policy, sparsity) pair is a run of one lockstep session: the text is read once per
   // sample or window and each step is one batched pass over the weights.
   const auto start = std::chrono::steady_clock::now();
   ProgressBar bar(common.progress, "eval " + flags.task, flags.task == "coref" ? "samples" : "tok");
   const ProgressFn progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
-  std::vector<Json> rows;
-  for (const PolicyConfig& run : runs) rows.push_back(result_row(run));
+  EvalPartial partial;
+  partial.range = range;
   if (flags.task == "coref") {
-    const std::vector<CorefEvalResult> evaluated =
-        evaluate_coref_lockstep(resident, *pools, tokenizer, flags.seed, flags.first_index,
-                                flags.samples, flags.hard, progress, runs, flags.hit_rate);
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const CorefEvalResult& result = evaluated[i];
+    partial.coref =
+        evaluate_coref_units(engines.models, samples, runs, range, flags.hit_rate, progress);
+  } else {
+    partial.perplexity =
+        evaluate_perplexity_units(engines.models, text_tokens, window, kPerplexityChunk, runs,
+                                  range, flags.hit_rate, progress);
+  }
+  const double seconds = seconds_since(start);
+
+  EvalReport report{flags.task, flags.model_dir, flags.hit_rate, {}, {}, {}};
+  for (const PolicyConfig& run : runs) report.rows.push_back(result_row(run));
+  if (sharded) {
+    partial.parameters = run_parameters(common, runs, text_tokens, window);
+    partial.rows = report.rows;
+    partial.shard = shard;
+    partial.units_total = units_total;
+    json_out->stream() << partial_to_json(partial).dump() << '\n';
+    json_out->commit();
+    std::printf("%.1f s for %lld units: partial result in %s (kvlens-cli merge joins the shards)\n",
+                seconds, (long long)range.size(), flags.json_path.c_str());
+    return 0;
+  }
+  if (flags.task == "coref") {
+    report.coref = summarize_coref_units(std::move(partial.coref), runs.size());
+  } else {
+    report.perplexity = summarize_perplexity_units(partial.perplexity, runs.size(), window);
+  }
+  write_eval_report(report, json_out ? &*json_out : nullptr, csv_out ? &*csv_out : nullptr,
+                    per_sample_out ? &*per_sample_out : nullptr);
+  std::printf("%.1f s for %zu runs\n", seconds, runs.size());
+  return 0;
+}
+
+}  // namespace
+
+GpuNeed gpu_need(const CommonOptions& common, const Model& model, int64_t kv_bytes,
+                 int64_t device_bytes) {
+  GpuNeed need;
+  need.device_bytes = device_bytes;
+  need.kv_bytes = kv_bytes;
+  const std::optional<DType> dtype = session::upload_options(common).weight_dtype;
+  if (!dtype) {
+    need.weight_bytes = estimate_memory(model).cuda_weight_bytes;
+    need.dtype = std::string(dtype_name(model.config.torch_dtype));
+  } else {
+    const int64_t size = *dtype == DType::F32 ? 4 : 2;
+    for (const std::string& name : model.weights.files->names()) {
+      need.weight_bytes += model.weights.files->tensor(name).numel() * size;
+    }
+    need.dtype = std::string(dtype_name(*dtype));
+  }
+  need.gpus = gpus_needed(need.weight_bytes, need.kv_bytes, device_bytes);
+  return need;
+}
+
+void write_eval_report(EvalReport& report, AtomicOutputFile* json_out, AtomicOutputFile* csv_out,
+                       AtomicOutputFile* per_sample_out) {
+  std::vector<Json>& rows = report.rows;
+  if (report.task == "coref") {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const CorefEvalResult& result = report.coref[i];
       Json& row = rows[i];
       row["accuracy"] = result.accuracy;
       row["coverage"] = result.coverage;
@@ -251,9 +515,9 @@ int run_eval(const CommonOptions& common) {
       set_hit_rate(row, result.hit_rate);
       if (per_sample_out) {
         for (const CorefSampleResult& s : result.per_sample) {
-          Json line = {{"policy", runs[i].id},
-                       {"sparsity", runs[i].sparsity},
-                       {"run", session::run_spec(runs[i])},
+          Json line = {{"policy", row["policy"]},
+                       {"sparsity", row["sparsity"]},
+                       {"run", row["run"]},
                        {"index", s.index},
                        {"answer", s.answer},
                        {"tokens", s.tokens},
@@ -263,16 +527,14 @@ int run_eval(const CommonOptions& common) {
                        {"all_correct", s.all_correct},
                        {"canonical", s.canonical},
                        {"answer_nll", s.answer_nll}};
-          if (flags.hit_rate) line["hit_rate"] = null_if_not_finite(s.hit_rate.mean());
+          if (report.hit_rate) line["hit_rate"] = null_if_not_finite(s.hit_rate.mean());
           per_sample_out->stream() << line.dump() << '\n';
         }
       }
     }
   } else {
-    const std::vector<PerplexityResult> evaluated = evaluate_perplexity_lockstep(
-        resident, text_tokens, window, kPerplexityChunk, progress, runs, flags.hit_rate);
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const PerplexityResult& result = evaluated[i];
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const PerplexityResult& result = report.perplexity[i];
       Json& row = rows[i];
       row["ppl"] = null_if_not_finite(result.ppl);
       row["samples"] = result.windows;
@@ -282,22 +544,39 @@ int run_eval(const CommonOptions& common) {
       set_hit_rate(row, result.hit_rate);
     }
   }
-  const double seconds = seconds_since(start);
-  print_table(rows);
-  std::printf("%.1f s for %zu runs\n", seconds, runs.size());
+  print_table(rows, report.task, report.hit_rate);
+  Json results = Json::array();
+  if (csv_out) csv_out->stream() << kCsvHeader << '\n';
   for (const Json& row : rows) {
     if (csv_out) write_csv_row(csv_out->stream(), row);
     results.push_back(row);
   }
-
   if (json_out) {
-    const Json out = {{"task", flags.task}, {"model", flags.model_dir}, {"results", results}};
+    const Json out = {{"task", report.task}, {"model", report.model}, {"results", results}};
     json_out->stream() << out.dump(2) << '\n';
     json_out->commit();
   }
   if (per_sample_out) per_sample_out->commit();
   if (csv_out) csv_out->commit();
-  return 0;
+}
+
+namespace {
+
+void add_distribution_options(CLI::App& command) {
+  command.add_option("--shard", distribution.shard,
+                     "Evaluate only shard I of N (I/N, 0-based: 0/4 .. 3/4) of the (sample or "
+                     "window) x run units and write a partial result to --json; kvlens-cli merge "
+                     "joins the shards into the same result as one run (docs/multi_host.md)");
+  command
+      .add_option("--workers", distribution.workers,
+                  "CPU: engines in this process, each with its share of the cores, the units "
+                  "handed out among them (results identical to one engine)")
+      ->check(CLI::PositiveNumber);
+  command.add_option("--devices", distribution.devices,
+                     "cuda: comma-separated GPUs, one engine (a whole copy of the model) on each, "
+                     "the units handed out among them (results identical to one GPU)");
+  command.add_option("--gpus", distribution.gpus, "cuda: GPUs 0..N-1 (as --devices 0,...,N-1)")
+      ->check(CLI::PositiveNumber);
 }
 
 }  // namespace
@@ -351,6 +630,7 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_flag("--hit-rate", flags.hit_rate,
                     "Also measure each run's mean top-50% hit rate of its policy scores against "
                     "the true attention logits (slower: every step's logits are read back)");
+  add_distribution_options(*command);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);

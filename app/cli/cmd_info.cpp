@@ -4,10 +4,14 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli/cli_common.h"
+#include "app/cli/eval_report.h"
 #include "engine/model/dequantize.h"
 #include "engine/model/gguf_weights.h"
 #include "engine/model/model.h"
 #include "engine/session/memory_estimate.h"
+#if KVLENS_HAVE_CUDA
+#include "kernels/cuda_backend.h"
+#endif
 
 namespace kvlens::cli {
 namespace {
@@ -139,6 +143,25 @@ nlohmann::json model_info(const Model& model) {
   return info;
 }
 
+// Where a CUDA device is present: how many GPUs of its memory the model's weights at --dtype
+// need (with 4k tokens of one run's cache), before any work; eval refuses fewer, and since it
+// puts a whole copy on each GPU, more than one.
+void add_gpu_need([[maybe_unused]] nlohmann::json& info,
+                  [[maybe_unused]] const CommonOptions& common,
+                  [[maybe_unused]] const Model& model) {
+#if KVLENS_HAVE_CUDA
+  if (!cuda_device_available()) return;
+  const int64_t kv_bytes = estimate_memory(model).cuda_kv_cache_per_1k * 4;
+  const GpuNeed need = gpu_need(common, model, kv_bytes, cuda_device_memory_bytes(0));
+  info["gpus"] = {{"device", 0},
+                  {"device_bytes", need.device_bytes},
+                  {"dtype", need.dtype},
+                  {"weight_bytes", need.weight_bytes},
+                  {"kv_cache_bytes_4k_tokens", need.kv_bytes},
+                  {"gpus_needed", need.gpus}};
+#endif
+}
+
 }  // namespace
 
 void add_info_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
@@ -152,7 +175,9 @@ void add_info_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->callback([&run, &common] {
     run = [&common] {
       const auto model = load_model(common, model_dir);
-      std::printf("%s\n", model_info(*model).dump(2).c_str());
+      nlohmann::json info = model_info(*model);
+      add_gpu_need(info, common, *model);
+      std::printf("%s\n", info.dump(2).c_str());
       return 0;
     };
   });

@@ -10,9 +10,12 @@
 #include "app/cli/cli_common.h"
 #include "app/session/python_policies.h"
 #include "engine/common/error.h"
+#include "engine/eval/eval_workers.h"
 
 int main(int argc, char** argv) {
   using namespace kvlens::cli;
+  // Before anything could start NCCL or torch: NVLink multicast off unless the user set it.
+  kvlens::set_multicast_off_defaults();
   CLI::App app{"kvlens-cli: run Llama-family checkpoints and KV-cache policies headless"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvlens-cli 0.1.0");
@@ -28,6 +31,7 @@ int main(int argc, char** argv) {
   add_eval_command(app, common, run);
   add_trace_command(app, common, run);
   add_figure_command(app, common, run);
+  add_merge_command(app, common, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

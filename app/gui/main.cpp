@@ -16,6 +16,7 @@
 #include "app/session/common_options.h"
 #include "app/session/python_policies.h"
 #include "engine/common/error.h"
+#include "engine/eval/eval_workers.h"
 #include "engine/policy/plugin_policy.h"
 #include "viz/qt/qt_messages.h"
 
@@ -35,6 +36,8 @@ bool has_display() {
 
 int main(int argc, char** argv) {
   using kvlens::app::LaunchOptions;
+  // Before anything could start NCCL or torch: NVLink multicast off unless the user set it.
+  kvlens::set_multicast_off_defaults();
   CLI::App cli{"kvlens: step a decode under KV-cache policies and see what every head saw"};
   std::string model, trace, prompt, policies = kvlens::app::default_policies(), predictor,
                                     sparsity = "0.5", backend = "auto", script,

@@ -38,10 +38,10 @@ CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
 
 std::vector<CorefSampleResult> score_coref_sample_lockstep(
     std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
-    std::span<const PolicyConfig> policies, bool measure_hit_rate) {
+    std::span<const PolicyConfig> policies, bool measure_hit_rate, int64_t dense_chunk) {
   check_fits(model->config(), sample, marked);
   ScoreOptions options;
-  options.chunk = int64_t(marked.tokens.size());
+  options.chunk = dense_chunk > 0 ? dense_chunk : int64_t(marked.tokens.size());
   options.hit_rate = measure_hit_rate;
   const std::vector<ScoreResult> scored_runs =
       score_tokens_lockstep(model, marked.tokens, policies, options);
@@ -78,23 +78,51 @@ CorefEvalResult evaluate_coref(std::shared_ptr<const BackendModel> model, const 
                        .front());
 }
 
-std::vector<CorefEvalResult> evaluate_coref_lockstep(
-    std::shared_ptr<const BackendModel> model, const CorefPools& pools, const Tokenizer& tokenizer,
-    uint64_t seed, int64_t first_index, int64_t count, bool hard, const ProgressFn& progress,
-    std::span<const PolicyConfig> policies, bool measure_hit_rate) {
+std::vector<MarkedCorefSample> mark_coref_samples(const ModelConfig& config,
+                                                  const CorefPools& pools,
+                                                  const Tokenizer& tokenizer, uint64_t seed,
+                                                  int64_t first_index, int64_t count, bool hard) {
   if (count < 1) throw Error("coref eval", "samples", "at least 1", std::to_string(count));
   if (first_index < 0) {
     throw Error("coref eval", "first index", "a non-negative index", std::to_string(first_index));
   }
-  std::vector<CorefSample> samples;
-  std::vector<CorefTokens> marked;
-  samples.reserve(size_t(count));
-  marked.reserve(size_t(count));
+  std::vector<MarkedCorefSample> items;
+  items.reserve(size_t(count));
   for (int64_t i = 0; i < count; ++i) {
-    samples.push_back(generate_coref_sample(pools, seed, first_index + i, hard));
-    marked.push_back(mark_answer_tokens(samples.back(), tokenizer));
-    check_fits(model->config(), samples.back(), marked.back());
+    MarkedCorefSample item;
+    item.sample = generate_coref_sample(pools, seed, first_index + i, hard);
+    item.marked = mark_answer_tokens(item.sample, tokenizer);
+    check_fits(config, item.sample, item.marked);
+    items.push_back(std::move(item));
   }
+  return items;
+}
+
+CorefEvalResult summarize_coref(std::vector<CorefSampleResult> per_sample) {
+  CorefEvalResult result;
+  int64_t all_correct = 0, correct_tokens = 0;
+  for (CorefSampleResult& sample : per_sample) {
+    all_correct += sample.all_correct;
+    correct_tokens += sample.correct_tokens;
+    result.sparsity.merge(sample.sparsity);
+    result.hit_rate.merge(sample.hit_rate);
+    result.answer_tokens += sample.answer_tokens();
+    result.per_sample.push_back(std::move(sample));
+  }
+  result.samples = int64_t(result.per_sample.size());
+  if (result.samples == 0) return result;
+  result.accuracy = double(all_correct) / double(result.samples);
+  // mark_answer_tokens guarantees at least one answer token per sample, so this is never 0/0.
+  result.coverage = double(correct_tokens) / double(result.answer_tokens);
+  return result;
+}
+
+std::vector<CorefEvalResult> evaluate_coref_lockstep(
+    std::shared_ptr<const BackendModel> model, const CorefPools& pools, const Tokenizer& tokenizer,
+    uint64_t seed, int64_t first_index, int64_t count, bool hard, const ProgressFn& progress,
+    std::span<const PolicyConfig> policies, bool measure_hit_rate) {
+  const std::vector<MarkedCorefSample> items =
+      mark_coref_samples(model->config(), pools, tokenizer, seed, first_index, count, hard);
 
   // Samples are independent: the backend scores them as tasks (CPU: one per thread, its ops
   // inline; CUDA: one per host thread and stream), and the results are merged in index order.
@@ -103,35 +131,22 @@ std::vector<CorefEvalResult> evaluate_coref_lockstep(
   std::mutex progress_mutex;
   int64_t done = 0;
   model->backend->run_tasks(count, [&](int64_t i) {
-    scored[size_t(i)] = score_coref_sample_lockstep(model, samples[size_t(i)], marked[size_t(i)],
-                                                    policies, measure_hit_rate);
+    scored[size_t(i)] = score_coref_sample_lockstep(
+        model, items[size_t(i)].sample, items[size_t(i)].marked, policies, measure_hit_rate);
     if (progress) {
       const std::lock_guard<std::mutex> lock(progress_mutex);
       progress(++done, count);
     }
   });
 
-  std::vector<CorefEvalResult> results(policies.size());
-  std::vector<int64_t> all_correct(policies.size(), 0), correct_tokens(policies.size(), 0);
-  for (int64_t i = 0; i < count; ++i) {
-    std::vector<CorefSampleResult>& per_policy = scored[size_t(i)];
-    for (size_t p = 0; p < policies.size(); ++p) {
-      CorefEvalResult& result = results[p];
-      CorefSampleResult& sample = per_policy[p];
-      all_correct[p] += sample.all_correct;
-      correct_tokens[p] += sample.correct_tokens;
-      result.sparsity.merge(sample.sparsity);
-      result.hit_rate.merge(sample.hit_rate);
-      result.answer_tokens += sample.answer_tokens();
-      result.per_sample.push_back(std::move(sample));
-    }
-  }
+  std::vector<CorefEvalResult> results;
   for (size_t p = 0; p < policies.size(); ++p) {
-    CorefEvalResult& result = results[p];
-    result.samples = count;
-    result.accuracy = double(all_correct[p]) / double(count);
-    // mark_answer_tokens guarantees at least one answer token per sample, so this is never 0/0.
-    result.coverage = double(correct_tokens[p]) / double(result.answer_tokens);
+    std::vector<CorefSampleResult> per_sample;
+    per_sample.reserve(size_t(count));
+    for (std::vector<CorefSampleResult>& per_policy : scored) {
+      per_sample.push_back(std::move(per_policy[p]));
+    }
+    results.push_back(summarize_coref(std::move(per_sample)));
   }
   return results;
 }

@@ -41,10 +41,12 @@ CorefSampleResult score_coref_sample(std::shared_ptr<const BackendModel> model,
                                      const CorefSample& sample, const CorefTokens& marked,
                                      const PolicyConfig& policy = {});
 // One sample under several policies in lockstep, one result per policy. measure_hit_rate:
-// ScoreOptions::hit_rate.
+// ScoreOptions::hit_rate. dense_chunk: tokens per forward while every run is dense (0: the whole
+// sample at once; 1: step by step, as a dense run goes beside any other policy, which a shard
+// holding only a sample's dense runs passes to compute what the whole lockstep computes).
 std::vector<CorefSampleResult> score_coref_sample_lockstep(
     std::shared_ptr<const BackendModel> model, const CorefSample& sample, const CorefTokens& marked,
-    std::span<const PolicyConfig> policies, bool measure_hit_rate = false);
+    std::span<const PolicyConfig> policies, bool measure_hit_rate = false, int64_t dense_chunk = 0);
 
 struct CorefEvalResult {
   double accuracy = 0.0;  // fraction of samples with every answer token right
@@ -55,6 +57,23 @@ struct CorefEvalResult {
   HitRateStats hit_rate;                      // merged over the samples (measure_hit_rate)
   std::vector<CorefSampleResult> per_sample;  // in index order
 };
+
+// A generated sample with its answer tokens marked: one work item of a coref eval.
+struct MarkedCorefSample {
+  CorefSample sample;
+  CorefTokens marked;
+};
+
+// Samples first_index .. first_index + count - 1 of generate_coref_sample(pools, seed, i, hard),
+// marked with `tokenizer`, each checked to fit `config` (the checks of evaluate_coref below).
+std::vector<MarkedCorefSample> mark_coref_samples(const ModelConfig& config,
+                                                  const CorefPools& pools,
+                                                  const Tokenizer& tokenizer, uint64_t seed,
+                                                  int64_t first_index, int64_t count, bool hard);
+
+// One run's totals over its samples' results, given in index order (the order fixes the sums'
+// rounding, so a sharded eval that gathers the same results gets the same bits).
+CorefEvalResult summarize_coref(std::vector<CorefSampleResult> per_sample);
 
 // Samples first_index .. first_index + count - 1 of generate_coref_sample(pools, seed, i, hard),
 // marked with `tokenizer`. Every sample is generated and its length checked before any compute,

@@ -22,6 +22,29 @@ struct PerplexityResult {
   HitRateStats hit_rate;   // merged over the windows (measured with measure_hit_rate only)
 };
 
+// One window's share of a run's perplexity: the sum of its scored tokens' NLL (nats) and their
+// count, with its policy steps' statistics. A sharded eval gathers these in window order.
+struct PerplexityWindow {
+  double nll_sum = 0.0;
+  int64_t tokens_scored = 0;
+  SparsityStats sparsity;
+  HitRateStats hit_rate;
+};
+
+// The number of windows of evaluate_perplexity below over n tokens (its checks of n, window and
+// the model's positions first: kvlens::Error as below).
+int64_t perplexity_window_count(const ModelConfig& config, int64_t n, int64_t window);
+// Window k of `tokens` scored under `policies` in lockstep, one result per policy. `options`:
+// chunk, hit rate and progress (within the window) as evaluate_perplexity passes them.
+std::vector<PerplexityWindow> score_perplexity_window(std::shared_ptr<const BackendModel> model,
+                                                      std::span<const int32_t> tokens,
+                                                      int64_t window, int64_t k,
+                                                      std::span<const PolicyConfig> policies,
+                                                      const ScoreOptions& options);
+// One run's perplexity from its windows in window order: the windows' NLL sums are added in that
+// order (so a sharded eval that gathers the same windows gets the same bits).
+PerplexityResult summarize_perplexity(std::span<const PerplexityWindow> windows, int64_t window);
+
 // Window k holds tokens[k*(W-1), k*(W-1) + W) (the last one may be shorter; windows of fewer
 // than 2 tokens are not formed) and contributes the NLL of its tokens 1..len-1: consecutive
 // windows overlap by one token, so that token is context in the later window and never scored
