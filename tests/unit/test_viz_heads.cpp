@@ -404,6 +404,27 @@ TEST_CASE("searched tokens are highlighted in the grid and the detail view", "[v
   CHECK(emphasised);
 }
 
+TEST_CASE("the allocators' colours are their own, legible on both themes", "[viz]") {
+  const std::vector<std::string> ids = {
+      "dense",   "oracle",      "random",  "streaming",   "h2o",  "snapkv",    "quest",
+      "keydiff", "tokenfilter", "lazyllm", "tokenbutler", "tova", "pyramidkv", "adakv"};
+  const Trace trace = grid_trace(1, 1, 2, ids);
+  for (const Theme* theme : {&light_theme(), &dark_theme()}) {
+    INFO("dark " << theme->dark);
+    for (const int64_t allocator : {12, 13}) {
+      CHECK(contrast_ratio(run_color(trace, allocator, *theme), theme->background) >=
+            (theme->dark ? 4.5 : 3.0));
+      CHECK(oklab_distance(run_color(trace, allocator, *theme), theme->accent) > 0.1);
+      for (int64_t a = 0; a < int64_t(ids.size()); ++a) {
+        if (a == allocator) continue;
+        INFO(ids[size_t(a)] << " vs " << ids[size_t(allocator)]);
+        CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, allocator, *theme)) >
+              0.1);
+      }
+    }
+  }
+}
+
 TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
   const Trace trace =
       grid_trace(1, 1, 2,
