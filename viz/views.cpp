@@ -235,8 +235,9 @@ Color policy_color(const std::string& id, const Theme& theme) {
   // vermillion is left out: it is the themes' accent (selection, current step). Policies added
   // later take the colours farthest from all of these after legible_on (tova's magenta: at least
   // 0.19 OKLab from every other and the accent on both themes, the existing pairs' least is 0.06).
-  // The allocators pyramidkv (lime) and adakv (ultramarine) likewise; their SCORER+ALLOCATOR
-  // compositions take the hash as any other id.
+  // The allocators pyramidkv (lime) and adakv (crimson) likewise (at least 0.1 OKLab from every
+  // other and the accent on both themes); their SCORER+ALLOCATOR compositions take the hash as any
+  // other id.
   static const std::pair<const char*, Color> kPolicyColors[] = {
       {"dense", {40, 40, 46, 255}},     {"tokenbutler", {0, 114, 178, 255}},
       {"h2o", {230, 159, 0, 255}},      {"quest", {0, 158, 115, 255}},
@@ -244,7 +245,7 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"oracle", {240, 228, 66, 255}},  {"random", {150, 120, 96, 255}},
       {"keydiff", {120, 94, 200, 255}}, {"tokenfilter", {60, 130, 60, 255}},
       {"lazyllm", {170, 60, 110, 255}}, {"tova", {240, 0, 240, 255}},
-      {"pyramidkv", {96, 192, 0, 255}}, {"adakv", {40, 64, 248, 255}},
+      {"pyramidkv", {96, 192, 0, 255}}, {"adakv", {248, 0, 64, 255}},
   };
   Color base{};
   bool found = false;

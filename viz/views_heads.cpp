@@ -385,14 +385,15 @@ std::string budget_line(const HeadBudgets& budgets, int64_t layer, int64_t head_
          " tokens (layer " + std::to_string(budgets.layer_total[size_t(layer)]) + " over " +
          std::to_string(H) + " heads)";
 }
-std::string budget_line(const HeadBudgets& budgets, int64_t at, int64_t H) {
-  return budget_line(budgets, at / H, at % H, H);
-}
 
 // The run's budgets at a glance, beside its title: one figure for a uniform policy, the range
-// and mean where an allocator (or eviction running short) makes them differ.
-std::string budget_caption(const HeadBudgets& budgets) {
-  if (budgets.min < 0) return "no budgeted layer at this step";
+// and mean where an allocator (or eviction running short) makes them differ; `compact` for a
+// narrow panel.
+std::string budget_caption(const HeadBudgets& budgets, bool compact) {
+  if (budgets.min < 0) return compact ? "" : "no budgeted layer at this step";
+  if (compact)  // "kept 29-78" or "kept 56": for a narrow panel
+    return "kept " + std::to_string(budgets.min) +
+           (budgets.uniform() ? "" : "-" + std::to_string(budgets.max));
   if (budgets.uniform())
     return "kept per head: " + std::to_string(budgets.min) + " of " +
            std::to_string(budgets.candidates);
@@ -539,7 +540,9 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     {
       // Beside the title where the panel has room for it, else left out (the hovers say it).
       const float title_w = text_width(run_title(trace, run), 13) * 1.08f;
-      const std::string caption = budget_caption(*budgets);
+      std::string caption = budget_caption(*budgets, false);
+      if (title_w + 12 + text_width(caption, kLabelSize) > layout.panel)
+        caption = budget_caption(*budgets, true);
       if (title_w + 12 + text_width(caption, kLabelSize) <= layout.panel)
         f.text({x0 + title_w + 12, panel_top + 13}, caption, kLabelSize, theme.muted, HAlign::Left,
                VAlign::Baseline);
