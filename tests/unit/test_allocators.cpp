@@ -290,3 +290,25 @@ TEST_CASE("head_budgets: each head's kept count, -1 on dense layers, the spread"
   CHECK_THROWS_AS(head_budgets(trace, 2, t), Error);
   CHECK_THROWS_AS(head_budgets(trace, 0, t + 1), Error);
 }
+
+TEST_CASE("kvlens-cli: policies lists the allocators and how they compose; eval runs composed ids",
+          "[cli][allocator]") {
+  const auto listing = test::run_command(test::cli_path() + " policies");
+  REQUIRE(listing.exit_code == 0);
+  CHECK(listing.out.find("pyramidkv") != std::string::npos);
+  CHECK(listing.out.find("adakv") != std::string::npos);
+  CHECK(listing.out.find("SCORER+ALLOCATOR") != std::string::npos);
+  CHECK(listing.out.find("h2o+pyramidkv") != std::string::npos);
+  const auto eval = test::run_command(
+      test::cli_path() + " eval --model " + test::source_path("assets/models/demo") +
+      " --task coref --samples 2 --threads 1 --policies dense,snapkv,snapkv+adakv,h2o+pyramid");
+  INFO(eval.err);
+  REQUIRE(eval.exit_code == 0);
+  CHECK(eval.out.find("snapkv+adakv") != std::string::npos);
+  CHECK(eval.out.find("h2o+pyramid") != std::string::npos);
+  const auto bad = test::run_command(test::cli_path() + " eval --model " +
+                                     test::source_path("assets/models/demo") +
+                                     " --task coref --samples 1 --policies quest+adakv");
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.err.find("SCORER+ALLOCATOR with SCORER one of snapkv, h2o, tova") != std::string::npos);
+}
