@@ -9,6 +9,7 @@
 
 #include "engine/common/comma_list.h"
 #include "engine/common/error.h"
+#include "engine/policy/allocator.h"
 #include "engine/policy/policy_params.h"
 #include "engine/policy/registry.h"
 
@@ -251,6 +252,15 @@ Color policy_color(const std::string& id, const Theme& theme) {
   bool found = false;
   for (const auto& [policy, color] : kPolicyColors)
     if (id == policy) base = color, found = true;
+  // A scorer with an allocator (h2o+pyramidkv) takes the allocator's colour: it reads as the
+  // allocator's and never as the scorer alone (the hash could give it h2o's orange). Runs of one
+  // allocator with different scorers share it; their titles tell them apart.
+  const size_t plus = id.find('+');
+  if (!found && plus != std::string::npos) {
+    const std::string allocator = allocator_id(allocator_kind(id.substr(plus + 1)));
+    for (const auto& [policy, color] : kPolicyColors)
+      if (!allocator.empty() && allocator == policy) base = color, found = true;
+  }
   // A policy this build has no colour for (a plug-in's) by a hash of its id: the same in every
   // view and session.
   if (!found) base = kPolicyColors[1 + std::hash<std::string>{}(id) % 10].second;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/policy/registry.h"
 #include "viz/layout.h"
 #include "viz/views.h"
 
@@ -543,7 +544,9 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
       std::string caption = budget_caption(*budgets, false);
       if (title_w + 12 + text_width(caption, kLabelSize) > layout.panel)
         caption = budget_caption(*budgets, true);
-      if (title_w + 12 + text_width(caption, kLabelSize) <= layout.panel)
+      // (The reference has no budget: nothing to say.)
+      if (!is_reference_policy(trace.runs[size_t(run)].policy) &&
+          title_w + 12 + text_width(caption, kLabelSize) <= layout.panel)
         f.text({x0 + title_w + 12, panel_top + 13}, caption, kLabelSize, theme.muted, HAlign::Left,
                VAlign::Baseline);
     }
