@@ -9,6 +9,7 @@
 
 #include "engine/common/comma_list.h"
 #include "engine/common/error.h"
+#include "engine/policy/allocator.h"
 #include "engine/policy/policy_params.h"
 #include "engine/policy/registry.h"
 
@@ -235,6 +236,9 @@ Color policy_color(const std::string& id, const Theme& theme) {
   // vermillion is left out: it is the themes' accent (selection, current step). Policies added
   // later take the colours farthest from all of these after legible_on (tova's magenta: at least
   // 0.19 OKLab from every other and the accent on both themes, the existing pairs' least is 0.06).
+  // The allocators pyramidkv (lime) and adakv (crimson) likewise (at least 0.1 OKLab from every
+  // other and the accent on both themes); their SCORER+ALLOCATOR compositions take the hash as any
+  // other id.
   static const std::pair<const char*, Color> kPolicyColors[] = {
       {"dense", {40, 40, 46, 255}},     {"tokenbutler", {0, 114, 178, 255}},
       {"h2o", {230, 159, 0, 255}},      {"quest", {0, 158, 115, 255}},
@@ -242,11 +246,21 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"oracle", {240, 228, 66, 255}},  {"random", {150, 120, 96, 255}},
       {"keydiff", {120, 94, 200, 255}}, {"tokenfilter", {60, 130, 60, 255}},
       {"lazyllm", {170, 60, 110, 255}}, {"tova", {240, 0, 240, 255}},
+      {"pyramidkv", {96, 192, 0, 255}}, {"adakv", {248, 0, 64, 255}},
   };
   Color base{};
   bool found = false;
   for (const auto& [policy, color] : kPolicyColors)
     if (id == policy) base = color, found = true;
+  // A scorer with an allocator (h2o+pyramidkv) takes the allocator's colour: it reads as the
+  // allocator's and never as the scorer alone (the hash could give it h2o's orange). Runs of one
+  // allocator with different scorers share it; their titles tell them apart.
+  const size_t plus = id.find('+');
+  if (!found && plus != std::string::npos) {
+    const std::string allocator = allocator_id(allocator_kind(id.substr(plus + 1)));
+    for (const auto& [policy, color] : kPolicyColors)
+      if (!allocator.empty() && allocator == policy) base = color, found = true;
+  }
   // A policy this build has no colour for (a plug-in's) by a hash of its id: the same in every
   // view and session.
   if (!found) base = kPolicyColors[1 + std::hash<std::string>{}(id) % 10].second;

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/policy/registry.h"
 #include "viz/layout.h"
 #include "viz/views.h"
 
@@ -374,12 +376,41 @@ GridLayout grid_layout(const ViewOptions& options, float y0, float row_top, int6
   return best;
 }
 
+// A head's own budget at the step, for hovers: "kept 56 of 111 tokens (layer: 448 over 8 heads)",
+// or why it has none.
+std::string budget_line(const HeadBudgets& budgets, int64_t layer, int64_t head_in_layer,
+                        int64_t H) {
+  const int32_t kept = budgets.kept[size_t(layer * H + head_in_layer)];
+  if (kept < 0) return "no budget (dense or skipped layer)";
+  return "kept " + std::to_string(kept) + " of " + std::to_string(budgets.candidates) +
+         " tokens (layer " + std::to_string(budgets.layer_total[size_t(layer)]) + " over " +
+         std::to_string(H) + " heads)";
+}
+
+// The run's budgets at a glance, beside its title: one figure for a uniform policy, the range
+// and mean where an allocator (or eviction running short) makes them differ; `compact` for a
+// narrow panel.
+std::string budget_caption(const HeadBudgets& budgets, bool compact) {
+  if (budgets.min < 0) return compact ? "" : "no budgeted layer at this step";
+  if (compact)  // "kept 29-78" or "kept 56": for a narrow panel
+    return "kept " + std::to_string(budgets.min) +
+           (budgets.uniform() ? "" : "-" + std::to_string(budgets.max));
+  if (budgets.uniform())
+    return "kept per head: " + std::to_string(budgets.min) + " of " +
+           std::to_string(budgets.candidates);
+  char mean[32];
+  std::snprintf(mean, sizeof mean, "%.1f", budgets.mean);
+  return "kept per head: " + std::to_string(budgets.min) + "-" + std::to_string(budgets.max) +
+         " of " + std::to_string(budgets.candidates) + " (mean " + mean + ")";
+}
+
 // One run's per-head summary: three [layers][heads] heatmaps with layer and head axes, each cell
 // a "head R:L:H" hover region (clicking selects the head). Returns the strip's bottom.
 float summary_strip(Figure& f, const Trace& trace, int64_t run, int64_t step, Point origin, float s,
                     bool down, const ViewOptions& options, const Theme& theme) {
   const int64_t L = trace.model.layers, H = trace.model.heads;
   const auto summary = std::make_shared<HeadSummary>(head_summary(trace, run, step));
+  const auto budgets = std::make_shared<HeadBudgets>(head_budgets(trace, run, step));
   const std::vector<double>* metrics[3] = {&summary->recall, &summary->hit_rate,
                                            &summary->sparsity};
   const char* titles[3] = {"recall vs dense", "top-50% hit rate", "effective sparsity"};
@@ -424,13 +455,13 @@ float summary_strip(Figure& f, const Trace& trace, int64_t run, int64_t step, Po
                            1,
                            1,
                            "head " + std::to_string(run) + ":" + name,
-                           [summary, title, l, h, H](int64_t, int64_t) {
+                           [summary, budgets, title, l, h, H](int64_t, int64_t) {
                              const size_t at = size_t(l * H + h);
                              return title + ", L" + std::to_string(l) + " H" + std::to_string(h) +
-                                    "\nrecall vs dense " + format_value(summary->recall[at]) +
-                                    "\ntop-50% hit rate " + format_value(summary->hit_rate[at]) +
-                                    "\neffective sparsity " + format_value(summary->sparsity[at]) +
-                                    "\n(click: select)";
+                                    "\n" + budget_line(*budgets, l, h, H) + "\nrecall vs dense " +
+                                    format_value(summary->recall[at]) + "\ntop-50% hit rate " +
+                                    format_value(summary->hit_rate[at]) + "\neffective sparsity " +
+                                    format_value(summary->sparsity[at]) + "\n(click: select)";
                            },
                            "summary " + name});
       }
@@ -506,6 +537,19 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
     const float x0 = kLeft + float(i % layout.columns) * (layout.panel + kPanelGap);
     f.text({x0, panel_top + 13}, run_title(trace, run), 13, run_color(trace, run, theme),
            HAlign::Left, VAlign::Baseline, true);
+    const auto budgets = std::make_shared<HeadBudgets>(head_budgets(trace, run, step));
+    {
+      // Beside the title where the panel has room for it, else left out (the hovers say it).
+      const float title_w = text_width(run_title(trace, run), 13) * 1.08f;
+      std::string caption = budget_caption(*budgets, false);
+      if (title_w + 12 + text_width(caption, kLabelSize) > layout.panel)
+        caption = budget_caption(*budgets, true);
+      // (The reference has no budget: nothing to say.)
+      if (!is_reference_policy(trace.runs[size_t(run)].policy) &&
+          title_w + 12 + text_width(caption, kLabelSize) <= layout.panel)
+        f.text({x0 + title_w + 12, panel_top + 13}, caption, kLabelSize, theme.muted, HAlign::Left,
+               VAlign::Baseline);
+    }
     for (int64_t h = 0; h < H; h += every_head) {
       f.text({x0 + float(h) * pitch + cell / 2, y0 - 4}, "H" + std::to_string(h), kLabelSize,
              theme.foreground, HAlign::Center, VAlign::Baseline);
@@ -535,8 +579,9 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
         f.hover.push_back(
             {box, m.rows, m.cols,
              "head " + std::to_string(run) + ":" + std::to_string(l) + ":" + std::to_string(h),
-             [&trace, shared, where, quantity, predicted](int64_t r, int64_t c) {
-               return describe_cell(trace, *shared, where, r, c, quantity, predicted);
+             [&trace, shared, where, quantity, predicted, budgets, l, h, H](int64_t r, int64_t c) {
+               return describe_cell(trace, *shared, where, r, c, quantity, predicted) +
+                      "\nat this step: " + budget_line(*budgets, l, h, H);
              },
              "head " + std::to_string(l) + ":" + std::to_string(h)});
         if (options.with_data) add_rows(view.data, trace, run, l, h, options.quantity, step);

@@ -60,6 +60,13 @@ void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
                       param_type_name(spec.type), spec.description.c_str());
         }
       }
+      // The allocators compose with scorers under ids of their own (not listed above).
+      std::string composed;
+      for (const std::string& id : composed_policy_ids()) composed += " " + id;
+      std::printf(
+          "\n%s.\nComposed ids:%s (each takes the scorer's parameters and the "
+          "allocator's)\n",
+          policy_composition_rule().c_str(), composed.c_str());
       return 0;
     };
   });

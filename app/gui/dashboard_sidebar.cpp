@@ -123,6 +123,16 @@ void Dashboard::runs_section() {
                             source.empty() ? "" : "\nplug-in: ", source.c_str());
         }
       }
+      // Scorers with a budget allocator (SCORER+ALLOCATOR ids, not in the registry's list).
+      ImGui::Separator();
+      for (const std::string& id : composed_policy_ids()) {
+        if (ImGui::Selectable(id.c_str(), id == row.policy)) {
+          row.policy = id;
+          row.knobs.clear();
+          pending_.policies_asked = true;
+        }
+        if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", policy_composition_rule().c_str());
+      }
       ImGui::EndCombo();
     }
     tooltip("This run's policy");

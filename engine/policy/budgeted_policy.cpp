@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "engine/backend/tensor_views.h"
+#include "engine/common/error.h"
 
 namespace kvlens {
 
@@ -38,9 +39,45 @@ const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_s
 int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
                                         const DeviceTensor& selection_scores,
                                         const DeviceTensor* eligible, DeviceTensor& visible) {
-  const int64_t budget = knobs_.budget(step);
+  const int64_t budget = layer_budget(step, recent);
   select_budgeted(step, recent, selection_scores, eligible, visible, budget);
   return budget;
+}
+
+int64_t BudgetedPolicy::layer_budget(const LayerStep& step, int64_t recent) {
+  const int64_t budget = knobs_.budget(step);
+  if (allocator_.kind != AllocatorKind::Pyramid || dense_layer(step)) return budget;
+  const int64_t first_policy_layer = std::max<int64_t>(knobs_.dense_layers, 0);
+  const int64_t layers = shape_.layers - first_policy_layer;
+  const int64_t index = step.layer - first_policy_layer;
+  if (layers <= 1 || index < 0 || index >= layers) return budget;
+  // The forced part as select_into will force it (sinks before a window are not forced).
+  const int64_t sinks = step.first_candidate >= knobs_.sinks ? 0 : knobs_.sinks;
+  const int64_t forced =
+      forced_columns(step.step, budget, sinks, std::max(recent, knobs_.window)).count(step.step);
+  const int64_t extra = std::max<int64_t>(0, budget - forced);
+  const int64_t capacity = std::max(extra, step.candidates() - forced);
+  if (pyramid_step_.empty()) {
+    pyramid_step_.assign(size_t(layers), -1);
+    pyramid_budget_.assign(size_t(layers), 0);
+  }
+  // The room of each layer that chose a set at the previous step: its budget then, plus the new
+  // token, less this step's forced part (a layer that was dense or has not chosen yet keeps all).
+  // Taken once per step, before any layer of it records its own budget.
+  if (pyramid_room_step_ != step.step) {
+    pyramid_room_step_ = step.step;
+    pyramid_room_.assign(size_t(layers), -1);
+    for (size_t i = 0; i < pyramid_room_.size(); ++i)
+      if (pyramid_step_[i] == step.step - 1) pyramid_room_[i] = pyramid_budget_[i] + 1;
+  }
+  std::vector<int64_t> room(size_t(layers), -1);
+  for (size_t i = 0; i < room.size(); ++i)
+    if (pyramid_room_[i] >= 0) room[i] = std::max<int64_t>(0, pyramid_room_[i] - forced);
+  const int64_t share =
+      pyramid_allocation(extra, capacity, room, allocator_.pyramid_beta)[size_t(index)];
+  pyramid_step_[size_t(index)] = step.step;
+  pyramid_budget_[size_t(index)] = forced + share;
+  return forced + share;
 }
 
 void BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
@@ -85,10 +122,38 @@ void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,
       backend_.select_pages(selection_scores, cols, page_size, extra, target);
       if (first > 0) backend_.fill_columns(target, 0, first, 0);
     }
+  } else if (allocator_.kind == AllocatorKind::Adaptive && target.dim(0) > 1 && extra > 0) {
+    select_adaptive(selection_scores, cols, eligible, forced, extra, target);
   } else {
     backend_.mark_and_select_top_k(selection_scores, cols, eligible, forced.sink_end,
                                    forced.recent_begin, extra, target);
   }
+}
+
+void BudgetedPolicy::select_adaptive(const DeviceTensor& scores, int64_t cols,
+                                     const DeviceTensor* eligible, const ForcedColumns& forced,
+                                     int64_t extra, DeviceTensor& target) {
+  const int64_t rows = target.dim(0), stride = target.dim(1);
+  if (scores.dim(1) != stride || (eligible != nullptr && eligible->dim(1) != stride))
+    throw Error("adakv", "row stride", "scores, candidates and selection of one stride",
+                std::to_string(scores.dim(1)) + " vs " + std::to_string(stride));
+  const int64_t own = std::min(extra, adaptive_floor(extra, allocator_.floor_alpha));
+  backend_.mark_and_select_top_k(scores, cols, eligible, forced.sink_end, forced.recent_begin, own,
+                                 target);
+  const int64_t pooled = rows * (extra - own);
+  if (pooled == 0) return;
+  // One top-k over the rows laid end to end: the columns past the candidates count as chosen
+  // meanwhile, so they are no candidates (ties go to the higher flat index: the later row).
+  backend_.fill_columns(target, cols, stride, 1);
+  DeviceTensor flat_target = tensor::view(target, {1, rows * stride});
+  const DeviceTensor flat_scores =
+      tensor::view(tensor::row_range(scores, 0, rows), {1, rows * stride});
+  DeviceTensor flat_eligible;
+  if (eligible != nullptr)
+    flat_eligible = tensor::view(tensor::row_range(*eligible, 0, rows), {1, rows * stride});
+  backend_.select_top_k(flat_scores, rows * stride, eligible ? &flat_eligible : nullptr, pooled,
+                        flat_target);
+  backend_.fill_columns(target, cols, stride, 0);
 }
 
 void BudgetedPolicy::evict_unselected(DeviceTensor& kept, const DeviceTensor& visible,

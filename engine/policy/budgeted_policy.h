@@ -1,11 +1,13 @@
 // The machinery most policies share: the common knobs, dense layers, the always-visible columns,
 // and "visible = forced columns + the top remaining-budget tokens by a score", at query-head or
 // KV-head granularity, all through backend ops. Selection rows: R = H (query_head) or G (kv_head);
-// per-layer state buffers are [R, stride] or [H, stride] as each policy documents.
+// per-layer state buffers are [R, stride] or [H, stride] as each policy documents. An allocator
+// (allocator.h: PyramidKV, Ada-KV) shares the same total budget out over layers or heads.
 #pragma once
 
 #include <vector>
 
+#include "engine/policy/allocator.h"
 #include "engine/policy/policy.h"
 
 namespace kvlens {
@@ -19,6 +21,12 @@ class BudgetedPolicy : public Policy {
   void grow(int64_t stride) override;
   int64_t state_bytes() const override;
 
+  // Shares the budget out by `knobs` from the next select on (the registry's SCORER+ALLOCATOR
+  // composition). A policy whose state depends on it (tova: per-head sets under Ada-KV)
+  // overrides it, calling this first.
+  virtual void set_allocator(const AllocatorKnobs& knobs) { allocator_ = knobs; }
+  const AllocatorKnobs& allocator() const { return allocator_; }
+
  protected:
   bool dense_layer(const LayerStep& step) const { return step.layer < knobs_.dense_layers; }
   int64_t selection_rows() const {
@@ -30,12 +38,21 @@ class BudgetedPolicy : public Policy {
   // query_head, else its sum over each KV group (in a scratch buffer).
   const DeviceTensor& at_selection_rows(const DeviceTensor& head_scores, int64_t cols);
 
+  // This layer's budget: B(t) (the common rule), or under PyramidKV the forced columns of a
+  // selection with `recent` recent tokens plus the layer's share of the non-forced rest
+  // (pyramid_schedule over the non-dense layers), so the layers' budgets sum to theirs under B(t).
+  // A layer's share is held to what it can keep (pyramid_allocation: its budget at the step
+  // before plus the new token), so the total is met (calls at step t layer by layer, as sessions
+  // make them, after step t - 1's).
+  int64_t layer_budget(const LayerStep& step, int64_t recent);
+
   // visible[H, stride] = forced columns (sinks, then `recent` most recent tokens including the
   // current one, truncated to B(t) by priority) + the top (B(t) - forced) columns by
   // `selection_scores` [R, stride] among `eligible` [R, stride] (null: all; when given, forced
   // columns that are not eligible stay hidden too). Returns B(t). On a sliding-window layer
   // (step.first_candidate > 0) only the window's columns are candidates, B counts the window's
-  // tokens, and sinks before it are not forced.
+  // tokens, and sinks before it are not forced. The budget is layer_budget's; under Ada-KV the
+  // rows' budgets differ (select_into) and B(t) is their mean.
   int64_t select_budgeted(const LayerStep& step, int64_t recent,
                           const DeviceTensor& selection_scores, const DeviceTensor* eligible,
                           DeviceTensor& visible);
@@ -47,7 +64,10 @@ class BudgetedPolicy : public Policy {
 
   // select_budgeted's choice written straight into `target` [R', stride] from
   // `selection_scores` [R', stride], whatever the granularity: for a policy whose heads all share
-  // one set (lazyllm), which selects on one row and expands it.
+  // one set (lazyllm), which selects on one row and expands it. Under Ada-KV (page_size 0) each
+  // row takes its forced columns and the top floor(floor_alpha * extra) of its own, then one
+  // top-k over all R' rows' remaining candidates takes R' * (extra - that floor) more, extra =
+  // budget - forced: the rows' counts differ, their total is R' * budget.
   void select_into(const LayerStep& step, int64_t recent, const DeviceTensor& selection_scores,
                    const DeviceTensor* eligible, DeviceTensor& target, int64_t budget,
                    int64_t page_size = 0);
@@ -65,8 +85,19 @@ class BudgetedPolicy : public Policy {
   PolicyShape shape_;
   Backend& backend_;
   CommonKnobs knobs_;
+  AllocatorKnobs allocator_;
 
  private:
+  // Ada-KV's part of select_into (its comment): `forced` as select_into computed it.
+  void select_adaptive(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
+                       const ForcedColumns& forced, int64_t extra, DeviceTensor& target);
+
+  // PyramidKV: each layer's last budget and the step it was given at (-1: none yet).
+  std::vector<int64_t> pyramid_budget_, pyramid_step_;
+  // The layers' candidates at pyramid_room_step_ (their budgets then + 1; -1: not limited).
+  std::vector<int64_t> pyramid_room_;
+  int64_t pyramid_room_step_ = -1;
+
   DeviceTensor group_scores_;   // [G, stride] F32
   DeviceTensor group_visible_;  // [G, stride] U8
   // A sliding-window layer's candidates (LayerStep::first_candidate), [H, stride] U8, made on

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "engine/policy/policy.h"
 
@@ -25,8 +27,20 @@ KVLENS_DECLARE_POLICY(tokenfilter)
 KVLENS_DECLARE_POLICY(lazyllm)
 KVLENS_DECLARE_POLICY(tokenbutler)
 KVLENS_DECLARE_POLICY(tova)
+KVLENS_DECLARE_POLICY(pyramidkv)
+KVLENS_DECLARE_POLICY(adakv)
 
 #undef KVLENS_DECLARE_POLICY
+
+// SCORER+ALLOCATOR (allocator_policies.cpp): a budgeted scorer (composable_scorers()) with
+// PyramidKV's or Ada-KV's budgets; its info (the scorer's parameters, then the allocator's) and
+// instance. A malformed or unsupported id is a kvlens::Error naming what composes.
+std::string composable_scorers();
+std::vector<std::string> composed_policy_examples();
+PolicyInfo composed_policy_info(const std::string& id);
+std::unique_ptr<Policy> make_composed_policy(const std::string& id, const PolicyShape& shape,
+                                             Backend& backend, const ParamValues& params,
+                                             double sparsity);
 
 // The common knobs followed by a policy's own parameters.
 std::vector<ParamSpec> with_common_specs(std::vector<ParamSpec> own);

@@ -1,6 +1,7 @@
 // The table of registered policies and config validation.
 #include "engine/policy/registry.h"
 
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <utility>
@@ -39,6 +40,8 @@ std::vector<Entry>& entries() {
       {lazyllm_policy_info(), make_lazyllm_policy},
       {tokenbutler_policy_info(), make_tokenbutler_policy},
       {tova_policy_info(), make_tova_policy},
+      {pyramidkv_policy_info(), make_pyramidkv_policy},
+      {adakv_policy_info(), make_adakv_policy},
   };
   return table;
 }
@@ -52,10 +55,28 @@ std::vector<PolicyInfo>& infos_table() {
   return infos;
 }
 
+// SCORER+ALLOCATOR ids, made on first use (stable addresses: a deque only grows at its end).
+const Entry* composed_entry(const std::string& id) {
+  if (id.find('+') == std::string::npos) return nullptr;
+  static std::mutex mutex;
+  static std::deque<Entry> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : made)
+    if (e.info.id == id) return &e;
+  PolicyInfo info = composed_policy_info(id);  // throws naming what composes
+  made.push_back(
+      {std::move(info),
+       [id](const PolicyShape& shape, Backend& backend, const ParamValues& params,
+            double sparsity) { return make_composed_policy(id, shape, backend, params, sparsity); },
+       ""});
+  return &made.back();
+}
+
 const Entry& entry(const std::string& id) {
   for (const Entry& e : entries()) {
     if (e.info.id == id) return e;
   }
+  if (const Entry* composed = composed_entry(id)) return *composed;
   std::string known;
   for (const Entry& e : entries()) known += (known.empty() ? "" : ", ") + e.info.id;
   throw Error("policy", "id", "one of " + known, "'" + id + "'");
@@ -142,7 +163,22 @@ const PolicyInfo* find_policy_info(const std::string& id) {
   for (const PolicyInfo& info : policy_infos()) {
     if (info.id == id) return &info;
   }
+  try {
+    if (const Entry* composed = composed_entry(id)) return &composed->info;
+  } catch (const Error&) {
+  }
   return nullptr;
+}
+
+std::vector<std::string> composed_policy_ids() {
+  return composed_policy_examples();
+}
+
+std::string policy_composition_rule() {
+  return "SCORER+ALLOCATOR composes a budget allocator with a scorer: SCORER one of " +
+         composable_scorers() +
+         ", ALLOCATOR pyramidkv (per-layer budgets; alias pyramid) or adakv (per-head budgets); "
+         "the total kept is the scorer's own at the same sparsity";
 }
 
 std::string default_comparison_policies() {

@@ -47,6 +47,11 @@ bool is_reference_policy(const std::string& id);
 // The registered policy `id`, or null (an id no policy has now: a trace recorded with a plug-in
 // that is not loaded).
 const PolicyInfo* find_policy_info(const std::string& id);
+// The SCORER+ALLOCATOR ids (snapkv+adakv, h2o+pyramidkv, ...: every scorer with every
+// allocator), which work wherever an id does but are not in policy_infos(), and one line saying
+// how they compose (for `kvlens-cli policies` and the app's picker).
+std::vector<std::string> composed_policy_ids();
+std::string policy_composition_rule();
 // The comparison a front end opens on when the user names none: the reference, the learned
 // predictor and two baselines (an eviction and a page method), comma separated.
 std::string default_comparison_policies();

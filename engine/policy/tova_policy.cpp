@@ -15,7 +15,8 @@
 // prompt) has nothing to rank by: it is dense and evicts nothing, and its attention ranks the next
 // step (TOVA reduces the prompt by the last prompt token's attention instead: one step earlier).
 // State per layer: the head-averaged attention of the last observed step [1, stride] F32, the
-// layer's kept tokens [1, stride] U8.
+// layer's kept tokens [1, stride] U8. Under PyramidKV the layer's budget is its share
+// (BudgetedPolicy::layer_budget); under Ada-KV the sets are per head (set_allocator).
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/policy_factories.h"
 
@@ -41,6 +42,20 @@ class TovaPolicy final : public BudgetedPolicy {
   // Ranks by the previous step's attention, never this step's logits.
   bool reads_logits(const LayerStep& /*step*/) const override { return false; }
 
+  // Under Ada-KV each head (each KV group at kv_head granularity) keeps a set of its own, ranked
+  // by its own attention of the previous step (the per-head form the TOVA paper compares with its
+  // head average): the layer's state becomes [H, stride] attention and [R, stride] kept rows.
+  void set_allocator(const AllocatorKnobs& knobs) override {
+    BudgetedPolicy::set_allocator(knobs);
+    per_head_ = knobs.kind == AllocatorKind::Adaptive;
+    const int64_t rows = per_head_ ? shape_.heads : 1, kept_rows = per_head_ ? selection_rows() : 1;
+    for (int64_t l = 0; l < shape_.layers; ++l) {
+      head_mean_[size_t(l)] = backend_.alloc(DType::F32, {rows, shape_.stride});
+      kept_[size_t(l)] = backend_.alloc(DType::U8, {kept_rows, shape_.stride});
+      backend_.fill_columns(kept_[size_t(l)], 0, shape_.stride, 1);
+    }
+  }
+
   void grow(int64_t stride) override {
     if (stride <= shape_.stride) return;
     BudgetedPolicy::grow(stride);
@@ -61,8 +76,15 @@ class TovaPolicy final : public BudgetedPolicy {
     if (step.step == 0 || observed_step_[l] != step.step - 1) return LayerDecision::Dense;
     const int64_t cols = step.cols();
     // The current token was never attended to: its 0 does not matter, it is forced.
+    if (per_head_) {
+      // Ada-KV: each head ranks by its own attention, one top-k over the layer's heads.
+      backend_.axpby_rows(scores, 1.0f, head_mean_[l], 0.0f, cols);
+      select_budgeted(step, 1, at_selection_rows(scores, cols), &kept_[l], visible);
+      evict_unselected(kept_[l], visible, cols);
+      return LayerDecision::Masked;
+    }
     backend_.axpby_rows(scores, 1.0f, head_mean_[l], 0.0f, cols);  // one row for every head
-    select_into(step, 1, head_mean_[l], &kept_[l], chosen_, knobs_.budget(step));
+    select_into(step, 1, head_mean_[l], &kept_[l], chosen_, layer_budget(step, 1));
     backend_.keep_selected(kept_[l], chosen_, cols, knobs_.sinks);
     backend_.expand_row_groups(chosen_, cols, shape_.heads, visible);
     return LayerDecision::Masked;
@@ -72,6 +94,11 @@ class TovaPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return;
     const size_t l = size_t(step.layer);
     const int64_t cols = step.cols();
+    if (per_head_) {
+      backend_.axpby_rows(head_mean_[l], 1.0f, probs, 0.0f, cols);
+      observed_step_[l] = step.step;
+      return;
+    }
     backend_.sum_row_groups(probs, cols, shape_.heads, head_sum_);
     backend_.axpby_rows(head_mean_[l], float(1.0 / double(shape_.heads)), head_sum_, 0.0f, cols);
     observed_step_[l] = step.step;
@@ -80,8 +107,9 @@ class TovaPolicy final : public BudgetedPolicy {
  private:
   DeviceTensor head_sum_;                // [1, stride] F32 scratch
   DeviceTensor chosen_;                  // [1, stride] U8: the layer's one set this step
-  std::vector<DeviceTensor> head_mean_;  // per layer [1, stride] F32
-  std::vector<DeviceTensor> kept_;       // per layer [1, stride] U8
+  std::vector<DeviceTensor> head_mean_;  // per layer [1, stride] F32 ([H, stride] per head)
+  std::vector<DeviceTensor> kept_;       // per layer [1, stride] U8 ([R, stride] per head)
+  bool per_head_ = false;                // Ada-KV: per-head sets (set_allocator)
   std::vector<int64_t> observed_step_;   // per layer: the step head_mean_ holds (-1: none)
 };
 

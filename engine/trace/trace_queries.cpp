@@ -403,6 +403,35 @@ HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step) {
   return summary;
 }
 
+HeadBudgets head_budgets(const Trace& trace, int64_t run, int64_t step) {
+  const StepRecord& record = record_at(trace, run, step);
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  HeadBudgets out;
+  out.candidates = record.columns;
+  out.kept.assign(size_t(L * H), -1);
+  out.layer_total.assign(size_t(L), -1);
+  int64_t heads = 0, sum = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (size_t(l) >= record.decisions.size() ||
+        record.decisions[size_t(l)] != LayerDecision::Masked)
+      continue;
+    out.layer_total[size_t(l)] = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      const size_t at = size_t(l * H + h);
+      if (at >= record.visible_counts.size()) continue;
+      const int32_t kept = record.visible_counts[at];
+      out.kept[at] = kept;
+      out.layer_total[size_t(l)] += kept;
+      out.min = heads == 0 ? kept : std::min(out.min, kept);
+      out.max = heads == 0 ? kept : std::max(out.max, kept);
+      sum += kept;
+      ++heads;
+    }
+  }
+  if (heads > 0) out.mean = double(sum) / double(heads);
+  return out;
+}
+
 RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, int64_t layer,
                                  int64_t head) {
   const StepRecord& record = record_at(trace, run, step);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -137,6 +138,22 @@ struct HeadSummary {
   std::vector<double> recall, hit_rate, sparsity;
 };
 HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step);
+
+// Each head's own budget at `step`: the tokens it kept in sight (visible_counts) on the layers
+// where the policy chose a set (Masked), -1 on dense and skipped layers (no budget of their own).
+// An allocator (pyramidkv, adakv) makes them differ by layer or head; a uniform policy's are one
+// figure (less where an eviction ran out of candidates). Spread over the Masked heads: min, max
+// and mean (-1, -1, NaN when no layer was Masked); per layer the sum over its heads (-1 where
+// not Masked). Throws kvlens::Error (file "trace") for a run or step out of range.
+struct HeadBudgets {
+  std::vector<int32_t> kept;         // [layers * heads]
+  std::vector<int64_t> layer_total;  // [layers]
+  int64_t candidates = 0;            // t + 1
+  int32_t min = -1, max = -1;
+  double mean = std::numeric_limits<double>::quiet_NaN();
+  bool uniform() const { return min == max; }
+};
+HeadBudgets head_budgets(const Trace& trace, int64_t run, int64_t step);
 
 // How many of the heads in scope see each token at `step`: scope layer = -1 (every layer) or one
 // layer, head = -1 (every head of the scope) or one head. `heads_in_scope` is the count the

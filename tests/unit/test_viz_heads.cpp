@@ -404,6 +404,27 @@ TEST_CASE("searched tokens are highlighted in the grid and the detail view", "[v
   CHECK(emphasised);
 }
 
+TEST_CASE("the allocators' colours are their own, legible on both themes", "[viz]") {
+  const std::vector<std::string> ids = {
+      "dense",   "oracle",      "random",  "streaming",   "h2o",  "snapkv",    "quest",
+      "keydiff", "tokenfilter", "lazyllm", "tokenbutler", "tova", "pyramidkv", "adakv"};
+  const Trace trace = grid_trace(1, 1, 2, ids);
+  for (const Theme* theme : {&light_theme(), &dark_theme()}) {
+    INFO("dark " << theme->dark);
+    for (const int64_t allocator : {12, 13}) {
+      CHECK(contrast_ratio(run_color(trace, allocator, *theme), theme->background) >=
+            (theme->dark ? 4.5 : 3.0));
+      CHECK(oklab_distance(run_color(trace, allocator, *theme), theme->accent) > 0.1);
+      for (int64_t a = 0; a < int64_t(ids.size()); ++a) {
+        if (a == allocator) continue;
+        INFO(ids[size_t(a)] << " vs " << ids[size_t(allocator)]);
+        CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, allocator, *theme)) >
+              0.1);
+      }
+    }
+  }
+}
+
 TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
   const Trace trace =
       grid_trace(1, 1, 2,
@@ -467,4 +488,64 @@ TEST_CASE("zoomed in, grid maps repeat cells for the hatch only up to twice the 
   // At 100% each cell is one pixel (120 pixels for 100 cells).
   options.pixel_scale = 1.0f;
   CHECK(map_width(build_view(trace, ViewKind::Heads, options)) == 100);
+}
+
+TEST_CASE("a composed SCORER+ALLOCATOR run takes its allocator's colour, not its scorer's",
+          "[viz]") {
+  for (const Theme* theme : {&light_theme(), &dark_theme()}) {
+    CHECK(policy_color("h2o+pyramidkv", *theme) == policy_color("pyramidkv", *theme));
+    CHECK(policy_color("h2o+pyramid", *theme) == policy_color("pyramidkv", *theme));
+    CHECK(policy_color("tova+adakv", *theme) == policy_color("adakv", *theme));
+    CHECK(oklab_distance(policy_color("h2o+pyramidkv", *theme), policy_color("h2o", *theme)) > 0.1);
+  }
+}
+
+TEST_CASE("the grid shows each head's own budget: beside the run's title and on hover", "[viz]") {
+  // 2 layers x 2 heads, 6 steps: "h2o" sees every other column in every head (a uniform budget);
+  // "adakv" sees every column in head 0 and only the current one in head 1 (layer 0 dense).
+  Trace trace;
+  trace.model = {"grid", 2, 2, 1, 4, 0};
+  trace.runs = {{"h2o", 0.5, {}, 0}, {"adakv", 0.5, {}, 0}};
+  const int64_t steps = 6;
+  for (int64_t t = 0; t < steps; ++t) trace.tokens.push_back({int32_t(t), "tok"});
+  for (int64_t t = 0; t < steps; ++t) {
+    std::vector<StepRecord> records;
+    for (int run = 0; run < 2; ++run) {
+      StepRecord r;
+      r.columns = t + 1;
+      r.decisions = {run == 0 ? LayerDecision::Masked : LayerDecision::Dense,
+                     LayerDecision::Masked};
+      for (int32_t i = 0; i < 4; ++i) {
+        r.kept_heads.push_back(i);
+        int32_t count = 0;
+        for (int64_t c = 0; c <= t; ++c) {
+          r.logits.push_back(float(c));
+          r.scores.push_back(float(c));
+          const bool seen = run == 0 ? (c % 2 == 0 || c == t) : (i % 2 == 0 || c == t);
+          r.visible.push_back(seen);
+          count += seen;
+        }
+        r.visible_counts.push_back(count);
+      }
+      records.push_back(std::move(r));
+    }
+    trace.add_step(std::move(records));
+  }
+  ViewOptions options;
+  options.runs = {0, 1};
+  options.width = 1280;
+  options.height = 720;
+  const View view = heads_view(trace, options, 5);
+  // Step 5: h2o keeps 0, 2, 4, 5 in every head; adakv 6 in head 0 and 1 in head 1 of layer 1.
+  CHECK(has_text(view.figure, "kept per head: 4 of 6"));
+  CHECK(has_text(view.figure, "kept per head: 1-6 of 6 (mean 3.5)"));
+  std::string adakv_l1_h1, adakv_l0_h0, summary_l1_h0;
+  for (const HoverGrid& g : view.figure.hover) {
+    if (g.id == "head 1:1:1" && g.rows > 1) adakv_l1_h1 = g.describe(5, 5);
+    if (g.id == "head 1:0:0" && g.rows > 1) adakv_l0_h0 = g.describe(5, 5);
+    if (g.id == "head 1:1:0" && g.rows == 1) summary_l1_h0 = g.describe(0, 0);
+  }
+  CHECK(adakv_l1_h1.find("kept 1 of 6 tokens (layer 7 over 2 heads)") != std::string::npos);
+  CHECK(adakv_l0_h0.find("no budget (dense or skipped layer)") != std::string::npos);
+  CHECK(summary_l1_h0.find("kept 6 of 6 tokens") != std::string::npos);
 }

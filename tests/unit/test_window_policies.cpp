@@ -124,6 +124,17 @@ void check_windowed_runs(const std::string& fixture, int64_t steps,
         if (window <= 0 || t + 1 <= window) continue;  // the window hides nothing yet
         const LayerDecision decision = record.decisions[size_t(layer)];
         const int64_t budget = expected_budget(id, c, layer, t);
+        // Allocators share the budget out: Ada-KV over the layer's heads (their sum is the
+        // uniform one), PyramidKV over the layers (each head within its window).
+        const bool adaptive = id == "adakv" || id.ends_with("+adakv");
+        const bool pyramid = id == "pyramidkv" || id.ends_with("+pyramidkv");
+        if (adaptive && decision == LayerDecision::Masked) {
+          int64_t total = 0;
+          for (int64_t head = 0; head < heads; ++head)
+            total += record.visible_counts[size_t(layer * heads + head)];
+          INFO("step " << t << " layer " << layer);
+          CHECK(total == heads * budget);
+        }
         for (int64_t head = 0; head < heads; ++head) {
           INFO("step " << t << " layer " << layer << " head " << head);
           const int64_t count = record.visible_counts[size_t(layer * heads + head)];
@@ -141,6 +152,9 @@ void check_windowed_runs(const std::string& fixture, int64_t steps,
               CHECK(budget >= window);
           } else if (decision == LayerDecision::Skipped) {
             CHECK(count == 0);
+          } else if (adaptive || pyramid) {
+            CHECK(count >= 1);  // the current token at least
+            CHECK(count <= std::min(t + 1, window));
           } else if (id == "quest" || id == "quest_c") {
             // Whole pages within the budget: never more, at most a page's worth fewer.
             CHECK(count <= budget);
@@ -162,6 +176,8 @@ std::vector<std::string> runnable_builtins() {
     // The fixtures have no TokenButler predictor; plug-ins registered by other tests are theirs.
     if (!info.needs_predictor && policy_source(info.id).empty()) ids.push_back(info.id);
   }
+  // Composed scorer+allocator ids (not in policy_infos).
+  for (const char* id : {"snapkv+adakv", "h2o+pyramidkv", "tova+adakv"}) ids.push_back(id);
   return ids;
 }
 
