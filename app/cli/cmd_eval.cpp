@@ -1,17 +1,22 @@
 // kvlens-cli eval: co-reference accuracy/coverage or windowed perplexity, one result per
 // (policy, sparsity) pair, as a table on stdout and, with --json, the DESIGN.md result file.
 // Every policy runs in the decode simulation (POLICIES.md), all of them in one lockstep session;
-// dense is the reference row.
+// dense is the reference row. --match effective searches each run's nominal sparsity so that its
+// effective sparsity meets the run's target (engine/eval/sparsity_match.h); the rows then carry
+// both figures and the target.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "app/cli/cli_common.h"
@@ -22,6 +27,7 @@
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/coref_pools.h"
 #include "engine/eval/perplexity.h"
+#include "engine/eval/sparsity_match.h"
 #include "engine/policy/registry.h"
 
 namespace kvlens::cli {
@@ -44,12 +50,15 @@ struct EvalFlags {
   std::string pools_path, text_file, json_path, per_sample_path;
   std::vector<std::string> policy_args;
   std::string csv_path;
+  std::string match = "none";
+  double match_tolerance = MatchOptions{}.tolerance;
 };
 EvalFlags flags;
 
 struct FlagOptions {
   CLI::Option *samples, *seed, *first_index, *hard, *pools, *per_sample;  // coref only
   CLI::Option *text_file, *window, *max_tokens;                           // ppl only
+  CLI::Option* match_tolerance;
 };
 FlagOptions options;
 
@@ -100,9 +109,11 @@ double set_sparsity(Json& row, const SparsityStats& stats) {
   return overall;
 }
 
-// One line per (policy, sparsity): the sweep format for plotting tools.
+// One line per (policy, sparsity): the sweep format for plotting tools. A matched run adds the
+// target it was matched to as a last column.
 constexpr const char* kCsvHeader =
     "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples,hit_rate";
+constexpr const char* kCsvMatchedColumn = ",target_sparsity";
 
 std::string csv_value(const Json& value) {
   if (value.is_null()) return "";
@@ -122,6 +133,7 @@ void write_csv_row(std::ostream& out, const Json& row) {
   for (size_t i = 0; i < std::size(keys); ++i) {
     out << (i ? "," : "") << csv_value(row[keys[i]]);
   }
+  if (row.contains("target_sparsity")) out << ',' << csv_value(row["target_sparsity"]);
   out << '\n';
 }
 
@@ -138,7 +150,10 @@ void print_table(const std::vector<Json>& rows) {
   };
   int width = 12;
   for (const Json& row : rows) width = std::max(width, int(label_of(row).size()));
-  std::printf("%-*s %8s %9s ", width, "policy", "sparsity", "effective");
+  // Matched: the target first, then the nominal sparsity found for it and what it achieved.
+  const bool matched = !rows.empty() && rows.front().contains("target_sparsity");
+  if (matched) std::printf("%-*s %8s %8s %9s ", width, "policy", "target", "nominal", "effective");
+  if (!matched) std::printf("%-*s %8s %9s ", width, "policy", "sparsity", "effective");
   if (coref) {
     std::printf("%9s %9s %8s", "accuracy", "coverage", "samples");
   } else {
@@ -146,7 +161,9 @@ void print_table(const std::vector<Json>& rows) {
   }
   std::printf(flags.hit_rate ? " %8s\n" : "\n", "hit rate");
   for (const Json& row : rows) {
-    std::printf("%-*s %8.3f %9.3f ", width, label_of(row).c_str(), row["sparsity"].get<double>(),
+    std::printf("%-*s ", width, label_of(row).c_str());
+    if (matched) std::printf("%8.3f ", row["target_sparsity"].get<double>());
+    std::printf("%8.3f %9.3f ", row["sparsity"].get<double>(),
                 row["effective_sparsity"].get<double>());
     if (coref) {
       std::printf("%9.4f %9.4f %8lld", row["accuracy"].get<double>(), row["coverage"].get<double>(),
@@ -193,7 +210,14 @@ int run_eval(const CommonOptions& common) {
   if (flags.task == "ppl" && !*options.text_file) {
     throw Error("eval", "--text-file", "a text file to compute the perplexity of with --task ppl");
   }
-  const std::vector<PolicyConfig> runs = resolve_runs();
+  const SparsityMatch match = parse_sparsity_match(flags.match, "--match");
+  MatchOptions match_options;
+  match_options.tolerance = flags.match_tolerance;
+  validate_match_options(match_options, "--match-tolerance");
+  if (match == SparsityMatch::None && *options.match_tolerance) {
+    throw Error("eval", "--match-tolerance", "only with --match effective", "--match none");
+  }
+  std::vector<PolicyConfig> runs = resolve_runs();
 
   // Opened before any compute, so a bad output path fails at once.
   std::optional<AtomicOutputFile> json_out, per_sample_out;
@@ -202,7 +226,8 @@ int run_eval(const CommonOptions& common) {
   std::optional<AtomicOutputFile> csv_out;
   if (!flags.csv_path.empty()) {
     csv_out.emplace(flags.csv_path, "--csv");
-    csv_out->stream() << kCsvHeader << '\n';
+    csv_out->stream() << kCsvHeader << (match == SparsityMatch::Effective ? kCsvMatchedColumn : "")
+                      << '\n';
   }
 
   const auto model = load_model(common, flags.model_dir);
@@ -222,6 +247,14 @@ int run_eval(const CommonOptions& common) {
     check_cpu_memory(common, *model, std::min(window, int64_t(text_tokens.size())),
                      int64_t(runs.size()), true, "--window / --max-tokens");
   }
+  // A nominal budget that is capped or is not a share of tokens is said once, before the run.
+  std::vector<std::string> warnings;
+  for (const PolicyConfig& run : runs) {
+    for (std::string& line : nominal_budget_warnings(run, model->config.num_layers)) {
+      std::fprintf(stderr, "kvlens-cli: warning: %s\n", line.c_str());
+      warnings.push_back(std::move(line));
+    }
+  }
   const auto backend = make_backend(common);
   const auto resident = upload_model(model, *backend, session::upload_options(common));
 
@@ -234,12 +267,43 @@ int run_eval(const CommonOptions& common) {
   const auto start = std::chrono::steady_clock::now();
   ProgressBar bar(common.progress, "eval " + flags.task, flags.task == "coref" ? "samples" : "tok");
   const ProgressFn progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
+  // Matched: every round of the search is one lockstep evaluation of the runs still searching;
+  // the result kept for a run is the evaluation at its chosen nominal sparsity.
+  std::vector<MatchOutcome> outcomes;
+  const auto evaluate = [&](const auto& evaluate_runs) {
+    using Result = typename std::decay_t<decltype(evaluate_runs(runs))>::value_type;
+    if (match == SparsityMatch::None) return evaluate_runs(runs);
+    const std::function<std::vector<Result>(std::span<const PolicyConfig>)> each =
+        [&](std::span<const PolicyConfig> configs) { return evaluate_runs(configs); };
+    std::vector<Result> chosen = evaluate_matched<Result>(runs, each, match_options, outcomes);
+    const std::vector<PolicyConfig> targets = runs;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      runs[i] = matched_config(targets[i], outcomes[i]);
+      if (outcomes[i].warning.empty()) continue;
+      const std::string line = session::run_spec(targets[i]) + ": " + outcomes[i].warning;
+      std::fprintf(stderr, "kvlens-cli: warning: %s\n", line.c_str());
+      warnings.push_back(line);
+    }
+    return chosen;
+  };
   std::vector<Json> rows;
-  for (const PolicyConfig& run : runs) rows.push_back(result_row(run));
+  const auto make_rows = [&] {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      rows.push_back(result_row(runs[i]));
+      if (match == SparsityMatch::None) continue;
+      rows.back()["target_sparsity"] = outcomes[i].target;
+      rows.back()["matched"] = outcomes[i].matched;
+      rows.back()["match_evaluations"] = outcomes[i].evaluations;
+    }
+  };
   if (flags.task == "coref") {
     const std::vector<CorefEvalResult> evaluated =
-        evaluate_coref_lockstep(resident, *pools, tokenizer, flags.seed, flags.first_index,
-                                flags.samples, flags.hard, progress, runs, flags.hit_rate);
+        evaluate([&](std::span<const PolicyConfig> configs) {
+          return evaluate_coref_lockstep(resident, *pools, tokenizer, flags.seed, flags.first_index,
+                                         flags.samples, flags.hard, progress, configs,
+                                         flags.hit_rate);
+        });
+    make_rows();
     for (size_t i = 0; i < runs.size(); ++i) {
       const CorefEvalResult& result = evaluated[i];
       Json& row = rows[i];
@@ -269,8 +333,12 @@ int run_eval(const CommonOptions& common) {
       }
     }
   } else {
-    const std::vector<PerplexityResult> evaluated = evaluate_perplexity_lockstep(
-        resident, text_tokens, window, kPerplexityChunk, progress, runs, flags.hit_rate);
+    const std::vector<PerplexityResult> evaluated =
+        evaluate([&](std::span<const PolicyConfig> configs) {
+          return evaluate_perplexity_lockstep(resident, text_tokens, window, kPerplexityChunk,
+                                              progress, configs, flags.hit_rate);
+        });
+    make_rows();
     for (size_t i = 0; i < runs.size(); ++i) {
       const PerplexityResult& result = evaluated[i];
       Json& row = rows[i];
@@ -284,14 +352,33 @@ int run_eval(const CommonOptions& common) {
   }
   const double seconds = seconds_since(start);
   print_table(rows);
-  std::printf("%.1f s for %zu runs\n", seconds, runs.size());
+  if (match == SparsityMatch::None) {
+    std::printf("%.1f s for %zu runs\n", seconds, runs.size());
+  } else {
+    int64_t evaluations = 0;
+    for (const MatchOutcome& outcome : outcomes) evaluations += outcome.evaluations;
+    std::printf(
+        "%.1f s for %zu runs matched to their effective sparsity (tolerance %.3f, on "
+        "average over the evaluated steps): %lld run evaluations\n",
+        seconds, runs.size(), match_options.tolerance, (long long)evaluations);
+  }
   for (const Json& row : rows) {
     if (csv_out) write_csv_row(csv_out->stream(), row);
     results.push_back(row);
   }
 
   if (json_out) {
-    const Json out = {{"task", flags.task}, {"model", flags.model_dir}, {"results", results}};
+    Json out = {{"task", flags.task}, {"model", flags.model_dir}, {"results", results}};
+    if (match == SparsityMatch::Effective) {
+      out["match"] = {
+          {"mode", "effective"},
+          {"tolerance", match_options.tolerance},
+          {"holds", "on average over the evaluated steps, layers and heads"},
+          {"calibration",
+           "the evaluation's own " + std::string(flags.task == "coref" ? "samples" : "windows")},
+          {"seconds", seconds}};
+    }
+    if (!warnings.empty()) out["warnings"] = warnings;
     json_out->stream() << out.dump(2) << '\n';
     json_out->commit();
   }
@@ -348,6 +435,15 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                            ->add_option("--max-tokens", flags.max_tokens,
                                         "ppl: use only the first N tokens of the file (0 = all)")
                            ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--match", flags.match,
+                   "none, or effective: search each run's nominal sparsity so that its effective "
+                   "sparsity, on average over the evaluated steps, is its given sparsity "
+                   "(the rows report the target, the nominal found and the effective)")
+      ->capture_default_str();
+  options.match_tolerance =
+      command->add_option("--match-tolerance", flags.match_tolerance,
+                          "--match effective: accepted |effective - target| (default 0.005)");
   command->add_flag("--hit-rate", flags.hit_rate,
                     "Also measure each run's mean top-50% hit rate of its policy scores against "
                     "the true attention logits (slower: every step's logits are read back)");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "engine/policy/policy.h"
 
@@ -35,5 +36,11 @@ std::vector<ParamSpec> with_common_specs(std::vector<ParamSpec> own);
 // rule): layers < max(1, dense_layers) keep 1, the mean over all layers is 1 - sparsity where
 // reachable.
 std::vector<double> lazyllm_keep_schedule(int64_t layers, int64_t dense_layers, double sparsity);
+
+// What tokenfilter's nominal sparsity means on a model of `layers` layers (a share of attention
+// computations in its tail layers, not of tokens), and whether it is capped there: one sentence
+// for the warnings of evaluations and front ends (engine/eval/sparsity_match.h).
+std::string tokenfilter_nominal_budget_note(const ParamValues& params, double sparsity,
+                                            int64_t layers);
 
 }  // namespace kvlens
