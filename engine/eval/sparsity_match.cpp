@@ -15,8 +15,8 @@
 namespace kvlens {
 namespace {
 
-// Below this bracket width the nominal sparsity no longer moves any budget by a token.
-constexpr double kMinBracket = 1e-6;
+// Below this bracket width a nominal change moves a budget by under a token at 10,000 candidates.
+constexpr double kMinBracket = 1e-4;
 
 std::string fixed3(double value) {
   char text[32];
@@ -34,6 +34,7 @@ struct Search {
   // lo: effective below the target; the origin is assumed (nominal 0 keeps every token) until a
   // candidate replaces it. hi: effective above the target, once one was seen.
   Point lo;
+  bool lo_measured = false;
   std::optional<Point> hi;
   int kept_lo = 0, kept_hi = 0;  // rounds the same end survived, for the bisection safeguard
   std::optional<Point> best;
@@ -58,6 +59,7 @@ void advance(Search& s, const Point& got, const MatchOptions& options) {
   }
   if (got.effective < s.target) {
     s.lo = got;
+    s.lo_measured = true;
     ++s.kept_hi;
     s.kept_lo = 0;
   } else {
@@ -107,6 +109,9 @@ void advance(Search& s, const Point& got, const MatchOptions& options) {
   // Strictly inside the bracket, so every round narrows it.
   const double margin = (hi.nominal - lo.nominal) / 64.0;
   s.next = std::clamp(next, lo.nominal + margin, hi.nominal - margin);
+  // The upper end kept falling toward the assumed origin: measure the origin itself, which
+  // either closes the bracket there or replaces the assumption.
+  if (!s.lo_measured && s.kept_lo >= 2) s.next = 0.0;
 }
 
 }  // namespace
@@ -166,8 +171,8 @@ std::vector<MatchOutcome> match_effective_sparsity(std::span<const PolicyConfig>
     }
   }
   std::vector<MatchOutcome> outcomes;
-  const auto outcome_index = [](const std::vector<MatchOutcome>& so_far) { return so_far.size(); };
-  for (const Search& s : searches) {
+  for (size_t i = 0; i < searches.size(); ++i) {
+    const Search& s = searches[i];
     MatchOutcome outcome;
     outcome.target = s.target;
     outcome.nominal = s.best->nominal;
@@ -176,7 +181,7 @@ std::vector<MatchOutcome> match_effective_sparsity(std::span<const PolicyConfig>
     outcome.matched = std::abs(outcome.effective - s.target) <= options.tolerance;
     outcome.warning = outcome.matched ? std::string() : s.warning;
     // The one built-in whose reach is set by another knob than its budget.
-    if (!outcome.matched && runs[outcome_index(outcomes)].id == "tokenfilter") {
+    if (!outcome.matched && runs[i].id == "tokenfilter") {
       outcome.warning +=
           " (tokenfilter skips only in its tail layers: a larger tail_frac reaches "
           "further)";

@@ -58,7 +58,7 @@ using MatchEvaluateFn = std::function<std::vector<double>(std::span<const size_t
 // Per run: first its target as nominal, then a bracketed search (a secant step inside the
 // bracket, a bisection step when one end has been kept twice running; before a run has an upper
 // end, the secant through the origin), until |effective - target| <= tolerance, the bracket
-// narrows below 1e-6 (effective jumps over the target: the closest side is kept), the budget of
+// narrows below 1e-4 (effective jumps over the target: the closest side is kept), the budget of
 // evaluations is spent or max_nominal falls short. Deterministic when `evaluate` is. The outcome
 // is the closest candidate evaluated (the lower nominal on a tie).
 std::vector<MatchOutcome> match_effective_sparsity(std::span<const PolicyConfig> runs,
