@@ -191,6 +191,26 @@ std::vector<MatchOutcome> match_effective_sparsity(std::span<const PolicyConfig>
   return outcomes;
 }
 
+std::vector<MatchOutcome> match_on_tokens(std::shared_ptr<const BackendModel> model,
+                                          std::span<const int32_t> tokens,
+                                          std::span<const PolicyConfig> runs, int64_t prefill,
+                                          const MatchOptions& options) {
+  ScoreOptions score;
+  score.prefill = prefill;
+  // Chunks apply to the dense prefill only; the policy steps go one token at a time.
+  score.chunk = std::max<int64_t>(1, std::min<int64_t>(prefill, 512));
+  return match_effective_sparsity(
+      runs,
+      [&](std::span<const size_t>, std::span<const PolicyConfig> configs) {
+        std::vector<double> effective;
+        for (const ScoreResult& result : score_tokens_lockstep(model, tokens, configs, score)) {
+          effective.push_back(effective_of(result.sparsity));
+        }
+        return effective;
+      },
+      options);
+}
+
 PolicyConfig matched_config(const PolicyConfig& run, const MatchOutcome& outcome) {
   PolicyConfig config = run;
   config.sparsity = outcome.nominal;

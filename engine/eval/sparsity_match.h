@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 
 #include "engine/policy/policy.h"
 #include "engine/policy/sparsity_stats.h"
+#include "engine/session/scoring.h"
 
 namespace kvlens {
 
@@ -98,6 +100,14 @@ std::vector<Result> evaluate_matched(
   }
   return chosen;
 }
+
+// The runs matched on one text (the app's recording): the calibration is score_tokens_lockstep
+// over `tokens` with the first `prefill` tokens dense (TraceOptions::prefill; 0: the decode
+// simulation), the steps a recording of that text under those runs counts.
+std::vector<MatchOutcome> match_on_tokens(std::shared_ptr<const BackendModel> model,
+                                          std::span<const int32_t> tokens,
+                                          std::span<const PolicyConfig> runs, int64_t prefill = 0,
+                                          const MatchOptions& options = {});
 
 // `run` with its sparsity replaced by the outcome's nominal.
 PolicyConfig matched_config(const PolicyConfig& run, const MatchOutcome& outcome);

@@ -239,23 +239,17 @@ std::string tokenfilter_nominal_budget_note(const ParamValues& params, double sp
     std::snprintf(out, sizeof out, "%.3g", value);
     return std::string(out);
   };
-  const std::string tail_text =
-      "layers " + std::to_string(tail.first) + ".." + std::to_string(layers - 1);
-  std::string note =
-      "its nominal figure is a share of attention computations skipped (whole "
-      "layers' attention of a token, in the tail " +
-      tail_text +
-      "), not a share of tokens; its effective sparsity counts a "
-      "skipped attention as every token of that row hidden";
+  std::string note = "its budget is a share of attention computations skipped in layers " +
+                     std::to_string(tail.first) + ".." + std::to_string(layers - 1) +
+                     ", not of tokens (a skipped attention counts as its whole row hidden)";
   if (tail.count == 0) {
-    note += "; no layer can skip (tail_frac " + text(settings.tail_frac) + "), nothing is removed";
+    note += "; no layer can skip (tail_frac " + text(settings.tail_frac) + "): nothing is removed";
   } else if (tail.wanted > 1.0) {
-    note += "; capped: global ratio " + text(settings.global_ratio) +
-            " asks each tail layer to skip " + text(tail.wanted) +
-            " of its attention, so every attention of " + tail_text + " is skipped and at most " +
+    note += "; capped: every attention of those layers is skipped from nominal " +
+            text(double(tail.count) / double(layers)) + " on (at most " +
             text(double(tail.count) / double(layers)) +
-            " of the computations are removed, whatever the nominal budget above " +
-            text(double(tail.count) / double(layers));
+            " of all attention; a larger tail_frac "
+            "reaches further)";
   }
   return note;
 }

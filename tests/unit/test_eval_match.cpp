@@ -167,7 +167,7 @@ TEST_CASE("nominal budgets that are not token shares are named", "[eval][match]"
   SECTION("tokenfilter: a share of attention computations, capped past its tail") {
     const auto half = nominal_budget_warnings(run_of("tokenfilter", 0.3), 8);
     REQUIRE(half.size() == 1);
-    CHECK(contains(half[0], "not a share of tokens"));
+    CHECK(contains(half[0], "not of tokens"));
     CHECK(contains(half[0], "layers 4..7"));
     CHECK_FALSE(contains(half[0], "capped"));
     const auto high = nominal_budget_warnings(run_of("tokenfilter", 0.7), 8);
@@ -273,7 +273,7 @@ TEST_CASE("eval --match effective reports target, nominal and effective, and war
   CHECK(out["match"]["tolerance"] == 0.005);
   CHECK(contains(out["match"]["holds"].get<std::string>(), "on average"));
   REQUIRE(out["warnings"].size() == 2);
-  CHECK(contains(out["warnings"][0].get<std::string>(), "not a share of tokens"));
+  CHECK(contains(out["warnings"][0].get<std::string>(), "not of tokens"));
   CHECK(contains(out["warnings"][1].get<std::string>(), "tokenfilter@0.6: cannot reach"));
   REQUIRE(out["results"].size() == 3);
   const Json& h2o = out["results"][1];
@@ -316,6 +316,32 @@ TEST_CASE("eval --match effective reports target, nominal and effective, and war
       CHECK(failed.exit_code != 0);
       CHECK(failed.exit_code < 128);
       for (const std::string& part : parts) CHECK(contains(failed.err, part));
+    }
+  }
+}
+
+TEST_CASE("matching on one text: the recording's steps, prefill included", "[eval][match]") {
+  const test::CpuModel loaded = test::load_on_cpu(demo_model());
+  const CorefTokens marked =
+      mark_answer_tokens(generate_coref_sample(load_bundled_coref_pools(), 0, 0, false),
+                         loaded.model->require_tokenizer());
+  const std::vector<PolicyConfig> runs = {run_of("h2o", 0.5), run_of("quest", 0.4)};
+  for (const int64_t prefill : {int64_t(0), int64_t(40)}) {
+    INFO("prefill " << prefill);
+    const std::vector<MatchOutcome> outcomes =
+        match_on_tokens(loaded.resident, marked.tokens, runs, prefill);
+    std::vector<PolicyConfig> chosen;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      CHECK(outcomes[i].matched);
+      chosen.push_back(matched_config(runs[i], outcomes[i]));
+    }
+    ScoreOptions options;
+    options.prefill = prefill;
+    const std::vector<ScoreResult> scored =
+        score_tokens_lockstep(loaded.resident, marked.tokens, chosen, options);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      CHECK(effective_of(scored[i].sparsity) == outcomes[i].effective);
+      CHECK(std::abs(outcomes[i].effective - runs[i].sparsity) <= 0.005);
     }
   }
 }
