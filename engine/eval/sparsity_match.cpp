@@ -57,7 +57,11 @@ void advance(Search& s, const Point& got, const MatchOptions& options) {
     s.done = true;
     return;
   }
+  // A higher nominal that hid no more than the last lower end: the policy is capped below the
+  // target, so the next try is the highest nominal at once.
+  bool flat = false;
   if (got.effective < s.target) {
+    flat = s.lo_measured && got.effective <= s.lo.effective;
     s.lo = got;
     s.lo_measured = true;
     ++s.kept_hi;
@@ -95,7 +99,9 @@ void advance(Search& s, const Point& got, const MatchOptions& options) {
     // sparsity grows about linearly with the nominal one below the policy's cap.
     const double scaled = s.lo.effective > 0.0 ? s.lo.nominal * s.target / s.lo.effective
                                                : (s.lo.nominal + options.max_nominal) / 2.0;
-    s.next = std::min(options.max_nominal, std::max(scaled, s.lo.nominal + options.tolerance));
+    s.next =
+        flat ? options.max_nominal
+             : std::min(options.max_nominal, std::max(scaled, s.lo.nominal + options.tolerance));
     return;
   }
   const Point& lo = s.lo;

@@ -118,7 +118,14 @@ TEST_CASE("the search says when a target cannot be reached", "[eval][match]") {
     CHECK(contains(outcomes[0].warning, "tail_frac"));
     // The lowest nominal that gives the cap, not the last one tried.
     CHECK(outcomes[0].nominal == 0.7);
-    CHECK(outcomes[0].evaluations <= 4);
+    CHECK(outcomes[0].evaluations <= 3);
+    // Just above the cap the secant creeps; a flat step sends the next try to the top at once:
+    // 0.45, the secant's 0.494, then 0.999.
+    const auto near = search.run({run_of("tokenfilter", 0.45)},
+                                 [](size_t, double x) { return std::min(0.41, x); });
+    CHECK_FALSE(near[0].matched);
+    CHECK(search.tried[0].size() == 3);
+    CHECK(search.tried[0].back() == MatchOptions{}.max_nominal);
   }
   SECTION("above the target even at nominal 0") {
     const auto outcomes = search.run({run_of("h2o", 0.1)}, [](size_t, double) { return 0.3; });
