@@ -1,19 +1,24 @@
 // kvlens-cli eval: co-reference accuracy/coverage or windowed perplexity, one result per
 // (policy, sparsity) pair, as a table on stdout and, with --json, the DESIGN.md result file.
 // Every policy runs in the decode simulation (POLICIES.md), all of them in one lockstep session;
-// dense is the reference row.
+// dense is the reference row. --match effective searches each run's nominal sparsity so that its
+// effective sparsity meets the run's target (engine/eval/sparsity_match.h); the rows then carry
+// both figures and the target.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "app/cli/cli_common.h"
@@ -27,6 +32,7 @@
 #include "engine/eval/eval_shards.h"
 #include "engine/eval/eval_workers.h"
 #include "engine/eval/perplexity.h"
+#include "engine/eval/sparsity_match.h"
 #include "engine/policy/registry.h"
 #include "engine/session/memory_estimate.h"
 #if KVLENS_HAVE_CUDA
@@ -54,12 +60,15 @@ struct EvalFlags {
   std::string pools_path, text_file, json_path, per_sample_path;
   std::vector<std::string> policy_args;
   std::string csv_path;
+  std::string match = "none";
+  double match_tolerance = MatchOptions{}.tolerance;
 };
 EvalFlags flags;
 
 struct FlagOptions {
   CLI::Option *samples, *seed, *first_index, *hard, *pools, *per_sample;  // coref only
   CLI::Option *text_file, *window, *max_tokens;                           // ppl only
+  CLI::Option* match_tolerance;
 };
 FlagOptions options;
 
@@ -110,9 +119,11 @@ double set_sparsity(Json& row, const SparsityStats& stats) {
   return overall;
 }
 
-// One line per (policy, sparsity): the sweep format for plotting tools.
+// One line per (policy, sparsity): the sweep format for plotting tools. A matched run adds the
+// target it was matched to as a last column.
 constexpr const char* kCsvHeader =
     "policy,sparsity,effective_sparsity,accuracy,coverage,ppl,samples,hit_rate";
+constexpr const char* kCsvMatchedColumn = ",target_sparsity";
 
 std::string csv_value(const Json& value) {
   if (value.is_null()) return "";
@@ -132,6 +143,7 @@ void write_csv_row(std::ostream& out, const Json& row) {
   for (size_t i = 0; i < std::size(keys); ++i) {
     out << (i ? "," : "") << csv_value(row[keys[i]]);
   }
+  if (row.contains("target_sparsity")) out << ',' << csv_value(row["target_sparsity"]);
   out << '\n';
 }
 
@@ -148,7 +160,10 @@ void print_table(const std::vector<Json>& rows, const std::string& task, bool hi
   };
   int width = 12;
   for (const Json& row : rows) width = std::max(width, int(label_of(row).size()));
-  std::printf("%-*s %8s %9s ", width, "policy", "sparsity", "effective");
+  // Matched: the target first, then the nominal sparsity found for it and what it achieved.
+  const bool matched = !rows.empty() && rows.front().contains("target_sparsity");
+  if (matched) std::printf("%-*s %8s %8s %9s ", width, "policy", "target", "nominal", "effective");
+  if (!matched) std::printf("%-*s %8s %9s ", width, "policy", "sparsity", "effective");
   if (coref) {
     std::printf("%9s %9s %8s", "accuracy", "coverage", "samples");
   } else {
@@ -156,7 +171,9 @@ void print_table(const std::vector<Json>& rows, const std::string& task, bool hi
   }
   std::printf(hit_rate ? " %8s\n" : "\n", "hit rate");
   for (const Json& row : rows) {
-    std::printf("%-*s %8.3f %9.3f ", width, label_of(row).c_str(), row["sparsity"].get<double>(),
+    std::printf("%-*s ", width, label_of(row).c_str());
+    if (matched) std::printf("%8.3f ", row["target_sparsity"].get<double>());
+    std::printf("%8.3f %9.3f ", row["sparsity"].get<double>(),
                 row["effective_sparsity"].get<double>());
     if (coref) {
       std::printf("%9.4f %9.4f %8lld", row["accuracy"].get<double>(), row["coverage"].get<double>(),
@@ -384,9 +401,24 @@ int run_eval(const CommonOptions& common) {
     throw Error("eval", "--text-file", "a text file to compute the perplexity of with --task ppl");
   }
   check_distribution_flags(common);
-  const std::vector<PolicyConfig> runs = resolve_runs();
+  const SparsityMatch match = parse_sparsity_match(flags.match, "--match");
+  MatchOptions match_options;
+  match_options.tolerance = flags.match_tolerance;
+  validate_match_options(match_options, "--match-tolerance");
+  if (match == SparsityMatch::None && *options.match_tolerance) {
+    throw Error("eval", "--match-tolerance", "only with --match effective", "--match none");
+  }
+  std::vector<PolicyConfig> runs = resolve_runs();
   const bool sharded = !distribution.shard.empty();
   const ShardSpec shard = sharded ? parse_shard(distribution.shard) : ShardSpec{};
+  // Every shard would have to search the same nominal budgets on all the samples; the matched
+  // run specs a whole `--match effective` eval prints (h2o@0.5957) are what shards take instead.
+  if (sharded && match == SparsityMatch::Effective) {
+    throw Error("eval", "--match",
+                "none with --shard (match once without --shard, then shard the matched run specs "
+                "it reports, e.g. h2o@0.5957)",
+                "effective");
+  }
 
   // Opened before any compute, so a bad output path fails at once.
   std::optional<AtomicOutputFile> json_out, per_sample_out;
@@ -425,6 +457,14 @@ int run_eval(const CommonOptions& common) {
   const UnitRange range = shard_units(units_total, shard);
   const int64_t kv_bytes = estimate_memory(*model).cuda_kv_cache_per_1k *
                            ((longest + 1023) / 1024) * int64_t(runs.size());
+  // A nominal budget that is capped or is not a share of tokens is said once, before the run.
+  std::vector<std::string> warnings;
+  for (const PolicyConfig& run : runs) {
+    for (std::string& line : nominal_budget_warnings(run, model->config.num_layers)) {
+      std::fprintf(stderr, "kvlens-cli: warning: %s\n", line.c_str());
+      warnings.push_back(std::move(line));
+    }
+  }
   const Engines engines = make_engines(common, model, kv_bytes);
 
   std::printf("eval %s  model %s  backend %s  runs %zu in lockstep", flags.task.c_str(),
@@ -442,21 +482,39 @@ int run_eval(const CommonOptions& common) {
   const auto start = std::chrono::steady_clock::now();
   ProgressBar bar(common.progress, "eval " + flags.task, flags.task == "coref" ? "samples" : "tok");
   const ProgressFn progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
-  EvalPartial partial;
-  partial.range = range;
-  if (flags.task == "coref") {
-    partial.coref =
-        evaluate_coref_units(engines.models, samples, runs, range, flags.hit_rate, progress);
-  } else {
-    partial.perplexity =
-        evaluate_perplexity_units(engines.models, text_tokens, window, kPerplexityChunk, runs,
-                                  range, flags.hit_rate, progress);
-  }
-  const double seconds = seconds_since(start);
-
-  EvalReport report{flags.task, flags.model_dir, flags.hit_rate, {}, {}, {}};
-  for (const PolicyConfig& run : runs) report.rows.push_back(result_row(run));
+  // Matched: every round of the search is one evaluation of the runs still searching, over all
+  // the units; the result kept for a run is the evaluation at its chosen nominal sparsity.
+  std::vector<MatchOutcome> outcomes;
+  const auto evaluate = [&](const auto& evaluate_runs) {
+    using Result = typename std::decay_t<decltype(evaluate_runs(runs))>::value_type;
+    if (match == SparsityMatch::None) return evaluate_runs(runs);
+    const std::function<std::vector<Result>(std::span<const PolicyConfig>)> each =
+        [&](std::span<const PolicyConfig> configs) { return evaluate_runs(configs); };
+    std::vector<Result> chosen = evaluate_matched<Result>(runs, each, match_options, outcomes);
+    const std::vector<PolicyConfig> targets = runs;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      runs[i] = matched_config(targets[i], outcomes[i]);
+      if (outcomes[i].warning.empty()) continue;
+      const std::string line = session::run_spec(targets[i]) + ": " + outcomes[i].warning;
+      std::fprintf(stderr, "kvlens-cli: warning: %s\n", line.c_str());
+      warnings.push_back(line);
+    }
+    return chosen;
+  };
+  EvalReport report{flags.task, flags.model_dir, flags.hit_rate, {}, {}, {}, {}, warnings};
   if (sharded) {
+    EvalPartial partial;
+    partial.range = range;
+    if (flags.task == "coref") {
+      partial.coref =
+          evaluate_coref_units(engines.models, samples, runs, range, flags.hit_rate, progress);
+    } else {
+      partial.perplexity =
+          evaluate_perplexity_units(engines.models, text_tokens, window, kPerplexityChunk, runs,
+                                    range, flags.hit_rate, progress);
+    }
+    const double seconds = seconds_since(start);
+    for (const PolicyConfig& run : runs) report.rows.push_back(result_row(run));
     partial.parameters = run_parameters(common, runs, text_tokens, window);
     partial.rows = report.rows;
     partial.shard = shard;
@@ -467,14 +525,56 @@ int run_eval(const CommonOptions& common) {
                 seconds, (long long)range.size(), flags.json_path.c_str());
     return 0;
   }
+  // Every unit of the given runs (a search round evaluates fewer runs than the whole eval).
+  const auto all_units = [&](std::span<const PolicyConfig> configs) {
+    return UnitRange{0, items * int64_t(configs.size())};
+  };
   if (flags.task == "coref") {
-    report.coref = summarize_coref_units(std::move(partial.coref), runs.size());
+    report.coref = evaluate([&](std::span<const PolicyConfig> configs) {
+      const std::vector<PolicyConfig> these(configs.begin(), configs.end());
+      return summarize_coref_units(
+          evaluate_coref_units(engines.models, samples, these, all_units(configs), flags.hit_rate,
+                               progress),
+          these.size());
+    });
   } else {
-    report.perplexity = summarize_perplexity_units(partial.perplexity, runs.size(), window);
+    report.perplexity = evaluate([&](std::span<const PolicyConfig> configs) {
+      const std::vector<PolicyConfig> these(configs.begin(), configs.end());
+      return summarize_perplexity_units(
+          evaluate_perplexity_units(engines.models, text_tokens, window, kPerplexityChunk, these,
+                                    all_units(configs), flags.hit_rate, progress),
+          these.size(), window);
+    });
   }
+  const double seconds = seconds_since(start);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    report.rows.push_back(result_row(runs[i]));
+    if (match == SparsityMatch::None) continue;
+    report.rows.back()["target_sparsity"] = outcomes[i].target;
+    report.rows.back()["matched"] = outcomes[i].matched;
+    report.rows.back()["match_evaluations"] = outcomes[i].evaluations;
+  }
+  if (match == SparsityMatch::Effective) {
+    report.match = {{"mode", "effective"},
+                    {"tolerance", match_options.tolerance},
+                    {"holds", "on average over the evaluated steps, layers and heads"},
+                    {"calibration", "the evaluation's own " +
+                                        std::string(flags.task == "coref" ? "samples" : "windows")},
+                    {"seconds", seconds}};
+  }
+  report.warnings = warnings;
   write_eval_report(report, json_out ? &*json_out : nullptr, csv_out ? &*csv_out : nullptr,
                     per_sample_out ? &*per_sample_out : nullptr);
-  std::printf("%.1f s for %zu runs\n", seconds, runs.size());
+  if (match == SparsityMatch::None) {
+    std::printf("%.1f s for %zu runs\n", seconds, runs.size());
+  } else {
+    int64_t evaluations = 0;
+    for (const MatchOutcome& outcome : outcomes) evaluations += outcome.evaluations;
+    std::printf(
+        "%.1f s for %zu runs matched to their effective sparsity (tolerance %.3f, on "
+        "average over the evaluated steps): %lld run evaluations\n",
+        seconds, runs.size(), match_options.tolerance, (long long)evaluations);
+  }
   return 0;
 }
 
@@ -546,13 +646,16 @@ void write_eval_report(EvalReport& report, AtomicOutputFile* json_out, AtomicOut
   }
   print_table(rows, report.task, report.hit_rate);
   Json results = Json::array();
-  if (csv_out) csv_out->stream() << kCsvHeader << '\n';
+  const bool matched = !rows.empty() && rows.front().contains("target_sparsity");
+  if (csv_out) csv_out->stream() << kCsvHeader << (matched ? kCsvMatchedColumn : "") << '\n';
   for (const Json& row : rows) {
     if (csv_out) write_csv_row(csv_out->stream(), row);
     results.push_back(row);
   }
   if (json_out) {
-    const Json out = {{"task", report.task}, {"model", report.model}, {"results", results}};
+    Json out = {{"task", report.task}, {"model", report.model}, {"results", results}};
+    if (!report.match.is_null()) out["match"] = report.match;
+    if (!report.warnings.empty()) out["warnings"] = report.warnings;
     json_out->stream() << out.dump(2) << '\n';
     json_out->commit();
   }
@@ -627,6 +730,15 @@ void add_eval_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                            ->add_option("--max-tokens", flags.max_tokens,
                                         "ppl: use only the first N tokens of the file (0 = all)")
                            ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--match", flags.match,
+                   "none, or effective: search each run's nominal sparsity so that its effective "
+                   "sparsity, on average over the evaluated steps, is its given sparsity "
+                   "(the rows report the target, the nominal found and the effective)")
+      ->capture_default_str();
+  options.match_tolerance =
+      command->add_option("--match-tolerance", flags.match_tolerance,
+                          "--match effective: accepted |effective - target| (default 0.005)");
   command->add_flag("--hit-rate", flags.hit_rate,
                     "Also measure each run's mean top-50% hit rate of its policy scores against "
                     "the true attention logits (slower: every step's logits are read back)");

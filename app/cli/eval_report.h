@@ -21,6 +21,8 @@ struct EvalReport {
   std::vector<nlohmann::ordered_json> rows;  // row heads (policy, sparsity, run, ...), run order
   std::vector<CorefEvalResult> coref;        // task coref: one per run
   std::vector<PerplexityResult> perplexity;  // task ppl: one per run
+  nlohmann::ordered_json match;              // --match effective: how it was matched (else null)
+  std::vector<std::string> warnings;         // nominal budgets capped or not token shares
 };
 
 // Fills the rows, prints the table on stdout and writes the files that are given (each

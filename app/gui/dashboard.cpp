@@ -192,6 +192,7 @@ bool Dashboard::changes_pending() const {
   const RunRows shown_rows = RunRows::parse(shown.policies, shown.sparsities);
   const RunRows pending_rows = RunRows::parse(pending_.policies, pending_.sparsities);
   return shown.model_dir != pending_.model_dir || shown_rows.rows() != pending_rows.rows() ||
+         shown.match_effective != pending_.match_effective ||
          shown.source.coref_index != pending_.source.coref_index ||
          shown.source.hard != pending_.source.hard ||
          (pending_.source.coref_index < 0 && shown.source.prompt != pending_.source.prompt);

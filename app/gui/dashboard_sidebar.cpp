@@ -145,7 +145,10 @@ void Dashboard::runs_section() {
         row.sparsity = std::clamp(row.sparsity, 0.0f, 0.99f);
         pending_.policies_asked = true;
       }
-      tooltip("This run's sparsity: the share of cached tokens it hides (type, or -/+)");
+      tooltip(pending_.match_effective
+                  ? "This run's target effective sparsity: the nominal sparsity that hides this "
+                    "share of the tokens on this text is searched before recording"
+                  : "This run's sparsity: the share of cached tokens it hides (type, or -/+)");
     }
     ImGui::SameLine();
     if (ImGui::Button("x")) remove = int(i);
@@ -191,6 +194,28 @@ void Dashboard::runs_section() {
                  : 0.0f,
              label);
     tooltip("The view switches to the new recording when it reaches the step on screen");
+  }
+  if (ImGui::Checkbox("match effective sparsity", &pending_.match_effective))
+    pending_.policies_asked = true;
+  tooltip(
+      "Compare at matched effective sparsity: each run's sparsity becomes its target, and the "
+      "nominal budget that hides that share of the tokens, on average over this text's steps "
+      "(within 0.005), is searched before recording. Without it one nominal budget hides "
+      "different shares under different policies (dense layer 0, sinks, rounding), and "
+      "tokenfilter's is a share of attention computations, not of tokens.");
+  if (engine_.trace() && !engine_.match_report().isEmpty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("matched, on this text:\n%s", engine_.match_report().toUtf8().constData());
+    ImGui::PopStyleColor();
+    tooltip(
+        "The nominal sparsity each run records with, and the effective sparsity it gave on "
+        "this text (the status bar shows each step's)");
+  }
+  // Budgets that are capped or not a share of tokens are said beside the runs they concern.
+  if (engine_.trace() && !engine_.budget_note().isEmpty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, to_imgui(viz::theme_of(options_).accent));
+    ImGui::TextWrapped("%s", engine_.budget_note().toUtf8().constData());
+    ImGui::PopStyleColor();
   }
 }
 

@@ -2,10 +2,13 @@
 #include "app/gui/engine_controller.h"
 
 #include <QMetaObject>
+#include <cstdio>
 
 #include "app/session/policy_runs.h"
 #include "engine/common/error.h"
+#include "engine/eval/sparsity_match.h"
 #include "engine/model/model.h"
+#include "engine/policy/registry.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #endif
@@ -34,6 +37,50 @@ session::CommonOptions backend_options(const SessionConfig& config, QString& nam
     name += QString(", %1 threads").arg(threads);
   }
   return common;
+}
+
+// The note's lines for nominal budgets that are capped or not token shares.
+std::string budget_warnings(const std::vector<PolicyConfig>& runs, int64_t layers) {
+  std::string text;
+  for (const PolicyConfig& run : runs) {
+    for (const std::string& line : nominal_budget_warnings(run, layers)) {
+      text += (text.empty() ? "" : "\n") + line;
+    }
+  }
+  return text;
+}
+
+// Matches the recording's runs on its own text and records them again at the nominal sparsities
+// found: the calibration is the recording's steps (its prefill included), so the effective
+// sparsity on screen is the one matched. Returns the report; missed targets go to `warnings`.
+std::string match_recording(session::Recording& recording, const std::vector<PolicyConfig>& runs,
+                            const TraceOptions& options, std::string& warnings) {
+  const Trace& opened = recording.recorder->trace();
+  std::vector<int32_t> tokens;
+  for (const TraceToken& token : opened.tokens) tokens.push_back(token.id);
+  const std::vector<MatchOutcome> outcomes =
+      match_on_tokens(recording.resident, tokens, runs, options.prefill);
+  std::vector<PolicyConfig> matched;
+  std::string report;
+  char line[160];
+  for (size_t i = 0; i < runs.size(); ++i) {
+    matched.push_back(matched_config(runs[i], outcomes[i]));
+    if (is_reference_policy(runs[i].id)) continue;  // (the reference is dense at 0 anyway)
+    std::snprintf(line, sizeof line, "%s: nominal %.3f, effective %.3f%s",
+                  session::run_spec(runs[i]).c_str(), outcomes[i].nominal, outcomes[i].effective,
+                  outcomes[i].matched ? "" : " (missed)");
+    report += (report.empty() ? "" : "\n") + std::string(line);
+    if (!outcomes[i].warning.empty()) {
+      warnings +=
+          (warnings.empty() ? "" : "\n") + session::run_spec(runs[i]) + ": " + outcomes[i].warning;
+    }
+  }
+  const auto coref = opened.coref;
+  recording.recorder.reset();
+  recording.recorder = std::make_unique<TraceRecorder>(
+      recording.resident, &recording.model->require_tokenizer(), tokens, matched, options);
+  recording.recorder->trace().coref = coref;
+  return report;
 }
 
 bool same_tokens(const Trace& a, const Trace& b) {
@@ -70,7 +117,7 @@ void EngineController::open(const SessionConfig& config, int64_t show_from_steps
   const uint64_t generation = ++generation_;
   QMetaObject::invokeMethod(worker_, [this, config, generation, show_from_steps] {
     if (generation != generation_) return;  // a later open is queued behind this one
-    QString backend, predictor, note;
+    QString backend, predictor, note, match_report, budget_note;
     std::unique_ptr<session::Recording> recording;
     std::shared_ptr<Trace> header;
     int64_t total = 0;
@@ -88,14 +135,20 @@ void EngineController::open(const SessionConfig& config, int64_t show_from_steps
       recording = std::make_unique<session::Recording>(
           session::open_recording(common, model, config.source, runs, options, "prompt"));
       predictor = QString::fromStdString(predictor_summary(*model));
+      std::string notes = budget_warnings(runs, model->config.num_layers);
+      if (config.match_effective) {
+        match_report = QString::fromStdString(match_recording(*recording, runs, options, notes));
+      }
       note = QString::fromStdString(choice.note);
+      budget_note = QString::fromStdString(notes);
       header = std::make_shared<Trace>(recording->recorder->trace());
       total = recording->recorder->steps_total();
     } catch (const std::exception& e) {
       error = QString::fromUtf8(e.what());
     }
-    QMetaObject::invokeMethod(this, [this, config, header, total, backend, predictor, note, error,
-                                     generation, show_from_steps] {
+    QMetaObject::invokeMethod(this, [this, config, header, total, backend, predictor, note,
+                                     match_report, budget_note, error, generation,
+                                     show_from_steps] {
       if (generation != generation_) return;  // a later open or saved trace replaced it
       if (!error.isEmpty()) {
         busy_ = false;
@@ -103,7 +156,7 @@ void EngineController::open(const SessionConfig& config, int64_t show_from_steps
         emit idle();
         return;
       }
-      incoming_ = {header, config, total, backend, predictor, note};
+      incoming_ = {header, config, total, backend, predictor, note, match_report, budget_note};
       show_from_steps_ = shown_.trace ? std::min(std::max<int64_t>(show_from_steps, 1), total) : 0;
       if (incoming_.trace->step_count() >= show_from_steps_) take_incoming();
     });
@@ -225,7 +278,7 @@ void EngineController::show_trace(std::shared_ptr<Trace> trace) {
   generated_.clear();
   QMetaObject::invokeMethod(worker_, [this] { worker_->recording.reset(); });
   const int64_t steps = trace->step_count();
-  shown_ = {std::move(trace), SessionConfig{}, steps, "saved trace", {}, {}};
+  shown_ = {std::move(trace), SessionConfig{}, steps, "saved trace", {}, {}, {}, {}};
   emit opened();
 }
 

@@ -30,6 +30,10 @@ struct SessionConfig {
   bool policies_asked = false;
   std::string predictor_file;  // --predictor: overrides the model folder's own (empty: none)
   std::string sparsities = "0.5";
+  // Compare at matched effective sparsity: each run's sparsity is its target, and the nominal
+  // sparsity that meets it on this text is searched before recording
+  // (engine/eval/sparsity_match.h).
+  bool match_effective = false;
   std::vector<std::string> policy_args;
   std::string backend = "auto";  // auto (CUDA when a GPU is present), cpu or cuda
   int threads = 0;
@@ -79,6 +83,12 @@ class EngineController : public QObject {
   // (empty when none was); a saved trace has neither.
   const QString& predictor() const { return shown_.predictor; }
   const QString& note() const { return shown_.note; }
+  // Each nominal budget that is capped or not a share of tokens (tokenfilter), and each run the
+  // match could not bring to its target, one a line (empty when none).
+  const QString& budget_note() const { return shown_.budget_note; }
+  // With match_effective: one line per run, "h2o@0.5: nominal 0.596, effective 0.499" (empty
+  // otherwise).
+  const QString& match_report() const { return shown_.match_report; }
   // The configuration of the recording on screen.
   const SessionConfig& config() const { return shown_.config; }
 
@@ -104,7 +114,7 @@ class EngineController : public QObject {
     std::shared_ptr<Trace> trace;
     SessionConfig config;
     int64_t total = 0;  // steps the text has
-    QString backend, predictor, note;
+    QString backend, predictor, note, match_report, budget_note;
   };
   Recorded shown_, incoming_;
   int64_t show_from_steps_ = 1;

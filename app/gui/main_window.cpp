@@ -51,15 +51,13 @@ MainWindow::MainWindow(const LaunchOptions& options) {
     dashboard_->on_opened();
     canvas_->request_frames();
     update_status();
-    if (!engine_.note().isEmpty()) {
-      notes_shown_ << engine_.note();
-      statusBar()->showMessage(engine_.note(), 15000);
-    }
+    show_notes();
   });
   connect(&engine_, &EngineController::replaced, this, [this] {
     dashboard_->on_replaced();
     canvas_->request_frames();
     update_status();
+    show_notes();  // other runs on the same text: their budget warnings
   });
   connect(&engine_, &EngineController::stepped, this, [this](qint64 step) {
     dashboard_->on_stepped(step);
@@ -287,6 +285,15 @@ void MainWindow::set_dark(bool dark) {
     QApplication::setPalette(light_palette);
   }
   QSettings().setValue("view/dark", dark);
+}
+
+void MainWindow::show_notes() {
+  QStringList notes;
+  if (!engine_.note().isEmpty()) notes << engine_.note();
+  if (!engine_.budget_note().isEmpty()) notes << engine_.budget_note().split('\n');
+  if (notes.isEmpty()) return;
+  notes_shown_ << notes;
+  statusBar()->showMessage(notes.join("; "), 15000);
 }
 
 void MainWindow::update_status() {

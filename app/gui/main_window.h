@@ -60,6 +60,9 @@ class MainWindow : public QMainWindow {
   void close_dialogs();
   void set_dark(bool dark);
   void update_status();
+  // The open recording's notes (a default policy left out, nominal budgets that are capped or not
+  // token shares) into the status bar and notes_shown().
+  void show_notes();
   // The smallest window size kept in the settings and restored (smaller ones are not usable).
   static constexpr int kMinimumWidth = 640, kMinimumHeight = 400;
 

@@ -155,6 +155,20 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
     dashboard.set_policies(joined.toStdString());
   } else if (command == "sparsity") {
     dashboard.pending_config().sparsities = joined.toStdString();
+  } else if (command == "match") {
+    // The Runs section's "match effective sparsity" box.
+    if (joined != "effective" && joined != "none") {
+      throw std::runtime_error(
+          ("'match' needs effective or none, not '" + joined + "'").toStdString());
+    }
+    dashboard.pending_config().match_effective = joined == "effective";
+  } else if (command == "expect-match") {
+    // The sidebar's matched report has TEXT (e.g. "h2o@0.5: nominal").
+    const QString report = window_.engine().match_report();
+    if (!report.contains(joined)) {
+      throw std::runtime_error(
+          ("expect-match: '" + joined + "' not in '" + report + "'").toStdString());
+    }
   } else if (command == "restart") {
     dashboard.restart();
   } else if (command == "open-model") {

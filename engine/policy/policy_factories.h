@@ -50,4 +50,10 @@ std::vector<ParamSpec> with_common_specs(std::vector<ParamSpec> own);
 // reachable.
 std::vector<double> lazyllm_keep_schedule(int64_t layers, int64_t dense_layers, double sparsity);
 
+// What tokenfilter's nominal sparsity means on a model of `layers` layers (a share of attention
+// computations in its tail layers, not of tokens), and whether it is capped there: one sentence
+// for the warnings of evaluations and front ends (engine/eval/sparsity_match.h).
+std::string tokenfilter_nominal_budget_note(const ParamValues& params, double sparsity,
+                                            int64_t layers);
+
 }  // namespace kvlens

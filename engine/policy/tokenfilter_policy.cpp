@@ -40,7 +40,9 @@
 //   granularity, ...) have no effect: nothing is selected.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "engine/backend/policy_op_math.h"
@@ -55,6 +57,36 @@ struct TokenfilterSettings {
   double tail_frac = 0.5, ema = 0.9, tau = 0.5, eta = 0.01, global_ratio = 0.0;
 };
 
+// The tail of a model of `layers` layers and each tail layer's skip target (the file comment's
+// rule); `wanted` is the target before it is capped at 1.
+struct TokenfilterTail {
+  int64_t first = 0, count = 0;
+  double wanted = 0.0, target = 0.0;
+};
+TokenfilterTail tokenfilter_tail(const TokenfilterSettings& settings, int64_t layers) {
+  TokenfilterTail tail;
+  const int64_t n = layers;
+  tail.first =
+      std::max(n - int64_t(std::llround(settings.tail_frac * double(n))), settings.dense_layers);
+  tail.count = std::max<int64_t>(0, n - tail.first);
+  tail.wanted = tail.count > 0 ? settings.global_ratio * double(n) / double(tail.count) : 0.0;
+  tail.target = std::min(1.0, tail.wanted);
+  return tail;
+}
+
+TokenfilterSettings tokenfilter_settings(const ParamValues& params, double sparsity) {
+  const CommonKnobs knobs = read_common_knobs(params, sparsity);  // validates the sparsity
+  TokenfilterSettings settings;
+  settings.dense_layers = knobs.dense_layers;
+  settings.tail_frac = params.get_float("tail_frac");
+  settings.ema = params.get_float("ema");
+  settings.tau = params.get_float("tau");
+  settings.eta = params.get_float("eta");
+  const double given = params.get_float("global_ratio");
+  settings.global_ratio = given < 0.0 ? sparsity : given;
+  return settings;
+}
+
 class TokenfilterPolicy final : public Policy {
  public:
   TokenfilterPolicy(const PolicyShape& shape, Backend& backend, const TokenfilterSettings& settings)
@@ -65,10 +97,9 @@ class TokenfilterPolicy final : public Policy {
         similarities_(backend.alloc(DType::F32, {2, shape.kv_heads})),
         zeros_(backend.alloc(DType::F32, {1, shape.stride})) {
     const int64_t n = shape.layers;
-    const int64_t tail = std::llround(settings.tail_frac * double(n));
-    first_tail_ = std::max(n - tail, settings.dense_layers);
-    const int64_t kept = std::max<int64_t>(0, n - first_tail_);
-    target_ = kept > 0 ? std::min(1.0, settings.global_ratio * double(n) / double(kept)) : 0.0;
+    const TokenfilterTail tail = tokenfilter_tail(settings, n);
+    first_tail_ = tail.first;
+    target_ = tail.target;
     layers_.resize(size_t(n));
     double initial[kTokenFilterState] = {};
     initial[kTfTau] = settings.tau;
@@ -195,16 +226,32 @@ PolicyInfo tokenfilter_policy_info() {
 
 std::unique_ptr<Policy> make_tokenfilter_policy(const PolicyShape& shape, Backend& backend,
                                                 const ParamValues& params, double sparsity) {
-  const CommonKnobs knobs = read_common_knobs(params, sparsity);  // validates the sparsity
-  TokenfilterSettings settings;
-  settings.dense_layers = knobs.dense_layers;
-  settings.tail_frac = params.get_float("tail_frac");
-  settings.ema = params.get_float("ema");
-  settings.tau = params.get_float("tau");
-  settings.eta = params.get_float("eta");
-  const double given = params.get_float("global_ratio");
-  settings.global_ratio = given < 0.0 ? sparsity : given;
-  return std::make_unique<TokenfilterPolicy>(shape, backend, settings);
+  return std::make_unique<TokenfilterPolicy>(shape, backend,
+                                             tokenfilter_settings(params, sparsity));
+}
+
+std::string tokenfilter_nominal_budget_note(const ParamValues& params, double sparsity,
+                                            int64_t layers) {
+  const TokenfilterSettings settings = tokenfilter_settings(params, sparsity);
+  const TokenfilterTail tail = tokenfilter_tail(settings, layers);
+  const auto text = [](double value) {
+    char out[32];
+    std::snprintf(out, sizeof out, "%.3g", value);
+    return std::string(out);
+  };
+  std::string note = "its budget is a share of attention computations skipped in layers " +
+                     std::to_string(tail.first) + ".." + std::to_string(layers - 1) +
+                     ", not of tokens (a skipped attention counts as its whole row hidden)";
+  if (tail.count == 0) {
+    note += "; no layer can skip (tail_frac " + text(settings.tail_frac) + "): nothing is removed";
+  } else if (tail.wanted > 1.0) {
+    note += "; capped: every attention of those layers is skipped from nominal " +
+            text(double(tail.count) / double(layers)) + " on (at most " +
+            text(double(tail.count) / double(layers)) +
+            " of all attention; a larger tail_frac "
+            "reaches further)";
+  }
+  return note;
 }
 
 }  // namespace kvlens

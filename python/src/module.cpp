@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "engine/eval/coref_benchmark.h"
 #include "engine/eval/coref_eval.h"
 #include "engine/eval/perplexity.h"
+#include "engine/eval/sparsity_match.h"
 #include "engine/policy/registry.h"
 #if KVLENS_PY_POLICIES
 #include "engine/policy/plugin_policy.h"
@@ -360,24 +363,72 @@ py::dict result_row(const PolicyConfig& run, const SparsityStats& stats) {
   return row;
 }
 
+// kvlens-cli eval's --match and its warnings: each nominal budget that is capped or not a token
+// share is a Python warning (UserWarning), before any compute; with match="effective" the runs
+// come back at the nominal sparsity found for them (and their outcomes), with a warning for each
+// run that missed its target. The GIL is released around `evaluate` only.
+template <class Result>
+std::vector<Result> evaluate_runs(
+    const PyModel& model, std::vector<PolicyConfig>& runs, const std::string& match,
+    double tolerance,
+    const std::function<std::vector<Result>(std::span<const PolicyConfig>)>& evaluate,
+    std::vector<MatchOutcome>& outcomes) {
+  const SparsityMatch mode = parse_sparsity_match(match, "match");
+  MatchOptions options;
+  options.tolerance = tolerance;
+  validate_match_options(options, "match_tolerance");
+  const py::object warn = py::module_::import("warnings").attr("warn");
+  for (const PolicyConfig& run : runs) {
+    for (const std::string& line : nominal_budget_warnings(run, model.model->config.num_layers)) {
+      warn(line);
+    }
+  }
+  if (mode == SparsityMatch::None) {
+    py::gil_scoped_release release;
+    return evaluate(runs);
+  }
+  std::vector<Result> chosen;
+  {
+    py::gil_scoped_release release;
+    chosen = evaluate_matched<Result>(runs, evaluate, options, outcomes);
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!outcomes[i].warning.empty()) warn(session::run_spec(runs[i]) + ": " + outcomes[i].warning);
+    runs[i] = matched_config(runs[i], outcomes[i]);
+  }
+  return chosen;
+}
+
+// The matched figures of kvlens-cli eval --match effective's rows.
+void set_match(py::dict& row, const std::vector<MatchOutcome>& outcomes, size_t i) {
+  if (outcomes.empty()) return;
+  row["target_sparsity"] = outcomes[i].target;
+  row["matched"] = outcomes[i].matched;
+  row["match_evaluations"] = outcomes[i].evaluations;
+}
+
 py::list eval_coref(const std::shared_ptr<PyModel>& model, const py::object& policies,
                     const py::object& sparsity, const py::object& policy_args, int64_t samples,
                     uint64_t seed, int64_t first_index, bool hard, const std::string& pools,
-                    bool per_sample, bool hit_rate) {
-  const auto runs = session::resolve_policy_runs(join_list(policies), join_list(sparsity),
-                                                 string_list(policy_args));
+                    bool per_sample, bool hit_rate, const std::string& match,
+                    double match_tolerance) {
+  auto runs = session::resolve_policy_runs(join_list(policies), join_list(sparsity),
+                                           string_list(policy_args));
   const Tokenizer& tokenizer = model->model->require_tokenizer();
   const CorefPools loaded = session::load_coref_pools_option(pools);
-  std::vector<CorefEvalResult> results;
-  {
-    py::gil_scoped_release release;
-    results = evaluate_coref_lockstep(model->resident, loaded, tokenizer, seed, first_index,
-                                      samples, hard, ProgressFn(), runs, hit_rate);
-  }
+  std::vector<MatchOutcome> outcomes;
+  const std::vector<CorefEvalResult> results = evaluate_runs<CorefEvalResult>(
+      *model, runs, match, match_tolerance,
+      [&](std::span<const PolicyConfig> configs) {
+        return evaluate_coref_lockstep(model->resident, loaded, tokenizer, seed, first_index,
+                                       samples, hard, ProgressFn(), configs, hit_rate);
+      },
+      outcomes);
   py::list out;
   for (size_t i = 0; i < runs.size(); ++i) {
     const CorefEvalResult& r = results[i];
     py::dict row = result_row(runs[i], r.sparsity);
+    set_match(row, outcomes, i);
     row["accuracy"] = r.accuracy;
     row["coverage"] = r.coverage;
     row["samples"] = r.samples;
@@ -412,25 +463,29 @@ constexpr int64_t kPerplexityChunk = 512;
 py::list eval_ppl(const std::shared_ptr<PyModel>& model, std::optional<std::string> text,
                   const py::object& policies, const py::object& sparsity,
                   const py::object& policy_args, int64_t window, int64_t max_tokens,
-                  const std::string& text_file, bool hit_rate) {
+                  const std::string& text_file, bool hit_rate, const std::string& match,
+                  double match_tolerance) {
   if (text.has_value() == !text_file.empty())
     throw Error("eval_ppl", "text", "one of text= or text_file=");
   if (!text) text = read_text_file(text_file);  // as kvlens-cli eval --text-file reads it
-  const auto runs = session::resolve_policy_runs(join_list(policies), join_list(sparsity),
-                                                 string_list(policy_args));
+  auto runs = session::resolve_policy_runs(join_list(policies), join_list(sparsity),
+                                           string_list(policy_args));
   std::vector<int32_t> tokens = model->model->require_tokenizer().encode(*text, true);
   if (max_tokens > 0 && int64_t(tokens.size()) > max_tokens) tokens.resize(size_t(max_tokens));
   if (window <= 0) window = model->model->config.max_position_embeddings;
-  std::vector<PerplexityResult> results;
-  {
-    py::gil_scoped_release release;
-    results = evaluate_perplexity_lockstep(model->resident, tokens, window, kPerplexityChunk,
-                                           ProgressFn(), runs, hit_rate);
-  }
+  std::vector<MatchOutcome> outcomes;
+  const std::vector<PerplexityResult> results = evaluate_runs<PerplexityResult>(
+      *model, runs, match, match_tolerance,
+      [&](std::span<const PolicyConfig> configs) {
+        return evaluate_perplexity_lockstep(model->resident, tokens, window, kPerplexityChunk,
+                                            ProgressFn(), configs, hit_rate);
+      },
+      outcomes);
   py::list out;
   for (size_t i = 0; i < runs.size(); ++i) {
     const PerplexityResult& r = results[i];
     py::dict row = result_row(runs[i], r.sparsity);
+    set_match(row, outcomes, i);
     row["ppl"] = std::isfinite(r.ppl) ? py::object(py::float_(r.ppl)) : py::object(py::none());
     row["samples"] = r.windows;
     row["tokens_scored"] = r.tokens_scored;
@@ -765,14 +820,17 @@ PYBIND11_MODULE(_kvlens, m) {
         py::arg("sparsity") = "0", py::arg("policy_args") = py::none(), py::arg("samples") = 200,
         py::arg("seed") = 0, py::arg("first_index") = 0, py::arg("hard") = false,
         py::arg("pools") = "", py::arg("per_sample") = false, py::arg("hit_rate") = false,
+        py::arg("match") = "none", py::arg("match_tolerance") = MatchOptions{}.tolerance,
         "kvlens-cli eval --task coref: one row per (policy, sparsity); hit_rate=True: "
-        "--hit-rate");
+        "--hit-rate; match='effective': --match effective (rows add target_sparsity, matched, "
+        "match_evaluations); nominal budgets that are capped or not token shares warn");
   m.def("eval_ppl", &eval_ppl, py::arg("model"), py::arg("text") = py::none(),
         py::arg("policies") = "dense", py::arg("sparsity") = "0",
         py::arg("policy_args") = py::none(), py::arg("window") = 0, py::arg("max_tokens") = 0,
-        py::arg("text_file") = "", py::arg("hit_rate") = false,
+        py::arg("text_file") = "", py::arg("hit_rate") = false, py::arg("match") = "none",
+        py::arg("match_tolerance") = MatchOptions{}.tolerance,
         "kvlens-cli eval --task ppl over a text (or text_file, read as --text-file is); "
-        "hit_rate=True: --hit-rate");
+        "hit_rate=True: --hit-rate; match='effective': --match effective");
 
   m.def(
       "load_plugin",

@@ -45,4 +45,29 @@ for mine, theirs in zip(rows, expected):
         check(mine[key] == value, f"{theirs['policy']}: {key} {mine[key]} vs kvlens-cli {value}")
 kvlens.table(rows)
 print("ppl: identical to kvlens-cli eval --json")
+
+# match="effective" is --match effective: the same nominal sparsity found, the same rows; the
+# tokenfilter nominal budget (capped at 0.6 on the demo model's 8 layers) warns.
+import warnings  # noqa: E402
+
+MATCHED = "dense,h2o,quest,tokenfilter"
+cli("eval", "--model", DEMO, "--task", "coref", "--policies", MATCHED, "--sparsity", 0.6,
+    "--samples", 3, "--match", "effective", "--json", out)
+expected = json.load(open(out))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    rows = kvlens.eval_coref(model, MATCHED, sparsity=0.6, samples=3, match="effective")
+for mine, theirs in zip(rows, expected["results"]):
+    for key, value in theirs.items():
+        check(mine[key] == value, f"{theirs['policy']}: {key} {mine[key]} vs kvlens-cli {value}")
+check(abs(rows[1]["effective_sparsity"] - 0.6) <= 0.005 and rows[1]["sparsity"] > 0.6,
+      f"h2o matched: {rows[1]}")
+check([str(w.message) for w in caught] == expected["warnings"],
+      f"warnings {[str(w.message) for w in caught]} vs kvlens-cli {expected['warnings']}")
+try:
+    kvlens.eval_coref(model, "h2o", sparsity=0.5, samples=1, match="exact")
+    check(False, "match='exact' must fail")
+except Exception as error:  # kvlens.Error
+    check("effective or none" in str(error), str(error))
+print("coref match='effective': identical to kvlens-cli eval --match effective")
 print("ok")

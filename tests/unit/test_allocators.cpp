@@ -291,7 +291,7 @@ TEST_CASE("head_budgets: each head's kept count, -1 on dense layers, the spread"
   CHECK_THROWS_AS(head_budgets(trace, 0, t + 1), Error);
 }
 
-TEST_CASE("kvlens-cli: policies lists the allocators and how they compose; eval runs composed ids",
+TEST_CASE("kvlens-cli: policies lists the allocators and how they compose, eval runs composed ids",
           "[cli][allocator]") {
   const auto listing = test::run_command(test::cli_path() + " policies");
   REQUIRE(listing.exit_code == 0);
