@@ -222,7 +222,7 @@ TEST_CASE("every policy decodes Gemma 3, and its local layers show only the wind
     // 0 is dense by default): its sparsity over the window is the global layer's, about 0.5
     // (budgets over every key would leave most of the window visible instead).
     const std::vector<std::string> token_budgeted = {"h2o",     "oracle",    "random", "snapkv",
-                                                     "keydiff", "streaming", "tova"};
+                                                     "keydiff", "streaming", "tova",   "sparq"};
     if (std::find(token_budgeted.begin(), token_budgeted.end(), info.id) != token_budgeted.end()) {
       REQUIRE(per_layer.size() == 3);
       CHECK(per_layer[1] == Approx(per_layer[2]).margin(0.03));

@@ -212,7 +212,7 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   ScoreOptions dense;
   const ScoreResult reference = score_tokens(resident, tokens, dense);
   for (const std::string id :
-       {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm", "tova"}) {
+       {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm", "tova", "sparq"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.0, {}};

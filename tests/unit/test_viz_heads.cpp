@@ -425,6 +425,19 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
       INFO(trace.runs[size_t(a)].policy << " vs tova");
       CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, 13, *theme)) > 0.1);
     }
+    // The approximate-logit policies too: apart from every other policy, the accent and each
+    // other.
+    const Trace approx = grid_trace(
+        1, 1, 2,
+        {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff",
+         "tokenfilter", "lazyllm", "tokenbutler", "tova", "sparq", "loki", "doublesparsity"});
+    for (int64_t a = 12; a < 15; ++a) {
+      CHECK(oklab_distance(run_color(approx, a, *theme), theme->accent) > 0.1);
+      for (int64_t b = 0; b < a; ++b) {
+        INFO(approx.runs[size_t(a)].policy << " vs " << approx.runs[size_t(b)].policy);
+        CHECK(oklab_distance(run_color(approx, a, *theme), run_color(approx, b, *theme)) > 0.1);
+      }
+    }
     // The usual comparison's four stay apart for dichromats and from the accent.
     const int64_t usual[] = {0, 10, 4, 6};  // dense, tokenbutler, h2o, quest
     for (const Dichromacy kind : {Dichromacy::Protanopia, Dichromacy::Deuteranopia}) {
