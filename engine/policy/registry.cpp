@@ -40,6 +40,8 @@ std::vector<Entry>& entries() {
       {tokenbutler_policy_info(), make_tokenbutler_policy},
       {tova_policy_info(), make_tova_policy},
       {sparq_policy_info(), make_sparq_policy},
+      {loki_policy_info(), make_loki_policy},
+      {doublesparsity_policy_info(), make_doublesparsity_policy},
   };
   return table;
 }
