@@ -660,8 +660,8 @@ def calibrate_channels_toy_cpu():
         check(tuple(loki["basis"].shape) == (3, 2, 16, 16), f"basis {tuple(loki['basis'].shape)}")
         check(tuple(ds["channels"].shape) == (3, 4, 16), f"channels {tuple(ds['channels'].shape)}")
         basis = loki["basis"].double()
-        close(basis.transpose(-1, -2) @ basis, torch.eye(16, dtype=torch.float64).expand(3, 2, 16, 16),
-              1e-5, "basis orthonormal")
+        identity = torch.eye(16, dtype=torch.float64).expand(3, 2, 16, 16)
+        close(basis.transpose(-1, -2) @ basis, identity, 1e-5, "basis orthonormal")
         ratio = loki["explained_variance_ratio"]
         check(bool((ratio[..., :-1] >= ratio[..., 1:] - 1e-7).all()), "variance not descending")
         close(ratio.sum(-1), torch.ones(3, 2), 1e-5, "variance ratios sum to 1")
