@@ -12,12 +12,20 @@ namespace kvlens {
 // The widest head the ops take: SparQ's channel choice keeps one flag per channel on the stack.
 inline constexpr int64_t kApproxMaxHeadDim = 512;
 
-// SparQ's channels of one KV group: the `rank` channels c with the largest sum over the group's
-// `group` query heads (rows of q_group, [group, D]) of |q_c|, summed in head order; ties go to
-// the lower channel, NaN ranks lowest (top_k_key's order on the mirrored channel index). Writes
-// the chosen channels to channels[0, rank) in ascending order.
-KVLENS_HOST_DEVICE inline void sparq_channels(const float* q_group, int64_t group, int64_t D,
-                                              int64_t rank, int32_t* channels) {
+// SparQ's magnitude of channel c in one KV group: the sum over the group's `group` query heads
+// (rows of q_group, [group, D]) of |q_c|, in head order.
+KVLENS_HOST_DEVICE inline float sparq_magnitude(const float* q_group, int64_t group, int64_t D,
+                                                int64_t c) {
+  float magnitude = 0.0f;
+  for (int64_t h = 0; h < group; ++h) magnitude = add_rn(magnitude, abs_f32(q_group[h * D + c]));
+  return magnitude;
+}
+
+// SparQ's channels of one KV group from its magnitudes[D] (sparq_magnitude): the `rank` largest,
+// ties to the lower channel, NaN ranking lowest (top_k_key's order on the mirrored channel
+// index), written to channels[0, rank) in ascending order.
+KVLENS_HOST_DEVICE inline void sparq_pick(const float* magnitudes, int64_t D, int64_t rank,
+                                          int32_t* channels) {
   bool taken[kApproxMaxHeadDim];
   for (int64_t c = 0; c < D; ++c) taken[c] = false;
   for (int64_t i = 0; i < rank; ++i) {
@@ -25,10 +33,7 @@ KVLENS_HOST_DEVICE inline void sparq_channels(const float* q_group, int64_t grou
     uint64_t best_key = 0;
     for (int64_t c = 0; c < D; ++c) {
       if (taken[c]) continue;
-      float magnitude = 0.0f;
-      for (int64_t h = 0; h < group; ++h)
-        magnitude = add_rn(magnitude, abs_f32(q_group[h * D + c]));
-      const uint64_t key = top_k_key(magnitude, uint32_t(D - 1 - c));
+      const uint64_t key = top_k_key(magnitudes[c], uint32_t(D - 1 - c));
       if (best < 0 || key > best_key) best = c, best_key = key;
     }
     taken[best] = true;

@@ -20,7 +20,7 @@ class ApproxLogitOps : public OpExtension {
 
   // SparQ. For every KV group g of q [1, H, D] (G = k_cache's KV heads, H/G query heads each):
   // I_g = the `rank` channels with the largest sum over the group's heads of |q_c|
-  // (sparq_channels), and for each head h of the group and j < cols:
+  // (sparq_magnitude, sparq_pick), and for each head h of the group and j < cols:
   // out[h, j] = sum_{c in I_g} q[h, c] * k_cache[g, j, c] / sqrt(D * l1(q_h on I_g) / l1(q_h)).
   // 1 <= rank <= D <= kApproxMaxHeadDim. out F32 [H, stride].
   virtual void sparq_logits(const DeviceTensor& q, const DeviceTensor& k_cache, int64_t cols,

@@ -73,11 +73,14 @@ void run_sparq_logits(const Context& context, const DeviceTensor& q, const Devic
       0, heads,
       [&](int64_t begin, int64_t end) {
         std::vector<int32_t> channels(static_cast<size_t>(rank));
+        std::vector<float> magnitudes(static_cast<size_t>(D));
         for (int64_t h = begin; h < end; ++h) {
           const int64_t g = h / group;
           const float* q_group = q.as<const float>() + g * group * D;
           const float* q_head = q.as<const float>() + h * D;
-          sparq_channels(q_group, group, D, rank, channels.data());
+          for (int64_t c = 0; c < D; ++c)
+            magnitudes[size_t(c)] = sparq_magnitude(q_group, group, D, c);
+          sparq_pick(magnitudes.data(), D, rank, channels.data());
           const float scale = sparq_scale(q_head, D, channels.data(), rank);
           const float* keys = k_cache.as<const float>() + g * cache.capacity * D;
           float* row = out.as<float>() + h * shape.stride;

@@ -11,11 +11,16 @@ constexpr int kThreads = 256;
 
 template <typename C>
 __global__ void sparq_logits_kernel(SparqLogitArgs a) {
+  __shared__ float magnitudes[kApproxMaxHeadDim];
   __shared__ int32_t channels[kApproxMaxHeadDim];
   __shared__ float scale;
   const int64_t h = blockIdx.x, D = a.head_dim, group = a.heads / a.kv_heads, g = h / group;
+  // A thread per channel sums the group's magnitudes; one thread picks the top and the scale.
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+    magnitudes[c] = sparq_magnitude(a.q + g * group * D, group, D, c);
+  __syncthreads();
   if (threadIdx.x == 0) {
-    sparq_channels(a.q + g * group * D, group, D, a.rank, channels);
+    sparq_pick(magnitudes, D, a.rank, channels);
     scale = sparq_scale(a.q + h * D, D, channels, a.rank);
   }
   __syncthreads();

@@ -12,8 +12,9 @@
 
 namespace kvlens::cuda {
 
-// sparq_logits: one block per (query head, tile of columns); its first thread picks the KV
-// group's channels and the head's scale into shared memory, then a thread per column.
+// sparq_logits: one block per (query head, tile of columns): the KV group's channel magnitudes
+// (a thread per channel), then its first thread picks the channels and the head's scale into
+// shared memory, then a thread per column.
 struct SparqLogitArgs {
   const float* q = nullptr;       // [heads, head_dim]
   const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
