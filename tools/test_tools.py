@@ -662,6 +662,100 @@ def tova_reference_reproduces_fixture():
 
 
 @test
+def calibrate_channels_toy_cpu():
+    """tools/calibrate_channels.py on a tiny Llama at toy size: loki's bases are orthonormal with
+    the explained variance descending, doublesparsity's channels are each head's permutation by
+    descending importance, both match the statistics recomputed from transformers' own q and k,
+    and two runs write the same bytes."""
+    from safetensors.torch import load_file
+    tokenizer = os.path.join(ROOT, "assets", "models", "demo", "tokenizer.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_llama(os.path.join(tmp, "model"), vocab=8192, tokenizer=tokenizer)
+        corpus = os.path.join(tmp, "corpus.txt")
+        with open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8") as f, \
+                open(corpus, "w", encoding="utf-8") as g:
+            g.write(f.read())
+        outs = []
+        for run in range(2):
+            out = os.path.join(tmp, f"out{run}")
+            proc = subprocess.run(
+                [sys.executable, os.path.join(TOOLS, "calibrate_channels.py"), "--model", model,
+                 "--corpus", corpus, "--tokens", "256", "--block-tokens", "64", "--batch", "2",
+                 "--out", out], capture_output=True, text=True)
+            check(proc.returncode == 0, f"calibrate_channels.py failed:\n{proc.stderr[-3000:]}")
+            outs.append(out)
+        for name in ("loki_pca.safetensors", "doublesparsity_channels.safetensors"):
+            with open(os.path.join(outs[0], name), "rb") as a, \
+                    open(os.path.join(outs[1], name), "rb") as b:
+                check(a.read() == b.read(), f"{name}: two runs differ")
+        loki = load_file(os.path.join(outs[0], "loki_pca.safetensors"))
+        ds = load_file(os.path.join(outs[0], "doublesparsity_channels.safetensors"))
+        check(tuple(loki["basis"].shape) == (3, 2, 16, 16), f"basis {tuple(loki['basis'].shape)}")
+        check(tuple(ds["channels"].shape) == (3, 4, 16), f"channels {tuple(ds['channels'].shape)}")
+        basis = loki["basis"].double()
+        identity = torch.eye(16, dtype=torch.float64).expand(3, 2, 16, 16)
+        close(basis.transpose(-1, -2) @ basis, identity, 1e-5, "basis orthonormal")
+        ratio = loki["explained_variance_ratio"]
+        check(bool((ratio[..., :-1] >= ratio[..., 1:] - 1e-7).all()), "variance not descending")
+        close(ratio.sum(-1), torch.ones(3, 2), 1e-5, "variance ratios sum to 1")
+        channels = ds["channels"].long()
+        check(bool((channels.sort(-1).values == torch.arange(16)).all()), "not permutations")
+        ordered = torch.gather(ds["importance"], -1, channels)
+        check(bool((ordered[..., :-1] >= ordered[..., 1:]).all()), "importance not descending")
+
+        # The statistics again from transformers' own attention inputs: q and k after RoPE.
+        from transformers import AutoModelForCausalLM
+        import calibrate_channels as cc
+        hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+        blocks = cc.token_blocks(model, [corpus], 256, 64)
+        modeling = sys.modules[type(hf.model.layers[0].self_attn).__module__]
+        original = modeling.apply_rotary_pos_emb
+        calls = []  # (q, k) after RoPE, layer by layer, forward by forward
+
+        def spy(q, k, cos, sin, *rest, **kw):
+            q2, k2 = original(q, k, cos, sin, *rest, **kw)
+            calls.append((q2, k2))
+            return q2, k2
+        modeling.apply_rotary_pos_emb = spy
+        try:
+            with torch.no_grad():
+                for start in range(0, blocks.shape[0], 2):
+                    hf(blocks[start:start + 2], use_cache=False)
+        finally:
+            modeling.apply_rotary_pos_emb = original
+        for layer in range(3):
+            q = torch.cat([c[0] for c in calls[layer::3]]).double()
+            k = torch.cat([c[1] for c in calls[layer::3]]).double()
+            qk = (q * k.repeat_interleave(2, dim=1)).abs().mean(dim=(0, 2))
+            close(ds["importance"][layer].double(), qk, 1e-4, f"layer {layer} importance")
+            keys = k.transpose(1, 2).reshape(-1, 2, 16)
+            for g in range(2):
+                centred = keys[:, g] - keys[:, g].mean(0)
+                variance = (centred @ basis[layer, g]).pow(2).mean(0)
+                close(variance / variance.sum(), ratio[layer, g].double(), 1e-4,
+                      f"layer {layer} KV head {g} explained variance")
+        bad = subprocess.run([sys.executable, os.path.join(TOOLS, "calibrate_channels.py"),
+                              "--model", model, "--corpus", corpus, "--which", "quest"],
+                             capture_output=True, text=True)
+        check(bad.returncode != 0 and "--which: expected loki, doublesparsity" in bad.stderr,
+              f"bad --which: {bad.stderr[-500:]}")
+
+
+@test
+def approx_logit_fixture_is_current():
+    """tests/fixtures/approx_logits/reference.json is what make_approx_logit_fixtures.py writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "reference.json")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "make_approx_logit_fixtures.py"),
+                               "--out", out], capture_output=True, text=True)
+        check(proc.returncode == 0, f"make_approx_logit_fixtures.py failed:\n{proc.stderr}")
+        committed = os.path.join(ROOT, "tests", "fixtures", "approx_logits", "reference.json")
+        with open(out) as a, open(committed) as b:
+            check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
+
+
+@test
 def real_model_results_toy_cpu():
     """tools/real_model_results.sh on the demo model at toy size (2 samples, 64 perplexity
     tokens, a stand-in for the paper's pools): every policy and sparsity in each task's table,

@@ -239,6 +239,11 @@ Color policy_color(const std::string& id, const Theme& theme) {
   // The allocators pyramidkv (lime) and adakv (crimson) likewise (at least 0.1 OKLab from every
   // other and the accent on both themes); their SCORER+ALLOCATOR compositions take the hash as any
   // other id.
+  // Then the approximate-logit policies (sparq's lavender, loki's pink, doublesparsity's
+  // periwinkle), each the sRGB grid colour (steps of 8) farthest, as drawn on both themes, from
+  // all before it and the accent: at least 0.106 OKLab (the next two, {8, 56, 240} and
+  // {152, 0, 152}, at 0.103). test_viz_heads.cpp holds every built-in added since the first
+  // eleven to 0.1.
   static const std::pair<const char*, Color> kPolicyColors[] = {
       {"dense", {40, 40, 46, 255}},     {"tokenbutler", {0, 114, 178, 255}},
       {"h2o", {230, 159, 0, 255}},      {"quest", {0, 158, 115, 255}},
@@ -247,6 +252,8 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"keydiff", {120, 94, 200, 255}}, {"tokenfilter", {60, 130, 60, 255}},
       {"lazyllm", {170, 60, 110, 255}}, {"tova", {240, 0, 240, 255}},
       {"pyramidkv", {96, 192, 0, 255}}, {"adakv", {248, 0, 64, 255}},
+      {"sparq", {200, 112, 248, 255}},  {"doublesparsity", {160, 152, 240, 255}},
+      {"loki", {248, 0, 160, 255}},
   };
   Color base{};
   bool found = false;

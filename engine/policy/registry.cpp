@@ -42,6 +42,9 @@ std::vector<Entry>& entries() {
       {tova_policy_info(), make_tova_policy},
       {pyramidkv_policy_info(), make_pyramidkv_policy},
       {adakv_policy_info(), make_adakv_policy},
+      {sparq_policy_info(), make_sparq_policy},
+      {loki_policy_info(), make_loki_policy},
+      {doublesparsity_policy_info(), make_doublesparsity_policy},
   };
   return table;
 }

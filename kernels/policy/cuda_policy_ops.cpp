@@ -267,6 +267,7 @@ void register_cuda_policy_ops() {
     register_op_extension(
         std::string(TokenFilterOps::kExtensionName), "cuda",
         [](Backend& backend) { return std::make_unique<cuda::CudaTokenFilterOps>(backend); });
+    cuda::register_cuda_approx_logit_ops();
   });
 }
 

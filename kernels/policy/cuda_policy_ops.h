@@ -12,4 +12,9 @@ namespace kvlens {
 // would be dropped by the linker from a static library.
 void register_cuda_policy_ops();
 
+namespace cuda {
+// The approximate-logit policies' ops (approx_logit_ops_cuda.cpp), registered by the above.
+void register_cuda_approx_logit_ops();
+}  // namespace cuda
+
 }  // namespace kvlens

@@ -10,6 +10,7 @@
 #include "engine/session/scoring.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/tiny_checkpoint.h"
 #include "tests/support/trace_rows_check.h"
 
 using namespace kvlens;
@@ -150,7 +151,7 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
   // tokenbutler: the demo model's bundled predictor, its per-run work on the lanes in lockstep.
   for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "quest", "keydiff",
                          "tokenfilter", "lazyllm", "tokenbutler", "tova", "pyramidkv", "adakv",
-                         "snapkv+adakv", "h2o+pyramidkv", "tova+adakv"}) {
+                         "snapkv+adakv", "h2o+pyramidkv", "tova+adakv", "sparq", "loki", "doublesparsity"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {}};
@@ -181,15 +182,16 @@ TEST_CASE("cuda policy runs on sliding-window layers match the cpu ones (gemma3 
   // Gemma 3's local layers (window 16) 14 steps past the window: each policy chooses within the
   // window on both backends, so the per-layer sparsities (budgets of the window's keys) agree
   // exactly for the token-budgeted policies and the perplexities to rounding.
-  const OnBothBackends both =
-      load_on_both(test::source_path("tests/fixtures/gemma3-window-softcap-f32"));
+  // With calibration files for loki and doublesparsity beside it.
+  const OnBothBackends both = load_on_both(
+      test::copy_with_calibration(test::source_path("tests/fixtures/gemma3-window-softcap-f32")));
   const auto& on_cpu = both.on_cpu;
   const auto& on_gpu = both.on_gpu;
   std::vector<int32_t> tokens;
   for (int32_t i = 0; i < 30; ++i) tokens.push_back((i * 37 + 11) % 320);
   for (const char* id :
        {"oracle", "streaming", "h2o", "random", "snapkv", "quest", "keydiff", "tokenfilter",
-        "lazyllm", "tova", "pyramidkv", "adakv", "snapkv+adakv", "h2o+pyramidkv", "tova+adakv"}) {
+        "lazyllm", "tova", "pyramidkv", "adakv", "snapkv+adakv", "h2o+pyramidkv", "tova+adakv", "sparq", "loki", "doublesparsity"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {"dense_layers=1", "sinks=1", "page_size=4"}};

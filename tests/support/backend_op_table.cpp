@@ -16,6 +16,7 @@
 #include "engine/backend/policy_op_math.h"
 #include "engine/common/dtype.h"
 #include "engine/common/tensor_view.h"
+#include "engine/policy/approx_logit_ops.h"
 #include "engine/policy/keydiff_ops.h"
 #include "engine/policy/quest_ops.h"
 #include "engine/policy/tokenfilter_ops.h"
@@ -1016,6 +1017,31 @@ std::vector<OpEntry> make_table() {
         r.out(max_only ? "bounds, max only" : "bounds", bounds);
       }
     });
+    // sparq, loki, doublesparsity: approx_logit_math.h's fixed roundings: exact
+    // (ApproxLogitOps' contract). Bases of KV-head rows (loki) and query-head rows
+    // (doublesparsity), keys projected in two calls as a policy does step by step.
+    add(shape_name("approx_logits.sparq_logits, project_keys and projected_logits", s), kExact,
+        [=](OpRun& r) {
+          const Caches c = filled_caches(r, s);
+          ApproxLogitOps& ops = approx_logit_ops(r.backend());
+          const DeviceTensor q = r.f32({1, H, D});
+          for (const int64_t rank : {int64_t(1), (D + 3) / 4, D}) {
+            DeviceTensor logits = r.f32({H, s.capacity});
+            ops.sparq_logits(q, c.k, C, rank, logits);
+            r.out("sparq, rank " + std::to_string(rank), logits);
+          }
+          const int64_t dims = (D + 1) / 2;
+          for (const int64_t rows : {G, H}) {
+            const DeviceTensor basis = r.f32({rows, D, dims});
+            DeviceTensor projected = r.f32({rows, s.capacity, dims});
+            ops.project_keys(c.k, 0, C / 2, basis, projected);
+            ops.project_keys(c.k, C / 2, C, basis, projected);
+            r.out("projected keys, " + std::to_string(rows) + " rows", projected);
+            DeviceTensor logits = r.f32({H, s.capacity});
+            ops.projected_logits(q, basis, projected, C, logits);
+            r.out("projected logits, " + std::to_string(rows) + " rows", logits);
+          }
+        });
     // tokenfilter: cosine_similarity's and token_filter_step's fixed arithmetic: exact
     // (TokenFilterOps' contract).
     add(shape_name("tokenfilter.anchor_cosine_update and token_filter_step", s), kExact,

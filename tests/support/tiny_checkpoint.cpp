@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/dtype.h"
+#include "engine/model/config.h"
+#include "tests/support/test_paths.h"
 
 namespace kvlens::test {
 namespace {
@@ -279,7 +281,38 @@ std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec) 
   // an even width, and a layer to predict) get none.
   const bool fits = spec.layers >= 2 && (spec.hidden / 2) % (2 * spec.heads) == 0;
   if (spec.predictor && fits) write_tiny_predictor(dir, spec);
+  if (spec.calibration) write_tiny_calibration(dir, spec);
   return dir;
+}
+
+std::string copy_with_calibration(const std::string& dir) {
+  const std::string copy = make_temp_dir("calibrated");
+  std::filesystem::copy(
+      dir, copy,
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  const ModelConfig config = ModelConfig::load(dir + "/config.json");
+  TinyLlamaSpec spec;
+  spec.layers = config.num_layers;
+  spec.heads = config.num_heads;
+  spec.kv_heads = config.num_kv_heads;
+  spec.head_dim = config.head_dim;
+  write_tiny_calibration(copy, spec);
+  return copy;
+}
+
+void write_tiny_calibration(const std::string& dir, const TinyLlamaSpec& spec) {
+  const int64_t D = spec.head_dim != 0 ? spec.head_dim : spec.hidden / spec.heads;
+  const int64_t L = spec.layers, G = spec.kv_heads, H = spec.heads;
+  std::vector<float> basis(size_t(L * G * D * D), 0.0f), channels(size_t(L * H * D));
+  for (int64_t lg = 0; lg < L * G; ++lg)
+    for (int64_t i = 0; i < D; ++i)  // direction i: channel D - 1 - i
+      basis[size_t((lg * D + (D - 1 - i)) * D + i)] = i % 2 == 0 ? 1.0f : -1.0f;
+  for (int64_t lh = 0; lh < L * H; ++lh)
+    for (int64_t i = 0; i < D; ++i) channels[size_t(lh * D + i)] = float(D - 1 - i);
+  write_safetensors(dir + "/loki_pca.safetensors",
+                    {make_tensor("basis", "F32", {L, G, D, D}, basis)});
+  write_safetensors(dir + "/doublesparsity_channels.safetensors",
+                    {make_tensor("channels", "F32", {L, H, D}, channels)});
 }
 
 }  // namespace kvlens::test

@@ -56,7 +56,18 @@ struct TinyLlamaSpec {
   // Also write a random TokenButler predictor (predictor.safetensors + predictor.json, variant
   // hf, r = 2, d' = 4, m = 8) beside the model, so the tokenbutler policy runs on it.
   bool predictor = true;
+  // Also write the approximate-logit policies' calibration files (write_tiny_calibration), so
+  // loki and doublesparsity run on it.
+  bool calibration = true;
 };
+
+// loki_pca.safetensors and doublesparsity_channels.safetensors for `spec`'s model in `dir`
+// (engine/policy/channel_calibration.h): every KV head's basis the channels in reverse order with
+// alternating signs (orthonormal, exact), every query head's channels in reverse order.
+void write_tiny_calibration(const std::string& dir, const TinyLlamaSpec& spec);
+// A copy of the model folder `dir` (a committed fixture) in a new temporary folder, with
+// write_tiny_calibration's files for its shape: loki and doublesparsity run on it.
+std::string copy_with_calibration(const std::string& dir);
 
 // A random predictor for `spec`'s model (F32, weights ~ N(0, 0.2), LayerNorms ~ 1 / 0 + noise),
 // written into `dir` as predictor.safetensors + predictor.json (engine/model/predictor.h).

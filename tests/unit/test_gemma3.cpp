@@ -190,8 +190,10 @@ TEST_CASE("config: Gemma 3 errors name the field", "[model][gemma3]") {
 TEST_CASE("every policy decodes Gemma 3, and its local layers show only the window",
           "[gemma3][policy]") {
   auto backend = make_cpu_backend(2);
-  const auto model = upload_model(
-      Model::load(test::source_path("tests/fixtures/gemma3-window-softcap-f32")), *backend);
+  // With calibration files for loki and doublesparsity beside it.
+  const auto model = upload_model(Model::load(test::copy_with_calibration(test::source_path(
+                                      "tests/fixtures/gemma3-window-softcap-f32"))),
+                                  *backend);
   const int64_t window = 16, heads = model->config().num_heads;
   REQUIRE(model->config().layer_window(0) == window);
   REQUIRE(model->config().layer_window(2) == 0);
@@ -222,7 +224,7 @@ TEST_CASE("every policy decodes Gemma 3, and its local layers show only the wind
     // 0 is dense by default): its sparsity over the window is the global layer's, about 0.5
     // (budgets over every key would leave most of the window visible instead).
     const std::vector<std::string> token_budgeted = {"h2o",     "oracle",    "random", "snapkv",
-                                                     "keydiff", "streaming", "tova"};
+                                                     "keydiff", "streaming", "tova",   "sparq"};
     if (std::find(token_budgeted.begin(), token_budgeted.end(), info.id) != token_budgeted.end()) {
       REQUIRE(per_layer.size() == 3);
       CHECK(per_layer[1] == Approx(per_layer[2]).margin(0.03));

@@ -14,6 +14,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/op_extension.h"
 #include "engine/common/error.h"
+#include "engine/policy/approx_logit_ops.h"
 #include "engine/policy/keydiff_ops.h"
 #include "engine/policy/quest_ops.h"
 #include "engine/policy/tokenfilter_ops.h"
@@ -85,5 +86,7 @@ TEST_CASE("op extensions: the policies' CPU implementations register on their fi
   TokenFilterOps& filter = tokenfilter_ops(*b);
   CHECK(&filter == &b->extension<TokenFilterOps>());
   CHECK(&filter != &tokenfilter_ops(*a));
-  for (const char* name : {"keydiff", "quest", "tokenfilter"}) CHECK(has_op_extension(name, "cpu"));
+  approx_logit_ops(*a);
+  for (const char* name : {"keydiff", "quest", "tokenfilter", "approx_logits"})
+    CHECK(has_op_extension(name, "cpu"));
 }

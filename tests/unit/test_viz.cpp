@@ -424,6 +424,17 @@ TEST_CASE("the predicted view names a predictor's scores and shows each head's h
   const View both = build_view(mixed, ViewKind::Predicted, options);
   CHECK(has_text(both.figure, "policy scores"));
   CHECK(has_text(both.figure, "predicted logits"));
+  // The approximate-logit methods' scores are predicted logits too, with the same hit rates.
+  options.runs = {1};
+  for (const char* id : {"sparq", "loki", "doublesparsity"}) {
+    INFO(id);
+    trace.runs[1].policy = id;
+    CHECK(run_predicts_logits(trace, 1));
+    const View approx = build_view(trace, ViewKind::Predicted, options);
+    CHECK(has_text(approx.figure, "predicted logits"));
+    CHECK_FALSE(has_text(approx.figure, "policy scores"));
+    CHECK(grid_text(approx, 1, 0).find("top-50% hit rate 0.333") != std::string::npos);
+  }
 }
 
 TEST_CASE("views built without data draw the same figure", "[viz]") {

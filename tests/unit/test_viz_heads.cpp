@@ -9,6 +9,7 @@
 #include <map>
 
 #include "engine/common/error.h"
+#include "engine/policy/registry.h"
 #include "tests/support/small_trace.h"
 #include "viz/colormap.h"
 #include "viz/layout.h"
@@ -446,6 +447,19 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
       INFO(trace.runs[size_t(a)].policy << " vs tova");
       CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, 13, *theme)) > 0.1);
     }
+    // The approximate-logit policies too: apart from every other policy, the accent and each
+    // other.
+    const Trace approx = grid_trace(
+        1, 1, 2,
+        {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff",
+         "tokenfilter", "lazyllm", "tokenbutler", "tova", "sparq", "loki", "doublesparsity"});
+    for (int64_t a = 12; a < 15; ++a) {
+      CHECK(oklab_distance(run_color(approx, a, *theme), theme->accent) > 0.1);
+      for (int64_t b = 0; b < a; ++b) {
+        INFO(approx.runs[size_t(a)].policy << " vs " << approx.runs[size_t(b)].policy);
+        CHECK(oklab_distance(run_color(approx, a, *theme), run_color(approx, b, *theme)) > 0.1);
+      }
+    }
     // The usual comparison's four stay apart for dichromats and from the accent.
     const int64_t usual[] = {0, 10, 4, 6};  // dense, tokenbutler, h2o, quest
     for (const Dichromacy kind : {Dichromacy::Protanopia, Dichromacy::Deuteranopia}) {
@@ -488,6 +502,29 @@ TEST_CASE("zoomed in, grid maps repeat cells for the hatch only up to twice the 
   // At 100% each cell is one pixel (120 pixels for 100 cells).
   options.pixel_scale = 1.0f;
   CHECK(map_width(build_view(trace, ViewKind::Heads, options)) == 100);
+}
+
+TEST_CASE("every built-in policy has a colour of its own on both themes", "[viz]") {
+  // As drawn (after legible_on): the first eleven keep their published palette (least pair
+  // 0.06 OKLab); every policy added since (tova on, in registry order) is at least 0.1 from every
+  // other and from the accent.
+  std::vector<std::string> ids;
+  for (const PolicyInfo& info : policy_infos())
+    if (policy_source(info.id).empty()) ids.push_back(info.id);
+  const size_t first_added = size_t(std::find(ids.begin(), ids.end(), "tova") - ids.begin());
+  REQUIRE(first_added == 11);
+  REQUIRE(ids.size() >= 17);
+  for (const Theme* theme : {&light_theme(), &dark_theme()}) {
+    for (size_t a = 0; a < ids.size(); ++a) {
+      INFO(ids[a] << " vs the accent");
+      CHECK(oklab_distance(policy_color(ids[a], *theme), theme->accent) > 0.06);
+      for (size_t b = 0; b < a; ++b) {
+        INFO(ids[a] << " vs " << ids[b]);
+        const double least = a >= first_added ? 0.1 : 0.05;
+        CHECK(oklab_distance(policy_color(ids[a], *theme), policy_color(ids[b], *theme)) > least);
+      }
+    }
+  }
 }
 
 TEST_CASE("a composed SCORER+ALLOCATOR run takes its allocator's colour, not its scorer's",

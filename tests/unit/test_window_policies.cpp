@@ -19,6 +19,7 @@
 #include "engine/trace/trace_queries.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/tiny_checkpoint.h"
 
 using Catch::Matchers::Contains;
 using namespace kvlens;
@@ -93,8 +94,10 @@ kvlens_policy_plugin recent_visible_table(const char* name, bool honours_window)
 void check_windowed_runs(const std::string& fixture, int64_t steps,
                          const std::vector<std::string>& ids) {
   auto backend = make_cpu_backend(2);
-  const auto model =
-      upload_model(Model::load(test::source_path("tests/fixtures/" + fixture)), *backend);
+  // With calibration files for loki and doublesparsity beside it.
+  const auto model = upload_model(
+      Model::load(test::copy_with_calibration(test::source_path("tests/fixtures/" + fixture))),
+      *backend);
   const ModelConfig& c = model->config();
   const int64_t heads = c.num_heads;
   std::vector<int32_t> tokens;
