@@ -149,7 +149,7 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
   std::vector<PolicyConfig> policies;
   // tokenbutler: the demo model's bundled predictor, its per-run work on the lanes in lockstep.
   for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "quest", "keydiff",
-                         "tokenfilter", "lazyllm", "tokenbutler", "tova"}) {
+                         "tokenfilter", "lazyllm", "tokenbutler", "tova", "duoattention"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {}};
@@ -187,7 +187,7 @@ TEST_CASE("cuda policy runs on sliding-window layers match the cpu ones (gemma3 
   std::vector<int32_t> tokens;
   for (int32_t i = 0; i < 30; ++i) tokens.push_back((i * 37 + 11) % 320);
   for (const char* id : {"oracle", "streaming", "h2o", "random", "snapkv", "quest", "keydiff",
-                         "tokenfilter", "lazyllm", "tova"}) {
+                         "tokenfilter", "lazyllm", "tova", "duoattention"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {"dense_layers=1", "sinks=1", "page_size=4"}};

@@ -279,7 +279,15 @@ std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec) 
   // an even width, and a layer to predict) get none.
   const bool fits = spec.layers >= 2 && (spec.hidden / 2) % (2 * spec.heads) == 0;
   if (spec.predictor && fits) write_tiny_predictor(dir, spec);
+  write_tiny_duo_gates(dir, spec);
   return dir;
+}
+
+void write_tiny_duo_gates(const std::string& dir, const TinyLlamaSpec& spec) {
+  std::vector<float> gates(size_t(spec.layers * spec.kv_heads));
+  for (size_t i = 0; i < gates.size(); ++i) gates[i] = float((i * 3) % 10) / 10.0f;
+  write_safetensors(dir + "/duo_gates.safetensors",
+                    {make_tensor("gates", "F32", {spec.layers, spec.kv_heads}, gates)});
 }
 
 }  // namespace kvlens::test
