@@ -151,7 +151,7 @@ PolicyInfo duoattention_policy_info() {
   });
   // The paper gates every layer; layer 0 is not left dense unless asked.
   for (ParamSpec& spec : specs)
-    if (spec.name == "dense_layers") spec.default_value = "0";
+    if (spec.name == "dense_layers") spec.default_value = std::string("0");
   return {"duoattention", "static heads (DuoAttention)",
           "Retrieval heads (the top heads by a gate optimised offline) see every token; the "
           "others see the sinks and the recent tokens; as many retrieval heads as the budget "
