@@ -22,7 +22,8 @@ Trace duo_trace() {
   Trace trace;
   trace.model = {"duo", layers, heads, 1, 4, 0};
   trace.runs.push_back({"duoattention", 0.5, {}, 0});
-  for (int64_t t = 0; t < 6; ++t) trace.tokens.push_back({int32_t(t), "w" + std::to_string(t)});
+  for (int64_t t = 0; t < 6; ++t)
+    trace.tokens.push_back({int32_t(t), std::string("w").append(std::to_string(t))});
   for (int64_t t = 0; t < 6; ++t) {
     StepRecord r;
     r.columns = t + 1;
