@@ -20,7 +20,7 @@ Recipe (Xiao et al. 2024, the authors' duo_attn/train.py, data.py and loss.py, r
     never below a tenth); the gates are clamped to [0, 1] before every step, as theirs.
   * Deterministic: --seed seeds the data and torch; on the CPU two runs write identical files.
 
-Demo model (CPU, about five minutes on two cores; the command that rebuilds the committed file):
+Demo model (CPU, about two minutes on two cores; the command that rebuilds the committed file):
     python3 tools/train_duo_gates.py --model assets/models/demo \\
         --data ../shared/data/corpus/gutenberg-00.txt ../shared/data/corpus/gutenberg-01.txt \\
         --reg 0.5
