@@ -840,6 +840,44 @@ def real_model_results_toy_cpu():
               [p["id"] for p in registry if not p.get("needs_predictor")], "no predictor")
 
 
+@test
+def train_duo_gates_toy_cpu():
+    """tools/train_duo_gates.py on a tiny random Llama: gates [layers, kv_heads] in [0, 1] with
+    the recipe in the metadata, identical files from two runs, the L1 term pulling gates below
+    their start, and a clear error for a bad argument."""
+    from safetensors import safe_open
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = os.path.join(ROOT, "assets", "models", "demo", "tokenizer.json")
+        model = tiny_llama(os.path.join(tmp, "model"), seed=5, vocab=8192, tokenizer=tokenizer)
+        data = training_data(tmp, ARGS.shared_dir)
+        outs = []
+        for run in ("a", "b"):
+            out = os.path.join(tmp, f"{run}.safetensors")
+            proc = subprocess.run(
+                [sys.executable, os.path.join(TOOLS, "train_duo_gates.py"), "--model", model,
+                 "--data", *data, "--out", out, "--seq-len", "96", "--steps", "4",
+                 "--num-passkeys", "1", "--sink-tokens", "2", "--recent-tokens", "8",
+                 "--reg", "5", "--haystack-tokens", "4000"],
+                capture_output=True, text=True)
+            check(proc.returncode == 0, f"train_duo_gates.py failed:\n{proc.stderr[-3000:]}")
+            outs.append(out)
+        with open(outs[0], "rb") as a, open(outs[1], "rb") as b:
+            check(a.read() == b.read(), "two runs with one seed wrote different files")
+        with safe_open(outs[0], "pt") as f:
+            gates = f.get_tensor("gates")
+            recipe = json.loads(f.metadata()["recipe"])
+        check(tuple(gates.shape) == (3, 2) and gates.dtype == torch.float32,
+              f"gates {tuple(gates.shape)} {gates.dtype}")
+        check(bool(((gates >= 0) & (gates <= 1)).all()), "a gate outside [0, 1]")
+        check(float(gates.max()) < 1.0, "the L1 term moved no gate below its start of 1")
+        check(recipe["sink_tokens"] == 2 and recipe["recent_tokens"] == 8, f"recipe {recipe}")
+        proc = subprocess.run(
+            [sys.executable, os.path.join(TOOLS, "train_duo_gates.py"), "--model", model,
+             "--data", *data, "--num-passkeys", "11"], capture_output=True, text=True)
+        check(proc.returncode != 0 and "--num-passkeys: expected at most 10" in proc.stderr,
+              f"bad --num-passkeys: {proc.stderr[-500:]}")
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

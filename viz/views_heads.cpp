@@ -81,6 +81,28 @@ std::string describe_cell(const Trace& trace, const HeadMatrix& m, const std::st
   return text;
 }
 
+// The hover's line for a head full_heads_at marks, with the gate its policy recorded (NaN: none).
+std::string retrieval_note(float gate) {
+  std::string note = "\nretrieval head: saw every cached token";
+  if (std::isfinite(gate)) note += " (gate " + format_value(gate) + ")";
+  return note;
+}
+
+// An "R" chip in a marked head's top-left corner, sized to the map (legible from 10 px cells).
+void retrieval_mark(Figure& f, Box box, const Theme& theme) {
+  const float size = std::clamp(box.w * 0.45f, 7.0f, 11.0f);
+  TextItem mark;
+  mark.anchor = {box.x + 1.5f, box.y + 1.5f};
+  mark.text = "R";
+  mark.size = size;
+  mark.color = theme.background;
+  mark.background = theme.foreground;
+  mark.bold = true;
+  mark.h = HAlign::Left;
+  mark.v = VAlign::Top;
+  f.add(std::move(mark));
+}
+
 void add_rows(DataTable& data, const Trace& trace, int64_t run, int64_t layer, int64_t head,
               HeadQuantity quantity, int64_t step) {
   const HeadRow row = head_row_at(trace, run, step, layer, head, quantity);
@@ -523,12 +545,13 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
   const int64_t every_head =
       label_every(pitch, text_width("H" + std::to_string(H - 1), kLabelSize) + 6);
   const float screen_cell = cell * (options.pixel_scale > 0 ? options.pixel_scale : 1.0f);
-  int64_t missing = 0;
+  int64_t missing = 0, retrieval_marks = 0;
   float panel_top = first_panel_top, y0 = panel_top + title_h + head_labels_h;
   float bottom = y0 + float(L) * pitch;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t run = options.runs[size_t(i)];
     const bool predicted = run_predicts_logits(trace, run);
+    const FullHeads retrieval = full_heads_at(trace, run, step);
     if (i > 0 && i % layout.columns == 0) {  // the next row of runs, under the last one's bottom
       panel_top = bottom + kRowGap;
       y0 = panel_top + title_h + head_labels_h;
@@ -573,8 +596,13 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
           highlight_column(f, box, m, j, step, theme);
         const bool selected = l == options.layer && h == options.head;
         f.rect(box, {0, 0, 0, 0}, selected ? theme.accent : theme.grid, selected ? 2.0f : 0.5f);
-        const std::string where =
+        std::string where =
             run_title(trace, run) + ", L" + std::to_string(l) + " H" + std::to_string(h);
+        if (retrieval.full[size_t(l * H + h)]) {
+          retrieval_marks += 1;
+          where += retrieval_note(retrieval.score[size_t(l * H + h)]);
+          retrieval_mark(f, box, theme);
+        }
         const HeadQuantity quantity = options.quantity;
         f.hover.push_back(
             {box, m.rows, m.cols,
@@ -594,6 +622,13 @@ View heads_view(const Trace& trace, const ViewOptions& options, int64_t step) {
                                             layout.strip_beside, options, theme));
   }
   f.height = bottom + 16;
+  if (retrieval_marks > 0) {
+    f.text({16, f.height - 2},
+           "R: a retrieval head, which saw every cached token while other heads of its layer saw "
+           "fewer (DuoAttention's; its gate in the hover)",
+           11, theme.foreground);
+    f.height += 14;
+  }
   if (missing > 0) {
     f.text({16, f.height - 2},
            "Some rows were not kept (the trace's memory budget): those steps are blank.", 11,

@@ -483,3 +483,40 @@ std::vector<AnswerPrediction> answer_predictions(const Trace& trace, int64_t run
 }
 
 }  // namespace kvlens
+
+namespace kvlens {
+
+FullHeads full_heads_at(const Trace& trace, int64_t run, int64_t step) {
+  const StepRecord& record = record_at(trace, run, step);
+  const int64_t L = trace.model.layers, H = trace.model.heads;
+  FullHeads heads;
+  heads.full.assign(size_t(L * H), 0);
+  heads.score.assign(size_t(L * H), kNaN);
+  if (record.visible_counts.size() < size_t(L * H)) return heads;
+  for (int64_t l = 0; l < L; ++l) {
+    if (record.decisions[size_t(l)] != LayerDecision::Masked) continue;
+    std::vector<int64_t> candidates(size_t(H), record.columns);
+    bool limited = false;
+    for (int64_t h = 0; h < H; ++h) {
+      // A sliding-window layer's candidates: the finite true logits of a kept row.
+      if (const float* logits = record.logits_row(l, h, H)) {
+        candidates[size_t(h)] = 0;
+        for (int64_t j = 0; j < record.columns; ++j)
+          candidates[size_t(h)] += logits[j] != -std::numeric_limits<float>::infinity();
+      }
+      limited = limited || record.visible_counts[size_t(l * H + h)] < candidates[size_t(h)];
+    }
+    if (!limited) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      if (record.visible_counts[size_t(l * H + h)] < candidates[size_t(h)]) continue;
+      heads.full[size_t(l * H + h)] = 1;
+      const float* scores = record.scores_row(l, h, H);
+      if (scores && record.columns > 0 &&
+          std::all_of(scores, scores + record.columns, [&](float s) { return s == scores[0]; }))
+        heads.score[size_t(l * H + h)] = scores[0];
+    }
+  }
+  return heads;
+}
+
+}  // namespace kvlens

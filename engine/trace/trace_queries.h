@@ -186,3 +186,18 @@ std::vector<AnswerPrediction> answer_predictions(const Trace& trace, int64_t run
 double spearman(std::span<const float> x, std::span<const float> y);
 
 }  // namespace kvlens
+
+namespace kvlens {
+
+// The heads of run `run` that saw every candidate at `step` in a layer the policy masked while
+// another head of that layer saw fewer: DuoAttention's retrieval heads (the others are its
+// streaming heads), or any per-head policy's unrestricted heads. A layer left dense marks none.
+// [layers * heads] each; `score` is the head's policy score where its row was kept and the scores
+// are one value over every candidate (duoattention records each head's gate so), else NaN.
+struct FullHeads {
+  std::vector<uint8_t> full;
+  std::vector<float> score;
+};
+FullHeads full_heads_at(const Trace& trace, int64_t run, int64_t step);
+
+}  // namespace kvlens

@@ -14,8 +14,11 @@ using namespace kvlens;
 
 namespace {
 
-const std::vector<PolicyConfig> kRuns = {
-    {"dense", 0.0, {}}, {"h2o", 0.5, {}}, {"quest", 0.5, {}}, {"tova", 0.7, {}}};
+const std::vector<PolicyConfig> kRuns = {{"dense", 0.0, {}},
+                                         {"h2o", 0.5, {}},
+                                         {"quest", 0.5, {}},
+                                         {"tova", 0.7, {}},
+                                         {"duoattention", 0.5, {}}};
 
 void require_same(const CorefSampleResult& got, const CorefSampleResult& expected) {
   CHECK(got.index == expected.index);

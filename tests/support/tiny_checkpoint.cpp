@@ -282,6 +282,7 @@ std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec) 
   const bool fits = spec.layers >= 2 && (spec.hidden / 2) % (2 * spec.heads) == 0;
   if (spec.predictor && fits) write_tiny_predictor(dir, spec);
   if (spec.calibration) write_tiny_calibration(dir, spec);
+  write_tiny_duo_gates(dir, spec);
   return dir;
 }
 
@@ -313,6 +314,13 @@ void write_tiny_calibration(const std::string& dir, const TinyLlamaSpec& spec) {
                     {make_tensor("basis", "F32", {L, G, D, D}, basis)});
   write_safetensors(dir + "/doublesparsity_channels.safetensors",
                     {make_tensor("channels", "F32", {L, H, D}, channels)});
+}
+
+void write_tiny_duo_gates(const std::string& dir, const TinyLlamaSpec& spec) {
+  std::vector<float> gates(size_t(spec.layers * spec.kv_heads));
+  for (size_t i = 0; i < gates.size(); ++i) gates[i] = float((i * 3) % 10) / 10.0f;
+  write_safetensors(dir + "/duo_gates.safetensors",
+                    {make_tensor("gates", "F32", {spec.layers, spec.kv_heads}, gates)});
 }
 
 }  // namespace kvlens::test

@@ -88,5 +88,8 @@ void write_checkpoint(const std::string& dir, const std::string& config_json,
 // write_checkpoint(dir, tiny_llama_config(spec), tiny_llama_tensors(spec), spec.sharded), plus
 // write_tiny_predictor where spec.predictor; returns dir.
 std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec);
+// duo_gates.safetensors for `spec`'s model in `dir` (engine/policy/duo_gates.h): gate i of the
+// [layers, kv_heads] row-major order is ((3 i) mod 10) / 10, so duoattention runs on it.
+void write_tiny_duo_gates(const std::string& dir, const TinyLlamaSpec& spec);
 
 }  // namespace kvlens::test

@@ -427,10 +427,10 @@ TEST_CASE("the allocators' colours are their own, legible on both themes", "[viz
 }
 
 TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
-  const Trace trace =
-      grid_trace(1, 1, 2,
-                 {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff",
-                  "tokenfilter", "lazyllm", "tokenbutler", "my_plugin", "h2o", "tova"});
+  const Trace trace = grid_trace(
+      1, 1, 2,
+      {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff", "tokenfilter",
+       "lazyllm", "tokenbutler", "my_plugin", "h2o", "tova", "duoattention"});
   for (const Theme* theme : {&light_theme(), &dark_theme()}) {
     INFO("dark " << theme->dark);
     for (int64_t run = 0; run < int64_t(trace.runs.size()); ++run) {
