@@ -104,6 +104,9 @@ struct PolicyShape {
   std::vector<std::string> predictor_searched;
   int64_t hidden_size = 0;    // E (0 where unknown: a policy built outside a session)
   int64_t max_positions = 0;  // max_position_embeddings (0 where unknown)
+  // The model's folder (or .gguf file): where a policy finds files trained for the model
+  // (seerattention's seer_gate.safetensors). Empty where unknown.
+  std::string model_dir;
 };
 
 class Policy {

@@ -39,6 +39,7 @@ std::vector<Entry>& entries() {
       {lazyllm_policy_info(), make_lazyllm_policy},
       {tokenbutler_policy_info(), make_tokenbutler_policy},
       {tova_policy_info(), make_tova_policy},
+      {seerattention_policy_info(), make_seerattention_policy},
   };
   return table;
 }

@@ -522,7 +522,8 @@ PolicyShape DecoderSession::policy_shape() const {
           model_->predictor,
           model_->model->predictor.searched,
           c.hidden_size,
-          c.max_position_embeddings};
+          c.max_position_embeddings,
+          model_->model->dir};
 }
 
 void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, int64_t first_step) {
