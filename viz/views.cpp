@@ -234,14 +234,16 @@ Color policy_color(const std::string& id, const Theme& theme) {
   // four Okabe-Ito colours dichromats tell apart best; dense, the reference, neutral. Okabe-Ito's
   // vermillion is left out: it is the themes' accent (selection, current step). Policies added
   // later take the colours farthest from all of these after legible_on (tova's magenta: at least
-  // 0.19 OKLab from every other and the accent on both themes, the existing pairs' least is 0.06).
+  // 0.19 OKLab from every other and the accent on both themes, the existing pairs' least is 0.06;
+  // seerattention's crimson at least 0.13).
   static const std::pair<const char*, Color> kPolicyColors[] = {
-      {"dense", {40, 40, 46, 255}},     {"tokenbutler", {0, 114, 178, 255}},
-      {"h2o", {230, 159, 0, 255}},      {"quest", {0, 158, 115, 255}},
-      {"snapkv", {204, 121, 167, 255}}, {"streaming", {86, 180, 233, 255}},
-      {"oracle", {240, 228, 66, 255}},  {"random", {150, 120, 96, 255}},
-      {"keydiff", {120, 94, 200, 255}}, {"tokenfilter", {60, 130, 60, 255}},
-      {"lazyllm", {170, 60, 110, 255}}, {"tova", {240, 0, 240, 255}},
+      {"dense", {40, 40, 46, 255}},         {"tokenbutler", {0, 114, 178, 255}},
+      {"h2o", {230, 159, 0, 255}},          {"quest", {0, 158, 115, 255}},
+      {"snapkv", {204, 121, 167, 255}},     {"streaming", {86, 180, 233, 255}},
+      {"oracle", {240, 228, 66, 255}},      {"random", {150, 120, 96, 255}},
+      {"keydiff", {120, 94, 200, 255}},     {"tokenfilter", {60, 130, 60, 255}},
+      {"lazyllm", {170, 60, 110, 255}},     {"tova", {240, 0, 240, 255}},
+      {"seerattention", {255, 0, 75, 255}},
   };
   Color base{};
   bool found = false;

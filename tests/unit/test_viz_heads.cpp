@@ -405,10 +405,10 @@ TEST_CASE("searched tokens are highlighted in the grid and the detail view", "[v
 }
 
 TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
-  const Trace trace =
-      grid_trace(1, 1, 2,
-                 {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff",
-                  "tokenfilter", "lazyllm", "tokenbutler", "my_plugin", "h2o", "tova"});
+  const Trace trace = grid_trace(
+      1, 1, 2,
+      {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff", "tokenfilter",
+       "lazyllm", "tokenbutler", "my_plugin", "h2o", "tova", "seerattention"});
   for (const Theme* theme : {&light_theme(), &dark_theme()}) {
     INFO("dark " << theme->dark);
     for (int64_t run = 0; run < int64_t(trace.runs.size()); ++run) {
@@ -424,6 +424,11 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
     for (int64_t a = 0; a < 11; ++a) {
       INFO(trace.runs[size_t(a)].policy << " vs tova");
       CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, 13, *theme)) > 0.1);
+    }
+    for (int64_t a = 0; a < 14; ++a) {
+      if (a == 11 || a == 12) continue;  // the plug-in's hashed colour; h2o again
+      INFO(trace.runs[size_t(a)].policy << " vs seerattention");
+      CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, 14, *theme)) > 0.1);
     }
     // The usual comparison's four stay apart for dichromats and from the accent.
     const int64_t usual[] = {0, 10, 4, 6};  // dense, tokenbutler, h2o, quest
