@@ -56,6 +56,9 @@ struct TinyLlamaSpec {
   // Also write a random TokenButler predictor (predictor.safetensors + predictor.json, variant
   // hf, r = 2, d' = 4, m = 8) beside the model, so the tokenbutler policy runs on it.
   bool predictor = true;
+  // Also write a random seerattention gate (seer_gate.safetensors + seer_gate.json, blocks of 4,
+  // gate width 4) beside the model, so the seerattention policy runs on it.
+  bool seer_gate = true;
 };
 
 // A random predictor for `spec`'s model (F32, weights ~ N(0, 0.2), LayerNorms ~ 1 / 0 + noise),
@@ -63,6 +66,12 @@ struct TinyLlamaSpec {
 void write_tiny_predictor(const std::string& dir, const TinyLlamaSpec& spec,
                           const std::string& variant = "hf", int64_t reduce = 2, int64_t d = 4,
                           int64_t m = 8);
+
+// A random seerattention gate for `spec`'s model (F32, projections ~ N(0, 0.3), norms ~ 1 + noise,
+// blocks of `block_size`, gate width `gate_dim`), written into `dir` as seer_gate.safetensors +
+// seer_gate.json (engine/policy/seer_gate.h).
+void write_tiny_seer_gate(const std::string& dir, const TinyLlamaSpec& spec, int64_t block_size = 4,
+                          int64_t gate_dim = 4);
 
 // config.json text for `spec` (bos 1, eos 2, torch_dtype from spec.dtype).
 std::string tiny_llama_config(const TinyLlamaSpec& spec);
@@ -75,7 +84,8 @@ std::vector<TestTensor> tiny_llama_tensors(const TinyLlamaSpec& spec);
 void write_checkpoint(const std::string& dir, const std::string& config_json,
                       const std::vector<TestTensor>& tensors, bool sharded);
 // write_checkpoint(dir, tiny_llama_config(spec), tiny_llama_tensors(spec), spec.sharded), plus
-// write_tiny_predictor where spec.predictor; returns dir.
+// write_tiny_predictor where spec.predictor and write_tiny_seer_gate where spec.seer_gate; returns
+// dir.
 std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec);
 
 }  // namespace kvlens::test

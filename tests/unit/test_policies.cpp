@@ -211,8 +211,8 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   const std::vector<int32_t> tokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3, 8, 61};
   ScoreOptions dense;
   const ScoreResult reference = score_tokens(resident, tokens, dense);
-  for (const std::string id :
-       {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm", "tova"}) {
+  for (const std::string id : {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff",
+                               "lazyllm", "tova", "seerattention"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.0, {}};
