@@ -2,17 +2,22 @@
 // policy_harness.h: H = 4 over G = 2, D = 4) with a hand-made gate (d = 2, blocks of 4): the block
 // logits equal the formula, whole blocks best first fill B(t) per KV group, the scores are the
 // block logits per column, and a step-by-step run equals one after a prefill; the gate loader's
-// errors.
+// errors; in a real decode, the demo gate's logits equal the trainer's (tools/seer_reference.py).
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "engine/common/error.h"
+#include "engine/model/model.h"
 #include "engine/policy/registry.h"
 #include "engine/policy/seer_gate.h"
+#include "engine/session/trace_recorder.h"
+#include "engine/trace/trace_queries.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -196,4 +201,52 @@ TEST_CASE("seerattention: the gate loader names the file, the field and the tool
   CHECK(gate->config.block_size == 4);
   CHECK(gate->config.gate_dim == 2);
   CHECK(gate->layers.size() == 2);
+}
+
+TEST_CASE("seerattention in a real decode: the demo gate's logits as the trainer computes them",
+          "[policy]") {
+  // tools/seer_reference.py applies the bundled gate with train_seer_gate.py's PyTorch code to the
+  // demo model's dense keys and queries. The first gated layer of a run sees the dense model's
+  // keys and queries (the layers before it are dense), so run r = dense_layers r (in lockstep)
+  // is compared at layer r: the C++ gate is the one the trainer trained.
+  std::ifstream in(test::source_path("tests/fixtures/seer/reference.json"));
+  REQUIRE(in);
+  const nlohmann::json reference = nlohmann::json::parse(in);
+  const std::vector<int32_t> tokens = reference["tokens"].get<std::vector<int32_t>>();
+  const int64_t block = reference["block_size"].get<int64_t>();
+  auto backend = make_cpu_backend(2);
+  const auto model = upload_model(Model::load(test::source_path("assets/models/demo")), *backend);
+  const int64_t heads = model->config().num_heads;
+  const int64_t group = heads / model->config().num_kv_heads;
+  const int64_t layer_count = model->config().num_layers;
+  std::vector<PolicyConfig> runs;
+  for (int64_t l = 0; l < layer_count; ++l)
+    runs.push_back({"seerattention", 0.5, {"dense_layers=" + std::to_string(l)}});
+  TraceRecorder recorder(model, nullptr, tokens, runs);
+  while (recorder.step()) {
+  }
+  const Trace& trace = recorder.trace();
+  int64_t compared = 0;
+  const auto& steps = reference["steps"];
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const int64_t t = steps[s].get<int64_t>();
+    const auto& layers = reference["logits"][s];
+    REQUIRE(int64_t(layers.size()) == layer_count);
+    for (size_t layer = 0; layer < layers.size(); ++layer) {
+      for (int64_t head = 0; head < heads; ++head) {
+        INFO("step " << t << " layer " << layer << " head " << head);
+        const int64_t run = int64_t(layer);
+        const HeadRow row = head_row_at(trace, run, t, int64_t(layer), head, HeadQuantity::Scores);
+        REQUIRE(row.kept);
+        const auto& blocks = layers[layer][size_t(head / group)];
+        REQUIRE(int64_t(blocks.size()) == t / block + 1);
+        for (int64_t j = 0; j <= t; ++j) {
+          CHECK(row.values[size_t(j)] ==
+                Approx(blocks[size_t(j / block)].get<double>()).margin(1e-4));
+          ++compared;
+        }
+      }
+    }
+  }
+  CHECK(compared > 10000);
 }
