@@ -16,9 +16,11 @@ is KL(target || softmax(gate logits)) over the last (1 - --loss-from) of each se
 averaged over rows, KV heads and layers. Only blocks that ended before the query are ranked (the
 current block is always kept by the policy). Data loading and held-out split: train_predictor.py's.
 
-Demo model (CPU, minutes):
+Demo model (CPU, about twelve minutes; the bundled gate, docs/policies/seerattention.md):
+    build/app/kvlens-cli coref-samples --count 2000 --seed 1000 --out /tmp/coref_train.jsonl
     python3 tools/train_seer_gate.py --model assets/models/demo \\
-        --data ../shared/data/corpus/gutenberg-00.txt ../shared/data/corpus/c4-realnewslike-sample.jsonl
+        --data ../shared/data/corpus/gutenberg-00.txt ../shared/data/corpus/c4-realnewslike-sample.jsonl \\
+               /tmp/coref_train.jsonl --steps 300
 Big model: add --device cuda (and larger --block-size, --gate-dim, --seq-len).
 """
 
