@@ -878,6 +878,58 @@ def train_duo_gates_toy_cpu():
               f"bad --num-passkeys: {proc.stderr[-500:]}")
 
 
+@test
+def seer_gate_training_runs_and_is_deterministic():
+    """tools/train_seer_gate.py at toy size: two seeded runs write the same gate, of the shapes
+    the C++ loader reads; the target is a distribution over the ranked blocks; --init-only."""
+    import train_seer_gate as tsg
+    from safetensors.torch import load_file
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = os.path.join(ROOT, "assets", "models", "demo", "tokenizer.json")
+        model = tiny_llama(os.path.join(tmp, "model"), seed=9, vocab=8192, tokenizer=tokenizer)
+        data = training_data(tmp, ARGS.shared_dir)
+        outs = []
+        for run in ("a", "b"):
+            out = os.path.join(tmp, run)
+            cmd = [sys.executable, os.path.join(TOOLS, "train_seer_gate.py"), "--model", model,
+                   "--data", *data, "--out", out, "--seq-len", "48", "--steps", "4",
+                   "--block-size", "8", "--gate-dim", "4", "--eval-sequences", "2",
+                   "--seed", "3", "--doc-chars", "2000"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            check(proc.returncode == 0, f"train_seer_gate.py failed:\n{proc.stderr[-3000:]}")
+            outs.append(out)
+        blobs = [open(os.path.join(o, "seer_gate.safetensors"), "rb").read() for o in outs]
+        check(blobs[0] == blobs[1], "two seeded runs wrote different gates")
+        with open(os.path.join(outs[0], "seer_gate.json")) as f:
+            info = json.load(f)
+        check(info["format"] == "kvlens-seer-gate" and info["block_size"] == 8, str(info))
+        check(0.0 <= info["training"]["heldout"]["block_hit_rate"] <= 1.0, "hit rate range")
+        tensors = load_file(os.path.join(outs[0], "seer_gate.safetensors"))
+        G, H, D, d = info["kv_heads"], info["heads"], info["head_dim"], info["gate_dim"]
+        for l in range(info["layers"]):
+            check(tuple(tensors[f"layers.{l}.q_proj.weight"].shape) == (G, d, H // G * D),
+                  "q_proj shape")
+            check(tuple(tensors[f"layers.{l}.k_max_proj.weight"].shape) == (G, d, D), "k_max")
+            check(tuple(tensors[f"layers.{l}.k_norm.weight"].shape) == (G, d), "k_norm")
+        # The target: per row, a distribution over the blocks that ended before the query.
+        torch.manual_seed(0)
+        q, k = torch.randn(1, 4, 24, 8), torch.randn(1, 2, 24, 8)
+        target = tsg.block_target(q, k, 4, 2)
+        ranked = tsg.ranked_blocks(24, 4, "cpu")
+        sums = target.sum(-1)[0, :, ranked.sum(-1) > 0]
+        check(torch.allclose(sums, torch.ones_like(sums)), "target rows sum to 1")
+        check(bool((target[0, :, ~ranked] == 0).all()), "unranked blocks get no target")
+        init = os.path.join(tmp, "init")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "train_seer_gate.py"),
+                               "--model", model, "--init-only", "--out", init, "--block-size",
+                               "4"], capture_output=True, text=True)
+        check(proc.returncode == 0 and os.path.exists(os.path.join(init, "seer_gate.json")),
+              f"--init-only failed:\n{proc.stderr[-2000:]}")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "train_seer_gate.py"),
+                               "--model", model, "--out", init], capture_output=True, text=True)
+        check(proc.returncode != 0 and "--data" in proc.stderr, "no --data must be refused")
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

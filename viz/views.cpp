@@ -243,18 +243,29 @@ Color policy_color(const std::string& id, const Theme& theme) {
   // periwinkle), each the sRGB grid colour (steps of 8) farthest, as drawn on both themes, from
   // all before it and the accent: at least 0.106 OKLab (the next two, {8, 56, 240} and
   // {152, 0, 152}, at 0.103, go to rocketkv and twilight; then duoattention's pale mint, which
-  // legible_on darkens on white, at 0.102). test_viz_heads.cpp holds every built-in added since
+  // legible_on darkens on white, at 0.102, and seerattention's violet at
+  // 0.101). test_viz_heads.cpp holds every built-in added since
   // the first eleven to 0.1.
   static const std::pair<const char*, Color> kPolicyColors[] = {
-      {"dense", {40, 40, 46, 255}},     {"tokenbutler", {0, 114, 178, 255}},
-      {"h2o", {230, 159, 0, 255}},      {"quest", {0, 158, 115, 255}},
-      {"snapkv", {204, 121, 167, 255}}, {"streaming", {86, 180, 233, 255}},
-      {"oracle", {240, 228, 66, 255}},  {"random", {150, 120, 96, 255}},
-      {"keydiff", {120, 94, 200, 255}}, {"tokenfilter", {60, 130, 60, 255}},
-      {"lazyllm", {170, 60, 110, 255}}, {"tova", {240, 0, 240, 255}},
-      {"pyramidkv", {96, 192, 0, 255}}, {"adakv", {248, 0, 64, 255}},
-      {"sparq", {200, 112, 248, 255}},  {"doublesparsity", {160, 152, 240, 255}},
-      {"loki", {248, 0, 160, 255}},     {"duoattention", {216, 248, 240, 255}},
+      {"dense", {40, 40, 46, 255}},
+      {"tokenbutler", {0, 114, 178, 255}},
+      {"h2o", {230, 159, 0, 255}},
+      {"quest", {0, 158, 115, 255}},
+      {"snapkv", {204, 121, 167, 255}},
+      {"streaming", {86, 180, 233, 255}},
+      {"oracle", {240, 228, 66, 255}},
+      {"random", {150, 120, 96, 255}},
+      {"keydiff", {120, 94, 200, 255}},
+      {"tokenfilter", {60, 130, 60, 255}},
+      {"lazyllm", {170, 60, 110, 255}},
+      {"tova", {240, 0, 240, 255}},
+      {"pyramidkv", {96, 192, 0, 255}},
+      {"adakv", {248, 0, 64, 255}},
+      {"sparq", {200, 112, 248, 255}},
+      {"doublesparsity", {160, 152, 240, 255}},
+      {"loki", {248, 0, 160, 255}},
+      {"duoattention", {216, 248, 240, 255}},
+      {"seerattention", {152, 32, 248, 255}},
   };
   Color base{};
   bool found = false;

@@ -104,8 +104,9 @@ struct PolicyShape {
   std::vector<std::string> predictor_searched;
   int64_t hidden_size = 0;    // E (0 where unknown: a policy built outside a session)
   int64_t max_positions = 0;  // max_position_embeddings (0 where unknown)
-  // The model's folder or .gguf file (Model::dir), where policies find calibration files made
-  // for the model (loki, doublesparsity); empty where unknown.
+  // The model's folder or .gguf file (Model::dir), where policies find files made for the model
+  // (loki's and doublesparsity's calibration, duoattention's gates, seerattention's gate); empty
+  // where unknown.
   std::string model_dir;
 };
 

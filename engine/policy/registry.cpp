@@ -46,6 +46,7 @@ std::vector<Entry>& entries() {
       {loki_policy_info(), make_loki_policy},
       {doublesparsity_policy_info(), make_doublesparsity_policy},
       {duoattention_policy_info(), make_duoattention_policy},
+      {seerattention_policy_info(), make_seerattention_policy},
   };
   return table;
 }

@@ -283,6 +283,7 @@ std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec) 
   if (spec.predictor && fits) write_tiny_predictor(dir, spec);
   if (spec.calibration) write_tiny_calibration(dir, spec);
   write_tiny_duo_gates(dir, spec);
+  if (spec.seer_gate) write_tiny_seer_gate(dir, spec);
   return dir;
 }
 
@@ -321,6 +322,40 @@ void write_tiny_duo_gates(const std::string& dir, const TinyLlamaSpec& spec) {
   for (size_t i = 0; i < gates.size(); ++i) gates[i] = float((i * 3) % 10) / 10.0f;
   write_safetensors(dir + "/duo_gates.safetensors",
                     {make_tensor("gates", "F32", {spec.layers, spec.kv_heads}, gates)});
+}
+
+void write_tiny_seer_gate(const std::string& dir, const TinyLlamaSpec& spec, int64_t block_size,
+                          int64_t gate_dim) {
+  NormalSource random(spec.seed + 2000);
+  const int64_t head_dim = spec.head_dim > 0 ? spec.head_dim : spec.hidden / spec.heads;
+  const int64_t G = spec.kv_heads, group = spec.heads / spec.kv_heads;
+  std::vector<TestTensor> tensors;
+  const auto add = [&](const std::string& name, const std::vector<int64_t>& shape, double mean,
+                       double deviation) {
+    std::vector<float> values(size_t(product(shape)));
+    for (float& v : values) v = random.next(mean, deviation);
+    tensors.push_back(make_tensor(name, "F32", shape, values));
+  };
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const std::string at = "layers." + std::to_string(l) + ".";
+    add(at + "q_proj.weight", {G, gate_dim, group * head_dim}, 0.0, 0.3);
+    add(at + "k_max_proj.weight", {G, gate_dim, head_dim}, 0.0, 0.3);
+    add(at + "k_min_proj.weight", {G, gate_dim, head_dim}, 0.0, 0.3);
+    add(at + "q_norm.weight", {G, gate_dim}, 1.0, 0.1);
+    add(at + "k_norm.weight", {G, gate_dim}, 1.0, 0.1);
+  }
+  std::filesystem::create_directories(dir);
+  write_safetensors(dir + "/seer_gate.safetensors", tensors);
+  const Json config = {{"format", "kvlens-seer-gate"},
+                       {"version", 1},
+                       {"layers", spec.layers},
+                       {"heads", spec.heads},
+                       {"kv_heads", G},
+                       {"head_dim", head_dim},
+                       {"gate_dim", gate_dim},
+                       {"block_size", block_size},
+                       {"training", {{"random", true}, {"seed", spec.seed}}}};
+  write_file(dir + "/seer_gate.json", config.dump(2));
 }
 
 }  // namespace kvlens::test

@@ -59,6 +59,9 @@ struct TinyLlamaSpec {
   // Also write the approximate-logit policies' calibration files (write_tiny_calibration), so
   // loki and doublesparsity run on it.
   bool calibration = true;
+  // Also write a random seerattention gate (seer_gate.safetensors + seer_gate.json, blocks of 4,
+  // gate width 4) beside the model, so the seerattention policy runs on it.
+  bool seer_gate = true;
 };
 
 // loki_pca.safetensors and doublesparsity_channels.safetensors for `spec`'s model in `dir`
@@ -75,6 +78,12 @@ void write_tiny_predictor(const std::string& dir, const TinyLlamaSpec& spec,
                           const std::string& variant = "hf", int64_t reduce = 2, int64_t d = 4,
                           int64_t m = 8);
 
+// A random seerattention gate for `spec`'s model (F32, projections ~ N(0, 0.3), norms ~ 1 + noise,
+// blocks of `block_size`, gate width `gate_dim`), written into `dir` as seer_gate.safetensors +
+// seer_gate.json (engine/policy/seer_gate.h).
+void write_tiny_seer_gate(const std::string& dir, const TinyLlamaSpec& spec, int64_t block_size = 4,
+                          int64_t gate_dim = 4);
+
 // config.json text for `spec` (bos 1, eos 2, torch_dtype from spec.dtype).
 std::string tiny_llama_config(const TinyLlamaSpec& spec);
 // The tensors of a random tiny model: weights ~ N(0, 0.05), norm weights ~ 1 + N(0, 0.05),
@@ -86,7 +95,8 @@ std::vector<TestTensor> tiny_llama_tensors(const TinyLlamaSpec& spec);
 void write_checkpoint(const std::string& dir, const std::string& config_json,
                       const std::vector<TestTensor>& tensors, bool sharded);
 // write_checkpoint(dir, tiny_llama_config(spec), tiny_llama_tensors(spec), spec.sharded), plus
-// write_tiny_predictor where spec.predictor; returns dir.
+// write_tiny_predictor where spec.predictor and write_tiny_seer_gate where spec.seer_gate; returns
+// dir.
 std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec);
 // duo_gates.safetensors for `spec`'s model in `dir` (engine/policy/duo_gates.h): gate i of the
 // [layers, kv_heads] row-major order is ((3 i) mod 10) / 10, so duoattention runs on it.
