@@ -253,7 +253,7 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"lazyllm", {170, 60, 110, 255}}, {"tova", {240, 0, 240, 255}},
       {"pyramidkv", {96, 192, 0, 255}}, {"adakv", {248, 0, 64, 255}},
       {"sparq", {200, 112, 248, 255}},  {"doublesparsity", {160, 152, 240, 255}},
-      {"loki", {248, 0, 160, 255}},
+      {"loki", {248, 0, 160, 255}},     {"rocketkv", {8, 56, 240, 255}},
   };
   Color base{};
   bool found = false;
