@@ -61,7 +61,7 @@ std::string tokenfilter_nominal_budget_note(const ParamValues& params, double sp
                                             int64_t layers);
 
 // RocketKV's split of a nominal sparsity (rocketkv_policy.cpp documents the formulas, after the
-// authors' get_params_for_token_budget): stage 1's sparsity (snapkv keeps C(t) = 1 - that share),
+// authors' get_params_for_token_budget): stage 1's sparsity (snapkv keeps the other share, C(t)),
 // stage 2's page size and query channels r for heads of head_dim channels.
 struct RocketkvSplit {
   double stage1_sparsity = 0.0;
