@@ -755,6 +755,19 @@ def approx_logit_fixture_is_current():
             check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
 
 
+
+@test
+def rocketkv_fixture_is_current():
+    """tests/fixtures/rocketkv/reference.json is what make_rocketkv_fixture.py writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "reference.json")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "make_rocketkv_fixture.py"),
+                               "--out", out], capture_output=True, text=True)
+        check(proc.returncode == 0, f"make_rocketkv_fixture.py failed:\n{proc.stderr}")
+        committed = os.path.join(ROOT, "tests", "fixtures", "rocketkv", "reference.json")
+        with open(out) as a, open(committed) as b:
+            check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
+
 @test
 def real_model_results_toy_cpu():
     """tools/real_model_results.sh on the demo model at toy size (2 samples, 64 perplexity

@@ -266,6 +266,7 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"loki", {248, 0, 160, 255}},
       {"duoattention", {216, 248, 240, 255}},
       {"seerattention", {152, 32, 248, 255}},
+      {"rocketkv", {8, 56, 240, 255}},
   };
   Color base{};
   bool found = false;

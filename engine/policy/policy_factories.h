@@ -34,6 +34,7 @@ KVLENS_DECLARE_POLICY(loki)
 KVLENS_DECLARE_POLICY(doublesparsity)
 KVLENS_DECLARE_POLICY(duoattention)
 KVLENS_DECLARE_POLICY(seerattention)
+KVLENS_DECLARE_POLICY(rocketkv)
 
 #undef KVLENS_DECLARE_POLICY
 
@@ -60,5 +61,14 @@ std::vector<double> lazyllm_keep_schedule(int64_t layers, int64_t dense_layers, 
 // for the warnings of evaluations and front ends (engine/eval/sparsity_match.h).
 std::string tokenfilter_nominal_budget_note(const ParamValues& params, double sparsity,
                                             int64_t layers);
+
+// RocketKV's split of a nominal sparsity (rocketkv_policy.cpp documents the formulas, after the
+// authors' get_params_for_token_budget): stage 1's sparsity (snapkv keeps the other share, C(t)),
+// stage 2's page size and query channels r for heads of head_dim channels.
+struct RocketkvSplit {
+  double stage1_sparsity = 0.0;
+  int64_t page_size = 1, channels = 1;
+};
+RocketkvSplit rocketkv_split(double sparsity, int64_t head_dim);
 
 }  // namespace kvlens

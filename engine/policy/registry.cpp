@@ -47,6 +47,7 @@ std::vector<Entry>& entries() {
       {doublesparsity_policy_info(), make_doublesparsity_policy},
       {duoattention_policy_info(), make_duoattention_policy},
       {seerattention_policy_info(), make_seerattention_policy},
+      {rocketkv_policy_info(), make_rocketkv_policy},
   };
   return table;
 }

@@ -15,6 +15,8 @@ void register_cuda_policy_ops();
 namespace cuda {
 // The approximate-logit policies' ops (approx_logit_ops_cuda.cpp), registered by the above.
 void register_cuda_approx_logit_ops();
+// RocketKV's stage-2 page estimate (rocketkv_ops_cuda.cpp), registered by the above.
+void register_cuda_rocketkv_ops();
 }  // namespace cuda
 
 }  // namespace kvlens

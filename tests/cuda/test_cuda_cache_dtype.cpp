@@ -268,7 +268,7 @@ TEST_CASE("every policy's visible sets on a BF16 cache equal the F32 cache's but
        {"oracle",         "streaming",    "h2o",           "random",      "snapkv", "quest",
         "keydiff",        "tokenfilter",  "lazyllm",       "tokenbutler", "tova",   "pyramidkv",
         "adakv",          "snapkv+adakv", "h2o+pyramidkv", "tova+adakv",  "sparq",  "loki",
-        "doublesparsity", "duoattention", "seerattention"}) {
+        "doublesparsity", "duoattention", "seerattention", "rocketkv"}) {
     INFO(id);
     DecoderSession a(narrow), b(wide);
     const PolicyConfig config{id, 0.5, {}};

@@ -153,7 +153,7 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
        {"oracle",         "streaming",    "h2o",           "random",      "snapkv", "quest",
         "keydiff",        "tokenfilter",  "lazyllm",       "tokenbutler", "tova",   "pyramidkv",
         "adakv",          "snapkv+adakv", "h2o+pyramidkv", "tova+adakv",  "sparq",  "loki",
-        "doublesparsity", "duoattention", "seerattention"}) {
+        "doublesparsity", "duoattention", "seerattention", "rocketkv"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {}};
@@ -195,7 +195,7 @@ TEST_CASE("cuda policy runs on sliding-window layers match the cpu ones (gemma3 
        {"oracle",       "streaming",     "h2o",        "random", "snapkv",    "quest",
         "keydiff",      "tokenfilter",   "lazyllm",    "tova",   "pyramidkv", "adakv",
         "snapkv+adakv", "h2o+pyramidkv", "tova+adakv", "sparq",  "loki",      "doublesparsity",
-        "duoattention", "seerattention"}) {
+        "duoattention", "seerattention", "rocketkv"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {"dense_layers=1", "sinks=1", "page_size=4"}};

@@ -19,6 +19,7 @@
 #include "engine/policy/approx_logit_ops.h"
 #include "engine/policy/keydiff_ops.h"
 #include "engine/policy/quest_ops.h"
+#include "engine/policy/rocketkv_ops.h"
 #include "engine/policy/tokenfilter_ops.h"
 #include "tests/support/tiny_checkpoint.h"
 
@@ -1042,6 +1043,22 @@ std::vector<OpEntry> make_table() {
             r.out("projected logits, " + std::to_string(rows) + " rows", logits);
           }
         });
+    // rocketkv: quest's page summaries read by rocketkv_math.h's fixed roundings: exact
+    // (RocketkvOps' contract), at pages of 1 (the keys themselves) and 3, few and all channels.
+    add(shape_name("rocketkv.page_logits", s), kExact, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      const DeviceTensor q = r.f32({1, H, D});
+      for (const int64_t page_size : {int64_t(1), int64_t(3)}) {
+        const int64_t pages = (s.capacity + page_size - 1) / page_size;
+        DeviceTensor lo = r.f32({G, pages, D}), hi = r.f32({G, pages, D});
+        quest_ops(r.backend()).page_minmax_update(c.k, 0, C, page_size, lo, hi);
+        for (const int64_t rank : {int64_t(1), (D + 1) / 2, D}) {
+          DeviceTensor logits = r.f32({H, s.capacity});
+          rocketkv_ops(r.backend()).page_logits(q, lo, hi, C, page_size, rank, logits);
+          r.out("page " + std::to_string(page_size) + ", rank " + std::to_string(rank), logits);
+        }
+      }
+    });
     // tokenfilter: cosine_similarity's and token_filter_step's fixed arithmetic: exact
     // (TokenFilterOps' contract).
     add(shape_name("tokenfilter.anchor_cosine_update and token_filter_step", s), kExact,

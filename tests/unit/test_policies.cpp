@@ -214,7 +214,7 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   for (const std::string id :
        {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm", "tova", "pyramidkv",
         "adakv", "snapkv+adakv", "h2o+pyramidkv", "tova+adakv", "sparq", "loki", "doublesparsity",
-        "duoattention", "seerattention"}) {
+        "duoattention", "seerattention", "rocketkv"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.0, {}};

@@ -426,7 +426,7 @@ TEST_CASE("the predicted view names a predictor's scores and shows each head's h
   CHECK(has_text(both.figure, "predicted logits"));
   // The approximate-logit methods' scores are predicted logits too, with the same hit rates.
   options.runs = {1};
-  for (const char* id : {"sparq", "loki", "doublesparsity"}) {
+  for (const char* id : {"sparq", "loki", "doublesparsity", "rocketkv"}) {
     INFO(id);
     trace.runs[1].policy = id;
     CHECK(run_predicts_logits(trace, 1));

@@ -449,11 +449,11 @@ TEST_CASE("a run's colour is its policy's, legible on both themes", "[viz]") {
     }
     // The approximate-logit policies too: apart from every other policy, the accent and each
     // other.
-    const Trace approx = grid_trace(
-        1, 1, 2,
-        {"dense", "oracle", "random", "streaming", "h2o", "snapkv", "quest", "keydiff",
-         "tokenfilter", "lazyllm", "tokenbutler", "tova", "sparq", "loki", "doublesparsity"});
-    for (int64_t a = 12; a < 15; ++a) {
+    const Trace approx = grid_trace(1, 1, 2,
+                                    {"dense", "oracle", "random", "streaming", "h2o", "snapkv",
+                                     "quest", "keydiff", "tokenfilter", "lazyllm", "tokenbutler",
+                                     "tova", "sparq", "loki", "doublesparsity", "rocketkv"});
+    for (int64_t a = 12; a < 16; ++a) {
       CHECK(oklab_distance(run_color(approx, a, *theme), theme->accent) > 0.1);
       for (int64_t b = 0; b < a; ++b) {
         INFO(approx.runs[size_t(a)].policy << " vs " << approx.runs[size_t(b)].policy);
