@@ -254,6 +254,7 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"pyramidkv", {96, 192, 0, 255}}, {"adakv", {248, 0, 64, 255}},
       {"sparq", {200, 112, 248, 255}},  {"doublesparsity", {160, 152, 240, 255}},
       {"loki", {248, 0, 160, 255}},
+      {"twilight", {152, 0, 152, 255}},
   };
   Color base{};
   bool found = false;

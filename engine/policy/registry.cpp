@@ -45,6 +45,7 @@ std::vector<Entry>& entries() {
       {sparq_policy_info(), make_sparq_policy},
       {loki_policy_info(), make_loki_policy},
       {doublesparsity_policy_info(), make_doublesparsity_policy},
+      {twilight_policy_info(), make_twilight_policy},
   };
   return table;
 }

@@ -268,6 +268,7 @@ void register_cuda_policy_ops() {
         std::string(TokenFilterOps::kExtensionName), "cuda",
         [](Backend& backend) { return std::make_unique<cuda::CudaTokenFilterOps>(backend); });
     cuda::register_cuda_approx_logit_ops();
+    cuda::register_cuda_top_p_ops();
   });
 }
 

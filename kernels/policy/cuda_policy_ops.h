@@ -15,6 +15,8 @@ void register_cuda_policy_ops();
 namespace cuda {
 // The approximate-logit policies' ops (approx_logit_ops_cuda.cpp), registered by the above.
 void register_cuda_approx_logit_ops();
+// Twilight's top-p pruning (top_p_ops_cuda.cpp), registered by the above.
+void register_cuda_top_p_ops();
 }  // namespace cuda
 
 }  // namespace kvlens
