@@ -121,6 +121,52 @@ TEST_CASE("top_p_prune keeps each head's fewest candidates whose estimated mass 
   }
 }
 
+TEST_CASE("top_p_prune: the CPU's sorted walk keeps what the GPU's per-pick scan keeps",
+          "[policy]") {
+  // The GPU finds each next column by a block-wide maximum of the keys below the last one; the
+  // CPU sorts once. Run here on the host with top_p_math.h, the scan must give the op's columns
+  // on random rows with ties (scores on a coarse grid) and random candidates.
+  PruneCase c;
+  uint64_t state = 12345;
+  const auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return uint32_t(state >> 33);
+  };
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<std::vector<float>> rows(4, std::vector<float>(size_t(kStride)));
+    std::vector<std::vector<int64_t>> candidates(4);
+    for (size_t r = 0; r < 4; ++r)
+      for (int64_t j = 0; j < kStride; ++j) {
+        rows[r][size_t(j)] = float(int(next() % 9) - 4) * 0.75f;
+        if (next() % 4 != 0) candidates[r].push_back(j);
+      }
+    c.set_scores(rows);
+    c.set_visible(candidates);
+    const float p = 0.2f + 0.15f * float(trial % 6);
+    const auto sets = c.prune(kStride, p, 1, kStride - 1);
+    for (size_t r = 0; r < 4; ++r) {
+      INFO("trial " << trial << " row " << r);
+      std::vector<uint8_t> v(size_t(kStride), 0);
+      for (const int64_t j : candidates[r]) v[size_t(j)] = 1;
+      const float* s = rows[r].data();
+      const float best = visible_max(s, v.data(), kStride);
+      const float total = visible_mass(s, v.data(), kStride, best);
+      const uint64_t last = top_p_last_key(s, best, total, p, [&](uint64_t bound) {
+        uint64_t found = 0;
+        for (int64_t j = 0; j < kStride; ++j) {
+          const uint64_t key = top_k_key(s[j], uint32_t(j));
+          if (v[size_t(j)] != 0 && key < bound && key > found) found = key;
+        }
+        return found;
+      });
+      std::set<int64_t> want;
+      for (int64_t j = 0; j < kStride; ++j)
+        if (v[size_t(j)] != 0 && top_p_keeps(s, j, last, 1, kStride - 1)) want.insert(j);
+      CHECK(sets[r] == want);
+    }
+  }
+}
+
 TEST_CASE("twilight prunes quest's candidates by their bounds: k per head, never above B(t)",
           "[policy]") {
   Harness h;
