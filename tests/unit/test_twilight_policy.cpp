@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
 
@@ -372,4 +374,47 @@ TEST_CASE("twilight in a real decode: the recorded sets follow the rule from the
     }
     CHECK(kept < budget);
   }
+}
+
+TEST_CASE("top_p_prune keeps the sets of the authors' pruner, re-implemented from their code",
+          "[policy]") {
+  // tests/fixtures/twilight/reference.json (tools/twilight_reference.py): random estimates and
+  // base selections pruned as Twilight's attention_forward and TopPReturnMaskKernel do. Where
+  // the sink (column 0) is selected and holds the row's largest estimate, as in a real model,
+  // and no rounding can move the threshold, kvlens keeps exactly their set.
+  std::ifstream file(test::source_path("tests/fixtures/twilight/reference.json"));
+  REQUIRE(file);
+  const nlohmann::json reference = nlohmann::json::parse(file);
+  const int64_t cols = reference["cols"].get<int64_t>();
+  REQUIRE(cols <= kStride + 8);
+  auto backend = make_cpu_backend(1);
+  DeviceTensor scores = backend->alloc(DType::F32, {1, cols});
+  DeviceTensor visible = backend->alloc(DType::U8, {1, cols});
+  int64_t compared = 0, unpruned_without_sink = 0;
+  for (size_t i = 0; i < reference["rows"].size(); ++i) {
+    const nlohmann::json& row = reference["rows"][i];
+    INFO("row " << i);
+    const auto values = row["scores"].get<std::vector<float>>();
+    const auto selected = row["selected"].get<std::vector<uint8_t>>();
+    const auto want = row["kept"].get<std::vector<uint8_t>>();
+    if (!row["sink_is_max"].get<bool>()) {
+      // Their bisection starts from column 0's probability: with the sink not selected it is 0
+      // and nothing is pruned (docs/policies/twilight.md, deliberate differences).
+      if (selected[0] == 0) {
+        CHECK(want == selected);
+        ++unpruned_without_sink;
+      }
+      continue;
+    }
+    if (!row["clear"].get<bool>()) continue;
+    backend->from_host(scores, values.data(), values.size() * sizeof(float));
+    backend->from_host(visible, selected.data(), selected.size());
+    top_p_ops(*backend).top_p_prune(scores, cols, row["top_p"].get<float>(), 0, cols, visible);
+    std::vector<uint8_t> kept(static_cast<size_t>(cols), 0);
+    backend->to_host(visible, kept.data(), kept.size());
+    CHECK(kept == want);
+    ++compared;
+  }
+  CHECK(compared >= 60);
+  CHECK(unpruned_without_sink >= 5);
 }
