@@ -769,6 +769,19 @@ def rocketkv_fixture_is_current():
             check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
 
 @test
+def twilight_fixture_is_current():
+    """tests/fixtures/twilight/reference.json is what twilight_reference.py writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "reference.json")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "twilight_reference.py"),
+                               "--out", out], capture_output=True, text=True)
+        check(proc.returncode == 0, f"twilight_reference.py failed:\n{proc.stderr}")
+        committed = os.path.join(ROOT, "tests", "fixtures", "twilight", "reference.json")
+        with open(out) as a, open(committed) as b:
+            check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
+
+
+@test
 def real_model_results_toy_cpu():
     """tools/real_model_results.sh on the demo model at toy size (2 samples, 64 perplexity
     tokens, a stand-in for the paper's pools): every policy and sparsity in each task's table,

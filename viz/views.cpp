@@ -267,6 +267,7 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"duoattention", {216, 248, 240, 255}},
       {"seerattention", {152, 32, 248, 255}},
       {"rocketkv", {8, 56, 240, 255}},
+      {"twilight", {152, 0, 152, 255}},
   };
   Color base{};
   bool found = false;

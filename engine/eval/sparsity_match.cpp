@@ -248,6 +248,12 @@ std::vector<std::string> nominal_budget_warnings(const PolicyConfig& run, int64_
       warnings.push_back(who + ": capped, its dense layers keep every token, so the layers keep " +
                          fixed3(mean) + " on average, not " + fixed3(1.0 - run.sparsity));
     }
+  } else if (run.id == "twilight") {
+    // Top-p keeps a share of the base's candidates that the estimates decide, step by step.
+    warnings.push_back(who + ": the nominal budget is an upper bound (the base's " +
+                       params.get_choice("base") +
+                       " candidates); top_p=" + fixed3(params.get_float("top_p")) +
+                       " keeps fewer per head, so the share kept is whatever top-p gives");
   }
   return warnings;
 }

@@ -48,6 +48,7 @@ std::vector<Entry>& entries() {
       {duoattention_policy_info(), make_duoattention_policy},
       {seerattention_policy_info(), make_seerattention_policy},
       {rocketkv_policy_info(), make_rocketkv_policy},
+      {twilight_policy_info(), make_twilight_policy},
   };
   return table;
 }

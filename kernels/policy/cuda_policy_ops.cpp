@@ -269,6 +269,7 @@ void register_cuda_policy_ops() {
         [](Backend& backend) { return std::make_unique<cuda::CudaTokenFilterOps>(backend); });
     cuda::register_cuda_approx_logit_ops();
     cuda::register_cuda_rocketkv_ops();
+    cuda::register_cuda_top_p_ops();
   });
 }
 

@@ -17,6 +17,8 @@ namespace cuda {
 void register_cuda_approx_logit_ops();
 // RocketKV's stage-2 page estimate (rocketkv_ops_cuda.cpp), registered by the above.
 void register_cuda_rocketkv_ops();
+// Twilight's top-p pruning (top_p_ops_cuda.cpp), registered by the above.
+void register_cuda_top_p_ops();
 }  // namespace cuda
 
 }  // namespace kvlens

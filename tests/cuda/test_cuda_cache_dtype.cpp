@@ -265,10 +265,10 @@ TEST_CASE("every policy's visible sets on a BF16 cache equal the F32 cache's but
       "the terraced vineyards is called: Rourstelk",
       true);
   for (const char* id :
-       {"oracle",         "streaming",    "h2o",           "random",      "snapkv", "quest",
-        "keydiff",        "tokenfilter",  "lazyllm",       "tokenbutler", "tova",   "pyramidkv",
-        "adakv",          "snapkv+adakv", "h2o+pyramidkv", "tova+adakv",  "sparq",  "loki",
-        "doublesparsity", "duoattention", "seerattention", "rocketkv"}) {
+       {"oracle",         "streaming",    "h2o",           "random",      "snapkv",  "quest",
+        "keydiff",        "tokenfilter",  "lazyllm",       "tokenbutler", "tova",    "pyramidkv",
+        "adakv",          "snapkv+adakv", "h2o+pyramidkv", "tova+adakv",  "sparq",   "loki",
+        "doublesparsity", "duoattention", "seerattention", "rocketkv",    "twilight"}) {
     INFO(id);
     DecoderSession a(narrow), b(wide);
     const PolicyConfig config{id, 0.5, {}};

@@ -150,10 +150,10 @@ TEST_CASE("cuda policy runs match the cpu ones on the demo model", "[cuda]") {
   std::vector<PolicyConfig> policies;
   // tokenbutler: the demo model's bundled predictor, its per-run work on the lanes in lockstep.
   for (const char* id :
-       {"oracle",         "streaming",    "h2o",           "random",      "snapkv", "quest",
-        "keydiff",        "tokenfilter",  "lazyllm",       "tokenbutler", "tova",   "pyramidkv",
-        "adakv",          "snapkv+adakv", "h2o+pyramidkv", "tova+adakv",  "sparq",  "loki",
-        "doublesparsity", "duoattention", "seerattention", "rocketkv"}) {
+       {"oracle",         "streaming",    "h2o",           "random",      "snapkv",  "quest",
+        "keydiff",        "tokenfilter",  "lazyllm",       "tokenbutler", "tova",    "pyramidkv",
+        "adakv",          "snapkv+adakv", "h2o+pyramidkv", "tova+adakv",  "sparq",   "loki",
+        "doublesparsity", "duoattention", "seerattention", "rocketkv",    "twilight"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {}};
@@ -192,10 +192,10 @@ TEST_CASE("cuda policy runs on sliding-window layers match the cpu ones (gemma3 
   std::vector<int32_t> tokens;
   for (int32_t i = 0; i < 30; ++i) tokens.push_back((i * 37 + 11) % 320);
   for (const char* id :
-       {"oracle",       "streaming",     "h2o",        "random", "snapkv",    "quest",
-        "keydiff",      "tokenfilter",   "lazyllm",    "tova",   "pyramidkv", "adakv",
-        "snapkv+adakv", "h2o+pyramidkv", "tova+adakv", "sparq",  "loki",      "doublesparsity",
-        "duoattention", "seerattention", "rocketkv"}) {
+       {"oracle",       "streaming",     "h2o",        "random",  "snapkv",    "quest",
+        "keydiff",      "tokenfilter",   "lazyllm",    "tova",    "pyramidkv", "adakv",
+        "snapkv+adakv", "h2o+pyramidkv", "tova+adakv", "sparq",   "loki",      "doublesparsity",
+        "duoattention", "seerattention", "rocketkv",   "twilight"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.5, {"dense_layers=1", "sinks=1", "page_size=4"}};

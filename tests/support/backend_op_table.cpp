@@ -21,6 +21,7 @@
 #include "engine/policy/quest_ops.h"
 #include "engine/policy/rocketkv_ops.h"
 #include "engine/policy/tokenfilter_ops.h"
+#include "engine/policy/top_p_ops.h"
 #include "tests/support/tiny_checkpoint.h"
 
 namespace kvlens::test {
@@ -1056,6 +1057,23 @@ std::vector<OpEntry> make_table() {
           DeviceTensor logits = r.f32({H, s.capacity});
           rocketkv_ops(r.backend()).page_logits(q, lo, hi, C, page_size, rank, logits);
           r.out("page " + std::to_string(page_size) + ", rank " + std::to_string(rank), logits);
+        }
+      }
+    });
+    // twilight: top_p_math.h's fixed roundings (its own exp): exact (TopPOps' contract). Scores
+    // on the logit scale (a spread of +-8) and on levels (ties), thresholds from one column to
+    // all, forced columns at both ends.
+    add(shape_name("top_p.top_p_prune", s), kExact, [=](OpRun& r) {
+      for (const bool ties : {false, true}) {
+        const DeviceTensor scores = ties ? r.f32_of(r.levels(H * s.capacity, 4), {H, s.capacity})
+                                         : r.f32({H, s.capacity}, 8.0f);
+        for (const float top_p : {0.3f, 0.85f, 1.0f}) {
+          DeviceTensor visible = r.u8({H, s.capacity}, 70);
+          top_p_ops(r.backend())
+              .top_p_prune(scores, C, top_p, std::min<int64_t>(1, C),
+                           std::max<int64_t>(std::min<int64_t>(1, C), C - 2), visible);
+          r.out(std::string(ties ? "levels" : "spread") + ", top_p " + std::to_string(top_p),
+                visible);
         }
       }
     });

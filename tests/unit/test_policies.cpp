@@ -212,9 +212,10 @@ TEST_CASE("a policy at sparsity 0 gives the dense logits in a real decode", "[po
   ScoreOptions dense;
   const ScoreResult reference = score_tokens(resident, tokens, dense);
   for (const std::string id :
-       {"oracle", "random", "streaming", "h2o", "snapkv", "keydiff", "lazyllm", "tova", "pyramidkv",
-        "adakv", "snapkv+adakv", "h2o+pyramidkv", "tova+adakv", "sparq", "loki", "doublesparsity",
-        "duoattention", "seerattention", "rocketkv"}) {
+       {"oracle",         "random",        "streaming",     "h2o",       "snapkv",
+        "keydiff",        "lazyllm",       "tova",          "pyramidkv", "adakv",
+        "snapkv+adakv",   "h2o+pyramidkv", "tova+adakv",    "sparq",     "loki",
+        "doublesparsity", "duoattention",  "seerattention", "rocketkv",  "twilight"}) {
     INFO(id);
     ScoreOptions options;
     options.policy = {id, 0.0, {}};

@@ -164,6 +164,11 @@ void check_windowed_runs(const std::string& fixture, int64_t steps,
           } else if (adaptive || pyramid) {
             CHECK(count >= 1);  // the current token at least
             CHECK(count <= std::min(t + 1, window));
+          } else if (id == "twilight") {
+            // Top-p keeps the fewest of the base's candidates (whole pages within the budget)
+            // reaching the mass: at most the budget, the current token at least.
+            CHECK(count <= budget);
+            CHECK(count >= 1);
           } else if (id == "quest" || id == "quest_c" || id == "seerattention") {
             // Whole pages (seerattention's blocks: 4 in the fixtures' gates) within the budget:
             // never more, at most a page's worth fewer.
