@@ -125,6 +125,10 @@ def train(args):
 
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
+    if args.device == "cpu":
+        # One thread: a BLAS that adapts its thread count to the machine's load would otherwise
+        # sum in a different order from run to run (unit:tools saw two runs differ under load).
+        torch.set_num_threads(1)
     rng = random.Random(args.seed)
     device = torch.device(args.device)
     config = tb.read_config(args.model)
@@ -192,8 +196,10 @@ def save(path, gates, args, history):
               "lr": args.lr, "reg": args.reg, "initial_gate": args.initial_gate,
               "seed": args.seed, "data": [os.path.basename(p) for p in args.data],
               "final_distill": history[-1]["distill"], "final_reg": history[-1]["reg"]}
-    save_file({"gates": gates}, path,
-              metadata={"format": "kvlens-duo-gates", "recipe": json.dumps(recipe, sort_keys=True)})
+    # One metadata key: safetensors writes a dict's keys in an order of its own, which differs
+    # from run to run, so two keys would make two runs' bytes differ.
+    recipe["format"] = "kvlens-duo-gates"
+    save_file({"gates": gates}, path, metadata={"recipe": json.dumps(recipe, sort_keys=True)})
 
 
 def parse_args(argv=None):

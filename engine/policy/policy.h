@@ -113,8 +113,11 @@ struct PolicyShape {
 class Policy {
  public:
   virtual ~Policy() = default;
-  // Chooses visible[H, stride] (columns 0..t; the mask arrives zeroed) and writes the importance
-  // scores it ranked by into scores[H, stride] (the "predicted vs true" view reads them).
+  // Chooses visible[H, stride] (columns 0..t) and writes the importance scores it ranked by into
+  // scores[H, stride] (the "predicted vs true" view reads them). The mask arrives holding this
+  // layer's set of the run's previous step, not zeroed (a pass per layer saved; duoattention's
+  // tests found the old comment wrong): a policy writes every column 0..t. (Plug-ins do get a
+  // zeroed `visible`: plugin_policy.cpp clears it for them.)
   virtual LayerDecision select(const LayerStep& step, DeviceTensor& visible,
                                DeviceTensor& scores) = 0;
   // The attention probabilities actually computed at this (step, layer) under the chosen set
@@ -153,6 +156,17 @@ class Policy {
   };
   virtual ExternalSeconds external_seconds() const { return {}; }
 };
+
+// The first cache column whose per-key summaries a policy must recompute at a step (quest's,
+// seerattention's and rocketkv's page minima and maxima, loki's and doublesparsity's projected
+// keys): those the cache gained since `filled` (the layer's columns at its last step), the current
+// token's always (a step run again over changed keys stays right), every column when the position
+// is behind them (a session started over). Sets `filled` to `cols`.
+inline int64_t columns_to_refresh(int64_t& filled, int64_t step, int64_t cols) {
+  const int64_t begin = filled <= cols ? (filled < step ? filled : step) : 0;
+  filled = cols;
+  return begin;
+}
 
 // `src` [R, S] copied into columns [0, S) of `dst` [R, S'] (S' >= S), row by row, on the
 // backend; F32 or U8 (both the same dtype).

@@ -57,12 +57,9 @@ class ProjectedLogitPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t t = step.step, cols = step.cols();
-    // Project the keys the cache gained since this layer's last step. The current column is
-    // always projected again, so a step run again over changed keys stays right; a position
-    // behind the projections (a session started over) projects them all.
-    const int64_t begin = filled_[l] <= cols ? std::min(filled_[l], t) : 0;
+    // Project the keys gained since this layer's last step (columns_to_refresh says which).
+    const int64_t begin = columns_to_refresh(filled_[l], t, cols);
     ops_.project_keys(*step.k_cache, begin, cols, basis_[l], projected_[l]);
-    filled_[l] = cols;
     ops_.projected_logits(*step.q, basis_[l], projected_[l], cols, scores);
     select_budgeted(step, 1, at_selection_rows(scores, cols), nullptr, visible);
     return LayerDecision::Masked;

@@ -102,12 +102,9 @@ class QuestPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t t = step.step, cols = step.cols();
-    // Fold in the columns the cache gained since this layer's last step. The current token's
-    // page is always recomputed, so a step run again over changed keys stays right; a position
-    // behind the summaries (a session started over) rebuilds them all.
-    const int64_t begin = filled_[l] <= cols ? std::min(filled_[l], t) : 0;
+    // Fold in the columns gained since this layer's last step (columns_to_refresh says which).
+    const int64_t begin = columns_to_refresh(filled_[l], t, cols);
     ops_.page_minmax_update(*step.k_cache, begin, cols, page_size_, page_min_[l], page_max_[l]);
-    filled_[l] = cols;
     ops_.page_bounds(*step.q, page_min_[l], page_max_[l], cols, page_size_, max_only_, scores);
 
     // On a sliding-window layer the budget is the window's, and Dense is the whole window.

@@ -108,11 +108,10 @@ class RocketkvPolicy final : public BudgetedPolicy {
     backend_.fill_columns(stage1_visible_, 0, cols, 0);
     stage1_->select(step, stage1_visible_, stage1_scores_);
 
-    // Stage 2: page summaries of the columns gained since this layer's last step (the current
-    // token's page always again; a position behind them rebuilds all), then the estimate.
-    const int64_t begin = filled_[l] <= cols ? std::min(filled_[l], t) : 0;
+    // Stage 2: page summaries of the columns gained since this layer's last step
+    // (columns_to_refresh), then the estimate.
+    const int64_t begin = columns_to_refresh(filled_[l], t, cols);
     quest_.page_minmax_update(*step.k_cache, begin, cols, page_size_, page_min_[l], page_max_[l]);
-    filled_[l] = cols;
     ops_.page_logits(*step.q, page_min_[l], page_max_[l], cols, page_size_, channels_, scores);
 
     const DeviceTensor* eligible = &stage1_visible_;

@@ -135,11 +135,9 @@ class SeerAttentionPolicy final : public BudgetedPolicy {
     if (dense_layer(step)) return LayerDecision::Dense;
     const size_t l = size_t(step.layer);
     const int64_t t = step.step, cols = step.cols();
-    // As quest: the blocks that gained columns since this layer's last step (always the current
-    // one, so a step run again stays right; a position behind the summaries rebuilds them all).
-    const int64_t begin = filled_[l] <= cols ? std::min(filled_[l], t) : 0;
+    // As quest: the blocks that gained columns since this layer's last step (columns_to_refresh).
+    const int64_t begin = columns_to_refresh(filled_[l], t, cols);
     ops_.page_minmax_update(*step.k_cache, begin, cols, block_, page_min_[l], page_max_[l]);
-    filled_[l] = cols;
     update_block_keys(l, begin / block_, cols);
     gate_query(l, *step.q);
     backend_.attention_logits(gate_q_heads_, block_keys_[l], t, 0, scores);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "engine/policy/channel_calibration.h"
+#include "tests/support/json_fixture.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -20,15 +21,11 @@ using kvlens::test::Harness;
 namespace {
 
 nlohmann::json fixture() {
-  std::ifstream in(test::source_path("tests/fixtures/approx_logits/reference.json"));
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
+  return test::read_json_fixture("tests/fixtures/approx_logits/reference.json");
 }
 
 std::vector<float> floats(const nlohmann::json& values) {
-  std::vector<float> out;
-  for (const auto& v : values) out.push_back(v.get<float>());
-  return out;
+  return test::json_floats(values);
 }
 
 // The fixture's q and keys in the harness (4 heads over 2 KV heads, D = 4), step t = tokens - 1.

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "engine/policy/policy_factories.h"
+#include "tests/support/json_fixture.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 
@@ -18,15 +19,11 @@ using kvlens::test::Harness;
 namespace {
 
 nlohmann::json fixture() {
-  std::ifstream in(test::source_path("tests/fixtures/rocketkv/reference.json"));
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
+  return test::read_json_fixture("tests/fixtures/rocketkv/reference.json");
 }
 
 std::vector<float> floats(const nlohmann::json& values) {
-  std::vector<float> out;
-  for (const auto& v : values) out.push_back(v.get<float>());
-  return out;
+  return test::json_floats(values);
 }
 
 std::set<int64_t> as_set(const nlohmann::json& ids) {

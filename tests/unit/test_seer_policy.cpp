@@ -18,6 +18,7 @@
 #include "engine/policy/seer_gate.h"
 #include "engine/session/trace_recorder.h"
 #include "engine/trace/trace_queries.h"
+#include "tests/support/json_fixture.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -209,9 +210,7 @@ TEST_CASE("seerattention in a real decode: the demo gate's logits as the trainer
   // demo model's dense keys and queries. The first gated layer of a run sees the dense model's
   // keys and queries (the layers before it are dense), so run r = dense_layers r (in lockstep)
   // is compared at layer r: the C++ gate is the one the trainer trained.
-  std::ifstream in(test::source_path("tests/fixtures/seer/reference.json"));
-  REQUIRE(in);
-  const nlohmann::json reference = nlohmann::json::parse(in);
+  const nlohmann::json reference = test::read_json_fixture("tests/fixtures/seer/reference.json");
   const std::vector<int32_t> tokens = reference["tokens"].get<std::vector<int32_t>>();
   const int64_t block = reference["block_size"].get<int64_t>();
   auto backend = make_cpu_backend(2);

@@ -14,6 +14,7 @@
 #include "engine/policy/registry.h"
 #include "engine/session/trace_recorder.h"
 #include "engine/trace/trace_queries.h"
+#include "tests/support/json_fixture.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 
@@ -255,9 +256,7 @@ TEST_CASE("tova keeps the sets of the authors' cache, re-implemented from their 
   // schwartz-lab-NLP/TOVA with cache size M, fed one token at a time on the demo model: after
   // step t each layer keeps M original positions. kvlens's tova with budget_tokens = M + 1,
   // no sinks and no dense layer sees at step t + 1 exactly those plus token t + 1.
-  std::ifstream file(test::source_path("tests/fixtures/tova/reference.json"));
-  REQUIRE(file);
-  const nlohmann::json reference = nlohmann::json::parse(file);
+  const nlohmann::json reference = test::read_json_fixture("tests/fixtures/tova/reference.json");
   const auto tokens = reference["tokens"].get<std::vector<int32_t>>();
   const int64_t cache_size = reference["cache_size"].get<int64_t>();
   auto backend = make_cpu_backend(2);

@@ -20,6 +20,7 @@
 #include "engine/session/trace_recorder.h"
 #include "engine/trace/trace_queries.h"
 #include "tests/support/error_message.h"
+#include "tests/support/json_fixture.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 
@@ -382,9 +383,8 @@ TEST_CASE("top_p_prune keeps the sets of the authors' pruner, re-implemented fro
   // base selections pruned as Twilight's attention_forward and TopPReturnMaskKernel do. Where
   // the sink (column 0) is selected and holds the row's largest estimate, as in a real model,
   // and no rounding can move the threshold, kvlens keeps exactly their set.
-  std::ifstream file(test::source_path("tests/fixtures/twilight/reference.json"));
-  REQUIRE(file);
-  const nlohmann::json reference = nlohmann::json::parse(file);
+  const nlohmann::json reference =
+      test::read_json_fixture("tests/fixtures/twilight/reference.json");
   const int64_t cols = reference["cols"].get<int64_t>();
   REQUIRE(cols <= kStride + 8);
   auto backend = make_cpu_backend(1);
