@@ -14,10 +14,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -241,16 +243,46 @@ void check_greedy(const RealModel& m) {
   }
 }
 
+// The files a policy reads beside the model, made for that model by a tools/ script: none is
+// fetched with the real model yet (making them for SmolLM2 is a GPU-machine job).
+const std::vector<std::pair<std::string, std::string>>& per_model_files() {
+  static const std::vector<std::pair<std::string, std::string>> files = {
+      {"loki", "loki_pca.safetensors"},
+      {"doublesparsity", "doublesparsity_channels.safetensors"},
+      {"duoattention", "duo_gates.safetensors"},
+      {"seerattention", "seer_gate.safetensors"}};
+  return files;
+}
+
 // Every registered policy runs 16 steps of kvlens-cli trace in lockstep over the first prompt's
 // text, at 50%, and every run's steps are recorded; those that need a predictor only where the
-// model has one (the .gguf gets the bundled assets/predictors one). Only the CLI loads the model
-// (`path`; "" when absent: skipped).
+// model has one (the .gguf gets the bundled assets/predictors one). A policy whose per-model file
+// is missing must instead fail alone with the one-line error that names the file and the tool
+// that makes it. Only the CLI loads the model (`path`; "" when absent: skipped).
 void check_policies_trace(const std::string& path, const std::string& absent_hint,
                           bool has_predictor) {
   skip_if_unavailable(RealModel{.skip_reason = path.empty() ? absent_hint : ""});
+  const std::filesystem::path folder = std::filesystem::is_directory(path)
+                                           ? std::filesystem::path(path)
+                                           : std::filesystem::path(path).parent_path();
   std::vector<std::string> ids;
   for (const kvlens::PolicyInfo& info : kvlens::policy_infos()) {
-    if (has_predictor || !info.needs_predictor) ids.push_back(info.id);
+    if (!has_predictor && info.needs_predictor) continue;
+    const auto needs = std::find_if(per_model_files().begin(), per_model_files().end(),
+                                    [&](const auto& entry) { return entry.first == info.id; });
+    if (needs != per_model_files().end() && !std::filesystem::exists(folder / needs->second)) {
+      INFO(info.id << " without " << needs->second);
+      const kvlens::test::CommandResult alone = kvlens::test::run_command(
+          kvlens::test::cli_path() + " trace --model '" + path +
+          "' --dtype f32 --prompt 'a b c' --policies " + info.id + " --out '" +
+          kvlens::test::make_temp_dir("real-missing") + "/x.kvtrace'");
+      CHECK(alone.exit_code != 0);
+      CHECK(alone.err.find(needs->second) != std::string::npos);
+      CHECK(alone.err.find("tools/") != std::string::npos);
+      CHECK(std::count(alone.err.begin(), alone.err.end(), '\n') <= 1);
+      continue;
+    }
+    ids.push_back(info.id);
   }
   REQUIRE(ids.size() >= 2);
   std::string policies;
