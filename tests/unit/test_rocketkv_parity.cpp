@@ -56,7 +56,10 @@ int64_t load_example(Harness& h, const nlohmann::json& f) {
 }  // namespace
 
 TEST_CASE("rocketkv's split matches get_params_for_token_budget", "[policy][parity]") {
-  for (const auto& split : fixture()["splits"]) {
+  // Held in a variable: a range-for over a member of the temporary fixture() would read it after
+  // its end (ASan's heap-use-after-free in the sanitizer build).
+  const nlohmann::json f = fixture();
+  for (const auto& split : f["splits"]) {
     const double sparsity = split["sparsity"];
     const int64_t head_dim = split["head_dim"];
     INFO("sparsity " << sparsity << " head_dim " << head_dim);
