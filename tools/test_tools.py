@@ -742,43 +742,34 @@ def calibrate_channels_toy_cpu():
               f"bad --which: {bad.stderr[-500:]}")
 
 
+def check_fixture_current(tool, fixture):
+    """The committed tests/fixtures/FIXTURE/reference.json is exactly what tools/TOOL writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "reference.json")
+        proc = subprocess.run([sys.executable, os.path.join(TOOLS, tool), "--out", out],
+                              capture_output=True, text=True)
+        check(proc.returncode == 0, f"{tool} failed:\n{proc.stderr}")
+        committed = os.path.join(ROOT, "tests", "fixtures", fixture, "reference.json")
+        with open(out) as a, open(committed) as b:
+            check(a.read() == b.read(), f"the committed {fixture} fixture is stale: rerun {tool}")
+
+
 @test
 def approx_logit_fixture_is_current():
     """tests/fixtures/approx_logits/reference.json is what make_approx_logit_fixtures.py writes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "reference.json")
-        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "make_approx_logit_fixtures.py"),
-                               "--out", out], capture_output=True, text=True)
-        check(proc.returncode == 0, f"make_approx_logit_fixtures.py failed:\n{proc.stderr}")
-        committed = os.path.join(ROOT, "tests", "fixtures", "approx_logits", "reference.json")
-        with open(out) as a, open(committed) as b:
-            check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
-
+    check_fixture_current("make_approx_logit_fixtures.py", "approx_logits")
 
 
 @test
 def rocketkv_fixture_is_current():
     """tests/fixtures/rocketkv/reference.json is what make_rocketkv_fixture.py writes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "reference.json")
-        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "make_rocketkv_fixture.py"),
-                               "--out", out], capture_output=True, text=True)
-        check(proc.returncode == 0, f"make_rocketkv_fixture.py failed:\n{proc.stderr}")
-        committed = os.path.join(ROOT, "tests", "fixtures", "rocketkv", "reference.json")
-        with open(out) as a, open(committed) as b:
-            check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
+    check_fixture_current("make_rocketkv_fixture.py", "rocketkv")
+
 
 @test
 def twilight_fixture_is_current():
     """tests/fixtures/twilight/reference.json is what twilight_reference.py writes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "reference.json")
-        proc = subprocess.run([sys.executable, os.path.join(TOOLS, "twilight_reference.py"),
-                               "--out", out], capture_output=True, text=True)
-        check(proc.returncode == 0, f"twilight_reference.py failed:\n{proc.stderr}")
-        committed = os.path.join(ROOT, "tests", "fixtures", "twilight", "reference.json")
-        with open(out) as a, open(committed) as b:
-            check(a.read() == b.read(), "the committed fixture is stale: rerun the tool")
+    check_fixture_current("twilight_reference.py", "twilight")
 
 
 @test

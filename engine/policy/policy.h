@@ -175,6 +175,10 @@ void copy_columns(Backend& backend, const DeviceTensor& src, DeviceTensor& dst);
 // tensors get 0) in the rest. An empty tensor stays empty.
 DeviceTensor widen_columns(Backend& backend, const DeviceTensor& rows, int64_t stride,
                            uint8_t fill = 0);
+// A new F32 [B, N', W] tensor holding `blocks` [B, N, W] in the first N rows of each of its B
+// blocks (N' >= N; the rest uninitialised): per-KV-head page summaries, projected keys and block
+// keys widened when the session's stride grows. An empty tensor stays empty.
+DeviceTensor widen_middle(Backend& backend, const DeviceTensor& blocks, int64_t rows);
 // Sum of the tensors' bytes (empty ones count 0).
 int64_t tensor_bytes(const std::vector<DeviceTensor>& tensors);
 

@@ -125,6 +125,14 @@ DeviceTensor widen_columns(Backend& backend, const DeviceTensor& rows, int64_t s
   return grown;
 }
 
+DeviceTensor widen_middle(Backend& backend, const DeviceTensor& blocks, int64_t rows) {
+  if (blocks.empty() || rows <= blocks.dim(1)) return blocks;
+  const int64_t B = blocks.dim(0), N = blocks.dim(1), W = blocks.dim(2);
+  DeviceTensor grown = backend.alloc(DType::F32, {B, rows, W});
+  for (int64_t b = 0; b < B; ++b) backend.copy_rows(blocks, b * N, grown, b * rows, N, W);
+  return grown;
+}
+
 int64_t tensor_bytes(const std::vector<DeviceTensor>& tensors) {
   int64_t bytes = 0;
   for (const DeviceTensor& t : tensors) {

@@ -40,13 +40,7 @@ class ProjectedLogitPolicy final : public BudgetedPolicy {
   void grow(int64_t stride) override {
     if (stride <= shape_.stride) return;
     BudgetedPolicy::grow(stride);
-    for (DeviceTensor& old : projected_) {
-      if (old.empty()) continue;
-      DeviceTensor grown = backend_.alloc(DType::F32, {rows_, stride, dims_});
-      for (int64_t b = 0; b < rows_; ++b)
-        backend_.copy_rows(old, b * old.dim(1), grown, b * stride, old.dim(1), dims_);
-      old = std::move(grown);
-    }
+    for (DeviceTensor& keys : projected_) keys = widen_middle(backend_, keys, stride);
   }
   int64_t state_bytes() const override {
     return BudgetedPolicy::state_bytes() + tensor_bytes(basis_) + tensor_bytes(projected_);

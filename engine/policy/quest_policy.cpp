@@ -82,16 +82,8 @@ class QuestPolicy final : public BudgetedPolicy {
     if (stride <= shape_.stride) return;
     BudgetedPolicy::grow(stride);
     const int64_t pages = (stride + page_size_ - 1) / page_size_;
-    for (std::vector<DeviceTensor>* summaries : {&page_min_, &page_max_}) {
-      for (DeviceTensor& old : *summaries) {
-        if (old.empty()) continue;
-        DeviceTensor grown = backend_.alloc(DType::F32, {shape_.kv_heads, pages, shape_.head_dim});
-        for (int64_t g = 0; g < shape_.kv_heads; ++g) {
-          backend_.copy_rows(old, g * old.dim(1), grown, g * pages, old.dim(1), shape_.head_dim);
-        }
-        old = std::move(grown);
-      }
-    }
+    for (std::vector<DeviceTensor>* summaries : {&page_min_, &page_max_})
+      for (DeviceTensor& summary : *summaries) summary = widen_middle(backend_, summary, pages);
   }
   int64_t state_bytes() const override {
     return BudgetedPolicy::state_bytes() + tensor_bytes(page_min_) + tensor_bytes(page_max_);

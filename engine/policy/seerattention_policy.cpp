@@ -100,27 +100,11 @@ class SeerAttentionPolicy final : public BudgetedPolicy {
 
   void grow(int64_t stride) override {
     if (stride <= shape_.stride) return;
-    const int64_t old_stride = shape_.stride, G = shape_.kv_heads;
     BudgetedPolicy::grow(stride);
-    for (std::vector<DeviceTensor>* summaries : {&page_min_, &page_max_}) {
-      for (DeviceTensor& old : *summaries) {
-        if (old.empty()) continue;
-        DeviceTensor grown = backend_.alloc(DType::F32, {G, pages(stride), shape_.head_dim});
-        for (int64_t g = 0; g < G; ++g) {
-          backend_.copy_rows(old, g * old.dim(1), grown, g * pages(stride), old.dim(1),
-                             shape_.head_dim);
-        }
-        old = std::move(grown);
-      }
-    }
-    for (DeviceTensor& old : block_keys_) {
-      if (old.empty()) continue;
-      DeviceTensor grown = backend_.alloc(DType::F32, {G, stride, dim_});
-      for (int64_t g = 0; g < G; ++g) {
-        backend_.copy_rows(old, g * old_stride, grown, g * stride, old_stride, dim_);
-      }
-      old = std::move(grown);
-    }
+    for (std::vector<DeviceTensor>* summaries : {&page_min_, &page_max_})
+      for (DeviceTensor& summary : *summaries)
+        summary = widen_middle(backend_, summary, pages(stride));
+    for (DeviceTensor& keys : block_keys_) keys = widen_middle(backend_, keys, stride);
     alloc_block_scratch(stride);
   }
   int64_t state_bytes() const override {

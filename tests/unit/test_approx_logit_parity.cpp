@@ -24,33 +24,8 @@ nlohmann::json fixture() {
   return test::read_json_fixture("tests/fixtures/approx_logits/reference.json");
 }
 
-std::vector<float> floats(const nlohmann::json& values) {
-  return test::json_floats(values);
-}
-
-// The fixture's q and keys in the harness (4 heads over 2 KV heads, D = 4), step t = tokens - 1.
-int64_t load_example(Harness& h, const nlohmann::json& f) {
-  const int64_t heads = f["heads"], groups = f["kv_heads"], dim = f["head_dim"], t = f["tokens"];
-  REQUIRE(heads == 4);
-  REQUIRE(groups == 2);
-  REQUIRE(dim == 4);
-  const std::vector<float> q = floats(f["q"]), k = floats(f["k"]);
-  std::vector<std::vector<float>> q_rows(4);
-  for (int64_t r = 0; r < 4; ++r)
-    q_rows[size_t(r)].assign(q.begin() + r * 4, q.begin() + r * 4 + 4);
-  h.set_q(q_rows);
-  std::vector<std::vector<std::vector<float>>> keys(2);
-  for (int64_t g = 0; g < 2; ++g)
-    for (int64_t j = 0; j < t; ++j)
-      keys[size_t(g)].push_back(
-          std::vector<float>(k.begin() + (g * t + j) * 4, k.begin() + (g * t + j) * 4 + 4));
-  h.set_keys(keys);
-  h.set_logits(std::vector<float>(size_t(t), 0.0f));  // never read
-  return t - 1;
-}
-
 void check_scores(Harness& h, const nlohmann::json& expected, int64_t t, double factor = 1.0) {
-  const std::vector<float> want = floats(expected);
+  const std::vector<float> want = test::json_floats(expected);
   for (int64_t head = 0; head < 4; ++head) {
     const std::vector<float> row = h.score_row(head, t);
     for (int64_t j = 0; j <= t; ++j) {
@@ -76,7 +51,7 @@ std::vector<std::string> budget_args(const nlohmann::json& f, const std::string&
 TEST_CASE("sparq matches the authors' SparseQ scores and group top-k", "[policy][parity]") {
   const nlohmann::json f = fixture();
   Harness h;
-  const int64_t t = load_example(h, f);
+  const int64_t t = test::load_qk_example(h, f);
   std::vector<std::string> args =
       budget_args(f, "channels=" + std::to_string(int(f["sparq"]["channels"])));
   args.push_back("granularity=kv_head");  // the authors' one set per KV head
@@ -93,17 +68,17 @@ TEST_CASE("loki and doublesparsity match the authors' scores and per-head top-k"
           "[policy][parity]") {
   const nlohmann::json f = fixture();
   Harness h;
-  const int64_t t = load_example(h, f);
+  const int64_t t = test::load_qk_example(h, f);
   h.shape.model_dir = test::make_temp_dir("approx-parity");
   // Layer 1 gets the fixture's calibration (layer 0 is dense: any values).
-  const std::vector<float> basis = floats(f["loki"]["basis"]);
+  const std::vector<float> basis = test::json_floats(f["loki"]["basis"]);
   std::vector<float> bases(basis.size() * 2, 0.0f);
   std::copy(basis.begin(), basis.end(), bases.begin() + std::ptrdiff_t(basis.size()));
   test::write_safetensors(h.shape.model_dir + "/" + kLokiCalibrationFile,
                           {test::make_tensor("basis", "F32", {2, 2, 4, 4}, bases)});
   std::vector<float> order;
   for (int i = 0; i < 16; ++i) order.push_back(float(i % 4));
-  for (const float c : floats(f["doublesparsity"]["order"])) order.push_back(c);
+  for (const float c : test::json_floats(f["doublesparsity"]["order"])) order.push_back(c);
   test::write_safetensors(h.shape.model_dir + "/" + kDoubleSparsityCalibrationFile,
                           {test::make_tensor("channels", "F32", {2, 4, 4}, order)});
 

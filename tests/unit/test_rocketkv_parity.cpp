@@ -22,35 +22,10 @@ nlohmann::json fixture() {
   return test::read_json_fixture("tests/fixtures/rocketkv/reference.json");
 }
 
-std::vector<float> floats(const nlohmann::json& values) {
-  return test::json_floats(values);
-}
-
 std::set<int64_t> as_set(const nlohmann::json& ids) {
   std::set<int64_t> out;
   for (const auto& id : ids) out.insert(id.get<int64_t>());
   return out;
-}
-
-// The fixture's q and keys in the harness (4 heads over 2 KV heads, D = 4); returns the step.
-int64_t load_example(Harness& h, const nlohmann::json& f) {
-  const int64_t t = f["tokens"];
-  REQUIRE(int64_t(f["heads"]) == 4);
-  REQUIRE(int64_t(f["kv_heads"]) == 2);
-  REQUIRE(int64_t(f["head_dim"]) == 4);
-  const std::vector<float> q = floats(f["q"]), k = floats(f["k"]);
-  std::vector<std::vector<float>> q_rows(4);
-  for (int64_t r = 0; r < 4; ++r)
-    q_rows[size_t(r)].assign(q.begin() + r * 4, q.begin() + r * 4 + 4);
-  h.set_q(q_rows);
-  std::vector<std::vector<std::vector<float>>> keys(2);
-  for (int64_t g = 0; g < 2; ++g)
-    for (int64_t j = 0; j < t; ++j)
-      keys[size_t(g)].push_back(
-          std::vector<float>(k.begin() + (g * t + j) * 4, k.begin() + (g * t + j) * 4 + 4));
-  h.set_keys(keys);
-  h.set_logits(std::vector<float>(size_t(t), 0.0f));  // never read
-  return t - 1;
 }
 
 }  // namespace
@@ -73,7 +48,7 @@ TEST_CASE("rocketkv's split matches get_params_for_token_budget", "[policy][pari
 TEST_CASE("rocketkv's stage 2 matches rocket_attn's estimate and top-k", "[policy][parity]") {
   const nlohmann::json f = fixture();
   Harness h;
-  const int64_t t = load_example(h, f);
+  const int64_t t = test::load_qk_example(h, f);
   const double sparsity = f["sparsity"];
   const std::vector<std::string> args = {"sinks=0", "dense_layers=0",
                                          "page_size=" + std::to_string(int(f["chunk_size"])),
@@ -81,7 +56,7 @@ TEST_CASE("rocketkv's stage 2 matches rocket_attn's estimate and top-k", "[polic
   // At this sparsity stage 1 keeps all 12 tokens at step 11: every token is stage 2's to rank.
   auto policy = h.make("rocketkv", sparsity, args);
   const auto sets = h.run(*policy, t, 0);
-  const std::vector<float> want = floats(f["scores"]);
+  const std::vector<float> want = test::json_floats(f["scores"]);
   for (int64_t head = 0; head < 4; ++head) {
     const std::vector<float> row = h.score_row(head, t);
     for (int64_t j = 0; j <= t; ++j) {

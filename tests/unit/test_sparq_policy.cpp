@@ -13,6 +13,7 @@
 #include "engine/policy/registry.h"
 #include "engine/session/trace_recorder.h"
 #include "engine/trace/trace_queries.h"
+#include "tests/support/chosen_split.h"
 #include "tests/support/policy_harness.h"
 #include "tests/support/test_paths.h"
 
@@ -145,16 +146,9 @@ TEST_CASE("sparq in a real decode: scores on the true logits' scale, the top-B(t
         REQUIRE(approx.kept);
         CHECK(std::count(approx.visible.begin(), approx.visible.end(), uint8_t(1)) == 9);
         CHECK(approx.visible[size_t(t)] == 1);
-        float lowest_chosen = INFINITY, highest_left = -INFINITY;
-        for (int64_t j = 0; j < t; ++j) {
-          const float s = approx.values[size_t(j)];
-          if (approx.visible[size_t(j)])
-            lowest_chosen = std::min(lowest_chosen, s);
-          else
-            highest_left = std::max(highest_left, s);
-        }
-        CHECK(highest_left <= lowest_chosen);
-        misses += std::isfinite(highest_left) ? 0 : 1;
+        const test::ChosenSplit split = test::chosen_split(approx, t);
+        CHECK(split.highest_left <= split.lowest_chosen);
+        misses += std::isfinite(split.highest_left) ? 0 : 1;
       }
     }
   }
