@@ -205,7 +205,11 @@ void Dashboard::runs_section() {
       "tokenfilter's is a share of attention computations, not of tokens.");
   if (engine_.trace() && !engine_.match_report().isEmpty()) {
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
-    ImGui::TextWrapped("matched, on this text:\n%s", engine_.match_report().toUtf8().constData());
+    // The figures on a line of their own under each run: wrapped in a narrow sidebar, ImGui would
+    // break a number at its point ("effective 0." / "498").
+    QString shown = engine_.match_report();
+    shown.replace(QStringLiteral(": nominal "), QStringLiteral(":\n    nominal "));
+    ImGui::TextWrapped("matched, on this text:\n%s", shown.toUtf8().constData());
     ImGui::PopStyleColor();
     tooltip(
         "The nominal sparsity each run records with, and the effective sparsity it gave on "
