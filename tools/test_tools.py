@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import io
 import json
+import random
 import re
 import os
 import shutil
@@ -547,8 +548,21 @@ def training_pools_disjoint_and_valid():
             subprocess.run([sys.executable, os.path.join(TOOLS, "make_training_pools.py"),
                             "--split", split, "--out", files[split], "--names", "3000",
                             "--intros", "120", "--distractors", "50", "--pieces-of", tokenizer,
-                            "--exclude", bundled], check=True, capture_output=True)
+                            "--exclude", bundled, "--ornate-share", "0.5"], check=True,
+                           capture_output=True)
         pools = {k: json.load(open(v, encoding="utf-8")) for k, v in files.items()}
+        # Half the leads are ornate scenes; their questions paraphrase (not one repeats its lead's
+        # centrepiece word for word in every entry) and the select split's scenes use held-back parts.
+        for split, p in pools.items():
+            ornate = [e for e in p["loc_intro_tieback_list"]
+                      if any(s[0] in e["location_intro"].lower() for s in mtp.SETTINGS)]
+            check(len(ornate) == 60, f"{split}: {len(ornate)} ornate leads, expected 60")
+            check(any(not any(c[0] in e["tieback_question"] for c in mtp.ORNATE_COLOURS)
+                      for e in ornate), f"{split}: no question paraphrases its colour")
+        rng = random.Random(0)
+        train_settings = {s[0] for s in mtp.split_parts(rng, mtp.SETTINGS, False)}
+        select_settings = {s[0] for s in mtp.split_parts(rng, mtp.SETTINGS, True)}
+        check(not train_settings & select_settings, "select's settings are held back from train")
         train = {n.lower() for n in pools["train"]["location_names"]}
         select = {n.lower() for n in pools["select"]["location_names"]}
         check(len(train) == 3000 and len(select) == 2000, "name counts")
@@ -570,8 +584,8 @@ def training_pools_disjoint_and_valid():
         again = os.path.join(tmp, "again.json")
         subprocess.run([sys.executable, os.path.join(TOOLS, "make_training_pools.py"), "--split",
                         "select", "--out", again, "--names", "3000", "--intros", "120",
-                        "--distractors", "50", "--pieces-of", tokenizer, "--exclude", bundled],
-                       check=True, capture_output=True)
+                        "--distractors", "50", "--pieces-of", tokenizer, "--exclude", bundled,
+                        "--ornate-share", "0.5"], check=True, capture_output=True)
         check(open(again).read() == open(files["select"]).read(), "not deterministic")
         cli = kvlens_cli()
         if cli:
@@ -617,7 +631,7 @@ def demo_training_toy_cpu():
              "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--intermediate", "64",
              "--batch", "4", "--steps", "2", "--eval-every", "1", "--log-every", "1",
              "--warmup", "1", "--copy-batch", "2", "--copy-len", "4", "8",
-             "--context-copy-batch", "2"],
+             "--context-copy-batch", "2", "--attention-dropout", "0.1"],
             capture_output=True, text=True)
         check(proc.returncode == 0, f"train_demo_model.py failed:\n{proc.stderr[-3000:]}")
         check("copy loss" in proc.stdout and "context-copy loss" in proc.stdout,
@@ -629,6 +643,8 @@ def demo_training_toy_cpu():
         check(log["final"]["coref_normal"]["samples"] == 8, "the selection samples are not cut")
         check(open(os.path.join(out, "tokenizer.json")).read() == open(tokenizer).read(),
               "the given tokenizer is kept")
+        with open(os.path.join(out, "config.json")) as f:
+            check(json.load(f)["attention_dropout"] == 0.0, "dropout is for training only")
         info = subprocess.run([cli, "info", "--model", out], capture_output=True, text=True)
         check(info.returncode == 0, f"kvlens-cli cannot open the result: {info.stderr}")
 

@@ -172,7 +172,8 @@ def make_config(vocab_size, bos, eos, args):
               num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
               max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=True,
               bos_token_id=bos, eos_token_id=eos, hidden_act="silu", attention_bias=False,
-              mlp_bias=False, attention_dropout=0.0, initializer_range=0.02)
+              mlp_bias=False, attention_dropout=getattr(args, "attention_dropout", 0.0),
+              initializer_range=0.02)
     if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
     else:
@@ -273,6 +274,10 @@ def main():
                     help="extra sequences per step of natural text with a new name said once after "
                          "an introduction and asked for at the end: retrieval inside real prose, "
                          "not only inside the generator's sentences")
+    ap.add_argument("--attention-dropout", type=float, default=0.0,
+                    help="dropout on the attention probabilities while training (the saved config "
+                         "has none): a copy done by one sharp head in one layer breaks when a "
+                         "sparse policy misses its key; dropout makes the model copy with several")
     ap.add_argument("--init-from", default="",
                     help="start from this saved model folder (a second, fine-tuning stage with its "
                          "own schedule) instead of random weights; its config must match")
@@ -634,6 +639,7 @@ def main():
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos,
                                                pad_token_id=eos, do_sample=False)
+    model.config.attention_dropout = 0.0  # a training regulariser only: inference has none
     model.save_pretrained(args.out)
     tok.save(os.path.join(args.out, "tokenizer.json"))
     train_log = {
