@@ -30,7 +30,8 @@ ORACLE = "oracle"  # an upper bound, not a contender: never bold, marked in the 
 
 def select_policies(registry_path, have_predictor, only):
     """The ids to run, in the registry's order: `only` (checked against the registry) or every
-    one, less those that need a predictor when there is none."""
+    one, less those that need a predictor when there is none. The composed SCORER+ALLOCATOR ids
+    run only when `only` names them (every scorer with every allocator would double the run)."""
     with open(registry_path) as f:
         registry = json.load(f)
     known = [p["id"] for p in registry]
@@ -41,7 +42,8 @@ def select_policies(registry_path, have_predictor, only):
             raise SystemExit(f"--policies: unknown {', '.join(unknown)} "
                              f"(known: {', '.join(known)})")
         return [p for p in known if p in wanted]
-    return [p["id"] for p in registry if have_predictor or not p.get("needs_predictor")]
+    return [p["id"] for p in registry if (have_predictor or not p.get("needs_predictor"))
+            and not p.get("composed")]
 
 
 def read_facts(runs):

@@ -34,7 +34,7 @@ void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
     run = [] {
       if (json) {
         nlohmann::json out = nlohmann::json::array();
-        for (const PolicyInfo& info : policy_infos()) {
+        const auto add = [&out](const PolicyInfo& info, bool composed) {
           nlohmann::json params = nlohmann::json::array();
           for (const ParamSpec& spec : info.params) params.push_back(describe(spec));
           const std::string source = policy_source(info.id);
@@ -45,8 +45,13 @@ void add_policies_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
                          {"reference", info.reference},
                          {"needs_predictor", info.needs_predictor},
                          {"predicts_logits", info.predicts_logits},
+                         {"composed", composed},
                          {"plugin", source.empty() ? nlohmann::json() : nlohmann::json(source)}});
-        }
+        };
+        for (const PolicyInfo& info : policy_infos()) add(info, false);
+        // SCORER+ALLOCATOR ids run wherever an id does, so a script reading this list sees them
+        // (with the scorer's and the allocator's parameters), marked as composed.
+        for (const std::string& id : composed_policy_ids()) add(*find_policy_info(id), true);
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
       }

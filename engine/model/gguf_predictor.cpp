@@ -53,6 +53,20 @@ std::string match_predictor_index(const std::string& index_json, const std::stri
   return {};
 }
 
+std::string bundled_gguf_model_folder(const GgufFile& file) {
+  std::string index_path;
+  try {
+    index_path = bundled_asset_path("predictors/index.json", "bundled predictors");
+  } catch (const Error&) {
+    return {};  // an install without the bundled assets: nothing shipped to find
+  }
+  const std::string predictor = match_predictor_index(
+      read_text_file(index_path), index_path, file.optional_string("general.name").value_or(""),
+      file.optional_string("general.architecture").value_or(""));
+  return predictor.empty() ? std::string()
+                           : std::filesystem::path(predictor).parent_path().string();
+}
+
 GgufPredictorSearch find_gguf_predictor(const std::string& gguf_path, const GgufFile& file) {
   namespace fs = std::filesystem;
   std::error_code ec;

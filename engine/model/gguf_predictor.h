@@ -18,6 +18,11 @@ struct GgufPredictorSearch {
 
 GgufPredictorSearch find_gguf_predictor(const std::string& gguf_path, const GgufFile& file);
 
+// The folder kvlens ships for the model of `file` (the folder of its index entry's predictor,
+// which also holds the policies' calibration and gate files made for that model), or empty when
+// the index lists none or cannot be found. A malformed index throws as match_predictor_index.
+std::string bundled_gguf_model_folder(const GgufFile& file);
+
 // The predictor file an index lists for (name, architecture), resolved against the index's
 // folder; empty when no entry matches. `index_path` names the file in errors: a malformed index
 // throws kvlens::Error naming the entry and field.

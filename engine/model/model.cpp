@@ -40,6 +40,9 @@ std::shared_ptr<const Model> load_gguf(const std::string& path, const std::strin
     model->tokenizer = std::shared_ptr<const Tokenizer>(
         tokenizer_from_gguf(gguf_tokenizer_data(*model->gguf), path));
   }
+  model->file_dirs.push_back(std::filesystem::path(path).parent_path().string());
+  const std::string shipped = bundled_gguf_model_folder(*model->gguf);
+  if (!shipped.empty()) model->file_dirs.push_back(shipped);
   if (!predictor_file.empty()) {
     model->predictor.predictor = Predictor::load_file(predictor_file, model->config);
   } else {
@@ -81,6 +84,7 @@ std::shared_ptr<const Model> Model::load(const std::string& model_dir,
   }
   auto model = std::make_shared<Model>();
   model->dir = model_dir;
+  model->file_dirs = {model_dir};
   model->config = ModelConfig::load(config_path.string());
   model->weights = ModelWeights::load(model_dir, model->config);
   const fs::path beside = dir / "predictor.safetensors";

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/model/config.h"
 #include "engine/model/gguf.h"
@@ -25,6 +26,10 @@ struct Model {
   // The TokenButler predictor, when one was found (predictor.predictor non-null), and where the
   // lookup looked (PredictorLookup).
   PredictorLookup predictor;
+  // Folders where files made for this model are looked for, in order (policies' calibrations and
+  // gates: engine/policy/model_files.h): the model's folder (a .gguf file's folder), then, for a
+  // GGUF file kvlens knows by its general.name, the folder it ships for that model.
+  std::vector<std::string> file_dirs;
 
   // `predictor_file` (a predictor.safetensors, with its predictor.json beside it) overrides the
   // lookup; empty: a llama_butler checkpoint's own predictor, else predictor.safetensors in the

@@ -3,10 +3,10 @@
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
 #include "engine/common/error.h"
 #include "engine/model/safetensors.h"
+#include "engine/policy/model_files.h"
 
 namespace kvlens {
 
@@ -26,23 +26,13 @@ const std::string kMakeIt =
 std::vector<float> read_calibration(const PolicyShape& shape, const std::string& owner,
                                     const std::string& file, const std::string& tensor,
                                     const std::vector<int64_t>& expected) {
-  namespace fs = std::filesystem;
-  if (shape.model_dir.empty())
-    throw Error(owner, file, "the model's folder, which holds it (" + kMakeIt + ")",
-                "a model without a folder");
-  fs::path folder(shape.model_dir);
-  std::error_code ignored;
-  if (fs::is_regular_file(folder, ignored)) folder = folder.parent_path();
-  const fs::path path = folder / file;
-  if (!fs::is_regular_file(path, ignored))
-    throw Error(owner, file, "the calibration file beside the model: " + kMakeIt,
-                "none in " + folder.string());
-  const SafetensorsFile calibration(path.string());
+  const std::string path = require_model_file(shape, owner, file, "the calibration file", kMakeIt);
+  const SafetensorsFile calibration(path);
   if (!calibration.contains(tensor))
-    throw Error(path.string(), tensor, "an F32 " + shape_text(expected) + " tensor", "none");
+    throw Error(path, tensor, "an F32 " + shape_text(expected) + " tensor", "none");
   const TensorView view = calibration.tensor(tensor);
   if (view.dtype != DType::F32 || view.shape != expected)
-    throw Error(path.string(), tensor, "an F32 " + shape_text(expected) + " tensor",
+    throw Error(path, tensor, "an F32 " + shape_text(expected) + " tensor",
                 std::string(dtype_name(view.dtype)) + " " + shape_text(view.shape));
   std::vector<float> values(size_t(view.numel()));
   std::memcpy(values.data(), view.data, values.size() * sizeof(float));

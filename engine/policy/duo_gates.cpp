@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
 #include "engine/common/error.h"
 #include "engine/model/safetensors.h"
+#include "engine/policy/model_files.h"
 
 namespace kvlens {
 
@@ -20,36 +20,26 @@ const std::string kMakeIt =
 }  // namespace
 
 std::vector<float> load_duo_gates(const PolicyShape& shape) {
-  namespace fs = std::filesystem;
-  const std::string owner = "policy duoattention";
-  if (shape.model_dir.empty())
-    throw Error(owner, kDuoGatesFile, "the model's folder, which holds it (" + kMakeIt + ")",
-                "a model without a folder");
-  fs::path folder(shape.model_dir);
-  std::error_code ignored;
-  if (fs::is_regular_file(folder, ignored)) folder = folder.parent_path();
-  const fs::path path = folder / kDuoGatesFile;
-  if (!fs::is_regular_file(path, ignored))
-    throw Error(owner, kDuoGatesFile, "the head gates beside the model: " + kMakeIt,
-                "none in " + folder.string());
-  const SafetensorsFile file(path.string());
+  const std::string path =
+      require_model_file(shape, "policy duoattention", kDuoGatesFile, "the head gates", kMakeIt);
+  const SafetensorsFile file(path);
   const std::string expected = "an F32 [" + std::to_string(shape.layers) + ", " +
                                std::to_string(shape.kv_heads) +
                                "] tensor (layers x KV heads) of values in [0, 1]";
-  if (!file.contains("gates")) throw Error(path.string(), "gates", expected, "none");
+  if (!file.contains("gates")) throw Error(path, "gates", expected, "none");
   const TensorView view = file.tensor("gates");
   const std::vector<int64_t> want = {shape.layers, shape.kv_heads};
   if (view.dtype != DType::F32 || view.shape != want) {
     std::string found = std::string(dtype_name(view.dtype)) + " [";
     for (size_t i = 0; i < view.shape.size(); ++i)
       found += (i ? ", " : "") + std::to_string(view.shape[i]);
-    throw Error(path.string(), "gates", expected, found + "]");
+    throw Error(path, "gates", expected, found + "]");
   }
   std::vector<float> gates(size_t(view.numel()));
   std::memcpy(gates.data(), view.data, gates.size() * sizeof(float));
   for (size_t i = 0; i < gates.size(); ++i) {
     if (!(gates[i] >= 0.0f && gates[i] <= 1.0f))
-      throw Error(path.string(), "gates", expected,
+      throw Error(path, "gates", expected,
                   std::to_string(gates[i]) + " at layer " +
                       std::to_string(int64_t(i) / shape.kv_heads) + ", KV head " +
                       std::to_string(int64_t(i) % shape.kv_heads));

@@ -108,6 +108,9 @@ struct PolicyShape {
   // (loki's and doublesparsity's calibration, duoattention's gates, seerattention's gate); empty
   // where unknown.
   std::string model_dir;
+  // The folders where those files are looked for, in order (Model::file_dirs: beside the model,
+  // then the folder kvlens ships for a known GGUF model); empty: model_dir's folder alone.
+  std::vector<std::string> model_file_dirs;
 };
 
 class Policy {

@@ -22,6 +22,7 @@
 //   recomputes only the blocks that gained columns (the current one; every block after a dense
 //   prompt). Every op is an existing backend op.
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,6 +30,7 @@
 
 #include "engine/backend/tensor_views.h"
 #include "engine/policy/budgeted_policy.h"
+#include "engine/policy/model_files.h"
 #include "engine/policy/policy_factories.h"
 #include "engine/policy/quest_ops.h"
 #include "engine/policy/seer_gate.h"
@@ -220,8 +222,14 @@ PolicyInfo seerattention_policy_info() {
 
 std::unique_ptr<Policy> make_seerattention_policy(const PolicyShape& shape, Backend& backend,
                                                   const ParamValues& params, double sparsity) {
+  // The gate beside the model or the one shipped for a known GGUF model (model_files.h); when
+  // neither exists, load_seer_gate's error names the file beside the model and the tool.
+  const ModelFileSearch search = find_model_file(shape, "seer_gate.safetensors");
+  const std::string folder = search.found.empty()
+                                 ? shape.model_dir
+                                 : std::filesystem::path(search.found).parent_path().string();
   std::shared_ptr<const SeerGate> gate =
-      load_seer_gate(shape.model_dir, shape.layers, shape.heads, shape.kv_heads, shape.head_dim);
+      load_seer_gate(folder, shape.layers, shape.heads, shape.kv_heads, shape.head_dim);
   return std::make_unique<SeerAttentionPolicy>(shape, backend, read_common_knobs(params, sparsity),
                                                std::move(gate));
 }

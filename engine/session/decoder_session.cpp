@@ -523,7 +523,8 @@ PolicyShape DecoderSession::policy_shape() const {
           model_->model->predictor.searched,
           c.hidden_size,
           c.max_position_embeddings,
-          model_->model->dir};
+          model_->model->dir,
+          model_->model->file_dirs};
 }
 
 void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, int64_t first_step) {

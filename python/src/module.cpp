@@ -125,35 +125,41 @@ py::dict config_dict(const ModelConfig& c) {
   return d;
 }
 
+py::dict policy_dict(const PolicyInfo& info, bool composed) {
+  py::dict d;
+  d["id"] = info.id;
+  d["family"] = info.family;
+  d["description"] = info.description;
+  d["reference"] = info.reference;
+  d["needs_predictor"] = info.needs_predictor;
+  d["predicts_logits"] = info.predicts_logits;
+  d["composed"] = composed;
+  py::list params;
+  for (const ParamSpec& spec : info.params) {
+    py::dict p;
+    p["name"] = spec.name;
+    p["type"] = spec.type == ParamType::Int     ? "int"
+                : spec.type == ParamType::Float ? "float"
+                : spec.type == ParamType::Bool  ? "bool"
+                                                : "choice";
+    p["description"] = spec.description;
+    p["default"] = spec.default_value;
+    p["min"] = spec.min;
+    p["max"] = spec.max;
+    p["choices"] = spec.choices;
+    params.append(p);
+  }
+  d["params"] = params;
+  d["source"] = policy_source_of(info.id);
+  return d;
+}
+
 py::list policy_list() {
   py::list out;
-  for (const PolicyInfo& info : policy_infos()) {
-    py::dict d;
-    d["id"] = info.id;
-    d["family"] = info.family;
-    d["description"] = info.description;
-    d["reference"] = info.reference;
-    d["needs_predictor"] = info.needs_predictor;
-    d["predicts_logits"] = info.predicts_logits;
-    py::list params;
-    for (const ParamSpec& spec : info.params) {
-      py::dict p;
-      p["name"] = spec.name;
-      p["type"] = spec.type == ParamType::Int     ? "int"
-                  : spec.type == ParamType::Float ? "float"
-                  : spec.type == ParamType::Bool  ? "bool"
-                                                  : "choice";
-      p["description"] = spec.description;
-      p["default"] = spec.default_value;
-      p["min"] = spec.min;
-      p["max"] = spec.max;
-      p["choices"] = spec.choices;
-      params.append(p);
-    }
-    d["params"] = params;
-    d["source"] = policy_source_of(info.id);
-    out.append(d);
-  }
+  for (const PolicyInfo& info : policy_infos()) out.append(policy_dict(info, false));
+  // SCORER+ALLOCATOR ids (snapkv+adakv, ...) run wherever an id does: listed, marked composed.
+  for (const std::string& id : composed_policy_ids())
+    out.append(policy_dict(*find_policy_info(id), true));
   return out;
 }
 

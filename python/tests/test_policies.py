@@ -25,6 +25,9 @@ check(len(ids) == len(set(ids)), f"each policy listed once: {ids}")
 listed = {p["id"]: p for p in kvlens.policies()}
 check(listed["h2o_py"]["description"].startswith("Keeps the most recent tokens"), "its docstring")
 check([p["name"] for p in listed["h2o_py"]["params"]][-1] == "heavy_frac", "its knob")
+check(listed["snapkv+adakv"]["composed"] and listed["h2o+pyramidkv"]["composed"],
+      "the SCORER+ALLOCATOR ids are listed, marked composed")
+check(not listed["h2o_py"]["composed"] and not listed["snapkv"]["composed"], "others are not")
 model = kvlens.Model(DEMO)
 
 

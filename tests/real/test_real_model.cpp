@@ -243,8 +243,9 @@ void check_greedy(const RealModel& m) {
   }
 }
 
-// The files a policy reads beside the model, made for that model by a tools/ script: none is
-// fetched with the real model yet (making them for SmolLM2 is a GPU-machine job).
+// The files a policy reads beside the model, made for that model by a tools/ script. kvlens ships
+// SmolLM2's in assets/predictors/smollm2-135m-instruct/, found for the .gguf by its general.name
+// (engine/policy/model_files.h); an F32 folder converted from it has none beside it.
 const std::vector<std::pair<std::string, std::string>>& per_model_files() {
   static const std::vector<std::pair<std::string, std::string>> files = {
       {"loki", "loki_pca.safetensors"},
@@ -257,10 +258,11 @@ const std::vector<std::pair<std::string, std::string>>& per_model_files() {
 // Every registered policy runs 16 steps of kvlens-cli trace in lockstep over the first prompt's
 // text, at 50%, and every run's steps are recorded; those that need a predictor only where the
 // model has one (the .gguf gets the bundled assets/predictors one). A policy whose per-model file
-// is missing must instead fail alone with the one-line error that names the file and the tool
-// that makes it. Only the CLI loads the model (`path`; "" when absent: skipped).
+// is missing (where `ships_model_files` is false and none is beside the model) must instead fail
+// alone with the one-line error that names the file and the tool that makes it. Only the CLI
+// loads the model (`path`; "" when absent: skipped).
 void check_policies_trace(const std::string& path, const std::string& absent_hint,
-                          bool has_predictor) {
+                          bool has_predictor, bool ships_model_files) {
   skip_if_unavailable(RealModel{.skip_reason = path.empty() ? absent_hint : ""});
   const std::filesystem::path folder = std::filesystem::is_directory(path)
                                            ? std::filesystem::path(path)
@@ -270,7 +272,8 @@ void check_policies_trace(const std::string& path, const std::string& absent_hin
     if (!has_predictor && info.needs_predictor) continue;
     const auto needs = std::find_if(per_model_files().begin(), per_model_files().end(),
                                     [&](const auto& entry) { return entry.first == info.id; });
-    if (needs != per_model_files().end() && !std::filesystem::exists(folder / needs->second)) {
+    if (needs != per_model_files().end() && !ships_model_files &&
+        !std::filesystem::exists(folder / needs->second)) {
       INFO(info.id << " without " << needs->second);
       const kvlens::test::CommandResult alone = kvlens::test::run_command(
           kvlens::test::cli_path() + " trace --model '" + path +
@@ -332,7 +335,7 @@ TEST_CASE("every policy runs 16 traced steps on the F32 folder", "[real]") {
   check_policies_trace(
       real::f32_folder_path(),
       "no F32 Hugging Face folder of the real model (" + real::f32_folder_hint() + ")",
-      /*has_predictor=*/false);
+      /*has_predictor=*/false, /*ships_model_files=*/false);
 }
 
 TEST_CASE("the .gguf file gives transformers' logits when dequantized to F32", "[real]") {
@@ -346,9 +349,11 @@ TEST_CASE("the .gguf file's greedy continuations are transformers'", "[real]") {
 }
 
 TEST_CASE("every policy, tokenbutler too, runs 16 traced steps on the .gguf file", "[real]") {
+  // loki, doublesparsity, duoattention and seerattention too: their files for SmolLM2 ship in
+  // assets/predictors/smollm2-135m-instruct/.
   check_policies_trace(real::gguf_path(),
                        "the real model is not fetched (" + real::gguf_hint() + ")",
-                       /*has_predictor=*/true);
+                       /*has_predictor=*/true, /*ships_model_files=*/true);
 }
 
 TEST_CASE("the .gguf file gets the bundled TokenButler predictor", "[real]") {

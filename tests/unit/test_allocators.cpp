@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
 
@@ -299,6 +300,25 @@ TEST_CASE("kvlens-cli: policies lists the allocators and how they compose, eval 
   CHECK(listing.out.find("adakv") != std::string::npos);
   CHECK(listing.out.find("SCORER+ALLOCATOR") != std::string::npos);
   CHECK(listing.out.find("h2o+pyramidkv") != std::string::npos);
+  // --json lists them too (a script picks ids from it), marked composed, with both parts' knobs.
+  const auto json = test::run_command(test::cli_path() + " policies --json");
+  REQUIRE(json.exit_code == 0);
+  const nlohmann::json registry = nlohmann::json::parse(json.out);
+  std::set<std::string> composed;
+  for (const nlohmann::json& entry : registry) {
+    if (!entry.at("composed").get<bool>()) continue;
+    const std::string id = entry.at("id").get<std::string>();
+    composed.insert(id);
+    const std::string scorer = id.substr(0, id.find('+'));
+    // The scorer's own knobs and the allocator's after them (allocated_info).
+    std::set<std::string> knobs;
+    for (const nlohmann::json& param : entry.at("params")) knobs.insert(param.at("name"));
+    for (const ParamSpec& spec : find_policy_info(scorer)->params) CHECK(knobs.count(spec.name));
+    if (id.ends_with("+pyramidkv")) CHECK(knobs.count("pyramid_beta") == 1);
+  }
+  CHECK(composed.count("tova+adakv") == 1);
+  CHECK(composed.count("h2o+pyramidkv") == 1);
+  CHECK(composed.count("snapkv") == 0);
   const auto eval = test::run_command(
       test::cli_path() + " eval --model " + test::source_path("assets/models/demo") +
       " --task coref --samples 2 --threads 1 --policies dense,snapkv,snapkv+adakv,h2o+pyramid");

@@ -92,3 +92,23 @@ TEST_CASE("GGUF predictor search: beside the file first, then the bundled index"
   CHECK_THAT(search.searched[0], Contains("other.predictor.safetensors (none)"));
   CHECK_THAT(search.searched[1], Contains("index.json") && Contains("Someone Else 1B"));
 }
+
+TEST_CASE("GGUF model files: the folder kvlens ships for a known model, none for another",
+          "[gguf][predictor]") {
+  const std::string dir = kvlens::test::make_temp_dir("gguf_model_folder");
+  const std::string path = dir + "/smol.gguf";
+  kvlens::test::write_file(path, gguf_named("Smollm2 135M 8k Lc100K Mix1 Ep2", "llama"));
+  const std::string folder = kvlens::bundled_gguf_model_folder(*kvlens::GgufFile::open(path));
+  CHECK_THAT(folder, Contains("predictors") && Contains("smollm2-135m-instruct"));
+  // The shipped folder holds every policy's file made for SmolLM2 (item 2 of the real-model
+  // issue: every policy runs on it).
+  for (const char* name :
+       {"predictor.safetensors", "loki_pca.safetensors", "doublesparsity_channels.safetensors",
+        "duo_gates.safetensors", "seer_gate.safetensors", "seer_gate.json"}) {
+    INFO(name);
+    CHECK(std::filesystem::is_regular_file(std::filesystem::path(folder) / name));
+  }
+  const std::string other = dir + "/other.gguf";
+  kvlens::test::write_file(other, gguf_named("Someone Else 1B", "llama"));
+  CHECK(kvlens::bundled_gguf_model_folder(*kvlens::GgufFile::open(other)).empty());
+}
