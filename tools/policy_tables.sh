@@ -4,9 +4,10 @@
 # score=current_logit, snapkv protect_window=false, quest max_only=true, budget_excludes_sinks),
 # one process per (protocol, sparsity) run in parallel; prints both tables (tools/policy_tables.py).
 #   tools/policy_tables.sh CLI MODEL TEXT OUT [THREADS_PER_PROCESS]
+# (KVLENS_TABLE_POLICIES=ids overrides the list: every built-in, two composed allocators.)
 set -euo pipefail
 cli=$1 model=$2 text=$3 out=$4 threads=${5:-2}
-policies=dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,tokenbutler
+policies=${KVLENS_TABLE_POLICIES:-dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,tokenbutler,tova,pyramidkv,adakv,h2o+adakv,tova+adakv,sparq,loki,doublesparsity,twilight,rocketkv,duoattention,seerattention}
 tb=(--policy-arg h2o.score=current_logit --policy-arg snapkv.protect_window=false
   --policy-arg quest.max_only=true --policy-arg budget_excludes_sinks=true)
 mkdir -p "$out"
