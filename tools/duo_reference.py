@@ -57,6 +57,32 @@ def sparsify(gates, sparsity, noise_seed):
     return (full >= threshold).astype(int)
 
 
+def noise_free_pattern(gates, sparsity):
+    """The pattern at `sparsity` with the authors' noise (seeded), refused where another draw of
+    the noise would give another pattern (gates tied across the threshold): the fixture would
+    then be a draw, and kvlens breaks such ties by layer and head order instead."""
+    pattern = sparsify(gates, sparsity, noise_seed=0)
+    for seed in (None, 1, 2):
+        if not np.array_equal(sparsify(gates, sparsity, seed), pattern):
+            sys.exit(f"sparsity {sparsity}: the head pattern depends on the tie-breaking noise "
+                     "(gates tied across the threshold); choose another sparsity")
+    return pattern
+
+
+def load_gates(model_dir, layers, kv_heads):
+    """duo_gates.safetensors beside the model: `gates` F32 [layers, kv_heads] (kvlens's file,
+    docs/policies/duoattention.md; the authors' full_attention_heads.tsv holds the same)."""
+    from safetensors.numpy import load_file
+    path = os.path.join(model_dir, "duo_gates.safetensors")
+    if not os.path.exists(path):
+        sys.exit(f"{path}: missing (tools/train_duo_gates.py makes it)")
+    gates = load_file(path).get("gates")
+    if gates is None or gates.shape != (layers, kv_heads):
+        sys.exit(f"{path}: gates {None if gates is None else gates.shape}, expected "
+                 f"({layers}, {kv_heads})")
+    return gates
+
+
 def streaming_columns(t, sink, recent):
     """What a streaming head sees at step t: its cache before the step, everything while at most
     sink + recent tokens came before (line 131's branch keeps them all), else the first `sink`
@@ -89,25 +115,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ar.common_args(ap)
     args = ap.parse_args()
-    from safetensors.numpy import load_file
-
     torch.set_num_threads(1)
     model = ar.load_llama(args.model)
-    gates = load_file(os.path.join(args.model, "duo_gates.safetensors"))["gates"]  # [L, KV]
     cfg = model.config
-    if gates.shape != (cfg.num_hidden_layers, cfg.num_key_value_heads):
-        sys.exit(f"duo_gates.safetensors: gates {gates.shape}, expected "
-                 f"({cfg.num_hidden_layers}, {cfg.num_key_value_heads})")
+    gates = load_gates(args.model, cfg.num_hidden_layers, cfg.num_key_value_heads)  # [L, KV]
     tokens = ar.coref_tokens(args.kvlens_cli, args.model, args.tokens_from_coref)
     gap = ar.dense_check(model, tokens)
     runs = []
     for sparsity in SPARSITIES:
-        pattern = sparsify(gates, sparsity, noise_seed=0)
-        # The noise only breaks ties: a pattern it changes would make the fixture a draw.
-        for seed in (None, 1, 2):
-            if not np.array_equal(sparsify(gates, sparsity, seed), pattern):
-                sys.exit(f"sparsity {sparsity}: the head pattern depends on the tie-breaking "
-                         "noise; choose another sparsity")
+        pattern = noise_free_pattern(gates, sparsity)
         duo = Duo(pattern, cfg.num_attention_heads, SINK_SIZE, RECENT_SIZE)
         nll = ar.run_masked(model, tokens, duo)
         runs.append({"sparsity": sparsity, "retrieval_heads": int(pattern.sum()),

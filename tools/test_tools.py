@@ -727,6 +727,15 @@ def allocator_reference_reproduces_fixture():
     got = ar.pyramid_allocation(16, 100, [5, -1, -1, -1, -1, -1, -1, -1], 20)
     check(got == [5, 54, 23, 18, 14, 9, 5, 0], f"room {got}")
     check(ar.forced_begin(40, 25, 8) == 32 and ar.forced_begin(40, 5, 8) == 36, "forced part")
+    # The error path: a checkpoint that is not a Llama (the step-by-step forward is Llama's).
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tiny_llama(os.path.join(tmp, "model"))
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+        config.update(model_type="mistral", architectures=["MistralForCausalLM"])
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config, f)
+        refused(lambda: ar.load_llama(folder), "model_type is 'mistral', expected 'llama'")
 
 
 @test
@@ -749,6 +758,24 @@ def duo_reference_reproduces_fixture():
           "sparsity 0 keeps every head full, 1 none")
     check(dr.streaming_columns(19, 4, 15) == [[0, 20]], "everything while it fits")
     check(dr.streaming_columns(20, 4, 15) == [[0, 4], [5, 21]], "sinks + recent + new")
+    # The error paths: tied gates across the threshold, a gates file missing or of another shape.
+    refused(lambda: dr.noise_free_pattern(np.full((2, 4), 0.5), 0.5), "depends on the tie")
+    from safetensors.numpy import save_file
+    with tempfile.TemporaryDirectory() as tmp:
+        refused(lambda: dr.load_gates(tmp, 2, 4), "missing (tools/train_duo_gates.py")
+        save_file({"gates": np.zeros((2, 3), dtype=np.float32)},
+                  os.path.join(tmp, "duo_gates.safetensors"))
+        refused(lambda: dr.load_gates(tmp, 2, 4), "gates (2, 3), expected (2, 4)")
+
+
+def refused(call, message):
+    """call() must exit (sys.exit) with a message containing `message`."""
+    try:
+        call()
+    except SystemExit as e:
+        check(message in str(e.code), f"exit message {e.code!r} lacks {message!r}")
+        return
+    raise AssertionError(f"not refused: expected an exit saying {message!r}")
 
 @test
 def calibrate_channels_toy_cpu():
