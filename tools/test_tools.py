@@ -677,6 +677,106 @@ def tova_reference_reproduces_fixture():
     check(worst < 1e-5, f"next-token losses differ by {worst}")
 
 
+
+def regenerate(tool, fixture):
+    """Runs tools/TOOL as the committed tests/fixtures/FIXTURE/reference.json was made (its
+    co-reference sample) and returns (committed, fresh); None where no kvlens-cli is built."""
+    cli = kvlens_cli()
+    if not cli:
+        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
+        return None
+    with open(os.path.join(ROOT, "tests", "fixtures", fixture, "reference.json")) as f:
+        committed = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "reference.json")
+        proc = subprocess.run(
+            [sys.executable, os.path.join(TOOLS, tool), "--kvlens-cli", cli,
+             "--tokens-from-coref", str(committed["coref_sample"]["index"]), "--out", out],
+            capture_output=True, text=True)
+        check(proc.returncode == 0, f"{tool} failed:\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            fresh = json.load(f)
+    check(fresh["tokens"] == committed["tokens"], "tokens")
+    return committed, fresh
+
+
+def close_losses(fresh, committed, what):
+    worst = max(abs(a - b) for a, b in zip(fresh, committed))
+    check(len(fresh) == len(committed) and worst < 1e-5, f"{what}: losses differ by {worst}")
+
+
+@test
+def allocator_reference_reproduces_fixture():
+    """tools/allocator_reference.py (PyramidKV's and Ada-KV's code re-implemented) rebuilds the
+    committed tests/fixtures/allocators/reference.json: the same dropped positions and budgets at
+    every step, layer and head, the same next-token losses to float rounding; and its schedule
+    functions keep the totals the docs promise."""
+    pair = regenerate("allocator_reference.py", "allocators")
+    if pair:
+        committed, fresh = pair
+        for name in ("pyramidkv", "adakv"):
+            check(fresh[name]["settings"] == committed[name]["settings"], f"{name} settings")
+            check(fresh[name]["dropped"] == committed[name]["dropped"], f"{name}: dropped differ")
+            check(fresh[name]["budgets"] == committed[name]["budgets"], f"{name}: budgets differ")
+            close_losses(fresh[name]["nll"], committed[name]["nll"], name)
+    import allocator_reference as ar
+    # The authors' line (steps floored) overshoots with min 0; kvlens's rounding sums exactly.
+    check(ar.authors_pyramid(16, 100, 8, 20) == [32, 28, 24, 20, 16, 12, 8, 4], "authors' line")
+    check(ar.pyramid_schedule(16, 100, 8, 20) == [32, 27, 23, 18, 14, 9, 5, 0], "kvlens's line")
+    # Room: layer 0 may take 5, the 27 it cannot goes to the shallowest layers with room.
+    got = ar.pyramid_allocation(16, 100, [5, -1, -1, -1, -1, -1, -1, -1], 20)
+    check(got == [5, 54, 23, 18, 14, 9, 5, 0], f"room {got}")
+    check(ar.forced_begin(40, 25, 8) == 32 and ar.forced_begin(40, 5, 8) == 36, "forced part")
+    # The error path: a checkpoint that is not a Llama (the step-by-step forward is Llama's).
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tiny_llama(os.path.join(tmp, "model"))
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+        config.update(model_type="mistral", architectures=["MistralForCausalLM"])
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config, f)
+        refused(lambda: ar.load_llama(folder), "model_type is 'mistral', expected 'llama'")
+
+
+@test
+def duo_reference_reproduces_fixture():
+    """tools/duo_reference.py (DuoAttention's head pattern and streaming cache re-implemented)
+    rebuilds the committed tests/fixtures/duo/reference.json: the same patterns and streaming
+    sets, the same losses to float rounding; its quantile rule keeps s of the heads streaming."""
+    pair = regenerate("duo_reference.py", "duo")
+    if pair:
+        committed, fresh = pair
+        check(fresh["streaming"] == committed["streaming"], "streaming sets differ")
+        for a, b in zip(fresh["runs"], committed["runs"]):
+            check(a["pattern"] == b["pattern"], f"sparsity {b['sparsity']}: pattern differs")
+            close_losses(a["nll"], b["nll"], f"sparsity {b['sparsity']}")
+    import numpy as np
+    import duo_reference as dr
+    gates = np.linspace(0.0, 1.0, 8).reshape(2, 4)
+    check(dr.sparsify(gates, 0.5, 0).tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]], "quantile")
+    check(dr.sparsify(gates, 0.0, 0).sum() == 8 and dr.sparsify(gates, 1.0, 0).sum() == 0,
+          "sparsity 0 keeps every head full, 1 none")
+    check(dr.streaming_columns(19, 4, 15) == [[0, 20]], "everything while it fits")
+    check(dr.streaming_columns(20, 4, 15) == [[0, 4], [5, 21]], "sinks + recent + new")
+    # The error paths: tied gates across the threshold, a gates file missing or of another shape.
+    refused(lambda: dr.noise_free_pattern(np.full((2, 4), 0.5), 0.5), "depends on the tie")
+    from safetensors.numpy import save_file
+    with tempfile.TemporaryDirectory() as tmp:
+        refused(lambda: dr.load_gates(tmp, 2, 4), "missing (tools/train_duo_gates.py")
+        save_file({"gates": np.zeros((2, 3), dtype=np.float32)},
+                  os.path.join(tmp, "duo_gates.safetensors"))
+        refused(lambda: dr.load_gates(tmp, 2, 4), "gates (2, 3), expected (2, 4)")
+
+
+def refused(call, message):
+    """call() must exit (sys.exit) with a message containing `message`."""
+    try:
+        call()
+    except SystemExit as e:
+        check(message in str(e.code), f"exit message {e.code!r} lacks {message!r}")
+        return
+    raise AssertionError(f"not refused: expected an exit saying {message!r}")
+
 @test
 def calibrate_channels_toy_cpu():
     """tools/calibrate_channels.py on a tiny Llama at toy size: loki's bases are orthonormal with
