@@ -13,7 +13,8 @@
 // - Weight. A sampled key's logit gains ln(1 / p_j), p_j the probability that it is sampled given
 //   the angle theta between q and k_j (u = 1 - theta / pi, p = 1 - (1 - u^K)^L - L u^K
 //   (1 - u^K)^(L - 1)): the softmax over the visible keys is then the self-normalised
-//   importance-sampling estimate of the dense attention. p is floored at 1e-4.
+//   importance-sampling estimate of the dense attention. p is floored at 1e-4. `weights=false`
+//   attends over the same sample unweighted (an ablation: what the correction buys).
 // - Budget. `bits` = 0 picks K from the nominal sparsity s: the K in 1..20 whose p at u = 1/2
 //   (orthogonal q and k) is nearest 1 - s. So the budget is an expected share, not a cap.
 // - A layer whose candidates are all forced, or where B(t) covers every candidate (s = 0), is
@@ -53,8 +54,12 @@ std::vector<float> gaussian_planes(uint64_t seed, int64_t rows, int64_t dim) {
 class MagicpigPolicy final : public Policy {
  public:
   MagicpigPolicy(const PolicyShape& shape, Backend& backend, CommonKnobs knobs, int64_t bits,
-                 int64_t tables, uint64_t seed)
-      : backend_(backend), ops_(magicpig_ops(backend)), knobs_(knobs), bits_(bits) {
+                 int64_t tables, uint64_t seed, bool weighted)
+      : backend_(backend),
+        ops_(magicpig_ops(backend)),
+        knobs_(knobs),
+        bits_(bits),
+        weighted_(weighted) {
     const std::vector<float> host = gaussian_planes(seed, tables * bits, shape.head_dim);
     planes_ = backend.alloc(DType::F32, {tables * bits, shape.head_dim});
     backend.from_host(planes_, host.data(), host.size() * sizeof(float));
@@ -94,7 +99,7 @@ class MagicpigPolicy final : public Policy {
   }
 
   const DeviceTensor* log_weights(int64_t layer) const override {
-    return masked_[size_t(layer)] ? &log_weights_[size_t(layer)] : nullptr;
+    return weighted_ && masked_[size_t(layer)] ? &log_weights_[size_t(layer)] : nullptr;
   }
 
   void grow(int64_t stride) override {
@@ -112,6 +117,7 @@ class MagicpigPolicy final : public Policy {
   MagicpigOps& ops_;
   CommonKnobs knobs_;
   int64_t bits_;
+  bool weighted_;  // false: the sample attended unweighted (the `weights` ablation)
   DeviceTensor planes_;
   std::vector<DeviceTensor> codes_, log_weights_;  // per layer (empty for dense layers)
   std::vector<int64_t> filled_;
@@ -152,7 +158,15 @@ PolicyInfo magicpig_policy_info() {
         0,
         20,
         {}},
-       {"seed", ParamType::Int, "Seed of the random hyperplanes", "0", 0, inf, {}}});
+       {"seed", ParamType::Int, "Seed of the random hyperplanes", "0", 0, inf, {}},
+       {"weights",
+        ParamType::Bool,
+        "Weight each sampled key by 1/p (the estimator); false attends over the same sample "
+        "unweighted (an ablation)",
+        "true",
+        0,
+        0,
+        {}}});
   // The authors keep 64 local tokens exact beside 4 sinks.
   for (ParamSpec& spec : specs) {
     if (spec.name == "window") {
@@ -178,7 +192,8 @@ std::unique_ptr<Policy> make_magicpig_policy(const PolicyShape& shape, Backend& 
   int64_t bits = params.get_int("bits");
   if (bits == 0) bits = magicpig_bits_for(sparsity, tables);
   return std::make_unique<MagicpigPolicy>(shape, backend, read_common_knobs(params, sparsity), bits,
-                                          tables, uint64_t(params.get_int("seed")));
+                                          tables, uint64_t(params.get_int("seed")),
+                                          params.get_bool("weights"));
 }
 
 }  // namespace kvlens

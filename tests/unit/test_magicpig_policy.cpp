@@ -241,6 +241,15 @@ TEST_CASE("magicpig in a real decode: weights reach the softmax, and vanish wher
   CHECK(result.sparsity.steps > 0);
   // Deterministic: the same seed, the same bits; another seed, other hyperplanes.
   CHECK(score_tokens(model, tokens, sampled).nll == result.nll);
+  // The weights reach the softmax: the same sample unweighted gives other predictions. The same
+  // sample: layer 1, the tiny model's only sampled layer, reads what the dense layer 0 gives, so
+  // its sets (and the sparsity, to the count) are those of the weighted run.
+  ScoreOptions unweighted = sampled;
+  unweighted.policy.args.push_back("weights=false");
+  const ScoreResult plain = score_tokens(model, tokens, unweighted);
+  CHECK(plain.sparsity.hidden_sum == result.sparsity.hidden_sum);
+  CHECK(plain.sparsity.steps == result.sparsity.steps);
+  CHECK(plain.nll != result.nll);
   sampled.policy.args.push_back("seed=7");
   CHECK(score_tokens(model, tokens, sampled).nll != result.nll);
 }
