@@ -244,7 +244,8 @@ Color policy_color(const std::string& id, const Theme& theme) {
   // all before it and the accent: at least 0.106 OKLab (the next two, {8, 56, 240} and
   // {152, 0, 152}, at 0.103, go to rocketkv and twilight; then duoattention's pale mint, which
   // legible_on darkens on white, at 0.102, and seerattention's violet at
-  // 0.101). test_viz_heads.cpp holds every built-in added since
+  // 0.101); magicpig's salmon, a free grid colour at least 0.1 from all of them).
+  // test_viz_heads.cpp holds every built-in added since
   // the first eleven to 0.1.
   static const std::pair<const char*, Color> kPolicyColors[] = {
       {"dense", {40, 40, 46, 255}},
@@ -268,6 +269,7 @@ Color policy_color(const std::string& id, const Theme& theme) {
       {"seerattention", {152, 32, 248, 255}},
       {"rocketkv", {8, 56, 240, 255}},
       {"twilight", {152, 0, 152, 255}},
+      {"magicpig", {248, 104, 112, 255}},
   };
   Color base{};
   bool found = false;

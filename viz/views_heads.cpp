@@ -404,9 +404,18 @@ std::string budget_line(const HeadBudgets& budgets, int64_t layer, int64_t head_
                         int64_t H) {
   const int32_t kept = budgets.kept[size_t(layer * H + head_in_layer)];
   if (kept < 0) return "no budget (dense or skipped layer)";
-  return "kept " + std::to_string(kept) + " of " + std::to_string(budgets.candidates) +
-         " tokens (layer " + std::to_string(budgets.layer_total[size_t(layer)]) + " over " +
-         std::to_string(H) + " heads)";
+  std::string line = "kept " + std::to_string(kept) + " of " + std::to_string(budgets.candidates) +
+                     " tokens (layer " + std::to_string(budgets.layer_total[size_t(layer)]) +
+                     " over " + std::to_string(H) + " heads)";
+  // A weighted sample (magicpig): how many of them were sampled, at what mean weight 1/p.
+  const size_t at = size_t(layer * H + head_in_layer);
+  if (at < budgets.sampled.size() && budgets.sampled[at] >= 0) {
+    line += "; " + std::to_string(budgets.sampled[at]) + " sampled";
+    if (budgets.sampled[at] > 0)
+      line += ", mean weight 1/p " + format_value(budgets.mean_weight[at]);
+    line += ", the rest exact";
+  }
+  return line;
 }
 
 // The run's budgets at a glance, beside its title: one figure for a uniform policy, the range

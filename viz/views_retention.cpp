@@ -197,6 +197,15 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
                 "policy's choice)",
                 theme.muted);
   }
+  bool any_weighted = false;
+  for (size_t r = 0; r < n; ++r) any_weighted = any_weighted || !counts[r].sampled_by.empty();
+  if (any_weighted) {
+    y += 22;
+    legend_text(f, 16, y,
+                "sampled: seen through an LSH sample with importance weight 1/p > 1 (magicpig); "
+                "the hover gives how many heads sampled a token and their mean weight",
+                theme.muted);
+  }
   y += 34;
   bool known = true;
   for (const RetentionCounts& c : counts) known = known && c.known;
@@ -210,9 +219,16 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
 
   // The data and the hover text: every run's count and fraction per token (and A - B).
   view.data.columns = {"token", "text"};
-  for (const std::string& title : titles) {
-    view.data.columns.push_back(title + " heads");
-    view.data.columns.push_back(title + " fraction");
+  // A run that weighted its sample (magicpig) also has, per token, the heads that sampled it and
+  // their mean importance weight 1 / p (the engine's retention_counts).
+  auto weighted = [&](size_t r) { return !counts[r].sampled_by.empty(); };
+  for (size_t r = 0; r < n; ++r) {
+    view.data.columns.push_back(titles[r] + " heads");
+    view.data.columns.push_back(titles[r] + " fraction");
+    if (weighted(r)) {
+      view.data.columns.push_back(titles[r] + " sampled heads");
+      view.data.columns.push_back(titles[r] + " mean weight");
+    }
   }
   if (diff) view.data.columns.push_back("fraction A - B");
   view.data.columns.push_back("heads in scope");
@@ -234,6 +250,14 @@ View retention_view(const Trace& trace, const ViewOptions& options, int64_t step
                                  (away > 0 ? " (" + std::to_string(away) + " outside their window)"
                                            : std::string()) +
                                  " (" + format_value(fraction(r, j)) + ")");
+      if (weighted(r)) {
+        const int32_t sampled = seen < 0 ? 0 : counts[r].sampled_by[j];
+        row.push_back(seen < 0 ? std::numeric_limits<double>::quiet_NaN() : double(sampled));
+        row.push_back(counts[r].mean_weight[j]);
+        if (sampled > 0)
+          hover += "; sampled by " + std::to_string(sampled) + ", mean weight 1/p " +
+                   format_value(counts[r].mean_weight[j]);
+      }
     }
     if (diff) {
       const double d = fraction(0, j) - fraction(1, j);

@@ -248,6 +248,16 @@ std::vector<std::string> nominal_budget_warnings(const PolicyConfig& run, int64_
       warnings.push_back(who + ": capped, its dense layers keep every token, so the layers keep " +
                          fixed3(mean) + " on average, not " + fixed3(1.0 - run.sparsity));
     }
+  } else if (run.id == "magicpig") {
+    // LSH sampling keeps as many keys as collide: the budget picks K for an expected share.
+    const int64_t tables = params.get_int("tables");
+    const int64_t bits = params.get_int("bits") > 0 ? params.get_int("bits")
+                                                    : magicpig_bits_for(run.sparsity, tables);
+    warnings.push_back(who + ": the nominal budget is an expected value; bits=" +
+                       std::to_string(bits) + " with tables=" + std::to_string(tables) +
+                       " samples " + fixed3(magicpig_expected_share(bits, tables)) +
+                       " of keys orthogonal to the query (more of keys nearer it), plus the exact "
+                       "sinks and window");
   } else if (run.id == "twilight") {
     // Top-p keeps a share of the base's candidates that the estimates decide, step by step.
     warnings.push_back(who + ": the nominal budget is an upper bound (the base's " +

@@ -152,6 +152,14 @@ class Policy {
   // The gate of a layer whose last select returned Gated (backend memory, U8 [1, 1]); null
   // otherwise (the default: a policy that never gates).
   virtual const DeviceTensor* gate(int64_t /*layer*/) const { return nullptr; }
+  // Additive log-weights F32 [H, stride] of a layer whose last select returned Masked: the
+  // session adds them to the logits of the visible columns before the softmax, so the attention
+  // is softmax(z_j + w_j) over the visible set (an importance-weighted sample: magicpig's
+  // ln(1 / p_j)). Null (the default, every other policy) leaves the logits untouched, bit for
+  // bit. The trace records them beside the visible set. A policy that weights keeps
+  // reads_logits true: the session adds the weights right after its select, so the logits must
+  // be there already.
+  virtual const DeviceTensor* log_weights(int64_t /*layer*/) const { return nullptr; }
   // Seconds spent so far outside kvlens's own ops: in a plug-in's code (`plugin`) and in the
   // copies that carry a host-only plug-in's inputs and answers across (`copies`). Built-ins: 0.
   struct ExternalSeconds {

@@ -36,6 +36,7 @@ KVLENS_DECLARE_POLICY(duoattention)
 KVLENS_DECLARE_POLICY(seerattention)
 KVLENS_DECLARE_POLICY(rocketkv)
 KVLENS_DECLARE_POLICY(twilight)
+KVLENS_DECLARE_POLICY(magicpig)
 
 #undef KVLENS_DECLARE_POLICY
 
@@ -71,5 +72,11 @@ struct RocketkvSplit {
   int64_t page_size = 1, channels = 1;
 };
 RocketkvSplit rocketkv_split(double sparsity, int64_t head_dim);
+
+// MagicPIG's bits per table K for a nominal sparsity with `tables` tables (magicpig_policy.cpp:
+// the K in 1..20 whose sampling probability at u = 1/2 is nearest 1 - sparsity), and that
+// probability for given K and L: the expected sampled share of keys orthogonal to the query.
+int64_t magicpig_bits_for(double sparsity, int64_t tables);
+double magicpig_expected_share(int64_t bits, int64_t tables);
 
 }  // namespace kvlens

@@ -49,6 +49,7 @@ std::vector<Entry>& entries() {
       {seerattention_policy_info(), make_seerattention_policy},
       {rocketkv_policy_info(), make_rocketkv_policy},
       {twilight_policy_info(), make_twilight_policy},
+      {magicpig_policy_info(), make_magicpig_policy},
   };
   return table;
 }

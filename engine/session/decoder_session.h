@@ -67,6 +67,10 @@ struct SessionRun {
   // the current layer [H, stride] (every run's: a run without a policy gets them at its first
   // step) and its probabilities (policy runs).
   DeviceTensor policy_logits, policy_probs;
+  // The logits plus the policy's log-weights (Policy::log_weights) where it weights its sample
+  // [H, stride]: the logits the softmax then reads. Apart from policy_logits, which may be read
+  // by other runs of a lockstep step (logits_source_) and are recorded unweighted.
+  DeviceTensor weighted_logits;
   // Per layer, the per-head counts of the visible mask (host), which the backend fills by the
   // end of the step (count_nonzero_rows_deferred); the (layer, candidates) of this step's masked
   // layers, added to `sparsity` once they are there.
@@ -240,6 +244,8 @@ class DecoderSession {
   // Run r's observation of the previous layer, its recorded logits and its policy's selection
   // at `layer`: sets its RunAttention's visible and probs, or out to null for a skipped layer.
   void select_run(int64_t r, size_t layer, int64_t cols);
+  void weigh_logits(SessionRun& run, Backend::RunAttention& attention, const LayerStep& step,
+                    int64_t cols);
   void attend_unselected(int64_t r, size_t layer, int64_t window);
   // The attention logit soft-cap (ModelConfig::attn_logit_softcap; nothing when 0) on the logits
   // rows the runs just computed, before any policy or softmax reads them.

@@ -330,6 +330,23 @@ void DecoderSession::select_run(int64_t r, size_t layer, int64_t cols) {
   }
   attention.visible = decision == LayerDecision::Masked ? &run.visible[layer] : nullptr;
   attention.probs = run.policy->wants_probs(step) ? &run.policy_probs : nullptr;
+  if (decision == LayerDecision::Masked) weigh_logits(run, attention, step, cols);
+}
+
+// An importance-weighted sample (magicpig): the softmax reads z_j + w_j, added in the run's own
+// buffer (the logits it was given may be run 0's, which other runs read too). Both steps are
+// axpby_rows, whose roundings are fixed on every backend: a copy (beta 0, exact) and one rounded
+// sum (fma(1, w, 1 * z) = z + w). A run whose policy weights nothing is not touched.
+void DecoderSession::weigh_logits(SessionRun& run, Backend::RunAttention& attention,
+                                  const LayerStep& step, int64_t cols) {
+  const DeviceTensor* weights = run.policy->log_weights(step.layer);
+  if (weights == nullptr) return;
+  const DeviceTensor& logits = *attention.logits;
+  if (run.weighted_logits.empty() || run.weighted_logits.dim(1) != logits.dim(1))
+    run.weighted_logits = backend_.alloc(DType::F32, {logits.dim(0), logits.dim(1)});
+  backend_.axpby_rows(run.weighted_logits, 1.0f, logits, 0.0f, cols);
+  backend_.axpby_rows(run.weighted_logits, 1.0f, *weights, 1.0f, cols);
+  attention.logits = &run.weighted_logits;
 }
 
 void DecoderSession::observe_pending(SessionRun& run) const {

@@ -4,7 +4,8 @@
 // while the backend runs steps t + 1 and t + 2 the rows of step t are reduced to the step metrics
 // before the trace applies its memory budget (three capture buffers).
 // Rows of a layer a policy did not rank (Dense decision, or a run without a policy): visible is
-// every candidate and scores are NaN; a skipped layer (tokenfilter) shows nothing visible.
+// every candidate and scores are NaN; a skipped layer (tokenfilter) shows nothing visible. A
+// policy that weights its sample (magicpig) has its log-weights recorded beside the mask.
 #include "engine/session/trace_recorder.h"
 
 #include <algorithm>
@@ -129,10 +130,17 @@ void TraceRecorder::enqueue_step(int64_t t) {
       bytes += size_t(L) * layer_floats;
       rows.scores_at.assign(size_t(L), kNone);
       rows.visible_at.assign(size_t(L), kNone);
+      rows.weights_at.assign(size_t(L), kNone);
       for (size_t l = 0; l < size_t(L); ++l) {
         if (rows.decisions[l] == LayerDecision::Dense) continue;
         rows.scores_at[l] = bytes;
         bytes += layer_floats;
+        // The weights of this step's select (the policy's buffer is next written by step t + 1's,
+        // queued behind this copy).
+        if (rows.decisions[l] == LayerDecision::Masked && run.policy->log_weights(int64_t(l))) {
+          rows.weights_at[l] = bytes;
+          bytes += layer_floats;
+        }
       }
     }
     for (RunRows& rows : capture.runs) {
@@ -162,6 +170,9 @@ void TraceRecorder::enqueue_step(int64_t t) {
           backend.rows_to_host_async(run.scores[l], H, cols, host + rows.scores_at[l]);
         if (rows.visible_at[l] != kNone)
           backend.rows_to_host_async(run.visible[l], H, cols, host + rows.visible_at[l]);
+        if (rows.weights_at[l] != kNone)
+          backend.rows_to_host_async(*run.policy->log_weights(int64_t(l)), H, cols,
+                                     host + rows.weights_at[l]);
         if (rows.gate_at[l] != kNone)
           backend.rows_to_host_async(*run.policy->gate(int64_t(l)), 1, 1, host + rows.gate_at[l]);
       }
@@ -272,6 +283,14 @@ StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, 
       std::fill_n(record.visible.data() + (l * H + h) * cols, cols - attendable(l), uint8_t(0));
       record.visible_counts[size_t(l * H + h)] = int32_t(attendable(l));
     }
+  }
+
+  // Log-weights (magicpig) where the run weighted a layer: 0 in every other layer's rows.
+  for (int64_t l = 0; l < L; ++l) {
+    if (rows.weights_at[size_t(l)] == kNone) continue;
+    if (record.log_weights.empty()) record.log_weights.assign(row_elements, 0.0f);
+    const auto* weights = reinterpret_cast<const float*>(host + rows.weights_at[size_t(l)]);
+    std::copy_n(weights, H * cols, record.log_weights.data() + l * H * cols);
   }
 
   double recall_sum = 0.0, agreement_sum = 0.0, hidden_sum = 0.0;

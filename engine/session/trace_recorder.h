@@ -56,7 +56,8 @@ class TraceRecorder {
     std::vector<LayerDecision> decisions;
     size_t logits_at = 0;                       // byte offset of [layers * H, cols] F32
     std::vector<size_t> scores_at, visible_at;  // per layer: [H, cols] F32 / U8, or kNone
-    std::vector<size_t> gate_at;                // per Gated layer: its gate byte, or kNone
+    std::vector<size_t> weights_at;  // per layer: the policy's log-weights [H, cols] F32, or kNone
+    std::vector<size_t> gate_at;     // per Gated layer: its gate byte, or kNone
   };
   struct Capture {
     std::shared_ptr<void> host;

@@ -2,6 +2,7 @@
 // add_step's shape checks and the memory budget (a step past the budget keeps only the rows of the
 // selected heads), and truncation. The .kvtrace format lives in trace_file.cpp.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
@@ -42,9 +43,13 @@ const float* StepRecord::scores_row(int64_t layer, int64_t head, int64_t heads) 
 const uint8_t* StepRecord::visible_row(int64_t layer, int64_t head, int64_t heads) const {
   return row_of(*this, visible, layer, head, heads);
 }
+const float* StepRecord::log_weights_row(int64_t layer, int64_t head, int64_t heads) const {
+  return row_of(*this, log_weights, layer, head, heads);
+}
 
 size_t StepRecord::row_bytes() const {
-  return (logits.size() + scores.size()) * sizeof(float) + visible.size() * sizeof(uint8_t);
+  return (logits.size() + scores.size() + log_weights.size()) * sizeof(float) +
+         visible.size() * sizeof(uint8_t);
 }
 
 namespace {
@@ -136,6 +141,17 @@ void check_record(const Trace& trace, const StepRecord& record, int64_t step, si
                   n(int64_t(size)));
     }
   }
+  if (!record.log_weights.empty() && int64_t(record.log_weights.size()) != cells) {
+    throw Error(kSource, where + "log_weights",
+                "none or " + n(cells) + " entries (kept heads * columns)",
+                n(int64_t(record.log_weights.size())));
+  }
+  for (size_t i = 0; i < record.log_weights.size(); ++i) {
+    if (!std::isfinite(record.log_weights[i])) {
+      throw Error(kSource, where + "log_weights", "a finite value in every entry",
+                  "not finite at entry " + n(int64_t(i)));
+    }
+  }
   for (size_t i = 0; i < record.visible.size(); ++i) {
     if (record.visible[i] > 1) {
       throw Error(kSource, where + "visible", "0 or 1 in every entry",
@@ -158,6 +174,9 @@ void keep_only(StepRecord& record, const std::vector<int32_t>& selected) {
                   record.scores.begin() + out * columns);
       std::copy_n(record.visible.begin() + k * columns, columns,
                   record.visible.begin() + out * columns);
+      if (!record.log_weights.empty())
+        std::copy_n(record.log_weights.begin() + k * columns, columns,
+                    record.log_weights.begin() + out * columns);
     }
     ++out;
   }
@@ -166,6 +185,11 @@ void keep_only(StepRecord& record, const std::vector<int32_t>& selected) {
   for (auto* rows : {&record.logits, &record.scores}) {
     rows->resize(out * columns);
     rows->shrink_to_fit();
+  }
+  // Left empty where it was: empty means "no weights at this step".
+  if (!record.log_weights.empty()) {
+    record.log_weights.resize(out * columns);
+    record.log_weights.shrink_to_fit();
   }
   record.visible.resize(out * columns);
   record.visible.shrink_to_fit();
@@ -286,14 +310,17 @@ std::vector<StepRecord> Trace::hand_over_step(int64_t t) {
     handed_over_bytes_[size_t(t)] += record.row_bytes();
     // The rows move; the summaries are copied (a few hundred bytes).
     std::vector<float> logits = std::move(record.logits), scores = std::move(record.scores);
+    std::vector<float> log_weights = std::move(record.log_weights);
     std::vector<uint8_t> visible = std::move(record.visible);
     std::vector<int32_t> kept_heads = std::move(record.kept_heads);
     record.logits.clear(), record.scores.clear(), record.visible.clear();
+    record.log_weights.clear();
     record.kept_heads.clear();
     StepRecord& out = handed.emplace_back(record);
     out.logits = std::move(logits);
     out.scores = std::move(scores);
     out.visible = std::move(visible);
+    out.log_weights = std::move(log_weights);
     out.kept_heads = std::move(kept_heads);
   }
   return handed;

@@ -66,14 +66,21 @@ struct StepRecord {
                                  // sliding window)
   std::vector<float> scores;     // [kept][columns] the policy's importance scores
   std::vector<uint8_t> visible;  // [kept][columns] 1 where the head saw the token, else 0
+  // [kept][columns] what the policy added to each visible logit before the softmax (magicpig:
+  // ln(1 / p) of a sampled key, p its sampling probability; 0 for an exact key and on layers it
+  // did not weight), or empty: the run weighted no layer at this step (every other policy).
+  std::vector<float> log_weights;
   int64_t columns = 0;
 
   // Pointers to a head's row, or nullptr when that head's rows were not kept at this step.
   const float* logits_row(int64_t layer, int64_t head, int64_t heads) const;
   const float* scores_row(int64_t layer, int64_t head, int64_t heads) const;
   const uint8_t* visible_row(int64_t layer, int64_t head, int64_t heads) const;
+  // nullptr also when the step has no log-weights (log_weights empty).
+  const float* log_weights_row(int64_t layer, int64_t head, int64_t heads) const;
   int64_t kept_index(int64_t layer, int64_t head, int64_t heads) const;  // -1 when not kept
-  // Bytes held by the rows (what the memory budget counts): 4 per logit and score, 1 per visible.
+  // Bytes held by the rows (what the memory budget counts): 4 per logit, score and log-weight, 1
+  // per visible.
   size_t row_bytes() const;
 };
 
@@ -117,7 +124,8 @@ class Trace {
   // fit the trace's shape: no runs, one record per run, decisions [model.layers] of known values,
   // columns == t + 1, visible_counts [layers * heads] in [0, columns], top ids/log_probs of one
   // length <= top_k with ids in [0, vocab_size) (unchecked when vocab_size is 0), argmax -1 or
-  // an id, ranks >= -1, kept_heads increasing and in range, rows [kept * columns], visible 0 or 1;
+  // an id, ranks >= -1, kept_heads increasing and in range, rows [kept * columns], visible 0 or 1,
+  // log_weights empty or [kept * columns] of finite values;
   // also when selected_heads holds a head outside [0, layers * heads).
   void add_step(std::vector<StepRecord> records);
   uint64_t row_bytes() const { return row_bytes_; }
@@ -149,7 +157,7 @@ class Trace {
 };
 
 // The .kvtrace format version this build writes and reads.
-inline constexpr uint32_t kTraceFileVersion = 2;
+inline constexpr uint32_t kTraceFileVersion = 3;
 
 // .kvtrace files (layout documented in trace_file.cpp). save_trace check()s the trace, writes
 // `<path>.partial`, syncs it and renames it into place: a failure (a kvlens::Error naming the

@@ -2,14 +2,15 @@
 // model or a GPU. The reader checks every count against the bytes left before allocating, so a
 // hostile file costs at most a few times its own size in memory and never crashes.
 //
-// Layout, version 2 (version 1, still read, lacks the top-k texts). Integers are little-endian
+// Layout, version 3 (version 2, still read, lacks the log-weights; version 1 also the top-k
+// texts). Integers are little-endian
 // two's complement; f32/f64 are IEEE 754 binary32/ binary64 bit patterns, little-endian (NaN and
 // +-inf allowed); str = u32 byte length, then that many bytes of UTF-8 (token texts may hold a
 // partial UTF-8 sequence: a token decoded alone); T[n] = n values of T back to back, no padding
 // anywhere.
 //
 //   offset 0   u8[8]  magic "KVTRACE\0" (4B 56 54 52 41 43 45 00)
-//   offset 8   u32    version = 2 (1 is read too)
+//   offset 8   u32    version = 3 (1 and 2 are read too)
 //   offset 12  u32    flags = 0 (none defined; readers reject others)
 //   offset 16  u64    B = body bytes
 //   offset 24  u8[B]  body, below
@@ -36,6 +37,7 @@
 //     i64 C      columns, always t + 1
 //     u32 E; i32[E] kept_heads (strictly increasing, each in [0, L*H))
 //     f32[E*C] logits; f32[E*C] scores; u8[E*C] visible (0 or 1); each row-major [kept][column]
+//     u8 weighted (0 or 1; version 3 only); when 1, f32[E*C] log_weights (finite; row-major)
 //   The body ends right after the last record.
 #include <unistd.h>
 #include <zlib.h>
@@ -207,6 +209,8 @@ void write_body(const Trace& trace, Writer& out) {
       out.array(record.logits);
       out.array(record.scores);
       out.array(record.visible);
+      out.put(uint8_t(!record.log_weights.empty()));
+      if (!record.log_weights.empty()) out.array(record.log_weights);
     }
   }
 }
@@ -354,6 +358,9 @@ StepRecord read_record(Reader& in, const TraceModelInfo& model, int64_t step, ui
   in.array(record.logits, kept * columns, "logits");
   in.array(record.scores, kept * columns, "scores");
   in.array(record.visible, kept * columns, "visible");
+  if (version >= 3 && read_bool(in, "log_weights present")) {
+    in.array(record.log_weights, kept * columns, "log_weights");
+  }
   return record;
 }
 

@@ -421,6 +421,23 @@ HeadBudgets head_budgets(const Trace& trace, int64_t run, int64_t step) {
       if (at >= record.visible_counts.size()) continue;
       const int32_t kept = record.visible_counts[at];
       out.kept[at] = kept;
+      const float* weights = record.log_weights_row(l, h, H);
+      const uint8_t* shown = record.visible_row(l, h, H);
+      if (weights && shown) {
+        if (out.sampled.empty()) {
+          out.sampled.assign(size_t(L * H), -1);
+          out.mean_weight.assign(size_t(L * H), std::numeric_limits<double>::quiet_NaN());
+        }
+        int32_t sampled = 0;
+        double sum_weights = 0.0;
+        for (int64_t j = 0; j < record.columns; ++j) {
+          if (!shown[j] || !(weights[j] > 0.0f)) continue;
+          ++sampled;
+          sum_weights += std::exp(double(weights[j]));
+        }
+        out.sampled[at] = sampled;
+        if (sampled > 0) out.mean_weight[at] = sum_weights / double(sampled);
+      }
       out.layer_total[size_t(l)] += kept;
       out.min = heads == 0 ? kept : std::min(out.min, kept);
       out.max = heads == 0 ? kept : std::max(out.max, kept);
@@ -458,7 +475,23 @@ RetentionCounts retention_counts(const Trace& trace, int64_t run, int64_t step, 
         counts.seen_by[size_t(j)] += shown[j];
         counts.outside_window_of[size_t(j)] += j < first;
       }
+      const float* weights = record.log_weights_row(l, h, H);
+      if (!weights) continue;
+      if (counts.sampled_by.empty()) {
+        counts.sampled_by.assign(counts.seen_by.size(), 0);
+        counts.mean_weight.assign(counts.seen_by.size(), 0.0);  // sums until the division
+      }
+      for (int64_t j = 0; j < record.columns && j < int64_t(counts.seen_by.size()); ++j) {
+        if (!shown[j] || !(weights[j] > 0.0f)) continue;
+        ++counts.sampled_by[size_t(j)];
+        counts.mean_weight[size_t(j)] += std::exp(double(weights[j]));
+      }
     }
+  }
+  for (size_t j = 0; j < counts.mean_weight.size(); ++j) {
+    counts.mean_weight[j] = counts.sampled_by[j] > 0
+                                ? counts.mean_weight[j] / double(counts.sampled_by[j])
+                                : std::numeric_limits<double>::quiet_NaN();
   }
   return counts;
 }

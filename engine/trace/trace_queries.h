@@ -148,7 +148,12 @@ HeadSummary head_summary(const Trace& trace, int64_t run, int64_t step);
 struct HeadBudgets {
   std::vector<int32_t> kept;         // [layers * heads]
   std::vector<int64_t> layer_total;  // [layers]
-  int64_t candidates = 0;            // t + 1
+  // [layers * heads] of a run that weighted its sample (magicpig), where the head's row is kept:
+  // the kept tokens seen with an importance weight above 1 (sampled, p < 1) and the mean of
+  // those weights 1 / p (NaN for none); -1 and NaN elsewhere. Empty for every other run.
+  std::vector<int32_t> sampled;
+  std::vector<double> mean_weight;
+  int64_t candidates = 0;  // t + 1
   int32_t min = -1, max = -1;
   double mean = std::numeric_limits<double>::quiet_NaN();
   bool uniform() const { return min == max; }
@@ -164,6 +169,11 @@ HeadBudgets head_budgets(const Trace& trace, int64_t run, int64_t step);
 struct RetentionCounts {
   std::vector<int32_t> seen_by;            // [tokens]
   std::vector<int32_t> outside_window_of;  // [tokens] (-1 after the step, as seen_by)
+  // A run that weighted its sample at this step (StepRecord::log_weights: magicpig): per token,
+  // the heads in scope that saw it with an importance weight above 1 (sampled, p < 1), and the
+  // mean of those weights exp(log-weight) = 1 / p (NaN where no head did). Empty otherwise.
+  std::vector<int32_t> sampled_by;
+  std::vector<double> mean_weight;
   int32_t heads_in_scope = 0;
   bool known = true;
 };

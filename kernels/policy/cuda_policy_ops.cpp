@@ -270,6 +270,7 @@ void register_cuda_policy_ops() {
     cuda::register_cuda_approx_logit_ops();
     cuda::register_cuda_rocketkv_ops();
     cuda::register_cuda_top_p_ops();
+    cuda::register_cuda_magicpig_ops();
   });
 }
 

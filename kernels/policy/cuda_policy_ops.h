@@ -19,6 +19,8 @@ void register_cuda_approx_logit_ops();
 void register_cuda_rocketkv_ops();
 // Twilight's top-p pruning (top_p_ops_cuda.cpp), registered by the above.
 void register_cuda_top_p_ops();
+// MagicPIG's LSH sampling (magicpig_ops_cuda.cpp), registered by the above.
+void register_cuda_magicpig_ops();
 }  // namespace cuda
 
 }  // namespace kvlens

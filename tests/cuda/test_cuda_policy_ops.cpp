@@ -23,6 +23,7 @@
 #include "engine/backend/policy_op_math.h"
 #include "engine/common/error.h"
 #include "engine/policy/keydiff_ops.h"
+#include "engine/policy/magicpig_ops.h"
 #include "engine/policy/quest_ops.h"
 #include "engine/policy/tokenfilter_ops.h"
 #include "kernels/cuda_backend.h"
@@ -460,4 +461,91 @@ TEST_CASE(
                                                               scores.gpu, keep.gpu),
                     Error);
   }
+}
+
+TEST_CASE("cuda policy ops: magicpig's hash and sample agree bit for bit at D = 64, and errors",
+          "[cuda]") {
+  // The op table runs small shapes; here a real head width, many tables and a BF16-free F32
+  // cache, where every query head's codes, samples, weights and scores must be the CPU's bits.
+  Backends b;
+  const int64_t H = 8, G = 2, D = 64, stride = 300, cols = 257, bits = 6, tables = 60;
+  const Pair k = make_pair(b, random_values(size_t(G * stride * D), 71), {G, stride, D});
+  const Pair q = make_pair(b, random_values(size_t(H * D), 72), {1, H, D});
+  const Pair planes =
+      make_pair(b, random_values(size_t(tables * bits * D), 73), {tables * bits, D});
+  Pair codes =
+      make_pair(b, std::vector<float>(size_t(G * stride * tables), kSentinel), {G, stride, tables});
+  Pair visible = make_pair(b, std::vector<uint8_t>(size_t(H * stride), 7), {H, stride});
+  Pair weights = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
+  Pair scores = make_pair(b, std::vector<float>(size_t(H * stride), kSentinel), {H, stride});
+  for (auto [backend, side] : {std::pair{b.cpu.get(), 0}, std::pair{b.gpu.get(), 1}}) {
+    auto pick = [side](Pair& p) -> DeviceTensor& { return side == 0 ? p.cpu : p.gpu; };
+    auto pick_const = [side](const Pair& p) -> const DeviceTensor& {
+      return side == 0 ? p.cpu : p.gpu;
+    };
+    MagicpigOps& ops = magicpig_ops(*backend);
+    // In two pieces, as the policy hashes the keys its cache gained since its last step.
+    ops.hash_keys(pick_const(k), 0, 100, pick_const(planes), bits, pick(codes));
+    ops.hash_keys(pick_const(k), 100, cols, pick_const(planes), bits, pick(codes));
+    ops.lsh_sample(pick_const(q), pick_const(k), pick(codes), pick_const(planes), bits, cols, 4,
+                   cols - 8, pick(visible), pick(weights), pick(scores));
+  }
+  const auto [codes_cpu, codes_gpu] = read_both<float>(b, codes);
+  CHECK(same_bits(codes_cpu, codes_gpu));
+  const auto [visible_cpu, visible_gpu] = read_both<uint8_t>(b, visible);
+  CHECK(visible_cpu == visible_gpu);
+  const auto [weights_cpu, weights_gpu] = read_both<float>(b, weights);
+  CHECK(same_bits(weights_cpu, weights_gpu));
+  const auto [scores_cpu, scores_gpu] = read_both<float>(b, scores);
+  CHECK(same_bits(scores_cpu, scores_gpu));
+  // Some keys sampled and some not (the example is not trivially all or nothing), columns past
+  // cols untouched.
+  int64_t sampled = 0;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t j = 4; j < cols - 8; ++j) sampled += visible_gpu[size_t(h * stride + j)];
+  CHECK(sampled > 0);
+  CHECK(sampled < H * (cols - 12));
+  CHECK(visible_gpu[size_t(cols)] == 7);
+  CHECK(weights_gpu[size_t(cols)] == kSentinel);
+
+  // The GPU's argument errors name the op and the operand, as the CPU's do.
+  MagicpigOps& gpu_ops = magicpig_ops(*b.gpu);
+  auto message = [](auto&& action) {
+    try {
+      action();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(message([&] { gpu_ops.hash_keys(k.gpu, 0, cols, planes.gpu, 0, codes.gpu); }),
+             Catch::Matchers::Contains("hash_keys: bits"));
+  CHECK_THAT(message([&] { gpu_ops.hash_keys(k.gpu, 5, 4, planes.gpu, bits, codes.gpu); }),
+             Catch::Matchers::Contains("hash_keys: columns"));
+  CHECK_THAT(message([&] { gpu_ops.hash_keys(k.gpu, 0, cols, planes.gpu, bits + 1, codes.gpu); }),
+             Catch::Matchers::Contains("hash_keys: planes"));
+  CHECK_THAT(message([&] {
+               gpu_ops.lsh_sample(q.gpu, k.gpu, codes.gpu, planes.gpu, bits, cols, 9, 8,
+                                  visible.gpu, weights.gpu, scores.gpu);
+             }),
+             Catch::Matchers::Contains("lsh_sample: forced columns"));
+  DeviceTensor small_q = b.gpu->alloc(DType::F32, {1, 2, D});
+  CHECK_THAT(message([&] {
+               gpu_ops.lsh_sample(small_q, k.gpu, codes.gpu, planes.gpu, bits, cols, 4, 8,
+                                  visible.gpu, weights.gpu, scores.gpu);
+             }),
+             Catch::Matchers::Contains("lsh_sample: q"));
+  DeviceTensor narrow_codes = b.gpu->alloc(DType::F32, {G, 10, tables});
+  CHECK_THAT(message([&] {
+               gpu_ops.lsh_sample(q.gpu, k.gpu, narrow_codes, planes.gpu, bits, cols, 4, 8,
+                                  visible.gpu, weights.gpu, scores.gpu);
+             }),
+             Catch::Matchers::Contains("lsh_sample: codes"));
+  DeviceTensor odd_rows = b.gpu->alloc(DType::U8, {3, stride});
+  DeviceTensor odd_f32 = b.gpu->alloc(DType::F32, {3, stride});
+  CHECK_THAT(message([&] {
+               gpu_ops.lsh_sample(q.gpu, k.gpu, codes.gpu, planes.gpu, bits, cols, 4, 8, odd_rows,
+                                  odd_f32, odd_f32);
+             }),
+             Catch::Matchers::Contains("lsh_sample: visible"));
 }

@@ -18,6 +18,7 @@
 #include "engine/common/tensor_view.h"
 #include "engine/policy/approx_logit_ops.h"
 #include "engine/policy/keydiff_ops.h"
+#include "engine/policy/magicpig_ops.h"
 #include "engine/policy/quest_ops.h"
 #include "engine/policy/rocketkv_ops.h"
 #include "engine/policy/tokenfilter_ops.h"
@@ -1075,6 +1076,29 @@ std::vector<OpEntry> make_table() {
           r.out(std::string(ties ? "levels" : "spread") + ", top_p " + std::to_string(top_p),
                 visible);
         }
+      }
+    });
+    // magicpig: magicpig_math.h's fixed roundings (its own acos, log and powers): exact
+    // (MagicpigOps' contract). Random planes over the filled keys, few and many bits and tables,
+    // so some columns collide and some do not; forced columns at both ends.
+    add(shape_name("magicpig.hash_keys and lsh_sample", s), kExact, [=](OpRun& r) {
+      const Caches c = filled_caches(r, s);
+      const DeviceTensor q = r.f32({1, H, D});
+      MagicpigOps& ops = magicpig_ops(r.backend());
+      for (const auto& [bits, tables] : {std::pair<int64_t, int64_t>{1, 2}, {3, 8}, {6, 40}}) {
+        const DeviceTensor planes = r.f32({tables * bits, D});
+        DeviceTensor codes = r.f32({G, s.capacity, tables});
+        ops.hash_keys(c.k, 0, C, planes, bits, codes);
+        DeviceTensor visible = r.u8({H, s.capacity}, 50);
+        DeviceTensor weights = r.f32({H, s.capacity});
+        DeviceTensor scores = r.f32({H, s.capacity});
+        ops.lsh_sample(q, c.k, codes, planes, bits, C, std::min<int64_t>(1, C),
+                       std::max<int64_t>(std::min<int64_t>(1, C), C - 1), visible, weights, scores);
+        const std::string name = std::to_string(bits) + " bits, " + std::to_string(tables);
+        r.out("codes, " + name, codes);
+        r.out("visible, " + name, visible);
+        r.out("log weights, " + name, weights);
+        r.out("scores, " + name, scores);
       }
     });
     // tokenfilter: cosine_similarity's and token_filter_step's fixed arithmetic: exact

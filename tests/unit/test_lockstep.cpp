@@ -51,6 +51,8 @@ std::vector<PolicyConfig> mixed_policies() {
       if (spec.name == "obs_window") config.args.push_back("obs_window=4");
       if (spec.name == "page_size") config.args.push_back("page_size=4");
     }
+    // magicpig's default window (64) would keep this short text exact: one recent token only.
+    if (info.id == "magicpig") config.args.push_back("window=1");
     policies.push_back(config);
   }
   return policies;

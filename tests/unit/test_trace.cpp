@@ -112,6 +112,7 @@ void check_same(const StepRecord& a, const StepRecord& b) {
   CHECK(same_bits(a.logits, b.logits));  // bitwise: -inf stays -inf
   CHECK(same_bits(a.scores, b.scores));
   CHECK(a.visible == b.visible);
+  CHECK(same_bits(a.log_weights, b.log_weights));
 }
 
 void check_same(const Trace& a, const Trace& b) {
@@ -204,7 +205,8 @@ size_t columns_offset(const StepRecord& r) {
 }
 size_t record_size(const StepRecord& r) {
   const size_t kept = r.kept_heads.size(), cells = kept * size_t(r.columns);
-  return columns_offset(r) + 8 + 4 + 4 * kept + 9 * cells;
+  // (then the log-weights flag, and the log-weights where there are any)
+  return columns_offset(r) + 8 + 4 + 4 * kept + 9 * cells + 1 + 4 * r.log_weights.size();
 }
 
 }  // namespace
@@ -488,9 +490,10 @@ TEST_CASE("trace: bad magic, version and flags are named", "[trace]") {
   CHECK_THAT(parse_error({'{', '}'}), Contains("magic"));
   other = bytes;
   poke(other, 8, uint32_t(3));
-  CHECK_THAT(parse_error(other), Contains("version: expected version 1 to 2, found 3"));
+  poke(other, 8, uint32_t(4));
+  CHECK_THAT(parse_error(other), Contains("version: expected version 1 to 3, found 4"));
   poke(other, 8, uint32_t(0));
-  CHECK_THAT(parse_error(other), Contains("version: expected version 1 to 2, found 0"));
+  CHECK_THAT(parse_error(other), Contains("version: expected version 1 to 3, found 0"));
   other = bytes;
   poke(other, 12, uint32_t(1));
   CHECK_THAT(parse_error(other), Contains("flags: expected 0"));
@@ -536,8 +539,16 @@ TEST_CASE("trace: hostile bodies with a valid checksum name the field", "[trace]
   const auto longer = [](auto& b) { b.insert(b.end() - 4, {1, 2, 3}); };
   CHECK_THAT(edited(longer),
              Contains("end of body: expected no bytes after the last step, found 3 bytes"));
-  // One byte short: the last record's kept heads no longer fit in what is left.
-  const auto shorter = [](auto& b) { b.erase(b.end() - 5); };
+  // One byte short: the last record's log-weights flag is missing; set, its weights are; not 0
+  // or 1, it is named.
+  CHECK_THAT(edited([](auto& b) { b.erase(b.end() - 5); }),
+             Contains("step 1 run 1: log_weights present: expected 1 more bytes"));
+  CHECK_THAT(edited([](auto& b) { b[b.size() - 5] = 1; }),
+             Contains("step 1 run 1: log_weights: expected"));
+  CHECK_THAT(edited([](auto& b) { b[b.size() - 5] = 2; }),
+             Contains("step 1 run 1: log_weights present"));
+  // Two bytes short: the last record's kept heads no longer fit in what is left.
+  const auto shorter = [](auto& b) { b.erase(b.end() - 6, b.end() - 4); };
   CHECK_THAT(edited(shorter), Contains("step 1 run 1: kept_heads count: expected a count whose "
                                        "entries fit in the 87 bytes left, found 4 entries of at "
                                        "least 22 bytes"));
@@ -609,8 +620,59 @@ TEST_CASE("trace: version 1 files, without top-k texts, still load", "[trace]") 
       CHECK(a.visible == b.visible);
     }
   }
-  // Written again, it is a version 2 file with the same content.
+  // Written again, it is a file of the current version with the same content.
   const std::vector<uint8_t> bytes = serialize_trace(old);
-  CHECK(peek<uint32_t>(bytes, 8) == 2);
+  CHECK(peek<uint32_t>(bytes, 8) == kvlens::kTraceFileVersion);
   check_same(old, parse(bytes));
+}
+
+TEST_CASE("trace: log-weights round-trip, follow the kept heads and are checked", "[trace]") {
+  // A weighting run (magicpig) at step 1: run 1's rows get log-weights (0 where exact).
+  Trace trace = make_trace_with_steps(1);
+  std::vector<StepRecord> records = {make_record(1, 0), make_record(1, 1)};
+  const size_t cells = records[1].kept_heads.size() * size_t(records[1].columns);
+  records[1].log_weights.assign(cells, 0.0f);
+  records[1].log_weights[1] = 0.75f;
+  const size_t bytes_before = trace.row_bytes();
+  trace.add_step(records);
+  CHECK(trace.row_bytes() - bytes_before == records[0].row_bytes() + records[1].row_bytes());
+  CHECK(records[1].row_bytes() == cells * (4 + 4 + 4 + 1));
+  const StepRecord& kept = trace.steps()[1][1];
+  REQUIRE(kept.log_weights_row(0, 0, kHeads) != nullptr);
+  CHECK(kept.log_weights_row(0, 0, kHeads)[1] == 0.75f);
+  CHECK(trace.steps()[1][0].log_weights_row(0, 0, kHeads) == nullptr);  // none: not weighted
+  const std::vector<uint8_t> bytes = serialize_trace(trace);
+  check_same(trace, parse(bytes));
+  // Handed over, the weights move with the rows.
+  Trace copy = parse(bytes);
+  const std::vector<StepRecord> handed = copy.hand_over_step(1);
+  CHECK(handed[1].log_weights == kept.log_weights);
+  CHECK(copy.steps()[1][1].log_weights.empty());
+
+  const auto add_error = [&](auto&& edit) {
+    Trace fresh = make_trace_with_steps(1);
+    std::vector<StepRecord> bad = records;
+    edit(bad[1]);
+    return error_message([&] { fresh.add_step(bad); });
+  };
+  CHECK_THAT(add_error([](StepRecord& r) { r.log_weights.pop_back(); }),
+             Contains("step 1 run 1: log_weights") && Contains("none or"));
+  CHECK_THAT(add_error([](StepRecord& r) { r.log_weights[2] = kInf; }),
+             Contains("step 1 run 1: log_weights") && Contains("finite"));
+}
+
+TEST_CASE("trace: past the memory budget the log-weights keep the selected heads' rows",
+          "[trace]") {
+  Trace trace = make_trace();
+  trace.selected_heads = {3};
+  trace.memory_budget = 1;  // every step trimmed
+  StepRecord weighted = make_record(0, 1);
+  weighted.log_weights.assign(weighted.kept_heads.size() * size_t(weighted.columns), 0.0f);
+  weighted.log_weights.back() = 2.0f;  // head 3's (the last kept) last column
+  trace.add_step({make_record(0, 0), weighted});
+  const StepRecord& kept = trace.steps()[0][1];
+  REQUIRE(kept.kept_heads == std::vector<int32_t>{3});
+  REQUIRE(kept.log_weights.size() == size_t(kept.columns));
+  CHECK(kept.log_weights.back() == 2.0f);
+  CHECK(trace.steps()[0][0].log_weights.empty());
 }

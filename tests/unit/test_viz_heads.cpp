@@ -586,3 +586,23 @@ TEST_CASE("the grid shows each head's own budget: beside the run's title and on 
   CHECK(adakv_l0_h0.find("no budget (dense or skipped layer)") != std::string::npos);
   CHECK(summary_l1_h0.find("kept 6 of 6 tokens") != std::string::npos);
 }
+
+TEST_CASE("magicpig's colour is its own among every built-in, legible on both themes", "[viz]") {
+  std::vector<std::string> ids;
+  for (const PolicyInfo& info : policy_infos()) ids.push_back(info.id);
+  const auto found = std::find(ids.begin(), ids.end(), "magicpig");
+  REQUIRE(found != ids.end());
+  const int64_t pig = found - ids.begin();
+  const Trace trace = grid_trace(1, 1, 2, ids);
+  for (const Theme* theme : {&light_theme(), &dark_theme()}) {
+    INFO("dark " << theme->dark);
+    CHECK(contrast_ratio(run_color(trace, pig, *theme), theme->background) >=
+          (theme->dark ? 4.5 : 3.0));
+    CHECK(oklab_distance(run_color(trace, pig, *theme), theme->accent) > 0.1);
+    for (int64_t a = 0; a < int64_t(ids.size()); ++a) {
+      if (a == pig) continue;
+      INFO(ids[size_t(a)]);
+      CHECK(oklab_distance(run_color(trace, a, *theme), run_color(trace, pig, *theme)) > 0.1);
+    }
+  }
+}
