@@ -43,12 +43,13 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tova_reference import coref_tokens  # noqa: E402,F401  (the same sample's ids; duo uses it too)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -378,16 +379,6 @@ class Adaptive(Eviction):
 
 
 # ---------------------------------------------------------------------------------------------
-
-def coref_tokens(cli, model_dir, index):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "samples.jsonl")
-        subprocess.run([cli, "coref-samples", "--count", str(index + 1), "--seed", "0",
-                        "--tokenizer", os.path.join(model_dir, "tokenizer.json"), "--out", path],
-                       capture_output=True, text=True, check=True)
-        with open(path) as f:
-            return json.loads(f.read().splitlines()[index])["tokens"]
-
 
 def load_llama(path):
     from transformers import AutoModelForCausalLM

@@ -67,24 +67,35 @@ KVLENS_HOST_DEVICE inline float acos_fixed(float x) {
   return x < 0.0f ? add_rn(3.14159265358979f, -r) : r;
 }
 
+// The bits of a float and back, on either side of the device boundary.
+KVLENS_HOST_DEVICE inline uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+#endif
+}
+
+KVLENS_HOST_DEVICE inline float bits_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+#endif
+}
+
 // ln(x) for x > 0 (normal floats): x = m 2^e with m in [sqrt(1/2), sqrt(2)), then
 // ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.172, by its series to s^11 (truncation
 // below 1e-9 relative), plus e ln 2 with ln 2 split so e * hi is exact.
 KVLENS_HOST_DEVICE inline float log_fixed(float x) {
-#if defined(__CUDA_ARCH__)
-  uint32_t bits = __float_as_uint(x);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-#endif
+  uint32_t bits = float_bits(x);
   int32_t e = int32_t((bits >> 23) & 0xffu) - 127;
   bits = (bits & 0x007fffffu) | 0x3f800000u;  // m in [1, 2)
-#if defined(__CUDA_ARCH__)
-  float m = __uint_as_float(bits);
-#else
-  float m;
-  std::memcpy(&m, &bits, sizeof m);
-#endif
+  float m = bits_float(bits);
   if (m > 1.41421356f) {
     m = mul_rn(m, 0.5f);
     ++e;
