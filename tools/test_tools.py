@@ -970,7 +970,9 @@ def real_model_results_toy_cpu():
         check("Not run: no `--paper-pools` file" in md, "the missing task is not said")
         check("| failed |" in md and "kvlens-cli: error: something broke" in md, "failure")
         check(rmt.select_policies(os.path.join(runs, "policies.json"), 0, "") ==
-              [p["id"] for p in registry if not p.get("needs_predictor")], "no predictor")
+              [p["id"] for p in registry
+               if not p.get("needs_predictor") and not p.get("composed")],
+              "no predictor, no composed ids unless named")
 
 
 @test
