@@ -394,6 +394,48 @@ def loss_goes_down_on_one_batch():
 
 
 @test
+def answer_rows_and_weighted_loss():
+    """--answer-weight: a coref record's answer span (UTF-8 byte offsets, a multi-byte character
+    before it) flags the rows that predict each answer token; a line with a bad span is refused;
+    the weighted loss adds the answer rows' term and is the plain loss at weight 0."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {w: i for i, w in enumerate(["<s>", "</s>", "So", "2", "×", "3", "=", "6", ".",
+                                         "Its", "name", "is", ":", "Ka", "rel", "Dun"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    text = "So 2 × 3 = 6 . Its name is : Ka rel Dun"
+    begin = len(text.encode("utf-8")) - len("Ka rel Dun")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "c.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"text": text, "answer_char_begin": begin,
+                                "answer_char_end": len(text.encode("utf-8"))}) + "\n")
+            f.write(json.dumps({"text": "Its name is : Dun"}) + "\n")
+        spans = tp.answer_spans(path)
+        check(spans == [(len(text) - len("Ka rel Dun"), len(text)), None], f"spans {spans}")
+        ids, rows = tp.encode(tok, [text, "Its name is : Dun"], 0, 1, spans)
+        flagged = [i for i, f in enumerate(rows[0]) if f]
+        # ids: <s> So 2 x 3 = 6 . Its name is : Ka rel Dun </s>; Ka is at 12: rows 11, 12, 13.
+        check(flagged == [11, 12, 13], f"flagged rows {flagged} of {ids[0]}")
+        check(not any(rows[1]), "a record without a span flags nothing")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"text": "abc", "answer_char_begin": 2, "answer_char_end": 9}) + "\n")
+        refused(lambda: tp.answer_spans(path), "UTF-8 byte offsets 0 <= begin < end <= 3")
+        model = tb.load_base_model(tiny_llama(os.path.join(tmp, "m"), seed=12, std=0.1))
+        torch.manual_seed(0)
+        predictor = tb.TokenButlerPredictor(64, 4, 3, 2, 8, 32, "hf", 500000.0).eval()
+        seq = torch.randint(0, 512, (1, 32), generator=torch.Generator().manual_seed(13))
+        answer = torch.zeros(1, 32, dtype=torch.bool)
+        answer[0, 20:24] = True
+        plain = tp.step_loss(model, predictor, seq).item()
+        check(tp.step_loss(model, predictor, seq, answer, 0.0).item() == plain, "weight 0")
+        check(tp.step_loss(model, predictor, seq, torch.zeros_like(answer), 5.0).item() == plain,
+              "no answer rows")
+        weighted = tp.step_loss(model, predictor, seq, answer, 5.0).item()
+        check(weighted > plain * 1.5, f"weighted {weighted} vs plain {plain}")
+
+
+@test
 def hit_rate_definition():
     pred = torch.tensor([[[0.0, 0, 0], [1, 2, 0], [3, 1, 2]]])
     true = torch.tensor([[[0.0, 0, 0], [1, 1, 0], [3, 2, 1]]])

@@ -75,24 +75,74 @@ def first_id(value):
     return value
 
 
-def encode(tokenizer, docs, bos, eos):
-    out = []
+def answer_spans(path):
+    """A .jsonl file's answer spans, aligned with read_documents' documents: (begin, end) as
+    character indices of the stripped text where a record has answer_char_begin/answer_char_end
+    (UTF-8 byte offsets, as kvlens-cli coref-samples writes them), else None. Other files: None
+    for every document."""
+    if not path.endswith(".jsonl"):
+        return None
+    spans = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            text = obj.get("text") if isinstance(obj, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                continue
+            begin, end = obj.get("answer_char_begin"), obj.get("answer_char_end")
+            if begin is None or end is None:
+                spans.append(None)
+                continue
+            raw = text.encode("utf-8")
+            if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin < end <= len(raw)):
+                raise SystemExit(f"{path}:{number}: answer_char_begin/answer_char_end must be "
+                                 f"UTF-8 byte offsets 0 <= begin < end <= {len(raw)}, found "
+                                 f"{begin}, {end}")
+            try:
+                begin, end = len(raw[:begin].decode("utf-8")), len(raw[:end].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise SystemExit(f"{path}:{number}: answer_char_begin/answer_char_end must fall "
+                                 f"on character boundaries, found {obj['answer_char_begin']}, "
+                                 f"{obj['answer_char_end']}") from None
+            shift = len(text) - len(text.lstrip())
+            spans.append((begin - shift, end - shift))
+    return spans
+
+
+def encode(tokenizer, docs, bos, eos, spans=None):
+    """-> (token lists, answer-row lists): row i of a document is flagged when token i + 1 is an
+    answer token (the query row whose attention decides that token when it is decoded)."""
+    out, rows = [], []
+    lead = 1 if bos is not None else 0
     for start in range(0, len(docs), 512):
-        for enc in tokenizer.encode_batch(docs[start:start + 512], add_special_tokens=False):
-            out.append(([bos] if bos is not None else []) + enc.ids + ([eos] if eos is not None else []))
-    return out
+        batch = tokenizer.encode_batch(docs[start:start + 512], add_special_tokens=False)
+        for offset, enc in enumerate(batch):
+            ids = ([bos] if bos is not None else []) + enc.ids + ([eos] if eos is not None else [])
+            flags = [False] * len(ids)
+            span = spans[start + offset] if spans else None
+            if span is not None:
+                for j, (a, b) in enumerate(enc.offsets):
+                    if a < span[1] and b > span[0] and j + lead >= 1:
+                        flags[j + lead - 1] = True
+            out.append(ids)
+            rows.append(flags)
+    return out, rows
 
 
-def pack(token_lists, seq_len):
+def pack(token_lists, seq_len, dtype=torch.long):
     stream = [t for ids in token_lists for t in ids]
     n = len(stream) // seq_len
     if n == 0:
-        return torch.zeros((0, seq_len), dtype=torch.long)
-    return torch.tensor(stream[:n * seq_len], dtype=torch.long).view(n, seq_len)
+        return torch.zeros((0, seq_len), dtype=dtype)
+    return torch.tensor(stream[:n * seq_len], dtype=dtype).view(n, seq_len)
 
 
 def prepare_data(args, model_dir, config):
-    """-> (train sequences [S, L], held-out sequences [V, L], per-file statistics)."""
+    """-> (train sequences [S, L], their answer rows [S, L] bool, held-out sequences [V, L],
+    per-file statistics); with --whole-documents the training side is a list of one tensor per
+    document ([<= L] each) instead."""
     from tokenizers import Tokenizer
     tok_path = os.path.join(model_dir, "tokenizer.json")
     if not os.path.exists(tok_path):
@@ -103,17 +153,25 @@ def prepare_data(args, model_dir, config):
     for path in args.data:
         docs = read_documents(path, args.doc_chars)
         train, held = heldout_split(docs, args.heldout_frac)
-        train_ids, held_ids = encode(tokenizer, train, bos, eos), encode(tokenizer, held, bos, eos)
-        train_docs += train_ids
+        train_ids, train_rows = encode(tokenizer, train, bos, eos, answer_spans(path))
+        held_ids, _ = encode(tokenizer, held, bos, eos)
+        train_docs += zip(train_ids, train_rows)
         held_docs += held_ids
         stats.append({"path": os.path.abspath(path), "documents": len(docs),
                       "train_documents": len(train), "heldout_documents": len(held),
                       "train_tokens": sum(map(len, train_ids)),
-                      "heldout_tokens": sum(map(len, held_ids))})
+                      "heldout_tokens": sum(map(len, held_ids)),
+                      "answer_rows": sum(map(sum, train_rows))})
         log(f"{path}: {len(docs)} documents, {stats[-1]['train_tokens']} training tokens, "
-            f"{stats[-1]['heldout_tokens']} held out")
+            f"{stats[-1]['heldout_tokens']} held out, {stats[-1]['answer_rows']} answer rows")
     random.Random(args.seed).shuffle(train_docs)
-    return pack(train_docs, args.seq_len), pack(held_docs, args.seq_len), stats
+    if getattr(args, "whole_documents", False):  # one document per sequence, cut at --seq-len
+        return ([torch.tensor(ids[:args.seq_len], dtype=torch.long) for ids, _ in train_docs],
+                [torch.tensor(rows[:args.seq_len], dtype=torch.bool) for _, rows in train_docs],
+                pack(held_docs, args.seq_len), stats)
+    return (pack([ids for ids, _ in train_docs], args.seq_len),
+            pack([rows for _, rows in train_docs], args.seq_len, torch.bool),
+            pack(held_docs, args.seq_len), stats)
 
 
 def pick_eval(held, count):
@@ -137,15 +195,26 @@ def cosine_with_warmup(warmup, total):
     return factor
 
 
-def step_loss(model, predictor, ids):
-    """Mean over layers 1..N-1 of the per-head MSE between predicted and true logits."""
+def step_loss(model, predictor, ids, answer_rows=None, answer_weight=0.0):
+    """Mean over layers 1..N-1 of the per-head MSE between predicted and true logits; with
+    answer_weight > 0, plus answer_weight x the MSE over the answer rows' causal entries
+    (answer_rows [B, L] bool; see --answer-weight)."""
     hidden = tb.layer_hidden_states(model, ids)
     q, k = predictor(tb.layer0_input(model, hidden))
+    weights = None
+    if answer_weight > 0 and answer_rows is not None and bool(answer_rows.any()):
+        L = ids.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()
+        weights = (answer_rows[:, None, :, None] & causal).float()  # [B, 1, L, L]
+        entries = weights.sum() * predictor.heads
     total = 0.0
     for layer in range(1, predictor.layers):
         true = tb.true_layer_logits(model, hidden, layer)
         pred = tb.predicted_logits(q[:, layer], k[:, layer])
-        total = total + ((pred - true) ** 2).mean(dim=(-1, -2)).mean(dim=-1).mean()
+        squared = (pred - true) ** 2
+        total = total + squared.mean(dim=(-1, -2)).mean(dim=-1).mean()
+        if weights is not None:
+            total = total + answer_weight * (squared * weights).sum() / entries
     return total / (predictor.layers - 1)
 
 
@@ -218,8 +287,8 @@ def plot_curves(path, train_log):
     plt.close(fig)
 
 
-def train(args, model, config, device, train_seqs, eval_seqs, data_stats):
-    if train_seqs.shape[0] == 0:
+def train(args, model, config, device, train_seqs, train_rows, eval_seqs, data_stats):
+    if len(train_seqs) == 0:
         raise SystemExit("the training text is shorter than one sequence")
     if config["num_hidden_layers"] < 2:
         raise SystemExit("the model has one layer: there is nothing to predict (layer 0 is dense)")
@@ -229,16 +298,19 @@ def train(args, model, config, device, train_seqs, eval_seqs, data_stats):
     elif args.tokens:
         steps = max(1, math.ceil(args.tokens / per_step))
     else:
-        steps = max(1, train_seqs.shape[0] // args.batch)
-    if steps * args.batch > train_seqs.shape[0]:
+        steps = max(1, len(train_seqs) // args.batch)
+    if steps * args.batch > len(train_seqs):
         log(f"warning: {steps} steps need {steps * args.batch} sequences, the data has "
-            f"{train_seqs.shape[0]}: they are reused")
+            f"{len(train_seqs)}: they are reused")
     torch.manual_seed(args.seed)
-    predictor = tb.TokenButlerPredictor(
-        hidden_size=config["hidden_size"], heads=config["num_attention_heads"],
-        layers=config["num_hidden_layers"], attn_reduce_factor=args.attn_reduce_factor,
-        dDash=args.dDash, intdim=args.intdim, variant=args.variant,
-        rope_theta=tb.config_rope_theta(config), dropout=args.dropout).to(device).train()
+    if args.init_from:
+        predictor = start_from(args, config).to(device).train()
+    else:
+        predictor = tb.TokenButlerPredictor(
+            hidden_size=config["hidden_size"], heads=config["num_attention_heads"],
+            layers=config["num_hidden_layers"], attn_reduce_factor=args.attn_reduce_factor,
+            dDash=args.dDash, intdim=args.intdim, variant=args.variant,
+            rope_theta=tb.config_rope_theta(config), dropout=args.dropout).to(device).train()
     count = sum(p.numel() for p in predictor.parameters())
     log(f"predictor {args.variant}: {count:,} parameters; {steps} steps of {per_step} tokens")
     optimizer = torch.optim.AdamW(predictor.parameters(), lr=args.lr)
@@ -254,7 +326,7 @@ def train(args, model, config, device, train_seqs, eval_seqs, data_stats):
         result = evaluate(model, predictor, eval_seqs, device, args.min_row)
         result.update(step=step, lr=scheduler.get_last_lr()[0])
         train_log["evals"].append(result)
-        if best is None or result["hit_rate"] > best["hit_rate"]:
+        if best is None or result["hit_rate"] > best["hit_rate"] or args.select == "last":
             best = result
             best_state = {k: v.detach().cpu().clone() for k, v in predictor.state_dict().items()}
         return result
@@ -262,8 +334,12 @@ def train(args, model, config, device, train_seqs, eval_seqs, data_stats):
     last_hit = run_eval(0)["hit_rate"]
     bar = tqdm(total=steps, file=sys.stderr, dynamic_ncols=True, disable=args.no_progress)
     for step in range(1, steps + 1):
-        index = [((step - 1) * args.batch + b) % train_seqs.shape[0] for b in range(args.batch)]
-        loss = step_loss(model, predictor, train_seqs[index].to(device))
+        index = [((step - 1) * args.batch + b) % len(train_seqs) for b in range(args.batch)]
+        if args.whole_documents:
+            ids, rows = train_seqs[index[0]][None], train_rows[index[0]][None]
+        else:
+            ids, rows = train_seqs[index], train_rows[index]
+        loss = step_loss(model, predictor, ids.to(device), rows.to(device), args.answer_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(predictor.parameters(), args.grad_clip)
@@ -282,6 +358,24 @@ def train(args, model, config, device, train_seqs, eval_seqs, data_stats):
     return predictor, train_log, best, steps
 
 
+def start_from(args, config):
+    """--init-from: an existing predictor of this model, trained on (its sizes win over the size
+    options; its dropout is --dropout)."""
+    predictor = tb.load_predictor(args.init_from)
+    for key, want in (("hidden_size", config["hidden_size"]),
+                      ("heads", config["num_attention_heads"]),
+                      ("layers", config["num_hidden_layers"])):
+        if getattr(predictor, key) != want:
+            raise SystemExit(f"--init-from {args.init_from}: predictor.json {key} is "
+                             f"{getattr(predictor, key)}, the model's is {want}")
+    for module in predictor.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = args.dropout
+    args.dDash, args.intdim = predictor.dDash, predictor.intdim
+    args.attn_reduce_factor, args.variant = predictor.attn_reduce_factor, predictor.variant
+    return predictor
+
+
 def setup(args):
     """The device (seeded), the model's config, the training and held-out sequences, the scored
     held-out sequences and the data statistics, shared by training and --report-only."""
@@ -290,29 +384,34 @@ def setup(args):
     config = tb.read_config(args.model)
     if args.seq_len is None:
         args.seq_len = min(1024, config.get("max_position_embeddings") or 1024)
-    train_seqs, held_seqs, stats = prepare_data(args, args.model, config)
-    return device, config, train_seqs, held_seqs, pick_eval(held_seqs, args.eval_sequences), stats
+    train_seqs, train_rows, held_seqs, stats = prepare_data(args, args.model, config)
+    return (device, config, (train_seqs, train_rows), held_seqs,
+            pick_eval(held_seqs, args.eval_sequences), stats)
 
 
 def run_training(args):
-    device, config, train_seqs, held_seqs, eval_seqs, stats = setup(args)
-    log(f"{train_seqs.shape[0]} training sequences, {held_seqs.shape[0]} held out "
+    device, config, (train_seqs, train_rows), held_seqs, eval_seqs, stats = setup(args)
+    log(f"{len(train_seqs)} training sequences, {held_seqs.shape[0]} held out "
         f"({eval_seqs.shape[0]} scored) of {args.seq_len} tokens")
     model = tb.load_base_model(args.model, device)
     predictor, train_log, best, steps = train(args, model, config, device, train_seqs,
-                                              eval_seqs, stats)
+                                              train_rows, eval_seqs, stats)
     elapsed = time.time() - T0
     training = {
         "tool": "tools/train_predictor.py", "command": sys.argv[1:], "data": stats,
         "seq_len": args.seq_len, "batch": args.batch, "steps": steps,
-        "tokens_seen": steps * args.batch * args.seq_len, "seed": args.seed,
+        "tokens_seen": (None if args.whole_documents else steps * args.batch * args.seq_len),
+        "whole_documents": args.whole_documents, "init_from": args.init_from or None,
+        "seed": args.seed,
         "device": str(device),
         "recipe": {"loss": "MSE of predicted vs true pre-softmax logits, full LxL square, "
                            "mean over heads then layers 1..N-1",
+                   "answer_weight": args.answer_weight,
                    "optimizer": "AdamW", "lr": args.lr, "weight_decay": 0.01,
                    "schedule": "cosine", "warmup_steps": int(args.warmup_frac * steps),
                    "grad_clip": args.grad_clip, "dropout": args.dropout,
-                   "selection": "best held-out top-50% hit rate"},
+                   "selection": ("the last step" if args.select == "last"
+                                 else "best held-out top-50% hit rate")},
         "best_step": best["step"],
         "heldout": {"sequences": int(eval_seqs.shape[0]), "min_row": args.min_row,
                     "hit_rate": best["hit_rate"], "mse": best["mse"],
@@ -360,6 +459,18 @@ def parse_args(argv=None):
     p.add_argument("--intdim", type=int, default=512)
     p.add_argument("--attn-reduce-factor", type=int, default=8)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--init-from", default="",
+                   help="predictor folder to continue training (a second stage)")
+    p.add_argument("--whole-documents", action="store_true",
+                   help="one document per training sequence (cut at --seq-len) instead of packing; "
+                        "batch 1")
+    p.add_argument("--select", choices=["hit_rate", "last"], default="hit_rate",
+                   help="the checkpoint written: best held-out hit rate (evaluated every "
+                        "--eval-every steps), or the last step (a second stage whose aim the "
+                        "held-out text does not measure)")
+    p.add_argument("--answer-weight", type=float, default=0.0,
+                   help="add this x the MSE over the answer rows of co-reference samples (.jsonl "
+                        "records with answer_char_begin/end); 0 = the reference recipe")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--doc-chars", type=int, default=8000, help=".txt documents' size limit")
     p.add_argument("--heldout-frac", type=float, default=0.02)
@@ -385,6 +496,8 @@ def parse_args(argv=None):
         p.error("--out is required")
     if args.eval_every < 1:
         p.error("--eval-every must be >= 1")
+    if args.whole_documents and args.batch != 1:
+        p.error("--whole-documents trains one document a step: --batch must be 1")
     return args
 
 

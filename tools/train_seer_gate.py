@@ -256,7 +256,7 @@ def main(argv=None):
                   else argv, "untrained": True, "seed": args.seed}
         save(gate, args, config, report, args.out or args.model)
         return report
-    train_seqs, held_seqs, stats = tp.prepare_data(args, args.model, config)
+    train_seqs, _, held_seqs, stats = tp.prepare_data(args, args.model, config)
     eval_seqs = tp.pick_eval(held_seqs, args.eval_sequences)
     if train_seqs.shape[0] == 0:
         raise SystemExit("--data: expected at least one training sequence of --seq-len tokens")
