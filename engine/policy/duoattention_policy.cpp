@@ -77,7 +77,11 @@ class DuoAttentionPolicy final : public BudgetedPolicy {
     bool all_full = true;
     for (int64_t g = 0; g < shape_.kv_heads; ++g)
       all_full = all_full && (streaming_sees_all || is_retrieval(step.layer, g, retrieval));
-    if (all_full && first == 0) return LayerDecision::Dense;
+    // Dense only when no head of the model streams at this step: a layer whose heads are all
+    // retrieval heads while others stream is masked (every column visible) so that the trace
+    // records its heads' gates and the heads grid marks them as retrieval heads.
+    const bool nothing_streams = streaming_sees_all || retrieval >= ranked_heads_;
+    if (all_full && first == 0 && nothing_streams) return LayerDecision::Dense;
     for (int64_t g = 0; g < shape_.kv_heads; ++g) {
       DeviceTensor rows = tensor::row_range(visible, g * group, group);
       // The rows arrive with the last step's set: mark_columns rewrites all of 0..t.

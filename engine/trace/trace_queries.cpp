@@ -526,28 +526,34 @@ FullHeads full_heads_at(const Trace& trace, int64_t run, int64_t step) {
   heads.full.assign(size_t(L * H), 0);
   heads.score.assign(size_t(L * H), kNaN);
   if (record.visible_counts.size() < size_t(L * H)) return heads;
+  // Candidates per head of a masked layer (-1 elsewhere); whether any head of the step was limited.
+  // Across layers, not per layer: DuoAttention chooses its retrieval heads over the whole model, so
+  // a layer whose heads are all retrieval heads still shows them as full.
+  std::vector<int64_t> candidates(size_t(L * H), -1);
+  bool limited = false;
   for (int64_t l = 0; l < L; ++l) {
     if (record.decisions[size_t(l)] != LayerDecision::Masked) continue;
-    std::vector<int64_t> candidates(size_t(H), record.columns);
-    bool limited = false;
     for (int64_t h = 0; h < H; ++h) {
+      int64_t& count = candidates[size_t(l * H + h)];
+      count = record.columns;
       // A sliding-window layer's candidates: the finite true logits of a kept row.
       if (const float* logits = record.logits_row(l, h, H)) {
-        candidates[size_t(h)] = 0;
+        count = 0;
         for (int64_t j = 0; j < record.columns; ++j)
-          candidates[size_t(h)] += logits[j] != -std::numeric_limits<float>::infinity();
+          count += logits[j] != -std::numeric_limits<float>::infinity();
       }
-      limited = limited || record.visible_counts[size_t(l * H + h)] < candidates[size_t(h)];
+      limited = limited || record.visible_counts[size_t(l * H + h)] < count;
     }
-    if (!limited) continue;
-    for (int64_t h = 0; h < H; ++h) {
-      if (record.visible_counts[size_t(l * H + h)] < candidates[size_t(h)]) continue;
-      heads.full[size_t(l * H + h)] = 1;
-      const float* scores = record.scores_row(l, h, H);
-      if (scores && record.columns > 0 &&
-          std::all_of(scores, scores + record.columns, [&](float s) { return s == scores[0]; }))
-        heads.score[size_t(l * H + h)] = scores[0];
-    }
+  }
+  if (!limited) return heads;
+  for (int64_t i = 0; i < L * H; ++i) {
+    if (candidates[size_t(i)] < 0 || record.visible_counts[size_t(i)] < candidates[size_t(i)])
+      continue;
+    heads.full[size_t(i)] = 1;
+    const float* scores = record.scores_row(i / H, i % H, H);
+    if (scores && record.columns > 0 &&
+        std::all_of(scores, scores + record.columns, [&](float s) { return s == scores[0]; }))
+      heads.score[size_t(i)] = scores[0];
   }
   return heads;
 }

@@ -200,8 +200,9 @@ double spearman(std::span<const float> x, std::span<const float> y);
 namespace kvlens {
 
 // The heads of run `run` that saw every candidate at `step` in a layer the policy masked while
-// another head of that layer saw fewer: DuoAttention's retrieval heads (the others are its
-// streaming heads), or any per-head policy's unrestricted heads. A layer left dense marks none.
+// another head of a masked layer saw fewer: DuoAttention's retrieval heads (the others are its
+// streaming heads), or any per-head policy's unrestricted heads. A layer left dense marks none;
+// a step where no head was limited marks none.
 // [layers * heads] each; `score` is the head's policy score where its row was kept and the scores
 // are one value over every candidate (duoattention records each head's gate so), else NaN.
 struct FullHeads {
