@@ -7,7 +7,7 @@
 # (KVLENS_TABLE_POLICIES=ids overrides the list: every built-in, two composed allocators.)
 set -euo pipefail
 cli=$1 model=$2 text=$3 out=$4 threads=${5:-2}
-policies=${KVLENS_TABLE_POLICIES:-dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,tokenbutler,tova,pyramidkv,adakv,h2o+adakv,tova+adakv,sparq,loki,doublesparsity,twilight,rocketkv,duoattention,seerattention}
+policies=${KVLENS_TABLE_POLICIES:-dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,tokenbutler,tova,pyramidkv,adakv,h2o+adakv,tova+adakv,sparq,loki,doublesparsity,twilight,rocketkv,duoattention,seerattention,magicpig}
 tb=(--policy-arg h2o.score=current_logit --policy-arg snapkv.protect_window=false
   --policy-arg quest.max_only=true --policy-arg budget_excludes_sinks=true)
 mkdir -p "$out"

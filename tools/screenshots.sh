@@ -23,8 +23,8 @@ step=${KVLENS_SCREENSHOT_STEP:-108}
 SHOTS=(
   "app|view heads"
   "heads|view heads"
-  "heads-detail|view heads; head 3 2; detail on"
-  "predicted|view predicted; compare tokenbutler,h2o; head 3 2"
+  "heads-detail|view heads; head 7 1; detail on"
+  "predicted|view predicted; compare tokenbutler,h2o; head 7 1"
   "retention|view retention; compare tokenbutler,h2o"
   "consensus|view consensus"
   "logits|view logits"

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -213,8 +214,10 @@ TEST_CASE("a BF16 session's KV cache: the CPU refuses it, the GPU's stays close 
     const ScoreResult a = score_tokens(narrow, tokens, options);
     const ScoreResult b = score_tokens(wide, tokens, options);
     // Keys and values rounded to BF16 (relative error 2^-9 each) move the attention outputs by
-    // about that much, which the perplexity follows to well under 1%.
-    CHECK(a.ppl == Approx(b.ppl).epsilon(1e-2));
+    // about that much, which the perplexity follows to well under 1% (dense). A selecting policy
+    // can also flip a near tie between two keys, and on 27 tokens one flipped key moves the
+    // perplexity by about 1%: keydiff on the round-7 demo model, 1.3% on the H200.
+    CHECK(a.ppl == Approx(b.ppl).epsilon(std::string(id) == "dense" ? 1e-2 : 2.5e-2));
   }
 }
 

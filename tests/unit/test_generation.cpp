@@ -27,7 +27,10 @@ struct Demo {
   std::shared_ptr<const BackendModel> model =
       upload_model(Model::load(test::source_path("assets/models/demo")), *backend);
   std::vector<int32_t> prompt =
-      model->model->require_tokenizer().encode("The cat sat on the mat because it", true);
+      // A short co-reference prompt: dense answers "Mirewick" and ends with EOS (the demo
+      // model's training samples end so), which the lockstep tests below need.
+      model->model->require_tokenizer().encode(
+          "A town by the river. The place is: Mirewick. The town by the river is called:", true);
 };
 
 std::vector<int32_t> greedy(const Demo& demo, const PolicyConfig& policy, int64_t max_new) {
