@@ -244,6 +244,7 @@ class CudaBackend final : public Backend {
     Scratch widen;            // F32 slices of a BF16/F16 weight for many-row products
     Scratch attention_parts;  // the split attention kernels' per-slice softmax pieces
     Scratch bounce;           // overlapping copy_rows
+    Scratch select_state;     // select_top_k's passes over one long row
     // count_nonzero_rows_deferred's buffers: the last has room, earlier ones filled up since the
     // last delivery.
     std::vector<DeferredBuffer> deferred;

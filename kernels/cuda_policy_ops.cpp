@@ -168,8 +168,19 @@ void CudaBackend::select_top_k(const DeviceTensor& scores, int64_t cols,
       optional_mask_ref(eligible, shape.rows, cols, op, "eligible");
   if (k <= 0 || cols == 0 || shape.rows == 0) return;
   activate();
-  cuda::launch_select_top_k(rows_ref<const float>(scores, score_shape), allowed,
-                            rows_ref<uint8_t>(selected, shape), shape.rows, cols, k, stream());
+  // One long row (Ada-KV's pooled top-k over a layer's heads) is split over many blocks; one
+  // block per row is faster below a few blocks' worth of columns.
+  constexpr int64_t kLongRow = 16384;
+  if (shape.rows == 1 && cols >= kLongRow) {
+    auto* state = static_cast<cuda::LongRowSelect*>(
+        lane().select_state.get(device_, sizeof(cuda::LongRowSelect)));
+    cuda::launch_select_top_k_long_row(rows_ref<const float>(scores, score_shape).data,
+                                       allowed.data, rows_ref<uint8_t>(selected, shape).data, cols,
+                                       k, state, sm_count_, stream());
+  } else {
+    cuda::launch_select_top_k(rows_ref<const float>(scores, score_shape), allowed,
+                              rows_ref<uint8_t>(selected, shape), shape.rows, cols, k, stream());
+  }
   check_launch("select_top_k");
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/policy_ops.cuh"
+#include "kernels/radix_select.cuh"
 
 namespace kvlens::cuda {
 namespace {
@@ -71,69 +72,6 @@ __global__ void attention_logits_kernel(const __grid_constant__ RunBatch<LogitAr
   }
 }
 
-// The radix select both selections share: among items 0..items-1, each with a distinct 64-bit key
-// and a weight (item(i, key, weight); weight 0 = not a candidate), walk the keys from the largest
-// down and return the key at which the running weight reaches `wanted` (Exceeds false: the k-th
-// largest key of unit weights) or first exceeds it (Exceeds true: the boundary item whose weight
-// no longer fits). 8 bits at a time from the top: a histogram of the next digit over the items
-// matching the digits fixed so far, then the digit where the count from the top gets there.
-// Needs the caller to know that the total weight is above `wanted` (>= for Exceeds false).
-template <bool Exceeds, class Item>
-__device__ uint64_t radix_select_key(int64_t items, unsigned wanted, Item item) {
-  __shared__ unsigned histogram[256];
-  __shared__ uint64_t shared_prefix;
-  __shared__ unsigned shared_remaining;
-  uint64_t prefix = 0;
-  unsigned remaining = wanted;
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
-    __syncthreads();
-    const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
-    for (int64_t i = threadIdx.x; i < items; i += blockDim.x) {
-      uint64_t key;
-      unsigned weight;
-      item(i, key, weight);
-      if (weight > 0 && (key & fixed) == prefix)
-        atomicAdd(&histogram[unsigned(key >> shift) & 255u], weight);
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      // The walk from digit 255 down that passes each digit whose count stays below (Exceeds: at
-      // or below) what remains, by one warp: lane l holds the 8 digits 255 - 8l .. 248 - 8l, a scan
-      // of the lanes' totals finds the lane where the walk stops, which walks its own 8. (One
-      // thread walking all 256 took most of a 512-column selection: about 4 us a digit.) The
-      // matching items weigh at least (Exceeds: more than) `remaining`, so the walk ends by digit
-      // 0.
-      const int lane = threadIdx.x, top = 255 - 8 * lane;
-      unsigned total = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) total += histogram[top - i];
-      unsigned before = total;  // inclusive scan from lane 0 (the highest digits)
-#pragma unroll
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const unsigned other = __shfl_up_sync(0xffffffffu, before, offset);
-        if (lane >= offset) before += other;
-      }
-      const bool stops = Exceeds ? before > remaining : before >= remaining;
-      const unsigned stopping = __ballot_sync(0xffffffffu, stops);
-      const int owner = stopping != 0 ? __ffs(int(stopping)) - 1 : 31;
-      if (lane == owner) {
-        unsigned left = remaining - (before - total);
-        int digit = top;
-        while (digit > 0 && digit > top - 7 &&
-               (Exceeds ? histogram[digit] <= left : histogram[digit] < left))
-          left -= histogram[digit--];
-        shared_prefix = prefix | (uint64_t(digit) << shift);
-        shared_remaining = left;
-      }
-    }
-    __syncthreads();
-    prefix = shared_prefix;
-    remaining = shared_remaining;
-  }
-  return prefix;
-}
-
 // One block per row. The candidates' keys (top_k_key) are distinct, so the k best are exactly
 // those with key >= the k-th largest key, which radix_select_key finds. O(8 * cols / threads).
 // With `forced` set, the row is first marked as mark_columns_kernel marks it (forced columns
@@ -173,6 +111,73 @@ __global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const u
   // `prefix` is now the k-th largest key itself.
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     if (candidate(j) && top_k_key(score[j], uint32_t(j)) >= prefix) chosen[j] = 1;
+}
+
+// select_top_k of one long row by many blocks: Ada-KV's pooled top-k lays a layer's heads end to
+// end (32 heads x 4096 columns: 131k keys), which the one-block kernel reads eight times from one
+// SM (about 3 ms a layer on an H200). The same radix select split into kernels: a count, then per
+// digit every block's histogram into `state` and one warp's pick (radix_pick_digit), then the
+// marks: the same keys and rule, so the same columns as select_top_k_kernel.
+__device__ __forceinline__ bool long_row_candidate(const uint8_t* chosen, const uint8_t* allowed,
+                                                   int64_t j) {
+  return chosen[j] == 0 && (!allowed || allowed[j] != 0);
+}
+
+__global__ void long_row_count_kernel(const uint8_t* allowed, const uint8_t* chosen, int64_t cols,
+                                      LongRowSelect* state) {
+  begin_dependent_grid();
+  __shared__ unsigned scratch[32];
+  unsigned count = 0;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
+       j += int64_t(gridDim.x) * blockDim.x)
+    count += long_row_candidate(chosen, allowed, j) ? 1u : 0u;
+  count = block_reduce(count, SumOp{}, 0u, scratch);
+  if (threadIdx.x == 0 && count > 0) atomicAdd(&state->count, count);
+}
+
+__global__ void long_row_histogram_kernel(const float* score, const uint8_t* allowed,
+                                          const uint8_t* chosen, int64_t cols, int64_t k, int shift,
+                                          LongRowSelect* state) {
+  begin_dependent_grid();
+  if (int64_t(state->count) <= k) return;  // every candidate is taken
+  __shared__ unsigned histogram[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
+  __syncthreads();
+  const uint64_t prefix = state->prefix;
+  const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    if (!long_row_candidate(chosen, allowed, j)) continue;
+    const uint64_t key = top_k_key(score[j], uint32_t(j));
+    if ((key & fixed) == prefix) atomicAdd(&histogram[unsigned(key >> shift) & 255u], 1u);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 256; i += blockDim.x)
+    if (histogram[i] != 0) atomicAdd(&state->histogram[i], histogram[i]);
+}
+
+// One warp: the digit, then the histogram cleared for the next one.
+__global__ void long_row_digit_kernel(int64_t k, int shift, LongRowSelect* state) {
+  begin_dependent_grid();
+  if (int64_t(state->count) <= k) return;
+  const uint64_t prefix = shift == 56 ? 0 : state->prefix;
+  const unsigned remaining = shift == 56 ? unsigned(k) : state->remaining;
+  __syncwarp();
+  radix_pick_digit<false>(state->histogram, shift, prefix, remaining, &state->prefix,
+                          &state->remaining);
+  __syncwarp();
+  for (int i = threadIdx.x; i < 256; i += 32) state->histogram[i] = 0;
+}
+
+__global__ void long_row_mark_kernel(const float* score, const uint8_t* allowed, uint8_t* chosen,
+                                     int64_t cols, int64_t k, const LongRowSelect* state) {
+  begin_dependent_grid();
+  const bool all = int64_t(state->count) <= k;
+  const uint64_t kth = state->prefix;  // the k-th largest key itself
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
+       j += int64_t(gridDim.x) * blockDim.x)
+    if (long_row_candidate(chosen, allowed, j) && (all || top_k_key(score[j], uint32_t(j)) >= kth))
+      chosen[j] = 1;
 }
 
 __global__ void fill_columns_kernel(RowsRef<uint8_t> mask, int64_t rows, int64_t begin,
@@ -411,6 +416,24 @@ void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eli
   }
   launch_dependent(select_top_k_kernel, unsigned(rows), kThreads, 0, stream, scores, eligible,
                    selected, cols, k, forced);
+}
+
+void launch_select_top_k_long_row(const float* scores, const uint8_t* eligible, uint8_t* selected,
+                                  int64_t cols, int64_t k, LongRowSelect* state, int sm_count,
+                                  cudaStream_t stream) {
+  if (cols <= 0 || k <= 0) return;
+  // Two blocks an SM: each reads its share of the row once per digit.
+  const unsigned blocks = std::min(grid_for(cols, kThreads), unsigned(std::max(1, 2 * sm_count)));
+  cudaMemsetAsync(state, 0, sizeof(LongRowSelect), stream);
+  launch_dependent(long_row_count_kernel, blocks, kThreads, 0, stream, eligible, selected, cols,
+                   state);
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    launch_dependent(long_row_histogram_kernel, blocks, kThreads, 0, stream, scores, eligible,
+                     selected, cols, k, shift, state);
+    launch_dependent(long_row_digit_kernel, 1u, 32u, 0, stream, k, shift, state);
+  }
+  launch_dependent(long_row_mark_kernel, blocks, kThreads, 0, stream, scores, eligible, selected,
+                   cols, k, state);
 }
 
 void launch_keep_selected(RowsRef<uint8_t> kept, RowsRef<const uint8_t> selected, int64_t rows,

@@ -63,6 +63,18 @@ void launch_attention_visible(std::span<const VisibleAttentionArgs> runs, float*
 
 // Per row: marks the k best unselected eligible columns under top_k_key's order (a radix select
 // of the k-th key, one block per row).
+// launch_select_top_k_long_row: the same for one row by many blocks (a row too long for one
+// block: Ada-KV's heads laid end to end), with `state` (device memory) for the passes between
+// kernels; the same columns.
+struct LongRowSelect {
+  unsigned histogram[256];
+  uint64_t prefix;
+  unsigned remaining;
+  unsigned count;
+};
+void launch_select_top_k_long_row(const float* scores, const uint8_t* eligible, uint8_t* selected,
+                                  int64_t cols, int64_t k, LongRowSelect* state, int sm_count,
+                                  cudaStream_t stream);
 // With forced.mark, each row is first marked as launch_mark_columns marks it (keep = eligible),
 // in the same launch; k <= 0 then marks only.
 struct ForcedMarks {

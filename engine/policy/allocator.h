@@ -21,17 +21,7 @@ enum class AllocatorKind {
 struct AllocatorKnobs {
   AllocatorKind kind = AllocatorKind::Uniform;
   int64_t pyramid_beta = 20;  // PyramidKV's beta: the last layer gets 1/beta of the mean
-  double floor_alpha = 0.2;   // pyramid_schedule, then each layer held to its own room `room[i]` (<
-                              // 0: none): an eviction
-  // layer whose budget was b at the previous step has b + 1 candidates now (its kept tokens and the
-  // new one), so a share rising faster than one token a step (the schedule's steep first layers
-  // when B(t) grows) cannot be met there. What a layer cannot take goes to the shallowest layers
-  // with room left, one token at a time, so the total stays n * extra wherever the room allows and
-  // a schedule that was non-increasing stays so.
-  std::vector<int64_t> pyramid_allocation(int64_t extra, int64_t capacity,
-                                          const std::vector<int64_t>& room, int64_t beta);
-
-  // Ada-KV's safeguard: each head's own share of its mean budget
+  double floor_alpha = 0.2;   // Ada-KV's safeguard: each head's own share of its mean budget
 };
 
 // The allocator ids ("pyramidkv", "adakv") and the alias "pyramid"; Uniform for anything else.

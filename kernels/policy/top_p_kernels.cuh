@@ -12,8 +12,10 @@
 namespace kvlens::cuda {
 
 // top_p_prune: one block per row. Thread 0 sums the softmax mass in column order (the CPU's
-// order); each pick of the prefix is a block-wide maximum of the keys below the last one (exact:
-// keys are a strict order), then every thread clears its columns outside the prefix.
+// order); the prefix is taken in passes of up to 1024 keys (the next ones below the last taken,
+// found by a radix select and sorted in shared memory), thread 0 adding their weights in key
+// order as the CPU does (exact: keys are a strict order), then every thread clears its columns
+// outside the prefix.
 struct TopPPruneArgs {
   RowsRef<const float> scores;  // [rows, stride]
   RowsRef<uint8_t> visible;     // [rows, stride]

@@ -170,6 +170,40 @@ TEST_CASE(
 // columns, with and without eligibility, forced columns): the op table
 // (tests/support/backend_op_table.cpp), which also runs every row op at rows of 1001 and 4100.
 
+// One row long enough for the many-block select (Ada-KV's pooled top-k lays a layer's heads end to
+// end): the same columns as the CPU's, with columns already selected, an eligibility mask, ties
+// (scores on a coarse grid), NaN and infinities, and k from 1 past the candidates.
+TEST_CASE("cuda policy ops: select_top_k of one long row", "[cuda]") {
+  Backends b;
+  uint32_t seed = 900;
+  for (const int64_t cols : {int64_t(16384), int64_t(40001), int64_t(131100)}) {
+    const int64_t stride = cols + 37;
+    std::vector<float> scores = random_values(size_t(stride), ++seed);
+    for (size_t j = 0; j < scores.size(); j += 3) scores[j] = std::round(scores[j] * 4.0f) / 4.0f;
+    scores[5] = std::numeric_limits<float>::quiet_NaN();
+    scores[6] = std::numeric_limits<float>::infinity();
+    scores[7] = -std::numeric_limits<float>::infinity();
+    scores[8] = -0.0f;
+    const Pair score = make_pair(b, scores, {1, stride});
+    const Pair eligible = make_pair(b, random_mask(size_t(stride), ++seed, 4), {1, stride});
+    for (const bool with_eligible : {false, true}) {
+      for (const int64_t k : {int64_t(1), int64_t(100), cols / 3, cols - 1, cols + 5}) {
+        INFO("cols " << cols << " k " << k << " eligible " << with_eligible);
+        std::vector<uint8_t> marks = random_mask(size_t(stride), ++seed, 9);  // ~1/9 chosen
+        for (int64_t j = cols; j < stride; ++j) marks[size_t(j)] = 7;         // sentinels
+        Pair selected = make_pair(b, marks, {1, stride});
+        b.cpu->select_top_k(score.cpu, cols, with_eligible ? &eligible.cpu : nullptr, k,
+                            selected.cpu);
+        b.gpu->select_top_k(score.gpu, cols, with_eligible ? &eligible.gpu : nullptr, k,
+                            selected.gpu);
+        const auto [want, got] = read_both<uint8_t>(b, selected);
+        CHECK(got == want);
+        CHECK(std::count(got.begin() + cols, got.end(), uint8_t(7)) == stride - cols);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda policy ops: mask ops over ranges, deferred counts and argument errors", "[cuda]") {
   Backends b;
   const int64_t H = 8, stride = 1030, cols = 1001;
