@@ -931,6 +931,12 @@ def twilight_fixture_is_current():
 
 
 @test
+def magicpig_fixture_is_current():
+    """tests/fixtures/magicpig/reference.json is what magicpig_reference.py writes."""
+    check_fixture_current("magicpig_reference.py", "magicpig")
+
+
+@test
 def real_model_results_toy_cpu():
     """tools/real_model_results.sh on the demo model at toy size (2 samples, 64 perplexity
     tokens, a stand-in for the paper's pools): every policy and sparsity in each task's table,
