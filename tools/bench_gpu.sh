@@ -31,6 +31,13 @@
 #   coref     wall time of a 50-sample, 10-policy coref eval of the demo model (target < 5 s)
 #   8b        the Llama-3.1-8B shape (about 16 GB): step time at 8192 against the weight-read
 #             time (target <= 1.5x)
+#   policies  each policy's own cost per step (issue 42): the vocab-8192 1B checkpoint given the
+#             files its learned and calibrated policies read (a random predictor, loki and
+#             doublesparsity calibration, duo gates after a few steps, an untrained seer gate),
+#             then per policy `bench --policies P --sparsity 0.5` at 4096 tokens of context: the
+#             lockstep step of that one run against the dense step measured in the same process
+#             (no target). Random weights attend nearly uniformly, which makes top-p methods
+#             (twilight) keep more than a trained model would.
 # Every part writes its raw results to WORK/raw/, its summary to WORK/<part>.json, and prints
 # each number with the command that measured it. The exit status is non-zero only when a command
 # fails, never for a missed target.
@@ -82,10 +89,10 @@ done
 [ ${#parts[@]} -gt 0 ] || parts=(1b lockstep trace coref)
 for part in "${parts[@]}"; do
   case $part in
-    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b) ;;
+    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b | policies) ;;
     *)
       echo "bench_gpu.sh: unknown part '$part'" \
-        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b)" >&2
+        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b policies)" >&2
       exit 2
       ;;
   esac
@@ -105,6 +112,11 @@ raw=$work/raw
 demo=$root/assets/models/demo
 policies10=dense,oracle,tokenbutler,h2o,snapkv,streaming,quest,keydiff,tokenfilter,lazyllm
 policies8=dense,h2o,quest,snapkv,streaming,keydiff,tokenfilter,lazyllm
+# Every built-in policy as tools/policy_tables.sh lists them (dense's run: what a lockstep run
+# itself adds to the plain step).
+policies_all=dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,tokenbutler,tova
+policies_all+=,pyramidkv,adakv,h2o+adakv,tova+adakv,sparq,loki,doublesparsity,twilight,rocketkv
+policies_all+=,duoattention,seerattention,magicpig
 
 # Sizes. The 1B shape: Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256,
 # tied embeddings); the 8B shape: Llama-3.1-8B (hidden 4096, 32 layers, 32/8 heads, MLP 14336,
@@ -120,6 +132,7 @@ if [ "$tiny" = 1 ]; then
   hf_contexts=32,64
   hf_compiled_contexts=32,64
   steps_1b=8 warmup=2 lockstep_context=64 trace_tokens=64 coref_samples=2 context_8b=128 steps_8b=8
+  policies_context=64
   name_1b=tiny-1b name_trace=tiny-1b-v8k name_8b=tiny-8b
 else
   shape_1b=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --vocab 128256
@@ -138,7 +151,7 @@ else
     hf_compiled_contexts=$(printf '%s\n' "${contexts_1b[@]}" | awk '$1 <= 4096' | paste -sd, -)
   fi
   steps_1b=64 warmup=4 lockstep_context=512 trace_tokens=512 coref_samples=50 context_8b=8192
-  steps_8b=32
+  steps_8b=32 policies_context=4096
   name_1b=llama-1b name_trace=llama-1b-v8k name_8b=llama-8b
 fi
 # transformers' modes: static-compiled needs a GPU (torch.compile with CUDA graphs); on the CPU
@@ -483,6 +496,27 @@ elif part == "8b":
     line("kvlens step / weight read",
          target(f"8b context {args[0]}: step / weight read", ratio, "<=", 1.5))
 
+elif part == "policies":
+    count, names = int(args[0]), args[1].split(",")
+    rows = []
+    print("  policy            dense step   policy's run   own work (run - dense), ms; medians of"
+          f" {count}")
+    for name in names:
+        pairs = [result(f"policies-{name.replace('+', '_')}-{i}") for i in range(count)]
+        pairs = [(d, c) for d, c in pairs if d is not None]
+        if not pairs:
+            print(f"  {name:<16} not run")
+            continue
+        dense = statistics.median(d["step_seconds_median"] for d, _ in pairs)
+        own = statistics.median(d["lockstep"]["step_seconds_median"] for d, _ in pairs)
+        extra = statistics.median(d["lockstep"]["step_seconds_median"] - d["step_seconds_median"]
+                                  for d, _ in pairs)
+        print(f"  {name:<16} {dense * 1e3:10.3f}   {own * 1e3:12.3f}   {extra * 1e3:+9.3f}")
+        rows.append({"policy": name, "dense_step_seconds": dense, "run_step_seconds": own,
+                     "own_seconds": extra, "command": pairs[0][1]})
+    summary["context"] = int(args[2])
+    summary["rows"] = rows
+
 summary["targets"] = targets
 with open(os.path.join(work, f"{part}.json"), "w") as f:
     json.dump(summary, f, indent=2)
@@ -585,6 +619,35 @@ part_coref() {
   done
 }
 
+part_policies() {
+  make_model "$work/$name_trace" "${shape_trace[@]}"
+  local model=$work/$name_trace corpus=$work/policies-corpus.txt name i
+  cp "$demo/tokenizer.json" "$model/tokenizer.json"
+  # Calibration text: this repository's documentation (the weights are random: what the files
+  # hold does not change what the policies cost, only their shapes do).
+  cat "$root"/README.md "$root"/docs/*.md >"$corpus"
+  [ -f "$model/predictor.safetensors" ] ||
+    run policies-predictor "$python" "$root/tools/make_butler_checkpoint.py" \
+      --random-predictor "$model" --out "$model"
+  [ -f "$model/loki_pca.safetensors" ] ||
+    run policies-calibrate "$python" "$root/tools/calibrate_channels.py" --model "$model" \
+      --corpus "$corpus" --tokens 4096 --device "$([ "$backend" = cuda ] && echo cuda || echo cpu)"
+  [ -f "$model/duo_gates.safetensors" ] ||
+    run policies-duo "$python" "$root/tools/train_duo_gates.py" --model "$model" \
+      --data "$corpus" --steps 2 --haystack-tokens 20000 \
+      --device "$([ "$backend" = cuda ] && echo cuda || echo cpu)"
+  [ -f "$model/seer_gate.safetensors" ] ||
+    run policies-seer "$python" "$root/tools/train_seer_gate.py" --model "$model" --init-only
+  rm -f "$raw"/policies-*-[0-9].*
+  for name in ${policies_all//,/ }; do
+    for i in $(seq 0 $((repeats - 1))); do
+      run "policies-${name//+/_}-$i" "$cli" bench --model "$model" --backend "$backend" \
+        --context "$policies_context" --steps "$steps_1b" --warmup "$warmup" \
+        --policies "$name" --sparsity 0.5 --json
+    done
+  done
+}
+
 part_8b() {
   make_model "$work/$name_8b" "${shape_8b[@]}"
   run 8b-kvlens "$cli" bench --model "$work/$name_8b" --backend "$backend" \
@@ -601,6 +664,7 @@ report_part() {
     trace) report trace "$trace_tokens" "$repeats" ;;
     coref) report coref "$repeats" "$coref_samples" ;;
     8b) report 8b "$context_8b" ;;
+    policies) report policies "$repeats" "$policies_all" "$policies_context" ;;
   esac
 }
 

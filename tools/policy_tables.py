@@ -3,7 +3,11 @@
 co-reference accuracy and coverage (--coref files), perplexity (--ppl files) and the effective
 sparsity of each. Results are keyed by (policy, sparsity); a later file replaces an earlier one's
 row, so runs split over several processes (each (policy, sparsity) run of a lockstep session gives
-the numbers it gives alone) merge into one table.
+the numbers it gives alone) merge into one table. Rows of `eval --match effective` are keyed by
+their target sparsity, and each cell ends with the nominal sparsity found for the co-reference and
+the perplexity evaluations (each calibrated on its own samples or windows), and a "!" after a
+figure whose target was not matched within the tolerance; its effective sparsity is given for both
+evaluations (co-reference, perplexity).
 
     policy_tables.py --coref out/coref_*.json --ppl out/ppl_*.json [--title "..."]
 """
@@ -16,7 +20,7 @@ def load(paths):
     for path in paths:
         with open(path) as f:
             for r in json.load(f)["results"]:
-                rows[(r["policy"], r["sparsity"])] = r
+                rows[(r["policy"], r.get("target_sparsity", r["sparsity"]))] = r
     return rows
 
 
@@ -35,7 +39,10 @@ def main():
     policies.sort(key=lambda name: (name != "dense", name != "oracle", name != "tokenbutler"))
     if args.title:
         print(f"**{args.title}**\n")
-    print("| policy | " + " | ".join(f"{s:.0%}: eff. / acc. / cov. / ppl" for s in sparsities) + " |")
+    matched = any("target_sparsity" in r for r in coref.values())
+    what = ("eff. (co-ref., ppl) / acc. / cov. / ppl (nominal: co-ref., ppl)" if matched else
+            "eff. / acc. / cov. / ppl")
+    print("| policy | " + " | ".join(f"{s:.0%}: {what}" for s in sparsities) + " |")
     print("| --- | " + " | ".join("---" for _ in sparsities) + " |")
     dense_c, dense_p = coref.get(("dense", 0.0)), ppl.get(("dense", 0.0))
     if dense_c and dense_p:
@@ -50,8 +57,16 @@ def main():
             if not c or not q:
                 cells.append("-")
                 continue
-            cells.append(f"{c['effective_sparsity']:.2f} / {c['accuracy']:.3f} / "
-                         f"{c['coverage']:.3f} / {q['ppl']:.2f}")
+            if "target_sparsity" in c:
+                def nominal(r):
+                    return f"{r['sparsity']:.2f}" + ("" if r.get("matched", True) else "!")
+                cell = (f"{c['effective_sparsity']:.2f}, {q['effective_sparsity']:.2f} / "
+                        f"{c['accuracy']:.3f} / {c['coverage']:.3f} / {q['ppl']:.2f} "
+                        f"(nominal {nominal(c)}, {nominal(q)})")
+            else:
+                cell = (f"{c['effective_sparsity']:.2f} / {c['accuracy']:.3f} / "
+                        f"{c['coverage']:.3f} / {q['ppl']:.2f}")
+            cells.append(cell)
         print(f"| {policy} | " + " | ".join(cells) + " |")
 
 
