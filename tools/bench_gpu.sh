@@ -31,6 +31,11 @@
 #   coref     wall time of a 50-sample, 10-policy coref eval of the demo model (target < 5 s)
 #   8b        the Llama-3.1-8B shape (about 16 GB): step time at 8192 against the weight-read
 #             time (target <= 1.5x)
+#   tokenbutler  a tokenbutler run on the 1B shape with the 1B butler predictor's dimensions (a
+#             random predictor from make_butler_checkpoint.py, about 1% of the model) at 512 and
+#             4096 tokens: its step against a dense step of the same process (target <= 1.15x)
+#             and the predictor's own share of a dense step (target <= 3%), with how much each
+#             grows from 512 to 4096 tokens
 #   policies  each policy's own cost per step (issue 42): the vocab-8192 1B checkpoint given the
 #             files its learned and calibrated policies read (a random predictor, loki and
 #             doublesparsity calibration, duo gates after a few steps, an untrained seer gate),
@@ -89,10 +94,10 @@ done
 [ ${#parts[@]} -gt 0 ] || parts=(1b lockstep trace coref)
 for part in "${parts[@]}"; do
   case $part in
-    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b | policies) ;;
+    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b | policies | tokenbutler) ;;
     *)
       echo "bench_gpu.sh: unknown part '$part'" \
-        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b policies)" >&2
+        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b policies tokenbutler)" >&2
       exit 2
       ;;
   esac
@@ -132,7 +137,7 @@ if [ "$tiny" = 1 ]; then
   hf_contexts=32,64
   hf_compiled_contexts=32,64
   steps_1b=8 warmup=2 lockstep_context=64 trace_tokens=64 coref_samples=2 context_8b=128 steps_8b=8
-  policies_context=64
+  policies_context=64 butler_contexts=(32 64)
   name_1b=tiny-1b name_trace=tiny-1b-v8k name_8b=tiny-8b
 else
   shape_1b=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --vocab 128256
@@ -151,7 +156,7 @@ else
     hf_compiled_contexts=$(printf '%s\n' "${contexts_1b[@]}" | awk '$1 <= 4096' | paste -sd, -)
   fi
   steps_1b=64 warmup=4 lockstep_context=512 trace_tokens=512 coref_samples=50 context_8b=8192
-  steps_8b=32 policies_context=4096
+  steps_8b=32 policies_context=4096 butler_contexts=(512 4096)
   name_1b=llama-1b name_trace=llama-1b-v8k name_8b=llama-8b
 fi
 # transformers' modes: static-compiled needs a GPU (torch.compile with CUDA graphs); on the CPU
@@ -496,6 +501,35 @@ elif part == "8b":
     line("kvlens step / weight read",
          target(f"8b context {args[0]}: step / weight read", ratio, "<=", 1.5))
 
+elif part == "tokenbutler":
+    count, contexts = int(args[0]), [int(c) for c in args[1].split(",")]
+    rows = []
+    for context in contexts:
+        runs = [result(f"tokenbutler-{context}-{i}") for i in range(count)]
+        runs = [(d, c) for d, c in runs if d is not None]
+        if not runs:
+            line(f"context {context}", "not run")
+            continue
+        ratio = statistics.median(d["lockstep"]["ratio_to_dense"] for d, _ in runs)
+        share = statistics.median(d["predictor"]["share_of_dense_step"] for d, _ in runs)
+        dense = statistics.median(d["step_seconds_median"] for d, _ in runs)
+        own = statistics.median(d["predictor"]["step_seconds_median"] for d, _ in runs)
+        fraction = runs[0][0]["predictor"]["parameter_fraction"]
+        line(f"context {context}: dense / predictor", f"{dense * 1e3:.3f} ms / {own * 1e3:.3f} ms"
+             f" (predictor {fraction:.2%} of the parameters)", runs[0][1])
+        line(f"context {context}: tokenbutler / dense",
+             target(f"tokenbutler run / dense step at {context}", ratio, "<=", 1.15))
+        line(f"context {context}: predictor / dense",
+             target(f"predictor share of a dense step at {context}", share * 100, "<=", 3, "%"))
+        rows.append({"context": context, "dense_step_seconds": dense, "predictor_seconds": own,
+                     "ratio": ratio, "predictor_share": share, "parameter_fraction": fraction})
+    if len(rows) >= 2:
+        first, last = rows[0], rows[-1]
+        line(f"growth {first['context']} -> {last['context']}",
+             f"predictor x{last['predictor_seconds'] / first['predictor_seconds']:.2f}, "
+             f"dense step x{last['dense_step_seconds'] / first['dense_step_seconds']:.2f}")
+    summary["rows"] = rows
+
 elif part == "policies":
     count, names = int(args[0]), args[1].split(",")
     rows = []
@@ -648,6 +682,25 @@ part_policies() {
   done
 }
 
+part_tokenbutler() {
+  make_model "$work/$name_1b" "${shape_1b[@]}"
+  # The checkpoint's own folder stays predictor-free for the other parts: links to its files.
+  local model=$work/$name_1b-butler context i
+  mkdir -p "$model"
+  ln -sf "$work/$name_1b/config.json" "$work/$name_1b/model.safetensors" "$model/"
+  [ -f "$model/predictor.safetensors" ] ||
+    run tokenbutler-predictor "$python" "$root/tools/make_butler_checkpoint.py" \
+      --random-predictor "$model" --out "$model"
+  rm -f "$raw"/tokenbutler-[0-9]*
+  for context in "${butler_contexts[@]}"; do
+    for i in $(seq 0 $((repeats - 1))); do
+      run "tokenbutler-$context-$i" "$cli" bench --model "$model" --backend "$backend" \
+        --context "$context" --steps "$steps_1b" --warmup "$warmup" --policies tokenbutler \
+        --sparsity 0.5 --json
+    done
+  done
+}
+
 part_8b() {
   make_model "$work/$name_8b" "${shape_8b[@]}"
   run 8b-kvlens "$cli" bench --model "$work/$name_8b" --backend "$backend" \
@@ -665,6 +718,10 @@ report_part() {
     coref) report coref "$repeats" "$coref_samples" ;;
     8b) report 8b "$context_8b" ;;
     policies) report policies "$repeats" "$policies_all" "$policies_context" ;;
+    tokenbutler) report tokenbutler "$repeats" "$(
+      IFS=,
+      echo "${butler_contexts[*]}"
+    )" ;;
   esac
 }
 
