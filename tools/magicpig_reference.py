@@ -128,11 +128,14 @@ def main(argv=None):
     configs = []
     for k, tables in CONFIGS:
         planes = [[on_grid(rng.gauss(0, 1)) for _ in range(k * tables)] for _ in range(D)]
+        # One set of tables per KV head, as the authors build them (build_table's loop over KV
+        # heads); its query heads all read it.
+        group_buckets = [build_tables([pack(project(keys[g][j], planes), k, tables)
+                                       for j in offloaded], tables) for g in range(G)]
         per_head = []
         for h in range(H):
             g = h // (H // G)
-            key_codes = [pack(project(keys[g][j], planes), k, tables) for j in offloaded]
-            buckets = build_tables(key_codes, tables)
+            buckets = group_buckets[g]
             # decode lines 265-268: the query normalised before hashing (the signs are the same)
             q_norm = math.sqrt(sum(x * x for x in q[h]))
             # An exactly zero projection would hash as 0 here but could round to either sign
