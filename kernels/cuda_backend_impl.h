@@ -95,6 +95,8 @@ class CudaBackend final : public Backend {
                              int64_t window) override;
   void attention_visible_runs(std::span<const RunAttention> runs, int64_t shared,
                               int64_t cols) override;
+  void attention_masked_runs(std::span<const RunAttention> runs, int64_t shared, int64_t position,
+                             int64_t window) override;
   void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
                     int64_t k, DeviceTensor& selected) override;
   void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) override;
@@ -181,6 +183,11 @@ class CudaBackend final : public Backend {
                                           const DeviceTensor* visible, const DeviceTensor& v_cache,
                                           DeviceTensor& out, DeviceTensor* probs) const;
   void launch_visible(std::span<const cuda::VisibleAttentionArgs> runs);
+  // The checks and arguments every attention call shares (q, caches, out, positions).
+  cuda::AttentionArgs attention_args(const std::string& op, const DeviceTensor& q,
+                                     const DeviceTensor& k_cache, const DeviceTensor& v_cache,
+                                     int64_t first_position, int64_t window,
+                                     DeviceTensor& out) const;
 
   // Operands of the cache and page ops, shared by the model and policy ops (cuda_policy_ops.cpp).
   static void require_page_size(int64_t page_size, const std::string& op);

@@ -396,10 +396,11 @@ void CudaBackend::rope_append_runs(std::span<const RunRopeAppend> runs, int64_t 
   });
 }
 
-void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,
-                            const DeviceTensor& v_cache, int64_t first_position, int64_t window,
-                            Visibility visible, DeviceTensor& out, DeviceTensor* logits_out) {
-  const std::string op = "attention";
+// The arguments every attention call shares (q, caches, out, positions), checked under `op`.
+cuda::AttentionArgs CudaBackend::attention_args(const std::string& op, const DeviceTensor& q,
+                                                const DeviceTensor& k_cache,
+                                                const DeviceTensor& v_cache, int64_t first_position,
+                                                int64_t window, DeviceTensor& out) const {
   const CacheShape cache = cache_shape(k_cache, v_cache, op);
   require(q, DType::F32, op, "q");
   require(out, DType::F32, op, "out");
@@ -410,12 +411,39 @@ void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,
                       std::to_string(cache.kv_heads), " KV heads"}),
                  describe(q));
   const int64_t rows = q.dim(0);
-  const int64_t heads = q.dim(1);
   require_elements(out, elements(q), op, "out");
   const int64_t context = first_position + rows;
   if (first_position < 0 || context > cache.capacity)
     bad_argument(op, cat({"positions inside the cache capacity ", std::to_string(cache.capacity)}),
                  cat({std::to_string(first_position), " + ", std::to_string(rows), " rows"}));
+  cuda::AttentionArgs args;
+  args.q = q.as<float>();
+  args.k_cache = k_cache.data;
+  args.v_cache = v_cache.data;
+  args.cache_dtype = k_cache.dtype;
+  args.out = out.as<float>();
+  args.mask_stride = context;
+  args.rows = rows;
+  args.heads = q.dim(1);
+  args.kv_heads = cache.kv_heads;
+  args.head_dim = cache.head_dim;
+  args.capacity = cache.capacity;
+  args.first_position = first_position;
+  args.window = window;
+  args.context = context;
+  args.logits_stride = context;
+  // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
+  // float `scaling`.
+  args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
+  return args;
+}
+
+void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,
+                            const DeviceTensor& v_cache, int64_t first_position, int64_t window,
+                            Visibility visible, DeviceTensor& out, DeviceTensor* logits_out) {
+  const std::string op = "attention";
+  cuda::AttentionArgs args = attention_args(op, q, k_cache, v_cache, first_position, window, out);
+  const int64_t rows = args.rows, heads = args.heads, context = args.context;
   const bool want_logits = logits_out != nullptr && !logits_out->empty();
   if (want_logits) {
     require(*logits_out, DType::F32, op, "logits_out");
@@ -437,33 +465,15 @@ void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,
   }
   if (rows == 0) return;
   activate();
-  cuda::AttentionArgs args;
-  args.q = q.as<float>();
-  args.k_cache = k_cache.data;
-  args.v_cache = v_cache.data;
-  args.cache_dtype = k_cache.dtype;
-  args.out = out.as<float>();
   args.logits = want_logits ? logits_out->as<float>() : nullptr;
   args.mask = visible.mask ? visible.mask->as<uint8_t>() : nullptr;
-  args.mask_stride = context;
-  args.rows = rows;
-  args.heads = heads;
-  args.kv_heads = cache.kv_heads;
-  args.head_dim = cache.head_dim;
-  args.capacity = cache.capacity;
-  args.first_position = first_position;
-  args.window = window;
-  args.context = context;
   args.logits_stride = want_logits ? logits_out->dim(2) : context;
-  // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
-  // float `scaling`.
-  args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
   const int64_t floats = cuda::decode_attention_scratch_floats(args, sm_count_);
   if (capture_.active) {
     // Only the split decode kernel replays at other positions (it reads the position on the
     // device); the per-row kernel sizes its work by the context. Logits replay into the same
     // rows, so they must be as wide as the cache (any later context fits).
-    if (floats == 0 || (want_logits && logits_out->dim(2) < cache.capacity))
+    if (floats == 0 || (want_logits && logits_out->dim(2) < args.capacity))
       bad_argument(op,
                    "an op of an unrecorded step (rows > 1, logits narrower than the cache, or "
                    "a head group the split kernel does not take)",
@@ -478,6 +488,56 @@ void CudaBackend::attention(const DeviceTensor& q, const DeviceTensor& k_cache,
     cuda::launch_attention(args, stream());
   }
   check_launch("attention");
+}
+
+// Each run by the split decode attention under its mask (rows [H, stride] of the session's
+// masks): the logits are computed inside, with attention_logits' bits, and the key and value rows
+// no head of a KV head sees are not read. The runs go in one launch of each kernel where they
+// share a shape (a coref sample's runs: an eval of short contexts is bound by launches), with the
+// bits of each alone. A run the split kernel does not take (a head group it has no shape for),
+// or one wanting probabilities, goes the default way, alone.
+void CudaBackend::attention_masked_runs(std::span<const RunAttention> runs, int64_t shared,
+                                        int64_t position, int64_t window) {
+  const std::string op = "attention_masked_runs";
+  thread_local std::vector<cuda::DecodeRun> decode;
+  thread_local std::vector<int64_t> floats;
+  decode.clear();
+  floats.clear();
+  for (const RunAttention& run : runs) {
+    if (run.q == nullptr || run.k_cache == nullptr || run.v_cache == nullptr ||
+        run.out == nullptr || run.probs != nullptr || capture_.active) {
+      Backend::attention_masked_runs(std::span(&run, 1), shared, position, window);
+      continue;
+    }
+    cuda::AttentionArgs args =
+        attention_args(op, *run.q, *run.k_cache, *run.v_cache, position, window, *run.out);
+    if (args.rows != 1) bad_argument(op + ": q", "one row", describe(*run.q));
+    if (run.visible != nullptr) {
+      const RowShape mask =
+          row_shape(*run.visible, DType::U8, args.heads, position + 1, op, "visible");
+      args.mask = run.visible->as<uint8_t>();
+      args.mask_stride = mask.stride;
+    }
+    const int64_t needed = cuda::decode_attention_scratch_floats(args, sm_count_);
+    if (needed == 0) {
+      Backend::attention_masked_runs(std::span(&run, 1), shared, position, window);
+      continue;
+    }
+    decode.push_back({args, nullptr});
+    floats.push_back(needed);
+  }
+  if (decode.empty()) return;
+  activate();
+  int64_t total = 0;
+  for (const int64_t f : floats) total += f;
+  float* parts =
+      static_cast<float*>(lane().attention_parts.get(device_, size_t(total) * sizeof(float)));
+  for (size_t i = 0; i < decode.size(); ++i) {
+    decode[i].scratch = parts;
+    parts += floats[i];
+  }
+  cuda::launch_decode_attention_runs(decode, sm_count_, stream());
+  check_launch("attention_masked_runs");
 }
 
 void CudaBackend::argmax_rows(const DeviceTensor& x, std::span<int32_t> out) {

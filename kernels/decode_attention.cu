@@ -74,8 +74,10 @@ SlicePlan slice_plan(const AttentionArgs& a, int sm_count) {
   plan.max_width = (kSharedFloats - fixed_shared_floats(group, a.head_dim)) / group /
                    kMinSliceKeys * kMinSliceKeys;
   if (plan.max_width < kMinSliceKeys) return plan;
-  plan.target =
-      (blocks_per_sm() * int64_t(sm_count > 0 ? sm_count : 132) + a.kv_heads - 1) / a.kv_heads;
+  // Rounded down: one wave. Rounded up, 3 x 132 / 8 KV heads asked for 400 blocks where 396
+  // are resident, and the 4 left over ran as a second wave of their own.
+  plan.target = blocks_per_sm() * int64_t(sm_count > 0 ? sm_count : 132) / a.kv_heads;
+  if (plan.target < 1) plan.target = 1;
   const int64_t keys = most_keys(a);
   const int64_t least = (keys + plan.max_width - 1) / plan.max_width;
   plan.slices = plan.target > least ? plan.target : least;
@@ -101,10 +103,13 @@ __device__ __forceinline__ Window visible_window(const AttentionArgs& a) {
 // kernel was bound by their latency and loop overhead, not by the cache's bytes (H100, 8B shape
 // at 8192 tokens: 51 -> 44 us a layer for 34 MB, the step 7.86 -> 7.61 ms). Requesting the
 // slice's rows into L2 up front (cp.async.bulk.prefetch) changed nothing, for the same reason.
-template <typename C, int Lanes, int Group>
+// Batched (kRuns > 1, blockIdx.z the run): runs of one plan, each with its own scratch.
+template <typename C, int Lanes, int Group, int kRuns>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    decode_slices_kernel(AttentionArgs a, float* scratch, SlicePlan plan) {
+    decode_slices_kernel(const __grid_constant__ RunBatch<DecodeRun, kRuns> batch, SlicePlan plan) {
   begin_dependent_grid();
+  const AttentionArgs& a = batch_run(batch).args;
+  float* scratch = batch_run(batch).scratch;
   extern __shared__ float shared[];
   const int64_t D = a.head_dim;
   const int64_t group = Group > 0 ? int64_t(Group) : a.heads / a.kv_heads;
@@ -142,6 +147,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
   __syncthreads();
 
+  // Under a mask, a key row no head of the group sees is not read (its logits are -inf, its
+  // weights 0): a sparse run reads the rows it keeps (the union over the group's heads).
+  auto group_sees = [&](int jj) {
+    if (a.mask == nullptr) return true;
+    const uint8_t* column = a.mask + g * group * a.mask_stride + start + jj;
+    for (int64_t h = 0; h < group; ++h)
+      if (column[h * a.mask_stride] != 0) return true;
+    return false;
+  };
+
   // Scores (key_dot's arithmetic: the bits of attention_logits and launch_attention), kUnroll
   // rows per lane loaded before any is used. `base` minus the lane's row offset is the same for
   // every lane of the warp, so all of them reach the shuffles.
@@ -150,7 +165,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int jj = base + u * rows_per_pass;
-      if (jj < count) load_chunk(keys + int64_t(jj) * D, D, d0, chunk[u]);
+      if (jj < count && group_sees(jj)) {
+        load_chunk(keys + int64_t(jj) * D, D, d0, chunk[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kKeyChunk; ++i) chunk[u][i] = 0.0f;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -206,15 +226,26 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       for (int i = 0; i < kKeyChunk; ++i) acc[hh][i] = 0.0f;
     for (int base = first_row; base - (lane / lanes) < count; base += kUnroll * rows_per_pass) {
       float chunk[kUnroll][kKeyChunk];
+      bool weighted[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int jj = base + u * rows_per_pass;
-        if (jj < count) load_chunk(values + int64_t(jj) * D, D, d0, chunk[u]);
+        // (a row whose weights in this pass's heads are all 0 adds nothing: under a mask it is
+        // not read; without one every row is, as before)
+        weighted[u] = jj < count;
+        if (weighted[u] && a.mask != nullptr) {
+          bool any = false;
+#pragma unroll
+          for (int hh = 0; hh < kHeadsPerPass; ++hh)
+            any = any || (h0 + hh < group && weights[(h0 + hh) * slice_keys + jj] != 0.0f);
+          weighted[u] = any;
+        }
+        if (weighted[u]) load_chunk(values + int64_t(jj) * D, D, d0, chunk[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int jj = base + u * rows_per_pass;
-        if (jj >= count) continue;
+        if (!weighted[u]) continue;
 #pragma unroll
         for (int hh = 0; hh < kHeadsPerPass; ++hh) {
           if (h0 + hh >= group) continue;
@@ -255,9 +286,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // 1024 threads: the 43 slices of an 8K context at D = 128 take two or three loads a thread, where
 // 256 threads folded 22 each (H200: 1% off the step at 4096 and 16384 tokens).
 constexpr int kMergeThreads = 1024;
+template <int kRuns>
 __global__ void __launch_bounds__(kMergeThreads)
-    decode_merge_kernel(AttentionArgs a, const float* scratch, SlicePlan plan) {
+    decode_merge_kernel(const __grid_constant__ RunBatch<DecodeRun, kRuns> batch, SlicePlan plan) {
   begin_dependent_grid();
+  const AttentionArgs& a = batch_run(batch).args;
+  const float* scratch = batch_run(batch).scratch;
   const int64_t slices = plan.slices;
   extern __shared__ float merge_shared[];
   __shared__ float reduce_scratch[32];
@@ -293,14 +327,17 @@ __global__ void __launch_bounds__(kMergeThreads)
 
 int64_t decode_attention_scratch_floats(const AttentionArgs& args, int sm_count) {
   if (args.rows != 1 || args.heads <= 0 || args.kv_heads <= 0 || args.head_dim <= 0 ||
-      args.head_dim < 4 * kKeyChunk || args.head_dim > kMaxKeyChunkDim ||
+      args.head_dim < kKeyChunk || args.head_dim > kMaxKeyChunkDim ||
       args.head_dim % kKeyChunk != 0 || args.heads % args.kv_heads != 0)
     return 0;
   return slice_plan(args, sm_count).slices * args.heads * (args.head_dim + 2);
 }
 
-void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_count,
-                             cudaStream_t stream) {
+namespace {
+
+// The runs of one call share a plan, a key count and a head group (decode_runs_alike).
+void launch_decode_runs(std::span<const DecodeRun> runs, int sm_count, cudaStream_t stream) {
+  const AttentionArgs& args = runs[0].args;
   const SlicePlan plan = slice_plan(args, sm_count);
   const int64_t group = args.heads / args.kv_heads;
   // Weights of the widest slice this call can see: the cache's on a captured step.
@@ -313,42 +350,77 @@ void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_c
   const size_t shared_bytes =
       size_t(fixed_shared_floats(group, args.head_dim) + group * slice_width(keys, plan)) *
       sizeof(float);
-  const dim3 grid(unsigned(plan.slices), unsigned(args.kv_heads));
-  dispatch_weight(args.cache_dtype, [&](auto tag) {
-    using C = decltype(tag);
-    auto launch = [&](auto kernel) {
-      launch_dependent(kernel, grid, kThreads, shared_bytes, stream, args, scratch, plan);
-    };
-    // Groups of 1 (multi-head), 4 and 8 (the Llama-3 shapes) as constants.
-    auto with_group = [&](auto lanes_tag) {
-      constexpr int L = decltype(lanes_tag)::value;
-      switch (group) {
-        case 1:
-          return launch(decode_slices_kernel<C, L, 1>);
-        case 4:
-          return launch(decode_slices_kernel<C, L, 4>);
-        case 8:
-          return launch(decode_slices_kernel<C, L, 8>);
-        default:
-          return launch(decode_slices_kernel<C, L, 0>);
-      }
-    };
-    switch (key_lanes(args.head_dim)) {
-      case 4:
-        return with_group(std::integral_constant<int, 4>{});
-      case 8:
-        return with_group(std::integral_constant<int, 8>{});
-      case 16:
-        return with_group(std::integral_constant<int, 16>{});
-      default:
-        return with_group(std::integral_constant<int, 32>{});
-    }
-  });
   // (a head dimension over kMergeThreads: one group of threads striding over it)
   const int64_t groups = args.head_dim >= kMergeThreads ? 1 : kMergeThreads / args.head_dim;
   const size_t merge_bytes = size_t(plan.slices + groups * args.head_dim) * sizeof(float);
-  launch_dependent(decode_merge_kernel, unsigned(args.heads), kMergeThreads, merge_bytes, stream,
-                   args, scratch, plan);
+  for_run_batches(runs, [&]<int kRuns>(const RunBatch<DecodeRun, kRuns>& batch, int count) {
+    const dim3 grid(unsigned(plan.slices), unsigned(args.kv_heads), unsigned(count));
+    dispatch_weight(args.cache_dtype, [&](auto tag) {
+      using C = decltype(tag);
+      auto launch = [&](auto kernel) {
+        launch_dependent(kernel, grid, kThreads, shared_bytes, stream, batch, plan);
+      };
+      // Groups of 1 (multi-head), 4 and 8 (the Llama-3 shapes) as constants.
+      auto with_group = [&](auto lanes_tag) {
+        constexpr int L = decltype(lanes_tag)::value;
+        switch (group) {
+          case 1:
+            return launch(decode_slices_kernel<C, L, 1, kRuns>);
+          case 4:
+            return launch(decode_slices_kernel<C, L, 4, kRuns>);
+          case 8:
+            return launch(decode_slices_kernel<C, L, 8, kRuns>);
+          default:
+            return launch(decode_slices_kernel<C, L, 0, kRuns>);
+        }
+      };
+      // (1 and 2 lanes: the TokenButler predictor's heads of 8 and 16 dimensions, whose attention
+      // over the context took 246 us a step at 4096 tokens in the one-block-per-row kernel)
+      switch (key_lanes(args.head_dim)) {
+        case 1:
+          return with_group(std::integral_constant<int, 1>{});
+        case 2:
+          return with_group(std::integral_constant<int, 2>{});
+        case 4:
+          return with_group(std::integral_constant<int, 4>{});
+        case 8:
+          return with_group(std::integral_constant<int, 8>{});
+        case 16:
+          return with_group(std::integral_constant<int, 16>{});
+        default:
+          return with_group(std::integral_constant<int, 32>{});
+      }
+    });
+    launch_dependent(decode_merge_kernel<kRuns>, dim3(unsigned(args.heads), 1, unsigned(count)),
+                     kMergeThreads, merge_bytes, stream, batch, plan);
+  });
+}
+
+}  // namespace
+
+void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_count,
+                             cudaStream_t stream) {
+  const DecodeRun run{args, scratch};
+  launch_decode_runs(std::span(&run, 1), sm_count, stream);
+}
+
+bool decode_runs_alike(const AttentionArgs& a, const AttentionArgs& b) {
+  return a.rows == b.rows && a.heads == b.heads && a.kv_heads == b.kv_heads &&
+         a.head_dim == b.head_dim && a.capacity == b.capacity && a.window == b.window &&
+         a.first_position == b.first_position && a.cache_dtype == b.cache_dtype &&
+         a.step_position == b.step_position;
+}
+
+void launch_decode_attention_runs(std::span<const DecodeRun> runs, int sm_count,
+                                  cudaStream_t stream) {
+  if (runs.empty()) return;
+  for (const DecodeRun& run : runs) {
+    if (!decode_runs_alike(run.args, runs[0].args)) {
+      for (const DecodeRun& one : runs) launch_decode_runs(std::span(&one, 1), sm_count, stream);
+      return;
+    }
+  }
+  launch_decode_runs(runs, sm_count, stream);
 }
 
 }  // namespace kvlens::cuda

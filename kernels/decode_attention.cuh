@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/attention.cuh"
 
@@ -24,5 +25,17 @@ int64_t decode_attention_scratch_floats(const AttentionArgs& args, int sm_count)
 // launch_attention's: the same per-lane products and butterfly sum (key_dot).
 void launch_decode_attention(const AttentionArgs& args, float* scratch, int sm_count,
                              cudaStream_t stream);
+
+// Several runs' decode attention, each with its own `scratch` (decode_attention_scratch_floats
+// of its args): one launch of each kernel for up to kBatchRuns runs that decode_runs_alike, with
+// the bits of launching each alone (every block's work is its run's alone); runs that are not
+// alike are launched one by one.
+struct DecodeRun {
+  AttentionArgs args;
+  float* scratch = nullptr;
+};
+bool decode_runs_alike(const AttentionArgs& a, const AttentionArgs& b);
+void launch_decode_attention_runs(std::span<const DecodeRun> runs, int sm_count,
+                                  cudaStream_t stream);
 
 }  // namespace kvlens::cuda

@@ -73,7 +73,8 @@ __global__ void attention_logits_kernel(const __grid_constant__ RunBatch<LogitAr
 }
 
 // One block per row. The candidates' keys (top_k_key) are distinct, so the k best are exactly
-// those with key >= the k-th largest key, which radix_select_key finds. O(8 * cols / threads).
+// those with key >= the k-th largest key, which radix_select_key finds. O(8 * cols / threads)
+// (4 passes when the k-th score is not split by ties).
 // With `forced` set, the row is first marked as mark_columns_kernel marks it (forced columns
 // that are eligible), which then count as selected: mark_and_select_top_k in one launch.
 __global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const uint8_t> eligible,
@@ -108,7 +109,8 @@ __global__ void select_top_k_kernel(RowsRef<const float> scores, RowsRef<const u
         weight = candidate(j) ? 1u : 0u;
         key = weight ? top_k_key(score[j], uint32_t(j)) : 0;
       });
-  // `prefix` is now the k-th largest key itself.
+  // The k best are exactly the candidates with a key >= `prefix` (the k-th largest key, or the
+  // lowest key of its score when every candidate of that score is among the k).
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     if (candidate(j) && top_k_key(score[j], uint32_t(j)) >= prefix) chosen[j] = 1;
 }
@@ -414,7 +416,11 @@ void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eli
                           stream);
     return;
   }
-  launch_dependent(select_top_k_kernel, unsigned(rows), kThreads, 0, stream, scores, eligible,
+  // One block a row: a wider block for a longer row, whose passes are each a few loads a thread
+  // (H200, 32 rows of 4096 columns: 13-50 us a call with 256 threads and plain atomics, 17-23 us
+  // now; the rows staged in shared memory first changed nothing measurable, so they are not).
+  const int threads = cols >= 4096 ? 1024 : cols >= 1024 ? 512 : kThreads;
+  launch_dependent(select_top_k_kernel, unsigned(rows), threads, 0, stream, scores, eligible,
                    selected, cols, k, forced);
 }
 

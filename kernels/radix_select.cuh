@@ -21,7 +21,7 @@ namespace kvlens::cuda {
 template <bool Exceeds>
 __device__ void radix_pick_digit(const unsigned* histogram, int shift, uint64_t prefix,
                                  unsigned remaining, uint64_t* next_prefix,
-                                 unsigned* next_remaining) {
+                                 unsigned* next_remaining, unsigned* digit_count = nullptr) {
   const int lane = threadIdx.x & 31, top = 255 - 8 * lane;
   unsigned total = 0;
 #pragma unroll
@@ -43,7 +43,21 @@ __device__ void radix_pick_digit(const unsigned* histogram, int shift, uint64_t 
       left -= histogram[digit--];
     *next_prefix = prefix | (uint64_t(digit) << shift);
     *next_remaining = left;
+    if (digit_count != nullptr) *digit_count = histogram[digit];
   }
+}
+
+// histogram[digit] += weight for the calling lanes, every lane of the warp calling it (digit
+// kNoDigit: not counted). Lanes with the same digit add once: a row's scores share their top
+// digits (sign and exponent), so plain atomics queued up on one or two counters, 32 deep per warp.
+constexpr unsigned kNoDigit = 256;
+__device__ __forceinline__ void add_to_histogram(unsigned* histogram, unsigned digit,
+                                                 unsigned weight) {
+  const unsigned peers = __match_any_sync(0xffffffffu, digit);
+  const unsigned total = __reduce_add_sync(peers, weight);
+  const int lane = int(threadIdx.x & 31);
+  if (digit != kNoDigit && lane == __ffs(int(peers)) - 1 && total > 0)
+    atomicAdd(&histogram[digit], total);
 }
 
 // The radix select by one block: among items 0..items-1, each with a distinct 64-bit key
@@ -53,31 +67,40 @@ __device__ void radix_pick_digit(const unsigned* histogram, int shift, uint64_t 
 // no longer fits). 8 bits at a time from the top: a histogram of the next digit over the items
 // matching the digits fixed so far, then the digit where the count from the top gets there.
 // Needs the caller to know that the total weight is above `wanted` (>= for Exceeds false).
+// Exceeds false with top_k_key's keys (score bits above, column below): once the score's 32 bits
+// are fixed, if every item with that score is wanted the answer is that score's lowest key
+// (column bits 0: every key of it is >= and none below), and the four column digits are not
+// walked: the same keys pass `key >= result` either way.
 template <bool Exceeds, class Item>
 __device__ uint64_t radix_select_key(int64_t items, unsigned wanted, Item item) {
   __shared__ unsigned histogram[256];
   __shared__ uint64_t shared_prefix;
-  __shared__ unsigned shared_remaining;
+  __shared__ unsigned shared_remaining, shared_digit_count;
   uint64_t prefix = 0;
   unsigned remaining = wanted;
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
     __syncthreads();
     const uint64_t fixed = shift == 56 ? 0 : ~uint64_t(0) << (shift + 8);
-    for (int64_t i = threadIdx.x; i < items; i += blockDim.x) {
-      uint64_t key;
-      unsigned weight;
-      item(i, key, weight);
-      if (weight > 0 && (key & fixed) == prefix)
-        atomicAdd(&histogram[unsigned(key >> shift) & 255u], weight);
+    // (a warp-uniform trip count: every lane reaches add_to_histogram's shuffles)
+    for (int64_t base = 0; base < items; base += blockDim.x) {
+      const int64_t i = base + threadIdx.x;
+      unsigned digit = kNoDigit, weight = 0;
+      if (i < items) {
+        uint64_t key;
+        item(i, key, weight);
+        if (weight > 0 && (key & fixed) == prefix) digit = unsigned(key >> shift) & 255u;
+      }
+      add_to_histogram(histogram, digit, weight);
     }
     __syncthreads();
     if (threadIdx.x < 32)
       radix_pick_digit<Exceeds>(histogram, shift, prefix, remaining, &shared_prefix,
-                                &shared_remaining);
+                                &shared_remaining, &shared_digit_count);
     __syncthreads();
     prefix = shared_prefix;
     remaining = shared_remaining;
+    if (!Exceeds && shift == 32 && shared_digit_count == remaining) return prefix;
   }
   return prefix;
 }

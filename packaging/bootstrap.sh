@@ -21,7 +21,8 @@ esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${KVLENS_BUILD_DIR:-$root/build}
 jobs=$(nproc 2>/dev/null || echo 2)
-log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Each stage's heading says how long the set-up has run so far (CI reads where the time went).
+log() { printf '\n\033[1m== %s\033[0m (at %d s)\n' "$*" "$SECONDS"; }
 
 # --- dependencies -----------------------------------------------------------------------------
 packages=(build-essential cmake pkg-config python3 zlib1g-dev libicu-dev nlohmann-json3-dev

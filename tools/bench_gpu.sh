@@ -36,6 +36,11 @@
 #             4096 tokens: its step against a dense step of the same process (target <= 1.15x)
 #             and the predictor's own share of a dense step (target <= 3%), with how much each
 #             grows from 512 to 4096 tokens
+#   sparse    whether a sparse run pays only for what it keeps (issue 43 item 4): on the 1B shape
+#             (with the butler predictor's files) at 16384 tokens, streaming, quest, h2o,
+#             tokenbutler and oracle at sparsity 0.5 and 0.9, `bench --attention-cost`: each
+#             run's attention over the keys it kept at its last step against the dense attention
+#             over the same caches (target: at most the kept share), and its step against dense
 #   policies  each policy's own cost per step (issue 42): the vocab-8192 1B checkpoint given the
 #             files its learned and calibrated policies read (a random predictor, loki and
 #             doublesparsity calibration, duo gates after a few steps, an untrained seer gate),
@@ -94,10 +99,10 @@ done
 [ ${#parts[@]} -gt 0 ] || parts=(1b lockstep trace coref)
 for part in "${parts[@]}"; do
   case $part in
-    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b | policies | tokenbutler) ;;
+    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b | policies | tokenbutler | sparse) ;;
     *)
       echo "bench_gpu.sh: unknown part '$part'" \
-        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b policies tokenbutler)" >&2
+        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b policies tokenbutler sparse)" >&2
       exit 2
       ;;
   esac
@@ -122,6 +127,7 @@ policies8=dense,h2o,quest,snapkv,streaming,keydiff,tokenfilter,lazyllm
 policies_all=dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,lazyllm,tokenbutler,tova
 policies_all+=,pyramidkv,adakv,h2o+adakv,tova+adakv,sparq,loki,doublesparsity,twilight,rocketkv
 policies_all+=,duoattention,seerattention,magicpig
+policies_sparse=streaming,quest,h2o,tokenbutler,oracle
 
 # Sizes. The 1B shape: Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256,
 # tied embeddings); the 8B shape: Llama-3.1-8B (hidden 4096, 32 layers, 32/8 heads, MLP 14336,
@@ -137,7 +143,7 @@ if [ "$tiny" = 1 ]; then
   hf_contexts=32,64
   hf_compiled_contexts=32,64
   steps_1b=8 warmup=2 lockstep_context=64 trace_tokens=64 coref_samples=2 context_8b=128 steps_8b=8
-  policies_context=64 butler_contexts=(32 64)
+  policies_context=64 butler_contexts=(32 64) sparse_context=128
   name_1b=tiny-1b name_trace=tiny-1b-v8k name_8b=tiny-8b
 else
   shape_1b=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --vocab 128256
@@ -156,7 +162,7 @@ else
     hf_compiled_contexts=$(printf '%s\n' "${contexts_1b[@]}" | awk '$1 <= 4096' | paste -sd, -)
   fi
   steps_1b=64 warmup=4 lockstep_context=512 trace_tokens=512 coref_samples=50 context_8b=8192
-  steps_8b=32 policies_context=4096 butler_contexts=(512 4096)
+  steps_8b=32 policies_context=4096 butler_contexts=(512 4096) sparse_context=16384
   name_1b=llama-1b name_trace=llama-1b-v8k name_8b=llama-8b
 fi
 # transformers' modes: static-compiled needs a GPU (torch.compile with CUDA graphs); on the CPU
@@ -530,6 +536,39 @@ elif part == "tokenbutler":
              f"dense step x{last['dense_step_seconds'] / first['dense_step_seconds']:.2f}")
     summary["rows"] = rows
 
+elif part == "sparse":
+    names, context = args[0].split(","), int(args[1])
+    rows = []
+    print(f"  at {context} tokens; attention: one step's attention calls over the run's kept keys "
+          "against the dense attention op over the same caches (medians)")
+    print("  policy       sparsity  kept    attention / dense (ms)    ratio   step / dense step"
+          "        layers fused")
+    for name in names:
+        for sparsity in ("0.5", "0.9"):
+            d, cmd = result(f"sparse-{name}-{sparsity}")
+            if d is None or not d.get("attention_cost"):
+                print(f"  {name:<12} {sparsity:<8}  not run")
+                continue
+            cost = d["attention_cost"][0]
+            step = d["lockstep"]["step_seconds_median"]
+            dense = d["step_seconds_median"]
+            print(f"  {name:<12} {sparsity:<8}  {cost['kept_share']:.3f}  "
+                  f"{cost['attention_seconds'] * 1e3:8.3f} / {cost['dense_attention_seconds'] * 1e3:8.3f}"
+                  f"   {cost['ratio_to_dense']:6.2f}   {step * 1e3:.3f} / {dense * 1e3:.3f} ms"
+                  f"   {cost.get('fused_layers', 0)} ({cost['masked_layers']} masked)")
+            print("    " + target(f"{name}@{sparsity} at {context}: attention / dense "
+                                  f"attention, kept {cost['kept_share']:.3f}",
+                                  cost["ratio_to_dense"], "<=", round(cost["kept_share"], 3)))
+            rows.append({"policy": name, "sparsity": float(sparsity), "command": cmd,
+                         "kept_share": cost["kept_share"],
+                         "attention_seconds": cost["attention_seconds"],
+                         "dense_attention_seconds": cost["dense_attention_seconds"],
+                         "fused_layers": cost.get("fused_layers", 0),
+                         "masked_layers": cost["masked_layers"],
+                         "run_step_seconds": step, "dense_step_seconds": dense})
+    summary["context"] = context
+    summary["rows"] = rows
+
 elif part == "policies":
     count, names = int(args[0]), args[1].split(",")
     rows = []
@@ -682,21 +721,40 @@ part_policies() {
   done
 }
 
-part_tokenbutler() {
+# The 1B checkpoint with a random predictor of the 1B butler's dimensions, in a folder of its own
+# (links to the checkpoint's files: its folder stays predictor-free for the other parts).
+make_butler_model() {
   make_model "$work/$name_1b" "${shape_1b[@]}"
-  # The checkpoint's own folder stays predictor-free for the other parts: links to its files.
-  local model=$work/$name_1b-butler context i
+  local model=$work/$name_1b-butler
   mkdir -p "$model"
   ln -sf "$work/$name_1b/config.json" "$work/$name_1b/model.safetensors" "$model/"
   [ -f "$model/predictor.safetensors" ] ||
     run tokenbutler-predictor "$python" "$root/tools/make_butler_checkpoint.py" \
       --random-predictor "$model" --out "$model"
+}
+
+part_tokenbutler() {
+  make_butler_model
+  local model=$work/$name_1b-butler context i
   rm -f "$raw"/tokenbutler-[0-9]*
   for context in "${butler_contexts[@]}"; do
     for i in $(seq 0 $((repeats - 1))); do
       run "tokenbutler-$context-$i" "$cli" bench --model "$model" --backend "$backend" \
         --context "$context" --steps "$steps_1b" --warmup "$warmup" --policies tokenbutler \
         --sparsity 0.5 --json
+    done
+  done
+}
+
+part_sparse() {
+  make_butler_model
+  local model=$work/$name_1b-butler name sparsity
+  rm -f "$raw"/sparse-*
+  for name in ${policies_sparse//,/ }; do
+    for sparsity in 0.5 0.9; do
+      run "sparse-$name-$sparsity" "$cli" bench --model "$model" --backend "$backend" \
+        --context "$sparse_context" --steps 16 --warmup 2 --policies "$name" \
+        --sparsity "$sparsity" --attention-cost "$repeats" --json
     done
   done
 }
@@ -718,6 +776,7 @@ report_part() {
     coref) report coref "$repeats" "$coref_samples" ;;
     8b) report 8b "$context_8b" ;;
     policies) report policies "$repeats" "$policies_all" "$policies_context" ;;
+    sparse) report sparse "$policies_sparse" "$sparse_context" ;;
     tokenbutler) report tokenbutler "$repeats" "$(
       IFS=,
       echo "${butler_contexts[*]}"

@@ -485,6 +485,42 @@ def bench_transformers_toy_cpu():
 
 
 @test
+def bench_gpu_tiny_cpu_parts():
+    """tools/bench_gpu.sh --tiny on the CPU, issue 43's parts: `tokenbutler` (a run and its
+    predictor against a dense step at two contexts) and `sparse` (each policy at 0.5 and 0.9, its
+    attention over the kept keys against dense attention): every figure present, each with its
+    target."""
+    cli = kvlens_cli()
+    if not cli:
+        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
+        return
+    build = os.path.dirname(os.path.dirname(os.path.abspath(cli)))
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, KVLENS_BENCH_BACKEND="cpu", KVLENS_BENCH_REPEATS="1",
+                   PYTHON=sys.executable)
+        proc = subprocess.run([os.path.join(TOOLS, "bench_gpu.sh"), build, "--tiny", "--part",
+                               "tokenbutler,sparse", "--work", tmp], capture_output=True,
+                              text=True, env=env)
+        check(proc.returncode == 0, f"bench_gpu.sh failed:\n{proc.stdout[-3000:]}"
+              f"\n{proc.stderr[-2000:]}")
+        with open(os.path.join(tmp, "tokenbutler.json")) as f:
+            butler = json.load(f)
+        check([r["context"] for r in butler["rows"]] == [32, 64], f"rows {butler['rows']}")
+        for r in butler["rows"]:
+            check(r["ratio"] > 0 and 0 < r["predictor_share"], f"row {r}")
+        with open(os.path.join(tmp, "sparse.json")) as f:
+            sparse = json.load(f)
+        runs = [(r["policy"], r["sparsity"]) for r in sparse["rows"]]
+        check(len(runs) == 10 and ("tokenbutler", 0.9) in runs, f"runs {runs}")
+        for r in sparse["rows"]:
+            check(0 < r["kept_share"] <= 1 and r["attention_seconds"] > 0
+                  and r["dense_attention_seconds"] > 0, f"row {r}")
+        check(len(sparse["targets"]) == 10, f"targets {sparse['targets']}")
+        for part in ("tokenbutler", "sparse"):
+            check(f"-- part {part}: done" in proc.stdout, f"{part} not done:\n{proc.stdout}")
+
+
+@test
 def bf16_reference_toy_cpu():
     """tools/make_bf16_reference.py on the demo model at toy size on the CPU: per prompt the
     BF16 and F32 greedy runs and, per step, the BF16 top ids with both dtypes' logits, and the

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "app/cli/bench_attention_cost.h"
 #include "app/cli/cli_common.h"
 #include "app/session/policy_runs.h"
 #include "engine/backend/bandwidth.h"
@@ -91,6 +92,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   static int64_t steps = 32, context = 128, warmup = 2, copy_mb = 0, block = 8;
   static int copy_repeats = 5;
   static bool json = false;
+  static int attention_repeats = 0;
   static std::string policies, sparsity = "0.5";
   static std::vector<std::string> policy_args;
   command->add_option("--model", model_dir, "Hugging Face checkpoint folder")->required();
@@ -126,6 +128,12 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command
       ->add_option("--sparsity", sparsity, "Sparsities of the --policies runs given as plain ids")
       ->capture_default_str();
+  command
+      ->add_option("--attention-cost", attention_repeats,
+                   "With --policies: after the timed steps, each run's attention over the keys "
+                   "it kept at its last step against the dense attention over every key of the "
+                   "same caches, median of this many timed repeats of a whole step's calls")
+      ->check(CLI::NonNegativeNumber);
   command->add_option("--policy-arg", policy_args,
                       "Policy parameter key=value or policy.key=value (repeatable; a run "
                       "spec's own :key=value wins)");
@@ -278,6 +286,11 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         timed += count;
       }
 
+      if (attention_repeats > 0 && !lockstep)
+        throw Error("bench", "--attention-cost", "--policies to measure", "no --policies");
+      const std::vector<AttentionCost> attention_costs =
+          attention_repeats > 0 ? measure_attention_cost(*lockstep, *backend, attention_repeats)
+                                : std::vector<AttentionCost>{};
       const double step_median = median(step_seconds);
       // The predictor's share of a step, where a run of a policy that reads it is listed.
       const bool with_predictor =
@@ -355,6 +368,20 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                              {"ratio_to_dense", lockstep_median / step_median},
                              {"run_tasks", run_tasks}};
         }
+        if (attention_repeats > 0) {
+          nlohmann::json costs = nlohmann::json::array();
+          for (const AttentionCost& cost : attention_costs) {
+            costs.push_back({{"run", session::run_spec(runs[size_t(cost.run)])},
+                             {"kept_share", cost.kept_share},
+                             {"masked_layers", cost.masked_layers},
+                             {"fused_layers", cost.fused_layers},
+                             {"attention_seconds", cost.masked_seconds},
+                             {"dense_attention_seconds", cost.dense_seconds},
+                             {"ratio_to_dense", cost.masked_seconds / cost.dense_seconds},
+                             {"repeats", attention_repeats}});
+          }
+          out["attention_cost"] = costs;
+        }
         if (with_predictor) {
           const PredictorConfig& pc = resident->predictor->config();
           out["predictor"] = {{"path", resident->predictor->predictor->path},
@@ -409,6 +436,14 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                 median(run_plugin_seconds[r]) * 1e3, median(run_copy_seconds[r]) * 1e3);
           }
         }
+      }
+      for (const AttentionCost& cost : attention_costs) {
+        std::printf(
+            "attention       %s: %.3f ms over its kept keys (%.1f%% of %lld masked layers' "
+            "pairs) against %.3f ms dense: %.2fx (median of %d)\n",
+            session::run_spec(runs[size_t(cost.run)]).c_str(), cost.masked_seconds * 1e3,
+            100.0 * cost.kept_share, (long long)cost.masked_layers, cost.dense_seconds * 1e3,
+            cost.masked_seconds / cost.dense_seconds, attention_repeats);
       }
       if (with_predictor) {
         const PredictorConfig& pc = resident->predictor->config();

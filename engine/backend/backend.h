@@ -363,6 +363,17 @@ class Backend {
     for (const RunAttention& run : runs)
       attention_visible(*run.logits, cols, run.visible, *run.v_cache, *run.out, run.probs);
   }
+  // Both calls above in one, for runs that want no probabilities (probs null) and whose logits
+  // nobody else reads: each run's out as attention_logits_runs then attention_visible_runs give
+  // it, to the attention entries' tolerance (a backend may sum the softmax in another order).
+  // Their logits rows are scratch: a backend may leave them unwritten. The default is those two
+  // calls (the CPU backend's bits); the CUDA backend runs the split decode attention with each
+  // run's mask, reading only the key and value rows some head of their KV head sees.
+  virtual void attention_masked_runs(std::span<const RunAttention> runs, int64_t shared,
+                                     int64_t position, int64_t window) {
+    attention_logits_runs(runs, shared, position, window);
+    attention_visible_runs(runs, shared, position + 1);
+  }
   // Per row: among columns j < cols with selected[r, j] == 0 and (eligible null or
   // eligible[r, j] != 0), sets selected[r, j] = 1 for the k with the highest scores (ties to the
   // higher j; NaN ranks lowest). Fewer candidates than k: all of them. Columns already selected

@@ -57,6 +57,9 @@ struct SessionRun {
   // and the decision. Columns 0..position()-1 are in use.
   std::vector<DeviceTensor> visible, scores;
   std::vector<LayerDecision> decisions;
+  // Per layer at the last step: 1 where its softmax and value sums went to
+  // Backend::attention_masked_runs (no probabilities, logits read by nobody else).
+  std::vector<uint8_t> fused_attention;
   SparsityStats sparsity;  // effective sparsity over the policy's steps (reset by set_policy)
   std::vector<DeviceTensor> attention_logits;  // per layer (record_attention_logits)
   // Where single-token steps record them: F32 [layers * H, stride] (stride = the caches'
@@ -226,6 +229,7 @@ class DecoderSession {
   // whole attention: prepare_attention, append, its selection before or after its logits (its
   // observation of the previous layer first), softmax over the visible set, value sums, then
   // await_observe. The results do not depend on the group (the ops' arithmetic is per run).
+  bool fused_attention(int64_t r) const;
   void attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                     std::vector<Backend::RunAttention>& batch);
   // Runs work() and shares its seconds out evenly to the group's runs (plan_.run_seconds). A

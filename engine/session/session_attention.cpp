@@ -91,6 +91,8 @@ void DecoderSession::prepare_attention(int64_t r, size_t layer) {
     run.policy_logits =
         backend_.alloc(DType::F32, {model_->config().num_heads, policy_shape().stride});
   }
+  if (run.fused_attention.size() <= layer) run.fused_attention.resize(layer + 1, 0);
+  run.fused_attention[layer] = 0;
   Backend::RunAttention& attention = run_attention_[size_t(r)];
   attention = {};
   attention.q = &q_rows_[size_t(r)];
@@ -116,12 +118,25 @@ void DecoderSession::shared_work(std::span<const int64_t> group, Work&& work) {
   for (const int64_t r : group) plan_.run_seconds[size_t(r)] += seconds / double(group.size());
 }
 
+// Whether run r's softmax and value sums go to attention_masked_runs: it wants no
+// probabilities and its logits are its own, uncapped and unweighted, so nothing reads them after
+// the softmax (a backend may then compute them inside, or not at all where nothing is visible).
+bool DecoderSession::fused_attention(int64_t r) const {
+  const Backend::RunAttention& attention = run_attention_[size_t(r)];
+  return attention.out && !attention.probs && attention.logits == &runs_[size_t(r)].policy_logits &&
+         model_->config().attn_logit_softcap <= 0.0;
+}
+
 void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                                   std::vector<Backend::RunAttention>& batch) {
   const int64_t cols = position_ + 1;
   const int64_t window = model_->config().layer_window(int64_t(layer));
-  // The runs that choose first do so now; then the logits of every run that needs them, in one
-  // call (each run's own: the caches differ by now) ...
+  // Per calling thread: groups that are tasks of their own run on the backend's threads.
+  thread_local std::vector<Backend::RunAttention> fused;
+  fused.clear();
+  // The runs that choose first do so now; a run that then wants neither its logits nor its
+  // probabilities attends in one call (attention_masked_runs); the logits of every other run
+  // that needs them, in one call (each run's own: the caches differ by now) ...
   batch.clear();
   for (const int64_t r : group) prepare_attention(r, layer);
   shared_work(group, [&] { append_runs(group, layer); });
@@ -133,12 +148,20 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
       }
       logits_first_[size_t(r)] = !chooses_first(r, layer);
       if (!logits_first_[size_t(r)]) select_run(r, layer, cols);
-      if (run_attention_[size_t(r)].out) batch.push_back(run_attention_[size_t(r)]);
+      if (!run_attention_[size_t(r)].out) return;
+      if (!logits_first_[size_t(r)] && fused_attention(r)) {
+        fused.push_back(run_attention_[size_t(r)]);
+        runs_[size_t(r)].fused_attention[layer] = 1;
+        run_attention_[size_t(r)].out = nullptr;  // attended below
+        return;
+      }
+      batch.push_back(run_attention_[size_t(r)]);
     });
   }
   shared_work(group, [&] {
     backend_.attention_logits_runs(batch, shared, position_, window);
     cap_attention_logits(batch);
+    if (!fused.empty()) backend_.attention_masked_runs(fused, shared, position_, window);
   });
   // ... the selections that read them, and the softmax and value sums of every run, in one call.
   batch.clear();

@@ -669,6 +669,19 @@ TEST_CASE("cuda backend: attention's visible logits, wide logits rows and bad ar
       check_attention(gpu, c, s, a, ++seed);
   }
 
+  SECTION("heads of 8 and 16 channels over thousands of keys (the TokenButler predictor's)") {
+    for (const AttentionShape& s :
+         {AttentionShape{32, 32, 8, 4200, 4100}, AttentionShape{8, 8, 16, 3000, 2900}}) {
+      const Caches c = make_caches(gpu, s, seed);
+      for (const AttentionCase& a : {
+               AttentionCase{s.filled - 1, 1, 0, false, 2.0f},
+               AttentionCase{s.filled - 1, 1, 0, true, 2.0f},
+               AttentionCase{s.filled - 1, 1, 700, true, 2.0f},
+           })
+        check_attention(gpu, c, s, a, ++seed);
+    }
+  }
+
   SECTION("one KV head (MQA), head_dim 80") {
     const AttentionShape s{6, 1, 80, 40, 33};
     const Caches c = make_caches(gpu, s, seed);

@@ -557,12 +557,41 @@ std::vector<OpEntry> make_table() {
                 std::pair{"ob", &ob}, std::pair{"pa", &pa}})
             r.out(name, *tensor);
         });
+    // The two in one call for runs that want no probabilities: a run under a mask of [H,
+    // capacity] rows (keys no head of a KV head sees, head 1 seeing nothing) and one without,
+    // with and without a window, each alone (the CUDA backend's split decode attention under the
+    // mask) and both in one call; the outputs within the attention entries' tolerance.
+    add(shape_name("attention_masked_runs", s), attention_tolerance, [=](OpRun& r) {
+      const Caches a = filled_caches(r, s), b = filled_caches(r, s);
+      const DeviceTensor qa = r.f32({1, H, D}), qb = r.f32({1, H, D});
+      DeviceTensor la = r.f32({H, s.capacity}), lb = r.f32({H, s.capacity});
+      std::vector<uint8_t> mask = r.bits(H * s.capacity, 40);
+      if (H > 1) std::fill(mask.begin() + s.capacity, mask.begin() + 2 * s.capacity, uint8_t(0));
+      const DeviceTensor visible = r.u8_of(mask, {H, s.capacity});
+      for (const int64_t window : {int64_t(0), int64_t(5)}) {
+        const std::string suffix = ", window " + std::to_string(window);
+        std::vector<DeviceTensor> outs;
+        for (int i = 0; i < 4; ++i) outs.push_back(r.backend().alloc(DType::F32, {1, H, D}));
+        const Backend::RunAttention alone[] = {{&qa, &a.k, &a.v, &la, &visible, &outs[0], nullptr},
+                                               {&qb, &b.k, &b.v, &lb, nullptr, &outs[1], nullptr}};
+        for (const Backend::RunAttention& run : alone)
+          r.backend().attention_masked_runs(std::span(&run, 1), 0, s.filled - 1, window);
+        const Backend::RunAttention both[] = {{&qa, &a.k, &a.v, &la, &visible, &outs[2], nullptr},
+                                              {&qb, &b.k, &b.v, &lb, nullptr, &outs[3], nullptr}};
+        r.backend().attention_masked_runs(both, 0, s.filled - 1, window);
+        r.out("masked run alone" + suffix, outs[0]);
+        r.out("unmasked run alone" + suffix, outs[1]);
+        r.out("masked run of two" + suffix, outs[2]);
+        r.out("unmasked run of two" + suffix, outs[3]);
+      }
+    });
   }
   // attention at the shapes and cases of tests/cuda/test_cuda_backend.cpp, which take the CUDA
   // kernels' paths: GQA 8 over 2 with a whole prefill, a chunk with a window, decode with and
   // without logits, windows, masks (head 1 sees nothing) and a mask inside a window; a context of
   // 600 (several 256-key tiles) with a peaky softmax (q scaled by 4) and a 600-row prefill;
-  // decode over 5123 keys (many slices of the split kernel), GQA 4; one KV head (MQA) at D 80.
+  // decode over 5123 keys (many slices of the split kernel), GQA 4; one KV head (MQA) at D 80;
+  // heads of 8 and 16 channels over thousands of keys (the split kernel's one- and two-lane keys).
   // The output within the attention entries' 1e-4; the logits within the larger of that and the
   // dot bound for q in [-q_scale, q_scale) (scale * sum |q k| <= q_scale * sqrt(D)).
   struct AttentionCase {
@@ -592,6 +621,9 @@ std::vector<OpEntry> make_table() {
         {5122, 1, 0, true, false, 8}}},
       {{6, 1, 80, 40, 33},
        {{32, 1, 0, false, true, 1}, {0, 33, 5, false, true, 1}, {32, 1, 0, true, true, 1}}},
+      // The TokenButler predictor's heads: 8 and 16 channels, one query head per KV head.
+      {{32, 32, 8, 4200, 4100}, {{4099, 1, 0, false, true, 2}, {4099, 1, 0, true, false, 2}}},
+      {{8, 8, 16, 3000, 2900}, {{2899, 1, 0, false, true, 2}, {2899, 1, 700, true, true, 2}}},
   };
   for (const auto& shape_cases : attention_cases) {
     const AttentionShape s = shape_cases.first;

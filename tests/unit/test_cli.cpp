@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -152,6 +153,42 @@ TEST_CASE("bench --policies times both sessions in blocks and reports the lockst
   require_failure("bench --model " + tiny_model(short_spec) +
                       " --context 8 --steps 6 --block 3 --copy-mb 1 --policies dense,h2o",
                   {"--block", "at most max_position_embeddings = 18", "19"});
+}
+
+TEST_CASE("bench --attention-cost times each run's attention over its kept keys", "[cli]") {
+  const std::string dir = tiny_model();
+  // One run a session: runs whose caches are alike share run 0's logits (attend_alike) instead
+  // of attending on their own.
+  std::map<std::string, int64_t> fused;
+  for (const std::string policy : {"streaming", "h2o"}) {
+    const auto result = run_command(cli() + " bench --model " + dir +
+                                    " --context 24 --steps 4 --block 3 --copy-mb 1 --threads 1"
+                                    " --policies " +
+                                    policy + " --sparsity 0.5 --attention-cost 3 --json");
+    INFO(result.err);
+    REQUIRE(result.exit_code == 0);
+    const auto out = nlohmann::json::parse(result.out);
+    const auto& costs = out["attention_cost"];
+    REQUIRE(costs.size() == 1);
+    const auto& cost = costs[0];
+    INFO(cost.dump());
+    CHECK(cost["run"] == policy + "@0.5");
+    // Half the keys of every masked layer (streaming keeps the sink and the window, h2o its
+    // budget): about half the pairs, never all of them.
+    CHECK(cost["kept_share"].get<double>() > 0.3);
+    CHECK(cost["kept_share"].get<double>() < 0.8);
+    CHECK(cost["masked_layers"].get<int64_t>() > 0);
+    CHECK(cost["attention_seconds"].get<double>() > 0.0);
+    CHECK(cost["dense_attention_seconds"].get<double>() > 0.0);
+    CHECK(cost["repeats"] == 3);
+    fused[policy] = cost["fused_layers"].get<int64_t>();
+    if (policy == "streaming") CHECK(fused[policy] >= cost["masked_layers"].get<int64_t>());
+  }
+  // streaming wants no probabilities: every layer it attends goes to attention_masked_runs;
+  // h2o observes its masked layers' probabilities, so fewer do.
+  CHECK(fused["h2o"] < fused["streaming"]);
+  require_failure("bench --model " + dir + " --context 8 --steps 2 --attention-cost 3",
+                  {"--attention-cost", "--policies"});
 }
 
 TEST_CASE("the TokenButler predictor through the CLI: info, score, bench and their errors",
