@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
                               int64_t cols) override;
   void attention_masked_runs(std::span<const RunAttention> runs, int64_t shared, int64_t position,
                              int64_t window) override;
+  bool fuses_masked_attention() const override { return true; }
   void select_top_k(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
                     int64_t k, DeviceTensor& selected) override;
   void fill_columns(DeviceTensor& mask, int64_t begin, int64_t end, uint8_t value) override;

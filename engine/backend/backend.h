@@ -374,6 +374,10 @@ class Backend {
     attention_logits_runs(runs, shared, position, window);
     attention_visible_runs(runs, shared, position + 1);
   }
+  // Whether a session should send such runs to attention_masked_runs rather than with the others
+  // through the two calls: false where it is those two calls anyway (the CPU, whose
+  // attention_logits_runs reads the rows common to a lockstep group once for all its runs).
+  virtual bool fuses_masked_attention() const { return false; }
   // Per row: among columns j < cols with selected[r, j] == 0 and (eligible null or
   // eligible[r, j] != 0), sets selected[r, j] = 1 for the k with the highest scores (ties to the
   // higher j; NaN ranks lowest). Fewer candidates than k: all of them. Columns already selected

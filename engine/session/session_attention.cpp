@@ -118,12 +118,13 @@ void DecoderSession::shared_work(std::span<const int64_t> group, Work&& work) {
   for (const int64_t r : group) plan_.run_seconds[size_t(r)] += seconds / double(group.size());
 }
 
-// Whether run r's softmax and value sums go to attention_masked_runs: it wants no
-// probabilities and its logits are its own, uncapped and unweighted, so nothing reads them after
-// the softmax (a backend may then compute them inside, or not at all where nothing is visible).
+// Whether run r's softmax and value sums go to attention_masked_runs: the backend has a fused
+// path, the run wants no probabilities and its logits are its own, uncapped and unweighted, so
+// nothing reads them after the softmax (a backend may then compute them inside).
 bool DecoderSession::fused_attention(int64_t r) const {
   const Backend::RunAttention& attention = run_attention_[size_t(r)];
-  return attention.out && !attention.probs && attention.logits == &runs_[size_t(r)].policy_logits &&
+  return backend_.fuses_masked_attention() && attention.out && !attention.probs &&
+         attention.logits == &runs_[size_t(r)].policy_logits &&
          model_->config().attn_logit_softcap <= 0.0;
 }
 

@@ -7,6 +7,7 @@
 
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"
+#include "engine/policy/registry.h"
 #include "engine/session/scoring.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/test_paths.h"
@@ -305,5 +306,36 @@ TEST_CASE("coref samples scored side by side on the GPU give the results of scor
       CHECK(got.sparsity.steps == alone[p].sparsity.steps);
       CHECK(got.sparsity.hidden_sum == alone[p].sparsity.hidden_sum);
     }
+  }
+}
+
+TEST_CASE("a GPU run that wants no probabilities attends in one fused call, one that does not",
+          "[cuda]") {
+  // Backend::attention_masked_runs on the CUDA backend (its results against the two calls: the op
+  // table's attention_masked_runs entries): the session sends a layer there when its policy chose
+  // first and wants neither the logits nor the probabilities (streaming), and keeps h2o's masked
+  // layers, whose probabilities it accumulates, on the two calls.
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  auto gpu = make_cuda_backend(0);
+  const auto on_gpu = upload_model(model, *gpu);
+  const std::vector<int32_t> tokens = model->require_tokenizer().encode(
+      "Old sea charts mark a valley where the vineyards climb up terraces. The place is: "
+      "Rourstelk. Courage is often mistaken for its opposite by those in a hurry.",
+      true);
+  for (const char* id : {"streaming", "h2o"}) {
+    INFO(id);
+    DecoderSession session(on_gpu);
+    session.set_policy(make_policy({id, 0.5, {}}, session.policy_shape(), *gpu));
+    for (const int32_t token : tokens) session.forward(std::span(&token, 1));
+    const SessionRun& run = session.run(0);
+    REQUIRE(run.fused_attention.size() == run.decisions.size());
+    int64_t masked = 0, fused_masked = 0;
+    for (size_t l = 0; l < run.decisions.size(); ++l) {
+      if (run.decisions[l] != LayerDecision::Masked) continue;
+      ++masked;
+      fused_masked += run.fused_attention[l];
+    }
+    CHECK(masked > 0);
+    CHECK(fused_masked == (std::string(id) == "streaming" ? masked : 0));
   }
 }

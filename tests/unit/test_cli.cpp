@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -159,7 +158,6 @@ TEST_CASE("bench --attention-cost times each run's attention over its kept keys"
   const std::string dir = tiny_model();
   // One run a session: runs whose caches are alike share run 0's logits (attend_alike) instead
   // of attending on their own.
-  std::map<std::string, int64_t> fused;
   for (const std::string policy : {"streaming", "h2o"}) {
     const auto result = run_command(cli() + " bench --model " + dir +
                                     " --context 24 --steps 4 --block 3 --copy-mb 1 --threads 1"
@@ -181,12 +179,10 @@ TEST_CASE("bench --attention-cost times each run's attention over its kept keys"
     CHECK(cost["attention_seconds"].get<double>() > 0.0);
     CHECK(cost["dense_attention_seconds"].get<double>() > 0.0);
     CHECK(cost["repeats"] == 3);
-    fused[policy] = cost["fused_layers"].get<int64_t>();
-    if (policy == "streaming") CHECK(fused[policy] >= cost["masked_layers"].get<int64_t>());
+    // The CPU backend has no fused masked attention (Backend::fuses_masked_attention): every
+    // layer goes through the logits and softmax calls (the CUDA routing: test_cuda_session).
+    CHECK(cost["fused_layers"] == 0);
   }
-  // streaming wants no probabilities: every layer it attends goes to attention_masked_runs;
-  // h2o observes its masked layers' probabilities, so fewer do.
-  CHECK(fused["h2o"] < fused["streaming"]);
   require_failure("bench --model " + dir + " --context 8 --steps 2 --attention-cost 3",
                   {"--attention-cost", "--policies"});
 }
