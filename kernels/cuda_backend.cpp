@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -205,8 +206,10 @@ void CudaBackend::copy_rows(const DeviceTensor& src, int64_t src_row, DeviceTens
 // host) fail with an error, which the caller answers by running the step itself.
 std::unique_ptr<StepGraph> CudaBackend::record_step(int64_t position, int64_t rows,
                                                     const std::function<void()>& record) {
-  // One recording at a time, from the main lane: tasks of run_tasks run op by op.
-  if (rows < 1 || rows > cuda::SmallIds::kCapacity || capture_.active || &lane() != &main_lane_)
+  // One recording at a time, from the main lane: tasks of run_tasks run op by op. A host-staged
+  // all-reduce waits for the stream, which a capture cannot.
+  if (host_group_ || rows < 1 || rows > cuda::SmallIds::kCapacity || capture_.active ||
+      &lane() != &main_lane_)
     return nullptr;
   activate();
   if (!step_state_) {
@@ -494,6 +497,31 @@ int64_t cuda_device_memory_bytes(int device) {
   return int64_t(properties.totalGlobalMem);
 }
 
+void cuda::CudaBackend::all_reduce_sum(DeviceTensor& partial) {
+  if (nccl_) {
+    activate();
+    nccl_->all_reduce_sum(rank_, partial.data, size_t(partial.numel()), partial.dtype, stream());
+    return;
+  }
+  if (!host_group_) return;
+  if (partial.dtype != DType::F32) {
+    throw Error("all_reduce_sum", "dtype", "F32 (a group through host memory)",
+                std::string(dtype_name(partial.dtype)));
+  }
+  activate();
+  std::vector<float> host(size_t(partial.numel()));
+  const size_t bytes = host.size() * sizeof(float);
+  cuda::check_cuda(
+      cudaMemcpyAsync(host.data(), partial.data, bytes, cudaMemcpyDeviceToHost, stream()),
+      "cudaMemcpyAsync");
+  cuda::check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  host_group_->all_reduce_sum(rank_, host.data(), int64_t(host.size()));
+  cuda::check_cuda(
+      cudaMemcpyAsync(partial.data, host.data(), bytes, cudaMemcpyHostToDevice, stream()),
+      "cudaMemcpyAsync");
+  cuda::check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
@@ -505,6 +533,23 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
     throw Error("cuda", "device", cuda::cat({"a device index in [0, ", std::to_string(count), ")"}),
                 std::to_string(device));
   return std::make_unique<cuda::CudaBackend>(device);
+}
+
+std::vector<std::unique_ptr<Backend>> make_cuda_backend_group(std::span<const int> devices) {
+  std::vector<std::unique_ptr<Backend>> group;
+  for (const int device : devices) group.push_back(make_cuda_backend(device));
+  if (devices.size() < 2) return group;
+  const bool shared_gpu = std::set<int>(devices.begin(), devices.end()).size() < devices.size();
+  if (shared_gpu) {
+    const auto host = std::make_shared<HostReduceGroup>(int(devices.size()));
+    for (size_t r = 0; r < group.size(); ++r)
+      static_cast<cuda::CudaBackend&>(*group[r]).join_host_group(host, int(r));
+    return group;
+  }
+  const std::shared_ptr<cuda::NcclGroup> nccl = cuda::NcclGroup::create(devices);
+  for (size_t r = 0; r < group.size(); ++r)
+    static_cast<cuda::CudaBackend&>(*group[r]).join_group(nccl, int(r));
+  return group;
 }
 
 }  // namespace kvlens

@@ -18,9 +18,11 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/host_reduce_group.h"
 #include "engine/backend/thread_pool.h"
 #include "kernels/attention.cuh"
 #include "kernels/cuda_support.h"
+#include "kernels/nccl_group.h"
 #include "kernels/step_graph.cuh"
 
 namespace kvlens::cuda {
@@ -28,6 +30,26 @@ namespace kvlens::cuda {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device);
+  // Makes this backend rank `rank` of `group` (make_cuda_backend_group), before any work.
+  void join_group(std::shared_ptr<NcclGroup> group, int rank) {
+    nccl_ = std::move(group);
+    rank_ = rank;
+  }
+  // The same through host memory (a group whose ranks share a GPU, which NCCL refuses): each
+  // all-reduce waits for the stream, sums on the host, and copies back; no step is recorded.
+  void join_host_group(std::shared_ptr<HostReduceGroup> group, int rank) {
+    host_group_ = std::move(group);
+    rank_ = rank;
+  }
+  int64_t tensor_parallel_ranks() const override {
+    return nccl_ ? nccl_->ranks() : host_group_ ? host_group_->ranks() : 1;
+  }
+  int64_t tensor_parallel_rank() const override { return rank_; }
+  void all_reduce_sum(DeviceTensor& partial) override;
+  void abort_collectives() override {
+    if (nccl_) nccl_->abort();
+    if (host_group_) host_group_->abort();
+  }
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
 
@@ -271,6 +293,9 @@ class CudaBackend final : public Backend {
   static void deliver_deferred(Lane& lane);
   static int64_t lane_limit();
   int device_;
+  std::shared_ptr<NcclGroup> nccl_;              // null: alone or host_group_
+  std::shared_ptr<HostReduceGroup> host_group_;  // null: alone or nccl_
+  int rank_ = 0;
   // Declaration order = reverse release order: buffers, then the cuBLAS handle, then its stream.
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter> stream_;
   std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter> blas_;

@@ -2,6 +2,8 @@
 // logits [H, stride] F32; a run's visible masks U8 [H, stride]; caches [G, capacity, D].
 #include "app/cli/bench_attention_cost.h"
 
+#include "engine/backend/bandwidth.h"
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -12,12 +14,6 @@
 
 namespace kvlens::cli {
 namespace {
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
 
 // The median over `repeats` of one call of `step`, each after an untimed one and timed between
 // two synchronizations.

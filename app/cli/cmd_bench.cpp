@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "app/cli/bench_attention_cost.h"
+#include "app/cli/bench_tensor_parallel.h"
 #include "app/cli/cli_common.h"
 #include "app/session/policy_runs.h"
 #include "engine/backend/bandwidth.h"
@@ -28,13 +29,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
 int64_t parameter_count(const Model& model) {
@@ -80,7 +74,7 @@ double predictor_step_seconds(const BackendModel& resident, Backend& backend, in
     backend.synchronize();
     if (i >= warmup) seconds.push_back(seconds_since(start));
   }
-  return median(seconds);
+  return median_of(seconds);
 }
 
 }  // namespace
@@ -137,6 +131,8 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_option("--policy-arg", policy_args,
                       "Policy parameter key=value or policy.key=value (repeatable; a run "
                       "spec's own :key=value wins)");
+  static TensorParallelFlags split;
+  add_tensor_parallel_options(*command, split);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);
@@ -144,6 +140,26 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
     run = [&common] {
       const auto model = load_model(common, model_dir);
       const ModelConfig& config = model->config;
+      if (split.requested()) {
+        TensorParallelBench bench;
+        bench.model_dir = model_dir;
+        bench.context = context;
+        bench.warmup = warmup;
+        bench.steps = steps;
+        bench.copy_repeats = copy_repeats;
+        bench.json = json;
+        if (!policies.empty()) {
+          const std::vector<PolicyConfig> listed =
+              resolve_policy_runs(policies, sparsity, policy_args);
+          if (listed.size() != 1) {
+            throw Error("bench", "--policies", "one policy with --gpus or --devices",
+                        std::to_string(listed.size()) + " runs");
+          }
+          bench.policy = listed.front();
+        }
+        const std::vector<int> devices = split.devices_for("bench");
+        return run_tensor_parallel_bench(common, model, devices, bench);
+      }
       // With --policies every block of steps starts with one untimed step.
       const int64_t blocks = (steps + block - 2) / (block - 1);
       const int64_t positions = context + warmup + steps + (policies.empty() ? 0 : blocks);
@@ -291,7 +307,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       const std::vector<AttentionCost> attention_costs =
           attention_repeats > 0 ? measure_attention_cost(*lockstep, *backend, attention_repeats)
                                 : std::vector<AttentionCost>{};
-      const double step_median = median(step_seconds);
+      const double step_median = median_of(step_seconds);
       // The predictor's share of a step, where a run of a policy that reads it is listed.
       const bool with_predictor =
           resident->predictor &&
@@ -344,18 +360,18 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
             {"weights_may_fit_in_cache", cache_resident},
         };
         if (lockstep) {
-          const double lockstep_median = median(lockstep_seconds);
+          const double lockstep_median = median_of(lockstep_seconds);
           nlohmann::json run_tasks = nlohmann::json::array();
           for (size_t r = 0; r < runs.size(); ++r) {
             nlohmann::json task = {{"policy", runs[r].id},
                                    {"sparsity", runs[r].sparsity},
                                    {"run", session::run_spec(runs[r])},
-                                   {"task_seconds_median", median(run_task_seconds[r])}};
+                                   {"task_seconds_median", median_of(run_task_seconds[r])}};
             const std::string source = policy_source(runs[r].id);
             if (!source.empty()) {
               task["plugin"] = source;
-              task["plugin_seconds_median"] = median(run_plugin_seconds[r]);
-              task["plugin_copy_seconds_median"] = median(run_copy_seconds[r]);
+              task["plugin_seconds_median"] = median_of(run_plugin_seconds[r]);
+              task["plugin_copy_seconds_median"] = median_of(run_copy_seconds[r]);
             }
             run_tasks.push_back(task);
           }
@@ -418,7 +434,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
                   weight_read_seconds * 1e3, memory_gbps, step_median / weight_read_seconds);
       std::printf("ratio           %.2f (weight read / memcpy)\n", ratio);
       if (lockstep) {
-        const double lockstep_median = median(lockstep_seconds);
+        const double lockstep_median = median_of(lockstep_seconds);
         std::printf("lockstep        %lld runs (%s at %s), %.2f ms median per step, %.2f steps/s\n",
                     (long long)lockstep->runs(), policies.c_str(), sparsity.c_str(),
                     lockstep_median * 1e3, 1.0 / lockstep_median);
@@ -428,12 +444,12 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         for (size_t r = 0; r < runs.size(); ++r) {
           std::printf(
               "  run %-3zu %-12s %.3f ms per step (own attention and policy work, median)\n", r,
-              session::run_spec(runs[r]).c_str(), median(run_task_seconds[r]) * 1e3);
+              session::run_spec(runs[r]).c_str(), median_of(run_task_seconds[r]) * 1e3);
           if (!policy_source(runs[r].id).empty()) {
             std::printf(
                 "          plug-in      %.3f ms per step in its own code, %.3f ms in copies "
                 "to and from host memory (medians; part of the above)\n",
-                median(run_plugin_seconds[r]) * 1e3, median(run_copy_seconds[r]) * 1e3);
+                median_of(run_plugin_seconds[r]) * 1e3, median_of(run_copy_seconds[r]) * 1e3);
           }
         }
       }

@@ -296,25 +296,7 @@ void check_distribution_flags(const CommonOptions& common) {
 #if KVLENS_HAVE_CUDA
 // The GPUs the eval's engines run on: --devices as given, --gpus N as 0..N-1, else GPU 0.
 std::vector<int> chosen_devices() {
-  std::vector<int> devices;
-  if (!distribution.devices.empty()) {
-    for (const std::string& item : split_comma_list(distribution.devices)) {
-      int device = -1;
-      const char* end = item.data() + item.size();
-      const auto [ptr, ec] = std::from_chars(item.data(), end, device);
-      if (item.empty() || ec != std::errc() || ptr != end || device < 0) {
-        throw Error("eval", "--devices", "comma-separated GPU indices such as 0,1,2,3",
-                    "'" + distribution.devices + "'");
-      }
-      if (std::find(devices.begin(), devices.end(), device) != devices.end()) {
-        throw Error("eval", "--devices", "each GPU once", "'" + distribution.devices + "'");
-      }
-      devices.push_back(device);
-    }
-  } else {
-    for (int d = 0; d < std::max<int>(1, int(distribution.gpus)); ++d) devices.push_back(d);
-  }
-  return devices;
+  return session::chosen_devices("eval", distribution.gpus, distribution.devices);
 }
 
 std::string gib(int64_t bytes) {

@@ -11,6 +11,7 @@
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
 #include "engine/session/scoring.h"
+#include "engine/session/tensor_parallel_session.h"
 
 namespace kvlens::cli {
 namespace {
@@ -70,6 +71,8 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       "ID[@SPARSITY][:KEY=VALUE...], "
       "e.g. dense,h2o@0.3,h2o@0.7:window=16 (a plain id takes --sparsity)");
   policies_option->excludes(command->get_option("--policy"));
+  static TensorParallelFlags split;
+  add_tensor_parallel_options(*command, split);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);
@@ -77,6 +80,10 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
     run = [&common, prompt_option, tokens_option, policies_option] {
       if (!*prompt_option && !*tokens_option) {
         throw Error("generate", "--prompt or --tokens", "one of them");
+      }
+      if (*policies_option && split.requested()) {
+        throw Error("generate", "--policies", "one --policy with --gpus or --devices",
+                    "--policies " + policies);
       }
       if (*policies_option) {
         const std::vector<PolicyConfig> runs = session::resolve_policy_runs(
@@ -109,8 +116,18 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       check_cpu_memory(common, *model, int64_t(prompt_ids.size()) + max_new, 1,
                        !policy_config.id.empty() && !is_reference_policy(policy_config.id),
                        "prompt + --max-new");
-      const auto backend = make_backend(common);
-      const auto resident = upload_model(model, *backend, session::upload_options(common));
+      const std::vector<int> devices = split.devices_for("generate");
+      std::vector<std::unique_ptr<Backend>> group = session::make_backend_group(common, devices);
+      std::vector<Backend*> backends;
+      for (const auto& b : group) backends.push_back(b.get());
+      std::shared_ptr<const BackendModel> resident;
+      std::vector<std::shared_ptr<const BackendModel>> shards;
+      if (backends.size() == 1) {
+        resident = upload_model(model, *backends.front(), session::upload_options(common));
+      } else {
+        check_tensor_parallel_policy(policy_config, model->config, int64_t(backends.size()));
+        shards = upload_tensor_parallel(model, backends, session::upload_options(common));
+      }
 
       const Tokenizer* tokenizer =
           (!print_ids && model->tokenizer) ? model->tokenizer.get() : nullptr;
@@ -141,7 +158,9 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
           printed = text_now;
         }
       };
-      const std::vector<int32_t> generated = generate_greedy(resident, prompt_ids, options);
+      const std::vector<int32_t> generated =
+          resident ? generate_greedy(resident, prompt_ids, options)
+                   : generate_greedy_tensor_parallel(shards, prompt_ids, options);
       if (print_ids) {
         std::string line;
         for (size_t i = 0; i < generated.size(); ++i) {

@@ -1,7 +1,12 @@
 // Backend selection and model loading of the common options (common_options.h).
 #include "app/session/common_options.h"
 
+#include <algorithm>
+#include <charconv>
+#include <thread>
+
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/common/comma_list.h"
 #include "engine/common/error.h"
 #include "engine/policy/plugin_policy.h"
 #if KVLENS_HAVE_CUDA
@@ -31,6 +36,61 @@ std::unique_ptr<Backend> make_backend(const CommonOptions& common) {
 #endif
   }
   throw Error("--backend", "backend", "cpu or cuda", common.backend);
+}
+
+std::vector<int> chosen_devices(const std::string& command, int64_t gpus,
+                                const std::string& devices) {
+  std::vector<int> chosen;
+  if (!devices.empty()) {
+    for (const std::string& item : split_comma_list(devices)) {
+      int device = -1;
+      const char* end = item.data() + item.size();
+      const auto [ptr, ec] = std::from_chars(item.data(), end, device);
+      if (item.empty() || ec != std::errc() || ptr != end || device < 0) {
+        throw Error(command, "--devices", "comma-separated GPU indices such as 0,1,2,3",
+                    "'" + devices + "'");
+      }
+      if (std::find(chosen.begin(), chosen.end(), device) != chosen.end())
+        throw Error(command, "--devices", "each GPU once", "'" + devices + "'");
+      chosen.push_back(device);
+    }
+    return chosen;
+  }
+  if (gpus < 0) throw Error(command, "--gpus", "at least 1", std::to_string(gpus));
+  for (int d = 0; d < std::max<int>(1, int(gpus)); ++d) chosen.push_back(d);
+  return chosen;
+}
+
+std::vector<std::unique_ptr<Backend>> make_backend_group(const CommonOptions& common,
+                                                         std::span<const int> devices) {
+  std::vector<std::unique_ptr<Backend>> group;
+  if (devices.size() <= 1 && (devices.empty() || devices[0] == 0)) {
+    group.push_back(make_backend(common));
+    return group;
+  }
+  if (common.backend == "cpu") {
+    CpuBackendOptions options;
+    const int cores =
+        common.threads > 0 ? common.threads : int(std::thread::hardware_concurrency());
+    options.threads = std::max(1, cores / int(devices.size()));
+    options.allow_simd = common.cpu_kernels != "generic";
+    options.allow_avx512 = common.cpu_kernels == "auto";
+    return make_cpu_backend_group(int(devices.size()), options);
+  }
+#if KVLENS_HAVE_CUDA
+  make_backend(common);  // the checks and the policies' GPU ops, as for one GPU
+  const int available = cuda_device_count();
+  for (const int device : devices) {
+    if (device >= available) {
+      throw Error("--devices", "GPU " + std::to_string(device),
+                  "a GPU of this host (" + std::to_string(available) + " found)");
+    }
+  }
+  return make_cuda_backend_group(devices);
+#else
+  group.push_back(make_backend(common));  // the error of a build without CUDA
+  return group;
+#endif
 }
 
 void load_plugins(const CommonOptions& common, std::vector<std::string>& warnings) {

@@ -2,7 +2,9 @@
 // kvlens-cli and the desktop app share; kvlens-cli's flags fill them in app/cli/cli_common.cpp).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,17 @@ struct CommonOptions {
 
 // Backend by name; throws kvlens::Error when it is not available in this build or machine.
 std::unique_ptr<Backend> make_backend(const CommonOptions& common);
+
+// The GPUs a command runs on: `devices` (--devices: comma-separated indices, each once) as given,
+// else 0 .. gpus - 1 (--gpus), else GPU 0. Throws kvlens::Error naming `command` and the flag.
+std::vector<int> chosen_devices(const std::string& command, int64_t gpus,
+                                const std::string& devices);
+
+// One backend per entry of `devices`: a plain backend (on that GPU) for one entry, else a
+// tensor-parallel group, rank r on devices[r] (cuda: its all-reduces through NCCL; cpu: as many
+// CPU ranks, each with --threads / ranks threads, a check of the split where there is no GPU).
+std::vector<std::unique_ptr<Backend>> make_backend_group(const CommonOptions& common,
+                                                         std::span<const int> devices);
 
 // --dtype and --kv-dtype as upload_model takes them.
 UploadOptions upload_options(const CommonOptions& common);

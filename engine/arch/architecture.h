@@ -41,6 +41,13 @@ namespace arch {
 // normed = rmsnorm(hidden, attn_norm), then q, k, v = normed * wq^T, wk^T, wv^T (one backend call).
 void norm_and_qkv(Backend& backend, const ModelConfig& config, const BackendModel::Layer& layer,
                   LayerRows& rows);
+// y = x * w^T for a row-parallel w (o_proj, down_proj: the rank's columns, Megatron-LM's split),
+// then summed over the tensor-parallel ranks (Backend::all_reduce_sum; alone, just the product).
+void row_parallel_matmul(Backend& backend, const DeviceTensor& x, const DeviceTensor& w,
+                         DeviceTensor& y);
+// residual += x * w^T summed over the ranks (alone: Backend::matmul_add, one fused call).
+void row_parallel_matmul_add(Backend& backend, const DeviceTensor& x, const DeviceTensor& w,
+                             DeviceTensor& scratch, DeviceTensor& residual);
 // hidden += attn * wo^T; normed = rmsnorm(hidden, mlp_norm); act = silu(normed * w_gate^T) *
 // (normed * w_up^T); hidden += act * w_down^T.
 void output_and_swiglu(Backend& backend, const ModelConfig& config,

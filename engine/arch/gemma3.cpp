@@ -24,14 +24,14 @@ class Gemma3 final : public Architecture {
   void attention_output_and_mlp(Backend& backend, const ModelConfig& config,
                                 const BackendModel::Layer& layer, LayerRows& rows) const override {
     const float eps = float(config.rms_norm_eps);
-    backend.matmul(rows.attn, layer.wo, rows.proj);
+    arch::row_parallel_matmul(backend, rows.attn, layer.wo, rows.proj);
     backend.rmsnorm(rows.proj, layer.post_attn_norm, eps, rows.proj);
     backend.add_inplace(rows.hidden, rows.proj);
     const DeviceTensor* const weights[] = {&layer.w_gate, &layer.w_up};
     DeviceTensor* const outputs[] = {&rows.gate, &rows.up};
     backend.rmsnorm_matmul_many(rows.hidden, layer.mlp_norm, eps, rows.normed, weights, outputs);
     backend.gelu_tanh_mul(rows.gate, rows.up, rows.act);
-    backend.matmul(rows.act, layer.w_down, rows.proj);
+    arch::row_parallel_matmul(backend, rows.act, layer.w_down, rows.proj);
     backend.rmsnorm(rows.proj, layer.post_mlp_norm, eps, rows.proj);
     backend.add_inplace(rows.hidden, rows.proj);
   }

@@ -15,12 +15,28 @@ void norm_and_qkv(Backend& backend, const ModelConfig& config, const BackendMode
                               weights, outputs);
 }
 
+void row_parallel_matmul(Backend& backend, const DeviceTensor& x, const DeviceTensor& w,
+                         DeviceTensor& y) {
+  backend.matmul(x, w, y);
+  backend.all_reduce_sum(y);
+}
+
+void row_parallel_matmul_add(Backend& backend, const DeviceTensor& x, const DeviceTensor& w,
+                             DeviceTensor& scratch, DeviceTensor& residual) {
+  if (backend.tensor_parallel_ranks() == 1) {
+    backend.matmul_add(x, w, scratch, residual);
+    return;
+  }
+  row_parallel_matmul(backend, x, w, scratch);
+  backend.add_inplace(residual, scratch);
+}
+
 void output_and_swiglu(Backend& backend, const ModelConfig& config,
                        const BackendModel::Layer& layer, LayerRows& rows) {
-  backend.matmul_add(rows.attn, layer.wo, rows.proj, rows.hidden);
+  row_parallel_matmul_add(backend, rows.attn, layer.wo, rows.proj, rows.hidden);
   backend.rmsnorm_gate_up(rows.hidden, layer.mlp_norm, float(config.rms_norm_eps), rows.normed,
                           layer.w_gate, layer.w_up, rows.gate, rows.up, rows.act);
-  backend.matmul_add(rows.act, layer.w_down, rows.proj, rows.hidden);
+  row_parallel_matmul_add(backend, rows.act, layer.w_down, rows.proj, rows.hidden);
 }
 
 void norm_heads(Backend& backend, const ModelConfig& config, const BackendModel::Layer& layer,

@@ -314,6 +314,21 @@ class Backend {
     return 1;
   }
 
+  // --- tensor parallelism (engine/arch/tensor_parallel.h) ---
+  // The group of backends this one shares a model with, each holding a shard of its heads and
+  // MLP columns (Megatron-LM's split): its size (1: alone) and this backend's place in it.
+  virtual int64_t tensor_parallel_ranks() const { return 1; }
+  virtual int64_t tensor_parallel_rank() const { return 0; }
+  // partial [rows, E] (F32 or BF16) holds this rank's share of a row-parallel product (o_proj,
+  // down_proj over its heads and columns); afterwards every rank holds the sum over the ranks,
+  // the same bits on each. Every rank calls it in the same order (from its own host thread);
+  // alone it does nothing.
+  virtual void all_reduce_sum(DeviceTensor& /*partial*/) {}
+  // Releases every rank waiting in all_reduce_sum with an error, and fails the group's later
+  // calls: a rank that failed (bad input, an error of its device) calls it so that the others do
+  // not wait for it forever. Alone it does nothing.
+  virtual void abort_collectives() {}
+
   // --- token-selection (policy) ops: one decode step (n == 1) of one layer ---
   // The ops several policies or the session share. An op that serves one policy is that
   // policy's op extension (engine/policy/*_ops.h: keydiff, quest, tokenfilter).

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvlens {
@@ -38,10 +39,14 @@ double measure_copy_bandwidth_gbps(size_t bytes, int repeats) {
   // The copy result is read once so the optimiser must keep the copies.
   volatile char sink = dst[bytes / 2];
   (void)sink;
-  std::sort(seconds.begin(), seconds.end());
-  const size_t mid = seconds.size() / 2;
-  const double median = seconds.size() % 2 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
-  return double(bytes) / median / 1e9;
+  return double(bytes) / median_of(std::move(seconds)) / 1e9;
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
 size_t largest_cache_bytes(const char* cache_dir) {

@@ -3,8 +3,13 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 namespace kvlens {
+
+// The median of timings (the mean of the middle two for an even count; 0 for none): every
+// figure kvlens quotes from repeats is one, so that one descheduled repeat does not skew it.
+double median_of(std::vector<double> values);
 
 // Copies a `bytes`-long buffer into another `repeats` times (after one untimed warm-up copy
 // that also faults both buffers in) and returns bytes / median copy time, in GB/s (1e9 bytes/s).

@@ -78,25 +78,28 @@ class H2oPolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo h2o_policy_info() {
-  return {"h2o", "eviction (H2O)",
-          "Keeps the most recent tokens and the heavy hitters by accumulated attention; evicted "
-          "tokens never return.",
-          with_common_specs(
-              {{"heavy_frac",
-                ParamType::Float,
-                "Fraction of the budget for heavy hitters",
-                "0.5",
-                0.0,
-                1.0,
-                {}},
-               {"score",
-                ParamType::Choice,
-                "accumulated: sum of the attention received (H2O); current_logit: this step's "
-                "raw logit, greedy replacement (the TokenButler code's baseline)",
-                "accumulated",
-                0,
-                0,
-                {"accumulated", "current_logit"}}})};
+  PolicyInfo info{
+      "h2o", "eviction (H2O)",
+      "Keeps the most recent tokens and the heavy hitters by accumulated attention; evicted "
+      "tokens never return.",
+      with_common_specs(
+          {{"heavy_frac",
+            ParamType::Float,
+            "Fraction of the budget for heavy hitters",
+            "0.5",
+            0.0,
+            1.0,
+            {}},
+           {"score",
+            ParamType::Choice,
+            "accumulated: sum of the attention received (H2O); current_logit: this step's "
+            "raw logit, greedy replacement (the TokenButler code's baseline)",
+            "accumulated",
+            0,
+            0,
+            {"accumulated", "current_logit"}}})};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_h2o_policy(const PolicyShape& shape, Backend& backend,

@@ -61,10 +61,12 @@ class KeydiffPolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo keydiff_policy_info() {
-  return {"keydiff", "eviction (KeyDiff)",
-          "Evicts the keys most similar to the mean normalised cached key (score -cos(k, "
-          "anchor)); evicted tokens never return.",
-          with_common_specs({})};
+  PolicyInfo info{"keydiff", "eviction (KeyDiff)",
+                  "Evicts the keys most similar to the mean normalised cached key (score -cos(k, "
+                  "anchor)); evicted tokens never return.",
+                  with_common_specs({})};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_keydiff_policy(const PolicyShape& shape, Backend& backend,

@@ -29,9 +29,12 @@ class OraclePolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo oracle_policy_info() {
-  return {"oracle", "upper bound",
-          "Top-B(t) tokens by this step's true attention probability, chosen afresh every step.",
-          with_common_specs({})};
+  PolicyInfo info{
+      "oracle", "upper bound",
+      "Top-B(t) tokens by this step's true attention probability, chosen afresh every step.",
+      with_common_specs({})};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_oracle_policy(const PolicyShape& shape, Backend& backend,

@@ -210,6 +210,10 @@ struct PolicyInfo {
   // method's): the predicted-vs-true view compares them with the true logits and reports the
   // hit rate.
   bool predicts_logits = false;
+  // Its rule for each query head reads only that head's (and its KV head's) keys, queries,
+  // logits and state, and no per-head file: a tensor-parallel shard runs it over the heads it
+  // holds and chooses what one GPU would (engine/session/tensor_parallel_session.h).
+  bool per_head_rule = false;
 };
 
 struct PolicyConfig {

@@ -137,10 +137,13 @@ PolicyInfo quest_policy_info() {
       spec.description = std::string("The first layers are left dense (Quest uses 2)");
     }
   }
-  return {"quest", "page selection (Quest)",
-          "Pages of page_size tokens ranked by the upper bound of q.k from the per-page key "
-          "min/max; the best pages fill the budget, the current page always visible.",
-          specs};
+  PolicyInfo info{
+      "quest", "page selection (Quest)",
+      "Pages of page_size tokens ranked by the upper bound of q.k from the per-page key "
+      "min/max; the best pages fill the budget, the current page always visible.",
+      specs};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_quest_policy(const PolicyShape& shape, Backend& backend,

@@ -142,41 +142,44 @@ class SnapkvPolicy final : public BudgetedPolicy {
 
 PolicyInfo snapkv_policy_info() {
   const double inf = std::numeric_limits<double>::infinity();
-  return {"snapkv", "eviction (SnapKV, decode form)",
-          "Drops the tokens with the least attention over the last obs_window steps (pooled "
-          "along the keys); the observation window is protected; evicted tokens never return.",
-          with_common_specs(
-              {{"obs_window",
-                ParamType::Int,
-                "Observation window w: scores sum the attention of the previous w steps (32; 16 "
-                "is the other usual choice)",
-                "32",
-                1,
-                inf,
-                {}},
-               {"pool",
-                ParamType::Choice,
-                "Pooling of the scores along the key axis: max (SnapKV, kernel 7) or avg "
-                "(kernel 5 by convention; divides by the kernel)",
-                "max",
-                0,
-                0,
-                {"max", "avg"}},
-               {"pool_kernel",
-                ParamType::Int,
-                "Pooling kernel size (odd; stride 1, same padding; 1 = no pooling)",
-                "7",
-                1,
-                inf,
-                {}},
-               {"protect_window",
-                ParamType::Bool,
-                "Never drop the observation window's own tokens (SnapKV); off: the TokenButler "
-                "code's variant",
-                "true",
-                -inf,
-                inf,
-                {}}})};
+  PolicyInfo info{
+      "snapkv", "eviction (SnapKV, decode form)",
+      "Drops the tokens with the least attention over the last obs_window steps (pooled "
+      "along the keys); the observation window is protected; evicted tokens never return.",
+      with_common_specs(
+          {{"obs_window",
+            ParamType::Int,
+            "Observation window w: scores sum the attention of the previous w steps (32; 16 "
+            "is the other usual choice)",
+            "32",
+            1,
+            inf,
+            {}},
+           {"pool",
+            ParamType::Choice,
+            "Pooling of the scores along the key axis: max (SnapKV, kernel 7) or avg "
+            "(kernel 5 by convention; divides by the kernel)",
+            "max",
+            0,
+            0,
+            {"max", "avg"}},
+           {"pool_kernel",
+            ParamType::Int,
+            "Pooling kernel size (odd; stride 1, same padding; 1 = no pooling)",
+            "7",
+            1,
+            inf,
+            {}},
+           {"protect_window",
+            ParamType::Bool,
+            "Never drop the observation window's own tokens (SnapKV); off: the TokenButler "
+            "code's variant",
+            "true",
+            -inf,
+            inf,
+            {}}})};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_snapkv_policy(const PolicyShape& shape, Backend& backend,

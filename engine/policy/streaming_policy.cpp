@@ -25,9 +25,11 @@ class StreamingPolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo streaming_policy_info() {
-  return {"streaming", "static (StreamingLLM)",
-          "Sinks plus the most recent B(t) - sinks tokens; the same set for all heads.",
-          with_common_specs({})};
+  PolicyInfo info{"streaming", "static (StreamingLLM)",
+                  "Sinks plus the most recent B(t) - sinks tokens; the same set for all heads.",
+                  with_common_specs({})};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_streaming_policy(const PolicyShape& shape, Backend& backend,

@@ -166,8 +166,12 @@ class DecoderSession {
   const BackendModel& model() const { return *model_; }
   DType kv_cache_dtype() const { return cache_dtype_; }
 
- private:
+  // Throws what forward (positions = tokens.size()) or forward_runs (positions = 1) would for these
+  // tokens before any work: an id outside the vocabulary, positions past max_position_embeddings
+  // or the capacity.
   void check_tokens(std::span<const int32_t> tokens, int64_t positions) const;
+
+ private:
   void grow_caches(int64_t needed);
   // The columns of every row buffer: the caches' capacity, or the capacity they will start with.
   int64_t row_stride() const;

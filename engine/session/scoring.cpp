@@ -197,23 +197,13 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
   return results;
 }
 
-std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,
-                                     std::span<const int32_t> prompt,
-                                     const GenerateOptions& options) {
+std::vector<int32_t> greedy_continuation(const ModelConfig& config, std::span<const int32_t> prompt,
+                                         const GenerateOptions& options,
+                                         const std::function<int32_t(int32_t)>& advance,
+                                         const std::function<int64_t()>& position) {
   if (prompt.empty()) throw Error("input", "prompt", "at least one token");
-  const ModelConfig& config = model->config();
-  Backend& backend = *model->backend;
-  DecoderSession session(model);
-  if (auto policy = make_run_policy(options.policy, session.policy_shape(), backend))
-    session.set_policy(std::move(policy));
-  const int64_t total = int64_t(prompt.size()) + options.max_new;
   int32_t next = 0;
-  auto advance = [&](int32_t token) {
-    const DeviceTensor& logits = session.forward(std::span<const int32_t>(&token, 1));
-    backend.argmax_rows(logits, std::span<int32_t>(&next, 1));
-    if (options.progress) options.progress(session.position(), total);
-  };
-  for (const int32_t token : prompt) advance(token);
+  for (const int32_t token : prompt) next = advance(token);
   std::vector<int32_t> generated;
   for (int64_t i = 0; i < options.max_new; ++i) {
     generated.push_back(next);
@@ -222,11 +212,32 @@ std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,
                                   int64_t(next)) != config.eos_token_ids.end();
     if (options.stop_at_eos && is_eos) break;
     if (i + 1 < options.max_new) {
-      if (session.position() >= config.max_position_embeddings) break;
-      advance(next);
+      if (position() >= config.max_position_embeddings) break;
+      next = advance(next);
     }
   }
   return generated;
+}
+
+std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,
+                                     std::span<const int32_t> prompt,
+                                     const GenerateOptions& options) {
+  if (prompt.empty()) throw Error("input", "prompt", "at least one token");
+  Backend& backend = *model->backend;
+  DecoderSession session(model);
+  if (auto policy = make_run_policy(options.policy, session.policy_shape(), backend))
+    session.set_policy(std::move(policy));
+  const int64_t total = int64_t(prompt.size()) + options.max_new;
+  return greedy_continuation(
+      model->config(), prompt, options,
+      [&](int32_t token) {
+        const DeviceTensor& logits = session.forward(std::span<const int32_t>(&token, 1));
+        int32_t next = 0;
+        backend.argmax_rows(logits, std::span<int32_t>(&next, 1));
+        if (options.progress) options.progress(session.position(), total);
+        return next;
+      },
+      [&] { return session.position(); });
 }
 
 }  // namespace kvlens

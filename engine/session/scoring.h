@@ -78,5 +78,11 @@ struct GenerateOptions {
 std::vector<int32_t> generate_greedy(std::shared_ptr<const BackendModel> model,
                                      std::span<const int32_t> prompt,
                                      const GenerateOptions& options);
+// The loop of generate_greedy over any decoder: advance(token) feeds one token and returns the
+// greedy choice after it; position() is the decoder's. options.progress is advance's to call.
+std::vector<int32_t> greedy_continuation(const ModelConfig& config, std::span<const int32_t> prompt,
+                                         const GenerateOptions& options,
+                                         const std::function<int32_t(int32_t)>& advance,
+                                         const std::function<int64_t()>& position);
 
 }  // namespace kvlens

@@ -422,7 +422,7 @@ TEST_CASE("select_top_k: SIMD and portable kernels choose the sorting reference'
           allowed[size_t(r * stride + j)] = uint8_t(rng() % 4 != 0);
         }
       // AVX-512 (where the CPU has it), AVX2 and portable kernels.
-      for (const CpuBackendOptions options :
+      for (const CpuBackendOptions& options :
            {CpuBackendOptions{1, true, true}, CpuBackendOptions{1, true, false},
             CpuBackendOptions{1, false, false}}) {
         auto backend = make_cpu_backend(options);

@@ -65,7 +65,9 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const CpuBackendOptions& options)
       : pool_(options.threads),
         kernels_(pick_dot_kernels(options.allow_simd, options.allow_avx512)),
-        cache_bytes_(options.cache_bytes > 0 ? options.cache_bytes : last_level_cache_bytes()) {}
+        cache_bytes_(options.cache_bytes > 0 ? options.cache_bytes : last_level_cache_bytes()),
+        reduce_group_(options.reduce_group),
+        rank_(options.rank) {}
 
   std::string name() const override { return "cpu"; }
   void run_tasks(int64_t count, const std::function<void(int64_t)>& task) override {
@@ -82,7 +84,23 @@ class CpuBackend final : public Backend {
     });
   }
   int64_t lockstep_groups(int64_t runs, int64_t layer_weight_bytes, int64_t layers) const override {
+    // A rank of a tensor-parallel group keeps one group: groups as concurrent tasks would enter
+    // the all-reduces in an order that differs between ranks.
+    if (reduce_group_) return 1;
     return cpu_lockstep_groups(runs, pool_.size(), layer_weight_bytes, layers, cache_bytes_);
+  }
+  int64_t tensor_parallel_ranks() const override {
+    return reduce_group_ ? reduce_group_->ranks() : 1;
+  }
+  int64_t tensor_parallel_rank() const override { return rank_; }
+  void all_reduce_sum(DeviceTensor& partial) override {
+    if (!reduce_group_) return;
+    KVLENS_REQUIRE(partial.dtype == DType::F32, "all_reduce_sum", "an F32 tensor",
+                   std::string(dtype_name(partial.dtype)));
+    reduce_group_->all_reduce_sum(rank_, partial.as<float>(), partial.numel());
+  }
+  void abort_collectives() override {
+    if (reduce_group_) reduce_group_->abort();
   }
   const char* isa() const { return kernels_.isa; }
   int threads() const { return pool_.size(); }
@@ -710,6 +728,8 @@ class CpuBackend final : public Backend {
   DotKernels kernels_;
   PanelArena panels_;  // the weight panels upload_weight makes
   size_t cache_bytes_;
+  std::shared_ptr<HostReduceGroup> reduce_group_;
+  int rank_ = 0;
 };
 
 }  // namespace
@@ -726,6 +746,16 @@ int64_t cpu_lockstep_groups(int64_t runs, int64_t threads, int64_t layer_weight_
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
+}
+
+std::vector<std::unique_ptr<Backend>> make_cpu_backend_group(int ranks, CpuBackendOptions options) {
+  options.reduce_group = std::make_shared<HostReduceGroup>(ranks);
+  std::vector<std::unique_ptr<Backend>> group;
+  for (int r = 0; r < ranks; ++r) {
+    options.rank = r;
+    group.push_back(make_cpu_backend(options));
+  }
+  return group;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) {

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/host_reduce_group.h"
 
 namespace kvlens {
 
@@ -19,9 +21,17 @@ struct CpuBackendOptions {
   // The last-level cache size lockstep_groups assumes (0: the system's, last_level_cache_bytes):
   // tests fix it so that they take the same path everywhere.
   size_t cache_bytes = 0;
+  // Rank `rank` of a tensor-parallel group of CPU backends (null: alone), each rank stepped by a
+  // thread of its own (engine/session/tensor_parallel_session.h).
+  std::shared_ptr<HostReduceGroup> reduce_group;
+  int rank = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
+
+// A tensor-parallel group of `ranks` CPU backends sharing one HostReduceGroup (rank r at [r]),
+// each with `options` (threads: each rank's own).
+std::vector<std::unique_ptr<Backend>> make_cpu_backend_group(int ranks, CpuBackendOptions options);
 
 // The CPU backend's lockstep_groups: one group per thread (at most one per run) where the
 // layers are small (kSplitLayerBytes each at most) and the groups' passes over all of them fit

@@ -1,0 +1,228 @@
+// Tensor parallelism on the CPU (engine/arch/tensor_parallel.h, tensor_parallel_session.h): a
+// model split over 2 and 4 CPU backends, their all-reduce a HostReduceGroup, gives one backend's
+// logits and greedy tokens, for every family's layer math and for the policies whose rule stays
+// within each head; what cannot be split is a clear error, and a failing rank frees the others.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/arch/tensor_parallel.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/common/error.h"
+#include "engine/policy/registry.h"
+#include "engine/session/tensor_parallel_session.h"
+#include "tests/support/error_message.h"
+#include "tests/support/test_paths.h"
+
+using namespace kvlens;
+
+namespace {
+
+std::vector<float> to_host(Backend& backend, const DeviceTensor& t) {
+  std::vector<float> host(size_t(t.numel()));
+  backend.to_host(t, host.data(), host.size() * sizeof(float));
+  return host;
+}
+
+// The logits of a prompt fed as one chunk, then of `steps` single tokens, concatenated.
+template <typename Session>
+std::vector<float> chunk_then_steps(Session& session, Backend& lead,
+                                    const std::vector<int32_t>& prompt,
+                                    const std::vector<int32_t>& steps) {
+  std::vector<float> all = to_host(lead, session.forward(prompt));
+  for (const int32_t token : steps) {
+    const std::vector<float> step = to_host(lead, session.forward(std::span(&token, 1)));
+    all.insert(all.end(), step.begin(), step.end());
+  }
+  return all;
+}
+
+struct Group {
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Backend*> pointers;
+  explicit Group(int ranks, int threads = 1) {
+    CpuBackendOptions options;
+    options.threads = threads;
+    backends = make_cpu_backend_group(ranks, options);
+    for (auto& b : backends) pointers.push_back(b.get());
+  }
+};
+
+// The split sums o_proj and down_proj over heads and columns in another order than one backend
+// does: f32 rounding of a 64-256 wide sum, a few ulps of values of order 1-10 that then pass
+// through the later layers. 1e-4 relative to the logits' scale (their largest magnitude) bounds it
+// with margin, as the other f32 checks of the engine do.
+void check_close(const std::vector<float>& want, const std::vector<float>& got) {
+  REQUIRE(want.size() == got.size());
+  float scale = 0.0f;
+  for (const float w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("index " << i);
+    REQUIRE(std::fabs(want[i] - got[i]) <= 1e-4f * scale);
+  }
+}
+
+std::vector<int32_t> token_ids(int64_t count, int64_t vocab, int64_t seed) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < count; ++i) ids.push_back(int32_t((i * 37 + seed * 11 + 3) % vocab));
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: each family's logits split over 2 and 4 ranks equal one backend's",
+          "[tensor_parallel]") {
+  const std::string fixture =
+      GENERATE("llama-gqa-f32", "qwen2-bias-f32", "gemma3-window-softcap-f32", "qwen3-qknorm-f32",
+               "phi3-fused-partial-f32", "mistral-window-bf16");
+  const int ranks = GENERATE(2, 4);
+  INFO(fixture << " over " << ranks << " ranks");
+  const auto model = Model::load(test::source_path("tests/fixtures/" + fixture));
+  const std::vector<int32_t> prompt = token_ids(9, model->config.vocab_size, 1);
+  const std::vector<int32_t> steps = token_ids(6, model->config.vocab_size, 2);
+
+  const auto one = make_cpu_backend(1);
+  DecoderSession alone(upload_model(model, *one));
+  const std::vector<float> want = chunk_then_steps(alone, *one, prompt, steps);
+
+  Group group(ranks);
+  TensorParallelSession split(upload_tensor_parallel(model, group.pointers));
+  CHECK(split.ranks() == ranks);
+  // Each rank holds its heads' caches only: G / R KV heads, or one where R > G.
+  CHECK(split.rank_session(0).model().config().num_kv_heads ==
+        std::max<int64_t>(1, model->config.num_kv_heads / ranks));
+  check_close(want, chunk_then_steps(split, *group.backends[0], prompt, steps));
+}
+
+TEST_CASE("tensor parallel: greedy continuations on the demo model equal one backend's",
+          "[tensor_parallel]") {
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  const std::vector<int32_t> prompt = model->require_tokenizer().encode(
+      "A town by the river. The place is: Mirewick. The town by the river is called:", true);
+  const auto one = make_cpu_backend(1);
+  const auto alone = upload_model(model, *one);
+  Group two(2), four(4);
+  const auto shards2 = upload_tensor_parallel(model, two.pointers);
+  const auto shards4 = upload_tensor_parallel(model, four.pointers);
+  for (const char* spec : {"dense", "h2o", "streaming", "quest", "snapkv", "keydiff", "oracle"}) {
+    INFO(spec);
+    GenerateOptions options;
+    options.max_new = 12;
+    options.stop_at_eos = false;
+    options.policy.id = spec;
+    options.policy.sparsity = is_reference_policy(spec) ? 0.0 : 0.5;
+    const std::vector<int32_t> want = generate_greedy(alone, prompt, options);
+    CHECK(generate_greedy_tensor_parallel(shards2, prompt, options) == want);
+    CHECK(generate_greedy_tensor_parallel(shards4, prompt, options) == want);
+  }
+}
+
+TEST_CASE("tensor parallel: runs in lockstep give one backend's lockstep logits",
+          "[tensor_parallel]") {
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  const std::vector<int32_t> prompt = token_ids(12, model->config.vocab_size, 3);
+  const std::vector<PolicyConfig> runs = {
+      {"dense", 0.0, {}}, {"h2o", 0.5, {}}, {"streaming", 0.7, {}}};
+  // Two threads a rank: the CPU would split the runs into groups stepped as concurrent tasks,
+  // which a rank of a group must not (their all-reduces would pair up across ranks wrongly).
+  const auto one = make_cpu_backend(2);
+  DecoderSession alone(upload_model(model, *one), {}, int64_t(runs.size()));
+  Group group(2, 2);
+  TensorParallelSession split(upload_tensor_parallel(model, group.pointers), {},
+                              int64_t(runs.size()));
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (auto made = make_run_policy(runs[r], alone.policy_shape(), *one))
+      alone.set_policy(int64_t(r), std::move(made));
+    split.set_policy(int64_t(r), runs[r]);
+  }
+  check_close(to_host(*one, alone.forward(prompt)),
+              to_host(*group.backends[0], split.forward(prompt)));
+  std::vector<int32_t> tokens = {3, 3, 3};
+  for (int step = 0; step < 8; ++step) {
+    const std::vector<float> want = to_host(*one, alone.forward_runs(tokens));
+    check_close(want, to_host(*group.backends[0], split.forward_runs(tokens)));
+    // Each run feeds back its own greedy token (the runs' rows then differ).
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const auto row = want.begin() + int64_t(r) * model->config.vocab_size;
+      tokens[r] = int32_t(std::max_element(row, row + model->config.vocab_size) - row);
+    }
+  }
+}
+
+TEST_CASE("tensor parallel: a split the config cannot divide names the field",
+          "[tensor_parallel]") {
+  const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
+  const std::string heads = test::error_message([&] { check_tensor_parallel(*model, 3); });
+  CHECK(heads.find("config.json: num_attention_heads") != std::string::npos);
+  CHECK(heads.find("3 GPUs") != std::string::npos);
+  const auto qwen3 = Model::load(test::source_path("tests/fixtures/qwen3-qknorm-f32"));
+  // 4 heads, 2 KV heads, 144 columns: 8 ranks leave no head for some of them.
+  CHECK(test::error_message([&] {
+          check_tensor_parallel(*qwen3, 8);
+        }).find("num_attention_heads") != std::string::npos);
+  CHECK_THROWS_AS(check_tensor_parallel(*model, 0), Error);
+  // A group of the wrong size for the backends' ranks.
+  Group group(2);
+  std::vector<Backend*> one_of_two = {group.pointers[1]};
+  CHECK(test::error_message([&] {
+          upload_tensor_parallel(model, one_of_two);
+        }).find("rank 0 of a group of 1") != std::string::npos);
+}
+
+TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
+          "[tensor_parallel]") {
+  const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
+  Group group(4);
+  TensorParallelSession split(upload_tensor_parallel(model, group.pointers));
+  PolicyConfig tova{"tova", 0.5, {}};
+  const std::string message = test::error_message([&] { split.set_policy(0, tova); });
+  CHECK(message.find("policy tova: tensor parallel") != std::string::npos);
+  CHECK(message.find("h2o") != std::string::npos);  // the list of those that can
+  // 4 ranks over 2 KV heads: a KV group is split, so a selection per group cannot be made.
+  PolicyConfig grouped{"h2o", 0.5, {"granularity=kv_head"}};
+  CHECK(test::error_message([&] { split.set_policy(0, grouped); }).find("granularity") !=
+        std::string::npos);
+  // The session is still usable after refused calls.
+  const int32_t token = 5;
+  CHECK_NOTHROW(split.forward(std::span(&token, 1)));
+}
+
+TEST_CASE("tensor parallel: bad input fails before any rank starts, and the session goes on",
+          "[tensor_parallel]") {
+  const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
+  Group group(2);
+  TensorParallelSession split(upload_tensor_parallel(model, group.pointers));
+  const int32_t bad = int32_t(model->config.vocab_size);
+  CHECK(test::error_message([&] { split.forward(std::span(&bad, 1)); }).find("token id") !=
+        std::string::npos);
+  const int32_t good = 7;
+  CHECK_NOTHROW(split.forward(std::span(&good, 1)));
+  CHECK(split.position() == 1);
+}
+
+TEST_CASE("HostReduceGroup: rank-order sums on every rank, and an abort frees a waiting rank",
+          "[tensor_parallel]") {
+  HostReduceGroup group(3);
+  std::vector<std::vector<float>> data = {{1.0f, 1e8f}, {2.0f, 1.0f}, {3.0f, -1e8f}};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] { group.all_reduce_sum(r, data[size_t(r)].data(), 2); });
+  for (auto& t : threads) t.join();
+  for (const auto& d : data) {
+    CHECK(d[0] == 6.0f);
+    CHECK(d[1] == (1e8f + 1.0f) + -1e8f);  // rank order: (p0 + p1) + p2, the same on each rank
+  }
+  HostReduceGroup waiting(2);
+  float value = 1.0f;
+  std::string message;
+  std::thread rank0(
+      [&] { message = test::error_message([&] { waiting.all_reduce_sum(0, &value, 1); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  waiting.abort();
+  rank0.join();
+  CHECK(message.find("a rank failed") != std::string::npos);
+  CHECK_THROWS_AS(waiting.all_reduce_sum(1, &value, 1), Error);
+}
