@@ -104,8 +104,6 @@ std::shared_ptr<const Model> shard_model(std::shared_ptr<const Model> model, int
   shard->config.num_heads = heads.heads;
   shard->config.num_kv_heads = heads.kv_heads;
   shard->config.intermediate_size = columns;
-  shard->predictor = PredictorLookup{};
-  shard->predictor.searched = {"none under tensor parallelism (the predictor scores every head)"};
   for (LayerWeights& layer : shard->weights.layers) {
     layer.wq = row_slice(layer.wq, heads.first_head * D, heads.heads * D);
     layer.bq = row_slice(layer.bq, heads.first_head * D, heads.heads * D);

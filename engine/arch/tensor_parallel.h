@@ -28,7 +28,8 @@ ShardHeads shard_heads(const ModelConfig& config, int64_t rank, int64_t ranks);
 
 // Rank `rank`'s shard of `model` (check_tensor_parallel first). Row slices are views into the
 // model's mapped files; column slices (wo, w_down) are host copies that the shard keeps alive.
-// The shard has no TokenButler predictor (its heads are the whole model's).
+// The shard keeps the model's TokenButler predictor, which scores every head of the model
+// (the tokenbutler policy keeps its shard's rows).
 std::shared_ptr<const Model> shard_model(std::shared_ptr<const Model> model, int64_t rank,
                                          int64_t ranks);
 

@@ -26,7 +26,20 @@ void BudgetedPolicy::grow(int64_t stride) {
 }
 
 int64_t BudgetedPolicy::state_bytes() const {
-  return tensor_bytes({group_scores_, group_visible_, window_eligible_});
+  return tensor_bytes({group_scores_, group_visible_, window_eligible_, model_head_rows_});
+}
+
+DeviceTensor& BudgetedPolicy::model_head_rows(int64_t stride) {
+  if (model_head_rows_.empty() || model_head_rows_.dim(1) != stride) {
+    model_head_rows_ =
+        backend_.alloc(DType::F32, {shape_.heads * backend_.tensor_parallel_ranks(), stride});
+  }
+  return model_head_rows_;
+}
+
+void BudgetedPolicy::keep_shard_rows(const DeviceTensor& model_rows, DeviceTensor& scores) {
+  backend_.copy_rows(model_rows, backend_.tensor_parallel_rank() * shape_.heads, scores, 0,
+                     shape_.heads, scores.dim(1));
 }
 
 const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_scores,

@@ -34,6 +34,13 @@ class BudgetedPolicy : public Policy {
   }
   int64_t group() const { return shape_.heads / shape_.kv_heads; }
 
+  // A rule whose rows are numbered by the model's heads (random's draws, the predictor's rows)
+  // on a tensor-parallel shard (Backend::tensor_parallel_ranks() > 1, H of the model's H * ranks
+  // heads here): it fills every head's row of model_head_rows(stride) [H * ranks, stride], then
+  // keep_shard_rows copies this shard's (rows rank * H ..) into scores [H, stride].
+  DeviceTensor& model_head_rows(int64_t stride);
+  void keep_shard_rows(const DeviceTensor& model_rows, DeviceTensor& scores);
+
   // Scores per query head [H, stride] seen at selection granularity: the input itself for
   // query_head, else its sum over each KV group (in a scratch buffer).
   const DeviceTensor& at_selection_rows(const DeviceTensor& head_scores, int64_t cols);
@@ -98,8 +105,9 @@ class BudgetedPolicy : public Policy {
   std::vector<int64_t> pyramid_room_;
   int64_t pyramid_room_step_ = -1;
 
-  DeviceTensor group_scores_;   // [G, stride] F32
-  DeviceTensor group_visible_;  // [G, stride] U8
+  DeviceTensor group_scores_;     // [G, stride] F32
+  DeviceTensor model_head_rows_;  // [H * ranks, stride] F32 on a tensor-parallel shard
+  DeviceTensor group_visible_;    // [G, stride] U8
   // A sliding-window layer's candidates (LayerStep::first_candidate), [H, stride] U8, made on
   // the first such step; selections of R' rows use its first R' rows.
   DeviceTensor window_eligible_;

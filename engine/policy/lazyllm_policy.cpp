@@ -112,7 +112,10 @@ class LazyllmPolicy final : public BudgetedPolicy {
   void observe(const LayerStep& step, const DeviceTensor& probs) override {
     const int64_t cols = step.cols();
     backend_.sum_row_groups(probs, cols, shape_.heads, head_sum_);
-    backend_.axpby_rows(previous_, float(1.0 / double(shape_.heads)), head_sum_, 0.0f, cols);
+    // A tensor-parallel shard holds heads / ranks of the layer's heads: the others' sums join.
+    backend_.all_reduce_sum(head_sum_);
+    const double heads = double(shape_.heads * backend_.tensor_parallel_ranks());
+    backend_.axpby_rows(previous_, float(1.0 / heads), head_sum_, 0.0f, cols);
     observed_step_ = step.step;
     observed_layer_ = step.layer;
   }
@@ -139,11 +142,14 @@ class LazyllmPolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo lazyllm_policy_info() {
-  return {"lazyllm", "progressive pruning (LazyLLM, decode form)",
-          "Layer l keeps the top keep(l) fraction of tokens by the previous layer's head-averaged "
-          "attention; keep falls with depth (1, 0.7, 0.4, 0.1 per quarter, scaled to mean 1 - s); "
-          "pruned tokens may return.",
-          with_common_specs({})};
+  PolicyInfo info{
+      "lazyllm", "progressive pruning (LazyLLM, decode form)",
+      "Layer l keeps the top keep(l) fraction of tokens by the previous layer's head-averaged "
+      "attention; keep falls with depth (1, 0.7, 0.4, 0.1 per quarter, scaled to mean 1 - s); "
+      "pruned tokens may return.",
+      with_common_specs({})};
+  info.reduces_heads = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_lazyllm_policy(const PolicyShape& shape, Backend& backend,

@@ -214,6 +214,11 @@ struct PolicyInfo {
   // logits and state, and no per-head file: a tensor-parallel shard runs it over the heads it
   // holds and chooses what one GPU would (engine/session/tensor_parallel_session.h).
   bool per_head_rule = false;
+  // Its rule reads every head of a layer through a sum (tova's and lazyllm's head averages),
+  // which a shard completes with Backend::all_reduce_sum: it chooses what one GPU would, in a
+  // tensor-parallel session of one run (the collectives of runs stepped as concurrent tasks would
+  // pair up differently on each rank).
+  bool reduces_heads = false;
 };
 
 struct PolicyConfig {

@@ -36,7 +36,15 @@ class TokenButlerPolicy final : public BudgetedPolicy {
                   "the predictor at position " + std::to_string(predictor_.position()));
     }
     if (dense_layer(step)) return LayerDecision::Dense;
-    predictor_.predicted_logits(step.layer, scores);
+    if (backend_.tensor_parallel_ranks() == 1) {
+      predictor_.predicted_logits(step.layer, scores);
+    } else {
+      // A tensor-parallel shard: the predictor scores every head of the model (its input, the
+      // layer-0 residual row, is the same on every rank); this shard's heads are kept.
+      DeviceTensor& all_heads = model_head_rows(scores.dim(1));
+      predictor_.predicted_logits(step.layer, all_heads);
+      keep_shard_rows(all_heads, scores);
+    }
     select_budgeted(step, 1, at_selection_rows(scores, step.cols()), nullptr, visible);
     return LayerDecision::Masked;
   }
@@ -66,14 +74,17 @@ std::string searched_text(const std::vector<std::string>& searched) {
 }  // namespace
 
 PolicyInfo tokenbutler_policy_info() {
-  return {"tokenbutler",
-          "learned predictor (TokenButler)",
-          "Top-B(t) tokens per (layer, head) by the TokenButler predictor's logits for this "
-          "step, chosen afresh every step; nothing evicted.",
-          with_common_specs({}),
-          /*reference=*/false,
-          /*needs_predictor=*/true,
-          /*predicts_logits=*/true};
+  PolicyInfo info{
+      "tokenbutler",
+      "learned predictor (TokenButler)",
+      "Top-B(t) tokens per (layer, head) by the TokenButler predictor's logits for this "
+      "step, chosen afresh every step; nothing evicted.",
+      with_common_specs({}),
+      /*reference=*/false,
+      /*needs_predictor=*/true,
+      /*predicts_logits=*/true};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_tokenbutler_policy(const PolicyShape& shape, Backend& backend,
@@ -85,10 +96,12 @@ std::unique_ptr<Policy> make_tokenbutler_policy(const PolicyShape& shape, Backen
                 "none (" + searched_text(shape.predictor_searched) + ")");
   }
   const PredictorConfig& c = shape.predictor->config();
-  if (c.layers != shape.layers || c.heads != shape.heads) {
+  // A tensor-parallel shard holds heads / ranks of the model's heads; the predictor scores all.
+  const int64_t model_heads = shape.heads * backend.tensor_parallel_ranks();
+  if (c.layers != shape.layers || c.heads != model_heads) {
     throw Error(c.source, "layers, heads",
                 "the model's " + std::to_string(shape.layers) + " layers and " +
-                    std::to_string(shape.heads) + " heads",
+                    std::to_string(model_heads) + " heads",
                 std::to_string(c.layers) + " and " + std::to_string(c.heads));
   }
   return std::make_unique<TokenButlerPolicy>(shape, backend, read_common_knobs(params, sparsity));

@@ -100,7 +100,10 @@ class TovaPolicy final : public BudgetedPolicy {
       return;
     }
     backend_.sum_row_groups(probs, cols, shape_.heads, head_sum_);
-    backend_.axpby_rows(head_mean_[l], float(1.0 / double(shape_.heads)), head_sum_, 0.0f, cols);
+    // A tensor-parallel shard holds heads / ranks of the layer's heads: the others' sums join.
+    backend_.all_reduce_sum(head_sum_);
+    const double heads = double(shape_.heads * backend_.tensor_parallel_ranks());
+    backend_.axpby_rows(head_mean_[l], float(1.0 / heads), head_sum_, 0.0f, cols);
     observed_step_[l] = step.step;
   }
 
@@ -116,10 +119,13 @@ class TovaPolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo tova_policy_info() {
-  return {"tova", "eviction (TOVA)",
-          "Once over the budget, evicts the tokens the current query attends to least, averaged "
-          "over the layer's heads (one set per layer); evicted tokens never return.",
-          with_common_specs({})};
+  PolicyInfo info{
+      "tova", "eviction (TOVA)",
+      "Once over the budget, evicts the tokens the current query attends to least, averaged "
+      "over the layer's heads (one set per layer); evicted tokens never return.",
+      with_common_specs({})};
+  info.reduces_heads = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_tova_policy(const PolicyShape& shape, Backend& backend,

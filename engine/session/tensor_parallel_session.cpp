@@ -123,17 +123,25 @@ std::vector<std::shared_ptr<const BackendModel>> upload_tensor_parallel(
 }
 
 void check_tensor_parallel_policy(const PolicyConfig& policy, const ModelConfig& config,
-                                  int64_t ranks) {
+                                  int64_t ranks, int64_t runs) {
   if (is_reference_policy(policy.id) || ranks == 1) return;
   const PolicyInfo& info = policy_info(policy.id);
-  if (!info.per_head_rule) {
+  if (!info.per_head_rule && !info.reduces_heads) {
     std::string allowed;
     for (const PolicyInfo& i : policy_infos()) {
-      if (i.per_head_rule || i.reference) allowed += (allowed.empty() ? "" : ", ") + i.id;
+      if (!i.per_head_rule && !i.reduces_heads && !i.reference) continue;
+      if (!allowed.empty()) allowed += ", ";
+      allowed += i.id;
     }
     throw Error("policy " + policy.id, "tensor parallel",
-                "a policy whose rule stays within each head (" + allowed + ") on more than one GPU",
-                policy.id + ", whose rule reads other heads or per-head files");
+                "a policy whose rule stays within each head or sums over heads (" + allowed +
+                    ") on more than one GPU",
+                policy.id + ", whose rule reads other heads' state or per-head files");
+  }
+  if (info.reduces_heads && runs > 1) {
+    throw Error("policy " + policy.id, "tensor parallel",
+                "one run in the session (its sums over the GPUs' heads are collectives)",
+                std::to_string(runs) + " runs");
   }
   const bool splits_groups = config.num_kv_heads < ranks;
   for (const std::string& arg : policy.args) {
@@ -179,7 +187,7 @@ void TensorParallelSession::on_every_rank(const std::function<void(int64_t rank)
 
 void TensorParallelSession::set_policy(int64_t run, const PolicyConfig& policy,
                                        int64_t first_step) {
-  check_tensor_parallel_policy(policy, shards_.front()->config(), ranks());
+  check_tensor_parallel_policy(policy, shards_.front()->config(), ranks(), runs());
   // Made on the calling thread (a bad parameter fails before any rank holds a policy), then set.
   std::vector<std::unique_ptr<Policy>> policies;
   for (int64_t r = 0; r < ranks(); ++r) {

@@ -24,12 +24,14 @@ std::vector<std::shared_ptr<const BackendModel>> upload_tensor_parallel(
     std::shared_ptr<const Model> model, std::span<Backend* const> backends,
     const UploadOptions& options = {});
 
-// Throws kvlens::Error naming the policy when a shard cannot run it over its own heads: its rule
-// spans heads (PolicyInfo::per_head_rule is false: tova, lazyllm, tokenfilter, the predictor's,
-// the allocators' ...), or it selects per KV group (granularity=kv_head) while the ranks split
-// KV groups (more ranks than KV heads). The reference policy always can.
+// Throws kvlens::Error naming the policy when a shard cannot run it as one GPU would: its rule
+// reads other heads' state or per-head files (neither PolicyInfo::per_head_rule nor
+// reduces_heads: tokenfilter, the predictor's, the allocators' budgets, duoattention's gates ...),
+// it sums over heads in a session of several runs, or it selects per KV group
+// (granularity=kv_head) while the ranks split KV groups (more ranks than KV heads). The reference
+// policy always can.
 void check_tensor_parallel_policy(const PolicyConfig& policy, const ModelConfig& config,
-                                  int64_t ranks);
+                                  int64_t ranks, int64_t runs = 1);
 
 class TensorParallelSession {
  public:

@@ -107,7 +107,8 @@ TEST_CASE("tensor parallel: greedy continuations on the demo model equal one bac
   Group two(2), four(4);
   const auto shards2 = upload_tensor_parallel(model, two.pointers);
   const auto shards4 = upload_tensor_parallel(model, four.pointers);
-  for (const char* spec : {"dense", "h2o", "streaming", "quest", "snapkv", "keydiff", "oracle"}) {
+  for (const char* spec : {"dense", "h2o", "streaming", "quest", "snapkv", "keydiff", "oracle",
+                           "tova", "lazyllm", "random", "tokenbutler"}) {
     INFO(spec);
     GenerateOptions options;
     options.max_new = 12;
@@ -177,10 +178,16 @@ TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
   const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
   Group group(4);
   TensorParallelSession split(upload_tensor_parallel(model, group.pointers));
-  PolicyConfig tova{"tova", 0.5, {}};
-  const std::string message = test::error_message([&] { split.set_policy(0, tova); });
-  CHECK(message.find("policy tova: tensor parallel") != std::string::npos);
+  PolicyConfig tokenfilter{"tokenfilter", 0.5, {}};
+  const std::string message = test::error_message([&] { split.set_policy(0, tokenfilter); });
+  CHECK(message.find("policy tokenfilter: tensor parallel") != std::string::npos);
   CHECK(message.find("h2o") != std::string::npos);  // the list of those that can
+  CHECK(message.find("tova") != std::string::npos);
+  // tova sums over heads through collectives: one run a session.
+  TensorParallelSession two_runs(upload_tensor_parallel(model, group.pointers), {}, 2);
+  PolicyConfig tova{"tova", 0.5, {}};
+  CHECK(test::error_message([&] { two_runs.set_policy(1, tova); }).find("one run") !=
+        std::string::npos);
   // 4 ranks over 2 KV heads: a KV group is split, so a selection per group cannot be made.
   PolicyConfig grouped{"h2o", 0.5, {"granularity=kv_head"}};
   CHECK(test::error_message([&] { split.set_policy(0, grouped); }).find("granularity") !=
