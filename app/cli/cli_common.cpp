@@ -58,14 +58,14 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
   command.add_flag("--progress", common.progress, "Show a progress bar on stderr");
 }
 
-void add_tensor_parallel_options(CLI::App& command, TensorParallelFlags& flags) {
+void add_tensor_parallel_options(CLI::App& command, CommonOptions& common) {
   auto* gpus = command.add_option(
-      "--gpus", flags.gpus,
+      "--gpus", common.gpus,
       "Split the model over GPUs 0..N-1 (tensor parallelism as Megatron-LM splits: heads and MLP "
       "columns; each GPU holds its heads' KV cache; NCCL all-reduces)");
   gpus->check(CLI::PositiveNumber);
   command
-      .add_option("--devices", flags.devices,
+      .add_option("--devices", common.devices,
                   "Split the model over these GPUs, e.g. 0,1 or 2,3 (instead of --gpus)")
       ->excludes(gpus);
 }

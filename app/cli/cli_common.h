@@ -66,18 +66,9 @@ void add_plugin_option(CLI::App& command, CommonOptions& common);
 // Adds --policy, --sparsity and --policy-arg (generate, score).
 void add_policy_options(CLI::App& command, PolicyOptions& options);
 
-// --gpus N and --devices LIST of a command that splits one model over several GPUs (tensor
-// parallelism: generate, bench). On --backend cpu they make as many CPU ranks, a check of the
-// split where there is no GPU.
-struct TensorParallelFlags {
-  int64_t gpus = 0;
-  std::string devices;
-  bool requested() const { return gpus > 1 || !devices.empty(); }
-  std::vector<int> devices_for(const std::string& command) const {
-    return session::chosen_devices(command, gpus, devices);
-  }
-};
-void add_tensor_parallel_options(CLI::App& command, TensorParallelFlags& flags);
+// Adds --gpus N and --devices LIST (CommonOptions::gpus, devices) to a command that can split
+// one model over several GPUs (generate, bench, trace).
+void add_tensor_parallel_options(CLI::App& command, CommonOptions& common);
 
 // Registration of subcommands (one per cmd_*.cpp). Each returns the function main() runs when
 // that subcommand was chosen.

@@ -131,8 +131,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   command->add_option("--policy-arg", policy_args,
                       "Policy parameter key=value or policy.key=value (repeatable; a run "
                       "spec's own :key=value wins)");
-  static TensorParallelFlags split;
-  add_tensor_parallel_options(*command, split);
+  add_tensor_parallel_options(*command, common);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);
@@ -140,7 +139,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
     run = [&common] {
       const auto model = load_model(common, model_dir);
       const ModelConfig& config = model->config;
-      if (split.requested()) {
+      if (common.tensor_parallel()) {
         TensorParallelBench bench;
         bench.model_dir = model_dir;
         bench.context = context;
@@ -157,7 +156,8 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           }
           bench.policy = listed.front();
         }
-        const std::vector<int> devices = split.devices_for("bench");
+        const std::vector<int> devices =
+            session::chosen_devices("bench", common.gpus, common.devices);
         return run_tensor_parallel_bench(common, model, devices, bench);
       }
       // With --policies every block of steps starts with one untimed step.

@@ -71,8 +71,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       "ID[@SPARSITY][:KEY=VALUE...], "
       "e.g. dense,h2o@0.3,h2o@0.7:window=16 (a plain id takes --sparsity)");
   policies_option->excludes(command->get_option("--policy"));
-  static TensorParallelFlags split;
-  add_tensor_parallel_options(*command, split);
+  add_tensor_parallel_options(*command, common);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);
@@ -81,7 +80,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       if (!*prompt_option && !*tokens_option) {
         throw Error("generate", "--prompt or --tokens", "one of them");
       }
-      if (*policies_option && split.requested()) {
+      if (*policies_option && common.tensor_parallel()) {
         throw Error("generate", "--policies", "one --policy with --gpus or --devices",
                     "--policies " + policies);
       }
@@ -116,7 +115,8 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       check_cpu_memory(common, *model, int64_t(prompt_ids.size()) + max_new, 1,
                        !policy_config.id.empty() && !is_reference_policy(policy_config.id),
                        "prompt + --max-new");
-      const std::vector<int> devices = split.devices_for("generate");
+      const std::vector<int> devices =
+          session::chosen_devices("generate", common.gpus, common.devices);
       std::vector<std::unique_ptr<Backend>> group = session::make_backend_group(common, devices);
       std::vector<Backend*> backends;
       for (const auto& b : group) backends.push_back(b.get());

@@ -105,6 +105,8 @@ int run_trace(const CommonOptions& common, bool from_prompt) {
   std::printf("trace %s: %lld steps x %zu runs in %.3f s, rows %.1f MiB saved in %.3f s",
               flags.out_path.c_str(), (long long)trace.step_count(), trace.runs.size(), seconds,
               double(trace.row_bytes()) / double(1 << 20), save_seconds);
+  if (recording.shards.size() > 1)
+    std::printf(" on %s", session::placement_text(recording).c_str());
   if (trace.degraded_from_step() >= 0) {
     std::printf(" (memory budget reached at step %lld: later steps keep %zu selected heads)",
                 (long long)trace.degraded_from_step(), trace.selected_heads.size());
@@ -179,6 +181,7 @@ void add_trace_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       ->capture_default_str();
   command->add_option("--select-heads", flags.selected_heads,
                       "layer:head,... whose rows are kept past the memory budget");
+  add_tensor_parallel_options(*command, common);
   add_common_options(*command, common);
   add_predictor_option(*command, common);
   add_plugin_option(*command, common);

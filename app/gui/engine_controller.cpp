@@ -27,6 +27,8 @@ namespace {
 session::CommonOptions backend_options(const SessionConfig& config, QString& name) {
   session::CommonOptions common;
   common.threads = config.threads;
+  common.gpus = config.gpus;
+  common.devices = config.devices;
   common.backend = config.backend == "auto" ? "cpu" : config.backend;
 #if KVLENS_HAVE_CUDA
   if (config.backend == "auto" && cuda_device_available()) common.backend = "cuda";
@@ -132,8 +134,15 @@ void EngineController::open(const SessionConfig& config, int64_t show_from_steps
           session::resolve_policy_runs(choice.policies, config.sparsities, config.policy_args);
       TraceOptions options;
       options.memory_budget = config.memory_budget;
+      if (common.tensor_parallel() && config.match_effective) {
+        throw Error("match effective sparsity", "--gpus",
+                    "one GPU (the match searches on one backend)", "a model split over GPUs");
+      }
       recording = std::make_unique<session::Recording>(
           session::open_recording(common, model, config.source, runs, options, "prompt"));
+      // The status bar says which GPUs hold what.
+      if (recording->shards.size() > 1)
+        backend = QString::fromStdString(session::placement_text(*recording));
       predictor = QString::fromStdString(predictor_summary(*model));
       std::string notes = budget_warnings(runs, model->config.num_layers);
       if (config.match_effective) {
@@ -252,6 +261,10 @@ void EngineController::generate(int64_t max_new) {
           emit generated_step();
         });
       };
+      if (!recording.resident) {
+        throw Error("generate", "runs", "a model on one GPU (free generation of several runs)",
+                    "a model split over GPUs (kvlens-cli generate --gpus runs one policy)");
+      }
       result = session::generate_runs(recording.resident, prompt, recording.recorder->policies(),
                                       options);
     } catch (const std::exception& e) {

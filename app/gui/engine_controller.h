@@ -37,6 +37,9 @@ struct SessionConfig {
   std::vector<std::string> policy_args;
   std::string backend = "auto";  // auto (CUDA when a GPU is present), cpu or cuda
   int threads = 0;
+  // --gpus N / --devices LIST: the model split over those GPUs (tensor parallelism).
+  int64_t gpus = 0;
+  std::string devices;
   uint64_t memory_budget = Trace::kDefaultMemoryBudget;
 };
 

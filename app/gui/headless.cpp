@@ -28,6 +28,8 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
     const auto open_start = std::chrono::steady_clock::now();
     session::CommonOptions common;
     common.backend = options.backend == "cuda" ? "cuda" : "cpu";
+    common.gpus = options.gpus;
+    common.devices = options.devices.toStdString();
     session::RecordingSource source;
     if (options.prompt.isEmpty()) {
       source.coref_index = options.coref_sample;
@@ -45,6 +47,8 @@ int render_dashboard(const LaunchOptions& options, const QString& out_dir) {
         common, model, source,
         session::resolve_policy_runs(choice.policies, options.sparsity.toStdString(), {}),
         TraceOptions{}, "--prompt");
+    if (recording.backends.size() > 1)
+      std::printf("kvlens: model on %s\n", session::placement_text(recording).c_str());
     TraceRecorder& recorder = *recording.recorder;
     // Up to the step that predicts the answer's last token (a sample), else the whole text.
     const Trace& trace = recorder.trace();

@@ -57,6 +57,15 @@ int main(int argc, char** argv) {
                  "folder's own)");
   cli.add_option("--sparsity", sparsity, "Sparsity of the policies")->capture_default_str();
   cli.add_option("--backend", backend, "auto, cpu or cuda")->capture_default_str();
+  int64_t gpus = 0;
+  std::string devices;
+  auto* gpus_option =
+      cli.add_option("--gpus", gpus,
+                     "Split the model over GPUs 0..N-1 (tensor parallelism: each holds its "
+                     "heads, their KV cache and MLP columns; the status bar says which)");
+  gpus_option->check(CLI::PositiveNumber);
+  cli.add_option("--devices", devices, "Split the model over these GPUs, e.g. 0,1")
+      ->excludes(gpus_option);
   std::vector<std::string> plugins;
   cli.add_option("--plugin", plugins,
                  "A policy plug-in (shared library against include/kvlens/policy_plugin.h) to "
@@ -109,6 +118,8 @@ int main(int argc, char** argv) {
   options.predictor_file = QString::fromStdString(predictor);
   options.sparsity = QString::fromStdString(sparsity);
   options.backend = QString::fromStdString(backend);
+  options.gpus = gpus;
+  options.devices = QString::fromStdString(devices);
   options.script_path = QString::fromStdString(script);
   options.dark = dark;
 

@@ -90,8 +90,10 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   backend_label_ = new QLabel(this);
   memory_label_ = new QLabel(this);
   fps_label_ = new QLabel(this);
-  for (QLabel* label : {step_label_, sparsity_label_, backend_label_, memory_label_})
+  for (QLabel* label : {step_label_, sparsity_label_, memory_label_})
     statusBar()->addWidget(label);
+  // Permanent (never hidden by a note): under --gpus it says which GPUs hold what.
+  statusBar()->addPermanentWidget(backend_label_);
   statusBar()->addPermanentWidget(fps_label_);
   auto* status_timer = new QTimer(this);
   connect(status_timer, &QTimer::timeout, this, &MainWindow::update_status);
@@ -126,6 +128,8 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   config.predictor_file = options.predictor_file.toStdString();
   config.sparsities = options.sparsity.toStdString();
   config.backend = options.backend.toStdString();
+  config.gpus = options.gpus;
+  config.devices = options.devices.toStdString();
   if (options.prompt.isEmpty()) {
     config.source.coref_index = options.coref_sample;
   } else {

@@ -27,6 +27,9 @@ struct LaunchOptions {
   QString predictor_file;       // --predictor: the TokenButler predictor to load with the model
   QString sparsity = "0.5";
   QString backend = "auto";
+  // --gpus N / --devices LIST: the model split over those GPUs (tensor parallelism).
+  int64_t gpus = 0;
+  QString devices;
   QString script_path;
   bool dark = false;
 };

@@ -320,6 +320,12 @@ bool ScriptRunner::run(const QString& command, const QStringList& args) {
       throw std::runtime_error(
           ("expect-model: the recording runs on '" + shown + "', not '" + joined + "'")
               .toStdString());
+  } else if (command == "expect-backend") {
+    const QString shown = window_.engine().backend_name();
+    if (!shown.contains(joined))
+      throw std::runtime_error(
+          ("expect-backend: the status bar says '" + shown + "', not '" + joined + "'")
+              .toStdString());
   } else if (command == "sidebar") {
     if (joined != "on" && joined != "off") throw std::runtime_error("sidebar: on or off");
     dashboard.set_sidebar_shown(joined == "on");

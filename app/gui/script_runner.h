@@ -15,6 +15,7 @@
 //   generate N | report-generated (one line per run: departure, ids, text)
 //   report-figure (the figure's size and the view area's, on stdout) | sidebar on|off
 //   expect-model TEXT (the model the recording runs on)
+//   expect-backend TEXT (the status bar's backend: which GPUs hold what under --gpus)
 //   match effective|none (the Runs section's matched-sparsity box; `restart` records with it)
 //   expect-match TEXT (the sidebar's matched report, "RUN: nominal X, effective Y", has TEXT)
 // Input, posted to the canvas back to back as fast input would come (no frame between events):

@@ -34,6 +34,11 @@ struct CommonOptions {
   // --policy-file: Python files whose kvlens.Policy subclasses are registered before the command
   // runs (app/session/python_policies.h).
   std::vector<std::string> policy_files;
+  // --gpus N / --devices LIST: one model split over several GPUs (tensor parallelism,
+  // engine/arch/tensor_parallel.h; on the CPU backend as many CPU ranks, a check of the split).
+  int64_t gpus = 0;
+  std::string devices;
+  bool tensor_parallel() const { return gpus > 1 || !devices.empty(); }
 };
 
 // Backend by name; throws kvlens::Error when it is not available in this build or machine.

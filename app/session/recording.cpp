@@ -8,6 +8,7 @@
 #include "engine/common/error.h"
 #include "engine/eval/coref_benchmark.h"
 #include "engine/eval/coref_pools.h"
+#include "engine/session/tensor_parallel_session.h"
 
 namespace kvlens::session {
 
@@ -38,10 +39,20 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
                  static_cast<long long>(tokenizer.vocab_size()),
                  static_cast<long long>(model.config.vocab_size));
   }
-  recording.backend = make_backend(common);
-  recording.resident = upload_model(recording.model, *recording.backend, upload_options(common));
-  recording.recorder =
-      std::make_unique<TraceRecorder>(recording.resident, &tokenizer, tokens, runs, options);
+  recording.devices = chosen_devices("trace", common.gpus, common.devices);
+  recording.backends = make_backend_group(common, recording.devices);
+  if (recording.backends.size() == 1) {
+    recording.resident =
+        upload_model(recording.model, *recording.backends.front(), upload_options(common));
+    recording.recorder =
+        std::make_unique<TraceRecorder>(recording.resident, &tokenizer, tokens, runs, options);
+  } else {
+    std::vector<Backend*> group;
+    for (const auto& b : recording.backends) group.push_back(b.get());
+    recording.shards = upload_tensor_parallel(recording.model, group, upload_options(common));
+    recording.recorder = std::make_unique<TraceRecorder>(recording.model, recording.shards,
+                                                         &tokenizer, tokens, runs, options);
+  }
   if (sample) {
     recording.recorder->trace().coref = {true,
                                          sample->index,
@@ -51,6 +62,22 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
                                          marked->answer_token_end};
   }
   return recording;
+}
+
+std::string placement_text(const Recording& recording) {
+  const std::string name = recording.backends.front()->name();
+  std::string devices;
+  for (const int device : recording.devices) {
+    if (!devices.empty()) devices += ",";
+    devices += std::to_string(device);
+  }
+  if (recording.shards.size() <= 1) return name == "cpu" ? name : name + " " + devices;
+  const ModelConfig& whole = recording.model->config;
+  const ModelConfig& shard = recording.shards.front()->config();
+  return name + (name == "cpu" ? " ranks " : " ") + devices + ": " +
+         std::to_string(shard.num_heads) + " of " + std::to_string(whole.num_heads) + " heads, " +
+         std::to_string(shard.num_kv_heads) + " of " + std::to_string(whole.num_kv_heads) +
+         " KV heads each";
 }
 
 }  // namespace kvlens::session

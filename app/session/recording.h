@@ -25,10 +25,18 @@ struct RecordingSource {
 
 struct Recording {
   std::shared_ptr<const Model> model;
-  std::unique_ptr<Backend> backend;
+  // One backend, or a tensor-parallel group (CommonOptions::tensor_parallel: rank r's backend).
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<int> devices;  // the GPU (or CPU rank) of each backend
+  // The model on the one backend; null under tensor parallelism, where `shards` hold it.
   std::shared_ptr<const BackendModel> resident;
+  std::vector<std::shared_ptr<const BackendModel>> shards;
   std::unique_ptr<TraceRecorder> recorder;
 };
+
+// What each GPU of a recording holds, for a status line: "cpu", "cuda 0", or under tensor
+// parallelism "cuda 0,1: 16 of 32 heads, 8 of 16 KV heads each" ("cpu ranks 0,1: ..." on the CPU).
+std::string placement_text(const Recording& recording);
 
 // Throws kvlens::Error naming the flag or file at fault (`prompt_flag` names the prompt's source
 // in messages: "--prompt" for the CLI, "prompt" for the app).

@@ -39,6 +39,10 @@ PolicyInfo allocated_info(const std::string& id, const Scorer& scorer, Allocator
   info.id = id;
   info.family = info.family + " + " + allocator_family(kind);
   info.description = description;
+  // The budgets come from every head of a layer (Ada-KV's top-k over them; PyramidKV's shares of
+  // the layer's selections): not yet split over tensor-parallel ranks.
+  info.per_head_rule = false;
+  info.reduces_heads = false;
   const std::vector<ParamSpec> own = allocator_param_specs(kind);
   info.params.insert(info.params.end(), own.begin(), own.end());
   return info;

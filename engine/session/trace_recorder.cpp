@@ -14,6 +14,7 @@
 #include <exception>
 #include <limits>
 
+#include "engine/backend/tensor_views.h"
 #include "engine/common/error.h"
 #include "engine/model/tokenizer.h"
 #include "engine/policy/registry.h"
@@ -44,19 +45,22 @@ std::vector<std::string> describe_params(const PolicyConfig& config) {
 TraceRecorder::TraceRecorder(std::shared_ptr<const BackendModel> model, const Tokenizer* tokenizer,
                              std::vector<int32_t> tokens, std::vector<PolicyConfig> policies,
                              TraceOptions options)
+    : TraceRecorder(model->model, {model}, tokenizer, std::move(tokens), std::move(policies),
+                    std::move(options)) {}
+
+TraceRecorder::TraceRecorder(std::shared_ptr<const Model> model,
+                             std::vector<std::shared_ptr<const BackendModel>> shards,
+                             const Tokenizer* tokenizer, std::vector<int32_t> tokens,
+                             std::vector<PolicyConfig> policies, TraceOptions options)
     : model_(std::move(model)),
+      shards_(std::move(shards)),
       tokenizer_(tokenizer),
       tokens_(std::move(tokens)),
       policies_(std::move(policies)),
-      options_(std::move(options)),
-      session_(model_, {.record_attention_logits = true},
-               int64_t(policies_.size()) +
-                   (std::none_of(policies_.begin(), policies_.end(),
-                                 [](const PolicyConfig& p) { return is_reference_policy(p.id); })
-                        ? 1
-                        : 0)) {
-  const ModelConfig& c = model_->config();
+      options_(std::move(options)) {
+  const ModelConfig& c = config();
   if (policies_.empty()) throw Error("trace", "policies", "at least one policy");
+  if (shards_.empty()) throw Error("trace", "model", "a model on at least one backend");
   if (tokens_.empty()) throw Error("trace", "tokens", "at least one token");
   if (int64_t(tokens_.size()) > c.max_position_embeddings) {
     throw Error("trace", "tokens",
@@ -72,9 +76,17 @@ TraceRecorder::TraceRecorder(std::shared_ptr<const BackendModel> model, const To
   }
   if (options_.top_k < 1)
     throw Error("trace", "top_k", "at least 1", std::to_string(options_.top_k));
+  const bool has_reference =
+      std::any_of(policies_.begin(), policies_.end(),
+                  [](const PolicyConfig& p) { return is_reference_policy(p.id); });
+  const int64_t runs = int64_t(policies_.size()) + (has_reference ? 0 : 1);
+  const SessionOptions session_options = {.record_attention_logits = true};
+  if (ranks() == 1)
+    session_ = std::make_unique<DecoderSession>(shards_.front(), session_options, runs);
+  else
+    split_ = std::make_unique<TensorParallelSession>(shards_, session_options, runs);
 
-  trace_.model = {model_->model->dir, c.num_layers, c.num_heads,
-                  c.num_kv_heads,     c.head_dim,   c.vocab_size};
+  trace_.model = {model_->dir, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size};
   trace_.top_k = options_.top_k;
   trace_.memory_budget = options_.memory_budget;
   trace_.selected_heads = options_.selected_heads;
@@ -88,41 +100,53 @@ TraceRecorder::TraceRecorder(std::shared_ptr<const BackendModel> model, const To
     validate_policy_config(config);
     trace_.runs.push_back({config.id, config.sparsity, describe_params(config), options_.prefill});
     knobs_.push_back(knobs_of(config));
-    std::unique_ptr<Policy> policy =
-        make_run_policy(config, session_.policy_shape(), *model_->backend);
-    if (!policy) {
+    if (is_reference_policy(config.id)) {
       if (reference_run_ == int64_t(policies_.size())) reference_run_ = int64_t(r);
       continue;
     }
-    session_.set_policy(int64_t(r), std::move(policy), options_.prefill);
+    if (split_) {
+      split_->set_policy(int64_t(r), config, options_.prefill);
+      continue;
+    }
+    session_->set_policy(int64_t(r),
+                         make_run_policy(config, session_->policy_shape(), rank_backend(0)),
+                         options_.prefill);
   }
+}
+
+const SessionRun& TraceRecorder::run_in_flight(int64_t rank, int64_t run) const {
+  return split_ ? split_->rank_session(rank).run_in_flight(run) : session_->run_in_flight(run);
 }
 
 TraceRecorder::~TraceRecorder() {
   for (Capture& capture : captures_) {
-    if (!capture.fence) continue;
     try {
-      capture.fence->wait();  // the copies into capture.host land before it goes
-    } catch (...) {           // NOLINT(bugprone-empty-catch): a failed device writes nothing more
+      for (auto& fence : capture.fences) fence->wait();  // the copies land before capture.host goes
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a failed device writes nothing more
     }
   }
 }
 
 void TraceRecorder::enqueue_step(int64_t t) {
   Capture& capture = captures_[size_t(t % kCaptures)];
-  Backend& backend = *model_->backend;
-  const DeviceTensor& logits = session_.forward(std::span<const int32_t>(&tokens_[size_t(t)], 1));
+  Backend& lead = rank_backend(0);
+  const std::span<const int32_t> token(&tokens_[size_t(t)], 1);
+  const DeviceTensor& logits = split_ ? split_->forward(token) : session_->forward(token);
   try {
-    const ModelConfig& c = model_->config();
-    const int64_t L = c.num_layers, H = c.num_heads, cols = t + 1, runs = session_.runs();
+    const ModelConfig& c = config();
+    const int64_t L = c.num_layers, H = c.num_heads, cols = t + 1;
+    const int64_t runs = split_ ? split_->runs() : session_->runs();
+    // Each rank holds H / ranks heads of every layer: rows h of rank r are heads r * Hr + h.
+    const int64_t Hr = H / ranks();
     // The layout: next-token logits, then per traced run its logits and scores (F32), then the
     // masks (U8), so every F32 block stays 4-byte aligned.
     size_t bytes = size_t(runs * c.vocab_size) * sizeof(float);
     const size_t layer_floats = size_t(H * cols) * sizeof(float);
     capture.runs.assign(policies_.size(), {});
     for (size_t r = 0; r < policies_.size(); ++r) {
-      // As queued: the device is still working on this step (no wait for its counts).
-      const SessionRun& run = session_.run_in_flight(int64_t(r));
+      // As queued: the device is still working on this step (no wait for its counts). Every
+      // rank decides each layer alike (the same rule, step and budget).
+      const SessionRun& run = run_in_flight(0, int64_t(r));
       RunRows& rows = capture.runs[r];
       rows.decisions.assign(size_t(L), LayerDecision::Dense);
       if (run.policy && t >= run.first_step) rows.decisions = run.decisions;
@@ -157,27 +181,42 @@ void TraceRecorder::enqueue_step(int64_t t) {
     if (bytes > capture.capacity) {
       capture.host.reset();
       capture.capacity = bytes + bytes / 2;  // steps grow by a column: amortise the growth
-      capture.host = backend.alloc_host(capture.capacity);
+      capture.host = lead.alloc_host(capture.capacity);
     }
     auto* host = static_cast<std::byte*>(capture.host.get());
-    backend.rows_to_host_async(logits, runs, c.vocab_size, host);
-    for (size_t r = 0; r < policies_.size(); ++r) {
-      const SessionRun& run = session_.run_in_flight(int64_t(r));
-      const RunRows& rows = capture.runs[r];
-      backend.rows_to_host_async(run.recorded_logits, L * H, cols, host + rows.logits_at);
-      for (size_t l = 0; l < size_t(L); ++l) {
-        if (rows.scores_at[l] != kNone)
-          backend.rows_to_host_async(run.scores[l], H, cols, host + rows.scores_at[l]);
-        if (rows.visible_at[l] != kNone)
-          backend.rows_to_host_async(run.visible[l], H, cols, host + rows.visible_at[l]);
-        if (rows.weights_at[l] != kNone)
-          backend.rows_to_host_async(*run.policy->log_weights(int64_t(l)), H, cols,
-                                     host + rows.weights_at[l]);
-        if (rows.gate_at[l] != kNone)
-          backend.rows_to_host_async(*run.policy->gate(int64_t(l)), 1, 1, host + rows.gate_at[l]);
+    lead.rows_to_host_async(logits, runs, c.vocab_size, host);
+    capture.fences.clear();
+    for (int64_t rank = 0; rank < ranks(); ++rank) {
+      Backend& backend = rank_backend(rank);
+      const size_t head_floats = size_t(rank * Hr * cols) * sizeof(float);
+      const size_t head_bytes = size_t(rank * Hr * cols);
+      for (size_t r = 0; r < policies_.size(); ++r) {
+        const SessionRun& run = run_in_flight(rank, int64_t(r));
+        const RunRows& rows = capture.runs[r];
+        if (ranks() == 1) {
+          backend.rows_to_host_async(run.recorded_logits, L * H, cols, host + rows.logits_at);
+        } else {
+          for (int64_t l = 0; l < L; ++l) {
+            backend.rows_to_host_async(tensor::row_range(run.recorded_logits, l * Hr, Hr), Hr, cols,
+                                       host + rows.logits_at + l * layer_floats + head_floats);
+          }
+        }
+        for (size_t l = 0; l < size_t(L); ++l) {
+          if (rows.scores_at[l] != kNone)
+            backend.rows_to_host_async(run.scores[l], Hr, cols,
+                                       host + rows.scores_at[l] + head_floats);
+          if (rows.visible_at[l] != kNone)
+            backend.rows_to_host_async(run.visible[l], Hr, cols,
+                                       host + rows.visible_at[l] + head_bytes);
+          if (rows.weights_at[l] != kNone)
+            backend.rows_to_host_async(*run.policy->log_weights(int64_t(l)), Hr, cols,
+                                       host + rows.weights_at[l] + head_floats);
+          if (rows.gate_at[l] != kNone && rank == 0)
+            backend.rows_to_host_async(*run.policy->gate(int64_t(l)), 1, 1, host + rows.gate_at[l]);
+        }
       }
+      capture.fences.push_back(backend.fence());
     }
-    capture.fence = backend.fence();
     queued_ = t + 1;
   } catch (const std::exception& e) {
     broken_ =
@@ -193,7 +232,7 @@ bool TraceRecorder::step() {
   const int64_t t = trace_.step_count();
   Capture& capture = captures_[size_t(t % kCaptures)];
   if (queued_ <= t) enqueue_step(t);
-  capture.fence->wait();
+  for (auto& fence : capture.fences) fence->wait();
   // The backend runs the next steps while this one is recorded (two queued, so that it has work
   // while the host waits for a step and queues another); a failure there is reported once this
   // step is in the trace.
@@ -203,7 +242,7 @@ bool TraceRecorder::step() {
   } catch (...) {
     next_failed = std::current_exception();
   }
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = config().vocab_size;
   const auto* all_logits = static_cast<const float*>(capture.host.get());
   auto row_of = [&](int64_t run) {
     return std::span<const float>(all_logits + run * vocab, size_t(vocab));
@@ -211,7 +250,7 @@ bool TraceRecorder::step() {
   std::vector<StepRecord> records;
   for (int64_t r = 0; r < int64_t(policies_.size()); ++r)
     records.push_back(record_run(capture, r, t, row_of(r), row_of(reference_run_)));
-  capture.fence.reset();
+  capture.fences.clear();
   last_logits_ = all_logits;
   trace_.add_step(std::move(records));
   if (next_failed) std::rethrow_exception(next_failed);
@@ -223,14 +262,14 @@ std::span<const float> TraceRecorder::output_logits(int64_t run) const {
   if (run < 0 || run >= int64_t(policies_.size()))
     throw Error("trace", "run", "a traced run in [0, " + std::to_string(policies_.size()) + ")",
                 std::to_string(run));
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = config().vocab_size;
   return {last_logits_ + run * vocab, size_t(vocab)};
 }
 
 StepRecord TraceRecorder::record_run(const Capture& capture, int64_t run_index, int64_t t,
                                      std::span<const float> logits_row,
                                      std::span<const float> dense_row) {
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = config();
   const int64_t L = c.num_layers, H = c.num_heads, cols = t + 1;
   const RunRows& rows = capture.runs[size_t(run_index)];
   const auto* host = static_cast<const std::byte*>(capture.host.get());

@@ -12,6 +12,7 @@
 
 #include "engine/backend/thread_pool.h"
 #include "engine/session/decoder_session.h"
+#include "engine/session/tensor_parallel_session.h"
 #include "engine/trace/trace.h"
 
 namespace kvlens {
@@ -31,6 +32,13 @@ class TraceRecorder {
   // gives the tokens' text. Throws kvlens::Error for an empty policy list, a bad policy config,
   // a bad token or a text too long for the model.
   TraceRecorder(std::shared_ptr<const BackendModel> model, const Tokenizer* tokenizer,
+                std::vector<int32_t> tokens, std::vector<PolicyConfig> policies,
+                TraceOptions options = {});
+  // The same over a model split across a tensor-parallel group (upload_tensor_parallel's
+  // `shards` of `model`): each rank's rows are copied to their heads' place, so the trace holds
+  // every head as one backend's would. Policies as TensorParallelSession::set_policy takes them.
+  TraceRecorder(std::shared_ptr<const Model> model,
+                std::vector<std::shared_ptr<const BackendModel>> shards, const Tokenizer* tokenizer,
                 std::vector<int32_t> tokens, std::vector<PolicyConfig> policies,
                 TraceOptions options = {});
 
@@ -62,7 +70,7 @@ class TraceRecorder {
   struct Capture {
     std::shared_ptr<void> host;
     size_t capacity = 0;
-    std::unique_ptr<Backend::Fence> fence;
+    std::vector<std::unique_ptr<Backend::Fence>> fences;  // one per rank; empty: nothing queued
     std::vector<RunRows> runs;  // per traced run; the next-token logits [runs, vocab] at 0
   };
   static constexpr size_t kNone = ~size_t(0);
@@ -71,14 +79,22 @@ class TraceRecorder {
   StepRecord record_run(const Capture& capture, int64_t run, int64_t t,
                         std::span<const float> logits_row, std::span<const float> dense_row);
 
-  std::shared_ptr<const BackendModel> model_;
-  const Tokenizer* tokenizer_;  // may be null: ids without text
+  // The rank sessions and their rows: rank r's run state, its backend.
+  int64_t ranks() const { return int64_t(shards_.size()); }
+  const SessionRun& run_in_flight(int64_t rank, int64_t run) const;
+  Backend& rank_backend(int64_t rank) const { return *shards_[size_t(rank)]->backend; }
+  const ModelConfig& config() const { return model_->config; }
+
+  std::shared_ptr<const Model> model_;  // the whole model (its config: the trace's shape)
+  std::vector<std::shared_ptr<const BackendModel>> shards_;  // one (the model) or one per rank
+  const Tokenizer* tokenizer_;                               // may be null: ids without text
   std::vector<int32_t> tokens_;
   std::vector<PolicyConfig> policies_;
   std::vector<CommonKnobs> knobs_;  // per traced run (the oracle of recall uses its sinks, window)
   TraceOptions options_;
-  DecoderSession session_;
-  int64_t reference_run_ = 0;  // the dense run KL and ranks compare against
+  std::unique_ptr<DecoderSession> session_;       // one backend
+  std::unique_ptr<TensorParallelSession> split_;  // a tensor-parallel group
+  int64_t reference_run_ = 0;                     // the dense run KL and ranks compare against
   Trace trace_;
   static constexpr int64_t kCaptures = 3;  // steps t, t + 1 and t + 2
   Capture captures_[kCaptures];

@@ -224,4 +224,21 @@ TEST_CASE("a fetched real model is offered in the sidebar and opens with its own
   CHECK(trace.tokens.front().text == "The");
   CHECK(distinct_colors(dir + "/real.png") > 100);
 }
+
+TEST_CASE("the app splits the model over ranks with --gpus and says which holds what",
+          "[ui][app]") {
+  REQUIRE(have_xvfb());
+  const std::string dir = kvlens::test::make_temp_dir("app");
+  // On the CPU backend --gpus 2 makes two CPU ranks, the split's check where there is no GPU.
+  const auto result = run_app(
+      dir,
+      script({"expect-backend cpu ranks 0,1: 4 of 8 heads, 2 of 4 KV heads each", "view heads",
+              "screenshot $DIR/split.png", "save-trace $DIR/split.kvtrace", "quit"},
+             dir),
+      "--backend cpu --gpus 2");
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(load_trace(dir + "/split.kvtrace").model.heads == 8);
+  CHECK(distinct_colors(dir + "/split.png") > 200);
+}
 #endif  // KVLENS_APP_PATH

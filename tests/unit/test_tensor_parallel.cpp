@@ -14,6 +14,7 @@
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
 #include "engine/session/tensor_parallel_session.h"
+#include "engine/session/trace_recorder.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 
@@ -153,6 +154,55 @@ TEST_CASE("tensor parallel: runs in lockstep give one backend's lockstep logits"
   }
 }
 
+TEST_CASE("tensor parallel: a trace over 2 and 4 ranks holds every head as one backend's",
+          "[tensor_parallel]") {
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  const std::vector<int32_t> tokens = model->require_tokenizer().encode(
+      "A town by the river. The place is: Mirewick. The town by the river is called:", true);
+  const std::vector<PolicyConfig> policies = {{"dense", 0.0, {}},
+                                              {"h2o", 0.5, {}},
+                                              {"quest", 0.5, {"page_size=4"}},
+                                              {"tokenbutler", 0.5, {}}};
+  const auto one = make_cpu_backend(1);
+  TraceRecorder alone(upload_model(model, *one), nullptr, tokens, policies);
+  while (alone.step()) {
+  }
+  const int ranks = GENERATE(2, 4);
+  Group group(ranks);
+  TraceRecorder split(model, upload_tensor_parallel(model, group.pointers), nullptr, tokens,
+                      policies);
+  while (split.step()) {
+  }
+  const Trace& want = alone.trace();
+  const Trace& got = split.trace();
+  CHECK(got.model.heads == want.model.heads);
+  REQUIRE(got.step_count() == want.step_count());
+  for (int64_t t = 0; t < want.step_count(); ++t) {
+    for (size_t r = 0; r < policies.size(); ++r) {
+      INFO("step " << t << ", " << policies[r].id << ", " << ranks << " ranks");
+      const StepRecord& w = want.steps()[size_t(t)][r];
+      const StepRecord& g = got.steps()[size_t(t)][r];
+      CHECK(g.decisions == w.decisions);
+      CHECK(g.kept_heads == w.kept_heads);
+      CHECK(g.visible == w.visible);
+      CHECK(g.visible_counts == w.visible_counts);
+      CHECK(g.argmax == w.argmax);
+      check_close(w.logits, g.logits);
+      REQUIRE(g.scores.size() == w.scores.size());
+      for (size_t i = 0; i < w.scores.size(); ++i) {
+        // NaN where a layer was not ranked; the scores are the logits' kind of sums otherwise.
+        if (std::isnan(w.scores[i])) {
+          CHECK(std::isnan(g.scores[i]));
+        } else {
+          CHECK(g.scores[i] == Approx(w.scores[i]).margin(1e-4).epsilon(1e-4));
+        }
+      }
+      CHECK(g.metrics.kl_vs_dense == Approx(w.metrics.kl_vs_dense).margin(1e-5));
+      CHECK(g.metrics.effective_sparsity == Approx(w.metrics.effective_sparsity).margin(1e-12));
+    }
+  }
+}
+
 TEST_CASE("tensor parallel: a split the config cannot divide names the field",
           "[tensor_parallel]") {
   const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
@@ -183,6 +233,12 @@ TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
   CHECK(message.find("policy tokenfilter: tensor parallel") != std::string::npos);
   CHECK(message.find("h2o") != std::string::npos);  // the list of those that can
   CHECK(message.find("tova") != std::string::npos);
+  // The allocators' budgets span a layer's heads, whatever their scorer's rule.
+  for (const char* id : {"adakv", "pyramidkv", "h2o+adakv"}) {
+    INFO(id);
+    CHECK(message.find(std::string(", ") + id) == std::string::npos);
+    CHECK_THROWS_AS(split.set_policy(0, PolicyConfig{id, 0.5, {}}), Error);
+  }
   // tova sums over heads through collectives: one run a session.
   TensorParallelSession two_runs(upload_tensor_parallel(model, group.pointers), {}, 2);
   PolicyConfig tova{"tova", 0.5, {}};
