@@ -48,6 +48,15 @@
 #             lockstep step of that one run against the dense step measured in the same process
 #             (no target). Random weights attend nearly uniformly, which makes top-p methods
 #             (twilight) keep more than a trained model would.
+#   multi     more than one GPU (issue 44 items 2 and 3), on the GPUs this host has
+#             (KVLENS_BENCH_GPUS: how many to use; on the CPU, that many CPU ranks): the 8B shape
+#             at 4096 tokens on one GPU and split over all of them (target: faster split); the
+#             Llama-3.1-70B shape (about 141 GB of disk; KVLENS_BENCH_70B_LAYERS=N makes a proxy
+#             of its first N layers, said so in the report) split over them against each GPU's
+#             read of its own shard (target <= 1.5x), skipped with the reason when WORK's disk
+#             or the GPUs' memory cannot hold it; and a coref sweep (KVLENS_BENCH_SWEEP_SAMPLES
+#             samples x 10 policies x 4 budgets, default 24) on one GPU and on all of them, one
+#             engine each (target: speedup >= 0.875 x GPUs, the 3.5x of 4 GPUs)
 # Every part writes its raw results to WORK/raw/, its summary to WORK/<part>.json, and prints
 # each number with the command that measured it. The exit status is non-zero only when a command
 # fails, never for a missed target.
@@ -99,10 +108,10 @@ done
 [ ${#parts[@]} -gt 0 ] || parts=(1b lockstep trace coref)
 for part in "${parts[@]}"; do
   case $part in
-    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b | policies | tokenbutler | sparse) ;;
+    1b | 1b-kvlens | 1b-hf | lockstep | trace | coref | 8b | policies | tokenbutler | sparse | multi) ;;
     *)
       echo "bench_gpu.sh: unknown part '$part'" \
-        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b policies tokenbutler sparse)" >&2
+        "(parts: 1b 1b-kvlens 1b-hf lockstep trace coref 8b policies tokenbutler sparse multi)" >&2
       exit 2
       ;;
   esac
@@ -128,6 +137,7 @@ policies_all=dense,oracle,random,streaming,h2o,snapkv,quest,keydiff,tokenfilter,
 policies_all+=,pyramidkv,adakv,h2o+adakv,tova+adakv,sparq,loki,doublesparsity,twilight,rocketkv
 policies_all+=,duoattention,seerattention,magicpig
 policies_sparse=streaming,quest,h2o,tokenbutler,oracle
+policies_sweep=dense,oracle,random,h2o,snapkv,streaming,quest,keydiff,tokenfilter,tova
 
 # Sizes. The 1B shape: Llama-3.2-1B (hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256,
 # tied embeddings); the 8B shape: Llama-3.1-8B (hidden 4096, 32 layers, 32/8 heads, MLP 14336,
@@ -137,7 +147,7 @@ if [ "$tiny" = 1 ]; then
     --tie-embeddings --dtype BF16 --max-positions 1024)
   shape_trace=(--hidden 256 --layers 2 --heads 4 --kv-heads 2 --intermediate 512 --vocab 8192
     --tie-embeddings --dtype BF16 --max-positions 1024)
-  shape_8b=(--hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 640 --vocab 2048
+  shape_8b=(--hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 640 --vocab 8192
     --dtype BF16 --max-positions 1024)
   contexts_1b=(32 64 128)
   hf_contexts=32,64
@@ -145,6 +155,10 @@ if [ "$tiny" = 1 ]; then
   steps_1b=8 warmup=2 lockstep_context=64 trace_tokens=64 coref_samples=2 context_8b=128 steps_8b=8
   policies_context=64 butler_contexts=(32 64) sparse_context=128
   name_1b=tiny-1b name_trace=tiny-1b-v8k name_8b=tiny-8b
+  shape_70b=(--hidden 256 --heads 8 --kv-heads 4 --intermediate 768 --vocab 2048 --dtype BF16
+    --max-positions 1024)
+  layers_70b=${KVLENS_BENCH_70B_LAYERS:-4} multi_context=64 multi_steps=8 sweep_samples=2
+  name_70b=tiny-70b
 else
   shape_1b=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --vocab 128256
     --tie-embeddings --dtype BF16 --max-positions 32768)
@@ -164,6 +178,12 @@ else
   steps_1b=64 warmup=4 lockstep_context=512 trace_tokens=512 coref_samples=50 context_8b=8192
   steps_8b=32 policies_context=4096 butler_contexts=(512 4096) sparse_context=16384
   name_1b=llama-1b name_trace=llama-1b-v8k name_8b=llama-8b
+  # Llama-3.1-70B: hidden 8192, 80 layers, 64/8 heads, MLP 28672, vocab 128256, untied.
+  shape_70b=(--hidden 8192 --heads 64 --kv-heads 8 --intermediate 28672 --vocab 128256
+    --dtype BF16 --max-positions 8192)
+  layers_70b=${KVLENS_BENCH_70B_LAYERS:-80} multi_context=4096 multi_steps=32
+  sweep_samples=${KVLENS_BENCH_SWEEP_SAMPLES:-24}
+  name_70b=llama-70b
 fi
 # transformers' modes: static-compiled needs a GPU (torch.compile with CUDA graphs); on the CPU
 # only the toy flow is checked.
@@ -272,7 +292,7 @@ def target(what, value, op, bar, unit="x"):
         state = "not measured"
     else:
         state = "met" if (value <= bar if op == "<=" else value >= bar if op == ">=" else
-                          value < bar) else "MISSED"
+                          value > bar if op == ">" else value < bar) else "MISSED"
     targets.append({"what": what, "value": value, "target": f"{op} {bar:g}{unit}", "state": state})
     shown = "n/a" if value is None else f"{value:.2f}{unit}"
     return f"{shown:>10}   target {op} {bar:g}{unit}: {state}"
@@ -506,6 +526,51 @@ elif part == "8b":
         summary["kvlens"] = dict(r, command=cmd)
     line("kvlens step / weight read",
          target(f"8b context {args[0]}: step / weight read", ratio, "<=", 1.5))
+
+elif part == "multi":
+    count, context, samples, layers_70b = int(args[0]), int(args[1]), int(args[2]), int(args[3])
+    gpus_text = text("multi-gpus", "txt")
+    gpus = int(gpus_text) if gpus_text else 1
+    summary["gpus"] = gpus
+    one = [result(f"multi-8b-1-{i}") for i in range(count)]
+    split = [result(f"multi-8b-{gpus}-{i}") for i in range(count)]
+    one = [(d, c) for d, c in one if d is not None]
+    split = [(d, c) for d, c in split if d is not None]
+    speedup = None
+    if one and split:
+        t1 = statistics.median(d["step_seconds_median"] for d, _ in one)
+        tn = statistics.median(d["step_seconds_median"] for d, _ in split)
+        line("8b step, one GPU", f"{ms(t1)} (median of {len(one)})", one[0][1])
+        line(f"8b step, {gpus} GPUs", f"{ms(tn)} (median of {len(split)}; "
+             f"/ a GPU's read of its shard {statistics.median(d['step_over_shard_weight_read'] for d, _ in split):.2f}x)",
+             split[0][1])
+        speedup = t1 / tn
+        summary["8b"] = {"one_gpu_step_seconds": t1, "split_step_seconds": tn}
+    else:
+        line("8b one GPU / split", "not run")
+    line(f"8b at {context}: one GPU / {gpus} GPUs", target(f"8b split over {gpus} GPUs: speedup",
+                                                         speedup, ">", 1.0))
+    r, cmd = result(f"multi-70b-{gpus}")
+    ratio = None
+    skipped = text("multi-70b-skipped", "txt")
+    proxy = "" if layers_70b == 80 else f" (a proxy: its first {layers_70b} of 80 layers)"
+    if r is not None:
+        ratio = r["step_over_shard_weight_read"]
+        line(f"70b shape{proxy} step, {gpus} GPUs", f"{ms(r['step_seconds_median'])}, "
+             f"shard {r['shard_weight_bytes_per_step'] / 1e9:.2f} GB a GPU", cmd)
+        summary["70b"] = dict(r, command=cmd, layers=layers_70b)
+    else:
+        line(f"70b shape{proxy}", skipped.strip() if skipped else "not run (see the log)")
+    line("70b step / a GPU's read of its shard",
+         target(f"70b{proxy} on {gpus} GPUs at {context}: step / shard weight read", ratio, "<=", 1.5))
+    s1, sn = seconds("multi-sweep-1"), seconds(f"multi-sweep-{gpus}")
+    sweep = s1 / sn if s1 and sn else None
+    line(f"coref sweep {samples} x 10 x 4, one GPU / {gpus} GPUs",
+         "not run" if sweep is None else f"{s1:.1f} s / {sn:.1f} s",
+         (text(f"multi-sweep-{gpus}", "cmd") or "").strip())
+    line("sweep speedup", target(f"coref sweep on {gpus} GPUs: speedup", sweep, ">=",
+                                 round(0.875 * gpus, 3)))
+    summary["sweep"] = {"one_gpu_seconds": s1, "split_seconds": sn, "samples": samples}
 
 elif part == "tokenbutler":
     count, contexts = int(args[0]), [int(c) for c in args[1].split(",")]
@@ -765,6 +830,66 @@ part_8b() {
     --context "$context_8b" --steps "$steps_8b" --warmup "$warmup" --json
 }
 
+# The GPUs the multi part splits over: KVLENS_BENCH_GPUS, else every GPU nvidia-smi lists (on the
+# CPU backend, 2 CPU ranks).
+multi_gpus() {
+  if [ -n "${KVLENS_BENCH_GPUS:-}" ]; then
+    echo "$KVLENS_BENCH_GPUS"
+  elif [ "$backend" = cuda ]; then
+    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l
+  else
+    echo 2
+  fi
+}
+
+part_multi() {
+  local gpus context i free need layer_bytes
+  gpus=$(multi_gpus)
+  rm -f "$raw"/multi-*
+  echo "  $gpus GPUs (ranks)"
+  printf '%s\n' "$gpus" >"$raw/multi-gpus.txt"
+  [ "$gpus" -ge 2 ] || {
+    echo "  not run: one GPU (the multi part needs 2 or more)"
+    return 0
+  }
+  make_model "$work/$name_8b" "${shape_8b[@]}"
+  for i in $(seq 0 $((repeats - 1))); do
+    run "multi-8b-1-$i" "$cli" bench --model "$work/$name_8b" --backend "$backend" \
+      --context "$multi_context" --steps "$multi_steps" --warmup "$warmup" --json
+    run "multi-8b-$gpus-$i" "$cli" bench --model "$work/$name_8b" --backend "$backend" \
+      --gpus "$gpus" --context "$multi_context" --steps "$multi_steps" --warmup "$warmup" --json
+  done
+  # The 70B shape needs its checkpoint on disk (BF16: 2 bytes a parameter) and its shards in the
+  # GPUs' memory; a run that cannot is skipped with the reason rather than failing midway.
+  layer_bytes=$(python3 -c "h, f = 8192, 28672; print(2 * (2 * h * h + 2 * h * 1024 + 3 * h * f))")
+  [ "$tiny" = 1 ] && layer_bytes=0
+  need=$(((layer_bytes * layers_70b + 2 * 2 * 128256 * 8192) / 1000000000 + 2))
+  [ "$tiny" = 1 ] && need=1
+  free=$(df -P --block-size=1G "$work" | awk 'NR == 2 { print $4 }')
+  if [ -f "$work/$name_70b-$layers_70b/model.safetensors" ] || [ "$free" -ge "$need" ]; then
+    make_model "$work/$name_70b-$layers_70b" "${shape_70b[@]}" --layers "$layers_70b"
+    run "multi-70b-$gpus" "$cli" bench --model "$work/$name_70b-$layers_70b" \
+      --backend "$backend" --gpus "$gpus" --context "$multi_context" --steps "$multi_steps" \
+      --warmup "$warmup" --json || true
+  else
+    echo "  70B shape ($layers_70b layers) not run: its checkpoint needs about $need GB of disk," \
+      "$work has $free GB (set KVLENS_BENCH_70B_LAYERS for a proxy of fewer layers)" |
+      tee "$raw/multi-70b-skipped.txt"
+  fi
+  # The sweep: every sample x policy x budget once on one GPU, then one engine per GPU (on the
+  # CPU: --workers, the cores shared out). The demo model's tokenizer (8192 ids, within this
+  # vocabulary) makes the samples' ids; ten policies that need no files of the model.
+  cp "$demo/tokenizer.json" "$work/$name_8b/tokenizer.json"
+  local spread=(--gpus "$gpus")
+  [ "$backend" = cuda ] || spread=(--workers "$gpus")
+  run multi-sweep-1 "$cli" eval --backend "$backend" --model "$work/$name_8b" --task coref \
+    --samples "$sweep_samples" --policies "$policies_sweep" --sparsity 0.3,0.5,0.7,0.9 \
+    --json "$work/multi-sweep-1.json"
+  run "multi-sweep-$gpus" "$cli" eval --backend "$backend" --model "$work/$name_8b" --task coref \
+    --samples "$sweep_samples" --policies "$policies_sweep" --sparsity 0.3,0.5,0.7,0.9 \
+    "${spread[@]}" --json "$work/multi-sweep-$gpus.json"
+}
+
 report_part() {
   case $1 in
     1b | 1b-kvlens | 1b-hf) report 1b "$(
@@ -775,6 +900,7 @@ report_part() {
     trace) report trace "$trace_tokens" "$repeats" ;;
     coref) report coref "$repeats" "$coref_samples" ;;
     8b) report 8b "$context_8b" ;;
+    multi) report multi "$repeats" "$multi_context" "$sweep_samples" "$layers_70b" ;;
     policies) report policies "$repeats" "$policies_all" "$policies_context" ;;
     sparse) report sparse "$policies_sparse" "$sparse_context" ;;
     tokenbutler) report tokenbutler "$repeats" "$(

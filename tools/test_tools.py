@@ -521,6 +521,37 @@ def bench_gpu_tiny_cpu_parts():
 
 
 @test
+def bench_gpu_tiny_cpu_multi():
+    """tools/bench_gpu.sh --tiny --part multi on the CPU (issue 44's part; 2 CPU ranks stand for
+    2 GPUs): the 8B shape on one rank and split, a 70B-shaped proxy of 4 layers split, and the
+    coref sweep on one engine and two: every figure measured, each with its target."""
+    cli = kvlens_cli()
+    if not cli:
+        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
+        return
+    build = os.path.dirname(os.path.dirname(os.path.abspath(cli)))
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, KVLENS_BENCH_BACKEND="cpu", KVLENS_BENCH_REPEATS="1",
+                   PYTHON=sys.executable)
+        proc = subprocess.run([os.path.join(TOOLS, "bench_gpu.sh"), build, "--tiny", "--part",
+                               "multi", "--work", tmp], capture_output=True, text=True, env=env)
+        check(proc.returncode == 0, f"bench_gpu.sh failed:\n{proc.stdout[-3000:]}"
+              f"\n{proc.stderr[-2000:]}")
+        with open(os.path.join(tmp, "multi.json")) as f:
+            multi = json.load(f)
+        check(multi["gpus"] == 2, f"gpus {multi.get('gpus')}")
+        check(multi["8b"]["one_gpu_step_seconds"] > 0 and multi["8b"]["split_step_seconds"] > 0,
+              f"8b {multi.get('8b')}")
+        check(multi["70b"]["tensor_parallel"] == 2 and multi["70b"]["layers"] == 4,
+              f"70b {multi.get('70b')}")
+        check(multi["sweep"]["one_gpu_seconds"] > 0 and multi["sweep"]["split_seconds"] > 0,
+              f"sweep {multi.get('sweep')}")
+        check(len(multi["targets"]) == 3, f"targets {multi['targets']}")
+        check(all(t["value"] is not None for t in multi["targets"]), f"{multi['targets']}")
+        check("-- part multi: done" in proc.stdout, f"multi not done:\n{proc.stdout}")
+
+
+@test
 def bf16_reference_toy_cpu():
     """tools/make_bf16_reference.py on the demo model at toy size on the CPU: per prompt the
     BF16 and F32 greedy runs and, per step, the BF16 top ids with both dtypes' logits, and the

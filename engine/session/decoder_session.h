@@ -227,13 +227,15 @@ class DecoderSession {
   // stays where it was (their appended rows are not compared: the runs' rows differ, and a prefix
   // that stops growing only means reading fewer rows once for all runs).
   void split_runs(const std::function<void(int64_t group)>& work);
+  // Whether run r's attention at this step goes to Backend::attention_masked_runs (recorded in
+  // SessionRun::fused_attention per layer).
+  bool attends_fused(int64_t r) const;
   // The attention of a group's runs at `layer` on the calling thread, op by op over all of them
   // (`batch`: the calls' arguments; rows [0, shared) of the caches are alike in every run): each
   // KV head's keys and values are then read from memory once for the whole group. Each run's
   // whole attention: prepare_attention, append, its selection before or after its logits (its
   // observation of the previous layer first), softmax over the visible set, value sums, then
   // await_observe. The results do not depend on the group (the ops' arithmetic is per run).
-  bool fused_attention(int64_t r) const;
   void attend_group(std::span<const int64_t> group, size_t layer, int64_t shared,
                     std::vector<Backend::RunAttention>& batch);
   // Runs work() and shares its seconds out evenly to the group's runs (plan_.run_seconds). A

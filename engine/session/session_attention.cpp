@@ -121,7 +121,7 @@ void DecoderSession::shared_work(std::span<const int64_t> group, Work&& work) {
 // Whether run r's softmax and value sums go to attention_masked_runs: the backend has a fused
 // path, the run wants no probabilities and its logits are its own, uncapped and unweighted, so
 // nothing reads them after the softmax (a backend may then compute them inside).
-bool DecoderSession::fused_attention(int64_t r) const {
+bool DecoderSession::attends_fused(int64_t r) const {
   const Backend::RunAttention& attention = run_attention_[size_t(r)];
   return backend_.fuses_masked_attention() && attention.out && !attention.probs &&
          attention.logits == &runs_[size_t(r)].policy_logits &&
@@ -150,7 +150,7 @@ void DecoderSession::attend_group(std::span<const int64_t> group, size_t layer, 
       logits_first_[size_t(r)] = !chooses_first(r, layer);
       if (!logits_first_[size_t(r)]) select_run(r, layer, cols);
       if (!run_attention_[size_t(r)].out) return;
-      if (!logits_first_[size_t(r)] && fused_attention(r)) {
+      if (!logits_first_[size_t(r)] && attends_fused(r)) {
         fused.push_back(run_attention_[size_t(r)]);
         runs_[size_t(r)].fused_attention[layer] = 1;
         run_attention_[size_t(r)].out = nullptr;  // attended below
