@@ -158,6 +158,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         }
         const std::vector<int> devices =
             session::chosen_devices("bench", common.gpus, common.devices);
+        session::require_gpus_hold(common, *model, devices, context + warmup + steps, 1);
         return run_tensor_parallel_bench(common, model, devices, bench);
       }
       // With --policies every block of steps starts with one untimed step.
@@ -174,6 +175,10 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       check_cpu_memory(common, *model, positions,
                        1 + (policies.empty() ? 0 : int64_t(split_comma_list(policies).size())),
                        !policies.empty(), "--context + --warmup + --steps");
+      const int devices[] = {0};
+      session::require_gpus_hold(
+          common, *model, devices, positions,
+          1 + (policies.empty() ? 0 : int64_t(split_comma_list(policies).size())));
       const auto backend = make_backend(common);
       const auto resident = upload_model(model, *backend, session::upload_options(common));
       const int64_t step_bytes = resident->step_weight_bytes();

@@ -117,6 +117,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
                        "prompt + --max-new");
       const std::vector<int> devices =
           session::chosen_devices("generate", common.gpus, common.devices);
+      session::require_gpus_hold(common, *model, devices, int64_t(prompt_ids.size()) + max_new, 1);
       std::vector<std::unique_ptr<Backend>> group = session::make_backend_group(common, devices);
       std::vector<Backend*> backends;
       for (const auto& b : group) backends.push_back(b.get());

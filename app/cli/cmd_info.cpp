@@ -151,14 +151,23 @@ void add_gpu_need([[maybe_unused]] nlohmann::json& info,
                   [[maybe_unused]] const Model& model) {
 #if KVLENS_HAVE_CUDA
   if (!cuda_device_available()) return;
-  const int64_t kv_bytes = estimate_memory(model).cuda_kv_cache_per_1k * 4;
+  const MemoryEstimate estimate = estimate_memory(model);
+  const int64_t kv_bytes = estimate.cuda_kv_cache_per_1k * 4;
   const GpuNeed need = gpu_need(common, model, kv_bytes, cuda_device_memory_bytes(0));
+  // The fewest GPUs that hold it split by tensor parallelism (--gpus N of generate, bench, trace
+  // and the app), and what each then holds; eval, a whole copy per GPU, needs it on one.
+  const double scale = session::weight_scale(common, model);
+  const int64_t split = gpus_needed_split(model, estimate, 4096, need.device_bytes, scale);
   info["gpus"] = {{"device", 0},
                   {"device_bytes", need.device_bytes},
                   {"dtype", need.dtype},
                   {"weight_bytes", need.weight_bytes},
                   {"kv_cache_bytes_4k_tokens", need.kv_bytes},
-                  {"gpus_needed", need.gpus}};
+                  {"gpus_needed", split},
+                  {"bytes_per_gpu_4k_tokens",
+                   split > 0 ? nlohmann::json(estimate.cuda_bytes_per_gpu(split, 4096, 1, scale))
+                             : nlohmann::json()},
+                  {"eval_fits_one_gpu", need.gpus == 1}};
 #endif
 }
 

@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/common/comma_list.h"
 #include "engine/common/error.h"
 #include "engine/policy/plugin_policy.h"
+#include "engine/session/memory_estimate.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #include "kernels/policy/cuda_policy_ops.h"
@@ -90,6 +93,44 @@ std::vector<std::unique_ptr<Backend>> make_backend_group(const CommonOptions& co
 #else
   group.push_back(make_backend(common));  // the error of a build without CUDA
   return group;
+#endif
+}
+
+double weight_scale(const CommonOptions& common, const Model& model) {
+  const std::optional<DType> dtype = upload_options(common).weight_dtype;
+  const TensorView& matrix =
+      model.weights.layers.empty() ? model.weights.embed : model.weights.layers.front().wq;
+  if (!dtype || matrix.data == nullptr) return 1.0;
+  return double(dtype_size(*dtype)) / double(dtype_size(matrix.dtype));
+}
+
+void require_gpus_hold([[maybe_unused]] const CommonOptions& common,
+                       [[maybe_unused]] const Model& model,
+                       [[maybe_unused]] std::span<const int> devices,
+                       [[maybe_unused]] int64_t tokens, [[maybe_unused]] int64_t runs) {
+#if KVLENS_HAVE_CUDA
+  if (common.backend != "cuda" || !cuda_device_available()) return;
+  const MemoryEstimate estimate = estimate_memory(model);
+  const double scale = weight_scale(common, model);
+  const int64_t ranks = int64_t(std::max<size_t>(devices.size(), 1));
+  const int64_t need = estimate.cuda_bytes_per_gpu(ranks, tokens, runs, scale);
+  auto gib = [](int64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(int64_t(1) << 30));
+    return std::string(text);
+  };
+  for (const int device : devices) {
+    const int64_t bytes = cuda_device_memory_bytes(device);
+    if (need <= bytes - bytes / 10) continue;
+    const int64_t fewest = gpus_needed_split(model, estimate, tokens, bytes, scale);
+    throw Error(model.dir, ranks == 1 ? "--gpus" : "--gpus " + std::to_string(ranks),
+                (fewest > 0 ? "at least " + std::to_string(fewest) + " GPUs of " + gib(bytes)
+                            : "more than 64 GPUs of " + gib(bytes)) +
+                    " (kvlens-cli info says so: gpus.gpus_needed)",
+                std::to_string(ranks) + " GPU" + (ranks > 1 ? "s" : "") + ", each to hold " +
+                    gib(need) + " of weights and caches, " + gib(bytes - bytes / 10) +
+                    " usable on GPU " + std::to_string(device));
+  }
 #endif
 }
 

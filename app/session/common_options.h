@@ -55,6 +55,16 @@ std::vector<int> chosen_devices(const std::string& command, int64_t gpus,
 std::vector<std::unique_ptr<Backend>> make_backend_group(const CommonOptions& common,
                                                          std::span<const int> devices);
 
+// Before any upload: on the CUDA backend, the model at --dtype with `runs` runs' caches of
+// `tokens` positions, split over `devices` (one: whole), must fit each of those GPUs (a tenth kept
+// for the runtime); otherwise a kvlens::Error naming the model, the GPUs' memory and the fewest
+// GPUs that would hold it (MemoryEstimate::cuda_bytes_per_gpu, gpus_needed_split). Other
+// backends pass.
+void require_gpus_hold(const CommonOptions& common, const Model& model,
+                       std::span<const int> devices, int64_t tokens, int64_t runs);
+// The factor --dtype scales the checkpoint's weights by on the GPU (1 as stored).
+double weight_scale(const CommonOptions& common, const Model& model);
+
 // --dtype and --kv-dtype as upload_model takes them.
 UploadOptions upload_options(const CommonOptions& common);
 

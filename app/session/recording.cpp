@@ -40,6 +40,8 @@ Recording open_recording(const CommonOptions& common, std::shared_ptr<const Mode
                  static_cast<long long>(model.config.vocab_size));
   }
   recording.devices = chosen_devices("trace", common.gpus, common.devices);
+  require_gpus_hold(common, model, recording.devices, int64_t(tokens.size()),
+                    int64_t(runs.size()) + 1);
   recording.backends = make_backend_group(common, recording.devices);
   if (recording.backends.size() == 1) {
     recording.resident =

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/arch/tensor_parallel.h"
 #include "engine/common/error.h"
 
 namespace kvlens {
@@ -29,7 +30,44 @@ MemoryEstimate estimate_memory(const Model& model) {
   e.cuda_kv_cache_per_1k = e.kv_cache_per_1k / 4 * int64_t(dtype_size(matrix.dtype));
   e.policy_rows_per_1k = ((c.num_layers + 2) * 4 + c.num_layers) * c.num_heads * tokens;
   e.trace_step_rows_at_1k = c.num_layers * c.num_heads * (4 + 4 + 1) * tokens;
+  for (const LayerWeights& layer : model.weights.layers) {
+    for (const TensorView* t :
+         {&layer.wq, &layer.bq, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down})
+      e.cuda_split_bytes += int64_t(t->bytes);
+    for (const TensorView* t : {&layer.wk, &layer.wv, &layer.bk, &layer.bv})
+      e.cuda_kv_proj_bytes += int64_t(t->bytes);
+  }
+  e.kv_heads = std::max<int64_t>(1, c.num_kv_heads);
   return e;
+}
+
+int64_t MemoryEstimate::cuda_bytes_per_gpu(int64_t ranks, int64_t tokens, int64_t runs,
+                                           double weight_scale) const {
+  ranks = std::max<int64_t>(1, ranks);
+  // Each GPU holds KV heads / ranks of every layer's, or one where ranks > KV heads.
+  const int64_t kv_split = std::min(ranks, kv_heads);
+  const int64_t whole = cuda_weight_bytes - cuda_split_bytes - cuda_kv_proj_bytes;
+  const double weights =
+      weight_scale * double(whole + cuda_split_bytes / ranks + cuda_kv_proj_bytes / kv_split);
+  int64_t capacity = 256;  // the caches double from 256 positions
+  while (capacity < tokens) capacity *= 2;
+  const int64_t caches =
+      std::max<int64_t>(runs, 1) * cuda_kv_cache_per_1k * capacity / 1024 / kv_split;
+  return int64_t(weights) + caches;
+}
+
+int64_t gpus_needed_split(const Model& model, const MemoryEstimate& estimate, int64_t tokens,
+                          int64_t device_bytes, double weight_scale) {
+  const int64_t usable = device_bytes - device_bytes / 10;
+  for (int64_t ranks = 1; ranks <= 64; ++ranks) {
+    try {
+      check_tensor_parallel(model, ranks);
+    } catch (const Error&) {
+      continue;  // a split the config does not divide
+    }
+    if (estimate.cuda_bytes_per_gpu(ranks, tokens, 1, weight_scale) <= usable) return ranks;
+  }
+  return 0;
 }
 
 int64_t MemoryEstimate::cpu_session_bytes(int64_t tokens, int64_t runs, bool policies) const {

@@ -31,6 +31,19 @@ struct MemoryEstimate {
   int64_t cuda_kv_cache_per_1k = 0;
   int64_t policy_rows_per_1k = 0;
   int64_t trace_step_rows_at_1k = 0;
+  // Of cuda_weight_bytes, what a tensor-parallel split divides (engine/arch/tensor_parallel.h):
+  // the layers' q, o, gate, up and down products (with q's bias) over the ranks, and their k and
+  // v products (with biases) over min(ranks, KV heads); embeddings, lm_head and norms are whole
+  // on every GPU.
+  int64_t cuda_split_bytes = 0;
+  int64_t cuda_kv_proj_bytes = 0;
+  int64_t kv_heads = 1;
+
+  // GPU memory on each GPU of a split over `ranks` (1: the whole model on one): its weights, and
+  // `runs` runs' KV caches of `tokens` positions (each GPU holds its KV heads' caches), the
+  // weights scaled by `weight_scale` (2 for a BF16 checkpoint run in F32, 0.5 the other way).
+  int64_t cuda_bytes_per_gpu(int64_t ranks, int64_t tokens, int64_t runs = 1,
+                             double weight_scale = 1.0) const;
 
   // Private CPU memory of `runs` runs over `tokens` positions (weights, caches, and policy rows
   // where `policies`), rounded up to the caches' doubling.
@@ -38,6 +51,12 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate estimate_memory(const Model& model);
+
+// The fewest GPUs of `device_bytes` each that hold `model` split as check_tensor_parallel allows,
+// with one run's caches of `tokens` positions, a tenth of each GPU kept for the CUDA runtime and
+// scratch; 0 when no split up to 64 GPUs fits.
+int64_t gpus_needed_split(const Model& model, const MemoryEstimate& estimate, int64_t tokens,
+                          int64_t device_bytes, double weight_scale = 1.0);
 
 // MemAvailable of a /proc/meminfo-style file in bytes, or -1 where it cannot be read.
 int64_t available_memory_bytes(const std::string& meminfo = "/proc/meminfo");

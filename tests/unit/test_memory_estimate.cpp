@@ -62,3 +62,40 @@ TEST_CASE("asking for more memory than is available is an error naming both figu
     REQUIRE(message.find("3073 MiB needed") != std::string::npos);
   }
 }
+
+TEST_CASE("GPU memory of a tensor-parallel split, and the fewest GPUs that hold a model",
+          "[memory]") {
+  // 3 layers, 8 heads, 2 KV heads, MLP 172, hidden 64, F32.
+  const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
+  const MemoryEstimate e = estimate_memory(*model);
+  const ModelConfig& c = model->config;
+  const int64_t E = c.hidden_size, D = c.head_dim, L = c.num_layers;
+  // q and o: H * D x E each; gate, up, down: F x E each; k and v: G * D x E each (F32).
+  CHECK(e.cuda_split_bytes == L * 4 * (2 * c.num_heads * D * E + 3 * c.intermediate_size * E));
+  CHECK(e.cuda_kv_proj_bytes == L * 4 * 2 * c.num_kv_heads * D * E);
+  const int64_t whole = e.cuda_weight_bytes - e.cuda_split_bytes - e.cuda_kv_proj_bytes;
+  CHECK(whole > 0);  // embeddings, lm_head and norms stay whole on every GPU
+  // 300 positions: caches of 512 (they double from 256).
+  const int64_t cache = e.cuda_kv_cache_per_1k / 2;
+  CHECK(e.cuda_bytes_per_gpu(1, 300) == e.cuda_weight_bytes + cache);
+  CHECK(e.cuda_bytes_per_gpu(2, 300) ==
+        whole + e.cuda_split_bytes / 2 + e.cuda_kv_proj_bytes / 2 + cache / 2);
+  // 4 ranks over 2 KV heads: each KV head (its products and cache) on 2 GPUs.
+  CHECK(e.cuda_bytes_per_gpu(4, 300) ==
+        whole + e.cuda_split_bytes / 4 + e.cuda_kv_proj_bytes / 2 + cache / 2);
+  CHECK(e.cuda_bytes_per_gpu(2, 300, 3) ==
+        whole + e.cuda_split_bytes / 2 + e.cuda_kv_proj_bytes / 2 + 3 * cache / 2);
+  CHECK(e.cuda_bytes_per_gpu(1, 300, 1, 0.5) == e.cuda_weight_bytes / 2 + cache);
+
+  // A GPU whose usable nine tenths hold 2 ranks' share but not the whole model.
+  const int64_t two = e.cuda_bytes_per_gpu(2, 4096);
+  const int64_t device = two * 10 / 9 + 10;
+  REQUIRE(e.cuda_bytes_per_gpu(1, 4096) > device - device / 10);
+  CHECK(gpus_needed_split(*model, e, 4096, device) == 2);
+  // Between 2's and 4's needs: 3 does not divide 8 heads, so 4.
+  const int64_t four = e.cuda_bytes_per_gpu(4, 4096);
+  CHECK(gpus_needed_split(*model, e, 4096, four * 10 / 9 + 10) == 4);
+  CHECK(gpus_needed_split(*model, e, 4096, e.cuda_bytes_per_gpu(1, 4096) * 2) == 1);
+  // Nothing fits a GPU smaller than the parts every rank holds whole.
+  CHECK(gpus_needed_split(*model, e, 4096, whole) == 0);
+}
