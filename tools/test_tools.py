@@ -484,25 +484,33 @@ def bench_transformers_toy_cpu():
             check("max_position_embeddings" in skipped, f"{mode} 100: {per_context['100']}")
 
 
+def run_bench_gpu_tiny(parts, work):
+    """tools/bench_gpu.sh --tiny --part PARTS on the CPU into `work`, checked to succeed; None
+    (said) when there is no kvlens-cli to run it with."""
+    cli = kvlens_cli()
+    if not cli:
+        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
+        return None
+    build = os.path.dirname(os.path.dirname(os.path.abspath(cli)))
+    env = dict(os.environ, KVLENS_BENCH_BACKEND="cpu", KVLENS_BENCH_REPEATS="1",
+               PYTHON=sys.executable)
+    proc = subprocess.run([os.path.join(TOOLS, "bench_gpu.sh"), build, "--tiny", "--part", parts,
+                           "--work", work], capture_output=True, text=True, env=env)
+    check(proc.returncode == 0, f"bench_gpu.sh failed:\n{proc.stdout[-3000:]}"
+          f"\n{proc.stderr[-2000:]}")
+    return proc
+
+
 @test
 def bench_gpu_tiny_cpu_parts():
     """tools/bench_gpu.sh --tiny on the CPU, issue 43's parts: `tokenbutler` (a run and its
     predictor against a dense step at two contexts) and `sparse` (each policy at 0.5 and 0.9, its
     attention over the kept keys against dense attention): every figure present, each with its
     target."""
-    cli = kvlens_cli()
-    if not cli:
-        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
-        return
-    build = os.path.dirname(os.path.dirname(os.path.abspath(cli)))
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, KVLENS_BENCH_BACKEND="cpu", KVLENS_BENCH_REPEATS="1",
-                   PYTHON=sys.executable)
-        proc = subprocess.run([os.path.join(TOOLS, "bench_gpu.sh"), build, "--tiny", "--part",
-                               "tokenbutler,sparse", "--work", tmp], capture_output=True,
-                              text=True, env=env)
-        check(proc.returncode == 0, f"bench_gpu.sh failed:\n{proc.stdout[-3000:]}"
-              f"\n{proc.stderr[-2000:]}")
+        proc = run_bench_gpu_tiny("tokenbutler,sparse", tmp)
+        if proc is None:
+            return
         with open(os.path.join(tmp, "tokenbutler.json")) as f:
             butler = json.load(f)
         check([r["context"] for r in butler["rows"]] == [32, 64], f"rows {butler['rows']}")
@@ -525,18 +533,10 @@ def bench_gpu_tiny_cpu_multi():
     """tools/bench_gpu.sh --tiny --part multi on the CPU (issue 44's part; 2 CPU ranks stand for
     2 GPUs): the 8B shape on one rank and split, a 70B-shaped proxy of 4 layers split, and the
     coref sweep on one engine and two: every figure measured, each with its target."""
-    cli = kvlens_cli()
-    if not cli:
-        print("  (skipped: no kvlens-cli; build it or set KVLENS_CLI)")
-        return
-    build = os.path.dirname(os.path.dirname(os.path.abspath(cli)))
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, KVLENS_BENCH_BACKEND="cpu", KVLENS_BENCH_REPEATS="1",
-                   PYTHON=sys.executable)
-        proc = subprocess.run([os.path.join(TOOLS, "bench_gpu.sh"), build, "--tiny", "--part",
-                               "multi", "--work", tmp], capture_output=True, text=True, env=env)
-        check(proc.returncode == 0, f"bench_gpu.sh failed:\n{proc.stdout[-3000:]}"
-              f"\n{proc.stderr[-2000:]}")
+        proc = run_bench_gpu_tiny("multi", tmp)
+        if proc is None:
+            return
         with open(os.path.join(tmp, "multi.json")) as f:
             multi = json.load(f)
         check(multi["gpus"] == 2, f"gpus {multi.get('gpus')}")

@@ -11,19 +11,10 @@
 #include "engine/policy/registry.h"
 #include "engine/session/tensor_parallel_session.h"
 #include "kernels/cuda_backend.h"
+#include "tests/support/backend_checks.h"
 #include "tests/support/test_paths.h"
 
 using namespace kvlens;
-
-namespace {
-
-std::vector<float> to_host(Backend& backend, const DeviceTensor& t) {
-  std::vector<float> host(size_t(t.numel()));
-  backend.to_host(t, host.data(), host.size() * sizeof(float));
-  return host;
-}
-
-}  // namespace
 
 TEST_CASE("GPU: a model split over 2 GPUs gives one GPU's logits and greedy tokens", "[cuda]") {
   const std::string fixture = GENERATE("llama-gqa-f32", "mistral-window-bf16", "qwen2-bias-f32",
@@ -52,12 +43,12 @@ TEST_CASE("GPU: a model split over 2 GPUs gives one GPU's logits and greedy toke
     prompt.push_back((i * 37 + 5) % int32_t(model->config.vocab_size));
   DecoderSession single(alone);
   TensorParallelSession split(shards);
-  std::vector<float> want = to_host(*one, single.forward(prompt));
-  std::vector<float> got = to_host(split.lead_backend(), split.forward(prompt));
+  std::vector<float> want = test::read_f32(*one, single.forward(prompt));
+  std::vector<float> got = test::read_f32(split.lead_backend(), split.forward(prompt));
   for (int32_t step = 0; step < 6; ++step) {
     const int32_t token = (step * 13 + 2) % int32_t(model->config.vocab_size);
-    const auto w = to_host(*one, single.forward(std::span(&token, 1)));
-    const auto g = to_host(split.lead_backend(), split.forward(std::span(&token, 1)));
+    const auto w = test::read_f32(*one, single.forward(std::span(&token, 1)));
+    const auto g = test::read_f32(split.lead_backend(), split.forward(std::span(&token, 1)));
     want.insert(want.end(), w.begin(), w.end());
     got.insert(got.end(), g.begin(), g.end());
   }

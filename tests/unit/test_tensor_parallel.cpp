@@ -15,6 +15,7 @@
 #include "engine/policy/registry.h"
 #include "engine/session/tensor_parallel_session.h"
 #include "engine/session/trace_recorder.h"
+#include "tests/support/backend_checks.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 
@@ -22,20 +23,14 @@ using namespace kvlens;
 
 namespace {
 
-std::vector<float> to_host(Backend& backend, const DeviceTensor& t) {
-  std::vector<float> host(size_t(t.numel()));
-  backend.to_host(t, host.data(), host.size() * sizeof(float));
-  return host;
-}
-
 // The logits of a prompt fed as one chunk, then of `steps` single tokens, concatenated.
 template <typename Session>
 std::vector<float> chunk_then_steps(Session& session, Backend& lead,
                                     const std::vector<int32_t>& prompt,
                                     const std::vector<int32_t>& steps) {
-  std::vector<float> all = to_host(lead, session.forward(prompt));
+  std::vector<float> all = test::read_f32(lead, session.forward(prompt));
   for (const int32_t token : steps) {
-    const std::vector<float> step = to_host(lead, session.forward(std::span(&token, 1)));
+    const std::vector<float> step = test::read_f32(lead, session.forward(std::span(&token, 1)));
     all.insert(all.end(), step.begin(), step.end());
   }
   return all;
@@ -140,12 +135,12 @@ TEST_CASE("tensor parallel: runs in lockstep give one backend's lockstep logits"
       alone.set_policy(int64_t(r), std::move(made));
     split.set_policy(int64_t(r), runs[r]);
   }
-  check_close(to_host(*one, alone.forward(prompt)),
-              to_host(*group.backends[0], split.forward(prompt)));
+  check_close(test::read_f32(*one, alone.forward(prompt)),
+              test::read_f32(*group.backends[0], split.forward(prompt)));
   std::vector<int32_t> tokens = {3, 3, 3};
   for (int step = 0; step < 8; ++step) {
-    const std::vector<float> want = to_host(*one, alone.forward_runs(tokens));
-    check_close(want, to_host(*group.backends[0], split.forward_runs(tokens)));
+    const std::vector<float> want = test::read_f32(*one, alone.forward_runs(tokens));
+    check_close(want, test::read_f32(*group.backends[0], split.forward_runs(tokens)));
     // Each run feeds back its own greedy token (the runs' rows then differ).
     for (size_t r = 0; r < runs.size(); ++r) {
       const auto row = want.begin() + int64_t(r) * model->config.vocab_size;
