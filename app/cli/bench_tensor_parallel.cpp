@@ -30,7 +30,7 @@ int run_tensor_parallel_bench(const session::CommonOptions& common,
   const double copy_gbps = lead.copy_bandwidth_gbps(copy_bytes, bench.copy_repeats);
   const double weight_read_seconds = double(shard_bytes) / (2.0 * copy_gbps * 1e9);
 
-  TensorParallelSession session(shards);
+  TensorParallelSession session(model, shards);
   session.set_policy(0, bench.policy);
   std::vector<int32_t> prompt(size_t(std::max<int64_t>(bench.context, 1)));
   uint64_t state = 0x9e3779b97f4a7c15ull;

@@ -161,7 +161,7 @@ void add_generate_command(CLI::App& app, CommonOptions& common, CommandFn& run) 
       };
       const std::vector<int32_t> generated =
           resident ? generate_greedy(resident, prompt_ids, options)
-                   : generate_greedy_tensor_parallel(shards, prompt_ids, options);
+                   : generate_greedy_tensor_parallel(model, shards, prompt_ids, options);
       if (print_ids) {
         std::string line;
         for (size_t i = 0; i < generated.size(); ++i) {

@@ -176,14 +176,17 @@ PolicyInfo magicpig_policy_info() {
           "(MagicPIG keeps 64)");
     }
   }
-  return {"magicpig",
-          "LSH sampling (MagicPIG)",
-          "Keys sharing the query's SimHash bucket in at least 2 of L tables are sampled and "
-          "weighted by 1 / their sampling probability; sinks and the window stay exact.",
-          specs,
-          /*reference=*/false,
-          /*needs_predictor=*/false,
-          /*predicts_logits=*/false};
+  PolicyInfo info{
+      "magicpig",
+      "LSH sampling (MagicPIG)",
+      "Keys sharing the query's SimHash bucket in at least 2 of L tables are sampled and "
+      "weighted by 1 / their sampling probability; sinks and the window stay exact.",
+      specs,
+      /*reference=*/false,
+      /*needs_predictor=*/false,
+      /*predicts_logits=*/false};
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_magicpig_policy(const PolicyShape& shape, Backend& backend,

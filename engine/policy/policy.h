@@ -219,6 +219,10 @@ struct PolicyInfo {
   // tensor-parallel session of one run (the collectives of runs stepped as concurrent tasks would
   // pair up differently on each rank).
   bool reduces_heads = false;
+  // With per_head_rule: the rule reads a KV group's query heads together (sparq's and rocketkv's
+  // channels by the group's summed query), so a shard needs whole groups: at most as many ranks
+  // as KV heads.
+  bool reads_kv_groups = false;
 };
 
 struct PolicyConfig {

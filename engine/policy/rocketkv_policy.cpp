@@ -165,15 +165,19 @@ PolicyInfo rocketkv_policy_info() {
                  0.0,
                  4096.0,
                  {}});
-  return {"rocketkv",
-          "eviction + approximate logits (RocketKV)",
-          "SnapKV's permanent eviction down to a capacity above the budget, then among the kept "
-          "tokens the exact top-B(t) by a page estimate (top-r query channels against page key "
-          "minima or maxima, by sign).",
-          with_common_specs(std::move(own)),
-          /*reference=*/false,
-          /*needs_predictor=*/false,
-          /*predicts_logits=*/true};
+  PolicyInfo info{
+      "rocketkv",
+      "eviction + approximate logits (RocketKV)",
+      "SnapKV's permanent eviction down to a capacity above the budget, then among the kept "
+      "tokens the exact top-B(t) by a page estimate (top-r query channels against page key "
+      "minima or maxima, by sign).",
+      with_common_specs(std::move(own)),
+      /*reference=*/false,
+      /*needs_predictor=*/false,
+      /*predicts_logits=*/true};
+  info.per_head_rule = true;
+  info.reads_kv_groups = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_rocketkv_policy(const PolicyShape& shape, Backend& backend,

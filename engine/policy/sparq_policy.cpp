@@ -47,21 +47,25 @@ class SparqPolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo sparq_policy_info() {
-  return {"sparq",
-          "approximate logits (SparQ)",
-          "Top-B(t) tokens per head by approximate logits from the query's largest-magnitude "
-          "channels (per KV group) and those channels of the keys; chosen afresh every step.",
-          with_common_specs({{"channels",
-                              ParamType::Float,
-                              "Query channels kept: a fraction of head_dim below 1, else a count "
-                              "(the authors' 16 of 128 is 0.125)",
-                              "0.125",
-                              0.0,
-                              4096.0,
-                              {}}}),
-          /*reference=*/false,
-          /*needs_predictor=*/false,
-          /*predicts_logits=*/true};
+  PolicyInfo info{
+      "sparq",
+      "approximate logits (SparQ)",
+      "Top-B(t) tokens per head by approximate logits from the query's largest-magnitude "
+      "channels (per KV group) and those channels of the keys; chosen afresh every step.",
+      with_common_specs({{"channels",
+                          ParamType::Float,
+                          "Query channels kept: a fraction of head_dim below 1, else a count "
+                          "(the authors' 16 of 128 is 0.125)",
+                          "0.125",
+                          0.0,
+                          4096.0,
+                          {}}}),
+      /*reference=*/false,
+      /*needs_predictor=*/false,
+      /*predicts_logits=*/true};
+  info.per_head_rule = true;
+  info.reads_kv_groups = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_sparq_policy(const PolicyShape& shape, Backend& backend,

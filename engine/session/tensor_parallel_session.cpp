@@ -144,6 +144,13 @@ void check_tensor_parallel_policy(const PolicyConfig& policy, const ModelConfig&
                 std::to_string(runs) + " runs");
   }
   const bool splits_groups = config.num_kv_heads < ranks;
+  if (splits_groups && info.reads_kv_groups) {
+    throw Error("policy " + policy.id, "tensor parallel",
+                "at most " + std::to_string(config.num_kv_heads) +
+                    " GPUs (its rule reads each KV group's query heads together)",
+                std::to_string(ranks) + " GPUs sharing " + std::to_string(config.num_kv_heads) +
+                    " KV heads");
+  }
   for (const std::string& arg : policy.args) {
     if (splits_groups && arg == "granularity=kv_head") {
       throw Error("policy " + policy.id, "granularity",
@@ -156,8 +163,9 @@ void check_tensor_parallel_policy(const PolicyConfig& policy, const ModelConfig&
 }
 
 TensorParallelSession::TensorParallelSession(
-    std::vector<std::shared_ptr<const BackendModel>> shards, SessionOptions options, int64_t runs)
-    : shards_(std::move(shards)) {
+    std::shared_ptr<const Model> model, std::vector<std::shared_ptr<const BackendModel>> shards,
+    SessionOptions options, int64_t runs)
+    : model_(std::move(model)), shards_(std::move(shards)) {
   if (shards_.empty()) throw Error("tensor parallel", "shards", "at least one");
   threads_ = std::make_unique<RankThreads>(int64_t(shards_.size()));
   sessions_.resize(shards_.size());
@@ -187,7 +195,8 @@ void TensorParallelSession::on_every_rank(const std::function<void(int64_t rank)
 
 void TensorParallelSession::set_policy(int64_t run, const PolicyConfig& policy,
                                        int64_t first_step) {
-  check_tensor_parallel_policy(policy, shards_.front()->config(), ranks(), runs());
+  // The whole model's config: a shard's KV heads do not say whether its group is split.
+  check_tensor_parallel_policy(policy, model_->config, ranks(), runs());
   // Made on the calling thread (a bad parameter fails before any rank holds a policy), then set.
   std::vector<std::unique_ptr<Policy>> policies;
   for (int64_t r = 0; r < ranks(); ++r) {
@@ -229,10 +238,11 @@ void TensorParallelSession::reset() {
 }
 
 std::vector<int32_t> generate_greedy_tensor_parallel(
+    std::shared_ptr<const Model> model,
     const std::vector<std::shared_ptr<const BackendModel>>& shards, std::span<const int32_t> prompt,
     const GenerateOptions& options) {
   if (prompt.empty()) throw Error("input", "prompt", "at least one token");
-  TensorParallelSession session(shards);
+  TensorParallelSession session(std::move(model), shards);
   session.set_policy(0, options.policy);
   Backend& lead = session.lead_backend();
   return greedy_continuation(

@@ -35,8 +35,10 @@ void check_tensor_parallel_policy(const PolicyConfig& policy, const ModelConfig&
 
 class TensorParallelSession {
  public:
-  // shards: upload_tensor_parallel's, rank order. Each rank's session gets `options` and `runs`.
-  TensorParallelSession(std::vector<std::shared_ptr<const BackendModel>> shards,
+  // shards: upload_tensor_parallel's of `model`, rank order. Each rank's session gets `options`
+  // and `runs`.
+  TensorParallelSession(std::shared_ptr<const Model> model,
+                        std::vector<std::shared_ptr<const BackendModel>> shards,
                         SessionOptions options = {}, int64_t runs = 1);
   ~TensorParallelSession();
   TensorParallelSession(const TensorParallelSession&) = delete;
@@ -64,6 +66,7 @@ class TensorParallelSession {
   // work(r) on rank r's thread for every rank at once; returns when all are done.
   void on_every_rank(const std::function<void(int64_t rank)>& work);
 
+  std::shared_ptr<const Model> model_;  // the whole model (its config: what the split divides)
   std::vector<std::shared_ptr<const BackendModel>> shards_;
   std::unique_ptr<RankThreads> threads_;
   std::vector<std::unique_ptr<DecoderSession>> sessions_;
@@ -73,6 +76,7 @@ class TensorParallelSession {
 // generate_greedy (scoring.h) over a tensor-parallel group: the same tokens as one backend's
 // within its arithmetic (the sums of o_proj and down_proj are taken in another order).
 std::vector<int32_t> generate_greedy_tensor_parallel(
+    std::shared_ptr<const Model> model,
     const std::vector<std::shared_ptr<const BackendModel>>& shards, std::span<const int32_t> prompt,
     const GenerateOptions& options);
 

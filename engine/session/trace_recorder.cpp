@@ -84,7 +84,7 @@ TraceRecorder::TraceRecorder(std::shared_ptr<const Model> model,
   if (ranks() == 1)
     session_ = std::make_unique<DecoderSession>(shards_.front(), session_options, runs);
   else
-    split_ = std::make_unique<TensorParallelSession>(shards_, session_options, runs);
+    split_ = std::make_unique<TensorParallelSession>(model_, shards_, session_options, runs);
 
   trace_.model = {model_->dir, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size};
   trace_.top_k = options_.top_k;

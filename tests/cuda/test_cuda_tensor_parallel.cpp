@@ -42,7 +42,7 @@ TEST_CASE("GPU: a model split over 2 GPUs gives one GPU's logits and greedy toke
   for (int32_t i = 0; i < 11; ++i)
     prompt.push_back((i * 37 + 5) % int32_t(model->config.vocab_size));
   DecoderSession single(alone);
-  TensorParallelSession split(shards);
+  TensorParallelSession split(model, shards);
   std::vector<float> want = test::read_f32(*one, single.forward(prompt));
   std::vector<float> got = test::read_f32(split.lead_backend(), split.forward(prompt));
   for (int32_t step = 0; step < 6; ++step) {
@@ -67,7 +67,7 @@ TEST_CASE("GPU: a model split over 2 GPUs gives one GPU's logits and greedy toke
     options.stop_at_eos = false;
     options.policy.id = spec;
     options.policy.sparsity = is_reference_policy(spec) ? 0.0 : 0.5;
-    CHECK(generate_greedy_tensor_parallel(shards, prompt, options) ==
+    CHECK(generate_greedy_tensor_parallel(model, shards, prompt, options) ==
           generate_greedy(alone, prompt, options));
   }
 }

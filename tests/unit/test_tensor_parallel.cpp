@@ -85,7 +85,7 @@ TEST_CASE("tensor parallel: each family's logits split over 2 and 4 ranks equal 
   const std::vector<float> want = chunk_then_steps(alone, *one, prompt, steps);
 
   Group group(ranks);
-  TensorParallelSession split(upload_tensor_parallel(model, group.pointers));
+  TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers));
   CHECK(split.ranks() == ranks);
   // Each rank holds its heads' caches only: G / R KV heads, or one where R > G.
   CHECK(split.rank_session(0).model().config().num_kv_heads ==
@@ -103,8 +103,9 @@ TEST_CASE("tensor parallel: greedy continuations on the demo model equal one bac
   Group two(2), four(4);
   const auto shards2 = upload_tensor_parallel(model, two.pointers);
   const auto shards4 = upload_tensor_parallel(model, four.pointers);
-  for (const char* spec : {"dense", "h2o", "streaming", "quest", "snapkv", "keydiff", "oracle",
-                           "tova", "lazyllm", "random", "tokenbutler"}) {
+  for (const char* spec :
+       {"dense", "h2o", "streaming", "quest", "snapkv", "keydiff", "oracle", "tova", "lazyllm",
+        "random", "tokenbutler", "sparq", "rocketkv", "magicpig"}) {
     INFO(spec);
     GenerateOptions options;
     options.max_new = 12;
@@ -112,9 +113,27 @@ TEST_CASE("tensor parallel: greedy continuations on the demo model equal one bac
     options.policy.id = spec;
     options.policy.sparsity = is_reference_policy(spec) ? 0.0 : 0.5;
     const std::vector<int32_t> want = generate_greedy(alone, prompt, options);
-    CHECK(generate_greedy_tensor_parallel(shards2, prompt, options) == want);
-    CHECK(generate_greedy_tensor_parallel(shards4, prompt, options) == want);
+    CHECK(generate_greedy_tensor_parallel(model, shards2, prompt, options) == want);
+    CHECK(generate_greedy_tensor_parallel(model, shards4, prompt, options) == want);
   }
+}
+
+TEST_CASE("tensor parallel: a split that keeps KV groups whole allows per-group selection",
+          "[tensor_parallel]") {
+  // The demo model's 4 KV heads over 4 ranks: each rank holds one whole group, so kv_head
+  // granularity (and sparq's per-group channels) choose what one backend does. The check reads
+  // the whole model's KV heads, not a shard's (one each here, as when groups are split).
+  const auto model = Model::load(test::source_path("assets/models/demo"));
+  const std::vector<int32_t> prompt = token_ids(20, model->config.vocab_size, 5);
+  const auto one = make_cpu_backend(1);
+  Group four(4);
+  const auto shards = upload_tensor_parallel(model, four.pointers);
+  GenerateOptions options;
+  options.max_new = 8;
+  options.stop_at_eos = false;
+  options.policy = {"h2o", 0.5, {"granularity=kv_head"}};
+  CHECK(generate_greedy_tensor_parallel(model, shards, prompt, options) ==
+        generate_greedy(upload_model(model, *one), prompt, options));
 }
 
 TEST_CASE("tensor parallel: runs in lockstep give one backend's lockstep logits",
@@ -128,7 +147,7 @@ TEST_CASE("tensor parallel: runs in lockstep give one backend's lockstep logits"
   const auto one = make_cpu_backend(2);
   DecoderSession alone(upload_model(model, *one), {}, int64_t(runs.size()));
   Group group(2, 2);
-  TensorParallelSession split(upload_tensor_parallel(model, group.pointers), {},
+  TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers), {},
                               int64_t(runs.size()));
   for (size_t r = 0; r < runs.size(); ++r) {
     if (auto made = make_run_policy(runs[r], alone.policy_shape(), *one))
@@ -222,7 +241,7 @@ TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
           "[tensor_parallel]") {
   const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
   Group group(4);
-  TensorParallelSession split(upload_tensor_parallel(model, group.pointers));
+  TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers));
   PolicyConfig tokenfilter{"tokenfilter", 0.5, {}};
   const std::string message = test::error_message([&] { split.set_policy(0, tokenfilter); });
   CHECK(message.find("policy tokenfilter: tensor parallel") != std::string::npos);
@@ -235,7 +254,7 @@ TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
     CHECK_THROWS_AS(split.set_policy(0, PolicyConfig{id, 0.5, {}}), Error);
   }
   // tova sums over heads through collectives: one run a session.
-  TensorParallelSession two_runs(upload_tensor_parallel(model, group.pointers), {}, 2);
+  TensorParallelSession two_runs(model, upload_tensor_parallel(model, group.pointers), {}, 2);
   PolicyConfig tova{"tova", 0.5, {}};
   CHECK(test::error_message([&] { two_runs.set_policy(1, tova); }).find("one run") !=
         std::string::npos);
@@ -243,6 +262,10 @@ TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
   PolicyConfig grouped{"h2o", 0.5, {"granularity=kv_head"}};
   CHECK(test::error_message([&] { split.set_policy(0, grouped); }).find("granularity") !=
         std::string::npos);
+  // 4 ranks over 2 KV heads: sparq ranks channels by a whole group's queries.
+  CHECK(test::error_message([&] {
+          split.set_policy(0, PolicyConfig{"sparq", 0.5, {}});
+        }).find("reads each KV group's query heads together") != std::string::npos);
   // The session is still usable after refused calls.
   const int32_t token = 5;
   CHECK_NOTHROW(split.forward(std::span(&token, 1)));
@@ -252,7 +275,7 @@ TEST_CASE("tensor parallel: bad input fails before any rank starts, and the sess
           "[tensor_parallel]") {
   const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
   Group group(2);
-  TensorParallelSession split(upload_tensor_parallel(model, group.pointers));
+  TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers));
   const int32_t bad = int32_t(model->config.vocab_size);
   CHECK(test::error_message([&] { split.forward(std::span(&bad, 1)); }).find("token id") !=
         std::string::npos);
