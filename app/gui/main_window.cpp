@@ -90,8 +90,7 @@ MainWindow::MainWindow(const LaunchOptions& options) {
   backend_label_ = new QLabel(this);
   memory_label_ = new QLabel(this);
   fps_label_ = new QLabel(this);
-  for (QLabel* label : {step_label_, sparsity_label_, memory_label_})
-    statusBar()->addWidget(label);
+  for (QLabel* label : {step_label_, sparsity_label_, memory_label_}) statusBar()->addWidget(label);
   // Permanent (never hidden by a note): under --gpus it says which GPUs hold what.
   statusBar()->addPermanentWidget(backend_label_);
   statusBar()->addPermanentWidget(fps_label_);
