@@ -81,7 +81,15 @@ std::vector<std::unique_ptr<Backend>> make_backend_group(const CommonOptions& co
     return make_cpu_backend_group(int(devices.size()), options);
   }
 #if KVLENS_HAVE_CUDA
-  make_backend(common);  // the checks and the policies' GPU ops, as for one GPU
+  if (common.backend != "cuda") {
+    group.push_back(make_backend(common));  // its error names the backend
+    return group;
+  }
+  // make_backend's checks and registration, without making a backend that would go unused.
+  if (!cuda_device_available()) {
+    throw Error("--backend", "cuda", "a CUDA device (none was found; use --backend cpu)");
+  }
+  register_cuda_policy_ops();
   const int available = cuda_device_count();
   for (const int device : devices) {
     if (device >= available) {

@@ -18,7 +18,7 @@ namespace kvlens {
 
 class TensorParallelSession::RankThreads {
  public:
-  explicit RankThreads(int64_t ranks) : errors_(size_t(ranks)) {
+  explicit RankThreads(int64_t ranks) {
     for (int64_t r = 0; r < ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
   }
   ~RankThreads() {
@@ -36,7 +36,6 @@ class TensorParallelSession::RankThreads {
     std::unique_lock lock(mutex_);
     work_ = &work;
     on_error_ = &on_error;
-    std::fill(errors_.begin(), errors_.end(), nullptr);
     first_error_ = nullptr;
     done_ = 0;
     ++generation_;
@@ -71,7 +70,6 @@ class TensorParallelSession::RankThreads {
       }
       std::lock_guard lock(mutex_);
       if (error && !first_error_) first_error_ = error;
-      errors_[size_t(rank)] = error;
       if (++done_ == int64_t(threads_.size())) finished_.notify_all();
     }
   }
@@ -81,7 +79,6 @@ class TensorParallelSession::RankThreads {
   std::vector<std::thread> threads_;
   const std::function<void(int64_t)>* work_ = nullptr;
   const std::function<void(int64_t)>* on_error_ = nullptr;
-  std::vector<std::exception_ptr> errors_;
   std::exception_ptr first_error_;
   int64_t generation_ = 0;
   int64_t done_ = 0;
