@@ -16,7 +16,16 @@ namespace {
 constexpr int kThreads = 256;  // element-wise kernels and select_top_k
 constexpr int kLogitThreads = 128;
 constexpr int kLogitWarps = kLogitThreads / 32;
-constexpr int kLogitKeys = 32;  // keys per attention_logits block
+// Keys per attention_logits chunk: 32, or one pass of every warp where that is more (a small
+// head dimension scores 32 / key_lanes(D) keys a warp: 64 for the TokenButler predictor's 16,
+// whose warps half idled on 32-key chunks).
+__host__ __device__ constexpr int64_t logit_chunk_keys(int64_t D) {
+  const int64_t one_pass = kLogitWarps * (32 / key_lanes(D));
+  return one_pass > 32 ? one_pass : 32;
+}
+// attention_logits blocks a multiprocessor at most: 16 blocks of 4 warps fill it (a step's
+// logits of every predicted layer, 480 rows of 4096 keys, read 126 MB: latency-bound at 8).
+constexpr int64_t kLogitBlocksPerSm = 16;
 
 // Grid-stride loop over the cells of a rows x cols region: f(r, j) for each.
 template <typename F>
@@ -52,10 +61,12 @@ __global__ void attention_logits_kernel(const __grid_constant__ RunBatch<LogitAr
   }
   const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
   float* rows = a.logits.data + g * group * a.logits.stride;
-  // Chunks of kLogitKeys keys, grid-stride (the grid of a captured step covers any context).
-  for (int64_t begin = int64_t(blockIdx.x) * kLogitKeys; begin < cols;
-       begin += int64_t(gridDim.x) * kLogitKeys) {
-    const int64_t end = begin + kLogitKeys < cols ? begin + kLogitKeys : cols;
+  // Chunks of logit_chunk_keys(D) keys, grid-stride (the grid of a captured step covers any
+  // context).
+  const int64_t chunk_keys = logit_chunk_keys(D);
+  for (int64_t begin = int64_t(blockIdx.x) * chunk_keys; begin < cols;
+       begin += int64_t(gridDim.x) * chunk_keys) {
+    const int64_t end = begin + chunk_keys < cols ? begin + chunk_keys : cols;
     // `first` is warp-uniform, so every lane reaches the shuffles of key_group_dots.
     for (int64_t first = begin + warp * keys_per_warp; first < end;
          first += kLogitWarps * keys_per_warp) {
@@ -380,9 +391,11 @@ void launch_attention_logits(std::span<const LogitArgs> runs, int sm_count, cuda
   for (const LogitArgs& run : runs)
     keys = std::max(keys, run.step_position != nullptr ? run.capacity : run.cols);
   if (keys <= 0) return;
-  const int64_t chunks = (keys + kLogitKeys - 1) / kLogitKeys;
+  const int64_t chunk_keys = logit_chunk_keys(first.head_dim);
+  const int64_t chunks = (keys + chunk_keys - 1) / chunk_keys;
   const int64_t most =
-      (8 * int64_t(sm_count > 0 ? sm_count : 132) + first.kv_heads - 1) / first.kv_heads;
+      (kLogitBlocksPerSm * int64_t(sm_count > 0 ? sm_count : 132) + first.kv_heads - 1) /
+      first.kv_heads;
   const size_t shared_bytes = size_t(first.heads / first.kv_heads * first.head_dim) * sizeof(float);
   dispatch_weight(first.cache_dtype, [&](auto tag) {
     using C = decltype(tag);
@@ -419,7 +432,12 @@ void launch_select_top_k(RowsRef<const float> scores, RowsRef<const uint8_t> eli
   // One block a row: a wider block for a longer row, whose passes are each a few loads a thread
   // (H200, 32 rows of 4096 columns: 13-50 us a call with 256 threads and plain atomics, 17-23 us
   // now; the rows staged in shared memory first changed nothing measurable, so they are not).
-  const int threads = cols >= 4096 ? 1024 : cols >= 1024 ? 512 : kThreads;
+  // Many rows at once (tokenbutler's every layer, 15 x 32 rows for the 1B shape) fill the GPU
+  // with narrow blocks instead: eight a multiprocessor, all resident in one wave (H200, 480 rows
+  // of 4100 columns: 65 us; the same with 512 or 1024 threads; the rows staged in shared memory
+  // 57 us against 59 us, and a bisection over the ordered scores held in registers 170 us, so
+  // neither is kept).
+  const int threads = rows >= 256 ? kThreads : cols >= 4096 ? 1024 : cols >= 1024 ? 512 : kThreads;
   launch_dependent(select_top_k_kernel, unsigned(rows), threads, 0, stream, scores, eligible,
                    selected, cols, k, forced);
 }

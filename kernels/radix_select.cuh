@@ -48,11 +48,26 @@ __device__ void radix_pick_digit(const unsigned* histogram, int shift, uint64_t 
 }
 
 // histogram[digit] += weight for the calling lanes, every lane of the warp calling it (digit
-// kNoDigit: not counted). Lanes with the same digit add once: a row's scores share their top
-// digits (sign and exponent), so plain atomics queued up on one or two counters, 32 deep per warp.
+// kNoDigit: not counted). With `aggregate`, lanes with the same digit add once: a row's scores
+// share their top digits (sign and exponent), so plain atomics queued up on one or two counters,
+// 32 deep per warp. Without it (the later digits, spread out or mostly kNoDigit) a warp whose
+// lanes all hold one digit adds once and any other adds lane by lane: __match_any_sync on every
+// item of every pass was most of the instructions of a many-row selection (H200, 480 rows of
+// 4096 columns: about one item a multiprocessor cycle).
 constexpr unsigned kNoDigit = 256;
 __device__ __forceinline__ void add_to_histogram(unsigned* histogram, unsigned digit,
-                                                 unsigned weight) {
+                                                 unsigned weight, bool aggregate = true) {
+  if (!aggregate) {
+    const unsigned first = __shfl_sync(0xffffffffu, digit, 0);
+    if (__all_sync(0xffffffffu, digit == first)) {
+      const unsigned total = __reduce_add_sync(0xffffffffu, weight);
+      if (first != kNoDigit && (threadIdx.x & 31) == 0 && total > 0)
+        atomicAdd(&histogram[first], total);
+    } else if (digit != kNoDigit && weight > 0) {
+      atomicAdd(&histogram[digit], weight);
+    }
+    return;
+  }
   const unsigned peers = __match_any_sync(0xffffffffu, digit);
   const unsigned total = __reduce_add_sync(peers, weight);
   const int lane = int(threadIdx.x & 31);
@@ -91,7 +106,7 @@ __device__ uint64_t radix_select_key(int64_t items, unsigned wanted, Item item) 
         item(i, key, weight);
         if (weight > 0 && (key & fixed) == prefix) digit = unsigned(key >> shift) & 255u;
       }
-      add_to_histogram(histogram, digit, weight);
+      add_to_histogram(histogram, digit, weight, /*aggregate=*/shift == 56);
     }
     __syncthreads();
     if (threadIdx.x < 32)

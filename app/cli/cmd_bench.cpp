@@ -45,9 +45,9 @@ int64_t parameter_count(const Model& model) {
 }
 
 // The TokenButler predictor's own work per decode step at `context` tokens: its forward for
-// the new token (from a layer-0 input row) and the predicted logits of every predicted layer,
-// synchronized, median over `steps` (after `warmup`). Input values do not change the work, so
-// the context is fed as one chunk of fixed rows.
+// the new token (from a layer-0 input row) and the predicted logits of every predicted layer
+// (one call, as the tokenbutler policy makes it), synchronized, median over `steps` (after
+// `warmup`). Input values do not change the work, so the context is fed as one chunk of fixed rows.
 double predictor_step_seconds(const BackendModel& resident, Backend& backend, int64_t context,
                               int64_t warmup, int64_t steps) {
   const ModelConfig& config = resident.config();
@@ -64,13 +64,14 @@ double predictor_step_seconds(const BackendModel& resident, Backend& backend, in
     row.shape = {1, E};
     return row;
   }();
-  DeviceTensor scores = backend.alloc(DType::F32, {config.num_heads, positions});
+  const int64_t predicted_layers = config.num_layers - 1;
+  DeviceTensor scores = backend.alloc(DType::F32, {predicted_layers * config.num_heads, positions});
   std::vector<double> seconds;
   for (int64_t i = 0; i < warmup + steps; ++i) {
     backend.synchronize();
     const auto start = std::chrono::steady_clock::now();
     predictor.append(one_row);
-    for (int64_t l = 1; l < config.num_layers; ++l) predictor.predicted_logits(l, scores);
+    predictor.predicted_logits(1, predicted_layers, scores);  // as the policy does, at once
     backend.synchronize();
     if (i >= warmup) seconds.push_back(seconds_since(start));
   }
@@ -85,7 +86,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
   static std::string model_dir;
   static int64_t steps = 32, context = 128, warmup = 2, copy_mb = 0, block = 8;
   static int copy_repeats = 5;
-  static bool json = false;
+  static bool json = false, op_by_op = false;
   static int attention_repeats = 0;
   static std::string policies, sparsity = "0.5";
   static std::vector<std::string> policy_args;
@@ -109,6 +110,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command->add_flag("--json", json, "Print the results as one JSON object");
+  command->add_flag("--op-by-op", op_by_op,
+                    "Run the dense steps op by op, as a policy run's are, instead of replaying a "
+                    "recorded step (a CUDA graph): what the recording saves");
   command->add_option("--policies", policies,
                       "Also step these policies in lockstep at the same context and report the "
                       "time ratio to the dense session of this process (comma-separated ids or run "
@@ -198,7 +202,9 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
 
       // The context is a fixed pseudo-random token sequence; decode then follows the model's
       // own greedy choices, as generation would.
-      DecoderSession session(resident);
+      SessionOptions dense_options;
+      dense_options.record_steps = !op_by_op;
+      DecoderSession session(resident, dense_options);
       std::vector<int32_t> prompt(size_t(std::max<int64_t>(context, 1)));
       uint64_t state = 0x9e3779b97f4a7c15ull;
       for (int32_t& id : prompt) {
@@ -347,6 +353,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
             {"context", context},
             {"steps", steps},
             {"prefill_seconds", prefill_seconds},
+            {"dense_op_by_op", op_by_op},
             {"step_seconds_median", step_median},
             {"step_seconds_total", std::accumulate(step_seconds.begin(), step_seconds.end(), 0.0)},
             {"step_seconds_min", step_min},

@@ -42,11 +42,18 @@ void BudgetedPolicy::keep_shard_rows(const DeviceTensor& model_rows, DeviceTenso
                      shape_.heads, scores.dim(1));
 }
 
+DeviceTensor BudgetedPolicy::group_rows(DeviceTensor& buffer, DType dtype, int64_t head_rows) {
+  const int64_t rows = head_rows / group();
+  if (buffer.dim(0) < rows) buffer = backend_.alloc(dtype, {rows, shape_.stride});
+  return tensor::row_range(buffer, 0, rows);
+}
+
 const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_scores,
                                                       int64_t cols) {
   if (!knobs_.kv_head_granularity) return head_scores;
-  backend_.sum_row_groups(head_scores, cols, group(), group_scores_);
-  return group_scores_;
+  selection_scores_ = group_rows(group_scores_, DType::F32, head_scores.dim(0));
+  backend_.sum_row_groups(head_scores, cols, group(), selection_scores_);
+  return selection_scores_;
 }
 
 int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
@@ -97,10 +104,13 @@ void BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,
                                      const DeviceTensor& selection_scores,
                                      const DeviceTensor* eligible, DeviceTensor& visible,
                                      int64_t budget, int64_t page_size) {
-  DeviceTensor& target = knobs_.kv_head_granularity ? group_visible_ : visible;
+  if (!knobs_.kv_head_granularity) {
+    select_into(step, recent, selection_scores, eligible, visible, budget, page_size);
+    return;
+  }
+  DeviceTensor target = group_rows(group_visible_, DType::U8, visible.dim(0));
   select_into(step, recent, selection_scores, eligible, target, budget, page_size);
-  if (knobs_.kv_head_granularity)
-    backend_.expand_row_groups(group_visible_, step.cols(), group(), visible);
+  backend_.expand_row_groups(target, step.cols(), group(), visible);
 }
 
 void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,

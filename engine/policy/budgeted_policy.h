@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "engine/backend/tensor_views.h"
 #include "engine/policy/allocator.h"
 #include "engine/policy/policy.h"
 
@@ -85,8 +86,10 @@ class BudgetedPolicy : public Policy {
   void evict_unselected(DeviceTensor& kept, const DeviceTensor& visible, int64_t cols);
 
   // The rows select_budgeted last chose: `visible` itself, or the per-group rows [G, stride].
-  const DeviceTensor& selection(const DeviceTensor& visible) const {
-    return knobs_.kv_head_granularity ? group_visible_ : visible;
+  const DeviceTensor& selection(const DeviceTensor& visible) {
+    if (!knobs_.kv_head_granularity) return visible;
+    selection_visible_ = tensor::row_range(group_visible_, 0, shape_.kv_heads);
+    return selection_visible_;
   }
 
   PolicyShape shape_;
@@ -105,9 +108,16 @@ class BudgetedPolicy : public Policy {
   std::vector<int64_t> pyramid_room_;
   int64_t pyramid_room_step_ = -1;
 
+  // The first rows of group_scores_ or group_visible_ for `head_rows` rows of query heads (one
+  // layer's H, or several layers' at once: tokenbutler), the buffer widened to them if needed.
+  DeviceTensor group_rows(DeviceTensor& buffer, DType dtype, int64_t head_rows);
+
+  // Per KV group: [G, stride], or more rows where several layers are selected at once.
   DeviceTensor group_scores_;     // [G, stride] F32
   DeviceTensor model_head_rows_;  // [H * ranks, stride] F32 on a tensor-parallel shard
   DeviceTensor group_visible_;    // [G, stride] U8
+  // Views of the two above handed out by at_selection_rows and selection().
+  DeviceTensor selection_scores_, selection_visible_;
   // A sliding-window layer's candidates (LayerStep::first_candidate), [H, stride] U8, made on
   // the first such step; selections of R' rows use its first R' rows.
   DeviceTensor window_eligible_;

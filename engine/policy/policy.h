@@ -69,6 +69,14 @@ struct LayerStep {
   // no candidates (the session hides them whatever the policy picks; budgeted policies spend
   // their budget, B of the window's tokens, within it). 0 elsewhere.
   int64_t first_candidate = 0;
+  // The run's rows of every layer at this step, one buffer each, of which select's `scores` and
+  // `visible` are the rows of this layer (layer l's [H, stride] at rows l * H ..): a policy that
+  // ranks every later layer at once (tokenbutler, whose predictor scores them all from layer 0's
+  // input) may fill their rows at one layer's select, in one launch, and only return its decision
+  // at theirs. Null where the session keeps no such buffers, or where some layer of this step
+  // has a sliding window (its candidates differ from the others').
+  DeviceTensor* every_layer_scores = nullptr;   // F32 [L * H, stride]
+  DeviceTensor* every_layer_visible = nullptr;  // U8 [L * H, stride]
   int64_t cols() const { return step + 1; }
   // The keys the layer can see: columns first_candidate..t (all t + 1 but on a sliding window).
   int64_t candidates() const { return step + 1 - first_candidate; }

@@ -130,8 +130,7 @@ void PredictorState::ensure_scratch(int64_t rows) {
   normed_reduced_ = rows_of_width(Er);
   ffn_hidden_ = rows_of_width(2 * Er);
   ffn_out_ = rows_of_width(E);
-  hidden_ = rows_of_width(E);
-  importance_hidden_ = rows_of_width(m);
+  importance_hidden_ = backend_.alloc(DType::F32, {2 * rows, m});  // queries' rows, then keys'
   importance_queries_ = rows_of_width(slot_width);
   importance_keys_new_ = rows_of_width(slot_width);
   if (query_.empty()) query_ = backend_.alloc(DType::F32, {1, slot_width});
@@ -160,15 +159,23 @@ void PredictorState::append(const DeviceTensor& layer_input) {
   DeviceTensor q_heads = view(q_, {n, H, hd}), k_heads = view(k_, {n, H, hd});
   DeviceTensor v_heads = view(v_, {n, H, hd}), normed = view(normed_reduced_, {n, Er});
   DeviceTensor ffn_hidden = view(ffn_hidden_, {n, 2 * Er}), ffn_out = view(ffn_out_, {n, E});
-  DeviceTensor hidden = view(hidden_, {n, E}), importance_hidden = view(importance_hidden_, {n, m});
 
-  // The predictor's own attention block.
+  // The predictor's own attention block (q, k and v one backend call: one launch on a GPU).
   backend_.matmul(x, p.input_proj, reduced);
-  backend_.matmul(reduced, p.q_proj_attn, q);
-  backend_.matmul(reduced, p.k_proj_attn, k);
-  backend_.matmul(reduced, p.v_proj_attn, v);
-  backend_.rope_pair(q_heads, k_heads, positions_, p.attention_inv_freq, 1.0f);
-  backend_.kv_append(k_heads, v_heads, attention_keys_, attention_values_, position_);
+  {
+    const DeviceTensor* const weights[] = {&p.q_proj_attn, &p.k_proj_attn, &p.v_proj_attn};
+    DeviceTensor* const outputs[] = {&q, &k, &v};
+    backend_.matmul_many(reduced, weights, outputs);
+  }
+  if (n == 1) {
+    // A decode step: the rotation and the cache append as one call (one launch on a GPU).
+    const Backend::RunRopeAppend run{&q_heads, &k_heads, &v_heads, &attention_keys_,
+                                     &attention_values_};
+    backend_.rope_append_runs(std::span(&run, 1), position_, p.attention_inv_freq, 1.0f);
+  } else {
+    backend_.rope_pair(q_heads, k_heads, positions_, p.attention_inv_freq, 1.0f);
+    backend_.kv_append(k_heads, v_heads, attention_keys_, attention_values_, position_);
+  }
   backend_.attention(q_heads, attention_keys_, attention_values_, position_, 0, Visibility{},
                      attended, nullptr);
   backend_.layer_norm(view(attended_, {n, Er}), p.norm1_weight, p.norm1_bias,
@@ -177,44 +184,62 @@ void PredictorState::append(const DeviceTensor& layer_input) {
   backend_.bias_activation(ffn_hidden, &p.ffn_in_bias, Backend::Activation::Gelu);
   backend_.matmul(ffn_hidden, p.ffn_out_weight, ffn_out);
   backend_.bias_activation(ffn_out, &p.ffn_out_bias, Backend::Activation::None);
-  backend_.copy_rows(x, 0, hidden, 0, n, E);
-  backend_.add_inplace(hidden, ffn_out);
+  // The residual: ffn_out + x, the sum x + ffn_out is (IEEE addition commutes), in ffn_out's rows.
+  backend_.add_inplace(ffn_out, x);
+  DeviceTensor& hidden = ffn_out;
   if (c.variant == PredictorConfig::Variant::kHf) {
     const float eps = float(c.layer_norm_eps);
     backend_.layer_norm(hidden, p.norm2_weight, p.norm2_bias, eps, hidden);
     backend_.layer_norm(hidden, p.norm_importance_weight, p.norm_importance_bias, eps, hidden);
   }
 
-  // Importance queries and keys of every predicted (layer, head), rotated at width d'.
-  DeviceTensor queries = view(importance_queries_, {n, slots * d});
+  // Importance queries and keys of every predicted (layer, head), rotated at width d'. The two
+  // first Linears read the same rows (one call), their SiLU is one pass over both, and the two
+  // rotations one call.
+  // A decode step's one query row is written straight into query_ (what the policy reads).
+  DeviceTensor queries = n == 1 ? query_ : view(importance_queries_, {n, slots * d});
   DeviceTensor keys = view(importance_keys_new_, {n, slots * d});
-  for (auto [in, out, target] : {std::tuple{&p.q_importance_in, &p.q_importance_out, &queries},
-                                 std::tuple{&p.k_importance_in, &p.k_importance_out, &keys}}) {
-    backend_.matmul(hidden, *in, importance_hidden);
-    backend_.bias_activation(importance_hidden, nullptr, Backend::Activation::Silu);
-    backend_.matmul(importance_hidden, *out, *target);
-    DeviceTensor heads = view(*target, {n, slots, d});
-    backend_.rope(heads, positions_, p.importance_inv_freq);
+  DeviceTensor both_hidden = view(importance_hidden_, {2 * n, m});
+  DeviceTensor query_hidden = tensor::row_range(both_hidden, 0, n);
+  DeviceTensor key_hidden = tensor::row_range(both_hidden, n, n);
+  {
+    const DeviceTensor* const weights[] = {&p.q_importance_in, &p.k_importance_in};
+    DeviceTensor* const outputs[] = {&query_hidden, &key_hidden};
+    backend_.matmul_many(hidden, weights, outputs);
   }
+  backend_.bias_activation(both_hidden, nullptr, Backend::Activation::Silu);
+  backend_.matmul(query_hidden, p.q_importance_out, queries);
+  backend_.matmul(key_hidden, p.k_importance_out, keys);
+  DeviceTensor query_heads = view(queries, {n, slots, d}), key_heads = view(keys, {n, slots, d});
+  backend_.rope_pair(query_heads, key_heads, positions_, p.importance_inv_freq, 1.0f);
   backend_.kv_append(view(keys, {n, slots, d}), no_values_, importance_keys_, no_values_,
                      position_);
-  backend_.copy_rows(queries, n - 1, query_, 0, 1, slots * d);
+  if (n > 1) backend_.copy_rows(queries, n - 1, query_, 0, 1, slots * d);
   position_ += n;
 }
 
 void PredictorState::predicted_logits(int64_t layer, DeviceTensor& scores) const {
+  predicted_logits(layer, 1, scores);
+}
+
+void PredictorState::predicted_logits(int64_t first_layer, int64_t layers,
+                                      DeviceTensor& scores) const {
   const PredictorConfig& c = predictor_->config();
-  if (layer < 1 || layer >= c.layers || position_ == 0) {
-    throw Error("tokenbutler predictor", "layer",
-                "a predicted layer 1.." + std::to_string(c.layers - 1) + " after a token",
-                std::to_string(layer) + " at position " + std::to_string(position_));
+  if (first_layer < 1 || layers < 1 || first_layer + layers > c.layers || position_ == 0) {
+    throw Error("tokenbutler predictor", "layers",
+                "predicted layers within 1.." + std::to_string(c.layers - 1) + " after a token",
+                std::to_string(first_layer) + ".." + std::to_string(first_layer + layers - 1) +
+                    " at position " + std::to_string(position_));
   }
-  const int64_t H = c.heads, d = c.importance_dim;
+  // The slots of consecutive layers are consecutive (layer-major), so their rows are one query
+  // [1, layers * H, d'] against one key cache of layers * H groups: one launch for them all.
+  const int64_t slots = layers * c.heads, first_slot = (first_layer - 1) * c.heads;
+  const int64_t d = c.importance_dim;
   const size_t f = sizeof(float);
   const DeviceTensor query =
-      rows_of(query_, int64_t((layer - 1) * H * d * f), DType::F32, {1, H, d});
-  const DeviceTensor keys = rows_of(importance_keys_, int64_t((layer - 1) * H * capacity_ * d * f),
-                                    DType::F32, {H, capacity_, d});
+      rows_of(query_, int64_t(first_slot * d * f), DType::F32, {1, slots, d});
+  const DeviceTensor keys = rows_of(importance_keys_, int64_t(first_slot * capacity_ * d * f),
+                                    DType::F32, {slots, capacity_, d});
   backend_.attention_logits(query, keys, position_ - 1, 0, scores);
 }
 

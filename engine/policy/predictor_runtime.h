@@ -46,6 +46,9 @@ class PredictorState {
   // (1 .. N-1), head h, for key j and the query of the last token fed:
   // q_imp . k_imp_j / sqrt(d'). Columns from position() on are left as they were.
   void predicted_logits(int64_t layer, DeviceTensor& scores) const;
+  // The same for `layers` consecutive layers from first_layer at once: scores F32
+  // [layers * H, stride], layer first_layer + i's rows at i * H (one backend call).
+  void predicted_logits(int64_t first_layer, int64_t layers, DeviceTensor& scores) const;
   const BackendPredictor& predictor() const { return *predictor_; }
 
  private:
@@ -59,7 +62,8 @@ class PredictorState {
   DeviceTensor attention_keys_, attention_values_, importance_keys_;
   // Scratch for `rows` tokens at a time; query_ keeps the last token's importance query.
   int64_t scratch_rows_ = 0;
-  DeviceTensor reduced_, q_, k_, v_, attended_, normed_reduced_, ffn_hidden_, ffn_out_, hidden_;
+  // ffn_out_ holds the residual sum too (the importance projections' input).
+  DeviceTensor reduced_, q_, k_, v_, attended_, normed_reduced_, ffn_hidden_, ffn_out_;
   DeviceTensor importance_hidden_, importance_queries_, importance_keys_new_, query_;
   DeviceTensor no_values_;  // empty: kv_append of keys alone
   std::vector<int64_t> positions_;

@@ -5,6 +5,7 @@
 // costs O(t). Layer 0 is never predicted and stays dense whatever dense_layers says (the
 // predictor sits on its input). The scores it writes are the predicted logits, so the trace
 // holds them for the "predicted vs true" view. It never reads the true logits.
+#include "engine/backend/tensor_views.h"
 #include "engine/common/error.h"
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/policy_factories.h"
@@ -36,6 +37,13 @@ class TokenButlerPolicy final : public BudgetedPolicy {
                   "the predictor at position " + std::to_string(predictor_.position()));
     }
     if (dense_layer(step)) return LayerDecision::Dense;
+    if (selects_every_layer(step)) {
+      // The first selected layer of the step chooses for every later one (their rows are the
+      // same predicted logits and the same budget rule, each row on its own), so the logits and
+      // the top-k are one launch each for the step instead of one per layer.
+      if (selected_step_ != step.step) select_every_layer(step);
+      return LayerDecision::Masked;
+    }
     if (backend_.tensor_parallel_ranks() == 1) {
       predictor_.predicted_logits(step.layer, scores);
     } else {
@@ -62,7 +70,27 @@ class TokenButlerPolicy final : public BudgetedPolicy {
     predictor_.append(layer_input);
   }
 
+  // Whether this step's layers can be chosen together: the session hands over every layer's
+  // rows (no sliding window now), one GPU holds every head, and every layer has the same budget
+  // (no allocator shares it out).
+  bool selects_every_layer(const LayerStep& step) const {
+    return step.every_layer_scores != nullptr && backend_.tensor_parallel_ranks() == 1 &&
+           allocator().kind == AllocatorKind::Uniform;
+  }
+
+  // Layers step.layer .. L - 1 (all selected: dense layers come first) chosen at once.
+  void select_every_layer(const LayerStep& step) {
+    const int64_t H = shape_.heads, layers = shape_.layers - step.layer;
+    DeviceTensor scores = tensor::row_range(*step.every_layer_scores, step.layer * H, layers * H);
+    DeviceTensor visible = tensor::row_range(*step.every_layer_visible, step.layer * H, layers * H);
+    predictor_.predicted_logits(step.layer, layers, scores);
+    select_budgeted(step, 1, at_selection_rows(scores, step.cols()), nullptr, visible);
+    selected_step_ = step.step;
+  }
+
   PredictorState predictor_;
+  // The step whose layers select_every_layer chose (-1: none yet).
+  int64_t selected_step_ = -1;
 };
 
 std::string searched_text(const std::vector<std::string>& searched) {

@@ -155,7 +155,8 @@ void DecoderSession::assign_policy_rows(SessionRun& run, int64_t index) {
   const int64_t stride = policy_stride_, row_floats = c.num_heads * stride;
   // Per run, in [H, stride] rows: scores of every layer, logits, probabilities (F32), then the
   // masks of every layer (U8).
-  int64_t at = index * policy_run_bytes(stride);
+  const int64_t first = index * policy_run_bytes(stride);
+  int64_t at = first;
   auto next = [&](DType dtype) {
     DeviceTensor rows = rows_of(policy_rows_, at, dtype, {c.num_heads, stride});
     at += row_floats * int64_t(dtype_size(dtype));
@@ -167,6 +168,11 @@ void DecoderSession::assign_policy_rows(SessionRun& run, int64_t index) {
   run.policy_logits = next(DType::F32);
   run.policy_probs = next(DType::F32);
   for (int64_t l = 0; l < c.num_layers; ++l) run.visible.push_back(next(DType::U8));
+  const int64_t rows = c.num_layers * c.num_heads;
+  run.every_layer_scores = rows_of(policy_rows_, first, DType::F32, {rows, stride});
+  run.every_layer_visible =
+      rows_of(policy_rows_, first + (c.num_layers + 2) * row_floats * int64_t(sizeof(float)),
+              DType::U8, {rows, stride});
 }
 
 void DecoderSession::grow_policy_rows(int64_t stride) {
@@ -185,6 +191,8 @@ void DecoderSession::grow_policy_rows(int64_t stride) {
     run.policy_probs = widen_columns(backend_, run.policy_probs, stride);
     run.scores.clear();
     run.visible.clear();
+    run.every_layer_scores = {};
+    run.every_layer_visible = {};
   }
   if (policy_rows_.empty() || stride <= policy_stride_) return;
   const DeviceTensor old_rows = policy_rows_;  // alive until every run's rows are copied
@@ -538,6 +546,8 @@ void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, i
   run.first_step = first_step;
   run.visible.clear();
   run.scores.clear();
+  run.every_layer_scores = {};
+  run.every_layer_visible = {};
   run.decisions.clear();
   if (!run.policy) return;
   const PolicyShape shape = policy_shape();

@@ -56,6 +56,9 @@ struct SessionRun {
   // meaningful where the decision was Masked), the scores the policy ranked by (F32 [H, stride])
   // and the decision. Columns 0..position()-1 are in use.
   std::vector<DeviceTensor> visible, scores;
+  // The same rows of every layer as one tensor each (F32 and U8 [L * H, stride]): what
+  // LayerStep::every_layer_scores and every_layer_visible point at. Empty without a policy.
+  DeviceTensor every_layer_scores, every_layer_visible;
   std::vector<LayerDecision> decisions;
   // Per layer at the last step: 1 where its softmax and value sums went to
   // Backend::attention_masked_runs (no probabilities, logits read by nobody else).
@@ -274,6 +277,9 @@ class DecoderSession {
   // off (a Gated decision of this step; nothing otherwise).
   void apply_gate(int64_t r, size_t layer);
   LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
+  // Whether some layer's sliding window leaves out a key at this position (its candidates then
+  // differ from the other layers').
+  bool windowed_step(int64_t position) const;
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).
   void observe_pending(SessionRun& run) const;

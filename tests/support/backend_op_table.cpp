@@ -872,12 +872,14 @@ std::vector<OpEntry> make_table() {
   // NaN, +-inf and +-0; all equal, where the higher columns win; tiny probabilities with exact
   // zeros), at rows of 4100 of 4200 (the CUDA kernels' long-row path), 257 of 300, 7 of 10 and 1
   // of 4, for k 0, 1, 2, cols / 3, cols - 1 and past cols, with and without eligibility, forced
-  // columns kept.
+  // columns kept; and 256 or more rows at once (tokenbutler's every layer, which the CUDA kernel
+  // selects with narrower blocks).
   struct SelectShape {
     int64_t rows, cols, stride;
   };
-  for (const SelectShape c : {SelectShape{8, 4100, 4200}, SelectShape{5, 257, 300},
-                              SelectShape{3, 7, 10}, SelectShape{2, 1, 4}}) {
+  for (const SelectShape c :
+       {SelectShape{8, 4100, 4200}, SelectShape{5, 257, 300}, SelectShape{3, 7, 10},
+        SelectShape{2, 1, 4}, SelectShape{300, 513, 520}, SelectShape{256, 4100, 4104}}) {
     for (int pattern = 0; pattern < 4; ++pattern) {
       add(cat_name({{"rows", c.rows}, {"cols", c.cols}, {"stride", c.stride}, {"pattern", pattern}},
                    "select_top_k and mark_and_select_top_k, hard scores"),

@@ -125,6 +125,7 @@ TEST_CASE("bench --policies times both sessions in blocks and reports the lockst
   const auto out = nlohmann::json::parse(result.out);
   CHECK(out["steps"] == 6);
   CHECK(out["step_seconds_median"].get<double>() > 0.0);
+  CHECK(out["dense_op_by_op"] == false);
   // The yardstick: the backend's copy rate (host memory here), the memory moving twice that, and
   // the step against the time to read the weights once at that rate.
   CHECK(out["memcpy_memory"] == "host");
@@ -144,6 +145,14 @@ TEST_CASE("bench --policies times both sessions in blocks and reports the lockst
                out["step_seconds_median"].get<double>()));
   REQUIRE(lockstep["run_tasks"].size() == 3);
   CHECK(lockstep["run_tasks"][1]["policy"] == "h2o");
+
+  // --op-by-op: the dense steps are not replayed from a recording (the CPU records none, so only
+  // the report says so here; on a GPU it is what the CUDA graph saves).
+  const auto op_by_op =
+      run_command(cli() + " bench --model " + dir +
+                  " --context 8 --steps 2 --copy-mb 1 --threads 2 --op-by-op --json");
+  REQUIRE(op_by_op.exit_code == 0);
+  CHECK(nlohmann::json::parse(op_by_op.out)["dense_op_by_op"] == true);
 
   // Each block's first step is untimed, so it counts against the positions too: 8 + 2 + 6 + 3
   // blocks of 3 (2 timed each) passes 18 positions.

@@ -257,3 +257,71 @@ TEST_CASE("tokenbutler keeps the top B(t) tokens by its predicted logits, at bot
     }
   }
 }
+
+TEST_CASE("tokenbutler chooses every layer at once as it chooses each alone",
+          "[predictor][policy]") {
+  // A session hands the policy every layer's rows (LayerStep::every_layer_scores), and the
+  // first selected layer of a step fills them all in one call; the same policy driven layer by
+  // layer without them must write the same scores and sets, whatever the granularity and the
+  // dense layers.
+  test::TinyLlamaSpec spec;
+  spec.layers = 5;
+  const std::string dir = test::write_tiny_llama(test::make_temp_dir("tokenbutler_layers"), spec);
+  auto backend = make_cpu_backend(1);
+  const auto resident = upload_model(Model::load(dir), *backend);
+  const std::string granularity = GENERATE(std::string("query_head"), std::string("kv_head"));
+  const std::string dense_layers = GENERATE(std::string("1"), std::string("3"));
+  INFO(granularity << ", dense_layers " << dense_layers);
+  const PolicyConfig config{
+      "tokenbutler",
+      0.5,
+      {"sinks=1", "granularity=" + granularity, "dense_layers=" + dense_layers}};
+  DecoderSession session(resident);
+  session.set_policy(make_policy(config, session.policy_shape(), *backend));
+  PolicyShape shape = session.policy_shape();
+  const std::vector<int32_t> tokens = {1, 5, 9, 2, 33, 7, 7, 12, 40, 3, 8, 61, 17, 4, 22, 19};
+  shape.stride = int64_t(tokens.size());
+  const auto alone = make_policy(config, shape, *backend);
+  const int64_t L = spec.layers, H = spec.heads, E = spec.hidden, stride = shape.stride;
+  std::vector<DeviceTensor> scores, visible;
+  for (int64_t l = 0; l < L; ++l) {
+    scores.push_back(backend->alloc(DType::F32, {H, stride}));
+    visible.push_back(backend->alloc(DType::U8, {H, stride}));
+  }
+  int64_t batched_layers = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    session.forward(std::span(tokens).subspan(t, 1));
+    DeviceTensor hidden = backend->alloc(DType::F32, {1, E}),
+                 normed = backend->alloc(DType::F32, {1, E});
+    backend->embed(resident->embed, std::span(tokens).subspan(t, 1), hidden);
+    backend->rmsnorm(hidden, resident->layers[0].attn_norm, 1e-5f, normed);
+    const int64_t cols = int64_t(t) + 1;
+    for (int64_t l = 0; l < L; ++l) {
+      LayerStep step;
+      step.step = int64_t(t);
+      step.layer = l;
+      step.layer_input = &normed;  // read at layer 0 only
+      const LayerDecision decision = alone->select(step, visible[size_t(l)], scores[size_t(l)]);
+      REQUIRE(decision == session.decisions()[size_t(l)]);
+      if (decision != LayerDecision::Masked) continue;
+      ++batched_layers;
+      const DeviceTensor& session_scores = session.policy_scores()[size_t(l)];
+      const DeviceTensor& session_visible = session.visible()[size_t(l)];
+      const int64_t session_stride = session_scores.dim(1);
+      std::vector<float> want(size_t(H * stride)), got(size_t(H * session_stride));
+      std::vector<uint8_t> want_seen(size_t(H * stride)), seen(size_t(H * session_stride));
+      backend->to_host(scores[size_t(l)], want.data(), want.size() * sizeof(float));
+      backend->to_host(visible[size_t(l)], want_seen.data(), want_seen.size());
+      backend->to_host(session_scores, got.data(), got.size() * sizeof(float));
+      backend->to_host(session_visible, seen.data(), seen.size());
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t j = 0; j < cols; ++j) {
+          INFO("step " << t << " layer " << l << " head " << h << " key " << j);
+          REQUIRE(got[size_t(h * session_stride + j)] == want[size_t(h * stride + j)]);
+          REQUIRE(seen[size_t(h * session_stride + j)] == want_seen[size_t(h * stride + j)]);
+        }
+      }
+    }
+  }
+  CHECK(batched_layers == int64_t(tokens.size()) * (L - std::stoll(dense_layers)));
+}
