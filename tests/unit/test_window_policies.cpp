@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "engine/policy/plugin_policy.h"
 #include "engine/policy/policy_factories.h"
 #include "engine/policy/registry.h"
+#include "engine/session/decoder_session.h"
 #include "engine/session/trace_recorder.h"
 #include "engine/trace/trace_queries.h"
 #include "tests/support/error_message.h"
@@ -232,4 +236,50 @@ TEST_CASE("plug-ins choose within a sliding window: first_candidate and the wind
       [] { check_windowed_runs("gemma3-window-softcap-f32", 30, {"window_blind"}); });
   CHECK_THAT(message, Contains("window_blind (window_blind.so)") && Contains("first_candidate") &&
                           Contains("layer 1"));
+}
+
+TEST_CASE("a step hands a policy every layer's rows only while no layer's window leaves out a key",
+          "[policy][window][gemma3]") {
+  // LayerStep::every_layer_scores / every_layer_visible (a policy that chooses every layer at once,
+  // tokenbutler, reads them): the session's rows of every layer, of which this layer's scores and
+  // visible are rows l * H ..; null once a local layer's window (16 here) hides a key, since the
+  // layers' candidates then differ.
+  struct Probe final : Policy {
+    struct Seen {
+      int64_t step, layer;
+      bool rows_given, rows_match;
+    };
+    std::vector<Seen> seen;
+    LayerDecision select(const LayerStep& step, DeviceTensor& visible,
+                         DeviceTensor& scores) override {
+      bool match = false;
+      if (step.every_layer_scores != nullptr && step.every_layer_visible != nullptr) {
+        const int64_t rows = visible.dim(0), stride = visible.dim(1);
+        const auto* all_scores = static_cast<const std::byte*>(step.every_layer_scores->data);
+        const auto* all_visible = static_cast<const std::byte*>(step.every_layer_visible->data);
+        match = step.every_layer_scores->dim(1) == stride &&
+                step.every_layer_visible->dim(1) == stride &&
+                scores.data == all_scores + step.layer * rows * stride * int64_t(sizeof(float)) &&
+                visible.data == all_visible + step.layer * rows * stride;
+      }
+      seen.push_back({step.step, step.layer, step.every_layer_scores != nullptr, match});
+      return LayerDecision::Dense;
+    }
+  };
+  auto backend = make_cpu_backend(1);
+  const auto model = upload_model(
+      Model::load(test::source_path("tests/fixtures/gemma3-window-softcap-f32")), *backend);
+  const int64_t window = 16;
+  REQUIRE(model->config().layer_window(0) == window);
+  DecoderSession session(model);
+  auto probe = std::make_unique<Probe>();
+  Probe& seen = *probe;
+  session.set_policy(std::move(probe));
+  for (int32_t t = 0; t < 24; ++t) session.forward(std::span(&t, 1));
+  REQUIRE(seen.seen.size() == size_t(24 * model->config().num_layers));
+  for (const auto& s : seen.seen) {
+    INFO("step " << s.step << " layer " << s.layer);
+    CHECK(s.rows_given == (s.step + 1 <= window));
+    if (s.rows_given) CHECK(s.rows_match);
+  }
 }
