@@ -60,7 +60,10 @@ class TokenButlerPolicy final : public BudgetedPolicy {
  private:
   // Feeds the predictor the tokens at first_position.. (a new text starts over at 0).
   void feed(const DeviceTensor& layer_input, int64_t first_position) {
-    if (first_position == 0) predictor_.reset();
+    if (first_position == 0) {
+      predictor_.reset();
+      selected_step_ = -1;  // a new text numbers its steps from 0 again
+    }
     if (first_position != predictor_.position()) {
       throw Error("policy tokenbutler", "position",
                   "the next token " + std::to_string(predictor_.position()) +

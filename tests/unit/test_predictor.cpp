@@ -325,3 +325,47 @@ TEST_CASE("tokenbutler chooses every layer at once as it chooses each alone",
   }
   CHECK(batched_layers == int64_t(tokens.size()) * (L - std::stoll(dense_layers)));
 }
+
+TEST_CASE("tokenbutler's every-layer choice starts afresh with a new text", "[predictor][policy]") {
+  // The policy chooses every layer at the first selected layer of a step and remembers the step;
+  // a session reset to a new text numbers its steps from 0 again, so the same step number must
+  // not reuse the last text's rows. Prefill 8 tokens, one step at position 8, twice.
+  test::TinyLlamaSpec spec;
+  spec.layers = 4;
+  const std::string dir = test::write_tiny_llama(test::make_temp_dir("tokenbutler_reset"), spec);
+  auto backend = make_cpu_backend(1);
+  const auto resident = upload_model(Model::load(dir), *backend);
+  DecoderSession session(resident);
+  session.set_policy(
+      make_policy({"tokenbutler", 0.5, {"sinks=1"}}, session.policy_shape(), *backend),
+      /*first_step=*/8);
+  const int64_t H = spec.heads, E = spec.hidden, cols = 9;
+  for (const std::vector<int32_t>& text :
+       {std::vector<int32_t>{1, 5, 9, 2, 33, 7, 7, 12, 40}, {3, 8, 61, 17, 4, 22, 19, 50, 11}}) {
+    session.reset();
+    session.forward(std::span(text).first(8));
+    session.forward(std::span(text).subspan(8, 1));
+    // The predictor fed the same text on its own: its rows at position 8.
+    PredictorState reference(resident->predictor);
+    DeviceTensor hidden = backend->alloc(DType::F32, {cols, E}),
+                 normed = backend->alloc(DType::F32, {cols, E});
+    backend->embed(resident->embed, text, hidden);
+    backend->rmsnorm(hidden, resident->layers[0].attn_norm, 1e-5f, normed);
+    reference.append(normed);
+    for (int64_t l = 1; l < spec.layers; ++l) {
+      INFO("text starting " << text[0] << ", layer " << l);
+      REQUIRE(session.decisions()[size_t(l)] == LayerDecision::Masked);
+      DeviceTensor expected = backend->alloc(DType::F32, {H, cols});
+      reference.predicted_logits(l, expected);
+      std::vector<float> want(size_t(H * cols));
+      backend->to_host(expected, want.data(), want.size() * sizeof(float));
+      const DeviceTensor& scores = session.policy_scores()[size_t(l)];
+      const int64_t stride = scores.dim(1);
+      std::vector<float> got(size_t(H * stride));
+      backend->to_host(scores, got.data(), got.size() * sizeof(float));
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = 0; j < cols; ++j)
+          CHECK(got[size_t(h * stride + j)] == want[size_t(h * cols + j)]);
+    }
+  }
+}
