@@ -48,12 +48,11 @@ DeviceTensor BudgetedPolicy::group_rows(DeviceTensor& buffer, DType dtype, int64
   return tensor::row_range(buffer, 0, rows);
 }
 
-const DeviceTensor& BudgetedPolicy::at_selection_rows(const DeviceTensor& head_scores,
-                                                      int64_t cols) {
+DeviceTensor BudgetedPolicy::at_selection_rows(const DeviceTensor& head_scores, int64_t cols) {
   if (!knobs_.kv_head_granularity) return head_scores;
-  selection_scores_ = group_rows(group_scores_, DType::F32, head_scores.dim(0));
-  backend_.sum_row_groups(head_scores, cols, group(), selection_scores_);
-  return selection_scores_;
+  DeviceTensor group_sums = group_rows(group_scores_, DType::F32, head_scores.dim(0));
+  backend_.sum_row_groups(head_scores, cols, group(), group_sums);
+  return group_sums;
 }
 
 int64_t BudgetedPolicy::select_budgeted(const LayerStep& step, int64_t recent,

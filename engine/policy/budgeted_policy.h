@@ -44,7 +44,7 @@ class BudgetedPolicy : public Policy {
 
   // Scores per query head [H, stride] seen at selection granularity: the input itself for
   // query_head, else its sum over each KV group (in a scratch buffer).
-  const DeviceTensor& at_selection_rows(const DeviceTensor& head_scores, int64_t cols);
+  DeviceTensor at_selection_rows(const DeviceTensor& head_scores, int64_t cols);
 
   // This layer's budget: B(t) (the common rule), or under PyramidKV the forced columns of a
   // selection with `recent` recent tokens plus the layer's share of the non-forced rest
@@ -86,10 +86,9 @@ class BudgetedPolicy : public Policy {
   void evict_unselected(DeviceTensor& kept, const DeviceTensor& visible, int64_t cols);
 
   // The rows select_budgeted last chose: `visible` itself, or the per-group rows [G, stride].
-  const DeviceTensor& selection(const DeviceTensor& visible) {
-    if (!knobs_.kv_head_granularity) return visible;
-    selection_visible_ = tensor::row_range(group_visible_, 0, shape_.kv_heads);
-    return selection_visible_;
+  DeviceTensor selection(const DeviceTensor& visible) const {
+    return knobs_.kv_head_granularity ? tensor::row_range(group_visible_, 0, shape_.kv_heads)
+                                      : visible;
   }
 
   PolicyShape shape_;
@@ -116,8 +115,6 @@ class BudgetedPolicy : public Policy {
   DeviceTensor group_scores_;     // [G, stride] F32
   DeviceTensor model_head_rows_;  // [H * ranks, stride] F32 on a tensor-parallel shard
   DeviceTensor group_visible_;    // [G, stride] U8
-  // Views of the two above handed out by at_selection_rows and selection().
-  DeviceTensor selection_scores_, selection_visible_;
   // A sliding-window layer's candidates (LayerStep::first_candidate), [H, stride] U8, made on
   // the first such step; selections of R' rows use its first R' rows.
   DeviceTensor window_eligible_;

@@ -55,6 +55,11 @@ DecoderSession::DecoderSession(std::shared_ptr<const BackendModel> model, Sessio
   }
   runs_.resize(size_t(runs));
   identical_rows_.assign(size_t(model_->config().num_layers), 0);
+  for (int64_t l = 0; l < model_->config().num_layers; ++l) {
+    const int64_t window = model_->config().layer_window(l);
+    if (window > 0 && (narrowest_window_ == 0 || window < narrowest_window_))
+      narrowest_window_ = window;
+  }
   plan_.reset(runs, runs > 1 ? backend_.lockstep_groups(runs, model_->layer_weight_bytes(),
                                                         int64_t(model_->layers.size()))
                              : 1);

@@ -277,9 +277,6 @@ class DecoderSession {
   // off (a Gated decision of this step; nothing otherwise).
   void apply_gate(int64_t r, size_t layer);
   LayerStep layer_step(SessionRun& run, size_t layer, size_t row) const;
-  // Whether some layer's sliding window leaves out a key at this position (its candidates then
-  // differ from the other layers').
-  bool windowed_step(int64_t position) const;
   // The run's pending observe, if any (its LayerStep without q, layer input or logits: the next
   // layer's have replaced them).
   void observe_pending(SessionRun& run) const;
@@ -313,6 +310,9 @@ class DecoderSession {
   // them, as layer 0 and 1 are by default). Equal queries over equal caches then give equal
   // logits, computed once.
   std::vector<int64_t> identical_rows_;
+  // The smallest sliding window of any layer (0: none), fixed by the model: a step past it hands
+  // policies no every-layer rows (LayerStep::every_layer_scores).
+  int64_t narrowest_window_ = 0;
   // This step and layer: the run whose logits each run's equal (itself where computed).
   std::vector<int64_t> logits_source_;
   std::vector<int64_t> twins_;  // the runs that copy another run's attention output

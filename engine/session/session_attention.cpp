@@ -28,23 +28,15 @@ LayerStep DecoderSession::layer_step(SessionRun& run, size_t layer, size_t row) 
   step.k_cache = &run.k_cache[layer];
   step.v_cache = &run.v_cache[layer];
   step.logits = &runs_[size_t(logits_source_[row])].policy_logits;
-  const ModelConfig& c = model_->config();
-  const int64_t window = c.layer_window(int64_t(layer));
+  const int64_t window = model_->config().layer_window(int64_t(layer));
   if (window > 0) step.first_candidate = std::max<int64_t>(0, position_ + 1 - window);
-  if (!run.every_layer_scores.empty() && !windowed_step(position_)) {
+  // Some layer's window leaves out a key (its candidates differ from the other layers'): none.
+  if (!run.every_layer_scores.empty() &&
+      (narrowest_window_ == 0 || position_ + 1 <= narrowest_window_)) {
     step.every_layer_scores = &run.every_layer_scores;
     step.every_layer_visible = &run.every_layer_visible;
   }
   return step;
-}
-
-bool DecoderSession::windowed_step(int64_t position) const {
-  const ModelConfig& c = model_->config();
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const int64_t window = c.layer_window(l);
-    if (window > 0 && position + 1 > window) return true;
-  }
-  return false;
 }
 
 void DecoderSession::step_attention(size_t layer) {
