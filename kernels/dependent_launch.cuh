@@ -8,11 +8,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 namespace kvlens::cuda {
 
@@ -48,11 +51,46 @@ inline bool dependent_launch_enabled() {
   return known == 2;
 }
 
+// Lets `kernel` take `shared_bytes` of dynamic shared memory on the current device, past the
+// 48 KiB every kernel may take. The opt-in limit belongs to a kernel on one device: a process
+// whose ranks use several GPUs must raise it on each (raising it once per process left every GPU
+// but the first refusing the launch as an invalid argument). The limit only ever grows: threads
+// launching the same kernel with different sizes (tensor-parallel ranks sharing a GPU) would
+// otherwise lower it under each other's launches. Each thread remembers what it saw raised, so a
+// launch takes the lock only the first time it needs more. A refusal shows at the launch.
+inline void allow_dynamic_shared_memory(const void* kernel, size_t shared_bytes) {
+  constexpr size_t kDefaultLimit = 48 * 1024;
+  if (shared_bytes <= kDefaultLimit) return;
+  struct Limit {
+    const void* kernel;
+    int device;
+    size_t bytes;
+  };
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return;
+  thread_local std::vector<Limit> seen;  // lower bounds of the limits below
+  for (const Limit& l : seen)
+    if (l.kernel == kernel && l.device == device && l.bytes >= shared_bytes) return;
+  static std::mutex mutex;
+  static std::vector<Limit> limits;  // every (kernel, device) raised in this process
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = std::find_if(limits.begin(), limits.end(),
+                         [&](const Limit& l) { return l.kernel == kernel && l.device == device; });
+  if (it == limits.end()) it = limits.insert(limits.end(), {kernel, device, 0});
+  if (it->bytes < shared_bytes &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(shared_bytes)) == cudaSuccess)
+    it->bytes = shared_bytes;
+  seen.push_back(*it);
+}
+
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the dependent-launch attribute
-// where dependent_launch_enabled(). Errors are left for check_launch, as with <<<>>>.
+// where dependent_launch_enabled(), and the kernel's shared memory limit raised where
+// shared_bytes needs it. Errors are left for check_launch, as with <<<>>>.
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                       cudaStream_t stream, Args&&... args) {
+  allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;

@@ -477,16 +477,9 @@ void launch_products(const GemvCall& call, const GemvProducts& products, int64_t
   const int64_t chunk = staged_columns(rows, in, WeightVector<W>::kValues);
   const size_t shared_bytes =
       size_t(rows) * size_t(chunk < in ? chunk : in) * sizeof(float) + size_t(kRingBytes<R>);
-  if (shared_bytes > 48 * 1024) {
-    // Once per instance (a thread-safe static: lanes of run_tasks launch from several threads).
-    static const bool raised = [&] {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kMaxStagedBytes + kRingBytes<R>));
-      return true;
-    }();
-    (void)raised;
-  }
   const int64_t sms = sm_count > 0 ? sm_count : 132;
+  // Raised before the occupancy question, whose answer assumes the launch is allowed.
+  allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
   const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), shared_bytes);
   const int64_t wanted = (total + per_block - 1) / per_block;
   const int64_t cap = sms * std::min(resident, blocks_per_sm_cap());

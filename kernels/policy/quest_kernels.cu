@@ -120,11 +120,6 @@ void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream) {
   };
   while (tile > 1 && bytes(tile) > 48 * 1024) tile /= 2;
   const size_t shared_bytes = bytes(tile);
-  if (shared_bytes > 48 * 1024) {  // many query heads a KV head with wide heads
-    // (a refusal shows at the launch, which the caller checks)
-    cudaFuncSetAttribute(page_bounds_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         int(shared_bytes));
-  }
   const dim3 grid(unsigned(args.kv_heads), unsigned((used + tile - 1) / tile));
   launch_dependent(page_bounds_kernel, grid, kBoundThreads, shared_bytes, stream, args, tile);
 }
