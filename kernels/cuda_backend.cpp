@@ -12,6 +12,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/backend/policy_op_math.h"
@@ -500,7 +501,12 @@ int64_t cuda_device_memory_bytes(int device) {
 void cuda::CudaBackend::all_reduce_sum(DeviceTensor& partial) {
   if (nccl_) {
     activate();
-    nccl_->all_reduce_sum(rank_, partial.data, size_t(partial.numel()), partial.dtype, stream());
+    const size_t count = size_t(partial.numel());
+    if (peers_ && peers_->fits(count, partial.dtype)) {
+      peers_->all_reduce_sum(rank_, partial.data, count, partial.dtype, stream());
+    } else {
+      nccl_->all_reduce_sum(rank_, partial.data, count, partial.dtype, stream());
+    }
     return;
   }
   if (!host_group_) return;
@@ -547,8 +553,14 @@ std::vector<std::unique_ptr<Backend>> make_cuda_backend_group(std::span<const in
     return group;
   }
   const std::shared_ptr<cuda::NcclGroup> nccl = cuda::NcclGroup::create(devices);
+  // The peer all-reduce is opt-in (KVLENS_PEER_ALL_REDUCE=1) until measured on two GPUs.
+  const char* peer_text = std::getenv("KVLENS_PEER_ALL_REDUCE");
+  const std::shared_ptr<cuda::PeerReduceGroup> peers =
+      peer_text != nullptr && std::string_view(peer_text) == "1"
+          ? cuda::PeerReduceGroup::create(devices)
+          : nullptr;
   for (size_t r = 0; r < group.size(); ++r)
-    static_cast<cuda::CudaBackend&>(*group[r]).join_group(nccl, int(r));
+    static_cast<cuda::CudaBackend&>(*group[r]).join_group(nccl, peers, int(r));
   return group;
 }
 

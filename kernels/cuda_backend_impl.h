@@ -23,6 +23,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/cuda_support.h"
 #include "kernels/nccl_group.h"
+#include "kernels/peer_all_reduce.h"
 #include "kernels/step_graph.cuh"
 
 namespace kvlens::cuda {
@@ -30,9 +31,12 @@ namespace kvlens::cuda {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device);
-  // Makes this backend rank `rank` of `group` (make_cuda_backend_group), before any work.
-  void join_group(std::shared_ptr<NcclGroup> group, int rank) {
+  // Makes this backend rank `rank` of `group` (make_cuda_backend_group), before any work; its
+  // small sums go through `peers` where the GPUs reach each other (null: NCCL does them all).
+  void join_group(std::shared_ptr<NcclGroup> group, std::shared_ptr<PeerReduceGroup> peers,
+                  int rank) {
     nccl_ = std::move(group);
+    peers_ = std::move(peers);
     rank_ = rank;
   }
   // The same through host memory (a group whose ranks share a GPU, which NCCL refuses): each
@@ -47,6 +51,7 @@ class CudaBackend final : public Backend {
   int64_t tensor_parallel_rank() const override { return rank_; }
   void all_reduce_sum(DeviceTensor& partial) override;
   void abort_collectives() override {
+    if (peers_) peers_->abort();
     if (nccl_) nccl_->abort();
     if (host_group_) host_group_->abort();
   }
@@ -294,6 +299,7 @@ class CudaBackend final : public Backend {
   static int64_t lane_limit();
   int device_;
   std::shared_ptr<NcclGroup> nccl_;              // null: alone or host_group_
+  std::shared_ptr<PeerReduceGroup> peers_;       // with nccl_, where the GPUs are peers
   std::shared_ptr<HostReduceGroup> host_group_;  // null: alone or nccl_
   int rank_ = 0;
   // Declaration order = reverse release order: buffers, then the cuBLAS handle, then its stream.

@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/policy/registry.h"
 #include "engine/session/tensor_parallel_session.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/peer_all_reduce.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/test_paths.h"
 
@@ -21,11 +25,17 @@ TEST_CASE("GPU: a model split over 2 GPUs gives one GPU's logits and greedy toke
                                        "gemma3-window-softcap-f32");
   const std::vector<int> devices = GENERATE(std::vector<int>{0, 1}, std::vector<int>{0, 0, 0, 0});
   const bool nccl = devices.size() == 2 && cuda_device_count() >= 2;
+  // On 2 GPUs, once with NCCL doing every sum and once with the small ones over peer memory.
+  const bool peer = GENERATE(false, true);
+  if (peer && !nccl) return;
   const std::vector<int> used = devices.size() == 2 && !nccl ? std::vector<int>{0, 0} : devices;
-  INFO(fixture << " over " << used.size() << " ranks" << (nccl ? " (NCCL)" : " sharing GPU 0"));
+  INFO(fixture << " over " << used.size() << " ranks"
+               << (nccl ? (peer ? " (NCCL, peer all-reduce)" : " (NCCL)") : " sharing GPU 0"));
   if (devices.size() == 2 && !nccl) WARN("one GPU: the 2 ranks share it (no NCCL)");
   const auto model = Model::load(test::source_path("tests/fixtures/" + fixture));
+  setenv("KVLENS_PEER_ALL_REDUCE", peer ? "1" : "0", 1);
   std::vector<std::unique_ptr<Backend>> group = make_cuda_backend_group(used);
+  unsetenv("KVLENS_PEER_ALL_REDUCE");
   std::vector<Backend*> backends;
   for (const auto& b : group) backends.push_back(b.get());
   const auto one = make_cuda_backend(0);
@@ -70,4 +80,71 @@ TEST_CASE("GPU: a model split over 2 GPUs gives one GPU's logits and greedy toke
     CHECK(generate_greedy_tensor_parallel(model, shards, prompt, options) ==
           generate_greedy(alone, prompt, options));
   }
+}
+
+// The small sums of a split decode step go over peer memory (kernels/peer_all_reduce.h): every
+// rank ends with the rank-order sum, the same bits, call after call and from a replayed graph
+// (its rounds are counted on the GPUs). Exact here: small integers.
+// On one GPU both ranks run there, each on a stream of its own (the rounds' logic, not NVLink).
+TEST_CASE("GPU: peer all-reduce gives every GPU the sum call after call and from a graph",
+          "[cuda]") {
+  const bool two = cuda_device_count() >= 2;
+  const std::vector<int> devices = two ? std::vector<int>{0, 1} : std::vector<int>{0, 0};
+  INFO((two ? "GPUs 0 and 1" : "two ranks on GPU 0"));
+  const auto peers = cuda::PeerReduceGroup::create(devices, !two);
+  if (!peers) {
+    WARN("GPUs 0 and 1 are not peers: NCCL does every sum");
+    return;
+  }
+  constexpr size_t kCount = 8192;  // 32 KiB of F32: a [1, 8192] row of a 70B-shaped model
+  std::vector<std::vector<float>> results(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        cudaSetDevice(devices[size_t(rank)]);
+        cudaStream_t stream = nullptr;
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        std::vector<float> host(kCount);
+        for (size_t i = 0; i < kCount; ++i) host[i] = float(rank + int(i % 7));
+        float* data = nullptr;
+        cudaMalloc(&data, kCount * sizeof(float));
+        cudaMemcpy(data, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
+        // One call: 1 + 2 (i % 7); two more double it twice.
+        for (int call = 0; call < 3; ++call)
+          peers->all_reduce_sum(rank, data, kCount, DType::F32, stream);
+        // A graph of two sums, replayed three times: 2^6 more.
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        peers->all_reduce_sum(rank, data, kCount, DType::F32, stream);
+        peers->all_reduce_sum(rank, data, kCount, DType::F32, stream);
+        cudaStreamEndCapture(stream, &graph);
+        cudaGraphInstantiate(&exec, graph, 0);
+        for (int replay = 0; replay < 3; ++replay) cudaGraphLaunch(exec, stream);
+        cudaStreamSynchronize(stream);
+        results[size_t(rank)].resize(kCount);
+        cudaMemcpy(results[size_t(rank)].data(), data, kCount * sizeof(float),
+                   cudaMemcpyDeviceToHost);
+        const cudaError_t status = cudaGetLastError();
+        if (status != cudaSuccess) errors[size_t(rank)] = cudaGetErrorString(status);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaFree(data);
+        cudaStreamDestroy(stream);
+      } catch (const std::exception& e) {
+        errors[size_t(rank)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(errors == std::vector<std::string>(2));
+  REQUIRE(results[0].size() == kCount);
+  int wrong = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    const float want = float(1 + 2 * int(i % 7)) * 4.0f * 64.0f;
+    wrong += results[0][i] != want || results[1][i] != want;
+  }
+  CHECK(wrong == 0);
 }
