@@ -239,7 +239,8 @@ make_model() {
   local dir=$1
   shift
   local stamp="$*"
-  if [ -f "$dir/model.safetensors" ] && [ -f "$dir/.bench-args" ] &&
+  if { [ -f "$dir/model.safetensors" ] || [ -f "$dir/model.safetensors.index.json" ]; } &&
+    [ -f "$dir/.bench-args" ] &&
     [ "$(cat "$dir/.bench-args")" = "$stamp" ]; then
     echo "  checkpoint $dir (made earlier with: make_random_model.py $stamp)"
     return 0
@@ -546,6 +547,14 @@ elif part == "multi":
              split[0][1])
         speedup = t1 / tn
         summary["8b"] = {"one_gpu_step_seconds": t1, "split_step_seconds": tn}
+        peer = [result(f"multi-8b-{gpus}-peer-{i}") for i in range(count)]
+        peer = [(d, c) for d, c in peer if d is not None]
+        if peer:
+            tp = statistics.median(d["step_seconds_median"] for d, _ in peer)
+            line(f"8b step, {gpus} GPUs, peer all-reduce", f"{ms(tp)} (median of {len(peer)}; "
+                 f"/ shard read {statistics.median(d['step_over_shard_weight_read'] for d, _ in peer):.2f}x)",
+                 peer[0][1])
+            summary["8b"]["split_peer_step_seconds"] = tp
     else:
         line("8b one GPU / split", "not run")
     line(f"8b at {context}: one GPU / {gpus} GPUs", target(f"8b split over {gpus} GPUs: speedup",
@@ -559,6 +568,12 @@ elif part == "multi":
         line(f"70b shape{proxy} step, {gpus} GPUs", f"{ms(r['step_seconds_median'])}, "
              f"shard {r['shard_weight_bytes_per_step'] / 1e9:.2f} GB a GPU", cmd)
         summary["70b"] = dict(r, command=cmd, layers=layers_70b)
+        rp, cmd_peer = result(f"multi-70b-{gpus}-peer")
+        if rp is not None:
+            line(f"70b shape{proxy} step, {gpus} GPUs, peer all-reduce",
+                 f"{ms(rp['step_seconds_median'])} (/ shard read {rp['step_over_shard_weight_read']:.2f}x)",
+                 cmd_peer)
+            summary["70b"]["peer_step_seconds"] = rp["step_seconds_median"]
     else:
         line(f"70b shape{proxy}", skipped.strip() if skipped else "not run (see the log)")
     line("70b step / a GPU's read of its shard",
@@ -843,21 +858,36 @@ multi_gpus() {
 }
 
 part_multi() {
-  local gpus context i free need layer_bytes
+  local gpus context i free need layer_bytes shm_free
   gpus=$(multi_gpus)
-  rm -f "$raw"/multi-*
+  rm -f "$raw"/multi-gpus.txt
   echo "  $gpus GPUs (ranks)"
   printf '%s\n' "$gpus" >"$raw/multi-gpus.txt"
   [ "$gpus" -ge 2 ] || {
     echo "  not run: one GPU (the multi part needs 2 or more)"
     return 0
   }
-  make_model "$work/$name_8b" "${shape_8b[@]}"
+  # KVLENS_BENCH_MULTI=8b,70b,sweep (the default: all) runs some of them, e.g. the 70B shape in
+  # a job of its own (its checkpoint alone takes minutes to write).
+  local steps=",${KVLENS_BENCH_MULTI:-8b,70b,sweep},"
+  [[ $steps == *,8b,* ]] && rm -f "$raw"/multi-8b-*
+  [[ $steps == *,70b,* ]] && rm -f "$raw"/multi-70b-*
+  [[ $steps == *,sweep,* ]] && rm -f "$raw"/multi-sweep-*
+  if [[ $steps == *,8b,* || $steps == *,sweep,* ]]; then
+    make_model "$work/$name_8b" "${shape_8b[@]}"
+  fi
   for i in $(seq 0 $((repeats - 1))); do
+    [[ $steps == *,8b,* ]] || break
     run "multi-8b-1-$i" "$cli" bench --model "$work/$name_8b" --backend "$backend" \
       --context "$multi_context" --steps "$multi_steps" --warmup "$warmup" --json
     run "multi-8b-$gpus-$i" "$cli" bench --model "$work/$name_8b" --backend "$backend" \
       --gpus "$gpus" --context "$multi_context" --steps "$multi_steps" --warmup "$warmup" --json
+    # The small sums over peer memory instead of NCCL (opt-in until measured, kernels/peer_all_reduce.h).
+    if [ "$backend" = cuda ]; then
+      run "multi-8b-$gpus-peer-$i" env KVLENS_PEER_ALL_REDUCE=1 "$cli" bench \
+        --model "$work/$name_8b" --backend "$backend" --gpus "$gpus" --context "$multi_context" \
+        --steps "$multi_steps" --warmup "$warmup" --json
+    fi
   done
   # The 70B shape needs its checkpoint on disk (BF16: 2 bytes a parameter) and its shards in the
   # GPUs' memory; a run that cannot is skipped with the reason rather than failing midway.
@@ -866,19 +896,38 @@ part_multi() {
   need=$(((layer_bytes * layers_70b + 2 * 2 * 128256 * 8192) / 1000000000 + 2))
   [ "$tiny" = 1 ] && need=1
   free=$(df -P --block-size=1G "$work" | awk 'NR == 2 { print $4 }')
-  if [ -f "$work/$name_70b-$layers_70b/model.safetensors" ] || [ "$free" -ge "$need" ]; then
-    make_model "$work/$name_70b-$layers_70b" "${shape_70b[@]}" --layers "$layers_70b"
+  # Where the disk is short, half the checkpoint goes to memory (/dev/shm, linked from $work):
+  # the 80-layer shape is 141 GB, the 2 x H200 machine has 128 GB of disk and 256 GB of memory.
+  shm_free=$(df -P --block-size=1G /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+  local spread=()
+  if [ "$free" -lt "$need" ] && [ "$tiny" != 1 ] && [ -n "$shm_free" ] &&
+    [ $((free + shm_free)) -ge "$need" ] && [ $((2 * shm_free)) -ge "$need" ]; then
+    spread=(--shards 2 --shard-dirs "$work/$name_70b-$layers_70b.partial,/dev/shm/kvlens-$name_70b-$layers_70b")
+    free=$need
+    echo "  70B shape: half of its $need GB in /dev/shm ($shm_free GB free there, $work has less)"
+  fi
+  if [[ $steps != *,70b,* ]]; then
+    echo "  70B shape not run (KVLENS_BENCH_MULTI)"
+  elif [ -f "$work/$name_70b-$layers_70b/.bench-args" ] || [ "$free" -ge "$need" ]; then
+    make_model "$work/$name_70b-$layers_70b" "${shape_70b[@]}" --layers "$layers_70b" "${spread[@]}"
     run "multi-70b-$gpus" "$cli" bench --model "$work/$name_70b-$layers_70b" \
       --backend "$backend" --gpus "$gpus" --context "$multi_context" --steps "$multi_steps" \
       --warmup "$warmup" --json || true
+    if [ "$backend" = cuda ]; then
+      run "multi-70b-$gpus-peer" env KVLENS_PEER_ALL_REDUCE=1 "$cli" bench \
+        --model "$work/$name_70b-$layers_70b" --backend "$backend" --gpus "$gpus" \
+        --context "$multi_context" --steps "$multi_steps" --warmup "$warmup" --json || true
+    fi
   else
     echo "  70B shape ($layers_70b layers) not run: its checkpoint needs about $need GB of disk," \
-      "$work has $free GB (set KVLENS_BENCH_70B_LAYERS for a proxy of fewer layers)" |
+      "$work has $free GB and /dev/shm ${shm_free:-0} GB (set KVLENS_BENCH_70B_LAYERS for a" \
+      "proxy of fewer layers)" |
       tee "$raw/multi-70b-skipped.txt"
   fi
   # The sweep: every sample x policy x budget once on one GPU, then one engine per GPU (on the
   # CPU: --workers, the cores shared out). The demo model's tokenizer (8192 ids, within this
   # vocabulary) makes the samples' ids; ten policies that need no files of the model.
+  [[ $steps == *,sweep,* ]] || return 0
   cp "$demo/tokenizer.json" "$work/$name_8b/tokenizer.json"
   local spread=(--gpus "$gpus")
   [ "$backend" = cuda ] || spread=(--workers "$gpus")

@@ -115,6 +115,43 @@ class TensorWriter:
     def add(self, name, shape, kind="random", offset_seed=0):
         self.entries.append((name, shape, kind, offset_seed))
 
+    def write_shards(self, out_dir, shards, shard_dirs):
+        """Writes the tensors in `shards` files of about equal size (the Hugging Face layout:
+        model-0000i-of-0000n.safetensors and model.safetensors.index.json). Shard i goes into
+        shard_dirs[i % len(shard_dirs)] and, where that is not out_dir, a symbolic link in out_dir
+        points to it: a checkpoint larger than one disk spread over a disk and a memory folder."""
+        if shards <= 1:
+            self.write(os.path.join(out_dir, "model.safetensors"))
+            return
+        total = sum(math.prod(shape) * self.element for _, shape, _, _ in self.entries)
+        groups, current, size = [], [], 0
+        for entry in self.entries:
+            current.append(entry)
+            size += math.prod(entry[1]) * self.element
+            if size >= total * (len(groups) + 1) / shards and len(groups) < shards - 1:
+                groups.append(current)
+                current = []
+        groups.append(current)
+        weight_map = {}
+        for i, group in enumerate(groups):
+            name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            folder = shard_dirs[i % len(shard_dirs)] if shard_dirs else out_dir
+            os.makedirs(folder, exist_ok=True)
+            part = TensorWriter.__new__(TensorWriter)
+            part.__dict__.update(self.__dict__)
+            part.entries = group
+            part.write(os.path.join(folder, name))
+            if os.path.abspath(folder) != os.path.abspath(out_dir):
+                link = os.path.join(out_dir, name)
+                if os.path.lexists(link):
+                    os.remove(link)
+                os.symlink(os.path.abspath(os.path.join(folder, name)), link)
+            for entry in group:
+                weight_map[entry[0]] = name
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+            f.write("\n")
+
     def write(self, path):
         header = {"__metadata__": {"format": "pt"}}
         begin = 0
@@ -161,6 +198,11 @@ def main():
     parser.add_argument("--max-positions", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--std", type=float, default=0.02, help="weight standard deviation")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="files of about equal size (with model.safetensors.index.json)")
+    parser.add_argument("--shard-dirs", default="",
+                        help="comma-separated folders the shards go to in turn, linked from --out "
+                             "(a checkpoint larger than one disk: a disk folder and /dev/shm)")
     args = parser.parse_args()
 
     tied = args.tie_embeddings
@@ -227,7 +269,8 @@ def main():
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
-    writer.write(os.path.join(args.out, "model.safetensors"))
+    shard_dirs = [d for d in args.shard_dirs.split(",") if d]
+    writer.write_shards(args.out, args.shards, shard_dirs)
     params = count_params(hidden, layers, inter, vocab, heads, kv_heads, head_dim, tied)
     print(
         f"{args.out}: {params / 1e6:.1f}M parameters ({args.dtype}), hidden {hidden}, "

@@ -484,6 +484,42 @@ def bench_transformers_toy_cpu():
             check("max_position_embeddings" in skipped, f"{mode} 100: {per_context['100']}")
 
 
+@test
+def make_random_model_shards():
+    """make_random_model.py --shards 3 --shard-dirs: three files of about equal size, the second
+    in another folder and linked from the model's, an index naming every tensor once; kvlens-cli
+    loads it and continues as it does from the one-file checkpoint of the same seed."""
+    cli = kvlens_cli()
+    with tempfile.TemporaryDirectory() as tmp:
+        dims = ["--hidden", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2",
+                "--intermediate", "128", "--vocab", "256", "--max-positions", "64"]
+        whole, split, spill = (os.path.join(tmp, n) for n in ("whole", "split", "spill"))
+        for out, extra in ((whole, []), (split, ["--shards", "3", "--shard-dirs",
+                                                 f"{split},{spill}"])):
+            proc = subprocess.run([sys.executable, os.path.join(TOOLS, "make_random_model.py"),
+                                   "--out", out] + dims + extra, capture_output=True, text=True)
+            check(proc.returncode == 0, f"make_random_model.py failed:\n{proc.stderr[-2000:]}")
+        names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+        check(sorted(os.listdir(spill)) == [names[1]], f"spill holds {os.listdir(spill)}")
+        check(os.path.islink(os.path.join(split, names[1])), "shard 2 is not linked")
+        with open(os.path.join(split, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        check(sorted(set(index["weight_map"].values())) == names, f"{set(index['weight_map'].values())}")
+        sizes = [os.path.getsize(os.path.join(split, n)) for n in names]
+        check(max(sizes) < 2 * min(sizes), f"shard sizes {sizes}")
+        if not cli:
+            print("  (kvlens-cli not run: no kvlens-cli; build it or set KVLENS_CLI)")
+            return
+        outs = []
+        for model in (whole, split):
+            proc = subprocess.run([cli, "generate", "--backend", "cpu", "--model", model,
+                                   "--tokens", "1,2,3", "--max-new", "4", "--ids"],
+                                  capture_output=True, text=True)
+            check(proc.returncode == 0, f"generate failed:\n{proc.stderr[-2000:]}")
+            outs.append(proc.stdout)
+        check(outs[0] == outs[1], f"one file {outs[0]!r}, shards {outs[1]!r}")
+
+
 def run_bench_gpu_tiny(parts, work):
     """tools/bench_gpu.sh --tiny --part PARTS on the CPU into `work`, checked to succeed; None
     (said) when there is no kvlens-cli to run it with."""
