@@ -104,6 +104,8 @@ std::shared_ptr<const Model> shard_model(std::shared_ptr<const Model> model, int
   shard->config.num_heads = heads.heads;
   shard->config.num_kv_heads = heads.kv_heads;
   shard->config.intermediate_size = columns;
+  // Policies read the rows of the whole model's per-head files that belong to these heads.
+  shard->shard = {heads.first_head, heads.first_kv_head, c.num_heads, c.num_kv_heads};
   for (LayerWeights& layer : shard->weights.layers) {
     layer.wq = row_slice(layer.wq, heads.first_head * D, heads.heads * D);
     layer.bq = row_slice(layer.bq, heads.first_head * D, heads.heads * D);

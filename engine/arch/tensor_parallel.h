@@ -29,7 +29,8 @@ ShardHeads shard_heads(const ModelConfig& config, int64_t rank, int64_t ranks);
 // Rank `rank`'s shard of `model` (check_tensor_parallel first). Row slices are views into the
 // model's mapped files; column slices (wo, w_down) are host copies that the shard keeps alive.
 // The shard keeps the model's TokenButler predictor, which scores every head of the model
-// (the tokenbutler policy keeps its shard's rows).
+// (the tokenbutler policy keeps its shard's rows), and records its heads' place in the whole
+// model (Model::shard), where policies find their rows of the model's per-head files.
 std::shared_ptr<const Model> shard_model(std::shared_ptr<const Model> model, int64_t rank,
                                          int64_t ranks);
 

@@ -16,6 +16,16 @@
 
 namespace kvlens {
 
+// Where a tensor-parallel shard's heads sit in the whole model (shard_model,
+// engine/arch/tensor_parallel.h, sets it): the whole model's first query head and first KV head
+// that the shard holds, and the whole model's counts. Files made for the whole model (a policy's
+// per-head calibration or gates) are indexed by those heads. A model that is not a shard keeps
+// the defaults: first heads 0, counts 0 (read as its own config's).
+struct ShardPlace {
+  int64_t first_head = 0, first_kv_head = 0;
+  int64_t model_heads = 0, model_kv_heads = 0;
+};
+
 struct Model {
   std::string dir;
   ModelConfig config;
@@ -30,6 +40,8 @@ struct Model {
   // gates: engine/policy/model_files.h): the model's folder (a .gguf file's folder), then, for a
   // GGUF file kvlens knows by its general.name, the folder it ships for that model.
   std::vector<std::string> file_dirs;
+  // A shard's place in the whole model (defaults: not a shard).
+  ShardPlace shard;
 
   // `predictor_file` (a predictor.safetensors, with its predictor.json beside it) overrides the
   // lookup; empty: a llama_butler checkpoint's own predictor, else predictor.safetensors in the

@@ -39,10 +39,13 @@ PolicyInfo allocated_info(const std::string& id, const Scorer& scorer, Allocator
   info.id = id;
   info.family = info.family + " + " + allocator_family(kind);
   info.description = description;
-  // The budgets come from every head of a layer (Ada-KV's top-k over them; PyramidKV's shares of
-  // the layer's selections): not yet split over tensor-parallel ranks.
-  info.per_head_rule = false;
-  info.reduces_heads = false;
+  // PyramidKV's layer budgets follow from the step's counts alone (the same on every
+  // tensor-parallel rank): the scorer's rule decides. Ada-KV's one top-k reads every head's
+  // scores of a layer, which a shard gathers with all-reduces (BudgetedPolicy::select_adaptive).
+  if (kind == AllocatorKind::Adaptive) {
+    info.per_head_rule = false;
+    info.reduces_heads = true;
+  }
   const std::vector<ParamSpec> own = allocator_param_specs(kind);
   info.params.insert(info.params.end(), own.begin(), own.end());
   return info;

@@ -2,6 +2,9 @@
 #include "engine/policy/budgeted_policy.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "engine/backend/tensor_views.h"
 #include "engine/common/error.h"
@@ -26,7 +29,8 @@ void BudgetedPolicy::grow(int64_t stride) {
 }
 
 int64_t BudgetedPolicy::state_bytes() const {
-  return tensor_bytes({group_scores_, group_visible_, window_eligible_, model_head_rows_});
+  return tensor_bytes({group_scores_, group_visible_, window_eligible_, model_head_rows_,
+                       model_scores_, model_zeros_, model_blocked_sums_, model_blocked_});
 }
 
 DeviceTensor& BudgetedPolicy::model_head_rows(int64_t stride) {
@@ -144,7 +148,8 @@ void BudgetedPolicy::select_into(const LayerStep& step, int64_t recent,
       backend_.select_pages(selection_scores, cols, page_size, extra, target);
       if (first > 0) backend_.fill_columns(target, 0, first, 0);
     }
-  } else if (allocator_.kind == AllocatorKind::Adaptive && target.dim(0) > 1 && extra > 0) {
+  } else if (allocator_.kind == AllocatorKind::Adaptive && extra > 0 &&
+             (backend_.tensor_parallel_ranks() > 1 ? model_selection_rows() : target.dim(0)) > 1) {
     select_adaptive(selection_scores, cols, eligible, forced, extra, target);
   } else {
     backend_.mark_and_select_top_k(selection_scores, cols, eligible, forced.sink_end,
@@ -162,6 +167,13 @@ void BudgetedPolicy::select_adaptive(const DeviceTensor& scores, int64_t cols,
   const int64_t own = std::min(extra, adaptive_floor(extra, allocator_.floor_alpha));
   backend_.mark_and_select_top_k(scores, cols, eligible, forced.sink_end, forced.recent_begin, own,
                                  target);
+  if (backend_.tensor_parallel_ranks() > 1) {
+    // Every rank calls this at the same layer (extra and own are the step's counts): its
+    // collectives pair up.
+    const int64_t pooled = model_selection_rows() * (extra - own);
+    if (pooled > 0) select_pooled_across_ranks(scores, cols, eligible, pooled, target);
+    return;
+  }
   const int64_t pooled = rows * (extra - own);
   if (pooled == 0) return;
   // One top-k over the rows laid end to end: the columns past the candidates count as chosen
@@ -175,6 +187,73 @@ void BudgetedPolicy::select_adaptive(const DeviceTensor& scores, int64_t cols,
     flat_eligible = tensor::view(tensor::row_range(*eligible, 0, rows), {1, rows * stride});
   backend_.select_top_k(flat_scores, rows * stride, eligible ? &flat_eligible : nullptr, pooled,
                         flat_target);
+  backend_.fill_columns(target, cols, stride, 0);
+}
+
+int64_t BudgetedPolicy::model_selection_rows() const {
+  return knobs_.kv_head_granularity ? shape_.whole_kv_heads() : shape_.whole_heads();
+}
+
+int64_t BudgetedPolicy::first_model_selection_row() const {
+  return knobs_.kv_head_granularity ? shape_.first_kv_head : shape_.first_head;
+}
+
+void BudgetedPolicy::select_pooled_across_ranks(const DeviceTensor& scores, int64_t cols,
+                                                const DeviceTensor* eligible, int64_t pooled,
+                                                DeviceTensor& target) {
+  const int64_t rows = target.dim(0), stride = target.dim(1);
+  // Ada-KV composes with per-head selections only (not lazyllm's one shared row, nor several
+  // layers' rows at once): the target is this shard's selection rows.
+  if (rows != selection_rows())
+    throw Error("adakv", "tensor parallel", std::to_string(selection_rows()) + " selection rows",
+                std::to_string(rows));
+  const int64_t model_rows = model_selection_rows(), first_row = first_model_selection_row();
+  if (model_scores_.empty() || model_scores_.dim(1) != stride) {
+    model_scores_ = backend_.alloc(DType::F32, {model_rows, stride});
+    model_zeros_ = backend_.alloc(DType::F32, {model_rows, stride});
+    model_blocked_sums_ = backend_.alloc(DType::F32, {model_rows, stride});
+    model_blocked_ = backend_.alloc(DType::U8, {model_rows, stride});
+  }
+  // Every head's scores: this shard's rows at their place, zeros in the others' (summed over the
+  // ranks, each element has one nonzero term: exact).
+  backend_.copy_rows(model_zeros_, 0, model_scores_, 0, model_rows, stride);
+  backend_.copy_rows(scores, 0, model_scores_, first_row, rows, stride);
+  backend_.all_reduce_sum(model_scores_);
+
+  // Which columns of this shard's rows are no candidates of the pooled top-k (chosen already,
+  // not eligible, past the candidates: what select_adaptive's target and eligible say), as 0/1
+  // in the whole model's rows, then the same for every rank's rows.
+  const size_t shard_elements = size_t(rows * stride);
+  std::vector<uint8_t> chosen(shard_elements), allowed;
+  backend_.to_host(target, chosen.data(), shard_elements);
+  if (eligible != nullptr) {
+    allowed.resize(shard_elements);
+    backend_.to_host(tensor::row_range(*eligible, 0, rows), allowed.data(), shard_elements);
+  }
+  std::vector<float> blocked(size_t(model_rows * stride), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < stride; ++j) {
+      const size_t at = size_t(r * stride + j);
+      const bool candidate = j < cols && chosen[at] == 0 && (eligible == nullptr || allowed[at]);
+      blocked[size_t((first_row + r) * stride + j)] = candidate ? 0.0f : 1.0f;
+    }
+  }
+  backend_.from_host(model_blocked_sums_, blocked.data(), blocked.size() * sizeof(float));
+  backend_.all_reduce_sum(model_blocked_sums_);
+  backend_.to_host(model_blocked_sums_, blocked.data(), blocked.size() * sizeof(float));
+  std::vector<uint8_t> flags(blocked.size());
+  for (size_t i = 0; i < blocked.size(); ++i) flags[i] = blocked[i] != 0.0f ? 1 : 0;
+  backend_.from_host(model_blocked_, flags.data(), flags.size());
+
+  // One GPU's top-k over every head's row laid end to end (ties to the higher flat index, the
+  // later row: the same order as there), then this shard's rows: what it had, what it gained,
+  // and the flags of the columns that were not eligible or past the candidates, which go.
+  const int64_t flat = model_rows * stride;
+  DeviceTensor flat_blocked = tensor::view(model_blocked_, {1, flat});
+  backend_.select_top_k(tensor::view(model_scores_, {1, flat}), flat, nullptr, pooled,
+                        flat_blocked);
+  backend_.copy_rows(model_blocked_, first_row, target, 0, rows, stride);
+  if (eligible != nullptr) backend_.mask_and(target, tensor::row_range(*eligible, 0, rows), cols);
   backend_.fill_columns(target, cols, stride, 0);
 }
 

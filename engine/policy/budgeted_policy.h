@@ -75,7 +75,9 @@ class BudgetedPolicy : public Policy {
   // one set (lazyllm), which selects on one row and expands it. Under Ada-KV (page_size 0) each
   // row takes its forced columns and the top floor(floor_alpha * extra) of its own, then one
   // top-k over all R' rows' remaining candidates takes R' * (extra - that floor) more, extra =
-  // budget - forced: the rows' counts differ, their total is R' * budget.
+  // budget - forced: the rows' counts differ, their total is R' * budget. On a tensor-parallel
+  // shard that top-k runs over the selection rows of the whole model's heads, gathered from every
+  // rank (select_pooled_across_ranks), so each rank keeps what one GPU would.
   void select_into(const LayerStep& step, int64_t recent, const DeviceTensor& selection_scores,
                    const DeviceTensor* eligible, DeviceTensor& target, int64_t budget,
                    int64_t page_size = 0);
@@ -100,6 +102,19 @@ class BudgetedPolicy : public Policy {
   // Ada-KV's part of select_into (its comment): `forced` as select_into computed it.
   void select_adaptive(const DeviceTensor& scores, int64_t cols, const DeviceTensor* eligible,
                        const ForcedColumns& forced, int64_t extra, DeviceTensor& target);
+  // The whole model's selection rows (H or G) on a tensor-parallel shard and the first of this
+  // shard's among them; this policy's own rows when the model is not split.
+  int64_t model_selection_rows() const;
+  int64_t first_model_selection_row() const;
+  // Ada-KV's pooled top-k of `pooled` columns on a tensor-parallel shard: every rank's selection
+  // rows (scores, and which columns are no candidates: chosen already, not eligible, past
+  // `cols`) are gathered into the whole model's by all-reduces of zero-padded rows (exact: one
+  // term and zeros), every rank runs one GPU's top-k over them, then keeps its own rows. U8 has
+  // no all-reduce, so the candidate flags pass through the host as F32 (a read-back per layer:
+  // the price of Ada-KV over several GPUs).
+  void select_pooled_across_ranks(const DeviceTensor& scores, int64_t cols,
+                                  const DeviceTensor* eligible, int64_t pooled,
+                                  DeviceTensor& target);
 
   // PyramidKV: each layer's last budget and the step it was given at (-1: none yet).
   std::vector<int64_t> pyramid_budget_, pyramid_step_;
@@ -115,6 +130,9 @@ class BudgetedPolicy : public Policy {
   DeviceTensor group_scores_;     // [G, stride] F32
   DeviceTensor model_head_rows_;  // [H * ranks, stride] F32 on a tensor-parallel shard
   DeviceTensor group_visible_;    // [G, stride] U8
+  // Ada-KV on a tensor-parallel shard: the whole model's selection rows [R, stride] of scores
+  // (F32), of zeros (F32, to clear them), and of the no-candidate flags (F32 summed, U8 used).
+  DeviceTensor model_scores_, model_zeros_, model_blocked_sums_, model_blocked_;
   // A sliding-window layer's candidates (LayerStep::first_candidate), [H, stride] U8, made on
   // the first such step; selections of R' rows use its first R' rows.
   DeviceTensor window_eligible_;

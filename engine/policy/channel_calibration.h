@@ -26,13 +26,15 @@ std::vector<float> read_calibration(const PolicyShape& shape, const std::string&
                                     const std::vector<int64_t>& expected);
 
 // Loki's per-layer bases [G, D, dims]: the first `dims` principal directions of each KV head's
-// keys, from loki_pca.safetensors ([L, G, D, D]) beside the model.
+// keys, from loki_pca.safetensors ([L, G, D, D] over the whole model's KV heads: a
+// tensor-parallel shard's are rows shape.first_kv_head ..) beside the model.
 std::vector<std::vector<float>> loki_bases(const PolicyShape& shape, int64_t dims);
 
 // DoubleSparsity's per-layer bases [H, D, channels]: column i of query head h's basis is the unit
 // vector of its i-th most important channel (so the keys "projected" on it are exactly those
-// channels: its label cache), from doublesparsity_channels.safetensors ([L, H, D]). Each row must
-// list distinct channels in [0, D).
+// channels: its label cache), from doublesparsity_channels.safetensors ([L, H, D] over the whole
+// model's query heads: a shard's are rows shape.first_head ..). Each row must list distinct
+// channels in [0, D).
 std::vector<std::vector<float>> doublesparsity_bases(const PolicyShape& shape, int64_t channels);
 
 }  // namespace kvlens

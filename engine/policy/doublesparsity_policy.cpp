@@ -21,21 +21,25 @@
 namespace kvlens {
 
 PolicyInfo doublesparsity_policy_info() {
-  return {"doublesparsity",
-          "approximate logits (DoubleSparsity)",
-          "Top-B(t) tokens per head by approximate logits from each head's offline-calibrated "
-          "label channels of the query and keys; chosen afresh every step.",
-          with_common_specs({{"channels",
-                              ParamType::Float,
-                              "Label channels per head: a fraction of head_dim below 1, else a "
-                              "count (the authors' group_factor 8 is 0.125)",
-                              "0.125",
-                              0.0,
-                              4096.0,
-                              {}}}),
-          /*reference=*/false,
-          /*needs_predictor=*/false,
-          /*predicts_logits=*/true};
+  PolicyInfo info{
+      "doublesparsity",
+      "approximate logits (DoubleSparsity)",
+      "Top-B(t) tokens per head by approximate logits from each head's offline-calibrated "
+      "label channels of the query and keys; chosen afresh every step.",
+      with_common_specs({{"channels",
+                          ParamType::Float,
+                          "Label channels per head: a fraction of head_dim below 1, else a "
+                          "count (the authors' group_factor 8 is 0.125)",
+                          "0.125",
+                          0.0,
+                          4096.0,
+                          {}}}),
+      /*reference=*/false,
+      /*needs_predictor=*/false,
+      /*predicts_logits=*/true};
+  // Each query head ranks by its own label channels (a shard reads its heads' rows).
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_doublesparsity_policy(const PolicyShape& shape, Backend& backend,

@@ -23,12 +23,14 @@ std::vector<float> load_duo_gates(const PolicyShape& shape) {
   const std::string path =
       require_model_file(shape, "policy duoattention", kDuoGatesFile, "the head gates", kMakeIt);
   const SafetensorsFile file(path);
+  // Every KV head of the whole model (a tensor-parallel shard ranks them all too).
+  const int64_t kv_heads = shape.whole_kv_heads();
   const std::string expected = "an F32 [" + std::to_string(shape.layers) + ", " +
-                               std::to_string(shape.kv_heads) +
+                               std::to_string(kv_heads) +
                                "] tensor (layers x KV heads) of values in [0, 1]";
   if (!file.contains("gates")) throw Error(path, "gates", expected, "none");
   const TensorView view = file.tensor("gates");
-  const std::vector<int64_t> want = {shape.layers, shape.kv_heads};
+  const std::vector<int64_t> want = {shape.layers, kv_heads};
   if (view.dtype != DType::F32 || view.shape != want) {
     std::string found = std::string(dtype_name(view.dtype)) + " [";
     for (size_t i = 0; i < view.shape.size(); ++i)
@@ -40,9 +42,8 @@ std::vector<float> load_duo_gates(const PolicyShape& shape) {
   for (size_t i = 0; i < gates.size(); ++i) {
     if (!(gates[i] >= 0.0f && gates[i] <= 1.0f))
       throw Error(path, "gates", expected,
-                  std::to_string(gates[i]) + " at layer " +
-                      std::to_string(int64_t(i) / shape.kv_heads) + ", KV head " +
-                      std::to_string(int64_t(i) % shape.kv_heads));
+                  std::to_string(gates[i]) + " at layer " + std::to_string(int64_t(i) / kv_heads) +
+                      ", KV head " + std::to_string(int64_t(i) % kv_heads));
   }
   return gates;
 }

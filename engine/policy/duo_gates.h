@@ -13,8 +13,10 @@ namespace kvlens {
 
 inline constexpr const char* kDuoGatesFile = "duo_gates.safetensors";
 
-// The gates of the model in shape.model_dir, row-major [layers, kv_heads]. Errors name the file
-// and the tool that makes it when it is missing, and the expected shape when it is wrong.
+// The gates of the model in shape.model_dir, row-major [layers, kv_heads] over the whole model's
+// KV heads (shape.whole_kv_heads(): a tensor-parallel shard gets every head's too). Errors name
+// the file and the tool that makes it when it is missing, and the expected shape when it is
+// wrong.
 std::vector<float> load_duo_gates(const PolicyShape& shape);
 
 // The number of retrieval heads R at a step under the budget rule: the largest R in [0, heads]

@@ -6,6 +6,9 @@
 // kept over all heads within what B(t) per head would keep) or fixed by retrieval_frac.
 // One set per KV group, written on the backend with fill_columns. It ranks no tokens: each head's
 // scores row holds its gate on every candidate (the heads grid shows it beside the retrieval mark).
+// A tensor-parallel shard ranks every KV head of the whole model by the same gates (the ranking
+// depends on the file and the step only) and marks its own heads (PolicyShape::first_kv_head):
+// the heads one GPU would.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -28,13 +31,15 @@ class DuoAttentionPolicy final : public BudgetedPolicy {
         sink_tokens_(sink_tokens),
         recent_tokens_(recent_tokens),
         retrieval_frac_(retrieval_frac),
-        rank_(size_t(shape.layers * shape.kv_heads), -1),
+        model_kv_heads_(shape.whole_kv_heads()),
+        rank_(size_t(shape.layers * model_kv_heads_), -1),
         gates_(load_duo_gates(shape)) {
     const std::vector<float>& gates = gates_;
     ones_ = ones(shape.stride);
-    // The selecting layers' heads by gate, highest first; equal gates keep (layer, head) order.
+    // The selecting layers' heads of the whole model by gate, highest first; equal gates keep
+    // (layer, head) order.
     std::vector<int64_t> order;
-    for (int64_t i = knobs.dense_layers * shape.kv_heads; i < shape.layers * shape.kv_heads; ++i)
+    for (int64_t i = knobs.dense_layers * model_kv_heads_; i < shape.layers * model_kv_heads_; ++i)
       order.push_back(i);
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t a, int64_t b) { return gates[size_t(a)] > gates[size_t(b)]; });
@@ -94,15 +99,19 @@ class DuoAttentionPolicy final : public BudgetedPolicy {
         if (sink_end > sink_begin) backend_.fill_columns(rows, sink_begin, sink_end, 1);
       }
       DeviceTensor gate_rows = tensor::row_range(scores, g * group, group);
-      backend_.axpby_rows(gate_rows, gates_[size_t(step.layer * shape_.kv_heads + g)], ones_, 0.0f,
-                          cols);
+      backend_.axpby_rows(gate_rows, gates_[size_t(model_head(step.layer, g))], ones_, 0.0f, cols);
     }
     return LayerDecision::Masked;
   }
 
  private:
+  // This policy's KV head `kv_head` of `layer` as an index of rank_ and gates_ (the whole
+  // model's [layers, kv_heads]).
+  int64_t model_head(int64_t layer, int64_t kv_head) const {
+    return layer * model_kv_heads_ + shape_.first_kv_head + kv_head;
+  }
   bool is_retrieval(int64_t layer, int64_t kv_head, int64_t retrieval) const {
-    const int64_t rank = rank_[size_t(layer * shape_.kv_heads + kv_head)];
+    const int64_t rank = rank_[size_t(model_head(layer, kv_head))];
     return rank >= 0 && rank < retrieval;
   }
 
@@ -117,9 +126,10 @@ class DuoAttentionPolicy final : public BudgetedPolicy {
 
   int64_t sink_tokens_, recent_tokens_;
   double retrieval_frac_;      // < 0: the budget rule
-  std::vector<int64_t> rank_;  // [layers * kv_heads]: the head's rank by gate (-1: dense layer)
+  int64_t model_kv_heads_;     // the whole model's KV heads (a shard's place: first_kv_head)
+  std::vector<int64_t> rank_;  // [layers * model KV heads]: rank by gate (-1: dense layer)
   int64_t ranked_heads_ = 0;
-  std::vector<float> gates_;  // [layers * kv_heads]
+  std::vector<float> gates_;  // [layers * model KV heads]
   DeviceTensor ones_;
 };
 
@@ -156,11 +166,14 @@ PolicyInfo duoattention_policy_info() {
   // The paper gates every layer; layer 0 is not left dense unless asked.
   for (ParamSpec& spec : specs)
     if (spec.name == "dense_layers") spec.default_value = std::string("0");
-  return {"duoattention", "static heads (DuoAttention)",
-          "Retrieval heads (the top heads by a gate optimised offline) see every token; the "
-          "others see the sinks and the recent tokens; as many retrieval heads as the budget "
-          "allows.",
-          std::move(specs)};
+  PolicyInfo info{"duoattention", "static heads (DuoAttention)",
+                  "Retrieval heads (the top heads by a gate optimised offline) see every token; "
+                  "the others see the sinks and the recent tokens; as many retrieval heads as "
+                  "the budget allows.",
+                  std::move(specs)};
+  // Each KV head's set follows from the gates file and the step alone.
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_duoattention_policy(const PolicyShape& shape, Backend& backend,

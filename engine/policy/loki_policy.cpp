@@ -20,22 +20,26 @@
 namespace kvlens {
 
 PolicyInfo loki_policy_info() {
-  return {"loki",
-          "approximate logits (Loki)",
-          "Top-B(t) tokens per head by approximate logits from queries and keys projected on "
-          "the keys' top principal directions (calibrated beside the model); chosen afresh every "
-          "step.",
-          with_common_specs({{"dims",
-                              ParamType::Float,
-                              "Principal directions kept: a fraction of head_dim below 1, else a "
-                              "count (the paper's d_f = 0.25)",
-                              "0.25",
-                              0.0,
-                              4096.0,
-                              {}}}),
-          /*reference=*/false,
-          /*needs_predictor=*/false,
-          /*predicts_logits=*/true};
+  PolicyInfo info{
+      "loki",
+      "approximate logits (Loki)",
+      "Top-B(t) tokens per head by approximate logits from queries and keys projected on "
+      "the keys' top principal directions (calibrated beside the model); chosen afresh every "
+      "step.",
+      with_common_specs({{"dims",
+                          ParamType::Float,
+                          "Principal directions kept: a fraction of head_dim below 1, else a "
+                          "count (the paper's d_f = 0.25)",
+                          "0.25",
+                          0.0,
+                          4096.0,
+                          {}}}),
+      /*reference=*/false,
+      /*needs_predictor=*/false,
+      /*predicts_logits=*/true};
+  // Each query head ranks by its own KV head's basis (a shard reads its KV heads' rows).
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_loki_policy(const PolicyShape& shape, Backend& backend,

@@ -119,6 +119,16 @@ struct PolicyShape {
   // The folders where those files are looked for, in order (Model::file_dirs: beside the model,
   // then the folder kvlens ships for a known GGUF model); empty: model_dir's folder alone.
   std::vector<std::string> model_file_dirs;
+  // Where these heads sit in the whole model: on a tensor-parallel shard
+  // (engine/arch/tensor_parallel.h) the whole model's first query head and first KV head it
+  // holds, and the whole model's head counts (Model::shard); 0, 0 and counts 0 (read as heads
+  // and kv_heads) for an unsplit model. A rule over every head of the model (duoattention's
+  // ranking of all heads) or a file made for the whole model (loki's, doublesparsity's,
+  // duoattention's, seerattention's) reads the whole model's heads by these.
+  int64_t first_head = 0, first_kv_head = 0;
+  int64_t model_heads = 0, model_kv_heads = 0;
+  int64_t whole_heads() const { return model_heads > 0 ? model_heads : heads; }
+  int64_t whole_kv_heads() const { return model_kv_heads > 0 ? model_kv_heads : kv_heads; }
 };
 
 class Policy {
@@ -219,11 +229,14 @@ struct PolicyInfo {
   // hit rate.
   bool predicts_logits = false;
   // Its rule for each query head reads only that head's (and its KV head's) keys, queries,
-  // logits and state, and no per-head file: a tensor-parallel shard runs it over the heads it
-  // holds and chooses what one GPU would (engine/session/tensor_parallel_session.h).
+  // logits and state, and per-head files and host-side counts at that head's place in the whole
+  // model (PolicyShape::first_head ...): a tensor-parallel shard runs it over the heads it holds
+  // and chooses what one GPU would (engine/session/tensor_parallel_session.h).
   bool per_head_rule = false;
-  // Its rule reads every head of a layer through a sum (tova's and lazyllm's head averages),
-  // which a shard completes with Backend::all_reduce_sum: it chooses what one GPU would, in a
+  // Its rule reads every head of a layer through a sum (tova's and lazyllm's head averages,
+  // tokenfilter's similarities) or through every head's row at once (Ada-KV's top-k over a
+  // layer's heads), which a shard completes with Backend::all_reduce_sum (of zero-padded rows of
+  // the whole model's heads where it needs them all): it chooses what one GPU would, in a
   // tensor-parallel session of one run (the collectives of runs stepped as concurrent tasks would
   // pair up differently on each rank).
   bool reduces_heads = false;

@@ -21,6 +21,10 @@
 //   copied to its columns), so one attention_logits over it scores every column; each step
 //   recomputes only the blocks that gained columns (the current one; every block after a dense
 //   prompt). Every op is an existing backend op.
+// - Tensor parallelism: the gate file holds every KV head of the whole model; a shard holding
+//   whole KV groups (PolicyInfo::reads_kv_groups: the gate query reads a group's query heads
+//   together) uploads its KV heads' weights (PolicyShape::first_kv_head ..) and chooses as one
+//   GPU would.
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "engine/backend/tensor_views.h"
+#include "engine/common/error.h"
 #include "engine/policy/budgeted_policy.h"
 #include "engine/policy/model_files.h"
 #include "engine/policy/policy_factories.h"
@@ -65,6 +70,13 @@ class SeerAttentionPolicy final : public BudgetedPolicy {
         dim_(gate_->config.gate_dim),
         filled_(size_t(shape.layers), 0) {
     const int64_t G = shape.kv_heads, D = shape.head_dim, group = shape.heads / shape.kv_heads;
+    // The file's groups are the whole model's: a shard must hold whole ones.
+    if (group != shape.whole_heads() / shape.whole_kv_heads())
+      throw Error("policy seerattention", "tensor parallel",
+                  "whole KV groups on each GPU (the gate reads a group's " +
+                      std::to_string(shape.whole_heads() / shape.whole_kv_heads()) +
+                      " query heads together)",
+                  std::to_string(group) + " query heads of a group");
     weights_.resize(size_t(shape.layers));
     for (int64_t l = 0; l < shape.layers; ++l) {
       const bool ranked = l >= knobs_.dense_layers;  // dense layers keep nothing
@@ -78,17 +90,18 @@ class SeerAttentionPolicy final : public BudgetedPolicy {
       const SeerGateLayer& w = gate_->layers[size_t(l)];
       const std::string at = "layers." + std::to_string(l) + ".";
       for (int64_t g = 0; g < G; ++g) {
+        const int64_t file_g = shape.first_kv_head + g;  // the whole model's KV head
         GateWeights head;
         head.q_proj = upload(backend, gate_, at + "q_proj.weight",
-                             w.q_proj.data() + g * dim_ * group * D, {dim_, group * D});
+                             w.q_proj.data() + file_g * dim_ * group * D, {dim_, group * D});
         head.k_max_proj = upload(backend, gate_, at + "k_max_proj.weight",
-                                 w.k_max_proj.data() + g * dim_ * D, {dim_, D});
+                                 w.k_max_proj.data() + file_g * dim_ * D, {dim_, D});
         head.k_min_proj = upload(backend, gate_, at + "k_min_proj.weight",
-                                 w.k_min_proj.data() + g * dim_ * D, {dim_, D});
+                                 w.k_min_proj.data() + file_g * dim_ * D, {dim_, D});
         head.q_norm =
-            upload(backend, gate_, at + "q_norm.weight", w.q_norm.data() + g * dim_, {dim_});
+            upload(backend, gate_, at + "q_norm.weight", w.q_norm.data() + file_g * dim_, {dim_});
         head.k_norm =
-            upload(backend, gate_, at + "k_norm.weight", w.k_norm.data() + g * dim_, {dim_});
+            upload(backend, gate_, at + "k_norm.weight", w.k_norm.data() + file_g * dim_, {dim_});
         weights_[size_t(l)].push_back(std::move(head));
       }
     }
@@ -209,15 +222,20 @@ class SeerAttentionPolicy final : public BudgetedPolicy {
 }  // namespace
 
 PolicyInfo seerattention_policy_info() {
-  return {"seerattention",
-          "learned block gate (SeerAttention-R)",
-          "Blocks of the cache scored by a learned gate (the block's key min/max and the query "
-          "through small trained projections); the best whole blocks fill the budget, the "
-          "current block always visible. Needs seer_gate.safetensors beside the model.",
-          with_common_specs({}),
-          /*reference=*/false,
-          /*needs_predictor=*/false,
-          /*predicts_logits=*/true};
+  PolicyInfo info{
+      "seerattention",
+      "learned block gate (SeerAttention-R)",
+      "Blocks of the cache scored by a learned gate (the block's key min/max and the query "
+      "through small trained projections); the best whole blocks fill the budget, the "
+      "current block always visible. Needs seer_gate.safetensors beside the model.",
+      with_common_specs({}),
+      /*reference=*/false,
+      /*needs_predictor=*/false,
+      /*predicts_logits=*/true};
+  // Each KV group's blocks by its own gate, from its query heads together.
+  info.per_head_rule = true;
+  info.reads_kv_groups = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_seerattention_policy(const PolicyShape& shape, Backend& backend,
@@ -228,8 +246,9 @@ std::unique_ptr<Policy> make_seerattention_policy(const PolicyShape& shape, Back
   const std::string folder = search.found.empty()
                                  ? shape.model_dir
                                  : std::filesystem::path(search.found).parent_path().string();
-  std::shared_ptr<const SeerGate> gate =
-      load_seer_gate(folder, shape.layers, shape.heads, shape.kv_heads, shape.head_dim);
+  // The whole model's shape (the file's), also on a tensor-parallel shard.
+  std::shared_ptr<const SeerGate> gate = load_seer_gate(folder, shape.layers, shape.whole_heads(),
+                                                        shape.whole_kv_heads(), shape.head_dim);
   return std::make_unique<SeerAttentionPolicy>(shape, backend, read_common_knobs(params, sparsity),
                                                std::move(gate));
 }

@@ -38,6 +38,11 @@
 //   the token skips, and the session reads the gates back once per step with the sparsity
 //   counts. Nothing waits for the host. The budget knobs (sinks, window, budget_tokens,
 //   granularity, ...) have no effect: nothing is selected.
+// - Tensor parallelism: the means and variances read every KV head of the layer. A shard writes
+//   its KV heads' similarities at their place in a zero-padded [2, G] row of the whole model's
+//   heads (one of the ranks sharing a replicated KV head writes it: the first), and an all-reduce
+//   (exact: one term and zeros) gives every rank all of them, so each takes the decision one GPU
+//   takes (PolicyInfo::reduces_heads).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -46,6 +51,7 @@
 #include <vector>
 
 #include "engine/backend/policy_op_math.h"
+#include "engine/backend/tensor_views.h"
 #include "engine/policy/policy_factories.h"
 #include "engine/policy/tokenfilter_ops.h"
 
@@ -96,6 +102,14 @@ class TokenfilterPolicy final : public Policy {
         settings_(settings),
         similarities_(backend.alloc(DType::F32, {2, shape.kv_heads})),
         zeros_(backend.alloc(DType::F32, {1, shape.stride})) {
+    if (backend.tensor_parallel_ranks() > 1) {
+      const int64_t model_kv_heads = shape.whole_kv_heads();
+      model_partial_ = backend.alloc(DType::F32, {1, 2 * model_kv_heads});
+      model_similarities_ = backend.alloc(DType::F32, {2 * model_kv_heads});
+      // Where KV heads are replicated, the first rank of those holding one writes it.
+      const int64_t group = shape.whole_heads() / model_kv_heads;
+      writes_model_row_ = shape.first_head % group == 0;
+    }
     const int64_t n = shape.layers;
     const TokenfilterTail tail = tokenfilter_tail(settings, n);
     first_tail_ = tail.first;
@@ -122,7 +136,7 @@ class TokenfilterPolicy final : public Policy {
     zeros_ = widen_columns(backend_, zeros_, stride);
   }
   int64_t state_bytes() const override {
-    int64_t bytes = tensor_bytes({similarities_, zeros_});
+    int64_t bytes = tensor_bytes({similarities_, zeros_, model_partial_, model_similarities_});
     for (const Layer& layer : layers_)
       bytes += tensor_bytes({layer.anchor_k, layer.anchor_v, layer.state, layer.gate});
     return bytes;
@@ -136,7 +150,13 @@ class TokenfilterPolicy final : public Policy {
     if (step.layer < first_tail_) return LayerDecision::Dense;
     Layer& layer = layers_[size_t(step.layer)];
     const int64_t t = step.step, cols = step.cols();
+    const bool split = !model_partial_.empty();
     DeviceTensor sim_k = similarity_row(0), sim_v = similarity_row(1);
+    if (split && writes_model_row_) {
+      // This shard's KV heads at their place among the whole model's (the rest stays 0).
+      sim_k = model_partial_row(0);
+      sim_v = model_partial_row(1);
+    }
     backend_.axpby_rows(scores, 1.0f, zeros_, 0.0f, cols);  // 0 but the current column
     // decay 0 at the layer's first step: the anchors become this token's k and v.
     const bool first = !layer.started;
@@ -144,9 +164,17 @@ class TokenfilterPolicy final : public Policy {
     ops_.anchor_cosine_update(*step.k_cache, t, decay, layer.anchor_k, sim_k);
     ops_.anchor_cosine_update(*step.v_cache, t, decay, layer.anchor_v, sim_v);
     layer.started = true;
+    const DeviceTensor* similarities = first ? nullptr : &similarities_;
+    if (split && !first) {
+      // Every rank gets every KV head's similarities (the same step, layer and order on each).
+      DeviceTensor sums = tensor::view(model_similarities_, {1, model_partial_.dim(1)});
+      backend_.axpby_rows(sums, 1.0f, model_partial_, 0.0f, model_partial_.dim(1));
+      backend_.all_reduce_sum(model_similarities_);
+      similarities = &model_similarities_;
+    }
     // The decision and the threshold's update stay on the backend (the gate): no read-back.
-    ops_.token_filter_step(first ? nullptr : &similarities_, settings_.eta, target_, t, layer.state,
-                           scores, layer.gate);
+    ops_.token_filter_step(similarities, settings_.eta, target_, t, layer.state, scores,
+                           layer.gate);
     // Target 0 never skips: the plain dense layer, bit for bit.
     return first || target_ <= 0.0 ? LayerDecision::Dense : LayerDecision::Gated;
   }
@@ -166,6 +194,13 @@ class TokenfilterPolicy final : public Policy {
     row.shape = {shape_.kv_heads};
     return row;
   }
+  // This shard's G elements of row r of model_partial_ ([2, whole model's G]).
+  DeviceTensor model_partial_row(int64_t r) const {
+    DeviceTensor row = model_partial_;
+    row.data = model_partial_.as<float>() + r * shape_.whole_kv_heads() + shape_.first_kv_head;
+    row.shape = {shape_.kv_heads};
+    return row;
+  }
 
   PolicyShape shape_;
   Backend& backend_;
@@ -176,52 +211,60 @@ class TokenfilterPolicy final : public Policy {
   std::vector<Layer> layers_;
   DeviceTensor similarities_;  // [2, G]: key then value similarities of the current layer
   DeviceTensor zeros_;         // [1, stride]
+  // On a tensor-parallel shard (empty otherwise): [1, 2 * the whole model's G], this shard's
+  // similarities at their heads' place and 0 elsewhere, and its sum over the ranks [2 * G].
+  DeviceTensor model_partial_, model_similarities_;
+  bool writes_model_row_ = false;  // this shard writes its KV heads into model_partial_
 };
 
 }  // namespace
 
 PolicyInfo tokenfilter_policy_info() {
   const double inf = std::numeric_limits<double>::infinity();
-  return {"tokenfilter", "attention skip (KV-similarity Token Filtering)",
-          "In the tail layers, skips a token's attention when its key/value similarity to EMA "
-          "anchors exceeds an adaptive per-layer threshold; skips whole attention computations, "
-          "not tokens.",
-          with_common_specs(
-              {{"tail_frac",
-                ParamType::Float,
-                "Fraction of the layers, the last ones, where attention may be skipped",
-                "0.5",
-                0.0,
-                1.0,
-                {}},
-               {"ema",
-                ParamType::Float,
-                "Anchor decay a: anchor <- a*anchor + (1-a)*x",
-                "0.9",
-                0.0,
-                1.0,
-                {}},
-               {"tau",
-                ParamType::Float,
-                "Initial skip threshold of each tail layer",
-                "0.5",
-                -inf,
-                inf,
-                {}},
-               {"eta",
-                ParamType::Float,
-                "Threshold step: tau += eta * (skip ratio - target)",
-                "0.01",
-                0.0,
-                inf,
-                {}},
-               {"global_ratio",
-                ParamType::Float,
-                "Fraction of all attention computations to skip (negative: the run's sparsity)",
-                "-1",
-                -1.0,
-                1.0,
-                {}}})};
+  PolicyInfo info{
+      "tokenfilter", "attention skip (KV-similarity Token Filtering)",
+      "In the tail layers, skips a token's attention when its key/value similarity to EMA "
+      "anchors exceeds an adaptive per-layer threshold; skips whole attention computations, "
+      "not tokens.",
+      with_common_specs(
+          {{"tail_frac",
+            ParamType::Float,
+            "Fraction of the layers, the last ones, where attention may be skipped",
+            "0.5",
+            0.0,
+            1.0,
+            {}},
+           {"ema",
+            ParamType::Float,
+            "Anchor decay a: anchor <- a*anchor + (1-a)*x",
+            "0.9",
+            0.0,
+            1.0,
+            {}},
+           {"tau",
+            ParamType::Float,
+            "Initial skip threshold of each tail layer",
+            "0.5",
+            -inf,
+            inf,
+            {}},
+           {"eta",
+            ParamType::Float,
+            "Threshold step: tau += eta * (skip ratio - target)",
+            "0.01",
+            0.0,
+            inf,
+            {}},
+           {"global_ratio",
+            ParamType::Float,
+            "Fraction of all attention computations to skip (negative: the run's sparsity)",
+            "-1",
+            -1.0,
+            1.0,
+            {}}})};
+  // Its means and variances read every KV head of a layer: a shard all-reduces them.
+  info.reduces_heads = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_tokenfilter_policy(const PolicyShape& shape, Backend& backend,

@@ -111,14 +111,18 @@ PolicyInfo twilight_policy_info() {
       spec.description = std::string("The first layers are left dense (Twilight uses 2)");
     }
   }
-  return {"twilight",
-          "adaptive top-p (Twilight)",
-          "The base selector (quest or doublesparsity) picks at most B(t) candidates; each head "
-          "keeps the fewest of them whose softmax over the base's estimates reaches top_p.",
-          specs,
-          /*reference=*/false,
-          /*needs_predictor=*/false,
-          /*predicts_logits=*/true};
+  PolicyInfo info{
+      "twilight",
+      "adaptive top-p (Twilight)",
+      "The base selector (quest or doublesparsity) picks at most B(t) candidates; each head "
+      "keeps the fewest of them whose softmax over the base's estimates reaches top_p.",
+      specs,
+      /*reference=*/false,
+      /*needs_predictor=*/false,
+      /*predicts_logits=*/true};
+  // Both bases are per head (quest, doublesparsity) and top-p prunes each head's own candidates.
+  info.per_head_rule = true;
+  return info;
 }
 
 std::unique_ptr<Policy> make_twilight_policy(const PolicyShape& shape, Backend& backend,

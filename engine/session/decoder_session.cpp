@@ -537,7 +537,11 @@ PolicyShape DecoderSession::policy_shape() const {
           c.hidden_size,
           c.max_position_embeddings,
           model_->model->dir,
-          model_->model->file_dirs};
+          model_->model->file_dirs,
+          model_->model->shard.first_head,
+          model_->model->shard.first_kv_head,
+          model_->model->shard.model_heads,
+          model_->model->shard.model_kv_heads};
 }
 
 void DecoderSession::set_policy(int64_t index, std::unique_ptr<Policy> policy, int64_t first_step) {

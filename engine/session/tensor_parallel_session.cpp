@@ -130,10 +130,15 @@ void check_tensor_parallel_policy(const PolicyConfig& policy, const ModelConfig&
       if (!allowed.empty()) allowed += ", ";
       allowed += i.id;
     }
+    // Every built-in has one of the flags; a plug-in's rule is its own code, which may read any
+    // head's rows: a shard, seeing only its heads, could not choose what one GPU would.
+    const std::string source = policy_source(policy.id);
     throw Error("policy " + policy.id, "tensor parallel",
                 "a policy whose rule stays within each head or sums over heads (" + allowed +
                     ") on more than one GPU",
-                policy.id + ", whose rule reads other heads' state or per-head files");
+                policy.id + (source.empty() ? ", whose rule reads other heads' state"
+                                            : ", a plug-in (" + source +
+                                                  ") whose rule may read every head's rows"));
   }
   if (info.reduces_heads && runs > 1) {
     throw Error("policy " + policy.id, "tensor parallel",

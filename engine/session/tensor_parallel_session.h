@@ -25,11 +25,11 @@ std::vector<std::shared_ptr<const BackendModel>> upload_tensor_parallel(
     const UploadOptions& options = {});
 
 // Throws kvlens::Error naming the policy when a shard cannot run it as one GPU would: its rule
-// reads other heads' state or per-head files (neither PolicyInfo::per_head_rule nor
-// reduces_heads: tokenfilter, the predictor's, the allocators' budgets, duoattention's gates ...),
-// it sums over heads in a session of several runs, or it selects per KV group
-// (granularity=kv_head) while the ranks split KV groups (more ranks than KV heads). The reference
-// policy always can.
+// may read other heads' state (neither PolicyInfo::per_head_rule nor reduces_heads: a plug-in,
+// whose rule is its own code), it gathers heads through collectives (reduces_heads: tova,
+// lazyllm, tokenfilter, Ada-KV's budgets) in a session of several runs, or it selects per KV
+// group (granularity=kv_head, sparq, rocketkv, seerattention) while the ranks split KV groups
+// (more ranks than KV heads). The reference policy always can.
 void check_tensor_parallel_policy(const PolicyConfig& policy, const ModelConfig& config,
                                   int64_t ranks, int64_t runs = 1);
 
