@@ -25,6 +25,7 @@
 #include "app/cli/eval_report.h"
 #include "app/session/model_input.h"
 #include "app/session/policy_runs.h"
+#include "engine/arch/tensor_parallel.h"
 #include "engine/common/error.h"
 #include "engine/common/mapped_file.h"
 #include "engine/eval/coref_eval.h"
@@ -35,6 +36,7 @@
 #include "engine/eval/sparsity_match.h"
 #include "engine/policy/registry.h"
 #include "engine/session/memory_estimate.h"
+#include "engine/session/tensor_parallel_session.h"
 #if KVLENS_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #include "kernels/policy/cuda_policy_ops.h"
@@ -219,6 +221,8 @@ struct DistributionFlags {
   int64_t workers = 1;
   std::string devices;
   int64_t gpus = 0;
+  // GPUs (CPU: ranks) an engine splits the model over; 0: the fewest that hold it (1 on the CPU).
+  int64_t tensor_parallel = 0;
 };
 DistributionFlags distribution;
 
@@ -291,6 +295,10 @@ void check_distribution_flags(const CommonOptions& common) {
   if (!distribution.devices.empty() && distribution.gpus > 0) {
     throw Error("eval", "--gpus", "either --devices or --gpus, not both");
   }
+  if (distribution.tensor_parallel < 0) {
+    throw Error("eval", "--tensor-parallel", "at least 1 GPU an engine",
+                std::to_string(distribution.tensor_parallel));
+  }
 }
 
 #if KVLENS_HAVE_CUDA
@@ -305,24 +313,54 @@ std::string gib(int64_t bytes) {
   return text;
 }
 
-// Before anything is uploaded: each engine holds the whole model, so it must fit one GPU; a model
-// that needs more is refused naming how many it needs (tensor parallelism, issue 44 item 1, is
-// what would split it).
+// Before anything is uploaded: an engine of one GPU holds the whole model, so it must fit one
+// GPU; a model that needs more is refused naming how many it needs and the flag that splits it.
 void require_gpus(const CommonOptions& common, const Model& model, int64_t kv_bytes,
                   const std::vector<int>& devices) {
   for (const int device : devices) {
     const GpuNeed need = gpu_need(common, model, kv_bytes, cuda_device_memory_bytes(device));
     if (need.gpus > 1) {
-      throw Error("eval", "--gpus",
-                  std::to_string(need.gpus) + " GPUs of " + gib(need.device_bytes) + " for " +
-                      flags.model_dir + " at " + need.dtype + " (weights " +
+      throw Error("eval", "--tensor-parallel",
+                  "at least " + std::to_string(need.gpus) + " GPUs of " + gib(need.device_bytes) +
+                      " an engine for " + flags.model_dir + " at " + need.dtype + " (weights " +
                       gib(need.weight_bytes) + ", caches " + gib(need.kv_bytes) +
-                      "), split by tensor parallelism; eval puts a whole copy on each GPU",
-                  "GPU " + std::to_string(device) + " holds " + gib(need.device_bytes));
+                      "): --tensor-parallel N splits each engine's copy over N GPUs",
+                  "GPU " + std::to_string(device) + " holding a whole copy (" +
+                      gib(need.device_bytes) + ")");
     }
   }
 }
 #endif
+
+// The GPUs (CPU: ranks) each engine splits the model over: --tensor-parallel, else the fewest
+// GPUs of the first device that hold the model with the eval's caches (1 where it fits one, and
+// always 1 on the CPU).
+int64_t engine_ranks([[maybe_unused]] const CommonOptions& common,
+                     [[maybe_unused]] const Model& model, [[maybe_unused]] int64_t longest,
+                     [[maybe_unused]] int64_t runs) {
+  if (distribution.tensor_parallel > 0) return distribution.tensor_parallel;
+#if KVLENS_HAVE_CUDA
+  if (common.backend == "cuda" && cuda_device_available()) {
+    const int device = chosen_devices().front();
+    if (device < cuda_device_count()) {
+      const MemoryEstimate estimate = estimate_memory(model);
+      const double scale = session::weight_scale(common, model);
+      const int64_t bytes = cuda_device_memory_bytes(device);
+      if (estimate.cuda_bytes_per_gpu(1, longest, runs, scale) > bytes - bytes / 10) {
+        // The fewest that hold one run, then more while the runs' caches do not fit.
+        int64_t ranks =
+            std::max<int64_t>(1, gpus_needed_split(model, estimate, longest, bytes, scale));
+        while (ranks < 64 &&
+               (model.config.num_heads % ranks != 0 ||
+                estimate.cuda_bytes_per_gpu(ranks, longest, runs, scale) > bytes - bytes / 10))
+          ++ranks;
+        return ranks;
+      }
+    }
+  }
+#endif
+  return 1;
+}
 
 // One engine (backend + resident model) per worker or GPU, each built once. `backends` outlives
 // the models that point into it.
@@ -331,10 +369,22 @@ struct Engines {
   std::vector<std::shared_ptr<const BackendModel>> models;
 };
 
+// A model split over `group` (a tensor-parallel group's ranks), led by rank 0's shard.
+std::shared_ptr<const BackendModel> upload_split(const std::shared_ptr<const Model>& model,
+                                                 const std::vector<std::unique_ptr<Backend>>& group,
+                                                 const UploadOptions& upload) {
+  std::vector<Backend*> ranks;
+  for (const auto& backend : group) ranks.push_back(backend.get());
+  return lead_tensor_parallel(model, upload_tensor_parallel(model, ranks, upload));
+}
+
+// `ranks` GPUs (CPU: ranks) an engine: one backend per engine, or a tensor-parallel group of
+// `ranks` backends per engine (the GPUs in --devices order, consecutive ones together).
 Engines make_engines(const CommonOptions& common, const std::shared_ptr<const Model>& model,
-                     int64_t kv_bytes) {
+                     int64_t kv_bytes, int64_t ranks, int64_t longest, int64_t runs) {
   Engines engines;
   const UploadOptions upload = session::upload_options(common);
+  if (ranks > 1) check_tensor_parallel(*model, ranks);
   if (common.backend == "cuda") {
 #if KVLENS_HAVE_CUDA
     const std::vector<int> devices = chosen_devices();
@@ -350,11 +400,30 @@ Engines make_engines(const CommonOptions& common, const std::shared_ptr<const Mo
                     "GPU " + std::to_string(device));
       }
     }
+    if (ranks > 1) {
+      if (int64_t(devices.size()) % ranks != 0) {
+        throw Error("eval", "--tensor-parallel",
+                    "a number of GPUs an engine that divides the " +
+                        std::to_string(devices.size()) + " GPUs given (--gpus / --devices)",
+                    std::to_string(ranks));
+      }
+      for (size_t first = 0; first < devices.size(); first += size_t(ranks)) {
+        const std::vector<int> members(devices.begin() + int64_t(first),
+                                       devices.begin() + int64_t(first) + ranks);
+        session::require_gpus_hold(common, *model, members, longest, runs);
+        std::vector<std::unique_ptr<Backend>> group = session::make_backend_group(common, members);
+        engines.models.push_back(upload_split(model, group, upload));
+        for (auto& backend : group) engines.backends.push_back(std::move(backend));
+      }
+      return engines;
+    }
     require_gpus(common, *model, kv_bytes, devices);
     register_cuda_policy_ops();
     for (const int device : devices) engines.backends.push_back(make_cuda_backend(device));
 #else
     (void)kv_bytes;
+    (void)longest;
+    (void)runs;
     engines.backends.push_back(make_backend(common));
 #endif
   } else {
@@ -365,6 +434,17 @@ Engines make_engines(const CommonOptions& common, const std::shared_ptr<const Mo
                               ? common.threads
                               : int64_t(std::max(1u, std::thread::hardware_concurrency()));
     worker.threads = int(std::max<int64_t>(1, cores / distribution.workers));
+    if (ranks > 1) {
+      // Each worker a group of CPU ranks (a check of the split where there is no GPU), its
+      // share of the cores divided among them.
+      const std::vector<int> members(size_t(ranks), 0);
+      for (int64_t w = 0; w < distribution.workers; ++w) {
+        std::vector<std::unique_ptr<Backend>> group = session::make_backend_group(worker, members);
+        engines.models.push_back(upload_split(model, group, upload));
+        for (auto& backend : group) engines.backends.push_back(std::move(backend));
+      }
+      return engines;
+    }
     for (int64_t w = 0; w < distribution.workers; ++w)
       engines.backends.push_back(make_backend(worker));
   }
@@ -447,11 +527,16 @@ int run_eval(const CommonOptions& common) {
       warnings.push_back(std::move(line));
     }
   }
-  const Engines engines = make_engines(common, model, kv_bytes);
+  const int64_t ranks = engine_ranks(common, *model, longest, int64_t(runs.size()));
+  // Every run must be one a split can run as one GPU would, before anything is uploaded.
+  for (const PolicyConfig& run : runs) check_tensor_parallel_policy(run, model->config, ranks);
+  const Engines engines =
+      make_engines(common, model, kv_bytes, ranks, longest, int64_t(runs.size()));
 
   std::printf("eval %s  model %s  backend %s  runs %zu in lockstep", flags.task.c_str(),
               flags.model_dir.c_str(), engines.backends.front()->name().c_str(), runs.size());
   if (engines.models.size() > 1) std::printf("  engines %zu", engines.models.size());
+  if (ranks > 1) std::printf("  each split over %lld ranks", (long long)ranks);
   if (sharded) {
     std::printf("  shard %lld/%lld: units [%lld, %lld) of %lld", (long long)shard.index,
                 (long long)shard.count, (long long)range.begin, (long long)range.end,
@@ -661,6 +746,12 @@ void add_distribution_options(CLI::App& command) {
                      "cuda: comma-separated GPUs, one engine (a whole copy of the model) on each, "
                      "the units handed out among them (results identical to one GPU)");
   command.add_option("--gpus", distribution.gpus, "cuda: GPUs 0..N-1 (as --devices 0,...,N-1)")
+      ->check(CLI::PositiveNumber);
+  command
+      .add_option("--tensor-parallel", distribution.tensor_parallel,
+                  "GPUs each engine splits the model over (tensor parallelism; consecutive GPUs "
+                  "of --devices / --gpus together; on the CPU, ranks of each --workers engine). "
+                  "Default: the fewest GPUs that hold the model, 1 where it fits one")
       ->check(CLI::PositiveNumber);
 }
 

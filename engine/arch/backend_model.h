@@ -15,6 +15,7 @@ namespace kvlens {
 
 class Architecture;
 struct BackendPredictor;
+struct TensorParallelShards;
 
 // How a model goes into a backend. Empty fields: as stored / the backend's default.
 struct UploadOptions {
@@ -57,6 +58,10 @@ struct BackendModel {
 
   // The dtype of the sessions' KV caches (resolved from UploadOptions::kv_cache_dtype).
   DType kv_cache_dtype = DType::F32;
+  // Set where this is the lead of a model split over a tensor-parallel group (rank 0's shard,
+  // lead_tensor_parallel in engine/session/tensor_parallel_session.h): scoring on it steps every
+  // rank (score_tokens_lockstep), and an eval's engine may be such a group. Null otherwise.
+  std::shared_ptr<const TensorParallelShards> tensor_parallel;
 
   // The weights alone (the predictor is the policy layer's: upload_model in engine/session puts
   // both). Throws kvlens::Error for a dtype the options cannot have (naming the option's value).
@@ -70,6 +75,13 @@ struct BackendModel {
   // weights: those, the final norm, the lm_head and one embedding row.
   int64_t layer_weight_bytes() const;
   int64_t step_weight_bytes() const;
+};
+
+// A model split over a tensor-parallel group (engine/arch/tensor_parallel.h): the whole model and
+// every rank's shard, rank order (shards[r] on the backend of rank r).
+struct TensorParallelShards {
+  std::shared_ptr<const Model> model;
+  std::vector<std::shared_ptr<const BackendModel>> shards;
 };
 
 }  // namespace kvlens

@@ -29,7 +29,9 @@ void run_on_engines(std::span<const std::shared_ptr<const BackendModel>> models,
         const int64_t i = next.fetch_add(1);
         if (i < count) task(engine, i);
       };
-      if (concurrent_within_engine) {
+      // A tensor-parallel engine takes one task at a time: sessions side by side would issue
+      // their collectives in a different order on each rank.
+      if (concurrent_within_engine && !models[engine]->tensor_parallel) {
         // As many slots as tasks: each slot takes the next task when it starts, so an engine
         // that is quicker takes more, and slots past the end return at once.
         models[engine]->backend->run_tasks(count, take_one);

@@ -17,8 +17,9 @@ namespace kvlens {
 // Runs task(engine, i) for i in [0, count), each exactly once, on one thread per engine (models[e]
 // is engine e) that takes the next task when it is free. `concurrent_within_engine`: each engine
 // also runs several tasks at a time through its backend's run_tasks (the CPU's cores, a GPU's
-// streams), as one engine alone would. The first exception stops the handing out and is rethrown
-// once every engine has stopped. Throws kvlens::Error for no engines.
+// streams), as one engine alone would (not one that leads a tensor-parallel group,
+// BackendModel::tensor_parallel: its tasks go one at a time). The first exception stops the handing
+// out and is rethrown once every engine has stopped. Throws kvlens::Error for no engines.
 void run_on_engines(std::span<const std::shared_ptr<const BackendModel>> models, int64_t count,
                     bool concurrent_within_engine,
                     const std::function<void(size_t engine, int64_t task)>& task);

@@ -1,4 +1,5 @@
-// Teacher-forced scoring and greedy generation over DecoderSession.
+// Teacher-forced scoring and greedy generation over DecoderSession (and, for a model led over
+// a tensor-parallel group, over TensorParallelSession).
 #include "engine/session/scoring.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "engine/common/error.h"
 #include "engine/policy/registry.h"
+#include "engine/session/tensor_parallel_session.h"
 #include "engine/trace/step_metrics.h"
 
 namespace kvlens {
@@ -114,36 +116,102 @@ ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<co
                        .front());
 }
 
-std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendModel> model,
-                                               std::span<const int32_t> tokens,
-                                               std::span<const PolicyConfig> policies,
-                                               const ScoreOptions& options) {
+namespace {
+
+// What the scoring loop steps: the runs of one DecoderSession, or of a TensorParallelSession
+// (every rank stepped, the logits on rank 0's backend).
+class ScoredRuns {
+ public:
+  virtual ~ScoredRuns() = default;
+  virtual Backend& lead_backend() = 0;
+  virtual const DeviceTensor& forward(std::span<const int32_t> tokens) = 0;
+  // After a single-token step: each run's hit rate over the rows its policy scored.
+  virtual void add_hit_rates(std::vector<ScoreResult>& results) = 0;
+  virtual SparsityStats sparsity(int64_t run) const = 0;
+};
+
+class OneBackendRuns final : public ScoredRuns {
+ public:
+  OneBackendRuns(std::shared_ptr<const BackendModel> model, std::span<const PolicyConfig> policies,
+                 const ScoreOptions& options, bool record, int64_t tokens)
+      : backend_(*model->backend),
+        session_(model, {.record_attention_logits = record}, int64_t(policies.size())),
+        hit_rates_(backend_, tokens) {
+    for (size_t r = 0; r < policies.size(); ++r) {
+      std::unique_ptr<Policy> policy =
+          make_run_policy(policies[r], session_.policy_shape(), backend_);
+      if (policy) session_.set_policy(int64_t(r), std::move(policy), options.prefill);
+    }
+  }
+  Backend& lead_backend() override { return backend_; }
+  const DeviceTensor& forward(std::span<const int32_t> tokens) override {
+    return session_.forward(tokens);
+  }
+  void add_hit_rates(std::vector<ScoreResult>& results) override {
+    hit_rates_.add_step(session_, results);
+  }
+  SparsityStats sparsity(int64_t run) const override { return session_.run(run).sparsity; }
+
+ private:
+  Backend& backend_;
+  DecoderSession session_;
+  HitRateReader hit_rates_;
+};
+
+// Each rank reads its heads' rows on its own backend; the runs' sums and row counts over the
+// ranks are those of every head.
+class TensorParallelRuns final : public ScoredRuns {
+ public:
+  TensorParallelRuns(const TensorParallelShards& group, std::span<const PolicyConfig> policies,
+                     const ScoreOptions& options, bool record, int64_t tokens)
+      : session_(group.model, group.shards, {.record_attention_logits = record},
+                 int64_t(policies.size())) {
+    for (size_t r = 0; r < policies.size(); ++r)
+      session_.set_policy(int64_t(r), policies[r], options.prefill);
+    for (const auto& shard : group.shards) hit_rates_.emplace_back(*shard->backend, tokens);
+  }
+  Backend& lead_backend() override { return session_.lead_backend(); }
+  const DeviceTensor& forward(std::span<const int32_t> tokens) override {
+    return session_.forward(tokens);
+  }
+  void add_hit_rates(std::vector<ScoreResult>& results) override {
+    for (int64_t r = 0; r < session_.ranks(); ++r)
+      hit_rates_[size_t(r)].add_step(session_.rank_session(r), results);
+  }
+  SparsityStats sparsity(int64_t run) const override { return session_.sparsity(run); }
+
+ private:
+  TensorParallelSession session_;
+  std::vector<HitRateReader> hit_rates_;
+};
+
+// The runs of `policies` in lockstep over `tokens`: one forward per chunk or step, every run's
+// argmax and NLL read from its row.
+std::vector<ScoreResult> score_runs(std::shared_ptr<const BackendModel> model,
+                                    std::span<const int32_t> tokens,
+                                    std::span<const PolicyConfig> policies,
+                                    const ScoreOptions& options) {
   const int64_t n = int64_t(tokens.size());
-  if (n == 0) throw Error("input", "tokens", "at least one token to score");
-  if (policies.empty()) throw Error("input", "policies", "at least one policy to score under");
   const auto runs = int64_t(policies.size());
-  Backend& backend = *model->backend;
   // The hit rate needs the true logits of the policies' steps. A recording session records a
   // dense chunk's too ([chunk, H, context] per layer), so an all-dense text is not recorded (it
   // has no scored row) and prefill chunks are kept short while recording.
-  const bool record = options.hit_rate &&
-                      std::any_of(policies.begin(), policies.end(),
-                                  [](const PolicyConfig& p) { return !is_reference_policy(p.id); });
+  const bool any_policy = std::any_of(policies.begin(), policies.end(), [](const PolicyConfig& p) {
+    return !is_reference_policy(p.id);
+  });
+  const bool record = options.hit_rate && any_policy;
   constexpr int64_t kRecordedChunk = 16;
   const int64_t chunk = std::clamp<int64_t>(
       options.chunk, 1, record ? kRecordedChunk : std::numeric_limits<int64_t>::max());
-  DecoderSession session(model, {.record_attention_logits = record}, runs);
-  HitRateReader hit_rates(backend, n);
   // Reference (dense) runs take the plain attention path; every other policy steps one token at a
   // time from options.prefill on (the decode simulation when it is 0).
-  bool any_policy = false;
-  for (int64_t r = 0; r < runs; ++r) {
-    std::unique_ptr<Policy> policy =
-        make_run_policy(policies[size_t(r)], session.policy_shape(), backend);
-    if (!policy) continue;  // the reference: the plain path
-    session.set_policy(r, std::move(policy), options.prefill);
-    any_policy = true;
-  }
+  std::unique_ptr<ScoredRuns> session;
+  if (model->tensor_parallel)
+    session =
+        std::make_unique<TensorParallelRuns>(*model->tensor_parallel, policies, options, record, n);
+  else
+    session = std::make_unique<OneBackendRuns>(model, policies, options, record, n);
+  Backend& backend = session->lead_backend();
   std::vector<ScoreResult> results(static_cast<size_t>(runs));
   for (ScoreResult& result : results) {
     result.tokens.assign(tokens.begin(), tokens.end());
@@ -155,7 +223,7 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
   for (int64_t begin = 0, rows = 0; begin < n; begin += rows) {
     rows = std::min(chunk, n - begin);
     if (any_policy) rows = begin < options.prefill ? std::min(rows, options.prefill - begin) : 1;
-    const DeviceTensor& logits = session.forward(tokens.subspan(size_t(begin), size_t(rows)));
+    const DeviceTensor& logits = session->forward(tokens.subspan(size_t(begin), size_t(rows)));
     // A chunk's logits are shared by every run; a step has one row per run.
     const bool per_run = rows == 1;
     argmax.resize(size_t(logits.dim(0)));
@@ -175,7 +243,7 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
       log_probs.resize(targets.size());
       backend.log_prob_rows(scored_logits, targets, log_probs);
     }
-    if (record && per_run) hit_rates.add_step(session, results);
+    if (record && per_run) session->add_hit_rates(results);
     for (int64_t r = 0; r < runs; ++r) {
       ScoreResult& result = results[size_t(r)];
       for (int64_t i = 0; i < rows; ++i) {
@@ -188,12 +256,42 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
   }
   for (int64_t r = 0; r < runs; ++r) {
     ScoreResult& result = results[size_t(r)];
-    result.sparsity = session.run(r).sparsity;
+    result.sparsity = session->sparsity(r);
     double total = 0.0;
     for (const double value : result.nll) total += value;
     result.ppl = result.nll.empty() ? std::numeric_limits<double>::quiet_NaN()
                                     : std::exp(total / double(result.nll.size()));
   }
+  return results;
+}
+
+}  // namespace
+
+std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendModel> model,
+                                               std::span<const int32_t> tokens,
+                                               std::span<const PolicyConfig> policies,
+                                               const ScoreOptions& options) {
+  if (tokens.empty()) throw Error("input", "tokens", "at least one token to score");
+  if (policies.empty()) throw Error("input", "policies", "at least one policy to score under");
+  if (!model->tensor_parallel) return score_runs(std::move(model), tokens, policies, options);
+  // Over a tensor-parallel group, a policy whose rule sums over heads takes collectives of its
+  // own at each step, which runs stepped side by side would pair up differently on each rank: it
+  // runs alone, the others in lockstep. Each run's result is the same either way.
+  std::vector<size_t> together, alone;
+  for (size_t r = 0; r < policies.size(); ++r) {
+    const bool reduces = !is_reference_policy(policies[r].id) &&
+                         policy_info(policies[r].id).reduces_heads && policies.size() > 1;
+    (reduces ? alone : together).push_back(r);
+  }
+  std::vector<ScoreResult> results(policies.size());
+  const auto score_subset = [&](const std::vector<size_t>& subset) {
+    std::vector<PolicyConfig> configs;
+    for (const size_t r : subset) configs.push_back(policies[r]);
+    std::vector<ScoreResult> scored = score_runs(model, tokens, configs, options);
+    for (size_t i = 0; i < subset.size(); ++i) results[subset[i]] = std::move(scored[i]);
+  };
+  if (!together.empty()) score_subset(together);
+  for (const size_t r : alone) score_subset({r});
   return results;
 }
 

@@ -61,6 +61,9 @@ ScoreResult score_tokens(std::shared_ptr<const BackendModel> model, std::span<co
 // The same text under several policies in lockstep (one run each, one pass over the weights per
 // step); options.policy is ignored. result[i] equals score_tokens with policies[i] alone. Chunks
 // (options.chunk) apply only while every run is still dense (all-dense, or before the prefill).
+// On a model that leads a tensor-parallel group (BackendModel::tensor_parallel) every rank steps
+// (tensor_parallel_session.h): one backend's results within its arithmetic, the sparsity and hit
+// rate over every head.
 std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendModel> model,
                                                std::span<const int32_t> tokens,
                                                std::span<const PolicyConfig> policies,

@@ -260,4 +260,37 @@ std::vector<int32_t> generate_greedy_tensor_parallel(
       [&] { return session.position(); });
 }
 
+SparsityStats TensorParallelSession::sparsity(int64_t run) const {
+  const ModelConfig& c = model_->config;
+  SparsityStats joined;
+  // A run that counted nothing (the reference) keeps the empty stats one backend's has.
+  if (sessions_.front()->run(run).sparsity.hidden_sum.empty()) return joined;
+  joined.reset(c.num_layers, c.num_heads);
+  for (int64_t r = 0; r < ranks(); ++r) {
+    const SparsityStats& part = sessions_[size_t(r)]->run(run).sparsity;
+    const int64_t first = shard_heads(c, r, ranks()).first_head;
+    if (r == 0) joined.steps = part.steps;
+    for (int64_t l = 0; l < part.layers; ++l) {
+      for (int64_t h = 0; h < part.heads; ++h) {
+        joined.hidden_sum[size_t(l * c.num_heads + first + h)] =
+            part.hidden_sum[size_t(l * part.heads + h)];
+      }
+    }
+  }
+  return joined;
+}
+
+std::shared_ptr<const BackendModel> lead_tensor_parallel(
+    std::shared_ptr<const Model> model, std::vector<std::shared_ptr<const BackendModel>> shards) {
+  if (shards.empty()) throw Error("tensor parallel", "shards", "at least one");
+  // A copy of rank 0's (its tensors share storage): the lead cannot be one of the shards it
+  // holds (a shared_ptr cycle).
+  auto lead = std::make_shared<BackendModel>(*shards.front());
+  auto group = std::make_shared<TensorParallelShards>();
+  group->model = std::move(model);
+  group->shards = std::move(shards);
+  lead->tensor_parallel = std::move(group);
+  return lead;
+}
+
 }  // namespace kvlens

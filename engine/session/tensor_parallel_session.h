@@ -60,6 +60,9 @@ class TensorParallelSession {
   Backend& lead_backend() const { return *shards_.front()->backend; }
   // Rank r's session: its runs' per-head state covers the heads shard_heads(config, r, R) says.
   const DecoderSession& rank_session(int64_t rank) const { return *sessions_.at(size_t(rank)); }
+  // Run `run`'s effective sparsity over every head of the model: each rank's (layer, head) cells
+  // at its heads' place, the cells one backend would have counted.
+  SparsityStats sparsity(int64_t run) const;
 
  private:
   class RankThreads;
@@ -79,5 +82,12 @@ std::vector<int32_t> generate_greedy_tensor_parallel(
     std::shared_ptr<const Model> model,
     const std::vector<std::shared_ptr<const BackendModel>>& shards, std::span<const int32_t> prompt,
     const GenerateOptions& options);
+
+// `shards` (upload_tensor_parallel's of `model`) led by one BackendModel: rank 0's shard with
+// BackendModel::tensor_parallel set, so that score_tokens_lockstep and the evals on it step every
+// rank (TensorParallelSession) and read the logits on rank 0's backend. Throws kvlens::Error for
+// no shards.
+std::shared_ptr<const BackendModel> lead_tensor_parallel(
+    std::shared_ptr<const Model> model, std::vector<std::shared_ptr<const BackendModel>> shards);
 
 }  // namespace kvlens

@@ -2,6 +2,7 @@
 // commands that split a model print what one backend prints, say where the heads are, and refuse
 // a split or a policy they cannot run with a message naming the field.
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -100,10 +101,51 @@ TEST_CASE("kvlens-cli refuses a split it cannot make, naming the field", "[cli][
     CHECK(result.err.find(part) != std::string::npos);
   };
   check(cli(generate + " --gpus 3"), "config.json: num_attention_heads");
-  check(cli(generate + " --gpus 2 --policy duoattention"), "policy duoattention: tensor parallel");
+  check(cli(generate + " --gpus 8 --policy h2o --policy-arg granularity=kv_head"),
+        "policy h2o: granularity: expected query_head when 8 GPUs share 4 KV heads");
   check(cli(generate + " --gpus 2 --policies dense,h2o"), "one --policy with --gpus");
   check(cli(generate + " --devices 0,0"), "--devices: expected each GPU once");
   check(cli(generate + " --devices 0,x"), "--devices: expected comma-separated GPU indices");
   check(cli(generate + " --gpus 2 --devices 0,1"), "excludes");
   check(cli("bench" + kDemo + " --gpus 2 --policies h2o,quest"), "one policy with --gpus");
+}
+
+TEST_CASE("kvlens-cli eval --tensor-parallel splits each engine and gives one engine's results",
+          "[cli][tensor_parallel]") {
+  const std::string dir = test::make_temp_dir("cli-tp-eval");
+  const std::string args = "eval --backend cpu --task coref --samples 6 --hit-rate" + kDemo +
+                           " --policies dense,h2o,streaming,tova --sparsity 0.5 --json ";
+  const auto one = cli(args + dir + "/one.json");
+  INFO(one.err);
+  REQUIRE(one.exit_code == 0);
+  const auto read = [&](const std::string& name) {
+    std::ifstream in(dir + "/" + name);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json want = read("one.json");
+  for (const char* split : {" --tensor-parallel 2", " --tensor-parallel 4 --workers 2"}) {
+    INFO(split);
+    const auto got_run = cli(args + dir + "/split.json" + split);
+    INFO(got_run.err);
+    REQUIRE(got_run.exit_code == 0);
+    CHECK(got_run.out.find("split over") != std::string::npos);
+    const nlohmann::json got = read("split.json");
+    REQUIRE(got["results"].size() == want["results"].size());
+    for (size_t i = 0; i < want["results"].size(); ++i) {
+      const nlohmann::json& w = want["results"][i];
+      const nlohmann::json& g = got["results"][i];
+      INFO(w["policy"]);
+      // Accuracy counts argmax hits, which the split's rounding (1e-4 of the logits) leaves as
+      // they are on this model; the sparsity and hit rate are sums over the same visible sets.
+      CHECK(g["accuracy"] == w["accuracy"]);
+      CHECK(g["effective_sparsity"].get<double>() ==
+            Approx(w["effective_sparsity"].get<double>()).margin(1e-12));
+      if (w["hit_rate"].is_number())
+        CHECK(g["hit_rate"].get<double>() == Approx(w["hit_rate"].get<double>()).margin(1e-9));
+    }
+  }
+  // A split the model cannot divide names the config field.
+  const auto odd = cli(args + dir + "/odd.json --tensor-parallel 3");
+  CHECK(odd.exit_code != 0);
+  CHECK(odd.err.find("num_attention_heads") != std::string::npos);
 }
