@@ -17,6 +17,7 @@
 #include "engine/session/tensor_parallel_session.h"
 #include "engine/session/trace_recorder.h"
 #include "tests/support/backend_checks.h"
+#include "tests/support/cpu_rank_group.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 
@@ -37,37 +38,6 @@ std::vector<float> chunk_then_steps(Session& session, Backend& lead,
   return all;
 }
 
-struct Group {
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<Backend*> pointers;
-  explicit Group(int ranks, int threads = 1) {
-    CpuBackendOptions options;
-    options.threads = threads;
-    backends = make_cpu_backend_group(ranks, options);
-    for (auto& b : backends) pointers.push_back(b.get());
-  }
-};
-
-// The split sums o_proj and down_proj over heads and columns in another order than one backend
-// does: f32 rounding of a 64-256 wide sum, a few ulps of values of order 1-10 that then pass
-// through the later layers. 1e-4 relative to the logits' scale (their largest magnitude) bounds it
-// with margin, as the other f32 checks of the engine do.
-void check_close(const std::vector<float>& want, const std::vector<float>& got) {
-  REQUIRE(want.size() == got.size());
-  float scale = 0.0f;
-  for (const float w : want) scale = std::max(scale, std::fabs(w));
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("index " << i);
-    REQUIRE(std::fabs(want[i] - got[i]) <= 1e-4f * scale);
-  }
-}
-
-std::vector<int32_t> token_ids(int64_t count, int64_t vocab, int64_t seed) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < count; ++i) ids.push_back(int32_t((i * 37 + seed * 11 + 3) % vocab));
-  return ids;
-}
-
 }  // namespace
 
 TEST_CASE("tensor parallel: each family's logits split over 2 and 4 ranks equal one backend's",
@@ -78,20 +48,20 @@ TEST_CASE("tensor parallel: each family's logits split over 2 and 4 ranks equal 
   const int ranks = GENERATE(2, 4);
   INFO(fixture << " over " << ranks << " ranks");
   const auto model = Model::load(test::source_path("tests/fixtures/" + fixture));
-  const std::vector<int32_t> prompt = token_ids(9, model->config.vocab_size, 1);
-  const std::vector<int32_t> steps = token_ids(6, model->config.vocab_size, 2);
+  const std::vector<int32_t> prompt = test::split_token_ids(9, model->config.vocab_size, 1);
+  const std::vector<int32_t> steps = test::split_token_ids(6, model->config.vocab_size, 2);
 
   const auto one = make_cpu_backend(1);
   DecoderSession alone(upload_model(model, *one));
   const std::vector<float> want = chunk_then_steps(alone, *one, prompt, steps);
 
-  Group group(ranks);
+  test::CpuRankGroup group(ranks);
   TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers));
   CHECK(split.ranks() == ranks);
   // Each rank holds its heads' caches only: G / R KV heads, or one where R > G.
   CHECK(split.rank_session(0).model().config().num_kv_heads ==
         std::max<int64_t>(1, model->config.num_kv_heads / ranks));
-  check_close(want, chunk_then_steps(split, *group.backends[0], prompt, steps));
+  test::check_split_close(want, chunk_then_steps(split, *group.backends[0], prompt, steps));
 }
 
 TEST_CASE("tensor parallel: greedy continuations on the demo model equal one backend's",
@@ -101,7 +71,7 @@ TEST_CASE("tensor parallel: greedy continuations on the demo model equal one bac
       "A town by the river. The place is: Mirewick. The town by the river is called:", true);
   const auto one = make_cpu_backend(1);
   const auto alone = upload_model(model, *one);
-  Group two(2), four(4);
+  test::CpuRankGroup two(2), four(4);
   const auto shards2 = upload_tensor_parallel(model, two.pointers);
   const auto shards4 = upload_tensor_parallel(model, four.pointers);
   for (const char* spec :
@@ -125,9 +95,9 @@ TEST_CASE("tensor parallel: a split that keeps KV groups whole allows per-group 
   // granularity (and sparq's per-group channels) choose what one backend does. The check reads
   // the whole model's KV heads, not a shard's (one each here, as when groups are split).
   const auto model = Model::load(test::source_path("assets/models/demo"));
-  const std::vector<int32_t> prompt = token_ids(20, model->config.vocab_size, 5);
+  const std::vector<int32_t> prompt = test::split_token_ids(20, model->config.vocab_size, 5);
   const auto one = make_cpu_backend(1);
-  Group four(4);
+  test::CpuRankGroup four(4);
   const auto shards = upload_tensor_parallel(model, four.pointers);
   GenerateOptions options;
   options.max_new = 8;
@@ -140,14 +110,14 @@ TEST_CASE("tensor parallel: a split that keeps KV groups whole allows per-group 
 TEST_CASE("tensor parallel: runs in lockstep give one backend's lockstep logits",
           "[tensor_parallel]") {
   const auto model = Model::load(test::source_path("assets/models/demo"));
-  const std::vector<int32_t> prompt = token_ids(12, model->config.vocab_size, 3);
+  const std::vector<int32_t> prompt = test::split_token_ids(12, model->config.vocab_size, 3);
   const std::vector<PolicyConfig> runs = {
       {"dense", 0.0, {}}, {"h2o", 0.5, {}}, {"streaming", 0.7, {}}};
   // Two threads a rank: the CPU would split the runs into groups stepped as concurrent tasks,
   // which a rank of a group must not (their all-reduces would pair up across ranks wrongly).
   const auto one = make_cpu_backend(2);
   DecoderSession alone(upload_model(model, *one), {}, int64_t(runs.size()));
-  Group group(2, 2);
+  test::CpuRankGroup group(2, 2);
   TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers), {},
                               int64_t(runs.size()));
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -155,12 +125,12 @@ TEST_CASE("tensor parallel: runs in lockstep give one backend's lockstep logits"
       alone.set_policy(int64_t(r), std::move(made));
     split.set_policy(int64_t(r), runs[r]);
   }
-  check_close(test::read_f32(*one, alone.forward(prompt)),
-              test::read_f32(*group.backends[0], split.forward(prompt)));
+  test::check_split_close(test::read_f32(*one, alone.forward(prompt)),
+                          test::read_f32(*group.backends[0], split.forward(prompt)));
   std::vector<int32_t> tokens = {3, 3, 3};
   for (int step = 0; step < 8; ++step) {
     const std::vector<float> want = test::read_f32(*one, alone.forward_runs(tokens));
-    check_close(want, test::read_f32(*group.backends[0], split.forward_runs(tokens)));
+    test::check_split_close(want, test::read_f32(*group.backends[0], split.forward_runs(tokens)));
     // Each run feeds back its own greedy token (the runs' rows then differ).
     for (size_t r = 0; r < runs.size(); ++r) {
       const auto row = want.begin() + int64_t(r) * model->config.vocab_size;
@@ -183,7 +153,7 @@ TEST_CASE("tensor parallel: a trace over 2 and 4 ranks holds every head as one b
   while (alone.step()) {
   }
   const int ranks = GENERATE(2, 4);
-  Group group(ranks);
+  test::CpuRankGroup group(ranks);
   TraceRecorder split(model, upload_tensor_parallel(model, group.pointers), nullptr, tokens,
                       policies);
   while (split.step()) {
@@ -202,7 +172,7 @@ TEST_CASE("tensor parallel: a trace over 2 and 4 ranks holds every head as one b
       CHECK(g.visible == w.visible);
       CHECK(g.visible_counts == w.visible_counts);
       CHECK(g.argmax == w.argmax);
-      check_close(w.logits, g.logits);
+      test::check_split_close(w.logits, g.logits);
       REQUIRE(g.scores.size() == w.scores.size());
       for (size_t i = 0; i < w.scores.size(); ++i) {
         // NaN where a layer was not ranked; the scores are the logits' kind of sums otherwise.
@@ -231,7 +201,7 @@ TEST_CASE("tensor parallel: a split the config cannot divide names the field",
         }).find("num_attention_heads") != std::string::npos);
   CHECK_THROWS_AS(check_tensor_parallel(*model, 0), Error);
   // A group of the wrong size for the backends' ranks.
-  Group group(2);
+  test::CpuRankGroup group(2);
   std::vector<Backend*> one_of_two = {group.pointers[1]};
   CHECK(test::error_message([&] {
           upload_tensor_parallel(model, one_of_two);
@@ -241,7 +211,7 @@ TEST_CASE("tensor parallel: a split the config cannot divide names the field",
 TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
           "[tensor_parallel]") {
   const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
-  Group group(4);
+  test::CpuRankGroup group(4);
   TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers));
   // A plug-in's rule is its own code, which may read any head's rows: refused, naming its file.
   const std::string plugin =
@@ -285,7 +255,7 @@ TEST_CASE("tensor parallel: a policy whose rule spans heads is refused by name",
 TEST_CASE("tensor parallel: bad input fails before any rank starts, and the session goes on",
           "[tensor_parallel]") {
   const auto model = Model::load(test::source_path("tests/fixtures/llama-gqa-f32"));
-  Group group(2);
+  test::CpuRankGroup group(2);
   TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers));
   const int32_t bad = int32_t(model->config.vocab_size);
   CHECK(test::error_message([&] { split.forward(std::span(&bad, 1)); }).find("token id") !=

@@ -16,6 +16,7 @@
 #include "engine/policy/registry.h"
 #include "engine/session/tensor_parallel_session.h"
 #include "tests/support/backend_checks.h"
+#include "tests/support/cpu_rank_group.h"
 #include "tests/support/error_message.h"
 #include "tests/support/test_paths.h"
 #include "tests/support/tiny_checkpoint.h"
@@ -24,35 +25,6 @@ using namespace kvlens;
 
 namespace {
 
-struct Group {
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<Backend*> pointers;
-  explicit Group(int ranks) {
-    CpuBackendOptions options;
-    options.threads = 1;
-    backends = make_cpu_backend_group(ranks, options);
-    for (auto& b : backends) pointers.push_back(b.get());
-  }
-};
-
-// As in test_tensor_parallel.cpp: the split sums o_proj and down_proj in another order, a few
-// ulps that the later layers carry; 1e-4 of the logits' largest magnitude bounds it with margin.
-void check_close(const std::vector<float>& want, const std::vector<float>& got) {
-  REQUIRE(want.size() == got.size());
-  float scale = 0.0f;
-  for (const float w : want) scale = std::max(scale, std::fabs(w));
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("index " << i);
-    REQUIRE(std::fabs(want[i] - got[i]) <= 1e-4f * scale);
-  }
-}
-
-std::vector<int32_t> token_ids(int64_t count, int64_t vocab, int64_t seed) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < count; ++i) ids.push_back(int32_t((i * 37 + seed * 11 + 3) % vocab));
-  return ids;
-}
-
 std::string describe(const PolicyConfig& policy) {
   std::string text = policy.id;
   for (const std::string& arg : policy.args) text += " " + arg;
@@ -60,7 +32,7 @@ std::string describe(const PolicyConfig& policy) {
 }
 
 // Feeds `tokens` one at a time to one backend's session and to a split one, both running
-// `policy` from the first token on, and checks at every step: the logits within check_close,
+// `policy` from the first token on, and checks at every step: the logits within check_split_close,
 // every layer's decision, and where a layer was masked each rank's heads' visible columns
 // against the same heads of the one backend. Returns how many (step, layer) were masked, so a
 // caller can tell that the policy did select.
@@ -70,15 +42,15 @@ int64_t check_steps_equal(const std::shared_ptr<const Model>& model, const Polic
   const auto one = make_cpu_backend(1);
   DecoderSession alone(upload_model(model, *one));
   alone.set_policy(0, make_run_policy(policy, alone.policy_shape(), *one));
-  Group group(ranks);
+  test::CpuRankGroup group(ranks);
   TensorParallelSession split(model, upload_tensor_parallel(model, group.pointers));
   split.set_policy(0, policy);
   int64_t masked = 0;
   for (size_t t = 0; t < tokens.size(); ++t) {
     INFO(describe(policy) << " over " << ranks << " ranks, step " << t);
     const std::span<const int32_t> token(&tokens[t], 1);
-    check_close(test::read_f32(*one, alone.forward(token)),
-                test::read_f32(*group.backends[0], split.forward(token)));
+    test::check_split_close(test::read_f32(*one, alone.forward(token)),
+                            test::read_f32(*group.backends[0], split.forward(token)));
     const SessionRun& want = alone.run(0);
     const int64_t cols = int64_t(t) + 1;
     for (int64_t l = 0; l < config.num_layers; ++l) {
@@ -176,7 +148,7 @@ TEST_CASE("tensor parallel policies: greedy continuations on the demo model equa
       "A town by the river. The place is: Mirewick. The town by the river is called:", true);
   const auto one = make_cpu_backend(1);
   const auto alone = upload_model(model, *one);
-  Group two(2), four(4);
+  test::CpuRankGroup two(2), four(4);
   const auto shards2 = upload_tensor_parallel(model, two.pointers);
   const auto shards4 = upload_tensor_parallel(model, four.pointers);
   std::vector<PolicyConfig> policies = split_policies(true);
@@ -199,7 +171,7 @@ TEST_CASE(
     "model equal one backend's",
     "[tensor_parallel][policy]") {
   const auto model = Model::load(test::source_path("assets/models/demo"));
-  const std::vector<int32_t> tokens = token_ids(40, 300, 4);
+  const std::vector<int32_t> tokens = test::split_token_ids(40, 300, 4);
   const int ranks = GENERATE(2, 4);
   std::vector<PolicyConfig> policies = split_policies(true);
   policies.push_back({"adakv", 0.5, {"granularity=kv_head"}});
@@ -215,7 +187,7 @@ TEST_CASE("tensor parallel policies: ranks sharing a KV head read its rows of th
           "[tensor_parallel][policy]") {
   // 8 query heads over 2 KV heads: 2 ranks hold one KV head each, 4 ranks hold half a group.
   const auto model = Model::load(tiny_shared_kv_model());
-  const std::vector<int32_t> tokens = token_ids(32, model->config.vocab_size, 6);
+  const std::vector<int32_t> tokens = test::split_token_ids(32, model->config.vocab_size, 6);
   const int ranks = GENERATE(2, 4);
   // seerattention's gate reads a KV group's query heads together: whole groups only.
   for (const PolicyConfig& policy : split_policies(ranks == 2)) {
@@ -229,12 +201,12 @@ TEST_CASE("tensor parallel policies: tokenfilter's skips over a split follow one
           "[tensor_parallel][policy]") {
   // A sparsity whose threshold makes tokens skip tail layers: the gathered similarities decide.
   const auto model = Model::load(test::source_path("assets/models/demo"));
-  const std::vector<int32_t> tokens = token_ids(40, 300, 9);
+  const std::vector<int32_t> tokens = test::split_token_ids(40, 300, 9);
   const auto one = make_cpu_backend(1);
   DecoderSession alone(upload_model(model, *one));
   const PolicyConfig policy{"tokenfilter", 0.4, {"tau=0.2"}};
   alone.set_policy(0, make_run_policy(policy, alone.policy_shape(), *one));
-  Group four(4);
+  test::CpuRankGroup four(4);
   TensorParallelSession split(model, upload_tensor_parallel(model, four.pointers));
   split.set_policy(0, policy);
   int64_t skipped = 0;
@@ -257,7 +229,7 @@ TEST_CASE("tensor parallel policies: bad per-head files name the file and the wh
       dir + "/" + kLokiCalibrationFile,
       {test::make_tensor("basis", "F32", {3, 1, 8, 8}, std::vector<float>(3 * 8 * 8, 0.0f))});
   const auto model = Model::load(dir);
-  Group two(2);
+  test::CpuRankGroup two(2);
   TensorParallelSession split(model, upload_tensor_parallel(model, two.pointers));
   const std::string message = test::error_message([&] {
     split.set_policy(0, PolicyConfig{"loki", 0.5, {}});
