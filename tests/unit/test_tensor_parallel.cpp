@@ -1,7 +1,8 @@
 // Tensor parallelism on the CPU (engine/arch/tensor_parallel.h, tensor_parallel_session.h): a
 // model split over 2 and 4 CPU backends, their all-reduce a HostReduceGroup, gives one backend's
-// logits and greedy tokens, for every family's layer math and for the policies whose rule stays
-// within each head; what cannot be split is a clear error, and a failing rank frees the others.
+// logits, for every family's layer math and for runs in lockstep, and a trace of every head;
+// what cannot be split is a clear error, and a failing rank frees the others. Each policy's
+// greedy tokens and visible sets: test_tensor_parallel_policies.cpp.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -62,31 +63,6 @@ TEST_CASE("tensor parallel: each family's logits split over 2 and 4 ranks equal 
   CHECK(split.rank_session(0).model().config().num_kv_heads ==
         std::max<int64_t>(1, model->config.num_kv_heads / ranks));
   test::check_split_close(want, chunk_then_steps(split, *group.backends[0], prompt, steps));
-}
-
-TEST_CASE("tensor parallel: greedy continuations on the demo model equal one backend's",
-          "[tensor_parallel]") {
-  const auto model = Model::load(test::source_path("assets/models/demo"));
-  const std::vector<int32_t> prompt = model->require_tokenizer().encode(
-      "A town by the river. The place is: Mirewick. The town by the river is called:", true);
-  const auto one = make_cpu_backend(1);
-  const auto alone = upload_model(model, *one);
-  test::CpuRankGroup two(2), four(4);
-  const auto shards2 = upload_tensor_parallel(model, two.pointers);
-  const auto shards4 = upload_tensor_parallel(model, four.pointers);
-  for (const char* spec :
-       {"dense", "h2o", "streaming", "quest", "snapkv", "keydiff", "oracle", "tova", "lazyllm",
-        "random", "tokenbutler", "sparq", "rocketkv", "magicpig"}) {
-    INFO(spec);
-    GenerateOptions options;
-    options.max_new = 12;
-    options.stop_at_eos = false;
-    options.policy.id = spec;
-    options.policy.sparsity = is_reference_policy(spec) ? 0.0 : 0.5;
-    const std::vector<int32_t> want = generate_greedy(alone, prompt, options);
-    CHECK(generate_greedy_tensor_parallel(model, shards2, prompt, options) == want);
-    CHECK(generate_greedy_tensor_parallel(model, shards4, prompt, options) == want);
-  }
 }
 
 TEST_CASE("tensor parallel: a split that keeps KV groups whole allows per-group selection",
