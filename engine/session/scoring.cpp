@@ -284,11 +284,23 @@ std::vector<ScoreResult> score_tokens_lockstep(std::shared_ptr<const BackendMode
     (reduces ? alone : together).push_back(r);
   }
   std::vector<ScoreResult> results(policies.size());
+  // Each pass over the text reports its share, so the caller sees one count that only grows
+  // from 0 to the text's length.
+  const int64_t n = int64_t(tokens.size());
+  const int64_t passes = int64_t(alone.size()) + (together.empty() ? 0 : 1);
+  int64_t pass = 0;
   const auto score_subset = [&](const std::vector<size_t>& subset) {
     std::vector<PolicyConfig> configs;
     for (const size_t r : subset) configs.push_back(policies[r]);
-    std::vector<ScoreResult> scored = score_runs(model, tokens, configs, options);
+    ScoreOptions pass_options = options;
+    if (options.progress) {
+      pass_options.progress = [&, pass](int64_t done, int64_t) {
+        options.progress((pass * n + done) / passes, n);
+      };
+    }
+    std::vector<ScoreResult> scored = score_runs(model, tokens, configs, pass_options);
     for (size_t i = 0; i < subset.size(); ++i) results[subset[i]] = std::move(scored[i]);
+    ++pass;
   };
   if (!together.empty()) score_subset(together);
   for (const size_t r : alone) score_subset({r});

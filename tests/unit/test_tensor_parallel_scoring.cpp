@@ -2,6 +2,7 @@
 // on a lead, the eval's engines): a model split over 2 and 4 CPU ranks scores a text as one
 // backend does, its sparsity and hit rate counted over every head, with a policy whose rule sums
 // over heads run beside per-head ones.
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -51,7 +52,16 @@ TEST_CASE("tensor parallel: a text scored on a split model gives one backend's r
   const auto lead = split_model(model, group);
   REQUIRE(lead->tensor_parallel != nullptr);
   REQUIRE(lead->backend == group.pointers.front());
+  // tova's pass follows the lockstep's: the progress the caller sees still only grows, to the end.
+  std::vector<int64_t> reported;
+  options.progress = [&](int64_t done, int64_t total) {
+    CHECK(total == int64_t(tokens.size()));
+    reported.push_back(done);
+  };
   const std::vector<ScoreResult> got = score_tokens_lockstep(lead, tokens, policies, options);
+  CHECK(std::is_sorted(reported.begin(), reported.end()));
+  REQUIRE(!reported.empty());
+  CHECK(reported.back() == int64_t(tokens.size()));
   REQUIRE(got.size() == want.size());
   for (size_t r = 0; r < want.size(); ++r) {
     INFO(policies[r].id);
