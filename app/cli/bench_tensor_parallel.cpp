@@ -30,7 +30,9 @@ int run_tensor_parallel_bench(const session::CommonOptions& common,
   const double copy_gbps = lead.copy_bandwidth_gbps(copy_bytes, bench.copy_repeats);
   const double weight_read_seconds = double(shard_bytes) / (2.0 * copy_gbps * 1e9);
 
-  TensorParallelSession session(model, shards);
+  SessionOptions options;
+  options.record_steps = !bench.op_by_op;
+  TensorParallelSession session(model, shards, options);
   session.set_policy(0, bench.policy);
   std::vector<int32_t> prompt(size_t(std::max<int64_t>(bench.context, 1)));
   uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -85,6 +87,7 @@ int run_tensor_parallel_bench(const session::CommonOptions& common,
         {"memcpy_gbps", copy_gbps},
         {"shard_weight_read_seconds", weight_read_seconds},
         {"step_over_shard_weight_read", step_median / weight_read_seconds},
+        {"dense_op_by_op", bench.op_by_op},
     };
     std::printf("%s\n", out.dump(2).c_str());
     return 0;

@@ -21,6 +21,9 @@ struct TensorParallelBench {
   int copy_repeats = 5;
   PolicyConfig policy;  // the reference: plain decode
   bool json = false;
+  // Every step op by op on every rank (SessionOptions::record_steps off): against the recorded
+  // steps, what the graphs save, and whether the ranks' recordings (NCCL inside) took.
+  bool op_by_op = false;
 };
 
 // Prints the figures (text, or one JSON object with --json); returns the exit code.

@@ -151,6 +151,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
         bench.steps = steps;
         bench.copy_repeats = copy_repeats;
         bench.json = json;
+        bench.op_by_op = op_by_op;
         if (!policies.empty()) {
           const std::vector<PolicyConfig> listed =
               resolve_policy_runs(policies, sparsity, policy_args);

@@ -90,6 +90,11 @@ TEST_CASE("kvlens-cli bench --gpus 2 reports each rank's share of the weights",
   CHECK(shard > all / 2);
   CHECK(split["step_seconds_median"].get<double>() > 0.0);
   CHECK(split["step_over_shard_weight_read"].get<double>() > 0.0);
+  CHECK(split["dense_op_by_op"] == false);
+  const auto eager = cli(args + " --gpus 2 --op-by-op");
+  INFO(eager.err);
+  REQUIRE(eager.exit_code == 0);
+  CHECK(nlohmann::json::parse(eager.out)["dense_op_by_op"] == true);
 }
 
 TEST_CASE("kvlens-cli refuses a split it cannot make, naming the field", "[cli][tensor_parallel]") {
