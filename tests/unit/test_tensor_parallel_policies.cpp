@@ -2,8 +2,9 @@
 // doublesparsity, duoattention, seerattention, twilight), gather every head of a layer
 // (tokenfilter, Ada-KV's budgets) or share a budget out over layers (PyramidKV): over 2 and 4 CPU
 // ranks (a HostReduceGroup) each gives one backend's greedy tokens (as every other policy does:
-// one test over all of them), logits and per-layer visible sets, on the demo model (its committed per-head files) and on a tiny model whose 2 KV heads are
-// shared by 4 ranks (files whose rows differ by head, so a shard reading the wrong rows shows).
+// one test over all of them), logits and per-layer visible sets, on the demo model (its committed
+// per-head files) and on a tiny model whose 2 KV heads are shared by 4 ranks (files whose rows
+// differ by head, so a shard reading the wrong rows shows).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
