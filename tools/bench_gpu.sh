@@ -882,7 +882,7 @@ part_multi() {
       --context "$multi_context" --steps "$multi_steps" --warmup "$warmup" --json
     run "multi-8b-$gpus-$i" "$cli" bench --model "$work/$name_8b" --backend "$backend" \
       --gpus "$gpus" --context "$multi_context" --steps "$multi_steps" --warmup "$warmup" --json
-    # The small sums over peer memory instead of NCCL (opt-in until measured, kernels/peer_all_reduce.h).
+    # The small sums over peer memory instead of NCCL (opt-in: kernels/peer_all_reduce.h).
     if [ "$backend" = cuda ]; then
       run "multi-8b-$gpus-peer-$i" env KVLENS_PEER_ALL_REDUCE=1 "$cli" bench \
         --model "$work/$name_8b" --backend "$backend" --gpus "$gpus" --context "$multi_context" \
