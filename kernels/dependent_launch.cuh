@@ -81,7 +81,7 @@ inline void allow_dynamic_shared_memory(const void* kernel, size_t shared_bytes)
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(shared_bytes)) == cudaSuccess)
     it->bytes = shared_bytes;
-  seen.push_back(*it);
+  if (it->bytes >= shared_bytes) seen.push_back(*it);  // a refusal is asked again next time
 }
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the dependent-launch attribute

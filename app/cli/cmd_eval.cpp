@@ -343,19 +343,10 @@ int64_t engine_ranks([[maybe_unused]] const CommonOptions& common,
   if (common.backend == "cuda" && cuda_device_available()) {
     const int device = chosen_devices().front();
     if (device < cuda_device_count()) {
-      const MemoryEstimate estimate = estimate_memory(model);
-      const double scale = session::weight_scale(common, model);
-      const int64_t bytes = cuda_device_memory_bytes(device);
-      if (estimate.cuda_bytes_per_gpu(1, longest, runs, scale) > bytes - bytes / 10) {
-        // The fewest that hold one run, then more while the runs' caches do not fit.
-        int64_t ranks =
-            std::max<int64_t>(1, gpus_needed_split(model, estimate, longest, bytes, scale));
-        while (ranks < 64 &&
-               (model.config.num_heads % ranks != 0 ||
-                estimate.cuda_bytes_per_gpu(ranks, longest, runs, scale) > bytes - bytes / 10))
-          ++ranks;
-        return ranks;
-      }
+      // 0 (no split up to 64 GPUs holds it): 1, which require_gpus then refuses by name.
+      return std::max<int64_t>(1, gpus_needed_split(model, estimate_memory(model), longest,
+                                                    cuda_device_memory_bytes(device),
+                                                    session::weight_scale(common, model), runs));
     }
   }
 #endif

@@ -130,7 +130,7 @@ void require_gpus_hold([[maybe_unused]] const CommonOptions& common,
   for (const int device : devices) {
     const int64_t bytes = cuda_device_memory_bytes(device);
     if (need <= bytes - bytes / 10) continue;
-    const int64_t fewest = gpus_needed_split(model, estimate, tokens, bytes, scale);
+    const int64_t fewest = gpus_needed_split(model, estimate, tokens, bytes, scale, runs);
     throw Error(model.dir, ranks == 1 ? "--gpus" : "--gpus " + std::to_string(ranks),
                 (fewest > 0 ? "at least " + std::to_string(fewest) + " GPUs of " + gib(bytes)
                             : "more than 64 GPUs of " + gib(bytes)) +

@@ -57,7 +57,7 @@ int64_t MemoryEstimate::cuda_bytes_per_gpu(int64_t ranks, int64_t tokens, int64_
 }
 
 int64_t gpus_needed_split(const Model& model, const MemoryEstimate& estimate, int64_t tokens,
-                          int64_t device_bytes, double weight_scale) {
+                          int64_t device_bytes, double weight_scale, int64_t runs) {
   const int64_t usable = device_bytes - device_bytes / 10;
   for (int64_t ranks = 1; ranks <= 64; ++ranks) {
     try {
@@ -65,7 +65,7 @@ int64_t gpus_needed_split(const Model& model, const MemoryEstimate& estimate, in
     } catch (const Error&) {
       continue;  // a split the config does not divide
     }
-    if (estimate.cuda_bytes_per_gpu(ranks, tokens, 1, weight_scale) <= usable) return ranks;
+    if (estimate.cuda_bytes_per_gpu(ranks, tokens, runs, weight_scale) <= usable) return ranks;
   }
   return 0;
 }

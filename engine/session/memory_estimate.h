@@ -53,10 +53,10 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const Model& model);
 
 // The fewest GPUs of `device_bytes` each that hold `model` split as check_tensor_parallel allows,
-// with one run's caches of `tokens` positions, a tenth of each GPU kept for the CUDA runtime and
-// scratch; 0 when no split up to 64 GPUs fits.
+// with `runs` runs' caches of `tokens` positions, a tenth of each GPU kept for the CUDA runtime
+// and scratch; 0 when no split up to 64 GPUs fits.
 int64_t gpus_needed_split(const Model& model, const MemoryEstimate& estimate, int64_t tokens,
-                          int64_t device_bytes, double weight_scale = 1.0);
+                          int64_t device_bytes, double weight_scale = 1.0, int64_t runs = 1);
 
 // MemAvailable of a /proc/meminfo-style file in bytes, or -1 where it cannot be read.
 int64_t available_memory_bytes(const std::string& meminfo = "/proc/meminfo");
