@@ -176,17 +176,36 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     for (int u = 0; u < kUnroll; ++u) {
       const int jj = base + u * rows_per_pass;
       const bool in_slice = jj < count;
+      auto store_logit = [&](int64_t h, float dot) {
+        const int64_t head = g * group + h;
+        const int64_t j = start + jj;
+        const bool seen = a.mask == nullptr || a.mask[head * a.mask_stride + j];
+        const float logit = seen ? dot * a.scale : -INFINITY;
+        weights[h * slice_keys + jj] = logit;
+        if (a.logits != nullptr) a.logits[head * a.logits_stride + j] = logit;
+      };
+      if constexpr (Group > 1 && (Group & (Group - 1)) == 0) {
+        // The group's dots summed together (spread_sum: the bits of lanes_sum, a third of its
+        // shuffles at a group of 4 and 8 lanes), each lane left with its heads' sums to store.
+        float dots[Group];
 #pragma unroll
-      for (int64_t h = 0; h < group; ++h) {
-        const float dot = lanes_sum(
-            in_slice && has_chunk ? full_chunk_dot(q + h * D + d0, chunk[u]) : 0.0f, lanes);
-        if (in_slice && sub == 0) {
-          const int64_t head = g * group + h;
-          const int64_t j = start + jj;
-          const bool seen = a.mask == nullptr || a.mask[head * a.mask_stride + j];
-          const float logit = seen ? dot * a.scale : -INFINITY;
-          weights[h * slice_keys + jj] = logit;
-          if (a.logits != nullptr) a.logits[head * a.logits_stride + j] = logit;
+        for (int h = 0; h < Group; ++h)
+          dots[h] = in_slice && has_chunk ? full_chunk_dot(q + h * D + d0, chunk[u]) : 0.0f;
+        constexpr int kSteps = log2_exact(lanes);
+        const int first = spread_sum<Group, lanes / 2, kSteps, true>(dots, sub);
+        constexpr int held = (Group >> kSteps) > 0 ? (Group >> kSteps) : 1;
+        // (fewer heads than lanes: lanes that differ in the low bits hold copies; one stores)
+        const bool stores = Group >= lanes || (sub & (lanes / Group - 1)) == 0;
+        if (in_slice && stores) {
+#pragma unroll
+          for (int k = 0; k < held; ++k) store_logit(first + k, dots[k]);
+        }
+      } else {
+#pragma unroll
+        for (int64_t h = 0; h < group; ++h) {
+          const float dot = lanes_sum(
+              in_slice && has_chunk ? full_chunk_dot(q + h * D + d0, chunk[u]) : 0.0f, lanes);
+          if (in_slice && sub == 0) store_logit(h, dot);
         }
       }
     }
@@ -255,18 +274,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         }
       }
     }
+    // The warp's rows summed (offsets lanes, 2 lanes, .. 16) for all heads and elements at once
+    // (spread_sum), each lane left with `held` of the sums to store.
+    constexpr int kValues = kHeadsPerPass * kKeyChunk;
+    constexpr int kRowSteps = log2_exact(32 / lanes);
+    float sums[kValues];
 #pragma unroll
     for (int hh = 0; hh < kHeadsPerPass; ++hh)
 #pragma unroll
-      for (int i = 0; i < kKeyChunk; ++i)
-        for (int offset = lanes; offset < 32; offset <<= 1)
-          acc[hh][i] += __shfl_xor_sync(0xffffffffu, acc[hh][i], offset);
-    if (lane < lanes && has_chunk) {
+      for (int i = 0; i < kKeyChunk; ++i) sums[hh * kKeyChunk + i] = acc[hh][i];
+    const int first = spread_sum<kValues, lanes, kRowSteps, false>(sums, lane);
+    static_assert(kValues >= 32, "every lane is left with distinct sums");
+    constexpr int held = kValues >> kRowSteps;
+    if (has_chunk) {
 #pragma unroll
-      for (int hh = 0; hh < kHeadsPerPass; ++hh)
-#pragma unroll
-        for (int i = 0; i < kKeyChunk; ++i)
-          partial[(int64_t(warp) * kHeadsPerPass + hh) * D + d0 + i] = acc[hh][i];
+      for (int k = 0; k < held; ++k) {
+        const int hh = (first + k) / kKeyChunk, i = (first + k) % kKeyChunk;
+        partial[(int64_t(warp) * kHeadsPerPass + hh) * D + d0 + i] = sums[k];
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < kHeadsPerPass * int(D); i += blockDim.x) {

@@ -182,6 +182,44 @@ __device__ __forceinline__ float lanes_sum(float v, int lanes) {
   return v;
 }
 
+// Butterfly sums of `Values` values at once over the lanes that differ in bits kFirstOffset,
+// then kFirstOffset / 2 (kDown) or x 2, for kSteps offsets (Values a power of two). At each offset
+// a lane keeps half of the values it holds and sends the other half to its partner, so the sums
+// take about Values shuffles where summing each value alone takes Values x kSteps. The tree is the
+// same (each pair of lanes adds its two parts at the first offset, then the next), so every sum
+// has the bits of lanes_sum over the same offsets. Returns the index of the first value the lane
+// holds: it holds Values >> kSteps of them (at least one) in v[0..]; where Values < 2^kSteps, the
+// lanes that differ only in the last offsets' bits hold the same sums.
+template <int Values, int kFirstOffset, int kSteps, bool kDown>
+__device__ __forceinline__ int spread_sum(float (&v)[Values], int lane) {
+  int first = 0;
+#pragma unroll
+  for (int step = 0, held = Values; step < kSteps; ++step) {
+    const int offset = kDown ? kFirstOffset >> step : kFirstOffset << step;
+    if (held > 1) {
+      const bool upper = (lane & offset) != 0;
+      held /= 2;
+#pragma unroll
+      for (int i = 0; i < Values / 2; ++i) {
+        if (i < held) {
+          const float send = upper ? v[i] : v[i + held];
+          const float keep = upper ? v[i + held] : v[i];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+        }
+      }
+      if (upper) first += held;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+    }
+  }
+  return first;
+}
+
+// log2 of a power of two, for spread_sum's step counts.
+__host__ __device__ constexpr int log2_exact(int n) {
+  return n > 1 ? 1 + log2_exact(n / 2) : 0;
+}
+
 // q . key by the `lanes` lanes of a key (sub = lane % lanes); every lane of the warp must call it
 // (uniform control flow); a lane whose key is not `valid` reads nothing and contributes zero.
 template <typename K>
