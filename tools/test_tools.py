@@ -3,7 +3,7 @@
 make_butler_checkpoint.py, the committed fixtures) and of the results script
 (real_model_results.sh with real_model_tables.py and corpus_text.py), at toy sizes. Plain Python: exits non-zero when
 a check fails. Text for training: $KVLENS_SHARED_DIR/data/corpus (or --shared-dir), else the
-repository's Markdown files.    python3 tools/test_tools.py [--shared-dir ../shared] [-k NAME]
+repository's Markdown files.    python3 tools/test_tools.py [--shared-dir ../shared] [-k NAME] [--shard K/N]
 """
 
 import argparse
@@ -1222,11 +1222,16 @@ def main():
     p.add_argument("--shared-dir", default=os.environ.get("KVLENS_SHARED_DIR",
                                                           os.path.join(ROOT, "..", "shared")))
     p.add_argument("-k", default="", help="run the tests whose name contains this")
+    p.add_argument("--shard", default="1/1", metavar="K/N",
+                   help="run every N-th test from the K-th (ctest runs the shards side by side)")
     ARGS = p.parse_args()
+    shard, shards = (int(x) for x in ARGS.shard.split("/"))
+    if not 1 <= shard <= shards:
+        p.error(f"--shard {ARGS.shard}: want K/N with 1 <= K <= N")
     torch.set_num_threads(min(2, torch.get_num_threads()))
     failed = 0
-    for fn in TESTS:
-        if ARGS.k not in fn.__name__:
+    for index, fn in enumerate(TESTS):
+        if ARGS.k not in fn.__name__ or index % shards != shard - 1:
             continue
         start = time.time()
         try:

@@ -1,8 +1,7 @@
 // Main of the CUDA test suite (kvlens_cuda_tests). Listing runs as usual, so ctest can discover
 // the tests on machines without a GPU; any other run exits with 4 there, which ctest reports as
 // Skipped (SKIP_RETURN_CODE in tests/CMakeLists.txt).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "tests/support/catch_session.h"
 
 #include <cstdio>
 #include <string_view>
@@ -34,5 +33,5 @@ int main(int argc, char** argv) {
   }
   // Every test's CUDA backend gets the policies' op extensions (keydiff, quest, tokenfilter).
   kvlens::register_cuda_policy_ops();
-  return Catch::Session().run(argc, argv);
+  return run_catch_session(argc, argv);
 }

@@ -1,3 +1,6 @@
-// The one Catch2 main shared by every test executable.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The main of the unit, parity and real test executables.
+#include "tests/support/catch_session.h"
+
+int main(int argc, char** argv) {
+  return run_catch_session(argc, argv);
+}
