@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
           dots[h] = in_slice && has_chunk ? full_chunk_dot(q + h * D + d0, chunk[u]) : 0.0f;
         constexpr int kSteps = log2_exact(lanes);
         const int first = spread_sum<Group, lanes / 2, kSteps, true>(dots, sub);
-        constexpr int held = (Group >> kSteps) > 0 ? (Group >> kSteps) : 1;
+        constexpr int held = spread_sum_held(Group, kSteps);
         // (fewer heads than lanes: lanes that differ in the low bits hold copies; one stores)
         const bool stores = Group >= lanes || (sub & (lanes / Group - 1)) == 0;
         if (in_slice && stores) {
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       for (int i = 0; i < kKeyChunk; ++i) sums[hh * kKeyChunk + i] = acc[hh][i];
     const int first = spread_sum<kValues, lanes, kRowSteps, false>(sums, lane);
     static_assert(kValues >= 32, "every lane is left with distinct sums");
-    constexpr int held = kValues >> kRowSteps;
+    constexpr int held = spread_sum_held(kValues, kRowSteps);
     if (has_chunk) {
 #pragma unroll
       for (int k = 0; k < held; ++k) {

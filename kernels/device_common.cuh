@@ -188,7 +188,7 @@ __device__ __forceinline__ float lanes_sum(float v, int lanes) {
 // take about Values shuffles where summing each value alone takes Values x kSteps. The tree is the
 // same (each pair of lanes adds its two parts at the first offset, then the next), so every sum
 // has the bits of lanes_sum over the same offsets. Returns the index of the first value the lane
-// holds: it holds Values >> kSteps of them (at least one) in v[0..]; where Values < 2^kSteps, the
+// holds: it holds spread_sum_held(Values, kSteps) of them in v[0..]; where Values < 2^kSteps, the
 // lanes that differ only in the last offsets' bits hold the same sums.
 template <int Values, int kFirstOffset, int kSteps, bool kDown>
 __device__ __forceinline__ int spread_sum(float (&v)[Values], int lane) {
@@ -213,6 +213,11 @@ __device__ __forceinline__ int spread_sum(float (&v)[Values], int lane) {
     }
   }
   return first;
+}
+
+// How many sums spread_sum leaves a lane of `values` over `steps` offsets.
+__host__ __device__ constexpr int spread_sum_held(int values, int steps) {
+  return (values >> steps) > 0 ? values >> steps : 1;
 }
 
 // log2 of a power of two, for spread_sum's step counts.

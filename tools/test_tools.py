@@ -3,7 +3,8 @@
 make_butler_checkpoint.py, the committed fixtures) and of the results script
 (real_model_results.sh with real_model_tables.py and corpus_text.py), at toy sizes. Plain Python: exits non-zero when
 a check fails. Text for training: $KVLENS_SHARED_DIR/data/corpus (or --shared-dir), else the
-repository's Markdown files.    python3 tools/test_tools.py [--shared-dir ../shared] [-k NAME] [--shard K/N]
+repository's Markdown files.
+    python3 tools/test_tools.py [--shared-dir ../shared] [-k NAME] [--shard K/N]
 """
 
 import argparse
