@@ -53,67 +53,110 @@ else
   log "Debian packages already installed"
 fi
 
-# --- Python tools venv (test mode) --------------------------------------------------------------
-# tools/requirements.txt in $build/tools-venv for the unit:tools test; reinstalled only when the
-# requirements change (their hash is kept in a stamp file). Without it unit:tools is skipped.
-tools_cmake=()
-if [ "$mode" = test ]; then
-  venv="$build/tools-venv"
-  requirements="$root/tools/requirements.txt"
-  want=$(sha256sum "$requirements" | cut -d' ' -f1)
-  if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" = "$want" ]; then
-    log "Python tools venv up to date ($venv)"
-    tools_cmake=(-DKVLENS_TOOLS_PYTHON="$venv/bin/python")
-  else
-    log "Installing tools/requirements.txt into $venv (PyTorch: a large download)"
-    mkdir -p "$build"
-    if python3 -m venv "$venv" && "$venv/bin/python" -m pip install --quiet -r "$requirements"; then
-      echo "$want" >"$venv/requirements.sha256"
-      tools_cmake=(-DKVLENS_TOOLS_PYTHON="$venv/bin/python")
+# --- Python tools venv and the real model ----------------------------------------------------
+# Test mode: tools/requirements.txt in $build/tools-venv for the unit:tools tests (reinstalled only
+# when the requirements change: their hash is kept in a stamp file; without the venv unit:tools is
+# skipped), then the real model (best-effort; KVLENS_FETCH_REAL_MODEL=0: never) and, in the venv,
+# the F32 Hugging Face folder transformers makes from it (tools/make_real_fixtures.py --hf-only).
+# The `real` tests find them through KVLENS_REAL_MODEL; without them they are skipped, and the
+# summary says so. All of it is downloads: in test mode it runs beside the build (its output is
+# printed after the build) and the tests wait for it.
+venv="$build/tools-venv"
+prepare_log="$build/prepare-tools.log"
+prepare_env="$build/prepare-tools.env"  # what the preparation found, as shell assignments
+prepare_tools() {
+  local tools_python="" real_model="" real_model_note="the set-up did not fetch it: KVLENS_FETCH_REAL_MODEL=0"
+  if [ "$mode" = test ]; then
+    local requirements="$root/tools/requirements.txt" want
+    want=$(sha256sum "$requirements" | cut -d' ' -f1)
+    if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" = "$want" ]; then
+      echo "Python tools venv up to date ($venv)"
+      tools_python="$venv/bin/python"
     else
-      echo "bootstrap.sh: warning: the tools venv could not be made; unit:tools will be skipped" >&2
+      echo "Installing tools/requirements.txt into $venv (PyTorch: a large download)"
+      if python3 -m venv "$venv" && "$venv/bin/python" -m pip install --quiet -r "$requirements"; then
+        echo "$want" >"$venv/requirements.sha256"
+        tools_python="$venv/bin/python"
+      else
+        echo "bootstrap.sh: warning: the tools venv could not be made; unit:tools will be skipped" >&2
+      fi
     fi
   fi
-fi
-
-# --- the real model (best-effort) -------------------------------------------------------------
-# The `real` tests find the .gguf through KVLENS_REAL_MODEL and, in test mode, the F32 Hugging
-# Face folder transformers makes from it (tools/make_real_fixtures.py --hf-only, in the tools
-# venv); without them they are skipped, and the summary says so.
-real_model_note="the set-up did not fetch it: KVLENS_FETCH_REAL_MODEL=0"
+  if [ "$fetch_real" = 1 ]; then
+    echo "Fetching the real model (tools/get_model.sh smollm2; best-effort)"
+    if real_model=$("$root/tools/get_model.sh" smollm2); then
+      real_model_note="$real_model"
+      echo "real model: $real_model"
+      if [ "$mode" = demo ]; then echo "Open it in the app with File > Open (a .gguf)."; fi
+    else
+      real_model_note="tools/get_model.sh smollm2 failed with exit $?, see above"
+      real_model=""
+      echo "bootstrap.sh: warning: tools/get_model.sh smollm2 failed; the real tests will be skipped" >&2
+    fi
+  fi
+  if [ "$mode" = test ] && [ -n "$real_model" ] && [ -n "$tools_python" ]; then
+    local real_hf="${real_model%.gguf}-f32-hf"
+    if [ -f "$real_hf/config.json" ]; then
+      echo "real model, F32 folder: $real_hf"
+    elif "$tools_python" "$root/tools/make_real_fixtures.py" --hf-only --gguf "$real_model" \
+      --hf-dir "$real_hf"; then
+      echo "real model, F32 folder: $real_hf"
+    else
+      rm -rf "$real_hf"
+      echo "bootstrap.sh: warning: the F32 folder of the real model could not be made; its tests will be skipped" >&2
+    fi
+  fi
+  printf 'tools_python=%q\nreal_model=%q\nreal_model_note=%q\n' "$tools_python" "$real_model" \
+    "$real_model_note" >"$prepare_env"
+}
 fetch_real=${KVLENS_FETCH_REAL_MODEL:-$([ "$mode" = test ] && echo 1 || echo 0)}
-if [ "$fetch_real" = 1 ]; then
+mkdir -p "$build"
+rm -f "$prepare_env"
+prepare_pid=""
+if [ "$mode" = test ]; then
+  log "The tools venv and the real model: preparing beside the build (log: $prepare_log)"
+  prepare_tools >"$prepare_log" 2>&1 &
+  prepare_pid=$!
+elif [ "$fetch_real" = 1 ]; then
   log "Fetching the real model (tools/get_model.sh smollm2; best-effort)"
-  if real_model=$("$root/tools/get_model.sh" smollm2); then
-    export KVLENS_REAL_MODEL="$real_model"
-    real_model_note="$real_model"
-    echo "real model: $real_model"
-    if [ "$mode" = demo ]; then echo "Open it in the app with File > Open (a .gguf)."; fi
-  else
-    real_model_note="tools/get_model.sh smollm2 failed with exit $?, see above"
-    echo "bootstrap.sh: warning: tools/get_model.sh smollm2 failed; the real tests will be skipped" >&2
-  fi
+  prepare_tools
 fi
-if [ "$mode" = test ] && [ -n "${KVLENS_REAL_MODEL:-}" ] && [ ${#tools_cmake[@]} -gt 0 ]; then
-  real_hf="${KVLENS_REAL_MODEL%.gguf}-f32-hf"
-  if [ -f "$real_hf/config.json" ]; then
-    echo "real model, F32 folder: $real_hf"
-  elif "$venv/bin/python" "$root/tools/make_real_fixtures.py" --hf-only --gguf "$KVLENS_REAL_MODEL" \
-    --hf-dir "$real_hf"; then
-    echo "real model, F32 folder: $real_hf"
-  else
-    rm -rf "$real_hf"
-    echo "bootstrap.sh: warning: the F32 folder of the real model could not be made; its tests will be skipped" >&2
+# The preparation's results (after it ends): tools_python, real_model, real_model_note.
+finish_prepare() {
+  if [ -n "$prepare_pid" ]; then
+    wait "$prepare_pid" || true
+    log "The tools venv and the real model (prepared beside the build)"
+    cat "$prepare_log"
+    prepare_pid=""
   fi
-fi
+  tools_python="" real_model="" real_model_note="the preparation did not finish"
+  # shellcheck disable=SC1090
+  [ -f "$prepare_env" ] && source "$prepare_env"
+  if [ -n "$real_model" ]; then export KVLENS_REAL_MODEL="$real_model"; fi
+}
+# The venv's path is known before it exists (CMake only records it); a failed venv is configured
+# away again before the tests.
+tools_cmake=()
+if [ "$mode" = test ]; then tools_cmake=(-DKVLENS_TOOLS_PYTHON="$venv/bin/python"); fi
 
 # --- build ------------------------------------------------------------------------------------
 log "Configuring and building kvlens in $build"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${tools_cmake[@]+"${tools_cmake[@]}"} >/dev/null
+# Without a GPU the CUDA backend is still compiled (that it builds is tested), for Hopper's machine
+# code alone: the PTX for newer GPUs would run nowhere here and took a third of nvcc's time.
+# KVLENS_CUDA_ARCHITECTURES sets the list (CMake's CMAKE_CUDA_ARCHITECTURES) either way.
+cuda_cmake=()
+if [ -n "${KVLENS_CUDA_ARCHITECTURES:-}" ]; then
+  cuda_cmake=(-DCMAKE_CUDA_ARCHITECTURES="$KVLENS_CUDA_ARCHITECTURES")
+elif ! nvidia-smi -L >/dev/null 2>&1; then
+  cuda_cmake=(-DCMAKE_CUDA_ARCHITECTURES=90a-real)
+fi
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${tools_cmake[@]+"${tools_cmake[@]}"} \
+  ${cuda_cmake[@]+"${cuda_cmake[@]}"} >/dev/null
 cmake --build "$build" -j"$jobs"
 cli="$build/app/kvlens-cli"
 
 if [ "$mode" = demo ]; then
+  finish_prepare
   app="$build/app/kvlens"
   log "kvlens: the desktop app on the bundled demo model (co-reference sample 0; dense, tokenbutler, h2o, quest)"
   echo "Keys: Right/Left step, Shift+Right steps 10, Space plays, Ctrl+E exports the view."
@@ -123,6 +166,10 @@ if [ "$mode" = demo ]; then
 fi
 
 # --- tests ------------------------------------------------------------------------------------
+finish_prepare
+if [ -z "$tools_python" ]; then
+  cmake -S "$root" -B "$build" -DKVLENS_TOOLS_PYTHON= >/dev/null  # unit:tools then says it skipped
+fi
 log "Running the test suite (ctest: unit, parity, real, ui, cuda, package)"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
 # ctest counts skipped tests as passed and shows no output for them: say plainly whether the
