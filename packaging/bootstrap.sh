@@ -118,7 +118,7 @@ if [ "$mode" = test ]; then
   prepare_tools >"$prepare_log" 2>&1 &
   prepare_pid=$!
 elif [ "$fetch_real" = 1 ]; then
-  log "Fetching the real model (tools/get_model.sh smollm2; best-effort)"
+  log "The real model"
   prepare_tools
 fi
 # The preparation's results (after it ends): tools_python, real_model, real_model_note.
