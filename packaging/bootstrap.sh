@@ -143,15 +143,17 @@ if [ "$mode" = test ]; then tools_cmake=(-DKVLENS_TOOLS_PYTHON="$venv/bin/python
 log "Configuring and building kvlens in $build"
 # Without a GPU the CUDA backend is still compiled (that it builds is tested), for Hopper's machine
 # code alone: the PTX for newer GPUs would run nowhere here and took a third of nvcc's time.
-# KVLENS_CUDA_ARCHITECTURES sets the list (CMake's CMAKE_CUDA_ARCHITECTURES) either way.
-cuda_cmake=()
+# With one, the list is CMakeLists.txt's default (a list left in the cache by a run without a GPU
+# is dropped). KVLENS_CUDA_ARCHITECTURES sets it (CMake's CMAKE_CUDA_ARCHITECTURES) either way.
 if [ -n "${KVLENS_CUDA_ARCHITECTURES:-}" ]; then
   cuda_cmake=(-DCMAKE_CUDA_ARCHITECTURES="$KVLENS_CUDA_ARCHITECTURES")
 elif ! nvidia-smi -L >/dev/null 2>&1; then
   cuda_cmake=(-DCMAKE_CUDA_ARCHITECTURES=90a-real)
+else
+  cuda_cmake=(-UCMAKE_CUDA_ARCHITECTURES)
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${tools_cmake[@]+"${tools_cmake[@]}"} \
-  ${cuda_cmake[@]+"${cuda_cmake[@]}"} >/dev/null
+  "${cuda_cmake[@]}" >/dev/null
 cmake --build "$build" -j"$jobs"
 cli="$build/app/kvlens-cli"
 
