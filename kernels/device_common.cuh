@@ -277,6 +277,55 @@ __device__ T block_reduce(T v, Op op, T identity, T* scratch) {
   return r;
 }
 
+// The rotate-half RoPE of one channel pair (a, b) at `position` with one inverse frequency, cos
+// and sin scaled by `scale`: the arithmetic of every rotation of the backend (rope.cu and the
+// predictor's step). The angle is the F32 product of F32 position and inverse frequency, as
+// Hugging Face computes it (inv_freq.float() @ position_ids.float()); at large positions the F32
+// rounding of the angle is visible in the output, so matching it matters more than a more exact
+// angle. cos/sin of that F32 angle in double, rounded once to F32 (as the CPU reference does),
+// then scaled in F32 as transformers does (emb.cos() * attention_scaling).
+__device__ __forceinline__ void rotate_pair(float& a, float& b, float position, float inv_freq,
+                                            float scale) {
+  const float angle = position * inv_freq;
+  double sd, cd;
+  sincos(double(angle), &sd, &cd);
+  const float s = __fmul_rn(float(sd), scale);
+  const float c = __fmul_rn(float(cd), scale);
+  const float rotated_a = a * c - b * s;
+  const float rotated_b = b * c + a * s;
+  a = rotated_a;
+  b = rotated_b;
+}
+
+// The activations of bias_activation on a value already summed in F32, in double and rounded
+// once (the CPU reference's steps): 0 none, 1 GELU (erf), 2 SiLU.
+__device__ __forceinline__ float activation_in_double(float sum, int act) {
+  const double value = double(sum);
+  double result = value;
+  if (act == 1) result = 0.5 * value * (1.0 + erf(value * 0.70710678118654752440));
+  if (act == 2) result = value / (1.0 + exp(-value));
+  return float(result);
+}
+
+// LayerNorm of one row by the whole block: y = (x - mean) * inv * weight + bias, the statistics
+// in double (mean first, then the squares around it) and the inverse deviation rounded once to
+// F32, as the CPU reference. y may be x. `scratch`: shared memory for 32 doubles.
+template <typename T>
+__device__ void block_layer_norm(const float* x, float* y, int64_t width, const T* weight,
+                                 const T* bias, float eps, double* scratch) {
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += double(x[i]);
+  const double mean = block_reduce(sum, SumOp{}, 0.0, scratch) / double(width);
+  double squares = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+    squares += (double(x[i]) - mean) * (double(x[i]) - mean);
+  squares = block_reduce(squares, SumOp{}, 0.0, scratch);
+  const float inv = float(1.0 / sqrt(squares / double(width) + double(eps)));
+  const float mean_f = float(mean);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+    y[i] = (x[i] - mean_f) * inv * to_f32(weight[i]) + to_f32(bias[i]);
+}
+
 // The merge step of the split attention kernels: out[d] = inv * sum over slices s < used of
 // add(acc, s, d) folded from 0, for d < D, by the whole block. Threads form blockDim.x / D groups
 // of D (one group striding over D when D is wider); group k folds slices k, k + groups, ... (all

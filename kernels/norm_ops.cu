@@ -56,20 +56,8 @@ __global__ void layer_norm_kernel(const float* x, const T* weight, const T* bias
                                   float eps, float* y) {
   begin_dependent_grid();
   __shared__ double scratch[32];
-  const float* xr = x + int64_t(blockIdx.x) * width;
-  float* yr = y + int64_t(blockIdx.x) * width;
-  double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += double(xr[i]);
-  const double mean = block_reduce(sum, SumOp{}, 0.0, scratch) / double(width);
-  __syncthreads();  // scratch is reused by the second reduction
-  double squares = 0.0;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
-    squares += (double(xr[i]) - mean) * (double(xr[i]) - mean);
-  squares = block_reduce(squares, SumOp{}, 0.0, scratch);
-  const float inv = float(1.0 / sqrt(squares / double(width) + double(eps)));
-  const float mean_f = float(mean);
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
-    yr[i] = (xr[i] - mean_f) * inv * to_f32(weight[i]) + to_f32(bias[i]);
+  block_layer_norm(x + int64_t(blockIdx.x) * width, y + int64_t(blockIdx.x) * width, width, weight,
+                   bias, eps, scratch);
 }
 
 template <typename T>
@@ -79,11 +67,7 @@ __global__ void bias_activation_kernel(float* x, int64_t count, const T* bias, i
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     // The sum rounded to F32, the activation in double rounded once: the CPU reference's steps.
-    const double value = double(x[i] + (bias != nullptr ? to_f32(bias[i % width]) : 0.0f));
-    double result = value;
-    if (act == 1) result = 0.5 * value * (1.0 + erf(value * 0.70710678118654752440));
-    if (act == 2) result = value / (1.0 + exp(-value));
-    x[i] = float(result);
+    x[i] = activation_in_double(x[i] + (bias != nullptr ? to_f32(bias[i % width]) : 0.0f), act);
   }
 }
 

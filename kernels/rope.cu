@@ -20,25 +20,13 @@ __device__ __forceinline__ void rotate_head(float* v, int64_t rotary_dim, float 
                                             const float* inv_freq, float scale, Store&& store) {
   const int64_t half = rotary_dim / 2;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    // The angle is the F32 product of F32 position and inverse frequency, as Hugging Face
-    // computes it (inv_freq.float() @ position_ids.float()); at large positions the F32 rounding
-    // of the angle is visible in the output, so matching it matters more than a more exact angle.
-    const float angle = position * inv_freq[i];
-    // cos/sin of that F32 angle in double, rounded once to F32 (as the CPU reference does), then
-    // scaled in F32 as transformers does (emb.cos() * attention_scaling): a few double ops per
-    // pair cost nothing next to the memory traffic.
-    double sd, cd;
-    sincos(double(angle), &sd, &cd);
-    const float s = __fmul_rn(float(sd), scale);
-    const float c = __fmul_rn(float(cd), scale);
-    const float a = v[i];
-    const float b = v[i + half];
-    const float rotated_a = a * c - b * s;
-    const float rotated_b = b * c + a * s;
-    v[i] = rotated_a;
-    v[i + half] = rotated_b;
-    store(i, rotated_a);
-    store(i + half, rotated_b);
+    float a = v[i];
+    float b = v[i + half];
+    rotate_pair(a, b, position, inv_freq[i], scale);
+    v[i] = a;
+    v[i + half] = b;
+    store(i, a);
+    store(i + half, b);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "engine/backend/tensor_views.h"
 #include "engine/common/error.h"
+#include "engine/policy/predictor_step_ops.h"
 
 namespace kvlens {
 
@@ -94,8 +95,28 @@ std::shared_ptr<const BackendPredictor> BackendPredictor::upload(
   return result;
 }
 
-PredictorState::PredictorState(std::shared_ptr<const BackendPredictor> predictor)
-    : predictor_(std::move(predictor)), backend_(*predictor_->backend) {}
+PredictorState::PredictorState(std::shared_ptr<const BackendPredictor> predictor, bool fused_decode)
+    : predictor_(std::move(predictor)), backend_(*predictor_->backend) {
+  if (fused_decode && has_op_extension(PredictorStepOps::kExtensionName, backend_.name())) {
+    fused_ = &backend_.extension<PredictorStepOps>();
+  }
+}
+
+bool PredictorState::fused_step(const DeviceTensor& x) {
+  if (fused_scratch_.empty()) {
+    fused_scratch_ = backend_.alloc(DType::F32, {fused_->scratch_floats(predictor_->config())});
+  }
+  PredictorStepOps::DecodeStep step;
+  step.predictor = predictor_.get();
+  step.x = &x;
+  step.position = position_;
+  step.attention_keys = &attention_keys_;
+  step.attention_values = &attention_values_;
+  step.importance_keys = &importance_keys_;
+  step.query = &query_;
+  step.scratch = &fused_scratch_;
+  return fused_->decode_step(step);
+}
 
 void PredictorState::ensure_capacity(int64_t needed) {
   if (needed <= capacity_) return;
@@ -154,6 +175,11 @@ void PredictorState::append(const DeviceTensor& layer_input) {
   for (int64_t i = 0; i < n; ++i) positions_[size_t(i)] = position_ + i;
 
   const DeviceTensor x = view(layer_input, {n, E});
+  if (n == 1 && fused_ != nullptr && fused_step(x)) {
+    position_ += 1;
+    fused_steps_ += 1;
+    return;
+  }
   DeviceTensor reduced = view(reduced_, {n, Er}), q = view(q_, {n, Er}), k = view(k_, {n, Er});
   DeviceTensor v = view(v_, {n, Er}), attended = view(attended_, {n, H, hd});
   DeviceTensor q_heads = view(q_, {n, H, hd}), k_heads = view(k_, {n, H, hd});

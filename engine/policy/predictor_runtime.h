@@ -31,9 +31,14 @@ struct BackendPredictor {
   const PredictorConfig& config() const { return predictor->config; }
 };
 
+class PredictorStepOps;
+
 class PredictorState {
  public:
-  explicit PredictorState(std::shared_ptr<const BackendPredictor> predictor);
+  // fused_decode: a decode token goes through the backend's PredictorStepOps where it has them
+  // (predictor_step_ops.h); false runs the reference ops always (for comparing the two).
+  explicit PredictorState(std::shared_ptr<const BackendPredictor> predictor,
+                          bool fused_decode = true);
 
   // Feeds the layer-0 attention inputs x[n, E] (the hidden states after layer 0's input
   // RMSNorm) of the tokens at positions position() .. position() + n - 1.
@@ -50,10 +55,14 @@ class PredictorState {
   // [layers * H, stride], layer first_layer + i's rows at i * H (one backend call).
   void predicted_logits(int64_t first_layer, int64_t layers, DeviceTensor& scores) const;
   const BackendPredictor& predictor() const { return *predictor_; }
+  // Decode tokens the backend's fused step took (the rest ran the reference ops).
+  int64_t fused_steps() const { return fused_steps_; }
 
  private:
   void ensure_capacity(int64_t needed);
   void ensure_scratch(int64_t rows);
+  // Whether the backend's fused step took this decode token (queued it).
+  bool fused_step(const DeviceTensor& x);
 
   std::shared_ptr<const BackendPredictor> predictor_;
   Backend& backend_;
@@ -67,6 +76,9 @@ class PredictorState {
   DeviceTensor importance_hidden_, importance_queries_, importance_keys_new_, query_;
   DeviceTensor no_values_;  // empty: kv_append of keys alone
   std::vector<int64_t> positions_;
+  PredictorStepOps* fused_ = nullptr;  // null: the reference ops
+  DeviceTensor fused_scratch_;
+  int64_t fused_steps_ = 0;
 };
 
 }  // namespace kvlens

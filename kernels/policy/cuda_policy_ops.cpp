@@ -271,6 +271,7 @@ void register_cuda_policy_ops() {
     cuda::register_cuda_rocketkv_ops();
     cuda::register_cuda_top_p_ops();
     cuda::register_cuda_magicpig_ops();
+    cuda::register_cuda_predictor_step_ops();
   });
 }
 

@@ -21,6 +21,8 @@ void register_cuda_rocketkv_ops();
 void register_cuda_top_p_ops();
 // MagicPIG's LSH sampling (magicpig_ops_cuda.cpp), registered by the above.
 void register_cuda_magicpig_ops();
+// TokenButler's fused predictor step (predictor_step_ops_cuda.cpp), registered by the above.
+void register_cuda_predictor_step_ops();
 }  // namespace cuda
 
 }  // namespace kvlens

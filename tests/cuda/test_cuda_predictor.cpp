@@ -1,6 +1,7 @@
 // The CUDA backend's ops for the TokenButler predictor (layer_norm, bias_activation, a keys-only
 // kv_append) against the CPU reference backend, and the predictor's incremental rows on the GPU
-// against the CPU's and against PyTorch (tests/fixtures/tokenbutler).
+// against the CPU's and against PyTorch (tests/fixtures/tokenbutler), and its fused decode step
+// (kernels/policy/predictor_step_kernels.cu) against its reference ops.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,10 +10,12 @@
 
 #include "engine/common/mapped_file.h"
 #include "engine/model/model.h"
+#include "engine/policy/predictor_runtime.h"
 #include "kernels/cuda_backend.h"
 #include "tests/support/backend_checks.h"
 #include "tests/support/predictor_steps.h"
 #include "tests/support/test_paths.h"
+#include "tests/support/tiny_checkpoint.h"
 
 using namespace kvlens;
 using kvlens::test::check_within;
@@ -150,4 +153,59 @@ TEST_CASE("cuda backend: the tokenbutler predictor's rows equal the CPU's and Py
       }
     }
   }
+}
+
+TEST_CASE("cuda backend: the predictor's fused decode step equals its reference ops", "[cuda]") {
+  // A predictor of the 1B butler's proportions at a smaller width (r = 8, heads of 8 channels,
+  // d' = 16), hf and v1, fed a 5-token chunk and then 300 decode tokens: long enough that the
+  // fused step splits each head's keys over several blocks.
+  auto gpu = make_cuda_backend(0);
+  const std::string variant = GENERATE(std::string("hf"), std::string("v1"));
+  INFO(variant);
+  test::TinyLlamaSpec spec;
+  spec.hidden = 512;
+  spec.heads = 8;
+  spec.kv_heads = 2;
+  spec.layers = 4;
+  spec.intermediate = 64;
+  spec.predictor = false;
+  spec.calibration = false;
+  spec.seer_gate = false;
+  spec.max_positions = 512;
+  const std::string dir = test::write_tiny_llama(test::make_temp_dir("fused_predictor"), spec);
+  test::write_tiny_predictor(dir, spec, variant, 8, 16, 128);
+  const auto model = Model::load(dir);
+  REQUIRE(model->predictor.predictor);
+  const auto uploaded = BackendPredictor::upload(model->predictor.predictor, *gpu);
+  PredictorState fused(uploaded), reference(uploaded, /*fused_decode=*/false);
+  const int64_t E = spec.hidden, prefill = 5, steps = 300, H = spec.heads;
+  const int64_t predicted = spec.layers - 1;
+  const auto rows = normal_values(size_t((prefill + steps) * E), 11);
+  DeviceTensor chunk =
+      make_f32(*gpu, std::vector<float>(rows.begin(), rows.begin() + prefill * E), {prefill, E});
+  fused.append(chunk);
+  reference.append(chunk);
+  for (int64_t t = prefill; t < prefill + steps; ++t) {
+    DeviceTensor row = make_f32(
+        *gpu, std::vector<float>(rows.begin() + t * E, rows.begin() + (t + 1) * E), {1, E});
+    fused.append(row);
+    reference.append(row);
+    if ((t - prefill) % 37 != 0 && t != prefill + steps - 1) continue;
+    std::vector<float> got[2];
+    PredictorState* states[2] = {&fused, &reference};
+    for (int i = 0; i < 2; ++i) {
+      DeviceTensor scores = gpu->alloc(DType::F32, {predicted * H, t + 1});
+      states[i]->predicted_logits(1, predicted, scores);
+      got[i] = read_f32(*gpu, scores);
+    }
+    // Both F32 throughout; the fused step sums its products and its softmax in other orders (an
+    // online softmax over key splits): the bound of the CPU comparison above, 1e-4 of the
+    // largest logit.
+    double scale = 1.0;
+    for (float v : got[1]) scale = std::max(scale, double(std::fabs(v)));
+    check_within(got[1], got[0], std::vector<double>(got[1].size(), 1e-4 * scale),
+                 "step " + std::to_string(t));
+  }
+  CHECK(fused.fused_steps() == steps);
+  CHECK(reference.fused_steps() == 0);
 }
