@@ -465,6 +465,14 @@ int64_t CudaBackend::lane_limit() {
 
 thread_local CudaBackend::Lane* CudaBackend::current_lane_ = nullptr;
 
+CudaBackend& cuda_backend_of_extension(Backend& backend, std::string_view extension) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr)
+    throw Error("cuda backend", "op extension '" + std::string(extension) + "'", "the CUDA backend",
+                backend.name());
+  return *cuda;
+}
+
 }  // namespace kvlens::cuda
 
 namespace kvlens {

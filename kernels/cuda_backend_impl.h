@@ -14,6 +14,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -319,5 +320,9 @@ class CudaBackend final : public Backend {
   } capture_;
   std::shared_ptr<void> step_state_;
 };
+
+// The CUDA backend an op extension's factory was given (op extensions are registered under the
+// backend's name, "cuda"); an error naming `extension` for any other backend.
+CudaBackend& cuda_backend_of_extension(Backend& backend, std::string_view extension);
 
 }  // namespace kvlens::cuda

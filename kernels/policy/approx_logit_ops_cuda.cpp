@@ -62,7 +62,8 @@ void require_projected(const DeviceTensor& projected, const DeviceTensor& basis,
 
 class CudaApproxLogitOps final : public ApproxLogitOps {
  public:
-  explicit CudaApproxLogitOps(Backend& backend) : backend_(cuda_backend(backend)) {}
+  explicit CudaApproxLogitOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, ApproxLogitOps::kExtensionName)) {}
 
   void sparq_logits(const DeviceTensor& q, const DeviceTensor& k_cache, int64_t cols, int64_t rank,
                     DeviceTensor& out) override {
@@ -149,14 +150,6 @@ class CudaApproxLogitOps final : public ApproxLogitOps {
   }
 
  private:
-  static CudaBackend& cuda_backend(Backend& backend) {
-    auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-    if (cuda == nullptr)
-      throw Error("cuda backend", "op extension 'approx_logits'", "the CUDA backend",
-                  backend.name());
-    return *cuda;
-  }
-
   CudaBackend& backend_;
 };
 

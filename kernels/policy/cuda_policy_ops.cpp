@@ -47,18 +47,10 @@ void require_page_size(int64_t page_size, const std::string& op) {
     bad_argument(op + ": page_size", "a page size >= 1", std::to_string(page_size));
 }
 
-// The CUDA backend a factory was given (registered under its name, "cuda").
-CudaBackend& cuda_backend(Backend& backend, const char* extension) {
-  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-  if (cuda == nullptr)
-    throw Error("cuda backend", std::string("op extension '") + extension + "'", "the CUDA backend",
-                backend.name());
-  return *cuda;
-}
-
 class CudaKeyDiffOps final : public KeyDiffOps {
  public:
-  explicit CudaKeyDiffOps(Backend& backend) : backend_(cuda_backend(backend, "keydiff")) {}
+  explicit CudaKeyDiffOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, KeyDiffOps::kExtensionName)) {}
 
   void key_anchor_scores(const DeviceTensor& k_cache, int64_t cols, const DeviceTensor& members,
                          DeviceTensor& out) override {
@@ -99,7 +91,8 @@ class CudaKeyDiffOps final : public KeyDiffOps {
 
 class CudaQuestOps final : public QuestOps {
  public:
-  explicit CudaQuestOps(Backend& backend) : backend_(cuda_backend(backend, "quest")) {}
+  explicit CudaQuestOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, QuestOps::kExtensionName)) {}
 
   void page_minmax_update(const DeviceTensor& k_cache, int64_t begin, int64_t end,
                           int64_t page_size, DeviceTensor& page_min,
@@ -182,7 +175,8 @@ class CudaQuestOps final : public QuestOps {
 
 class CudaTokenFilterOps final : public TokenFilterOps {
  public:
-  explicit CudaTokenFilterOps(Backend& backend) : backend_(cuda_backend(backend, "tokenfilter")) {}
+  explicit CudaTokenFilterOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, TokenFilterOps::kExtensionName)) {}
 
   void anchor_cosine_update(const DeviceTensor& cache, int64_t column, float decay,
                             DeviceTensor& anchor, DeviceTensor& similarity) override {

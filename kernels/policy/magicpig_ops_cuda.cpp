@@ -38,7 +38,8 @@ int64_t checked_tables(const DeviceTensor& codes, const DeviceTensor& planes, in
 
 class CudaMagicpigOps final : public MagicpigOps {
  public:
-  explicit CudaMagicpigOps(Backend& backend) : backend_(cuda_backend(backend)) {}
+  explicit CudaMagicpigOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, MagicpigOps::kExtensionName)) {}
 
   void hash_keys(const DeviceTensor& k_cache, int64_t begin, int64_t end,
                  const DeviceTensor& planes, int64_t bits, DeviceTensor& codes) override {
@@ -118,13 +119,6 @@ class CudaMagicpigOps final : public MagicpigOps {
   }
 
  private:
-  static CudaBackend& cuda_backend(Backend& backend) {
-    auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-    if (cuda == nullptr)
-      throw Error("cuda backend", "op extension 'magicpig'", "the CUDA backend", backend.name());
-    return *cuda;
-  }
-
   CudaBackend& backend_;
 };
 

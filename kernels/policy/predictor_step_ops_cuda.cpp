@@ -20,7 +20,8 @@ namespace {
 
 class CudaPredictorStepOps final : public PredictorStepOps {
  public:
-  explicit CudaPredictorStepOps(Backend& backend) : backend_(cuda_backend(backend)) {
+  explicit CudaPredictorStepOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, PredictorStepOps::kExtensionName)) {
     backend_.activate();
     int device = 0;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -104,14 +105,6 @@ class CudaPredictorStepOps final : public PredictorStepOps {
   }
 
  private:
-  static CudaBackend& cuda_backend(Backend& backend) {
-    auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-    if (cuda == nullptr)
-      throw Error("cuda backend", "op extension 'tokenbutler_predictor_step'", "the CUDA backend",
-                  backend.name());
-    return *cuda;
-  }
-
   // The state's tensors as PredictorState makes them: F32 caches with room at the position, an
   // F32 [1, E] input, a query row of every slot and enough scratch. A mismatch is a bug in the
   // caller: an error naming the tensor.

@@ -17,7 +17,8 @@ namespace {
 
 class CudaRocketkvOps final : public RocketkvOps {
  public:
-  explicit CudaRocketkvOps(Backend& backend) : backend_(cuda_backend(backend)) {}
+  explicit CudaRocketkvOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, RocketkvOps::kExtensionName)) {}
 
   void page_logits(const DeviceTensor& q, const DeviceTensor& page_min,
                    const DeviceTensor& page_max, int64_t cols, int64_t page_size, int64_t rank,
@@ -66,13 +67,6 @@ class CudaRocketkvOps final : public RocketkvOps {
   }
 
  private:
-  static CudaBackend& cuda_backend(Backend& backend) {
-    auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-    if (cuda == nullptr)
-      throw Error("cuda backend", "op extension 'rocketkv'", "the CUDA backend", backend.name());
-    return *cuda;
-  }
-
   CudaBackend& backend_;
 };
 

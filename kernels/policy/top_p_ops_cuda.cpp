@@ -15,7 +15,8 @@ namespace {
 
 class CudaTopPOps final : public TopPOps {
  public:
-  explicit CudaTopPOps(Backend& backend) : backend_(cuda_backend(backend)) {}
+  explicit CudaTopPOps(Backend& backend)
+      : backend_(cuda_backend_of_extension(backend, TopPOps::kExtensionName)) {}
 
   void top_p_prune(const DeviceTensor& scores, int64_t cols, float top_p, int64_t sink_end,
                    int64_t recent_begin, DeviceTensor& visible) override {
@@ -44,13 +45,6 @@ class CudaTopPOps final : public TopPOps {
   }
 
  private:
-  static CudaBackend& cuda_backend(Backend& backend) {
-    auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-    if (cuda == nullptr)
-      throw Error("cuda backend", "op extension 'top_p'", "the CUDA backend", backend.name());
-    return *cuda;
-  }
-
   CudaBackend& backend_;
 };
 
