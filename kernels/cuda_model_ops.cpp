@@ -434,7 +434,7 @@ cuda::AttentionArgs CudaBackend::attention_args(const std::string& op, const Dev
   args.logits_stride = context;
   // head_dim^-0.5 rounded to F32 once, as transformers multiplies F32 scores by the Python
   // float `scaling`.
-  args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));
+  args.scale = attention_scale(cache.head_dim);
   return args;
 }
 

@@ -54,7 +54,7 @@ cuda::LogitArgs CudaBackend::logit_args(const DeviceTensor& q, const DeviceTenso
   args.lo = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
   args.window = window;
   args.step_position = step_position(position, op);
-  args.scale = float(1.0 / std::sqrt(double(cache.head_dim)));  // as in attention()
+  args.scale = attention_scale(cache.head_dim);
   return args;
 }
 

@@ -3,6 +3,7 @@
 // F32; weights may stay F32, BF16 or F16 in backend memory. Shapes below are row-major.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -20,6 +21,12 @@
 namespace kvlens {
 
 class Backend;
+
+// The attention logit scale every backend applies, head_dim^-0.5 rounded to F32 once
+// (transformers multiplies the F32 scores by the Python float `scaling`).
+inline float attention_scale(int64_t head_dim) {
+  return float(1.0 / std::sqrt(double(head_dim)));
+}
 
 // A tensor in a backend's memory (host memory for the CPU backend, device memory for CUDA).
 // Copies share storage; storage is released when the last copy goes.

@@ -98,11 +98,12 @@ std::shared_ptr<const BackendPredictor> BackendPredictor::upload(
 PredictorState::PredictorState(std::shared_ptr<const BackendPredictor> predictor, bool fused_decode)
     : predictor_(std::move(predictor)), backend_(*predictor_->backend) {
   if (fused_decode && has_op_extension(PredictorStepOps::kExtensionName, backend_.name())) {
-    fused_ = &backend_.extension<PredictorStepOps>();
+    auto& ops = backend_.extension<PredictorStepOps>();
+    if (ops.takes(*predictor_)) fused_ = &ops;
   }
 }
 
-bool PredictorState::fused_step(const DeviceTensor& x) {
+void PredictorState::fused_step(const DeviceTensor& x) {
   if (fused_scratch_.empty()) {
     fused_scratch_ = backend_.alloc(DType::F32, {fused_->scratch_floats(predictor_->config())});
   }
@@ -115,7 +116,7 @@ bool PredictorState::fused_step(const DeviceTensor& x) {
   step.importance_keys = &importance_keys_;
   step.query = &query_;
   step.scratch = &fused_scratch_;
-  return fused_->decode_step(step);
+  fused_->decode_step(step);
 }
 
 void PredictorState::ensure_capacity(int64_t needed) {
@@ -175,7 +176,8 @@ void PredictorState::append(const DeviceTensor& layer_input) {
   for (int64_t i = 0; i < n; ++i) positions_[size_t(i)] = position_ + i;
 
   const DeviceTensor x = view(layer_input, {n, E});
-  if (n == 1 && fused_ != nullptr && fused_step(x)) {
+  if (n == 1 && fused_ != nullptr) {
+    fused_step(x);
     position_ += 1;
     fused_steps_ += 1;
     return;

@@ -36,7 +36,8 @@ class PredictorStepOps;
 class PredictorState {
  public:
   // fused_decode: a decode token goes through the backend's PredictorStepOps where it has them
-  // (predictor_step_ops.h); false runs the reference ops always (for comparing the two).
+  // and they take this predictor (predictor_step_ops.h); false runs the reference ops always (for
+  // comparing the two).
   explicit PredictorState(std::shared_ptr<const BackendPredictor> predictor,
                           bool fused_decode = true);
 
@@ -61,8 +62,8 @@ class PredictorState {
  private:
   void ensure_capacity(int64_t needed);
   void ensure_scratch(int64_t rows);
-  // Whether the backend's fused step took this decode token (queued it).
-  bool fused_step(const DeviceTensor& x);
+  // Queues this decode token's forward as the backend's fused step.
+  void fused_step(const DeviceTensor& x);
 
   std::shared_ptr<const BackendPredictor> predictor_;
   Backend& backend_;
@@ -76,7 +77,7 @@ class PredictorState {
   DeviceTensor importance_hidden_, importance_queries_, importance_keys_new_, query_;
   DeviceTensor no_values_;  // empty: kv_append of keys alone
   std::vector<int64_t> positions_;
-  PredictorStepOps* fused_ = nullptr;  // null: the reference ops
+  PredictorStepOps* fused_ = nullptr;  // null: the reference ops for every token
   DeviceTensor fused_scratch_;
   int64_t fused_steps_ = 0;
 };

@@ -1,7 +1,7 @@
 // The TokenButler predictor's fused decode step, an op extension (op_extension.h) a backend may
 // offer: PredictorState::append of one token as a few kernels instead of its eighteen backend
 // ops, which stay the reference (the CPU runs them; so does any backend without the extension,
-// and one whose fused step declines the operands). The CUDA implementation is
+// and one whose fused step does not take the predictor). The CUDA implementation is
 // kernels/policy/predictor_step_ops_cuda.cpp.
 #pragma once
 
@@ -28,12 +28,14 @@ class PredictorStepOps : public OpExtension {
     DeviceTensor *attention_keys = nullptr, *attention_values = nullptr;
     DeviceTensor *importance_keys = nullptr, *query = nullptr, *scratch = nullptr;
   };
+  // Whether the fused step takes this predictor (its weights' dtypes and its dimensions); a
+  // state asks once and then sends every decode token to decode_step, or none.
+  virtual bool takes(const BackendPredictor& predictor) const = 0;
   // The scratch the step needs for this predictor.
   virtual int64_t scratch_floats(const PredictorConfig& config) const = 0;
-  // Queues the step and returns true; returns false, having queued nothing, where this backend's
-  // fused step does not take the predictor (its dtypes or dimensions): the caller runs the ops.
-  // Results agree with the ops' within F32 rounding (other summation orders).
-  virtual bool decode_step(const DecodeStep& step) = 0;
+  // Queues the step of a predictor it takes. Results agree with the ops' within F32 rounding
+  // (other summation orders).
+  virtual void decode_step(const DecodeStep& step) = 0;
 };
 
 }  // namespace kvlens

@@ -231,7 +231,7 @@ __device__ inline void load_row(const float* row, float (&out)[kHd]) {
 // qkv [3 hd], partial [kWarps], parts [kWarps, hd + 2].
 template <typename T, int kHd>
 __global__ void __launch_bounds__(kThreads)
-    predictor_attention_kernel(const __grid_constant__ PredictorStepArgs a, float scale) {
+    predictor_attention_kernel(const __grid_constant__ PredictorStepArgs a) {
   extern __shared__ float shared[];
   const int64_t Er = a.reduced;
   float* reduced = shared;
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kThreads)
     float dot = 0.0f;
 #pragma unroll
     for (int d = 0; d < kHd; ++d) dot = fmaf(q[d], key[d], dot);
-    part.add_key(dot * scale, value);
+    part.add_key(dot * a.attention_scale, value);
   }
   // The threads' parts merged: a butterfly within each warp, then the warps in order.
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -477,12 +477,11 @@ template <typename T, int kHd>
 void launch_with(const PredictorStepArgs& a, int sm_count, cudaStream_t stream) {
   const size_t f = sizeof(float);
   const int64_t E = a.hidden, Er = a.reduced, m = a.intermediate;
-  const float scale = float(1.0 / std::sqrt(double(kHd)));  // the backends' attention_scale
   const int reduce_rows = rows_per_block(Er, E, sm_count);
   launch_dependent(predictor_input_proj_kernel<T>, unsigned((Er + reduce_rows - 1) / reduce_rows),
                    kThreads, size_t(E + reduce_rows + kWarps) * f, stream, a, reduce_rows);
   launch_dependent(predictor_attention_kernel<T, kHd>, unsigned(a.heads * a.splits), kThreads,
-                   size_t(Er + 3 * kHd + kWarps + kWarps * (kHd + 2)) * f, stream, a, scale);
+                   size_t(Er + 3 * kHd + kWarps + kWarps * (kHd + 2)) * f, stream, a);
   const int ffn_rows = rows_per_block(2 * Er, Er, sm_count);
   const int64_t part_floats = a.heads * a.splits * (kHd + 2);
   launch_dependent(predictor_ffn_in_kernel<T, kHd>, unsigned((2 * Er + ffn_rows - 1) / ffn_rows),

@@ -18,6 +18,7 @@ struct PredictorStepArgs {
   int64_t slots = 0, importance_dim = 0;
   int64_t position = 0, capacity = 0;  // the new token's position; the caches' rows per group
   float eps = 0.0f;
+  float attention_scale = 0.0f;   // of the predictor's own attention (attention_scale(hd))
   bool importance_norms = false;  // the hf variant's norm2 and norm_importance
   DType w_dtype = DType::F32;     // every weight, bias and norm parameter
   const float* x = nullptr;       // [E]

@@ -1,12 +1,13 @@
-// PredictorStepOps (engine/policy/predictor_step_ops.h) on the CUDA backend: the predictor's
-// tensors checked against its config, then predictor_step_kernels.cu. A predictor whose weights
-// are not all of one dtype, or whose dimensions the kernels do not take, is declined (the state
-// then runs the reference ops). register_cuda_policy_ops (cuda_policy_ops.cpp) registers it.
+// PredictorStepOps (engine/policy/predictor_step_ops.h) on the CUDA backend: the state's tensors
+// checked against the predictor's config, then predictor_step_kernels.cu. A predictor whose
+// weights are not all of one dtype, or whose dimensions the kernels do not take, is not taken
+// (its states run the reference ops). register_cuda_policy_ops (cuda_policy_ops.cpp) registers it.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/backend/op_extension.h"
 #include "engine/common/error.h"
@@ -29,33 +30,14 @@ class CudaPredictorStepOps final : public PredictorStepOps {
                "cudaDeviceGetAttribute");
   }
 
-  int64_t scratch_floats(const PredictorConfig& c) const override {
-    return predictor_step_scratch_floats(c.hidden_size, c.reduced_size, c.heads,
-                                         c.attention_head_dim(), c.intermediate);
-  }
-
-  bool decode_step(const DecodeStep& step) override {
-    // $KVLENS_FUSED_PREDICTOR_STEP=0 declines every step (for measuring what the fusion is worth).
+  bool takes(const BackendPredictor& p) const override {
+    // $KVLENS_FUSED_PREDICTOR_STEP=0 takes no predictor (for measuring what the fusion is worth).
     static const bool enabled = [] {
       const char* text = std::getenv("KVLENS_FUSED_PREDICTOR_STEP");
       return text == nullptr || std::strcmp(text, "0") != 0;
     }();
-    if (!enabled) return false;
-    const BackendPredictor& p = *step.predictor;
-    const PredictorConfig& c = p.config();
-    PredictorStepArgs a;
-    a.hidden = c.hidden_size;
-    a.reduced = c.reduced_size;
-    a.heads = c.heads;
-    a.head_dim = c.attention_head_dim();
-    a.intermediate = c.intermediate;
-    a.slots = (c.layers - 1) * c.heads;
-    a.importance_dim = c.importance_dim;
-    a.position = step.position;
-    a.eps = float(c.layer_norm_eps);
-    a.importance_norms = c.variant == PredictorConfig::Variant::kHf;
-    a.w_dtype = p.input_proj.dtype;
-    if (!predictor_step_fusable(a) || !operands_fit(step, a)) return false;
+    const PredictorStepArgs a = dimensions(p);
+    if (!enabled || !predictor_step_fusable(a)) return false;
     std::vector<const DeviceTensor*> weights = {
         &p.input_proj,       &p.q_proj_attn,     &p.k_proj_attn,     &p.v_proj_attn,
         &p.norm1_weight,     &p.norm1_bias,      &p.ffn_in_weight,   &p.ffn_in_bias,
@@ -66,11 +48,24 @@ class CudaPredictorStepOps final : public PredictorStepOps {
            {&p.norm2_weight, &p.norm2_bias, &p.norm_importance_weight, &p.norm_importance_bias})
         weights.push_back(t);
     }
-    // The products read 16-byte words of every weight row.
+    // One dtype; the products read 16-byte words of every weight row.
     for (const DeviceTensor* t : weights)
       if (t->dtype != a.w_dtype || t->data == nullptr ||
           reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
         return false;
+    return true;
+  }
+
+  int64_t scratch_floats(const PredictorConfig& c) const override {
+    return predictor_step_scratch_floats(c.hidden_size, c.reduced_size, c.heads,
+                                         c.attention_head_dim(), c.intermediate);
+  }
+
+  void decode_step(const DecodeStep& step) override {
+    const BackendPredictor& p = *step.predictor;
+    PredictorStepArgs a = dimensions(p);
+    a.position = step.position;
+    require_operands(step, a);
     a.x = step.x->as<const float>();
     a.input_proj = p.input_proj.data;
     a.q_attn = p.q_proj_attn.data;
@@ -101,14 +96,31 @@ class CudaPredictorStepOps final : public PredictorStepOps {
     backend_.activate();
     launch_predictor_step(a, sm_count_, backend_.stream());
     check_launch("predictor_step");
-    return true;
   }
 
  private:
+  // The predictor's dimensions and weight dtype (the step's own fields left at their defaults).
+  static PredictorStepArgs dimensions(const BackendPredictor& p) {
+    const PredictorConfig& c = p.config();
+    PredictorStepArgs a;
+    a.hidden = c.hidden_size;
+    a.reduced = c.reduced_size;
+    a.heads = c.heads;
+    a.head_dim = c.attention_head_dim();
+    a.intermediate = c.intermediate;
+    a.slots = (c.layers - 1) * c.heads;
+    a.importance_dim = c.importance_dim;
+    a.eps = float(c.layer_norm_eps);
+    a.attention_scale = attention_scale(a.head_dim);
+    a.importance_norms = c.variant == PredictorConfig::Variant::kHf;
+    a.w_dtype = p.input_proj.dtype;
+    return a;
+  }
+
   // The state's tensors as PredictorState makes them: F32 caches with room at the position, an
   // F32 [1, E] input, a query row of every slot and enough scratch. A mismatch is a bug in the
   // caller: an error naming the tensor.
-  bool operands_fit(const DecodeStep& step, const PredictorStepArgs& a) const {
+  void require_operands(const DecodeStep& step, const PredictorStepArgs& a) const {
     const std::string op = "predictor_step";
     auto cache = [&](const DeviceTensor* t, const char* what, int64_t groups, int64_t width) {
       if (t == nullptr || t->dtype != DType::F32 || t->shape.size() != 3 || t->dim(0) != groups ||
@@ -131,7 +143,6 @@ class CudaPredictorStepOps final : public PredictorStepOps {
             predictor_step_scratch_floats(a.hidden, a.reduced, a.heads, a.head_dim, a.intermediate))
       bad_argument(op + ": query, scratch", "the predictor's query row and step scratch",
                    describe(*step.query) + ", " + describe(*step.scratch));
-    return true;
   }
 
   CudaBackend& backend_;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_matmul.h"
 #include "engine/backend/cpu/cpu_page_kernels.h"
 #include "engine/backend/cpu/cpu_row_kernels.h"
@@ -102,11 +103,5 @@ struct DotKernels {
 // The fastest kernel set this CPU supports: portable ones when allow_simd is false, the AVX2 ones
 // when allow_avx512 is false (benchmarks and tests compare the sets).
 DotKernels pick_dot_kernels(bool allow_simd, bool allow_avx512 = true);
-
-// The attention logit scale head_dim^-0.5, rounded to F32 once (transformers multiplies the F32
-// scores by the Python float `scaling`).
-inline float attention_scale(int64_t head_dim) {
-  return float(1.0 / std::sqrt(double(head_dim)));
-}
 
 }  // namespace kvlens
