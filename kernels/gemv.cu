@@ -7,55 +7,19 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <map>
 #include <type_traits>
-#include <utility>
 
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/gemv_common.cuh"
+#include "kernels/gemv_row.cuh"
 
 namespace kvlens::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-
-// 16 bytes of weights widened to F32.
-template <typename W>
-struct WeightVector;
-template <>
-struct WeightVector<float> {
-  static constexpr int kValues = 4;
-  __device__ static void widen(const uint4& raw, float* out) {
-    out[0] = __uint_as_float(raw.x), out[1] = __uint_as_float(raw.y);
-    out[2] = __uint_as_float(raw.z), out[3] = __uint_as_float(raw.w);
-  }
-};
-// Eight 16-bit values as four pairs, each widened by the pair intrinsic of its type.
-__device__ __forceinline__ float2 pair_to_float2(__nv_bfloat162 pair) {
-  return __bfloat1622float2(pair);
-}
-__device__ __forceinline__ float2 pair_to_float2(__half2 pair) {
-  return __half22float2(pair);
-}
-template <typename Pair>
-struct HalfWidthVector {
-  static constexpr int kValues = 8;
-  __device__ static void widen(const uint4& raw, float* out) {
-    const auto* pairs = reinterpret_cast<const Pair*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = pair_to_float2(pairs[i]);
-      out[2 * i] = f.x, out[2 * i + 1] = f.y;
-    }
-  }
-};
-template <>
-struct WeightVector<__nv_bfloat16> : HalfWidthVector<__nv_bfloat162> {};
-template <>
-struct WeightVector<__half> : HalfWidthVector<__half2> {};
 
 // Rows, weights and x 16-byte aligned with `in` a multiple of the vector width. One warp per
 // F output features (of the products laid end to end): lane l takes the vectors v = l, l + 32, ...
@@ -67,9 +31,6 @@ struct WeightVector<__half> : HalfWidthVector<__half2> {};
 // order of its sums). With a norm weight (whole rows only) the block first applies
 // rmsnorm_kernel's arithmetic to them (the bits of the rmsnorm op) and block 0 writes them to
 // `normed`.
-// Mode: Store y = sum; Accumulate y += sum (add_inplace's one addition); SiluPair the products
-// are gate (0) and up (1), of one width, and y[0] receives silu(gate) * up as silu_mul does.
-enum class GemvMode { Store, Accumulate, SiluPair };
 
 // Output features a warp computes together. Each activation value read from shared memory then
 // feeds F * P weight rows instead of P: with several rows (lockstep runs) the shared-memory reads,
@@ -424,17 +385,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// At most this many blocks per SM of the warp kernel ($KVLENS_GEMV_BLOCKS_PER_SM, for measuring);
-// fewer where its shared memory or registers do not fit more.
-int64_t blocks_per_sm_cap() {
-  static const int64_t value = [] {
-    const char* text = std::getenv("KVLENS_GEMV_BLOCKS_PER_SM");
-    const long parsed = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
-    return parsed > 0 ? int64_t(parsed) : int64_t(3);  // the 1- and 2-row kernels' launch bound
-  }();
-  return value;
-}
-
 // Shared memory for the staged rows: up to this, the rest of the opt-in limit holds the ring.
 constexpr int64_t kMaxStagedBytes = 96 * 1024;
 
@@ -445,23 +395,6 @@ int64_t staged_columns(int64_t rows, int64_t in, int64_t vector) {
   const int64_t group = 32 * vector;
   const int64_t groups = kMaxStagedBytes / (rows * int64_t(sizeof(float)) * group);
   return (groups > 1 ? groups : 1) * group;
-}
-
-// Blocks of `kernel` one SM holds with `shared_bytes` of dynamic shared memory, asked once per
-// (kernel, size) and launching thread: the lanes of run_tasks launch from threads of their own,
-// and a shared cache would put a lock on every product's launch.
-int64_t resident_blocks(const void* kernel, size_t shared_bytes) {
-  thread_local std::map<std::pair<const void*, size_t>, int64_t> known;
-  const auto key = std::make_pair(kernel, shared_bytes);
-  auto it = known.find(key);
-  if (it == known.end()) {
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, shared_bytes) !=
-        cudaSuccess)
-      blocks = 1;
-    it = known.emplace(key, blocks > 0 ? blocks : 1).first;
-  }
-  return it->second;
 }
 
 // A warp per F features, eight per block, as many blocks as the SMs hold at once up to the cap
@@ -480,9 +413,10 @@ void launch_products(const GemvCall& call, const GemvProducts& products, int64_t
   const int64_t sms = sm_count > 0 ? sm_count : 132;
   // Raised before the occupancy question, whose answer assumes the launch is allowed.
   allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
-  const int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), shared_bytes);
+  const int64_t resident =
+      resident_blocks(reinterpret_cast<const void*>(kernel), shared_bytes, kThreads);
   const int64_t wanted = (total + per_block - 1) / per_block;
-  const int64_t cap = sms * std::min(resident, blocks_per_sm_cap());
+  const int64_t cap = sms * std::min(resident, gemv_blocks_per_sm_cap());
   const unsigned blocks = unsigned(wanted < cap ? wanted : cap);
   launch_dependent(kernel, blocks, kThreads, shared_bytes, stream, call.x, products, rows, in,
                    chunk, static_cast<const NormW*>(call.norm_weight), call.eps, call.normed,
@@ -559,29 +493,14 @@ void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
   for (int m = products.count; m < kMaxGemvProducts; ++m) products.out[m] = 0;
   const bool silu = call.silu_pair;
   if (silu) total = products.out[0];
-  dispatch_weight(call.w_dtype, [&](auto zero) {
-    using W = decltype(zero);
+  if (gemv_row_takes(call, total)) {
+    launch_gemv_row(call, products, total, sm_count, stream);
+    return;
+  }
+  dispatch_products(call, [&](auto zero, auto norm_zero, auto mode_tag) {
     dispatch_rows(n, [&](auto rows_tag) {
-      constexpr int R = decltype(rows_tag)::value;
-      auto with_norm = [&](auto norm_zero) {
-        using N = decltype(norm_zero);
-        auto go = [&](auto mode_tag) {
-          launch_products<W, N, R, decltype(mode_tag)::value>(call, products, total, sm_count,
-                                                              stream);
-        };
-        if (silu)
-          go(std::integral_constant<GemvMode, GemvMode::SiluPair>{});
-        else if (call.accumulate)
-          go(std::integral_constant<GemvMode, GemvMode::Accumulate>{});
-        else
-          go(std::integral_constant<GemvMode, GemvMode::Store>{});
-      };
-      // The norm weight's type (only read with a norm; F32 otherwise, one instance): F32 or
-      // the weights' own (GemvCall::norm_dtype), so as few kernels are built as needed.
-      if (call.norm_weight == nullptr || call.norm_dtype == DType::F32)
-        with_norm(float{});
-      else
-        with_norm(W{});
+      launch_products<decltype(zero), decltype(norm_zero), decltype(rows_tag)::value,
+                      decltype(mode_tag)::value>(call, products, total, sm_count, stream);
     });
   });
 }

@@ -2,7 +2,8 @@
 // (n <= kMaxGemvRows: one token per lockstep run), x and y F32, w in its stored dtype (F32, BF16
 // or F16, widened in registers). Each weight byte is read once for all n rows, at memory bandwidth;
 // the products of one input (q, k, v; gate, up) go in one launch, with the RMSNorm before them and
-// the SiLU gate or the residual add after them fused where asked.
+// the SiLU gate or the residual add after them fused where asked. launch_gemv hands a single row
+// to the one-row kernel (gemv_row.cuh), several rows to the general one (gemv.cu): same bits.
 #pragma once
 
 #include <cuda_runtime.h>
