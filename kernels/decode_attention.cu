@@ -136,6 +136,35 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int rows_per_pass = kWarps * rows_per_warp;
   const int first_row = warp * rows_per_warp + lane / lanes;
 
+  // Under a mask, a slice of which no head of the group sees a key is done at once: its partial
+  // softmax is what the passes below would leave (max -inf, sum 0, weighted values 0) and its
+  // logits are -inf, so no bit changes; a run whose kept keys lie together (StreamingLLM's sinks
+  // and recent window) then pays little for the rest of the context.
+  if (a.mask != nullptr) {
+    bool seen = false;
+    for (int64_t h = 0; h < group; ++h) {
+      const uint8_t* row = a.mask + (g * group + h) * a.mask_stride + start;
+      for (int jj = threadIdx.x; jj < count; jj += blockDim.x) seen = seen || row[jj] != 0;
+    }
+    if (!__syncthreads_or(seen)) {
+      const int64_t first_head = g * group;
+      float* slice_acc = scratch + 2 * plan.slices * a.heads;
+      for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x)
+        slice_acc[(slice * a.heads + first_head) * D + i] = 0.0f;
+      if (threadIdx.x < group) {
+        scratch[slice * a.heads + first_head + threadIdx.x] = -INFINITY;
+        scratch[plan.slices * a.heads + slice * a.heads + first_head + threadIdx.x] = 0.0f;
+      }
+      if (a.logits != nullptr) {
+        const int64_t from = slice == 0 ? 0 : start;  // slice 0 also covers the keys before lo
+        for (int64_t h = 0; h < group; ++h)
+          for (int64_t j = from + threadIdx.x; j <= end; j += blockDim.x)
+            a.logits[(first_head + h) * a.logits_stride + j] = -INFINITY;
+      }
+      return;
+    }
+  }
+
   const C* keys = static_cast<const C*>(a.k_cache) + (g * a.capacity + start) * D;
   const C* values = static_cast<const C*>(a.v_cache) + (g * a.capacity + start) * D;
   for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
