@@ -119,6 +119,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t position = window.position, lo = window.lo;
   const int64_t slice_keys = slice_width(window.keys, plan);
   const int64_t slices = plan.slices;
+  float* const slice_max = scratch;  // the scratch's layout: see the top of the file
+  float* const slice_sum = scratch + slices * a.heads;
+  float* const slice_acc = scratch + 2 * slices * a.heads;
   const int64_t start = lo + slice * slice_keys;
   if (start > position) return;  // past the visible keys: the merge does not read this slice
   const int64_t end = start + slice_keys - 1 < position ? start + slice_keys - 1 : position;
@@ -148,12 +151,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
     if (!__syncthreads_or(seen)) {
       const int64_t first_head = g * group;
-      float* slice_acc = scratch + 2 * plan.slices * a.heads;
       for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x)
         slice_acc[(slice * a.heads + first_head) * D + i] = 0.0f;
       if (threadIdx.x < group) {
-        scratch[slice * a.heads + first_head + threadIdx.x] = -INFINITY;
-        scratch[plan.slices * a.heads + slice * a.heads + first_head + threadIdx.x] = 0.0f;
+        slice_max[slice * a.heads + first_head + threadIdx.x] = -INFINITY;
+        slice_sum[slice * a.heads + first_head + threadIdx.x] = 0.0f;
       }
       if (a.logits != nullptr) {
         const int64_t from = slice == 0 ? 0 : start;  // slice 0 also covers the keys before lo
@@ -241,9 +243,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
   __syncthreads();
 
-  float* slice_max = scratch;
-  float* slice_sum = scratch + slices * a.heads;
-  float* slice_acc = scratch + 2 * slices * a.heads;
   // The slice's softmax pieces per head: one warp per head.
   for (int64_t h = warp; h < group; h += kWarps) {
     float* w = weights + h * slice_keys;

@@ -99,7 +99,6 @@ __device__ __forceinline__ void stage_columns(const float* __restrict__ x, int r
 template <int R>
 constexpr int kStages = R >= 4 ? 2 : 4;
 constexpr int kBatchVectors = 4;  // 16-byte vectors a lane requests per batch
-constexpr int kNormHeld = 16;     // norm weights a thread holds (fused RMSNorm)
 template <int R>
 constexpr int64_t kRingBytes = int64_t(kStages<R>) * kBatchVectors * 16 * kThreads;
 template <int R>
@@ -215,17 +214,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<R>)
 
   // No kernel writes uploaded weights: their first batches are requested before this grid
   // waits for the one before it and before the rows are staged, so their latency overlaps both.
-  // The norm weight likewise: a thread's first kNormHeld values (all of a width up to 4096) are
-  // held in registers as stored and widened where used (widened here, the warps waited for them
-  // here: a fifth of gate/up's stall samples on an H100).
-  NormW held_norm[kNormHeld];
-  auto hold_norm = [&]() {
-#pragma unroll
-    for (int k = 0; k < kNormHeld; ++k) {
-      const int64_t i = threadIdx.x + int64_t(k) * kThreads;
-      if (i < in) held_norm[k] = norm_weight[i];
-    }
-  };
+  // The norm weight likewise (HeldNorm).
+  HeldNorm<NormW, kThreads> held_norm;
+  auto hold_norm = [&]() { held_norm.hold(norm_weight, in); };
   const bool normalise = whole && norm_weight != nullptr;
   if (weights_uploaded) {
     for (int s = 0; s + 1 < kStages<R>; ++s) request();
@@ -256,13 +247,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<R>)
           value = (value * inv) * weight;
           if (blockIdx.x == 0 && normed != nullptr) normed[r * in + i] = value;
         };
-#pragma unroll
-        for (int k = 0; k < kNormHeld; ++k) {
-          const int64_t i = threadIdx.x + int64_t(k) * kThreads;
-          if (i < in) scale(i, to_f32(held_norm[k]));
-        }
-        for (int64_t i = threadIdx.x + int64_t(kNormHeld) * kThreads; i < in; i += kThreads)
-          scale(i, to_f32(norm_weight[i]));
+        held_norm.for_each(norm_weight, in, scale);
       }
     }
     __syncthreads();
@@ -337,17 +322,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<R>)
         float sums[P];
 #pragma unroll
         for (int p = 0; p < P; ++p) sums[p] = warp_reduce(acc[f][p][r], SumOp{});
-        if (lane != 0) continue;
-        float* y = products.y[m[f]] + r * products.out[m[f]] + o[f];
-        if constexpr (Mode == GemvMode::Store) {
-          *y = sums[0];
-        } else if constexpr (Mode == GemvMode::Accumulate) {
-          *y = *y + sums[0];
-        } else {
-          // silu_mul_kernel's expression, so the bits are those of the separate ops.
-          const float g = sums[0];
-          *y = g / (1.0f + expf(-g)) * sums[1];
-        }
+        if (lane == 0) store_feature<Mode>(products.y[m[f]] + r * products.out[m[f]] + o[f], sums);
       }
     }
   }

@@ -57,6 +57,51 @@ struct WeightVector<__half> : HalfWidthVector<__half2> {};
 // are gate (0) and up (1), of one width, and y[0] receives silu(gate) * up as silu_mul does.
 enum class GemvMode { Store, Accumulate, SiluPair };
 
+// One feature's warp sums into y (lane 0): Store y = sums[0]; Accumulate y += sums[0]
+// (add_inplace's one addition); SiluPair y = silu(gate) * up with silu_mul_kernel's expression, so
+// the bits are those of the separate ops.
+template <GemvMode Mode>
+__device__ __forceinline__ void store_feature(float* y, const float* sums) {
+  if constexpr (Mode == GemvMode::Store) {
+    *y = sums[0];
+  } else if constexpr (Mode == GemvMode::Accumulate) {
+    *y = *y + sums[0];
+  } else {
+    const float g = sums[0];
+    *y = g / (1.0f + expf(-g)) * sums[1];
+  }
+}
+
+// The fused RMSNorm's weight: a thread's first kNormHeld values (i = thread, thread + kThreads,
+// ..: all of a width up to 4096) held in registers as stored, so they can be read before the grid
+// waits (no kernel writes an uploaded weight) and widened where used (widened at once, the warps
+// waited for them there: a fifth of gate/up's stall samples on an H100). Index: the kernel's
+// index type.
+constexpr int kNormHeld = 16;
+template <typename NormW, int kThreads>
+struct HeldNorm {
+  NormW values[kNormHeld];
+  template <typename Index>
+  __device__ __forceinline__ void hold(const NormW* weight, Index in) {
+#pragma unroll
+    for (int k = 0; k < kNormHeld; ++k) {
+      const Index i = Index(threadIdx.x) + Index(k) * kThreads;
+      if (i < in) values[k] = weight[i];
+    }
+  }
+  // scale(i, weight i as F32) for every i of this thread, ascending.
+  template <typename Index, typename Scale>
+  __device__ __forceinline__ void for_each(const NormW* weight, Index in, Scale&& scale) const {
+#pragma unroll
+    for (int k = 0; k < kNormHeld; ++k) {
+      const Index i = Index(threadIdx.x) + Index(k) * kThreads;
+      if (i < in) scale(i, to_f32(values[k]));
+    }
+    for (Index i = Index(threadIdx.x) + Index(kNormHeld) * kThreads; i < in; i += kThreads)
+      scale(i, to_f32(weight[i]));
+  }
+};
+
 // At most this many blocks per SM of the warp kernel ($KVLENS_GEMV_BLOCKS_PER_SM, for measuring);
 // fewer where its shared memory or registers do not fit more.
 inline int64_t gemv_blocks_per_sm_cap() {

@@ -32,7 +32,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBlocksPerSm = 3;
 constexpr int kDepth = 2;         // batches a lane has requested ahead of the one it multiplies
 constexpr int kBatchVectors = 4;  // 16-byte vectors a lane loads per batch, over its P rows
-constexpr int kNormHeld = 16;     // norm weights a thread holds (read before the grid waits)
 
 // A weight vector no kernel writes, read once: not kept in L1.
 __device__ __forceinline__ uint4 load_weight_vector(const uint4* address) {
@@ -100,14 +99,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if (put_feature < total) locate_rows();
   };
 
-  NormW held_norm[kNormHeld];
-  auto hold_norm = [&]() {
-#pragma unroll
-    for (int k = 0; k < kNormHeld; ++k) {
-      const int i = threadIdx.x + k * kThreads;
-      if (i < in) held_norm[k] = norm_weight[i];
-    }
-  };
+  HeldNorm<NormW, kThreads> held_norm;  // (read before the grid waits where uploaded)
+  auto hold_norm = [&]() { held_norm.hold(norm_weight, in); };
   const bool normalise = norm_weight != nullptr;
   auto fill = [&]() {
 #pragma unroll
@@ -140,13 +133,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       value = (value * inv) * weight;
       if (blockIdx.x == 0 && normed != nullptr) normed[i] = value;
     };
-#pragma unroll
-    for (int k = 0; k < kNormHeld; ++k) {
-      const int i = threadIdx.x + k * kThreads;
-      if (i < in) scale(i, to_f32(held_norm[k]));
-    }
-    for (int i = threadIdx.x + kNormHeld * kThreads; i < in; i += kThreads)
-      scale(i, to_f32(norm_weight[i]));
+    held_norm.for_each(norm_weight, in, scale);
   } else {
     const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll 4
@@ -190,15 +177,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       if (lane == 0) {
         int m = 0, o = 0;
         locate(feature, m, o);
-        float* y = products.y[m] + o;
-        if constexpr (Mode == GemvMode::Store) {
-          *y = sums[0];
-        } else if constexpr (Mode == GemvMode::Accumulate) {
-          *y = *y + sums[0];
-        } else {
-          const float g = sums[0];  // silu_mul_kernel's expression
-          *y = g / (1.0f + expf(-g)) * sums[1];
-        }
+        store_feature<Mode>(products.y[m] + o, sums);
       }
       batch = 0;
       feature += stride;
@@ -213,8 +192,8 @@ bool gemv_row_takes(const GemvCall& call, int64_t total) {
     const char* text = std::getenv("KVLENS_GEMV_ROW_KERNEL");
     return text == nullptr || std::strcmp(text, "0") != 0;
   }();
-  return enabled && call.rows == 1 && gemv_stages_rows(1, call.in) && call.in <= INT_MAX &&
-         total <= INT_MAX / 2;
+  // (int indices: a staged row is at most 24K floats; feature + grid stride stays below 2^31)
+  return enabled && call.rows == 1 && gemv_stages_rows(1, call.in) && total <= INT_MAX / 2;
 }
 
 void launch_gemv_row(const GemvCall& call, const GemvProducts& products, int64_t total,
