@@ -1,9 +1,11 @@
 // Split-context decode attention (see decode_attention.cuh). Scratch layout for S slices:
-// max[S, H] | sum[S, H] | acc[S, H, D] (the slice's unnormalised weighted values).
+// max[S, H] | sum[S, H] | acc[S, H, D] (the slice's unnormalised weighted values), then under a
+// mask the visible-key lists: count[G, chunks] | index[G, capacity] (partial_floats, list_counts).
 #include "kernels/decode_attention.cuh"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <type_traits>
 
@@ -62,17 +64,19 @@ __host__ __device__ __forceinline__ int64_t used_slices(int64_t keys, const Slic
 }
 
 // The most keys a query can see in this cache (the window's, with one).
-int64_t most_keys(const AttentionArgs& a) {
+__host__ __device__ __forceinline__ int64_t most_keys(const AttentionArgs& a) {
   return a.window > 0 && a.window < a.capacity ? a.window : a.capacity;
 }
 
 // The plan depends on the cache (capacity, window, heads) alone. slices 0: the group's queries
-// and the narrowest slice's weights do not fit in shared memory.
+// and the narrowest slice's weights do not fit in shared memory. A key's width budget holds its
+// weights and, for a masked run over a list, its index; the lists' chunk positions (at most
+// kThreads + 1) come off the top.
 SlicePlan slice_plan(const AttentionArgs& a, int sm_count) {
   SlicePlan plan;
   const int64_t group = a.heads / a.kv_heads;
-  plan.max_width = (kSharedFloats - fixed_shared_floats(group, a.head_dim)) / group /
-                   kMinSliceKeys * kMinSliceKeys;
+  plan.max_width = (kSharedFloats - fixed_shared_floats(group, a.head_dim) - (kThreads + 1)) /
+                   (group + 1) / kMinSliceKeys * kMinSliceKeys;
   if (plan.max_width < kMinSliceKeys) return plan;
   // Rounded down: one wave. Rounded up, 3 x 132 / 8 KV heads asked for 400 blocks where 396
   // are resident, and the 4 left over ran as a second wave of their own.
@@ -93,6 +97,136 @@ __device__ __forceinline__ Window visible_window(const AttentionArgs& a) {
   w.lo = a.window > 0 && w.position - a.window + 1 > 0 ? w.position - a.window + 1 : 0;
   w.keys = w.position - w.lo + 1;
   return w;
+}
+
+// A masked decode over at least this many keys first lists the keys each KV head's group sees
+// (visible_keys_kernel) and cuts its slices over that list, so a run attends over about the keys
+// it kept; below it the slices walk the whole range, skipping rows no head sees (a list is one
+// more launch, 3-5 us a layer, which a short context does not repay: a slice of a 4096-key
+// context is 84 keys).
+constexpr int64_t kIndexedFromKeys = 8192;
+// The list is built in chunks of positions, a block each (kListThreads threads, kListPer keys a
+// thread): chunk c's visible keys, ascending, at index[g, c * kListChunk ..], and their count.
+// A slice finds its keys from the chunks' counts (at most kThreads chunks: a block scans them).
+constexpr int kListThreads = 256;
+constexpr int kListPer = 8;
+constexpr int64_t kListChunk = int64_t(kListThreads) * kListPer;
+
+__host__ __device__ __forceinline__ int64_t list_chunks(const AttentionArgs& a) {
+  return (a.capacity + kListChunk - 1) / kListChunk;
+}
+
+// Whether this run's slices go over its listed keys: masked, not a recorded step (a masked
+// run is never recorded: attention_masked_runs), over a long enough range, in a cache whose
+// chunks one block can scan.
+__host__ __device__ __forceinline__ bool indexed(const AttentionArgs& a) {
+  if (a.mask == nullptr || a.step_position != nullptr || list_chunks(a) >= kThreads) return false;
+  const int64_t lo =
+      a.window > 0 && a.first_position - a.window + 1 > 0 ? a.first_position - a.window + 1 : 0;
+  return a.first_position - lo + 1 >= kIndexedFromKeys;
+}
+
+// A run's scratch, in floats: max[S, H] | sum[S, H] | acc[S, H, D], then under a mask the key
+// lists as int32: count[G, list_chunks] | index[G, capacity].
+__host__ __device__ __forceinline__ int64_t partial_floats(const SlicePlan& plan,
+                                                           const AttentionArgs& a) {
+  return plan.slices * a.heads * (a.head_dim + 2);
+}
+__host__ __device__ __forceinline__ int32_t* list_counts(float* scratch, const SlicePlan& plan,
+                                                         const AttentionArgs& a) {
+  return reinterpret_cast<int32_t*>(scratch + partial_floats(plan, a));
+}
+__host__ __device__ __forceinline__ const int32_t* list_counts(const float* scratch,
+                                                               const SlicePlan& plan,
+                                                               const AttentionArgs& a) {
+  return reinterpret_cast<const int32_t*>(scratch + partial_floats(plan, a));
+}
+__host__ __device__ __forceinline__ int64_t list_ints(const AttentionArgs& a) {
+  return a.kv_heads * (list_chunks(a) + a.capacity);
+}
+
+// The exclusive prefix of `value` over a block of kWarpsOf * 32 threads, and the block's total.
+// `warp_sums` holds kWarpsOf ints; every thread of the block calls it.
+template <int kWarpsOf>
+__device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarpsOf; ++w) {
+    const int sum = warp_sums[w];
+    before += w < warp ? sum : 0;
+    total += sum;
+  }
+  __syncthreads();  // warp_sums may be rewritten by the next call
+  return before + inclusive - value;
+}
+
+// One block per (chunk of kListChunk positions, KV head, run) of an indexed run: the keys of the
+// chunk in [lo, position] that some head of the group sees, ascending, into the chunk's part of
+// the list, and their count; -inf logits for every head of the group at the chunk's other keys up
+// to position (none of which a slice visits). Chunks wholly before lo only write logits.
+template <int kRuns>
+__global__ void __launch_bounds__(kListThreads)
+    visible_keys_kernel(const __grid_constant__ RunBatch<DecodeRun, kRuns> batch, SlicePlan plan) {
+  begin_dependent_grid();
+  const AttentionArgs& a = batch_run(batch).args;
+  if (!indexed(a)) return;
+  __shared__ int warp_sums[kListThreads / 32];
+  const int64_t chunk = blockIdx.x, g = blockIdx.y;
+  const int64_t group = a.heads / a.kv_heads;
+  const Window w = visible_window(a);
+  const int64_t j0 = chunk * kListChunk + int64_t(threadIdx.x) * kListPer;
+  unsigned flags = 0;
+  for (int64_t h = 0; h < group; ++h) {
+    const uint8_t* row = a.mask + (g * group + h) * a.mask_stride;
+#pragma unroll
+    for (int k = 0; k < kListPer; ++k) {
+      const int64_t j = j0 + k;
+      if (j >= w.lo && j <= w.position && row[j] != 0) flags |= 1u << k;
+    }
+  }
+  if (a.logits != nullptr) {
+    for (int k = 0; k < kListPer; ++k) {
+      if (j0 + k > w.position || (flags >> k & 1u) != 0) continue;
+      for (int64_t h = 0; h < group; ++h)
+        a.logits[(g * group + h) * a.logits_stride + j0 + k] = -INFINITY;
+    }
+  }
+  if (chunk * kListChunk + kListChunk <= w.lo) return;  // (uniform: no list entries)
+  int total = 0;
+  int at = block_exclusive_scan<kListThreads / 32>(__popc(flags), warp_sums, total);
+  int32_t* const counts = list_counts(batch_run(batch).scratch, plan, a);
+  int32_t* const index = counts + a.kv_heads * list_chunks(a) + g * a.capacity + chunk * kListChunk;
+  for (int k = 0; k < kListPer; ++k)
+    if ((flags >> k & 1u) != 0) index[at++] = int32_t(j0 + k);
+  if (threadIdx.x == 0) counts[g * list_chunks(a) + chunk] = total;
+}
+
+// The keys an indexed run's group sees, from its chunks' counts (every thread of the block gets
+// the total; `prefix`, when given, gets each chunk's first list position, list_chunks(a) + 1 ints).
+// A block of kWarpsOf warps, at least list_chunks(a) + 1 threads.
+template <int kWarpsOf>
+__device__ __forceinline__ int listed_keys(const float* scratch, const SlicePlan& plan,
+                                           const AttentionArgs& a, int64_t g, int* warp_sums,
+                                           int* prefix) {
+  const Window w = visible_window(a);
+  const int64_t first_chunk = w.lo / kListChunk, chunks = w.position / kListChunk + 1;
+  const int32_t* counts = list_counts(scratch, plan, a) + g * list_chunks(a);
+  const int c = int(threadIdx.x);
+  const int mine = c >= first_chunk && c < chunks ? counts[c] : 0;
+  int total = 0;
+  const int before = block_exclusive_scan<kWarpsOf>(mine, warp_sums, total);
+  if (prefix != nullptr && c <= list_chunks(a)) prefix[c] = before;
+  return total;
 }
 
 // Shared (dynamic): q[group, D] | partial[kWarps, kHeadsPerPass, D] | weights[group, slice_keys].
@@ -116,19 +250,43 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t g = blockIdx.y;
   const int64_t slice = blockIdx.x;
   const Window window = visible_window(a);
-  const int64_t position = window.position, lo = window.lo;
-  const int64_t slice_keys = slice_width(window.keys, plan);
+  const int64_t lo = window.lo;
+  // The keys the slices share out: [lo, position], or an indexed run's list of the keys its
+  // group sees (visible_keys_kernel); row jj of this slice is key key_of(jj).
+  const bool by_index = indexed(a);
+  __shared__ int warp_sums[kWarps];
+  float* q = shared;
+  float* partial = q + group * D;
+  int* const chunk_first = reinterpret_cast<int*>(partial + int64_t(kWarps) * kHeadsPerPass * D);
+  const int64_t chunk_ints = by_index ? list_chunks(a) + 1 : 0;
+  const int64_t keys_shared =
+      by_index ? listed_keys<kWarps>(scratch, plan, a, g, warp_sums, chunk_first) : window.keys;
+  const int64_t slice_keys = slice_width(keys_shared, plan);
   const int64_t slices = plan.slices;
   float* const slice_max = scratch;  // the scratch's layout: see the top of the file
   float* const slice_sum = scratch + slices * a.heads;
   float* const slice_acc = scratch + 2 * slices * a.heads;
-  const int64_t start = lo + slice * slice_keys;
-  if (start > position) return;  // past the visible keys: the merge does not read this slice
-  const int64_t end = start + slice_keys - 1 < position ? start + slice_keys - 1 : position;
-  const int count = int(end - start + 1);
-  float* q = shared;
-  float* partial = q + group * D;
-  float* weights = partial + int64_t(kWarps) * kHeadsPerPass * D;
+  const int64_t first = slice * slice_keys;
+  if (first >= keys_shared) return;  // past the keys: the merge does not read this slice
+  const int count = int(slice_keys < keys_shared - first ? slice_keys : keys_shared - first);
+  const int64_t start = lo + first, end = start + count - 1;  // (unindexed)
+  float* weights = reinterpret_cast<float*>(chunk_first + chunk_ints);
+  // An indexed slice's keys, staged once: each row's load then waits on shared memory, not on a
+  // load of its index (two dependent trips to memory a batch of rows).
+  int* const slice_index = reinterpret_cast<int*>(weights + group * slice_keys);
+  if (by_index) {
+    __syncthreads();  // chunk_first, from listed_keys
+    const int32_t* listed =
+        list_counts(scratch, plan, a) + a.kv_heads * list_chunks(a) + g * a.capacity;
+    const int64_t first_chunk = lo / kListChunk, chunks = window.position / kListChunk + 1;
+    for (int64_t c = first_chunk; c < chunks; ++c) {
+      const int64_t from = chunk_first[c] > first ? chunk_first[c] : first;
+      const int64_t to = chunk_first[c + 1] < first + count ? chunk_first[c + 1] : first + count;
+      for (int64_t p = from + threadIdx.x; p < to; p += blockDim.x)
+        slice_index[p - first] = listed[c * kListChunk + (p - chunk_first[c])];
+    }
+  }
+  auto key_of = [&](int jj) -> int64_t { return by_index ? slice_index[jj] : start + jj; };
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   constexpr int lanes = Lanes;  // key_lanes(D), a constant so that the shuffles unroll
@@ -139,11 +297,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int rows_per_pass = kWarps * rows_per_warp;
   const int first_row = warp * rows_per_warp + lane / lanes;
 
-  // Under a mask, a slice of which no head of the group sees a key is done at once: its partial
+  // Under a mask (unindexed: a short context), a slice of which no head of the group sees a key
+  // is done at once: its partial
   // softmax is what the passes below would leave (max -inf, sum 0, weighted values 0) and its
   // logits are -inf, so no bit changes; a run whose kept keys lie together (StreamingLLM's sinks
   // and recent window) then pays little for the rest of the context.
-  if (a.mask != nullptr) {
+  if (a.mask != nullptr && !by_index) {
     bool seen = false;
     for (int64_t h = 0; h < group; ++h) {
       const uint8_t* row = a.mask + (g * group + h) * a.mask_stride + start;
@@ -167,11 +326,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
   }
 
-  const C* keys = static_cast<const C*>(a.k_cache) + (g * a.capacity + start) * D;
-  const C* values = static_cast<const C*>(a.v_cache) + (g * a.capacity + start) * D;
+  const C* keys = static_cast<const C*>(a.k_cache) + g * a.capacity * D;
+  const C* values = static_cast<const C*>(a.v_cache) + g * a.capacity * D;
   for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
-  if (a.logits != nullptr && slice == 0) {
-    // Keys before the window's first: not visible (rows == 1, so none lies past position).
+  if (a.logits != nullptr && slice == 0 && !by_index) {
+    // Keys before the window's first: not visible (rows == 1, so none lies past position); an
+    // indexed run's list kernel wrote them.
     for (int64_t h = 0; h < group; ++h)
       for (int64_t j = threadIdx.x; j < lo; j += blockDim.x)
         a.logits[(g * group + h) * a.logits_stride + j] = -INFINITY;
@@ -181,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // Under a mask, a key row no head of the group sees is not read (its logits are -inf, its
   // weights 0): a sparse run reads the rows it keeps (the union over the group's heads).
   auto group_sees = [&](int jj) {
-    if (a.mask == nullptr) return true;
+    if (a.mask == nullptr || by_index) return true;  // (a listed key is seen)
     const uint8_t* column = a.mask + g * group * a.mask_stride + start + jj;
     for (int64_t h = 0; h < group; ++h)
       if (column[h * a.mask_stride] != 0) return true;
@@ -197,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     for (int u = 0; u < kUnroll; ++u) {
       const int jj = base + u * rows_per_pass;
       if (jj < count && group_sees(jj)) {
-        load_chunk(keys + int64_t(jj) * D, D, d0, chunk[u]);
+        load_chunk(keys + key_of(jj) * D, D, d0, chunk[u]);
       } else {
 #pragma unroll
         for (int i = 0; i < kKeyChunk; ++i) chunk[u][i] = 0.0f;
@@ -209,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       const bool in_slice = jj < count;
       auto store_logit = [&](int64_t h, float dot) {
         const int64_t head = g * group + h;
-        const int64_t j = start + jj;
+        const int64_t j = key_of(jj);
         const bool seen = a.mask == nullptr || a.mask[head * a.mask_stride + j];
         const float logit = seen ? dot * a.scale : -INFINITY;
         weights[h * slice_keys + jj] = logit;
@@ -287,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             any = any || (h0 + hh < group && weights[(h0 + hh) * slice_keys + jj] != 0.0f);
           weighted[u] = any;
         }
-        if (weighted[u]) load_chunk(values + int64_t(jj) * D, D, d0, chunk[u]);
+        if (weighted[u]) load_chunk(values + key_of(jj) * D, D, d0, chunk[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -348,12 +508,16 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t slices = plan.slices;
   extern __shared__ float merge_shared[];
   __shared__ float reduce_scratch[32];
+  __shared__ int list_warp_sums[kMergeThreads / 32];
   const int64_t head = blockIdx.x;
   const int64_t D = a.head_dim;
   const float* slice_max = scratch;
   const float* slice_sum = scratch + slices * a.heads;
   const float* slice_acc = scratch + 2 * slices * a.heads;
-  const int64_t keys = visible_window(a).keys;
+  const int64_t keys =
+      indexed(a) ? listed_keys<kMergeThreads / 32>(scratch, plan, a, head / (a.heads / a.kv_heads),
+                                                   list_warp_sums, nullptr)
+                 : visible_window(a).keys;
   const int64_t used = used_slices(keys, plan);
   float* factor = merge_shared;
   float* sums = merge_shared + slices;
@@ -383,7 +547,10 @@ int64_t decode_attention_scratch_floats(const AttentionArgs& args, int sm_count)
       args.head_dim < kKeyChunk || args.head_dim > kMaxKeyChunkDim ||
       args.head_dim % kKeyChunk != 0 || args.heads % args.kv_heads != 0)
     return 0;
-  return slice_plan(args, sm_count).slices * args.heads * (args.head_dim + 2);
+  const SlicePlan plan = slice_plan(args, sm_count);
+  if (plan.slices == 0) return 0;
+  const int64_t lists = args.mask != nullptr ? list_ints(args) : 0;
+  return partial_floats(plan, args) + lists;  // (int32 list entries, one float each)
 }
 
 namespace {
@@ -400,13 +567,23 @@ void launch_decode_runs(std::span<const DecodeRun> runs, int sm_count, cudaStrea
                                  (args.window > 0 && args.first_position - args.window + 1 > 0
                                       ? args.first_position - args.window + 1
                                       : 0);
+  const bool any_indexed =
+      std::any_of(runs.begin(), runs.end(), [](const DecodeRun& run) { return indexed(run.args); });
+  // (an indexed run's slices also stage the chunks' first list positions and their keys' indices)
+  const int64_t width = slice_width(keys, plan);
+  const int64_t list_shared = any_indexed ? list_chunks(args) + 1 + width : 0;
   const size_t shared_bytes =
-      size_t(fixed_shared_floats(group, args.head_dim) + group * slice_width(keys, plan)) *
+      size_t(fixed_shared_floats(group, args.head_dim) + group * width + list_shared) *
       sizeof(float);
   // (a head dimension over kMergeThreads: one group of threads striding over it)
   const int64_t groups = args.head_dim >= kMergeThreads ? 1 : kMergeThreads / args.head_dim;
   const size_t merge_bytes = size_t(plan.slices + groups * args.head_dim) * sizeof(float);
   for_run_batches(runs, [&]<int kRuns>(const RunBatch<DecodeRun, kRuns>& batch, int count) {
+    if (any_indexed)
+      launch_dependent(visible_keys_kernel<kRuns>,
+                       dim3(unsigned(args.first_position / kListChunk + 1), unsigned(args.kv_heads),
+                            unsigned(count)),
+                       kListThreads, 0, stream, batch, plan);
     const dim3 grid(unsigned(plan.slices), unsigned(args.kv_heads), unsigned(count));
     dispatch_weight(args.cache_dtype, [&](auto tag) {
       using C = decltype(tag);

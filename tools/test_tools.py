@@ -560,6 +560,8 @@ def bench_gpu_tiny_cpu_parts():
         for r in sparse["rows"]:
             check(0 < r["kept_share"] <= 1 and r["attention_seconds"] > 0
                   and r["dense_attention_seconds"] > 0, f"row {r}")
+            # (the keys some head of a group keeps: at least the per-head share, the target's basis)
+            check(r["kept_share"] - 1e-9 <= r["read_share"] <= 1, f"row {r}")
         check(len(sparse["targets"]) == 10, f"targets {sparse['targets']}")
         for part in ("tokenbutler", "sparse"):
             check(f"-- part {part}: done" in proc.stdout, f"{part} not done:\n{proc.stdout}")

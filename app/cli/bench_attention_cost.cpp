@@ -37,7 +37,8 @@ std::vector<AttentionCost> measure_attention_cost(const DecoderSession& session,
                                                   int repeats) {
   std::vector<AttentionCost> costs;
   const ModelConfig& config = session.model().config();
-  const int64_t H = config.num_heads, D = config.head_dim, L = config.num_layers;
+  const int64_t H = config.num_heads, G = config.num_kv_heads, D = config.head_dim,
+                L = config.num_layers;
   const int64_t cols = session.position(), position = cols - 1;
   if (cols < 1 || repeats < 1) return costs;
   // The query's values do not change the work; a fixed draw keeps the softmax ordinary.
@@ -56,7 +57,7 @@ std::vector<AttentionCost> measure_attention_cost(const DecoderSession& session,
     if (!run.policy || run.decisions.size() != size_t(L)) continue;
     AttentionCost cost;
     cost.run = r;
-    int64_t visible = 0, attended = 0;
+    int64_t visible = 0, attended = 0, read = 0, keys = 0;
     std::vector<uint8_t> mask_host;
     for (int64_t l = 0; l < L; ++l) {
       if (run.decisions[size_t(l)] != LayerDecision::Masked) continue;
@@ -70,8 +71,19 @@ std::vector<AttentionCost> measure_attention_cost(const DecoderSession& session,
         for (int64_t j = first; j < cols; ++j)
           visible += mask_host[size_t(h * mask.dim(1) + j)] != 0;
       attended += H * (cols - first);
+      const int64_t group = H / G;
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t j = first; j < cols; ++j) {
+          bool seen = false;
+          for (int64_t h = g * group; h < (g + 1) * group && !seen; ++h)
+            seen = mask_host[size_t(h * mask.dim(1) + j)] != 0;
+          read += seen;
+        }
+      }
+      keys += G * (cols - first);
     }
     cost.kept_share = attended > 0 ? double(visible) / double(attended) : 1.0;
+    cost.read_share = keys > 0 ? double(read) / double(keys) : 1.0;
     for (int64_t l = 0; l < L && size_t(l) < run.fused_attention.size(); ++l)
       cost.fused_layers += run.fused_attention[size_t(l)];
     cost.masked_seconds = timed(backend, repeats, [&] {

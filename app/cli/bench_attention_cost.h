@@ -13,7 +13,10 @@ namespace kvlens::cli {
 
 struct AttentionCost {
   int64_t run = 0;
-  double kept_share = 0.0;      // visible (head, key) pairs / attended pairs, masked layers
+  double kept_share = 0.0;  // visible (head, key) pairs / attended pairs, masked layers
+  // keys some head of a KV head's group sees / keys, masked layers: the share of the cache a
+  // grouped-query kernel must read (a key one head of the group keeps is read for the group)
+  double read_share = 0.0;
   int64_t masked_layers = 0;    // layers whose last decision was Masked
   int64_t fused_layers = 0;     // layers the session attended by attention_masked_runs
   double masked_seconds = 0.0;  // one step's attention over the run's last decisions

@@ -402,6 +402,7 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
           for (const AttentionCost& cost : attention_costs) {
             costs.push_back({{"run", session::run_spec(runs[size_t(cost.run)])},
                              {"kept_share", cost.kept_share},
+                             {"read_share", cost.read_share},
                              {"masked_layers", cost.masked_layers},
                              {"fused_layers", cost.fused_layers},
                              {"attention_seconds", cost.masked_seconds},
@@ -469,10 +470,11 @@ void add_bench_command(CLI::App& app, CommonOptions& common, CommandFn& run) {
       for (const AttentionCost& cost : attention_costs) {
         std::printf(
             "attention       %s: %.3f ms over its kept keys (%.1f%% of %lld masked layers' "
-            "pairs) against %.3f ms dense: %.2fx (median of %d)\n",
+            "pairs, %.1f%% of their keys seen by some head of a group) against %.3f ms dense: "
+            "%.2fx (median of %d)\n",
             session::run_spec(runs[size_t(cost.run)]).c_str(), cost.masked_seconds * 1e3,
-            100.0 * cost.kept_share, (long long)cost.masked_layers, cost.dense_seconds * 1e3,
-            cost.masked_seconds / cost.dense_seconds, attention_repeats);
+            100.0 * cost.kept_share, (long long)cost.masked_layers, 100.0 * cost.read_share,
+            cost.dense_seconds * 1e3, cost.masked_seconds / cost.dense_seconds, attention_repeats);
       }
       if (with_predictor) {
         const PredictorConfig& pc = resident->predictor->config();

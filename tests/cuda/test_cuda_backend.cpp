@@ -694,81 +694,105 @@ void check_attention(Backend& gpu, const Caches& c, const AttentionShape& s, con
 
 }  // namespace
 
-TEST_CASE("cuda backend: a masked decode whose kept keys lie together skips the slices it hides",
+TEST_CASE("cuda backend: a masked decode over a long context attends over the keys it keeps",
           "[cuda]") {
-  // StreamingLLM's mask (four sinks and a recent window) over 5123 keys: most slices of the split
-  // kernel hold no key any head of their group sees, and end at once with what their passes would
-  // have left. One head sees only the sinks, one a single key mid-context besides. The logits and
-  // outputs against double-precision host arithmetic on the caches' own values: the F32 kernel
-  // sums 64 products per logit and a softmax over about 300 keys: within 1e-5 relative plus 1e-5
-  // absolute (logits and outputs of order 1; F32 rounding is about 6e-8 relative a step).
+  // From 8192 visible keys a masked decode lists the keys each KV head's group sees and cuts its
+  // slices over that list. Masks: StreamingLLM's (four sinks and a 300-key window; one head with
+  // the sinks only, one with a single key mid-context besides: most of the context no head of a
+  // group sees), a random half per head (nearly every key seen by some head of its group; one
+  // head sees nothing) and a random tenth (a third of the keys listed), each also under an
+  // 8200-key window (the first chunk of positions partly before it, listed by none).
+  // The logits and outputs against double-precision host arithmetic on the caches' own values:
+  // the F32 kernel sums 64 products per logit and a softmax over up to 10300 keys: within 1e-5
+  // relative plus 1e-5 absolute (logits and outputs of order 1; F32 rounding is about 6e-8
+  // relative a step).
   Backends b;
   Backend& gpu = *b.gpu;
-  const AttentionShape s{32, 8, 64, 5200, 5123};
+  const AttentionShape s{32, 8, 64, 10400, 10300};  // (lists from 8192 keys)
   const Caches c = make_caches(gpu, s, 700);
   const int64_t H = s.heads, G = s.kv_heads, D = s.head_dim, context = s.filled;
-  const int64_t position = context - 1, window = 300;
-  std::vector<uint8_t> mask(size_t(H * context), 0);
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t j = 0; j < context; ++j)
-      mask[size_t(h * context + j)] = j < 4 || (h != 5 && j > position - window);
-  mask[size_t(9 * context + 2500)] = 1;
-  DeviceTensor mask_t = gpu.alloc(DType::U8, {H, context});
-  gpu.from_host(mask_t, mask.data(), mask.size());
-  Visibility visible;
-  visible.mask = &mask_t;
+  const int64_t position = context - 1;
+  const std::vector<float> ks = read(gpu, c.k), vs = read(gpu, c.v);  // [G, capacity, D]
   const std::vector<float> qs = random_values(size_t(H * D), 701, 2.0f);
   DeviceTensor q = gpu.alloc(DType::F32, {1, H, D});
   gpu.from_host(q, qs.data(), qs.size() * sizeof(float));
-  DeviceTensor out = gpu.alloc(DType::F32, {1, H, D});
-  DeviceTensor logits = gpu.alloc(DType::F32, {1, H, context});
-  gpu.attention(q, c.k, c.v, position, 0, visible, out, &logits);
-  const std::vector<float> got_logits = read(gpu, logits), got_out = read(gpu, out);
-  const std::vector<float> ks = read(gpu, c.k), vs = read(gpu, c.v);  // [G, capacity, D]
 
-  const double scale = attention_scale(D);
-  std::vector<float> want_logits(size_t(H * context)), want_out(size_t(H * D));
-  for (int64_t h = 0; h < H; ++h) {
-    const int64_t g = h / (H / G);
-    std::vector<double> weights(size_t(context), 0.0);
-    double most = -1e300;
-    for (int64_t j = 0; j < context; ++j) {
-      if (!mask[size_t(h * context + j)]) {
-        want_logits[size_t(h * context + j)] = kNegInf;
-        continue;
+  auto check = [&](const std::vector<uint8_t>& mask, int64_t window) {
+    DeviceTensor mask_t = gpu.alloc(DType::U8, {H, context});
+    gpu.from_host(mask_t, mask.data(), mask.size());
+    Visibility visible;
+    visible.mask = &mask_t;
+    DeviceTensor out = gpu.alloc(DType::F32, {1, H, D});
+    DeviceTensor logits = gpu.alloc(DType::F32, {1, H, context});
+    gpu.attention(q, c.k, c.v, position, window, visible, out, &logits);
+    const std::vector<float> got_logits = read(gpu, logits), got_out = read(gpu, out);
+
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+    const double scale = attention_scale(D);
+    std::vector<float> want_logits(size_t(H * context)), want_out(size_t(H * D), 0.0f);
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      auto sees = [&](int64_t j) { return j >= lo && mask[size_t(h * context + j)] != 0; };
+      std::vector<double> weights(size_t(context), 0.0);
+      double most = -1e300;
+      for (int64_t j = 0; j < context; ++j) {
+        if (!sees(j)) {
+          want_logits[size_t(h * context + j)] = kNegInf;
+          continue;
+        }
+        double dot = 0.0;
+        for (int64_t d = 0; d < D; ++d)
+          dot += double(qs[size_t(h * D + d)]) * ks[size_t((g * s.capacity + j) * D + d)];
+        weights[size_t(j)] = dot * scale;
+        want_logits[size_t(h * context + j)] = float(dot * scale);
+        most = std::max(most, dot * scale);
       }
-      double dot = 0.0;
-      for (int64_t d = 0; d < D; ++d)
-        dot += double(qs[size_t(h * D + d)]) * ks[size_t((g * s.capacity + j) * D + d)];
-      weights[size_t(j)] = dot * scale;
-      want_logits[size_t(h * context + j)] = float(dot * scale);
-      most = std::max(most, dot * scale);
-    }
-    double total = 0.0;
-    for (int64_t j = 0; j < context; ++j)
-      if (mask[size_t(h * context + j)])
-        total += weights[size_t(j)] = std::exp(weights[size_t(j)] - most);
-    for (int64_t d = 0; d < D; ++d) {
-      double sum = 0.0;
+      double total = 0.0;
       for (int64_t j = 0; j < context; ++j)
-        if (mask[size_t(h * context + j)])
-          sum += weights[size_t(j)] * vs[size_t((g * s.capacity + j) * D + d)];
-      want_out[size_t(h * D + d)] = float(sum / total);
+        if (sees(j)) total += weights[size_t(j)] = std::exp(weights[size_t(j)] - most);
+      if (total == 0.0) continue;  // a head that sees nothing outputs zeros
+      for (int64_t d = 0; d < D; ++d) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < context; ++j)
+          if (sees(j)) sum += weights[size_t(j)] * vs[size_t((g * s.capacity + j) * D + d)];
+        want_out[size_t(h * D + d)] = float(sum / total);
+      }
     }
-  }
-  int64_t wrong_visibility = 0;
-  std::vector<float> finite_want, finite_got;
-  for (size_t i = 0; i < want_logits.size(); ++i) {
-    if (want_logits[i] == kNegInf) {
-      wrong_visibility += got_logits[i] != kNegInf;
-    } else {
-      finite_want.push_back(want_logits[i]);
-      finite_got.push_back(got_logits[i]);
+    int64_t wrong_visibility = 0;
+    std::vector<float> finite_want, finite_got;
+    for (size_t i = 0; i < want_logits.size(); ++i) {
+      if (want_logits[i] == kNegInf) {
+        wrong_visibility += got_logits[i] != kNegInf;
+      } else {
+        finite_want.push_back(want_logits[i]);
+        finite_got.push_back(got_logits[i]);
+      }
     }
+    CHECK(wrong_visibility == 0);
+    check_close(finite_want, finite_got, 1e-5, 1e-5, "visible logits");
+    check_close(want_out, got_out, 1e-5, 1e-5, "outputs");
+  };
+
+  SECTION("sinks and a recent window") {
+    std::vector<uint8_t> mask(size_t(H * context), 0);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < context; ++j)
+        mask[size_t(h * context + j)] = j < 4 || (h != 5 && j > position - 300);
+    mask[size_t(9 * context + 2500)] = 1;
+    check(mask, 0);
   }
-  CHECK(wrong_visibility == 0);
-  check_close(finite_want, finite_got, 1e-5, 1e-5, "visible logits");
-  check_close(want_out, got_out, 1e-5, 1e-5, "outputs");
+  SECTION("a random half per head, without and with a window") {
+    const std::vector<uint8_t> mask = random_mask(H, context, 702);
+    check(mask, 0);
+    check(mask, 8200);
+  }
+  SECTION("a random tenth per head, without and with a window") {
+    std::mt19937 rng(703);
+    std::vector<uint8_t> mask(size_t(H * context));
+    for (uint8_t& m : mask) m = rng() % 10 == 0;
+    check(mask, 0);
+    check(mask, 8200);
+  }
 }
 
 TEST_CASE("cuda backend: attention's visible logits, wide logits rows and bad arguments",

@@ -184,6 +184,12 @@ TEST_CASE("bench --attention-cost times each run's attention over its kept keys"
     // budget): about half the pairs, never all of them.
     CHECK(cost["kept_share"].get<double>() > 0.3);
     CHECK(cost["kept_share"].get<double>() < 0.8);
+    // The keys some head of a KV group sees: at least any one head's share, so at least the mean
+    // over heads; StreamingLLM keeps the same keys in every head, so the two agree.
+    const double read_share = cost["read_share"].get<double>();
+    CHECK(read_share >= cost["kept_share"].get<double>() - 1e-12);
+    CHECK(read_share <= 1.0);
+    if (policy == "streaming") CHECK(read_share == Approx(cost["kept_share"].get<double>()));
     CHECK(cost["masked_layers"].get<int64_t>() > 0);
     CHECK(cost["attention_seconds"].get<double>() > 0.0);
     CHECK(cost["dense_attention_seconds"].get<double>() > 0.0);
