@@ -64,7 +64,7 @@ __host__ __device__ __forceinline__ int64_t used_slices(int64_t keys, const Slic
 }
 
 // The most keys a query can see in this cache (the window's, with one).
-__host__ __device__ __forceinline__ int64_t most_keys(const AttentionArgs& a) {
+int64_t most_keys(const AttentionArgs& a) {
   return a.window > 0 && a.window < a.capacity ? a.window : a.capacity;
 }
 
@@ -88,13 +88,19 @@ SlicePlan slice_plan(const AttentionArgs& a, int sm_count) {
   return plan;
 }
 
+// The first key a query at `position` sees: the window's first, or 0.
+__host__ __device__ __forceinline__ int64_t first_visible_key(const AttentionArgs& a,
+                                                              int64_t position) {
+  return a.window > 0 && position - a.window + 1 > 0 ? position - a.window + 1 : 0;
+}
+
 struct Window {
   int64_t position, lo, keys;
 };
 __device__ __forceinline__ Window visible_window(const AttentionArgs& a) {
   Window w;
   w.position = a.step_position != nullptr ? *a.step_position : a.first_position;
-  w.lo = a.window > 0 && w.position - a.window + 1 > 0 ? w.position - a.window + 1 : 0;
+  w.lo = first_visible_key(a, w.position);
   w.keys = w.position - w.lo + 1;
   return w;
 }
@@ -121,9 +127,7 @@ __host__ __device__ __forceinline__ int64_t list_chunks(const AttentionArgs& a) 
 // chunks one block can scan.
 __host__ __device__ __forceinline__ bool indexed(const AttentionArgs& a) {
   if (a.mask == nullptr || a.step_position != nullptr || list_chunks(a) >= kThreads) return false;
-  const int64_t lo =
-      a.window > 0 && a.first_position - a.window + 1 > 0 ? a.first_position - a.window + 1 : 0;
-  return a.first_position - lo + 1 >= kIndexedFromKeys;
+  return a.first_position - first_visible_key(a, a.first_position) + 1 >= kIndexedFromKeys;
 }
 
 // A run's scratch, in floats: max[S, H] | sum[S, H] | acc[S, H, D], then under a mask the key
@@ -563,10 +567,7 @@ void launch_decode_runs(std::span<const DecodeRun> runs, int sm_count, cudaStrea
   // Weights of the widest slice this call can see: the cache's on a captured step.
   const int64_t keys = args.step_position != nullptr
                            ? most_keys(args)
-                           : args.first_position + 1 -
-                                 (args.window > 0 && args.first_position - args.window + 1 > 0
-                                      ? args.first_position - args.window + 1
-                                      : 0);
+                           : args.first_position + 1 - first_visible_key(args, args.first_position);
   const bool any_indexed =
       std::any_of(runs.begin(), runs.end(), [](const DecodeRun& run) { return indexed(run.args); });
   // (an indexed run's slices also stage the chunks' first list positions and their keys' indices)

@@ -5,7 +5,7 @@
 // query head. Pass 2 merges the slices. The slice count depends on the cache alone and the
 // slice width on the position (read on the device in a captured step), so a recorded step
 // replays with an unrecorded one's bits. Efficient from a handful of keys to the whole cache.
-// Under a visibility mask over 2048 keys or more, a first pass lists the keys each KV head's
+// Under a visibility mask over 8192 keys or more, a first pass lists the keys each KV head's
 // group sees and the slices share out that list instead of the range, so a sparse run's
 // attention shrinks with what it keeps.
 #pragma once

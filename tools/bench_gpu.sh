@@ -635,7 +635,7 @@ elif part == "sparse":
             cost = d["attention_cost"][0]
             step = d["lockstep"]["step_seconds_median"]
             dense = d["step_seconds_median"]
-            read = cost.get("read_share", cost["kept_share"])
+            read = cost["read_share"]
             print(f"  {name:<12} {sparsity:<8}  {cost['kept_share']:.3f}   {read:.3f}  "
                   f"{cost['attention_seconds'] * 1e3:8.3f} / {cost['dense_attention_seconds'] * 1e3:8.3f}"
                   f"   {cost['ratio_to_dense']:6.2f}   {step * 1e3:.3f} / {dense * 1e3:.3f} ms"

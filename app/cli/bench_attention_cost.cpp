@@ -67,19 +67,17 @@ std::vector<AttentionCost> measure_attention_cost(const DecoderSession& session,
       backend.to_host(mask, mask_host.data(), mask_host.size());
       const int64_t window = config.layer_window(l);
       const int64_t first = window > 0 ? std::max<int64_t>(0, cols - window) : 0;
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t j = first; j < cols; ++j)
-          visible += mask_host[size_t(h * mask.dim(1) + j)] != 0;
-      attended += H * (cols - first);
       const int64_t group = H / G;
       for (int64_t g = 0; g < G; ++g) {
         for (int64_t j = first; j < cols; ++j) {
-          bool seen = false;
-          for (int64_t h = g * group; h < (g + 1) * group && !seen; ++h)
-            seen = mask_host[size_t(h * mask.dim(1) + j)] != 0;
-          read += seen;
+          int64_t seeing = 0;  // the group's heads that see key j
+          for (int64_t h = g * group; h < (g + 1) * group; ++h)
+            seeing += mask_host[size_t(h * mask.dim(1) + j)] != 0;
+          visible += seeing;
+          read += seeing > 0;
         }
       }
+      attended += H * (cols - first);
       keys += G * (cols - first);
     }
     cost.kept_share = attended > 0 ? double(visible) / double(attended) : 1.0;
