@@ -64,6 +64,10 @@ class CudaKeyDiffOps final : public KeyDiffOps {
                         " KV heads"}),
                    describe(out));
     // Members per row, or one row per KV head (KeyDiffOps::key_anchor_scores).
+    if (cache.head_dim > cuda::kMaxKeyAnchorDim)
+      bad_argument(op + ": k_cache",
+                   cat({"a head dimension of at most ", std::to_string(cuda::kMaxKeyAnchorDim)}),
+                   describe(k_cache));
     const bool per_group = members.shape.size() == 2 && members.dim(0) == cache.kv_heads &&
                            cache.kv_heads != shape.rows;
     const RowShape member_shape =

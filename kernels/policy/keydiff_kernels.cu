@@ -1,5 +1,6 @@
-// KeyDiff's kernel (keydiff_kernels.cuh), moved from kernels/policy_ops.cu unchanged: the policy's
-// op extension on the CUDA backend (cuda_policy_ops.cpp).
+// KeyDiff's kernel (keydiff_kernels.cuh): the policy's op extension on the CUDA backend
+// (cuda_policy_ops.cpp). Keys: k_cache [kv_heads, capacity, D]; members U8 and out F32 [rows,
+// stride].
 #include <algorithm>
 
 #include "engine/backend/policy_op_math.h"
@@ -10,94 +11,181 @@
 namespace kvlens::cuda {
 namespace {
 
-constexpr int kAnchorThreads = 256;
+constexpr int kAnchorThreads = 512;
+constexpr int kAnchorWarps = kAnchorThreads / 32;
 
-// One block per row, a thread per key where the work is per key: first the member keys' norms,
-// a tile of kAnchorThreads keys at a time, whose normalised keys the threads then sum by channel
-// (splits = threads / D partial sums per channel, each over every splits-th key of the tile), then
-// each key's cosine to the anchor. A warp per key, with a butterfly for every norm and dot, took
-// 105 us a row at 512 tokens on an H100; this takes 44 us (32 blocks: still a chain of memory
-// latencies). Fixed assignment and order: the result does not depend on scheduling. Shared memory
-// (dynamic): anchor[D] | partial sums[max(threads, D)] | inverse norms[threads].
+// One lane's chunk of 8 channels of a key, loaded without a branch: 16-byte words where D is a
+// multiple of 8 (kVector), else element by element with the index clamped to the row. A chunk
+// at or past D loads the row's first chunk and widens to zeros, as does a key past the columns.
+template <typename C, bool kVector>
+struct KeyWords;
 template <typename C>
+struct KeyWords<C, true> {
+  uint4 words[kChunkWords<C>];
+  __device__ __forceinline__ void load(const C* row, int64_t D, int64_t d0) {
+    const C* chunk = row + (d0 < D ? d0 : 0);
+#pragma unroll
+    for (int w = 0; w < kChunkWords<C>; ++w)
+      words[w] = *reinterpret_cast<const uint4*>(chunk + w * kPerWord<C>);
+  }
+  __device__ __forceinline__ void widen(int64_t D, int64_t d0, bool valid,
+                                        float (&out)[kKeyChunk]) const {
+    widen_chunk<C>(words, out);
+    if (!valid || d0 >= D) {
+#pragma unroll
+      for (int i = 0; i < kKeyChunk; ++i) out[i] = 0.0f;
+    }
+  }
+};
+template <typename C>
+struct KeyWords<C, false> {
+  C elements[kKeyChunk];
+  __device__ __forceinline__ void load(const C* row, int64_t D, int64_t d0) {
+#pragma unroll
+    for (int i = 0; i < kKeyChunk; ++i) elements[i] = row[d0 + i < D ? d0 + i : D - 1];
+  }
+  __device__ __forceinline__ void widen(int64_t D, int64_t d0, bool valid,
+                                        float (&out)[kKeyChunk]) const {
+#pragma unroll
+    for (int i = 0; i < kKeyChunk; ++i) out[i] = valid && d0 + i < D ? to_f32(elements[i]) : 0.0f;
+  }
+};
+
+// One block per row; `lanes` lanes per key (key_lanes: a lane holds kChunks chunks of 8
+// channels), so a warp takes 32 / lanes keys at once and the block kKeys keys a pass. Each pass
+// asks for every key and member flag it will use before it waits for any (one round trip to L2
+// a pass, where a thread walking its keys' channels one load after another waited on dozens: 32
+// us a row at 512 tokens on an H200). Then:
+//  1. each lane sums its channels of the normalised member keys it meets (norms by a butterfly
+//     over the key's lanes), the lanes of a channel are summed across the warp's keys, then the
+//     warps in order: the anchor, divided by the member count;
+//  2. a second pass over the keys: each key's dot with the anchor and its norm, by the same
+//     butterfly, written by the key's first lane.
+// Fixed assignment and order: the result does not depend on scheduling.
+template <typename C, int kChunks, bool kVector>
 __global__ void __launch_bounds__(kAnchorThreads) key_anchor_scores_kernel(KeyAnchorArgs a) {
   begin_dependent_grid();
-  extern __shared__ float shared[];
+  constexpr int kBatch = 8 / kChunks;  // keys a lane holds at once
+  constexpr float kTiny = 1e-12f;
+  extern __shared__ float shared[];  // warp_sums [kAnchorWarps][D] | anchor [D]
   __shared__ unsigned scratch[32];
   const int64_t D = a.head_dim;
-  const int threads = blockDim.x;
-  const int64_t splits = D < threads ? threads / D : 1, sums = splits * D;
-  float* anchor = shared;
-  float* partial = shared + D;                                   // [splits][D]
-  float* inverse = partial + (sums > threads ? sums : threads);  // [threads], 0: not a member
+  float* warp_sums = shared;
+  float* anchor = shared + kAnchorWarps * D;
+  const int lanes = kChunks > 1 ? 32 : key_lanes(D);
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  const int part = lane % lanes, slot = lane / lanes;
+  const int64_t per_pass = int64_t(kAnchorWarps) * (32 / lanes);  // keys a batch step covers
+  const int64_t first_key = int64_t(warp) * (32 / lanes) + slot;
   const int64_t r = blockIdx.x;
   const C* keys = static_cast<const C*>(a.k_cache) + (r / a.rows_per_group) * a.capacity * D;
   const uint8_t* member =
       a.members.data + (a.members_per_group ? r / a.rows_per_group : r) * a.members.stride;
   float* out = a.out.data + r * a.out.stride;
-  constexpr float kTiny = 1e-12f;
-  auto squared_norm = [&](const C* key) {
-    float sum = 0.0f;
-#pragma unroll 4
-    for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
-      float chunk[kKeyChunk];
-      load_chunk(key, D, d0, chunk);
+  auto channel = [&](int c) { return int64_t(part + c * lanes) * kKeyChunk; };
+  // A key's lanes' sum of v, the same bits in each of them (an xor butterfly pairs the same terms).
+  auto key_sum = [&](float v) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1)
+      v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  };
+  // Branch-free (addresses clamped to the row, the values past it zeroed afterwards), so that
+  // the compiler issues every load of the batch before the first conversion waits: guarded by
+  // branches, each load waited for the one before (one L2 round trip a key).
+  auto load_batch = [&](int64_t base, float(&chunk)[kBatch][kChunks][kKeyChunk],
+                        bool(&taken)[kBatch], bool members) {
+    KeyWords<C, kVector> raw[kBatch][kChunks];
+    uint8_t flag[kBatch];
 #pragma unroll
-      for (int i = 0; i < kKeyChunk; ++i) sum = fmaf(chunk[i], chunk[i], sum);
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t j = base + b * per_pass + first_key;
+      const int64_t at = j < a.cols ? j : a.cols - 1;
+      flag[b] = members ? member[at] : uint8_t(1);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) raw[b][c].load(keys + at * D, D, channel(c));
     }
-    return sum;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t j = base + b * per_pass + first_key;
+      taken[b] = j < a.cols && flag[b] != 0;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) raw[b][c].widen(D, channel(c), j < a.cols, chunk[b][c]);
+    }
   };
 
-  for (int64_t c = threadIdx.x; c < sums; c += threads) partial[c] = 0.0f;
+  float sums[kChunks][kKeyChunk] = {};
   unsigned count = 0;
-  for (int64_t tile = 0; tile < a.cols; tile += threads) {
-    const int64_t j = tile + threadIdx.x;
-    float inv = 0.0f;
-    if (j < a.cols && member[j] != 0) {
-      inv = 1.0f / fmaxf(sqrtf(squared_norm(keys + j * D)), kTiny);
-      ++count;
+  for (int64_t base = 0; base < a.cols; base += per_pass * kBatch) {
+    float chunk[kBatch][kChunks][kKeyChunk];
+    bool taken[kBatch];
+    load_batch(base, chunk, taken, true);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      float squared = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < kKeyChunk; ++i) squared = fmaf(chunk[b][c][i], chunk[b][c][i], squared);
+      squared = key_sum(squared);
+      if (!taken[b]) continue;
+      const float inverse = 1.0f / fmaxf(sqrtf(squared), kTiny);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < kKeyChunk; ++i) sums[c][i] = fmaf(chunk[b][c][i], inverse, sums[c][i]);
+      if (part == 0) ++count;
     }
-    inverse[threadIdx.x] = inv;
-    __syncthreads();
-    const int64_t in_tile = a.cols - tile < threads ? a.cols - tile : threads;
-    for (int64_t c = threadIdx.x; c < sums; c += threads) {
-      const int64_t d = c % D;
-      float sum = partial[c];
-#pragma unroll 8
-      for (int64_t i = c / D; i < in_tile; i += splits) {
-        const float weight = inverse[i];
-        const float value = to_f32(keys[(tile + i) * D + d]);
-        if (weight != 0.0f) sum = fmaf(value, weight, sum);
-      }
-      partial[c] = sum;
-    }
-    __syncthreads();
+  }
+  // The lanes of one channel across the warp's keys, then the warps in order.
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < kKeyChunk; ++i)
+      for (int offset = lanes; offset < 32; offset <<= 1)
+        sums[c][i] += __shfl_xor_sync(0xffffffffu, sums[c][i], offset);
+  if (slot == 0) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+      for (int i = 0; i < kKeyChunk; ++i)
+        if (channel(c) + i < D) warp_sums[warp * D + channel(c) + i] = sums[c][i];
   }
   count = block_reduce(count, SumOp{}, 0u, scratch);  // also a barrier
-  for (int64_t d = threadIdx.x; d < D; d += threads) {
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float sum = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) sum += partial[s * D + d];
+    for (int w = 0; w < kAnchorWarps; ++w) sum += warp_sums[w * D + d];
     anchor[d] = count > 0 ? sum / float(count) : 0.0f;
   }
   __syncthreads();
   float anchor_squared = 0.0f;
   for (int64_t d = 0; d < D; ++d) anchor_squared = fmaf(anchor[d], anchor[d], anchor_squared);
   const float anchor_norm = fmaxf(sqrtf(anchor_squared), kTiny);
-  for (int64_t j = threadIdx.x; j < a.cols; j += threads) {
-    const C* key = keys + j * D;
-    float dot = 0.0f, squared = 0.0f;
-#pragma unroll 4
-    for (int64_t d0 = 0; d0 < D; d0 += kKeyChunk) {
-      float chunk[kKeyChunk];
-      load_chunk(key, D, d0, chunk);
+  float mine[kChunks][kKeyChunk];
 #pragma unroll
-      for (int i = 0; i < kKeyChunk; ++i) {
-        const float weight = d0 + i < D ? anchor[d0 + i] : 0.0f;
-        dot = fmaf(weight, chunk[i], dot);
-        squared = fmaf(chunk[i], chunk[i], squared);
-      }
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < kKeyChunk; ++i)
+      mine[c][i] = channel(c) + i < D ? anchor[channel(c) + i] : 0.0f;
+
+  for (int64_t base = 0; base < a.cols; base += per_pass * kBatch) {
+    float chunk[kBatch][kChunks][kKeyChunk];
+    bool taken[kBatch];
+    load_batch(base, chunk, taken, false);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      float dot = 0.0f, squared = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < kKeyChunk; ++i) {
+          dot = fmaf(mine[c][i], chunk[b][c][i], dot);
+          squared = fmaf(chunk[b][c][i], chunk[b][c][i], squared);
+        }
+      dot = key_sum(dot);
+      squared = key_sum(squared);
+      if (taken[b] && part == 0)
+        out[base + b * per_pass + first_key] = -dot / (fmaxf(sqrtf(squared), kTiny) * anchor_norm);
     }
-    out[j] = -dot / (fmaxf(sqrtf(squared), kTiny) * anchor_norm);
   }
 }
 
@@ -105,11 +193,25 @@ __global__ void __launch_bounds__(kAnchorThreads) key_anchor_scores_kernel(KeyAn
 
 void launch_key_anchor_scores(const KeyAnchorArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.cols <= 0) return;
-  const int64_t sums = std::max<int64_t>(args.head_dim, kAnchorThreads);
-  const size_t shared_bytes = size_t(args.head_dim + sums + kAnchorThreads) * sizeof(float);
   dispatch_weight(args.cache_dtype, [&](auto tag) {
-    launch_dependent(key_anchor_scores_kernel<decltype(tag)>, unsigned(args.rows), kAnchorThreads,
-                     shared_bytes, stream, args);
+    using C = decltype(tag);
+    auto launch = [&](auto kernel) {
+      launch_dependent(kernel, unsigned(args.rows), kAnchorThreads,
+                       size_t(kAnchorWarps + 1) * size_t(args.head_dim) * sizeof(float), stream,
+                       args);
+    };
+    auto with_chunks = [&]<int kChunks>() {
+      if (args.head_dim % kKeyChunk == 0)
+        launch(key_anchor_scores_kernel<C, kChunks, true>);
+      else
+        launch(key_anchor_scores_kernel<C, kChunks, false>);
+    };
+    if (args.head_dim <= kMaxKeyChunkDim)
+      with_chunks.template operator()<1>();
+    else if (args.head_dim <= 2 * kMaxKeyChunkDim)
+      with_chunks.template operator()<2>();
+    else
+      with_chunks.template operator()<4>();
   });
 }
 

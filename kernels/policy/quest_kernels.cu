@@ -47,11 +47,11 @@ __global__ void page_minmax_kernel(PageMinMaxArgs a) {
 
 // Block (KV head g, tile of `tile` pages): the tile's page summaries and the group's queries in
 // shared memory, a thread per (query head of the group, page) running the shared page_bound
-// arithmetic, then the bounds written to the tile's columns by every thread. (A thread per (head,
-// page) reading its summaries from global memory waited on each channel's load in turn: 24 us at
-// 512 tokens on an H100; this kernel 18 us, still well above its few microseconds of work: not
-// found.) Shared memory (dynamic): page_min | page_max [tile][D] | q [group][D] | bounds
-// [group][tile].
+// arithmetic, then the bounds written to the tile's columns by every thread. A page's summaries
+// sit D + 1 floats after the previous page's, so the 32 pages a warp bounds at once read 32
+// different banks: at D floats apart every lane of a warp read the same bank, each channel 32
+// accesses in turn (17 us a call at 512 tokens on an H200, most of a quest step's own work).
+// Shared memory (dynamic): page_min | page_max [tile][D + 1] | q [group][D] | bounds [group][tile].
 __global__ void page_bounds_kernel(PageBoundArgs a, int64_t tile) {
   begin_dependent_grid();
   extern __shared__ float shared[];
@@ -59,9 +59,10 @@ __global__ void page_bounds_kernel(PageBoundArgs a, int64_t tile) {
   const int64_t used = (a.cols + a.page_size - 1) / a.page_size;
   const int64_t first = int64_t(blockIdx.y) * tile;
   const int64_t pages = used - first < tile ? used - first : tile;
+  const int64_t pitch = D + 1;
   float* low = shared;
-  float* high = low + tile * D;
-  float* q = high + tile * D;
+  float* high = low + tile * pitch;
+  float* q = high + tile * pitch;
   float* bounds = q + group * D;
   const float* __restrict__ lows = a.page_min + (g * a.pages + first) * D;
   const float* __restrict__ highs = a.page_max + (g * a.pages + first) * D;
@@ -79,14 +80,18 @@ __global__ void page_bounds_kernel(PageBoundArgs a, int64_t tile) {
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
       const int64_t i = i0 + int64_t(b) * blockDim.x;
-      if (i < staged) low[i] = low_batch[b], high[i] = high_batch[b];
+      if (i < staged) {
+        const int64_t at = (i / D) * pitch + i % D;
+        low[at] = low_batch[b], high[at] = high_batch[b];
+      }
     }
   }
   for (int64_t i = threadIdx.x; i < group * D; i += blockDim.x) q[i] = a.q[g * group * D + i];
   __syncthreads();
   for (int64_t c = threadIdx.x; c < group * pages; c += blockDim.x) {
     const int64_t h = c / pages, p = c % pages;
-    bounds[h * tile + p] = page_bound(q + h * D, low + p * D, high + p * D, D, a.max_only, a.scale);
+    bounds[h * tile + p] =
+        page_bound(q + h * D, low + p * pitch, high + p * pitch, D, a.max_only, a.scale);
   }
   __syncthreads();
   const int64_t begin = first * a.page_size;
@@ -115,7 +120,7 @@ void launch_page_bounds(const PageBoundArgs& args, cudaStream_t stream) {
   int64_t tile = std::clamp<int64_t>(4096 / args.head_dim, 1, 32);
   const int64_t group = args.heads / args.kv_heads;
   auto bytes = [&](int64_t pages) {
-    return size_t(2 * pages * args.head_dim + group * args.head_dim + group * pages) *
+    return size_t(2 * pages * (args.head_dim + 1) + group * args.head_dim + group * pages) *
            sizeof(float);
   };
   while (tile > 1 && bytes(tile) > 48 * 1024) tile /= 2;
