@@ -84,24 +84,40 @@ inline void allow_dynamic_shared_memory(const void* kernel, size_t shared_bytes)
   if (it->bytes >= shared_bytes) seen.push_back(*it);  // a refusal is asked again next time
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the dependent-launch attribute
-// where dependent_launch_enabled(), and the kernel's shared memory limit raised where
-// shared_bytes needs it. Errors are left for check_launch, as with <<<>>>.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in clusters of `cluster` blocks along x
+// (1: no clusters), with the dependent-launch attribute where dependent_launch_enabled(), and the
+// kernel's shared memory limit raised where shared_bytes needs it. Errors are left for
+// check_launch, as with <<<>>>.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                      cudaStream_t stream, Args&&... args) {
+void launch_dependent_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                              cudaStream_t stream, unsigned cluster, Args&&... args) {
   allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned count = 0;
+  if (dependent_launch_enabled()) {
+    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attribute[count].id = cudaLaunchAttributeClusterDimension;
+    attribute[count++].val.clusterDim = {cluster, 1, 1};
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = attribute;
-  config.numAttrs = dependent_launch_enabled() ? 1 : 0;
+  config.numAttrs = count;
   cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// launch_dependent_cluster without clusters.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                      cudaStream_t stream, Args&&... args) {
+  launch_dependent_cluster(kernel, grid, block, shared_bytes, stream, 1u,
+                           std::forward<Args>(args)...);
 }
 
 }  // namespace kvlens::cuda

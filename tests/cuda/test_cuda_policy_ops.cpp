@@ -318,8 +318,8 @@ TEST_CASE("cuda policy ops: pool_rows rejects an even kernel, key_anchor_scores"
   CHECK_THROWS_AS(b.gpu->pool_rows(scores.gpu, cols, Backend::Pool::Max, 4, scratch.gpu), Error);
 
   // key_anchor_scores: F32 sums in different orders (CPU: 8-lane dots and norms, anchors summed in
-  // column order; GPU: a thread's dots and norms in channel order, anchors as partial sums over
-  // every few keys of a tile, added in order). The keys share
+  // column order; GPU: dots and norms by lanes of 8 channels, anchors summed per lane over its
+  // keys, then across the warp's keys, the warps and the row's segments). The keys share
   // a mean direction, as real keys do (that is why KeyDiff works), so the anchor's norm is of the
   // order of one normalised key rather than cancelling towards 0. The anchor sums n <= 1001 unit
   // vectors: a random-walk rounding error of about sqrt(n) * 2^-24 ~ 2e-6 relative on each side,
@@ -338,13 +338,18 @@ TEST_CASE("cuda policy ops: pool_rows rejects an even kernel, key_anchor_scores"
     for (auto& m : members) m = uint8_t(!m);                           // ~2/3 members
     std::fill(members.begin(), members.begin() + stride, uint8_t(0));  // row 0: no member
     const Pair m = make_pair(b, members, {rows, stride});
-    Pair out = make_pair(b, std::vector<float>(size_t(rows * stride), kSentinel), {rows, stride});
-    keydiff_ops(*b.cpu).key_anchor_scores(k.cpu, cols, m.cpu, out.cpu);
-    keydiff_ops(*b.gpu).key_anchor_scores(k.gpu, cols, m.gpu, out.gpu);
-    const auto [want, got] = read_both<float>(b, out);
-    check_within(want, got, std::vector<double>(want.size(), 1e-5), "key_anchor_scores");
-    for (int64_t j = 0; j < cols; ++j) CHECK(got[size_t(j)] == 0.0f);  // zero anchor
-    CHECK(got[size_t(cols)] == kSentinel);
+    // The GPU cuts a row into up to 8 segments of at least 64 columns (a cluster of blocks):
+    // 1001 columns in 8, 130 in 3 (the last of 2 columns), a single column in one.
+    for (const int64_t columns : {cols, int64_t(130), int64_t(1)}) {
+      INFO("cols " << columns);
+      Pair out = make_pair(b, std::vector<float>(size_t(rows * stride), kSentinel), {rows, stride});
+      keydiff_ops(*b.cpu).key_anchor_scores(k.cpu, columns, m.cpu, out.cpu);
+      keydiff_ops(*b.gpu).key_anchor_scores(k.gpu, columns, m.gpu, out.gpu);
+      const auto [want, got] = read_both<float>(b, out);
+      check_within(want, got, std::vector<double>(want.size(), 1e-5), "key_anchor_scores");
+      for (int64_t j = 0; j < columns; ++j) CHECK(got[size_t(j)] == 0.0f);  // zero anchor
+      CHECK(got[size_t(columns)] == kSentinel);
+    }
     // Members of one row per KV head (as keydiff passes its kept rows): the GPU's bits of those
     // rows expanded to every query head.
     if (rows == H) {
