@@ -23,7 +23,8 @@
 #             1.5x, 2x, 3x) and the speedups over transformers eager (>= 10x) and static-compiled
 #             (>= 2x). It is 1b-kvlens then 1b-hf, which can also be run separately (each prints
 #             the table from whatever results WORK holds).
-#   lockstep  the same checkpoint, 8 policies in lockstep at 512 against dense (target <= 2x)
+#   lockstep  the same checkpoint, 8 policies in lockstep at 512 against dense (target <= 2x),
+#             and each policy's run alone: its own work (target <= 15% of the dense step)
 #   trace     a vocab-8192 variant with the demo model's tokenizer: `trace` of 512 decode steps,
 #             its own stepping time against `bench`'s summed steps over the same 512 steps from an
 #             empty cache (target <= 1.3x); also the processes' wall times against `generate`,
@@ -439,6 +440,29 @@ elif part == "lockstep":
                                       for d, _ in runs)
             print(f"    {task['policy']:<12} {task['sparsity']:.2f}  {value * 1e3:.3f}")
     summary["runs"] = [dict(d, command=c) for d, c in runs]
+    # Each policy's own work: its run alone less the dense step of the same process, as a share
+    # of that dense step (medians over the repeats).
+    own_rows = []
+    names = [n for n in args[2].split(",") if n != "dense"]
+    if names:
+        print("  each policy's own work (its run alone - the dense step, share of the dense step):")
+    for name in names:
+        pairs = [result(f"lockstep-own-{name}-{i}") for i in range(int(args[0]))]
+        pairs = [(d, c) for d, c in pairs if d is not None]
+        if not pairs:
+            print(f"    {name:<12} not run")
+            continue
+        dense = statistics.median(d["step_seconds_median"] for d, _ in pairs)
+        own = statistics.median(d["lockstep"]["step_seconds_median"] - d["step_seconds_median"]
+                                for d, _ in pairs)
+        share = statistics.median((d["lockstep"]["step_seconds_median"] - d["step_seconds_median"])
+                                  / d["step_seconds_median"] for d, _ in pairs)
+        print(f"    {name:<12} {own * 1e3:+8.3f} ms  " +
+              target(f"{name}'s own work / dense step at context {args[1]}", share * 100, "<=",
+                     15, "%"))
+        own_rows.append({"policy": name, "dense_step_seconds": dense, "own_seconds": own,
+                         "share_of_dense_step": share, "command": pairs[0][1]})
+    summary["own_work"] = own_rows
 
 elif part == "trace":
     n, count = int(args[0]), int(args[1])
@@ -719,12 +743,20 @@ part_1b() {
 
 part_lockstep() {
   make_model "$work/$name_1b" "${shape_1b[@]}"
-  local i
+  local i name
   rm -f "$raw"/lockstep-*
   for i in $(seq 0 $((repeats - 1))); do
     run "lockstep-$i" "$cli" bench --model "$work/$name_1b" --backend "$backend" \
       --context "$lockstep_context" --steps "$steps_1b" --warmup "$warmup" \
       --policies "$policies8" --sparsity 0.5 --json
+    # Each policy's own work (item 2 of issue 43): its run alone beside the dense step of the
+    # same process, the run's step less the dense one.
+    for name in ${policies8//,/ }; do
+      [ "$name" = dense ] && continue
+      run "lockstep-own-$name-$i" "$cli" bench --model "$work/$name_1b" --backend "$backend" \
+        --context "$lockstep_context" --steps "$steps_1b" --warmup "$warmup" \
+        --policies "$name" --sparsity 0.5 --json
+    done
   done
 }
 
@@ -949,7 +981,7 @@ report_part() {
       IFS=,
       echo "${contexts_1b[*]}"
     )" ;;
-    lockstep) report lockstep "$repeats" "$lockstep_context" ;;
+    lockstep) report lockstep "$repeats" "$lockstep_context" "$policies8" ;;
     trace) report trace "$trace_tokens" "$repeats" ;;
     coref) report coref "$repeats" "$coref_samples" ;;
     8b) report 8b "$context_8b" ;;

@@ -568,6 +568,34 @@ def bench_gpu_tiny_cpu_parts():
 
 
 @test
+def bench_gpu_tiny_cpu_lockstep():
+    """tools/bench_gpu.sh --tiny --part lockstep on the CPU (issue 43's item 2): the 8 policies in
+    lockstep against a dense step, and each policy's run alone with its own work as a share of
+    the dense step, each with its target."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = run_bench_gpu_tiny("lockstep", tmp)
+        if proc is None:
+            return
+        with open(os.path.join(tmp, "lockstep.json")) as f:
+            lockstep = json.load(f)
+        check(len(lockstep["runs"]) == 1 and lockstep["runs"][0]["lockstep"]["runs"] == 8,
+              f"runs {lockstep['runs']}")
+        own = lockstep["own_work"]
+        names = [r["policy"] for r in own]
+        check(names == ["h2o", "quest", "snapkv", "streaming", "keydiff", "tokenfilter",
+                        "lazyllm"], f"policies {names}")
+        for r in own:
+            check(r["dense_step_seconds"] > 0 and "--policies " + r["policy"] in r["command"],
+                  f"row {r}")
+            # (one repeat: the median share is that repeat's own work over its dense step)
+            check(abs(r["own_seconds"] / r["dense_step_seconds"] - r["share_of_dense_step"])
+                  < 1e-9, f"row {r}")
+        whats = [t["what"] for t in lockstep["targets"]]
+        check(len(whats) == 8 and sum("own work" in w for w in whats) == 7, f"targets {whats}")
+        check("-- part lockstep: done" in proc.stdout, f"not done:\n{proc.stdout}")
+
+
+@test
 def bench_gpu_tiny_cpu_multi():
     """tools/bench_gpu.sh --tiny --part multi on the CPU (issue 44's part; 2 CPU ranks stand for
     2 GPUs): the 8B shape on one rank and split, a 70B-shaped proxy of 4 layers split, and the
