@@ -13,7 +13,8 @@
 namespace kvlens::cuda {
 
 // out[r, j] = -cos(k[g, j], mean of the normalised member keys of row r), g = r / rows_per_group.
-// One block per row; head_dim at most kMaxKeyAnchorDim.
+// A cluster of up to 8 blocks per row, each over a segment of the columns; head_dim at most
+// kMaxKeyAnchorDim.
 constexpr int64_t kMaxKeyAnchorDim = 1024;
 struct KeyAnchorArgs {
   const void* k_cache = nullptr;  // [kv_heads, capacity, head_dim] of cache_dtype
