@@ -307,6 +307,24 @@ def line(label, value, cmd=None):
         print(f"      $ {cmd}")
 
 
+def own_work(prefix, count):
+    """A policy's run alone beside the dense step of the same process, over the repeats
+    `prefix`-0 .. `prefix`-(count-1): medians of the dense step, the run's step, the run's own
+    work (its step less the dense one) and that as a share of the dense step; None if none ran."""
+    pairs = [result(f"{prefix}-{i}") for i in range(count)]
+    pairs = [(d, c) for d, c in pairs if d is not None]
+    if not pairs:
+        return None
+    extra = [d["lockstep"]["step_seconds_median"] - d["step_seconds_median"] for d, _ in pairs]
+    return {"dense_step_seconds": statistics.median(d["step_seconds_median"] for d, _ in pairs),
+            "run_step_seconds": statistics.median(d["lockstep"]["step_seconds_median"]
+                                                  for d, _ in pairs),
+            "own_seconds": statistics.median(extra),
+            "share_of_dense_step": statistics.median(
+                e / d["step_seconds_median"] for e, (d, _) in zip(extra, pairs)),
+            "command": pairs[0][1]}
+
+
 def weight_read(r):
     """Seconds to read one step's weights at the device's bandwidth, and where that came from.
     Fields, first found wins: weight_read_seconds; device_bandwidth_gbps (bytes read + written
@@ -447,21 +465,14 @@ elif part == "lockstep":
     if names:
         print("  each policy's own work (its run alone - the dense step, share of the dense step):")
     for name in names:
-        pairs = [result(f"lockstep-own-{name}-{i}") for i in range(int(args[0]))]
-        pairs = [(d, c) for d, c in pairs if d is not None]
-        if not pairs:
+        own = own_work(f"lockstep-own-{name}", int(args[0]))
+        if own is None:
             print(f"    {name:<12} not run")
             continue
-        dense = statistics.median(d["step_seconds_median"] for d, _ in pairs)
-        own = statistics.median(d["lockstep"]["step_seconds_median"] - d["step_seconds_median"]
-                                for d, _ in pairs)
-        share = statistics.median((d["lockstep"]["step_seconds_median"] - d["step_seconds_median"])
-                                  / d["step_seconds_median"] for d, _ in pairs)
-        print(f"    {name:<12} {own * 1e3:+8.3f} ms  " +
-              target(f"{name}'s own work / dense step at context {args[1]}", share * 100, "<=",
-                     15, "%"))
-        own_rows.append({"policy": name, "dense_step_seconds": dense, "own_seconds": own,
-                         "share_of_dense_step": share, "command": pairs[0][1]})
+        print(f"    {name:<12} {own['own_seconds'] * 1e3:+8.3f} ms  " +
+              target(f"{name}'s own work / dense step at context {args[1]}",
+                     own["share_of_dense_step"] * 100, "<=", 15, "%"))
+        own_rows.append({"policy": name, **own})
     summary["own_work"] = own_rows
 
 elif part == "trace":
@@ -683,18 +694,13 @@ elif part == "policies":
     print("  policy            dense step   policy's run   own work (run - dense), ms; medians of"
           f" {count}")
     for name in names:
-        pairs = [result(f"policies-{name.replace('+', '_')}-{i}") for i in range(count)]
-        pairs = [(d, c) for d, c in pairs if d is not None]
-        if not pairs:
+        own = own_work(f"policies-{name.replace('+', '_')}", count)
+        if own is None:
             print(f"  {name:<16} not run")
             continue
-        dense = statistics.median(d["step_seconds_median"] for d, _ in pairs)
-        own = statistics.median(d["lockstep"]["step_seconds_median"] for d, _ in pairs)
-        extra = statistics.median(d["lockstep"]["step_seconds_median"] - d["step_seconds_median"]
-                                  for d, _ in pairs)
-        print(f"  {name:<16} {dense * 1e3:10.3f}   {own * 1e3:12.3f}   {extra * 1e3:+9.3f}")
-        rows.append({"policy": name, "dense_step_seconds": dense, "run_step_seconds": own,
-                     "own_seconds": extra, "command": pairs[0][1]})
+        print(f"  {name:<16} {own['dense_step_seconds'] * 1e3:10.3f}   "
+              f"{own['run_step_seconds'] * 1e3:12.3f}   {own['own_seconds'] * 1e3:+9.3f}")
+        rows.append({"policy": name, **own})
     summary["context"] = int(args[2])
     summary["rows"] = rows
 
