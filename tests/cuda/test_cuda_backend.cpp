@@ -444,15 +444,18 @@ TEST_CASE("cuda backend: one row's products have the bits of that row in a batch
   // A single row (a dense decode step, a run decoded alone) takes the one-row kernel
   // (gemv_row.cu), a batch of rows the general one (gemv.cu); lockstep keeps a run's bits only if
   // both sum every feature in the same order. Widths that give every lane the same number of
-  // vectors and widths that do not; more features than the grid has warps (several a warp);
-  // weights uploaded (requested before the grid waits) and allocated; all four epilogues.
+  // vectors and widths that do not; rows wider than the batch kernel's shared memory (12000
+  // columns: in chunks, through its two buffers, the last chunk partial); more features than the
+  // grid has warps (several a warp); weights uploaded (requested before the grid waits) and
+  // allocated; all four epilogues.
   Backends b;
   uint32_t seed = 900;
   const int64_t n = 3;
   for (const auto& [in, out] : {std::pair{int64_t(2048), int64_t(600)},
                                 {int64_t(8192), int64_t(136)},
                                 {int64_t(264), int64_t(7000)},
-                                {int64_t(1000), int64_t(72)}}) {
+                                {int64_t(1000), int64_t(72)},
+                                {int64_t(12000), int64_t(300)}}) {
     for (DType dtype : {DType::BF16, DType::F32, DType::F16}) {
       for (const bool uploaded : {true, false}) {
         INFO("width " << in << " out " << out << " w " << dtype_name(dtype) << " uploaded "
