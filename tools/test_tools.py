@@ -596,6 +596,63 @@ def bench_gpu_tiny_cpu_lockstep():
 
 
 @test
+def cuda_timeline_on_a_made_up_trace():
+    """tools/cuda_timeline.py on a trace whose figures are known: 3 steps of 2 layers (the marker
+    kernel on stream 7), a product per layer, a lane's kernel (stream 9) in each step's first
+    layer; the last two whole steps are counted. Bad rows are refused with the file and line."""
+    import cuda_timeline as ct
+    us = 1000
+    rows = []
+    for step in range(3):
+        t = step * 200
+        for layer in range(2):
+            m = t + 100 * layer
+            rows.append(f"K,{m * us},{(m + 10) * us},7,{len(rows)},4,rope_append_kernel")
+            rows.append(f"K,{(m + 50) * us},{(m + 90) * us},7,{len(rows)},132,gemv_row_kernel")
+            rows.append(f"R,{(m + 41) * us},{(m + 45) * us},1,{len(rows) - 1},0,cudaLaunchKernel")
+        rows.append(f"K,{(t + 20) * us},{(t + 40) * us},9,{len(rows)},8,select_top_k_kernel")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.csv")
+        with open(path, "w") as f:
+            f.write("\n".join(rows) + "\n")
+        r = ct.analyse(*ct.load(path), marker="rope_append", layers=2, steps=8)
+        check(r["steps"] == 2 and r["lockstep"] and r["main_stream"] == 7, f"steps {r}")
+        for key, want in (("span_us", 200), ("busy_us", 120), ("main_us", 100),
+                          ("others_us", 20), ("overlap_us", 0), ("idle_us", 80),
+                          ("kernels", 5)):
+            check(abs(r[key] - want) < 1e-9, f"{key} {r[key]} != {want}")
+        phases = r["layer_phases_us"]
+        for key, want in (("layer", 100), ("marker to the other streams' first kernel", 20),
+                          ("the other streams' first start to last end", 20),
+                          ("their last end to the next marker", 60)):
+            check(abs(phases[key] - want) < 1e-9, f"{key}: {phases[key]} != {want}")
+        wait = r["launch_wait_us"]["median"]
+        check(abs(wait - 5) < 1e-9, f"launch wait {wait}")
+        check(r["launch_wait_us"]["matched"] == 4, f"waits {r['launch_wait_us']}")
+        names = {(where, name): count for where, name, count, _ in r["kernels_by_name"]}
+        check(names == {("main", "rope_append_kernel"): 2, ("main", "gemv_row_kernel"): 2,
+                         ("other", "select_top_k_kernel"): 1}, f"names {names}")
+        check(ct.short_name("void kvlens::cuda::(anonymous namespace)::gemv_row_kernel<float, "
+                            "(kvlens::cuda::GemvMode)0>(float const*, int)") == "gemv_row_kernel",
+              "short name")
+        with open(path, "a") as f:
+            f.write("K,1,2,oops\n")
+        try:
+            ct.load(path)
+            raise AssertionError("a bad row was read")
+        except ValueError as e:
+            check(f"trace.csv:{len(rows) + 1}: want" in str(e), f"message {e}")
+        # The injection library builds where there is a CUDA toolkit with CUPTI (as
+        # tools/cuda_timeline.sh builds it on the GPU machine).
+        cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+        if shutil.which("c++") and os.path.exists(os.path.join(cuda, "include", "cupti.h")):
+            subprocess.run(["c++", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                            "-I" + os.path.join(cuda, "include"),
+                            os.path.join(TOOLS, "cuda_trace.cpp"),
+                            "-o", os.path.join(tmp, "libtrace.so")], check=True)
+
+
+@test
 def bench_gpu_tiny_cpu_multi():
     """tools/bench_gpu.sh --tiny --part multi on the CPU (issue 44's part; 2 CPU ranks stand for
     2 GPUs): the 8B shape on one rank and split, a 70B-shaped proxy of 4 layers split, and the
