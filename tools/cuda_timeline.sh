@@ -16,11 +16,14 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do options+=("$1"); shift; done
 [ "${1:-}" = "--" ] && [ $# -ge 2 ] || { echo "cuda_timeline.sh: want '-- COMMAND'" >&2; exit 2; }
 shift
 cuda="${CUDA_HOME:-/usr/local/cuda}"
-lib="$(mktemp -d)/libkvlens_cuda_trace.so"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+lib="$scratch/libkvlens_cuda_trace.so"
 cupti_dirs=("$cuda/lib64" "$cuda/extras/CUPTI/lib64" "$cuda/lib")
 link=()
 for d in "${cupti_dirs[@]}"; do link+=("-L$d" "-Wl,-rpath,$d"); done
 "${CXX:-c++}" -O2 -shared -fPIC -I"$cuda/include" -I"$cuda/extras/CUPTI/include" \
   "$here/cuda_trace.cpp" -o "$lib" "${link[@]}" -lcupti
 CUDA_INJECTION64_PATH="$lib" KVLENS_CUDA_TRACE="$trace" "$@"
+[ -s "$trace" ] || { echo "cuda_timeline.sh: $trace: no trace written (the command made no CUDA calls, or CUPTI refused)" >&2; exit 1; }
 python3 "$here/cuda_timeline.py" "$trace" ${options[@]+"${options[@]}"}
