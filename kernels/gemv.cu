@@ -7,12 +7,14 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
 #include <type_traits>
 
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_common.cuh"
+#include "kernels/gemv_mma.cuh"
 #include "kernels/gemv_row.cuh"
 
 namespace kvlens::cuda {
@@ -468,6 +470,10 @@ void launch_gemv(const GemvCall& call, int sm_count, cudaStream_t stream) {
   for (int m = products.count; m < kMaxGemvProducts; ++m) products.out[m] = 0;
   const bool silu = call.silu_pair;
   if (silu) total = products.out[0];
+  if (gemv_mma_takes(call) && total <= INT_MAX / 2) {
+    launch_gemv_mma(call, products, total, sm_count, stream);
+    return;
+  }
   if (gemv_row_takes(call, total)) {
     launch_gemv_row(call, products, total, sm_count, stream);
     return;

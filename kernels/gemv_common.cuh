@@ -53,6 +53,16 @@ struct WeightVector<__nv_bfloat16> : HalfWidthVector<__nv_bfloat162> {};
 template <>
 struct WeightVector<__half> : HalfWidthVector<__half2> {};
 
+// A weight vector no kernel writes, read once: not kept in L1.
+__device__ __forceinline__ uint4 load_weight_vector(const uint4* address) {
+  uint4 v;
+  // volatile: issued where written, so the first batches stay ahead of the grid's wait.
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(address));
+  return v;
+}
+
 // Mode: Store y = sum; Accumulate y += sum (add_inplace's one addition); SiluPair the products
 // are gate (0) and up (1), of one width, and y[0] receives silu(gate) * up as silu_mul does.
 enum class GemvMode { Store, Accumulate, SiluPair };

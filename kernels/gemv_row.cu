@@ -33,16 +33,6 @@ constexpr int kBlocksPerSm = 3;
 constexpr int kDepth = 2;         // batches a lane has requested ahead of the one it multiplies
 constexpr int kBatchVectors = 4;  // 16-byte vectors a lane loads per batch, over its P rows
 
-// A weight vector no kernel writes, read once: not kept in L1.
-__device__ __forceinline__ uint4 load_weight_vector(const uint4* address) {
-  uint4 v;
-  // volatile: issued where written, so the first batches stay ahead of the grid's wait.
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(address));
-  return v;
-}
-
 // Mode and the norm as in gemv.cu's warp kernel (GemvCall): Store y = sum, Accumulate y += sum,
 // SiluPair y[0] = silu(gate) * up; with a norm weight the staged row gets rmsnorm's arithmetic
 // first (block 0 writes it to `normed`).

@@ -22,6 +22,7 @@
 #include "engine/common/error.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_support.h"
+#include "kernels/gemv_mma.cuh"
 #include "tests/support/backend_checks.h"
 #include "tests/support/random_values.h"
 
@@ -442,72 +443,86 @@ TEST_CASE("cuda backend: the fused norm and products give the separate ops' bits
 
 TEST_CASE("cuda backend: one row's products have the bits of that row in a batch", "[cuda]") {
   // A single row (a dense decode step, a run decoded alone) takes the one-row kernel
-  // (gemv_row.cu), a batch of rows the general one (gemv.cu); lockstep keeps a run's bits only if
-  // both sum every feature in the same order. Widths that give every lane the same number of
-  // vectors and widths that do not; rows wider than the batch kernel's shared memory (12000
-  // columns: in chunks, through its two buffers, the last chunk partial); more features than the
-  // grid has warps (several a warp); weights uploaded (requested before the grid waits) and
-  // allocated; all four epilogues.
+  // (gemv_row.cu), a batch of rows the general one (gemv.cu); with the tensor cores on
+  // (gemv_mma.cuh; the second pass) BF16 weights take gemv_mma.cu at any rows. Lockstep keeps a
+  // run's bits only if every feature is summed in the same order alone and in a batch. Widths that
+  // give every lane the same number of vectors and widths that do not (the tensor cores' last
+  // k-block partial: 264, 1000); rows wider than the batch kernels' shared memory (12000 columns:
+  // in chunks through gemv.cu's two buffers; read from L2 by gemv_mma.cu); more features than the
+  // grid has warps (several a warp; 33000: 2063 tiles, several a block); 3 rows and 9 (two
+  // tensor-core B tiles, and from 4 rows the norm run first); weights uploaded (requested before
+  // the grid waits) and allocated; all four epilogues.
   Backends b;
   uint32_t seed = 900;
-  const int64_t n = 3;
-  for (const auto& [in, out] : {std::pair{int64_t(2048), int64_t(600)},
-                                {int64_t(8192), int64_t(136)},
-                                {int64_t(264), int64_t(7000)},
-                                {int64_t(1000), int64_t(72)},
-                                {int64_t(12000), int64_t(300)}}) {
-    for (DType dtype : {DType::BF16, DType::F32, DType::F16}) {
-      for (const bool uploaded : {true, false}) {
-        INFO("width " << in << " out " << out << " w " << dtype_name(dtype) << " uploaded "
-                      << uploaded);
-        auto weight = [&](std::vector<int64_t> shape) {
-          const HostWeight w = random_weight(dtype, std::move(shape), ++seed);
-          return uploaded ? upload(b, w).gpu : raw_on_gpu(b, w);
-        };
-        const DeviceTensor norm = weight({in});
-        const DeviceTensor w1 = weight({out, in}), w2 = weight({40, in}), up_w = weight({out, in});
-        const std::vector<float> xs = random_values(size_t(n * in), ++seed);
-        const std::vector<float> residual = random_values(size_t(n * out), ++seed);
-        // Every op once on all n rows, then once per row; row r of each batch result must be
-        // the row's own result.
-        auto run = [&](int64_t rows, const float* x_rows, const float* residual_rows) {
-          std::vector<std::vector<float>> results;
-          const Pair x = make_f32(b, std::vector<float>(x_rows, x_rows + rows * in), {rows, in});
-          auto alloc = [&](int64_t cols) { return b.gpu->alloc(DType::F32, {rows, cols}); };
-          DeviceTensor y = alloc(out);
-          b.gpu->matmul(x.gpu, w1, y);
-          results.push_back(read(*b.gpu, y));
-          Pair acc = make_f32(b, std::vector<float>(residual_rows, residual_rows + rows * out),
-                              {rows, out});
-          DeviceTensor scratch = alloc(out);
-          b.gpu->matmul_add(x.gpu, w1, scratch, acc.gpu);
-          results.push_back(read(*b.gpu, acc.gpu));
-          DeviceTensor normed = alloc(in), y1 = alloc(out), y2 = alloc(40);
-          const DeviceTensor* const ws[] = {&w1, &w2};
-          DeviceTensor* const ys[] = {&y1, &y2};
-          b.gpu->rmsnorm_matmul_many(x.gpu, norm, 1e-5f, normed, ws, ys);
-          for (const DeviceTensor* t : {&normed, &y1, &y2}) results.push_back(read(*b.gpu, *t));
-          DeviceTensor gate = alloc(out), up = alloc(out), act = alloc(out), normed2 = alloc(in);
-          b.gpu->rmsnorm_gate_up(x.gpu, norm, 1e-5f, normed2, w1, up_w, gate, up, act);
-          results.push_back(read(*b.gpu, act));
-          results.push_back(read(*b.gpu, normed2));
-          return results;
-        };
-        const auto batch = run(n, xs.data(), residual.data());
-        for (int64_t r = 0; r < n; ++r) {
-          const auto alone = run(1, xs.data() + r * in, residual.data() + r * out);
-          REQUIRE(alone.size() == batch.size());
-          for (size_t k = 0; k < alone.size(); ++k) {
-            INFO("row " << r << " result " << k);
-            const size_t cols = alone[k].size();
-            const std::vector<float> row(batch[k].begin() + ptrdiff_t(r * cols),
-                                         batch[k].begin() + ptrdiff_t((r + 1) * cols));
-            CHECK(alone[k] == row);
+  const cuda::GemvMmaScope default_scope = cuda::gemv_mma_scope();
+  for (const cuda::GemvMmaScope scope : {default_scope, cuda::GemvMmaScope::All}) {
+    cuda::set_gemv_mma_scope(scope);
+    for (const int64_t n : {int64_t(3), int64_t(9)}) {
+      for (const auto& [in, out] : {std::pair{int64_t(2048), int64_t(600)},
+                                    {int64_t(8192), int64_t(136)},
+                                    {int64_t(264), int64_t(7000)},
+                                    {int64_t(1000), int64_t(72)},
+                                    {int64_t(12000), int64_t(300)},
+                                    {int64_t(256), int64_t(33000)}}) {
+        for (DType dtype : {DType::BF16, DType::F32, DType::F16}) {
+          for (const bool uploaded : {true, false}) {
+            INFO("tensor-core scope " << int(scope) << " rows " << n << " width " << in << " out "
+                                      << out << " w " << dtype_name(dtype) << " uploaded "
+                                      << uploaded);
+            auto weight = [&](std::vector<int64_t> shape) {
+              const HostWeight w = random_weight(dtype, std::move(shape), ++seed);
+              return uploaded ? upload(b, w).gpu : raw_on_gpu(b, w);
+            };
+            const DeviceTensor norm = weight({in});
+            const DeviceTensor w1 = weight({out, in}), w2 = weight({40, in}),
+                               up_w = weight({out, in});
+            const std::vector<float> xs = random_values(size_t(n * in), ++seed);
+            const std::vector<float> residual = random_values(size_t(n * out), ++seed);
+            // Every op once on all n rows, then once per row; row r of each batch result must be
+            // the row's own result.
+            auto run = [&](int64_t rows, const float* x_rows, const float* residual_rows) {
+              std::vector<std::vector<float>> results;
+              const Pair x =
+                  make_f32(b, std::vector<float>(x_rows, x_rows + rows * in), {rows, in});
+              auto alloc = [&](int64_t cols) { return b.gpu->alloc(DType::F32, {rows, cols}); };
+              DeviceTensor y = alloc(out);
+              b.gpu->matmul(x.gpu, w1, y);
+              results.push_back(read(*b.gpu, y));
+              Pair acc = make_f32(b, std::vector<float>(residual_rows, residual_rows + rows * out),
+                                  {rows, out});
+              DeviceTensor scratch = alloc(out);
+              b.gpu->matmul_add(x.gpu, w1, scratch, acc.gpu);
+              results.push_back(read(*b.gpu, acc.gpu));
+              DeviceTensor normed = alloc(in), y1 = alloc(out), y2 = alloc(40);
+              const DeviceTensor* const ws[] = {&w1, &w2};
+              DeviceTensor* const ys[] = {&y1, &y2};
+              b.gpu->rmsnorm_matmul_many(x.gpu, norm, 1e-5f, normed, ws, ys);
+              for (const DeviceTensor* t : {&normed, &y1, &y2}) results.push_back(read(*b.gpu, *t));
+              DeviceTensor gate = alloc(out), up = alloc(out), act = alloc(out),
+                           normed2 = alloc(in);
+              b.gpu->rmsnorm_gate_up(x.gpu, norm, 1e-5f, normed2, w1, up_w, gate, up, act);
+              results.push_back(read(*b.gpu, act));
+              results.push_back(read(*b.gpu, normed2));
+              return results;
+            };
+            const auto batch = run(n, xs.data(), residual.data());
+            for (int64_t r = 0; r < n; ++r) {
+              const auto alone = run(1, xs.data() + r * in, residual.data() + r * out);
+              REQUIRE(alone.size() == batch.size());
+              for (size_t k = 0; k < alone.size(); ++k) {
+                INFO("row " << r << " result " << k);
+                const size_t cols = alone[k].size();
+                const std::vector<float> row(batch[k].begin() + ptrdiff_t(r * cols),
+                                             batch[k].begin() + ptrdiff_t((r + 1) * cols));
+                CHECK(alone[k] == row);
+              }
+            }
           }
         }
       }
     }
   }
+  cuda::set_gemv_mma_scope(default_scope);
 }
 
 // rmsnorm against the CPU (widths 96 and 4099, F32/BF16 weights, two epsilons, in place): the

@@ -170,13 +170,17 @@ std::vector<OpEntry> make_table() {
   // tests/cuda/test_cuda_backend.cpp): few rows take the weight-streaming GEMV (vector loads
   // where `in` allows them, scalar loads otherwise, one output feature, 4 features a warp from 3
   // rows on), rows too long for shared memory are staged in chunks (8 x 4000, 13 x 2600), and
-  // many rows take cuBLAS (20 x 4096 x 4100: BF16/F16 widened in two slices of 2^24 elements).
+  // many rows take cuBLAS (20 x 4096 x 4100: BF16/F16 widened in two slices of 2^24 elements);
+  // with the tensor cores on (test_cuda_backend_ops.cpp's second case) BF16 weights take
+  // gemv_mma.cu (k-blocks of 32 columns, the last partial at 520, 1000, 2600; 33000 features:
+  // many 16-feature tiles a block).
   // F16 weights here too. The tolerance is the table's dot bound with sum |x w| bounded by `in`
   // (the hand test bounded it per element by the actual sum, about in / 4 for these inputs: the
   // same formula, within a factor of about 4).
-  for (const Product p : {Product{1, 257, 131}, Product{7, 96, 300}, Product{3, 64, 1},
-                          Product{1, 2048, 333}, Product{16, 520, 70}, Product{12, 1000, 9},
-                          Product{20, 4096, 4100}, Product{8, 4000, 37}, Product{13, 2600, 5}}) {
+  for (const Product p :
+       {Product{1, 257, 131}, Product{7, 96, 300}, Product{3, 64, 1}, Product{1, 2048, 333},
+        Product{16, 520, 70}, Product{12, 1000, 9}, Product{20, 4096, 4100}, Product{8, 4000, 37},
+        Product{13, 2600, 5}, Product{2, 256, 33000}}) {
     for (const DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       add("matmul path" + cat_name({{"n", p.n}, {"in", p.in}, {"out", p.out}}, "") + " " +
               std::string(dtype_name(dtype)),
