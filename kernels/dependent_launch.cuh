@@ -29,26 +29,31 @@ __device__ __forceinline__ void begin_dependent_grid() {
 #endif
 }
 
-// Whether launches on the current device carry the attribute: compute capability 9.0 or later,
-// unless $KVLENS_DEPENDENT_LAUNCH is 0 (for measuring what it is worth). Cached per device.
-inline bool dependent_launch_enabled() {
+// The current device's compute capability major version (0 where it cannot be asked), cached
+// per device.
+inline int device_compute_major() {
   constexpr int kDevices = 64;
-  static std::atomic<int> cached[kDevices] = {};  // 0 unknown, 1 no, 2 yes
-  static const bool allowed = [] {
-    const char* text = std::getenv("KVLENS_DEPENDENT_LAUNCH");
-    return text == nullptr || std::strcmp(text, "0") != 0;
-  }();
-  if (!allowed) return false;
+  static std::atomic<int> cached[kDevices] = {};  // major + 1 once known
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return 0;
   int known = cached[device].load(std::memory_order_relaxed);
   if (known == 0) {
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    known = major >= 9 ? 2 : 1;
+    known = major + 1;
     cached[device].store(known, std::memory_order_relaxed);
   }
-  return known == 2;
+  return known - 1;
+}
+
+// Whether launches on the current device carry the attribute: compute capability 9.0 or later,
+// unless $KVLENS_DEPENDENT_LAUNCH is 0 (for measuring what it is worth).
+inline bool dependent_launch_enabled() {
+  static const bool allowed = [] {
+    const char* text = std::getenv("KVLENS_DEPENDENT_LAUNCH");
+    return text == nullptr || std::strcmp(text, "0") != 0;
+  }();
+  return allowed && device_compute_major() >= 9;
 }
 
 // Lets `kernel` take `shared_bytes` of dynamic shared memory on the current device, past the

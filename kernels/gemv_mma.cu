@@ -313,22 +313,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #endif
 }
 
-// Whether the current device has BF16 tensor cores (compute capability 8.0+), cached per device.
-bool device_has_bf16_mma() {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cached[kDevices] = {};  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
-  int known = cached[device].load(std::memory_order_relaxed);
-  if (known == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    known = major >= 8 ? 2 : 1;
-    cached[device].store(known, std::memory_order_relaxed);
-  }
-  return known == 2;
-}
-
 template <typename NormW, GemvMode Mode, int NT, bool Staged>
 void launch_shape(const GemvCall& call, const GemvProducts& products, int total, int sm_count,
                   cudaStream_t stream) {
@@ -373,7 +357,7 @@ void set_gemv_mma_scope(GemvMmaScope scope) {
 bool gemv_mma_takes(const GemvCall& call) {
   if (gemv_mma_scope() != GemvMmaScope::All || call.w_dtype != DType::BF16) return false;
   // (int indices: 16 rows of `in` floats stay far below 2^31)
-  return call.in <= INT_MAX / 64 && device_has_bf16_mma();
+  return call.in <= INT_MAX / 64 && device_compute_major() >= 8;  // BF16 mma from sm_80
 }
 
 void launch_gemv_mma(const GemvCall& call, const GemvProducts& products, int64_t total,
