@@ -24,7 +24,8 @@
 #             (>= 2x). It is 1b-kvlens then 1b-hf, which can also be run separately (each prints
 #             the table from whatever results WORK holds).
 #   lockstep  the same checkpoint, 8 policies in lockstep at 512 against dense (target <= 2x),
-#             and each policy's run alone: its own work (target <= 15% of the dense step)
+#             the same with KVLENS_GEMV_MMA=1 (tensor-core products; no target), and each
+#             policy's run alone: its own work (target <= 15% of the dense step)
 #   trace     a vocab-8192 variant with the demo model's tokenizer: `trace` of 512 decode steps,
 #             its own stepping time against `bench`'s summed steps over the same 512 steps from an
 #             empty cache (target <= 1.3x); also the processes' wall times against `generate`,
@@ -451,6 +452,23 @@ elif part == "lockstep":
     med = statistics.median(ratios) if ratios else None
     line(f"lockstep ratio_to_dense (median of {len(ratios)})",
          target(f"lockstep: 8 policies / dense at context {args[1]}", med, "<=", 2))
+    # The tensor cores' figures (not the default, so no target of their own).
+    mma = [result(f"lockstep-mma-{i}") for i in range(int(args[0]))]
+    mma = [(d, c) for d, c in mma if d is not None]
+    for d, c in mma:
+        lk = d["lockstep"]
+        line("tensor cores: dense / lockstep", f"{d['step_seconds_median'] * 1e3:.3f} ms / "
+             f"{lk['step_seconds_median'] * 1e3:.3f} ms ({lk['runs']} runs), ratio "
+             f"{lk['ratio_to_dense']:.2f}", c)
+    if mma:
+        mma_ratio = statistics.median(d["lockstep"]["ratio_to_dense"] for d, _ in mma)
+        mma_step = statistics.median(d["lockstep"]["step_seconds_median"] for d, _ in mma)
+        default_step = (statistics.median(d["lockstep"]["step_seconds_median"] for d, _ in runs)
+                        if runs else None)
+        line(f"tensor cores: ratio (median of {len(mma)})",
+             f"{mma_ratio:.2f}x; its lockstep step / the default's: " +
+             (f"{mma_step / default_step:.2f}" if default_step else "n/a"))
+    summary["tensor_core_runs"] = [dict(d, command=c) for d, c in mma]
     if runs and runs[0][0]["lockstep"].get("run_tasks"):
         print("  per-run work (attention + policy select/observe, median over the runs, ms):")
         for j, task in enumerate(runs[0][0]["lockstep"]["run_tasks"]):
@@ -754,6 +772,11 @@ part_lockstep() {
   for i in $(seq 0 $((repeats - 1))); do
     run "lockstep-$i" "$cli" bench --model "$work/$name_1b" --backend "$backend" \
       --context "$lockstep_context" --steps "$steps_1b" --warmup "$warmup" \
+      --policies "$policies8" --sparsity 0.5 --json
+    # The same with the weight products on the tensor cores (KVLENS_GEMV_MMA=1, off by default:
+    # lockstep much faster, a lone step slower; docs/performance.md round 21).
+    run "lockstep-mma-$i" env KVLENS_GEMV_MMA=1 "$cli" bench --model "$work/$name_1b" \
+      --backend "$backend" --context "$lockstep_context" --steps "$steps_1b" --warmup "$warmup" \
       --policies "$policies8" --sparsity 0.5 --json
     # Each policy's own work (item 2 of issue 43): its run alone beside the dense step of the
     # same process, the run's step less the dense one.

@@ -570,8 +570,8 @@ def bench_gpu_tiny_cpu_parts():
 @test
 def bench_gpu_tiny_cpu_lockstep():
     """tools/bench_gpu.sh --tiny --part lockstep on the CPU (issue 43's item 2): the 8 policies in
-    lockstep against a dense step, and each policy's run alone with its own work as a share of
-    the dense step, each with its target."""
+    lockstep against a dense step, the same with KVLENS_GEMV_MMA=1, and each policy's run alone
+    with its own work as a share of the dense step, each with its target."""
     with tempfile.TemporaryDirectory() as tmp:
         proc = run_bench_gpu_tiny("lockstep", tmp)
         if proc is None:
@@ -592,6 +592,11 @@ def bench_gpu_tiny_cpu_lockstep():
                   < 1e-9, f"row {r}")
         whats = [t["what"] for t in lockstep["targets"]]
         check(len(whats) == 8 and sum("own work" in w for w in whats) == 7, f"targets {whats}")
+        # The same lockstep run with the tensor-core products switched on (no target of its own).
+        mma = lockstep["tensor_core_runs"]
+        check(len(mma) == 1 and mma[0]["lockstep"]["runs"] == 8 and
+              "KVLENS_GEMV_MMA=1" in mma[0]["command"], f"tensor-core runs {mma}")
+        check("tensor cores: ratio (median of 1)" in proc.stdout, proc.stdout)
         check("-- part lockstep: done" in proc.stdout, f"not done:\n{proc.stdout}")
 
 
