@@ -16,10 +16,10 @@ namespace kvlens::cuda {
 // Whether BF16 products take the tensor cores. A row's bits then differ from the CUDA-core
 // kernels' (another summation order), so the choice is one for the whole process, never made by
 // the rows: lone and lockstep runs keep the same bits either way. Off by default: measured on an
-// H200 (1B shape, docs/performance.md round 21), 8 policies in lockstep take 3.38 ms a step
-// against 4.27 ms, but a lone dense step 1.26 ms against 1.05 ms. $KVLENS_GEMV_MMA=1 (or all)
-// turns it on; set_gemv_mma_scope overrides both for the process (tests, benches), between steps
-// only.
+// H200 (1B shape, docs/performance.md round 21), 8 policies in lockstep take 3.24-3.26 ms a
+// step against 4.35-4.38 ms, but a lone dense step 1.23-1.24 ms against 1.04 ms. $KVLENS_GEMV_MMA=1
+// (or all) turns it on; set_gemv_mma_scope overrides both for the process (the cuda tests), between
+// steps only.
 enum class GemvMmaScope { None, All };
 GemvMmaScope gemv_mma_scope();
 void set_gemv_mma_scope(GemvMmaScope scope);

@@ -441,25 +441,24 @@ if part == "1b":
     summary["transformers"] = [dict(d, command=c) for d, c in hf]
 
 elif part == "lockstep":
-    runs = [result(f"lockstep-{i}") for i in range(int(args[0]))]
-    runs = [(d, c) for d, c in runs if d is not None]
+    def lockstep_runs(prefix, label):
+        """The repeats prefix-0 .. that ran, each shown as its dense and lockstep steps."""
+        found = [result(f"{prefix}-{i}") for i in range(int(args[0]))]
+        found = [(d, c) for d, c in found if d is not None]
+        for d, c in found:
+            lk = d["lockstep"]
+            line(label, f"{d['step_seconds_median'] * 1e3:.3f} ms / "
+                 f"{lk['step_seconds_median'] * 1e3:.3f} ms ({lk['runs']} runs), ratio "
+                 f"{lk['ratio_to_dense']:.2f}", c)
+        return found
+
+    runs = lockstep_runs("lockstep", "dense / lockstep step")
     ratios = [d["lockstep"]["ratio_to_dense"] for d, _ in runs]
-    for d, c in runs:
-        lk = d["lockstep"]
-        line("dense / lockstep step", f"{d['step_seconds_median'] * 1e3:.3f} ms / "
-             f"{lk['step_seconds_median'] * 1e3:.3f} ms ({lk['runs']} runs), ratio "
-             f"{lk['ratio_to_dense']:.2f}", c)
     med = statistics.median(ratios) if ratios else None
     line(f"lockstep ratio_to_dense (median of {len(ratios)})",
          target(f"lockstep: 8 policies / dense at context {args[1]}", med, "<=", 2))
     # The tensor cores' figures (not the default, so no target of their own).
-    mma = [result(f"lockstep-mma-{i}") for i in range(int(args[0]))]
-    mma = [(d, c) for d, c in mma if d is not None]
-    for d, c in mma:
-        lk = d["lockstep"]
-        line("tensor cores: dense / lockstep", f"{d['step_seconds_median'] * 1e3:.3f} ms / "
-             f"{lk['step_seconds_median'] * 1e3:.3f} ms ({lk['runs']} runs), ratio "
-             f"{lk['ratio_to_dense']:.2f}", c)
+    mma = lockstep_runs("lockstep-mma", "tensor cores: dense / lockstep")
     if mma:
         mma_ratio = statistics.median(d["lockstep"]["ratio_to_dense"] for d, _ in mma)
         mma_step = statistics.median(d["lockstep"]["step_seconds_median"] for d, _ in mma)
