@@ -13,6 +13,12 @@ except ImportError as error:
 
 import kvlens  # noqa: E402
 
+# A folder named kvlens without the module (a build that made only the CLI) imports as a namespace
+# package, which has no __file__.
+if getattr(kvlens, "__file__", None) is None:
+    print(f"skipped: the kvlens module was not built (only a folder: {list(kvlens.__path__)})")
+    sys.exit(4)
+
 # Under ctest, only this build's module counts (not one installed earlier).
 _build = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
 if _build and os.environ.get("KVLENS_CLI_PATH") and not os.path.abspath(kvlens.__file__).startswith(
